@@ -1,0 +1,8 @@
+//! The exported C ABI, one file per section of stock `c_api.h`. Thin by rule: convert the
+//! arguments, call into the runtime, return. Every function runs inside [`ffi::call`].
+
+pub mod base;
+pub mod env;
+pub mod ffi;
+pub mod testing;
+pub mod types;

@@ -1,0 +1,16 @@
+//! mxnet-rt: the runtime core of Apache MXNet in Rust, built as a drop-in `libmxnet.so` with
+//! MXNet 1.9.1's C ABI.
+//!
+//! Layout: [`config`] (every environment variable), [`runtime`] (process-wide state),
+//! [`error`] (the error kinds the frontend maps), [`c_api`] (the exported functions).
+//! This file only wires modules together.
+
+pub mod c_api;
+pub mod config;
+pub mod error;
+pub mod runtime;
+
+pub use error::{Error, ErrorKind, Result};
+
+#[cfg(test)]
+mod header_test;

@@ -1,0 +1,192 @@
+//! The process-wide runtime.
+//!
+//! Owns: the state that outlives single calls and is not configuration: the kernel thread
+//! count set by `MXSetNumOMPThreads`, the shutdown flag, and the build's feature list.
+//! Later capabilities (engine, storage, profiler) hang off [`Runtime`] so that it alone fixes
+//! their order of creation and shutdown; no other static owns a thread or a resource.
+
+use crate::error::{Error, Result};
+use std::ffi::{c_char, CStr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+/// The MXNet version this library is ABI-compatible with, as `MXGetVersion` reports it:
+/// major*10000 + minor*100 + patch. The 1.9.1 Python frontend compares against it, so it is
+/// the version of the ABI we implement, not of this crate (see `MXGetConfig` for ours).
+pub const MXNET_VERSION: i32 = 10901;
+
+/// One entry of `MXLibInfoFeatures`, laid out as stock's `struct LibFeature`.
+#[repr(C)]
+pub struct LibFeature {
+    pub name: *const c_char,
+    pub enabled: bool,
+}
+
+struct FeatureTable(Vec<LibFeature>);
+// SAFETY: the names point at 'static C string literals and the table is never mutated after
+// construction, so sharing it between threads is sound.
+unsafe impl Sync for FeatureTable {}
+unsafe impl Send for FeatureTable {}
+
+/// The process-wide runtime.
+pub struct Runtime {
+    omp_threads: AtomicUsize,
+    shut_down: AtomicBool,
+    features: OnceLock<FeatureTable>,
+}
+
+/// The runtime, created on first use.
+pub fn runtime() -> &'static Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| Runtime {
+        omp_threads: AtomicUsize::new(0),
+        shut_down: AtomicBool::new(false),
+        features: OnceLock::new(),
+    })
+}
+
+impl Runtime {
+    /// `MXSetNumOMPThreads`: the number of threads data-parallel kernels may use.
+    pub fn set_kernel_threads(&self, n: i32) -> Result<()> {
+        if n < 1 {
+            return Err(Error::value(format!("number of OMP threads must be >= 1, got {n}")));
+        }
+        self.omp_threads.store(n as usize, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The kernel thread count: the `MXSetNumOMPThreads` value, else the machine's cores.
+    pub fn kernel_threads(&self) -> usize {
+        match self.omp_threads.load(Ordering::Relaxed) {
+            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            n => n,
+        }
+    }
+
+    /// `MXNotifyShutdown`: idempotent. Calls that arrive afterwards (the frontend frees handles
+    /// in `__del__` after it) still work.
+    pub fn notify_shutdown(&self) {
+        self.shut_down.store(true, Ordering::Release);
+    }
+
+    pub fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::Acquire)
+    }
+
+    /// The build's features under the stock names (`MXLibInfoFeatures`), CPU SIMD levels
+    /// detected at run time. Static for the life of the process, as the frontend keeps views.
+    pub fn features(&self) -> &[LibFeature] {
+        &self
+            .features
+            .get_or_init(|| {
+                FeatureTable(
+                    feature_list()
+                        .into_iter()
+                        .map(|(name, enabled)| LibFeature { name: name.as_ptr(), enabled })
+                        .collect(),
+                )
+            })
+            .0
+    }
+}
+
+/// Name and state of every feature, in stock's order (runtime.py / libinfo.h).
+pub fn feature_list() -> Vec<(&'static CStr, bool)> {
+    let simd = cpu_simd();
+    vec![
+        (c"CUDA", false),
+        (c"CUDNN", false),
+        (c"NCCL", false),
+        (c"CUDA_RTC", false),
+        (c"TENSORRT", false),
+        (c"CPU_SSE", simd.sse),
+        (c"CPU_SSE2", simd.sse2),
+        (c"CPU_SSE3", simd.sse3),
+        (c"CPU_SSE4_1", simd.sse4_1),
+        (c"CPU_SSE4_2", simd.sse4_2),
+        (c"CPU_SSE4A", simd.sse4a),
+        (c"CPU_AVX", simd.avx),
+        (c"CPU_AVX2", simd.avx2),
+        // Kernels run on a Rust thread pool, not OpenMP.
+        (c"OPENMP", false),
+        (c"SSE", cfg!(target_feature = "sse2")),
+        (c"F16C", simd.f16c),
+        (c"JEMALLOC", false),
+        (c"BLAS_OPEN", false),
+        (c"BLAS_ATLAS", false),
+        (c"BLAS_MKL", false),
+        (c"BLAS_APPLE", false),
+        (c"LAPACK", false),
+        (c"MKLDNN", false),
+        (c"OPENCV", false),
+        (c"CAFFE", false),
+        // Turned on by the profiler capability when it lands.
+        (c"PROFILER", false),
+        (c"DIST_KVSTORE", false),
+        (c"CXX14", false),
+        // Must stay off: the 1.9.1 frontend switches to the *64 entry points when it is on.
+        (c"INT64_TENSOR_SIZE", false),
+        (c"SIGNAL_HANDLER", false),
+        (c"DEBUG", cfg!(debug_assertions)),
+        (c"TVM_OP", false),
+    ]
+}
+
+#[derive(Default)]
+struct Simd {
+    sse: bool,
+    sse2: bool,
+    sse3: bool,
+    sse4_1: bool,
+    sse4_2: bool,
+    sse4a: bool,
+    avx: bool,
+    avx2: bool,
+    f16c: bool,
+}
+
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+fn cpu_simd() -> Simd {
+    Simd {
+        sse: std::arch::is_x86_feature_detected!("sse"),
+        sse2: std::arch::is_x86_feature_detected!("sse2"),
+        sse3: std::arch::is_x86_feature_detected!("sse3"),
+        sse4_1: std::arch::is_x86_feature_detected!("sse4.1"),
+        sse4_2: std::arch::is_x86_feature_detected!("sse4.2"),
+        sse4a: std::arch::is_x86_feature_detected!("sse4a"),
+        avx: std::arch::is_x86_feature_detected!("avx"),
+        avx2: std::arch::is_x86_feature_detected!("avx2"),
+        f16c: std::arch::is_x86_feature_detected!("f16c"),
+    }
+}
+
+#[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+fn cpu_simd() -> Simd {
+    Simd::default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn feature_names_match_stock_list() {
+        let names: Vec<_> = feature_list().iter().map(|(n, _)| n.to_str().unwrap()).collect();
+        assert_eq!(names.len(), 32);
+        for required in ["TVM_OP", "INT64_TENSOR_SIZE", "CUDA", "CPU_AVX2", "PROFILER"] {
+            assert!(names.contains(&required), "{required}");
+        }
+        let on = |n: &str| feature_list().iter().any(|(k, v)| k.to_str().unwrap() == n && *v);
+        assert!(!on("CUDA") && !on("TVM_OP") && !on("INT64_TENSOR_SIZE"));
+        #[cfg(target_arch = "x86_64")]
+        assert!(on("CPU_SSE2"), "x86-64 always has SSE2");
+    }
+
+    #[test]
+    fn kernel_threads_validation() {
+        let rt = runtime();
+        assert!(rt.set_kernel_threads(0).is_err());
+        assert!(rt.set_kernel_threads(-3).is_err());
+        assert!(rt.kernel_threads() >= 1);
+    }
+}
