@@ -28,6 +28,22 @@ struct FeatureTable(Vec<LibFeature>);
 unsafe impl Sync for FeatureTable {}
 unsafe impl Send for FeatureTable {}
 
+/// Runs when the library is loaded (before `dlopen` returns): creates the configuration
+/// registry, which prints the warnings for unknown `MXNET_*` variables, so that they appear
+/// whatever the program calls first. A panic here is contained; the registry is then created
+/// at the first API call instead.
+#[cfg(target_os = "linux")]
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
+#[cfg(target_os = "linux")]
+extern "C" fn on_load() {
+    let _ = std::panic::catch_unwind(|| {
+        crate::config::global();
+    });
+}
+
 /// The process-wide runtime.
 pub struct Runtime {
     omp_threads: AtomicUsize,

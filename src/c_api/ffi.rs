@@ -12,19 +12,45 @@
 
 use crate::error::{Error, Result};
 use std::any::Any;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Once;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
     static RET_STR: RefCell<CString> = RefCell::new(CString::default());
+    /// Depth of [`call`]s on this thread; a panic inside one is reported, not printed.
+    static IN_BOUNDARY: Cell<u32> = const { Cell::new(0) };
+    /// Where the last contained panic happened, recorded by the panic hook.
+    static PANIC_AT: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Panics inside [`call`] become the error text (with their location) instead of a message on
+/// the host's stderr; panics elsewhere go to the previous hook unchanged.
+fn install_panic_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if IN_BOUNDARY.try_with(|d| d.get() > 0).unwrap_or(false) {
+                let at = info.location().map(|l| format!("{}:{}", l.file(), l.line()));
+                let _ = PANIC_AT.try_with(|p| *p.borrow_mut() = at);
+            } else {
+                previous(info);
+            }
+        }));
+    });
 }
 
 /// Run an exported function's body: `Ok` → 0; `Err` or a panic → -1 with the last error set.
 /// Nothing unwinds past this point.
 pub fn call(api: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
-    match catch_unwind(AssertUnwindSafe(body)) {
+    install_panic_hook();
+    IN_BOUNDARY.with(|d| d.set(d.get() + 1));
+    let outcome = catch_unwind(AssertUnwindSafe(body));
+    IN_BOUNDARY.with(|d| d.set(d.get() - 1));
+    match outcome {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => {
             set_last_error(&e);
@@ -32,7 +58,11 @@ pub fn call(api: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
         }
         Err(payload) => {
             let msg = panic_message(payload.as_ref());
-            set_last_error(&Error::internal(format!("panic in {api}: {msg}")));
+            let at = PANIC_AT.with(|p| p.borrow_mut().take()).map(|l| format!(" (at {l})"));
+            set_last_error(&Error::internal(format!(
+                "panic in {api}: {msg}{}",
+                at.unwrap_or_default()
+            )));
             -1
         }
     }
@@ -123,7 +153,7 @@ mod tests {
         assert_eq!(last(), "IndexError: out of range");
         assert_eq!(call("MXTest", || panic!("boom {}", 1)), -1);
         let e = last();
-        assert!(e.starts_with("InternalError: panic in MXTest: boom 1"), "{e}");
+        assert!(e.starts_with("InternalError: panic in MXTest: boom 1 (at src/c_api/ffi.rs:"), "{e}");
         // A later success leaves the last error as it was.
         assert_eq!(call("t", || Ok(())), 0);
         assert!(last().starts_with("InternalError"));

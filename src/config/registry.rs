@@ -298,18 +298,22 @@ impl Registry {
         };
         let spec = &self.specs[i];
         let mut st = self.state[i].lock();
-        if let Some(v) = value {
-            spec.ty.parse(name, v)?;
-        }
+        let parsed = match value {
+            Some(v) => Some(spec.ty.parse(name, v).map_err(|e| {
+                Error::value(format!("{} (value from {})", e.message(), Source::SetEnv.name()))
+            })?),
+            None => None,
+        };
         if let Some(f) = &st.fixed {
-            let same = match (value, &f.resolved.raw) {
-                (Some(v), Some(raw)) => spec.ty.parse(name, v).ok() == f.resolved.value || v == raw,
-                _ => false,
+            // Allowed only when the effective value would not change.
+            let same = match parsed {
+                Some(v) => f.resolved.value.as_ref() == Some(&v),
+                None => matches!(f.resolved.source, Source::Default | Source::Unset),
             };
             if !same {
                 return Err(Error::value(format!(
-                    "{name} is read once and was already fixed to {} (from {}) at first use by \
-                     {}, {:.3} s after the library loaded; it cannot change in this process. \
+                    "{name} is read once and was already fixed to {} (from {}) at its first use \
+                     by {}, {:.3} s after the library loaded; it cannot change in this process. \
                      Set it before that use (e.g. in the environment before starting)",
                     f.resolved.raw.as_deref().map(|r| format!("{r:?}")).unwrap_or("unset".into()),
                     f.resolved.source.name(),
@@ -339,8 +343,8 @@ impl Registry {
             None => String::new(),
         };
         Some(format!(
-            "mxnet-rt warning: environment variable {name} is not known to this runtime and is \
-             ignored{hint}"
+            "mxnet-rt warning: environment variable {name} is not known to this runtime; \
+             nothing reads it{hint}"
         ))
     }
 
@@ -482,6 +486,7 @@ mod tests {
         // MXSetEnv validates before touching anything.
         let e = r.set_env("MXNET_CPU_WORKER_NTHREADS", Some("many")).unwrap_err();
         assert!(e.to_string().contains("an integer >= 1"));
+        assert!(e.to_string().contains("(value from MXSetEnv)"), "{e}");
         assert_eq!(r.env_value("MXNET_CPU_WORKER_NTHREADS").as_deref(), Some("-2"));
     }
 
@@ -496,6 +501,10 @@ mod tests {
         assert!(e.contains("read once") && e.contains("\"NaiveEngine\"") && e.contains("engine start"), "{e}");
         assert!(e.contains("from MXSetEnv"), "{e}");
         assert!(r.set_env("MXNET_ENGINE_TYPE", None).is_err());
+        // Unsetting one that was fixed from its default changes nothing, so it is allowed.
+        assert_eq!(r.get_int("MXNET_CPU_WORKER_NTHREADS", "engine start").unwrap(), Some(1));
+        r.set_env("MXNET_CPU_WORKER_NTHREADS", None).unwrap();
+        assert!(r.set_env("MXNET_CPU_WORKER_NTHREADS", Some("2")).is_err());
         // Setting the fixed value again is harmless.
         r.set_env("MXNET_ENGINE_TYPE", Some("NaiveEngine")).unwrap();
         // A direct environment change is ignored after fixing.

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs every test: Rust unit tests (incl. header and README freshness), the C/C++ tests and
+# examples through CTest, and the Python tests. Installs what it needs into .venv first.
+set -euo pipefail
+MXRT_ENV=test source "$(dirname "$0")/env.sh"
+cd "$ROOT"
+
+echo "== Rust unit tests"
+cargo test --release --all-targets
+echo "== build libmxnet.so"
+cargo build --release --lib
+echo "== C/C++ tests (CTest)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMXNET_RT_BUILD_TESTS=ON >/dev/null
+cmake --build build -j 2
+ctest --test-dir build --output-on-failure
+echo "== Python tests"
+MXNET_LIBRARY_PATH="$ROOT/target/release/libmxnet.so" python -m pytest -q tests/python
