@@ -214,3 +214,44 @@ mod tests {
         assert_eq!(get("MXNET_CUDA_ALLOW_TENSOR_CORE").reading, Reading::Once);
     }
 }
+
+#[cfg(test)]
+mod strictness {
+    use super::*;
+    use crate::config::{MapEnv, Registry};
+
+    /// A value each type must refuse.
+    fn bad_sample(ty: &VarType) -> String {
+        match ty {
+            VarType::Int { min, .. } if *min > i64::MIN => (min - 1).to_string(),
+            VarType::Int { .. } => "12abc".into(),
+            VarType::Bool => "maybe".into(),
+            VarType::Float { .. } => "nan".into(),
+            VarType::Choice(_) => "Bogus".into(),
+            VarType::AbsPath => "relative/libmxnet.so".into(),
+            VarType::Path => "  ".into(),
+            VarType::Url => "not a url".into(),
+            VarType::DTypeList => "float99".into(),
+        }
+    }
+
+    /// Every variable of the table refuses a bad value at its use and through MXSetEnv, with
+    /// a message naming the variable and the value, and keeps accepting its default.
+    #[test]
+    fn every_variable_is_strict() {
+        for spec in VARS {
+            let bad = bad_sample(&spec.ty);
+            let reg = Registry::new(VARS, Box::new(MapEnv::with(&[(spec.name, bad.as_str())])));
+            let e = reg.get(spec.name, "test").unwrap_err().to_string();
+            assert!(e.starts_with("ValueError: "), "{e}");
+            assert!(e.contains(spec.name) && e.contains(&format!("{bad:?}")), "{e}");
+            assert!(e.contains(&spec.ty.accepted()), "{e}");
+            assert!(reg.set_env(spec.name, Some(&bad)).is_err(), "{}", spec.name);
+            if let Some(d) = spec.default {
+                reg.set_env(spec.name, Some(d)).unwrap();
+                let got = reg.get(spec.name, "test").unwrap();
+                assert_eq!(got.value, Some(spec.ty.parse(spec.name, d).unwrap()), "{}", spec.name);
+            }
+        }
+    }
+}
