@@ -1,13 +1,17 @@
 //! mxnet-rt: the runtime core of Apache MXNet in Rust, built as a drop-in `libmxnet.so` with
 //! MXNet 1.9.1's C ABI.
 //!
-//! Layout: [`config`] (every environment variable), [`runtime`] (process-wide state),
+//! Layout: [`config`] (every environment variable), [`engine`] (the dependency engine),
+//! [`context`] (devices), [`handle`] (handles given to C), [`runtime`] (process-wide state),
 //! [`error`] (the error kinds the frontend maps), [`c_api`] (the exported functions).
 //! This file only wires modules together.
 
 pub mod c_api;
 pub mod config;
+pub mod context;
+pub mod engine;
 pub mod error;
+pub mod handle;
 pub mod runtime;
 
 pub use error::{Error, ErrorKind, Result};

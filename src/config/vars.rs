@@ -55,9 +55,9 @@ pub static VARS: &[VarSpec] = &[
         "Maximum number of compute threads per GPU."),
     var("MXNET_GPU_COPY_NTHREADS", POS_INT, Some("2"), Once, Reserved, THREADS,
         "Maximum number of concurrent memory-copy threads per GPU."),
-    var("MXNET_CPU_WORKER_NTHREADS", POS_INT, Some("1"), Once, Reserved, THREADS,
+    var("MXNET_CPU_WORKER_NTHREADS", POS_INT, Some("1"), Once, Active, THREADS,
         "Number of CPU scheduling threads: how many operators run in parallel on the CPU."),
-    var("MXNET_CPU_PRIORITY_NTHREADS", POS_INT, Some("4"), Once, Reserved, THREADS,
+    var("MXNET_CPU_PRIORITY_NTHREADS", POS_INT, Some("4"), Once, Active, THREADS,
         "Number of threads for prioritized CPU operations."),
     var("MXNET_CPU_NNPACK_NTHREADS", POS_INT, Some("4"), Once, Reserved, THREADS,
         "Number of threads used by NNPACK (this build has no NNPACK)."),
@@ -82,8 +82,10 @@ pub static VARS: &[VarSpec] = &[
         "Naive pool: allocations larger than this are rounded up to a multiple of it; 1 disables."),
     // --- Engine ---
     var("MXNET_ENGINE_TYPE", VarType::Choice(&["NaiveEngine", "ThreadedEngine", "ThreadedEnginePerDevice"]),
-        Some("ThreadedEnginePerDevice"), Once, Reserved, ENGINE,
+        Some("ThreadedEnginePerDevice"), Once, Active, ENGINE,
         "Execution engine: NaiveEngine (synchronous), ThreadedEngine (one pool) or ThreadedEnginePerDevice."),
+    var("MXNET_ENGINE_MAX_PENDING_OPS", NONNEG_INT, Some("0"), Once, Active, ENGINE,
+        "mxnet-rt addition: bound on pushed but unfinished operations; a push beyond it waits for work to drain. 0: unbounded (stock)."),
     // --- Execution ---
     var("MXNET_EXEC_BULK_EXEC_INFERENCE", VarType::Bool, Some("1"), Dynamic, Reserved, EXEC,
         "Execute the whole graph in bulk during inference."),

@@ -1,0 +1,831 @@
+//! The dependency engine: every operation is pushed here and runs asynchronously as soon as
+//! the variables it reads and writes allow.
+//!
+//! Owns: the three engine kinds (`MXNET_ENGINE_TYPE`), the worker pools and the table that
+//! picks one for an operation's device and property, pushing and dispatching, error
+//! propagation along data edges, waits, bulk execution, back-pressure, and the engine's
+//! life around `fork`. Variables live in [`var`], operations in [`opr`], pools in [`pool`].
+//!
+//! - `NaiveEngine` runs each operation on the thread that makes it ready (the pushing thread
+//!   unless another thread holds a conflicting variable) and returns from push when it is
+//!   done; no worker thread is started.
+//! - `ThreadedEngine` runs everything on one pool of `MXNET_CPU_WORKER_NTHREADS` workers.
+//! - `ThreadedEnginePerDevice` (default) has a pool per device and property, created at the
+//!   first use of each: CPU workers, CPU prioritized workers, and per GPU compute, copy and
+//!   prioritized workers (see [`POOL_TABLE`]).
+//!
+//! Errors: an operation that fails marks the variables it writes; operations that read or
+//! write a marked variable are skipped and pass the same failure on. A wait on a marked
+//! variable, or `wait_all`, reports the failure once and clears it everywhere it travelled.
+
+pub mod opr;
+pub mod pool;
+pub mod var;
+
+pub use opr::{Completion, FnProperty, OprFn, Payload, RunContext, SyncFn};
+pub use var::Var;
+
+use crate::config;
+use crate::context::{Context, DevType};
+use crate::error::{Error, Result};
+use opr::{Latch, Opr};
+use parking_lot::{Condvar, Mutex};
+use pool::Pool;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use var::{ErrorCell, Granted};
+
+/// Which engine runs operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    Naive,
+    Threaded,
+    PerDevice,
+}
+
+impl EngineKind {
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "NaiveEngine" => Ok(EngineKind::Naive),
+            "ThreadedEngine" => Ok(EngineKind::Threaded),
+            "ThreadedEnginePerDevice" => Ok(EngineKind::PerDevice),
+            other => Err(Error::value(format!("unknown engine type {other:?}"))),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Naive => "NaiveEngine",
+            EngineKind::Threaded => "ThreadedEngine",
+            EngineKind::PerDevice => "ThreadedEnginePerDevice",
+        }
+    }
+}
+
+/// The pool classes of `ThreadedEnginePerDevice`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PoolClass {
+    CpuWorker,
+    CpuPriority,
+    GpuCompute,
+    GpuCopy,
+    GpuPriority,
+}
+
+use PoolClass::*;
+
+/// Which pool runs an operation, by device (row 0: CPU-side memory, row 1: GPU) and
+/// `FnProperty` (column, in stock's numbering: normal, copy from GPU, copy to GPU, CPU
+/// prioritized, async, delete var, GPU prioritized, no skip).
+pub const POOL_TABLE: [[PoolClass; 8]; 2] = [
+    [CpuWorker, CpuWorker, CpuWorker, CpuPriority, CpuWorker, CpuWorker, CpuWorker, CpuWorker],
+    [GpuCompute, GpuCopy, GpuCopy, GpuCompute, GpuCompute, GpuCompute, GpuPriority, GpuCompute],
+];
+
+/// Settings an engine is built with (from the configuration, or given by tests).
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub kind: EngineKind,
+    pub cpu_workers: usize,
+    pub cpu_priority_workers: usize,
+    pub gpu_workers: usize,
+    pub gpu_copy_workers: usize,
+    /// Bound on pushed but unfinished operations; 0 is unbounded.
+    pub max_pending: usize,
+    /// Accept GPU contexts without a GPU (tests of the pool table only).
+    pub virtual_gpus: bool,
+    /// Read pool sizes from the configuration when each pool starts (the process engine);
+    /// otherwise use the sizes above (tests).
+    pub threads_from_config: bool,
+}
+
+impl EngineOptions {
+    pub fn new(kind: EngineKind) -> Self {
+        EngineOptions {
+            kind,
+            cpu_workers: 1,
+            cpu_priority_workers: 4,
+            gpu_workers: 2,
+            gpu_copy_workers: 2,
+            max_pending: 0,
+            virtual_gpus: false,
+            threads_from_config: false,
+        }
+    }
+}
+
+/// What to push.
+pub struct Push {
+    pub func: OprFn,
+    pub const_vars: Vec<Arc<Var>>,
+    pub mutable_vars: Vec<Arc<Var>>,
+    pub ctx: Context,
+    pub prop: FnProperty,
+    pub priority: i32,
+    pub name: Option<Arc<str>>,
+    /// Dropped once the operation has finished (ran, failed or was skipped).
+    pub payload: Option<Payload>,
+    /// Return only when the operation has finished.
+    pub wait: bool,
+}
+
+impl Push {
+    /// A synchronous operation on the CPU with default settings.
+    pub fn sync(
+        f: impl FnOnce(&RunContext) -> Result<()> + Send + 'static,
+        const_vars: Vec<Arc<Var>>,
+        mutable_vars: Vec<Arc<Var>>,
+    ) -> Self {
+        Push {
+            func: OprFn::Sync(Box::new(f)),
+            const_vars,
+            mutable_vars,
+            ctx: Context::CPU,
+            prop: FnProperty::Normal,
+            priority: 0,
+            name: None,
+            payload: None,
+            wait: false,
+        }
+    }
+    /// An asynchronous operation on the CPU with default settings.
+    pub fn asynchronous(
+        f: impl FnOnce(&RunContext, Completion) + Send + 'static,
+        const_vars: Vec<Arc<Var>>,
+        mutable_vars: Vec<Arc<Var>>,
+    ) -> Self {
+        Push { func: OprFn::Async(Box::new(f)), ..Push::sync(|_| Ok(()), const_vars, mutable_vars) }
+    }
+}
+
+/// A dependency engine.
+pub struct Engine {
+    opts: EngineOptions,
+    cpu_worker: OnceLock<Arc<Pool>>,
+    cpu_priority: OnceLock<Arc<Pool>>,
+    gpu_pools: Mutex<HashMap<(PoolClass, i32), Arc<Pool>>>,
+    create_lock: Mutex<()>,
+    register_lock: Mutex<()>,
+    pending: AtomicUsize,
+    idle: Mutex<()>,
+    idle_cv: Condvar,
+    waiters: AtomicUsize,
+    errors: Mutex<Vec<Arc<ErrorCell>>>,
+    live_errors: AtomicUsize,
+}
+
+thread_local! {
+    static IS_WORKER: Cell<bool> = const { Cell::new(false) };
+    /// Operations made ready while this thread already runs one inline (NaiveEngine).
+    static INLINE: RefCell<Option<VecDeque<Arc<Opr>>>> = const { RefCell::new(None) };
+    static BULK: RefCell<Bulk> = RefCell::new(Bulk::default());
+}
+
+pub(crate) fn mark_worker_thread() {
+    IS_WORKER.with(|w| w.set(true));
+}
+
+/// Whether the calling thread is one of the engine's workers.
+pub fn on_worker_thread() -> bool {
+    IS_WORKER.try_with(|w| w.get()).unwrap_or(false)
+}
+
+impl Engine {
+    /// Build an engine; it lives for the rest of the process (operations refer to it).
+    pub fn start(opts: EngineOptions) -> &'static Engine {
+        Box::leak(Box::new(Engine {
+            opts,
+            cpu_worker: OnceLock::new(),
+            cpu_priority: OnceLock::new(),
+            gpu_pools: Mutex::new(HashMap::new()),
+            create_lock: Mutex::new(()),
+            register_lock: Mutex::new(()),
+            pending: AtomicUsize::new(0),
+            idle: Mutex::new(()),
+            idle_cv: Condvar::new(),
+            waiters: AtomicUsize::new(0),
+            errors: Mutex::new(Vec::new()),
+            live_errors: AtomicUsize::new(0),
+        }))
+    }
+
+    /// Options from the configuration registry (read-once variables are fixed here).
+    pub fn options_from_config() -> Result<EngineOptions> {
+        let reg = config::global();
+        let kind = reg
+            .get_str("MXNET_ENGINE_TYPE", "engine start")?
+            .map(|s| EngineKind::parse(&s))
+            .transpose()?
+            .unwrap_or(EngineKind::PerDevice);
+        let mut opts = EngineOptions::new(kind);
+        opts.threads_from_config = true;
+        let max = reg.get_int("MXNET_ENGINE_MAX_PENDING_OPS", "engine start")?.unwrap_or(0);
+        opts.max_pending = max as usize;
+        Ok(opts)
+    }
+
+    pub fn kind(&self) -> EngineKind {
+        self.opts.kind
+    }
+
+    /// Number of pushed operations that have not finished.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Worker threads started so far, per pool name.
+    pub fn pools(&self) -> Vec<(String, usize)> {
+        let mut out: Vec<(String, usize)> = [&self.cpu_worker, &self.cpu_priority]
+            .iter()
+            .filter_map(|c| c.get())
+            .map(|p| (p.name().to_string(), p.threads()))
+            .collect();
+        out.extend(self.gpu_pools.lock().values().map(|p| (p.name().to_string(), p.threads())));
+        out
+    }
+
+    fn pool_threads(&self, class: PoolClass) -> Result<usize> {
+        let from_config = |name: &str, consumer: &'static str, default: usize| -> Result<usize> {
+            if !self.opts.threads_from_config {
+                return Ok(default);
+            }
+            Ok(config::global().get_int(name, consumer)?.map(|v| v as usize).unwrap_or(default))
+        };
+        match (self.opts.kind, class) {
+            (_, CpuWorker) => from_config("MXNET_CPU_WORKER_NTHREADS", "CPU worker pool start", self.opts.cpu_workers),
+            (_, CpuPriority) => from_config(
+                "MXNET_CPU_PRIORITY_NTHREADS",
+                "CPU priority pool start",
+                self.opts.cpu_priority_workers,
+            ),
+            (_, GpuCompute) => from_config("MXNET_GPU_WORKER_NTHREADS", "GPU worker pool start", self.opts.gpu_workers),
+            (_, GpuCopy) => from_config("MXNET_GPU_COPY_NTHREADS", "GPU copy pool start", self.opts.gpu_copy_workers),
+            (_, GpuPriority) => Ok(1),
+        }
+    }
+
+    /// The pool that runs operations of `prop` on `ctx`, started on first use.
+    fn pool_for(&'static self, ctx: Context, prop: FnProperty) -> Result<Option<Arc<Pool>>> {
+        let class = match self.opts.kind {
+            EngineKind::Naive => return Ok(None),
+            // One global pool: the CPU worker pool serves every device and property.
+            EngineKind::Threaded => CpuWorker,
+            EngineKind::PerDevice => POOL_TABLE[usize::from(ctx.dev_type == DevType::Gpu)][prop as usize],
+        };
+        let cell = match class {
+            CpuWorker => &self.cpu_worker,
+            CpuPriority => &self.cpu_priority,
+            _ => {
+                let key = (class, ctx.dev_id);
+                if let Some(p) = self.gpu_pools.lock().get(&key) {
+                    return Ok(Some(p.clone()));
+                }
+                let threads = self.pool_threads(class)?;
+                let name = match class {
+                    GpuCopy => format!("gpu({}) copy worker", ctx.dev_id),
+                    GpuPriority => format!("gpu({}) priority worker", ctx.dev_id),
+                    _ => format!("gpu({}) worker", ctx.dev_id),
+                };
+                let mut pools = self.gpu_pools.lock();
+                if let Some(p) = pools.get(&key) {
+                    return Ok(Some(p.clone()));
+                }
+                let p = Pool::start(&name, threads, self).map_err(thread_error)?;
+                pools.insert(key, p.clone());
+                return Ok(Some(p));
+            }
+        };
+        if let Some(p) = cell.get() {
+            return Ok(Some(p.clone()));
+        }
+        let _guard = self.create_lock.lock();
+        if let Some(p) = cell.get() {
+            return Ok(Some(p.clone()));
+        }
+        let threads = self.pool_threads(class)?;
+        let name = match (self.opts.kind, class) {
+            (EngineKind::Threaded, _) => "engine worker",
+            (_, CpuPriority) => "cpu priority worker",
+            _ => "cpu worker",
+        };
+        let p = Pool::start(name, threads, self).map_err(thread_error)?;
+        let _ = cell.set(p.clone());
+        Ok(Some(p))
+    }
+
+    /// Push an operation. Fails (and runs nothing, drops nothing of the caller's) on a
+    /// variable listed twice, an unavailable device or a pool that cannot start.
+    pub fn push(&'static self, p: Push) -> Result<()> {
+        check_distinct(&p.const_vars, &p.mutable_vars)?;
+        if !self.opts.virtual_gpus {
+            p.ctx.check_available()?;
+        }
+        if self.opts.kind != EngineKind::Naive
+            && p.prop == FnProperty::Normal
+            && !p.wait
+            && matches!(p.func, OprFn::Sync(_))
+            && bulk_accepts(self, &p)
+        {
+            return self.bulk_append(p);
+        }
+        self.flush_bulk();
+        self.push_now(p)
+    }
+
+    fn push_now(&'static self, p: Push) -> Result<()> {
+        let pool = self.pool_for(p.ctx, p.prop)?;
+        self.apply_back_pressure();
+        let n_const = p.const_vars.len();
+        let mut vars = p.const_vars;
+        vars.extend(p.mutable_vars);
+        let done = (p.wait && self.opts.kind != EngineKind::Naive).then(|| Arc::new(Latch::default()));
+        let op = Arc::new(Opr {
+            func: Mutex::new(Some(p.func)),
+            wait: AtomicUsize::new(vars.len() + 1),
+            vars,
+            n_const,
+            priority: p.priority,
+            prop: p.prop,
+            ctx: p.ctx,
+            name: p.name,
+            payload: Mutex::new(p.payload),
+            completed: Default::default(),
+            done: done.clone(),
+            engine: self,
+            pool,
+        });
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        {
+            // An operation registers with all its variables at once with respect to other
+            // pushes: otherwise two threads registering ops that share two variables could
+            // each be first in one queue and wait for the other forever. An op with a single
+            // variable cannot close such a cycle and skips the lock.
+            let _order = (op.vars.len() > 1).then(|| self.register_lock.lock());
+            for (i, v) in op.vars.iter().enumerate() {
+                let granted = if i < n_const { v.append_read(&op) } else { v.append_write(&op) };
+                if granted {
+                    op.grant();
+                }
+            }
+        }
+        let naive = self.opts.kind == EngineKind::Naive;
+        let keep = naive.then(|| op.clone());
+        if op.grant() {
+            self.dispatch(op);
+        }
+        if let Some(op) = keep {
+            wait_completed(&op);
+        }
+        if let Some(l) = done {
+            l.wait();
+        }
+        Ok(())
+    }
+
+    fn dispatch(&'static self, op: Arc<Opr>) {
+        match &op.pool {
+            Some(pool) => pool.clone().push(op),
+            None => self.run_inline(op),
+        }
+    }
+
+    /// NaiveEngine: run on this thread; operations made ready meanwhile are queued and run
+    /// by the outermost call, so a long chain does not recurse.
+    fn run_inline(&'static self, op: Arc<Opr>) {
+        let queued = INLINE.with(|q| match q.borrow_mut().as_mut() {
+            Some(queue) => {
+                queue.push_back(op.clone());
+                true
+            }
+            None => false,
+        });
+        if queued {
+            return;
+        }
+        INLINE.with(|q| *q.borrow_mut() = Some(VecDeque::new()));
+        let mut next = Some(op);
+        while let Some(op) = next {
+            self.execute(op);
+            next = INLINE.with(|q| q.borrow_mut().as_mut().and_then(|q| q.pop_front()));
+        }
+        INLINE.with(|q| *q.borrow_mut() = None);
+    }
+
+    /// Run a ready operation (on a worker, or inline for NaiveEngine).
+    pub(crate) fn execute(&'static self, op: Arc<Opr>) {
+        let inherited = if self.live_errors.load(Ordering::Acquire) > 0 && op.prop != FnProperty::NoSkip {
+            op.vars.iter().find_map(|v| v.failure())
+        } else {
+            None
+        };
+        let func = op.take_fn();
+        if let Some(cell) = inherited {
+            drop(func);
+            self.complete(op, Outcome::Inherited(cell));
+            return;
+        }
+        let rctx = RunContext::for_ctx(op.ctx, false);
+        match func {
+            Some(OprFn::Sync(f)) => {
+                let r = catch_unwind(AssertUnwindSafe(|| f(&rctx)))
+                    .unwrap_or_else(|p| Err(panic_error(op.name(), p.as_ref())));
+                self.complete(op, r.map_or_else(Outcome::Failed, |_| Outcome::Ok));
+            }
+            Some(OprFn::Async(f)) => {
+                let completion = Completion::new(op);
+                // A panic drops the completion, which finishes the operation with an error.
+                let _ = catch_unwind(AssertUnwindSafe(|| f(&rctx, completion)));
+            }
+            None => self.complete(op, Outcome::Failed(Error::internal("operation ran twice"))),
+        }
+    }
+
+    /// Finish an operation (called by [`Completion`]).
+    pub(crate) fn finish(&'static self, op: Arc<Opr>, error: Option<Error>) {
+        self.complete(op, error.map_or(Outcome::Ok, Outcome::Failed));
+    }
+
+    fn complete(&'static self, op: Arc<Opr>, outcome: Outcome) {
+        let cell = match outcome {
+            Outcome::Ok => None,
+            Outcome::Inherited(cell) => Some(cell),
+            Outcome::Failed(e) => Some(self.record_failure(e)),
+        };
+        let mut granted = Granted::default();
+        for v in op.const_vars() {
+            v.complete_read(&mut granted);
+        }
+        for v in op.mutable_vars() {
+            v.complete_write(cell.as_ref(), &mut granted);
+        }
+        drop(op.payload.lock().take());
+        op.completed.store(true, Ordering::Release);
+        if let Some(l) = &op.done {
+            l.set();
+        }
+        drop(op);
+        for next in granted.into_vec() {
+            if next.grant() {
+                self.dispatch(next);
+            }
+        }
+        let before = self.pending.fetch_sub(1, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0
+            && (before == 1 || (self.opts.max_pending > 0 && before <= self.opts.max_pending))
+        {
+            let _g = self.idle.lock();
+            self.idle_cv.notify_all();
+        }
+    }
+
+    fn record_failure(&self, e: Error) -> Arc<ErrorCell> {
+        let cell = ErrorCell::new(e);
+        let mut errors = self.errors.lock();
+        if errors.len() >= 64 {
+            errors.retain(|c| c.is_set());
+        }
+        errors.push(cell.clone());
+        self.live_errors.store(errors.len(), Ordering::Release);
+        cell
+    }
+
+    fn wait_until(&self, done: impl Fn(usize) -> bool) {
+        if done(self.pending.load(Ordering::SeqCst)) {
+            return;
+        }
+        let mut g = self.idle.lock();
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        while !done(self.pending.load(Ordering::SeqCst)) {
+            self.idle_cv.wait(&mut g);
+        }
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn apply_back_pressure(&self) {
+        let max = self.opts.max_pending;
+        if max > 0 && !on_worker_thread() && INLINE.with(|q| q.borrow().is_none()) {
+            self.wait_until(|pending| pending < max);
+        }
+    }
+
+    fn refuse_on_worker(&self, what: &str) -> Result<()> {
+        if on_worker_thread() || INLINE.with(|q| q.borrow().is_some()) {
+            return Err(Error::mxnet(format!(
+                "{what} was called from inside an engine operation; it would wait for itself"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Wait until every pushed operation has finished, without reporting failures.
+    pub fn wait_idle(&self) {
+        self.flush_bulk();
+        self.wait_until(|pending| pending == 0);
+    }
+
+    /// Wait until every pushed operation has finished; report (and clear) the first failure
+    /// that no wait has reported yet.
+    pub fn wait_all(&self) -> Result<()> {
+        self.refuse_on_worker("WaitAll")?;
+        self.wait_idle();
+        let cells = std::mem::take(&mut *self.errors.lock());
+        self.live_errors.store(0, Ordering::Release);
+        let mut first = None;
+        for c in cells {
+            if let Some(e) = c.take() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Wait until `var` can be read (`write` false: pending writes done) or written (all
+    /// pending operations done); report (and clear) a failure it carries.
+    pub fn wait_for_var(&'static self, var: &Arc<Var>, write: bool) -> Result<()> {
+        self.refuse_on_worker("WaitForVar")?;
+        self.flush_bulk();
+        let ready = if write { var.is_idle() } else { var.is_readable() };
+        if !ready {
+            let (c, m) = if write { (vec![], vec![var.clone()]) } else { (vec![var.clone()], vec![]) };
+            let mut p = Push::sync(|_| Ok(()), c, m);
+            p.prop = FnProperty::NoSkip;
+            p.wait = true;
+            p.name = Some(intern("WaitForVar"));
+            self.push_now(p)?;
+        }
+        match var.take_failure() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    // --- bulk execution ---
+
+    fn bulk_append(&'static self, p: Push) -> Result<()> {
+        let full = BULK.with(|b| {
+            let mut b = b.borrow_mut();
+            let OprFn::Sync(f) = p.func else { unreachable!("only sync operations are bulked") };
+            b.ctx = p.ctx;
+            b.engine = Some(self);
+            b.funcs.push(f);
+            if let Some(payload) = p.payload {
+                b.payloads.push(payload);
+            }
+            for v in p.mutable_vars {
+                b.const_vars.retain(|c| !Arc::ptr_eq(c, &v));
+                if !b.mutable_vars.iter().any(|m| Arc::ptr_eq(m, &v)) {
+                    b.mutable_vars.push(v);
+                }
+            }
+            for v in p.const_vars {
+                if !b.mutable_vars.iter().chain(&b.const_vars).any(|m| Arc::ptr_eq(m, &v)) {
+                    b.const_vars.push(v);
+                }
+            }
+            b.funcs.len() >= b.size
+        });
+        if full {
+            self.flush_bulk();
+        }
+        Ok(())
+    }
+
+    /// Push the calling thread's pending bulk as one operation.
+    pub fn flush_bulk(&self) {
+        let taken = BULK.try_with(|b| b.borrow_mut().take()).ok().flatten();
+        if let Some((engine, push)) = taken {
+            // The pool exists (it was used for the bulk's ops' context before), the vars are
+            // distinct by construction; a failure here could only be a pool start failure.
+            if let Err(e) = engine.push_now(push) {
+                engine.record_failure(e);
+            }
+        }
+    }
+
+    /// Set the calling thread's bulk size (operations batched into one engine task);
+    /// returns the previous size. Flushes what was batched so far.
+    pub fn set_bulk_size(&self, size: usize) -> usize {
+        self.flush_bulk();
+        BULK.with(|b| std::mem::replace(&mut b.borrow_mut().size, size))
+    }
+}
+
+enum Outcome {
+    Ok,
+    Failed(Error),
+    Inherited(Arc<ErrorCell>),
+}
+
+fn panic_error(name: &str, payload: &(dyn std::any::Any + Send)) -> Error {
+    let msg = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into());
+    Error::internal(format!("operation {name} panicked: {msg}"))
+}
+
+fn thread_error(e: std::io::Error) -> Error {
+    Error::mxnet(format!("cannot start an engine worker thread: {e}"))
+}
+
+/// Wait until an operation finished (NaiveEngine: normally at once; an asynchronous one may
+/// be completed from another thread).
+fn wait_completed(op: &Opr) {
+    let mut spins = 0u32;
+    while !op.completed.load(Ordering::Acquire) {
+        spins += 1;
+        if spins < 100 {
+            std::hint::spin_loop();
+        } else if spins < 1000 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+}
+
+/// A variable may appear once in an operation's lists.
+fn check_distinct(const_vars: &[Arc<Var>], mutable_vars: &[Arc<Var>]) -> Result<()> {
+    let n = const_vars.len() + mutable_vars.len();
+    let dup = || {
+        Error::value(
+            "an engine variable appears twice in the operation's variables (twice in one list, \
+             or both read and written); list it once, as mutable if the operation writes it",
+        )
+    };
+    if n <= 8 {
+        let all: Vec<*const Var> = const_vars.iter().chain(mutable_vars).map(Arc::as_ptr).collect();
+        for i in 0..n {
+            if all[i + 1..].contains(&all[i]) {
+                return Err(dup());
+            }
+        }
+    } else {
+        let mut all: Vec<usize> = const_vars.iter().chain(mutable_vars).map(|v| Arc::as_ptr(v) as usize).collect();
+        all.sort_unstable();
+        if all.windows(2).any(|w| w[0] == w[1]) {
+            return Err(dup());
+        }
+    }
+    Ok(())
+}
+
+/// Operations of one thread waiting to be pushed as one engine task.
+struct Bulk {
+    size: usize,
+    engine: Option<&'static Engine>,
+    ctx: Context,
+    funcs: Vec<SyncFn>,
+    payloads: Vec<Payload>,
+    const_vars: Vec<Arc<Var>>,
+    mutable_vars: Vec<Arc<Var>>,
+}
+
+impl Default for Bulk {
+    fn default() -> Self {
+        Bulk {
+            size: 0,
+            engine: None,
+            ctx: Context::CPU,
+            funcs: Vec::new(),
+            payloads: Vec::new(),
+            const_vars: Vec::new(),
+            mutable_vars: Vec::new(),
+        }
+    }
+}
+
+fn bulk_accepts(engine: &'static Engine, p: &Push) -> bool {
+    BULK.try_with(|b| {
+        let b = b.borrow();
+        b.size > 1
+            && (b.funcs.is_empty()
+                || (b.ctx == p.ctx && b.engine.is_some_and(|e| std::ptr::eq(e, engine))))
+    })
+    .unwrap_or(false)
+}
+
+impl Bulk {
+    fn take(&mut self) -> Option<(&'static Engine, Push)> {
+        if self.funcs.is_empty() {
+            return None;
+        }
+        let engine = self.engine?;
+        let funcs = std::mem::take(&mut self.funcs);
+        let count = funcs.len();
+        let payloads = std::mem::take(&mut self.payloads);
+        let mut push = Push::sync(
+            move |outer: &RunContext| {
+                let rctx = RunContext {
+                    dev_type: outer.dev_type,
+                    dev_id: outer.dev_id,
+                    stream: outer.stream,
+                    aux_stream: outer.aux_stream,
+                    is_bulk: true,
+                };
+                for f in funcs {
+                    f(&rctx)?;
+                }
+                Ok(())
+            },
+            std::mem::take(&mut self.const_vars),
+            std::mem::take(&mut self.mutable_vars),
+        );
+        push.ctx = self.ctx;
+        push.name = Some(intern(&format!("Bulk({count})")));
+        push.payload = (!payloads.is_empty()).then(|| Box::new(payloads) as Payload);
+        Some((engine, push))
+    }
+}
+
+impl Drop for Bulk {
+    fn drop(&mut self) {
+        // A thread that ends with batched operations still pushes them.
+        if let Some((engine, push)) = self.take() {
+            let _ = catch_unwind(AssertUnwindSafe(|| engine.push_now(push)));
+        }
+    }
+}
+
+/// Operation names are shared, not copied per push.
+pub fn intern(name: &str) -> Arc<str> {
+    static NAMES: OnceLock<Mutex<HashMap<Box<str>, Arc<str>>>> = OnceLock::new();
+    let mut names = NAMES.get_or_init(Default::default).lock();
+    if let Some(n) = names.get(name) {
+        return n.clone();
+    }
+    let n: Arc<str> = Arc::from(name);
+    names.insert(name.into(), n.clone());
+    n
+}
+
+// --- the process-wide engine ---
+
+static GLOBAL: std::sync::atomic::AtomicPtr<Engine> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+static GLOBAL_INIT: Mutex<()> = Mutex::new(());
+
+/// The process-wide engine, started at first use from the configuration. A bad engine
+/// setting fails this call (and every later one until it is corrected).
+pub fn global() -> Result<&'static Engine> {
+    let p = GLOBAL.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: engines are leaked, never freed; a non-null pointer is a live engine.
+        return Ok(unsafe { &*p });
+    }
+    let _g = GLOBAL_INIT.lock();
+    let p = GLOBAL.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: as above.
+        return Ok(unsafe { &*p });
+    }
+    let engine = Engine::start(Engine::options_from_config()?);
+    register_fork_handlers();
+    GLOBAL.store(engine as *const Engine as *mut Engine, Ordering::Release);
+    Ok(engine)
+}
+
+/// The process-wide engine if it was started.
+pub fn global_if_started() -> Option<&'static Engine> {
+    let p = GLOBAL.load(Ordering::Acquire);
+    // SAFETY: as in `global`.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// Around `fork`: the parent quiesces the engine first (so no lock is held and no operation
+/// is half done); the child forgets the parent's engine, whose worker threads do not exist
+/// there, and starts a new one (with new pools) at its first use. Variables stay valid.
+fn register_fork_handlers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn prepare() {
+        if let Some(e) = global_if_started() {
+            if !on_worker_thread() {
+                let _ = catch_unwind(AssertUnwindSafe(|| e.wait_idle()));
+            }
+        }
+    }
+    extern "C" fn child() {
+        GLOBAL.store(std::ptr::null_mut(), Ordering::Release);
+    }
+    ONCE.call_once(|| {
+        // SAFETY: registering plain extern "C" functions with no captured state.
+        unsafe {
+            libc::pthread_atfork(Some(prepare), None, Some(child));
+        }
+    });
+}
+
+/// Process shutdown: finish what was pushed (not from a worker thread, which would wait for
+/// itself). Failures stay recorded; nothing is torn down, so later calls still work.
+pub fn shutdown() {
+    if let Some(e) = global_if_started() {
+        if !on_worker_thread() {
+            e.wait_idle();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,177 @@
+//! Operations: what is pushed to the engine, how it runs and how it reports completion.
+//!
+//! Owns: [`Opr`] (an operation with its variables, priority, property and context), the
+//! function kinds ([`OprFn`]), [`Completion`] (the token an asynchronous operation completes
+//! with) and the stock-layout [`RunContext`] handed to C functions.
+
+use super::pool::Pool;
+use super::var::Var;
+use super::Engine;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use parking_lot::{Condvar, Mutex};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Stock `FnProperty` (engine.h), with its numeric values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FnProperty {
+    Normal = 0,
+    CopyFromGpu = 1,
+    CopyToGpu = 2,
+    CpuPrioritized = 3,
+    Async = 4,
+    DeleteVar = 5,
+    GpuPrioritized = 6,
+    NoSkip = 7,
+}
+
+impl FnProperty {
+    pub const ALL: [FnProperty; 8] = [
+        FnProperty::Normal,
+        FnProperty::CopyFromGpu,
+        FnProperty::CopyToGpu,
+        FnProperty::CpuPrioritized,
+        FnProperty::Async,
+        FnProperty::DeleteVar,
+        FnProperty::GpuPrioritized,
+        FnProperty::NoSkip,
+    ];
+    pub fn from_code(code: i32) -> Result<Self> {
+        Self::ALL.get(code as usize).copied().filter(|_| code >= 0).ok_or_else(|| {
+            Error::value(format!("unknown FnProperty {code} (expected 0..=7)"))
+        })
+    }
+}
+
+/// The run context given to operation functions; laid out like stock's `RunContext`
+/// (`{Context ctx; void* stream; void* aux_stream; bool is_bulk;}`).
+#[repr(C)]
+#[derive(Debug)]
+pub struct RunContext {
+    pub dev_type: i32,
+    pub dev_id: i32,
+    pub stream: *mut c_void,
+    pub aux_stream: *mut c_void,
+    pub is_bulk: bool,
+}
+
+impl RunContext {
+    pub(crate) fn for_ctx(ctx: Context, is_bulk: bool) -> Self {
+        RunContext {
+            dev_type: ctx.dev_type as i32,
+            dev_id: ctx.dev_id,
+            stream: std::ptr::null_mut(),
+            aux_stream: std::ptr::null_mut(),
+            is_bulk,
+        }
+    }
+}
+
+/// A synchronous function: done when it returns.
+pub type SyncFn = Box<dyn FnOnce(&RunContext) -> Result<()> + Send>;
+/// An asynchronous function: done when it completes the [`Completion`].
+pub type AsyncFn = Box<dyn FnOnce(&RunContext, Completion) + Send>;
+
+pub enum OprFn {
+    Sync(SyncFn),
+    Async(AsyncFn),
+}
+
+/// Something to drop when the operation has finished (e.g. a C deleter guard).
+pub type Payload = Box<dyn Send>;
+
+/// A one-shot flag threads can wait on.
+#[derive(Default)]
+pub struct Latch {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Latch {
+    pub fn set(&self) {
+        *self.done.lock() = true;
+        self.cv.notify_all();
+    }
+    pub fn wait(&self) {
+        let mut done = self.done.lock();
+        while !*done {
+            self.cv.wait(&mut done);
+        }
+    }
+}
+
+/// A pushed operation.
+pub struct Opr {
+    pub(crate) func: Mutex<Option<OprFn>>,
+    /// Variables read (`..n_const`) then written (`n_const..`).
+    pub(crate) vars: Vec<Arc<Var>>,
+    pub(crate) n_const: usize,
+    /// Variables still to grant access + 1 (so it cannot fire while being registered).
+    pub(crate) wait: AtomicUsize,
+    pub(crate) priority: i32,
+    pub(crate) prop: FnProperty,
+    pub(crate) ctx: Context,
+    pub(crate) name: Option<Arc<str>>,
+    pub(crate) payload: Mutex<Option<Payload>>,
+    pub(crate) completed: AtomicBool,
+    pub(crate) done: Option<Arc<Latch>>,
+    pub(crate) engine: &'static Engine,
+    /// The pool that runs it; `None` runs it inline (NaiveEngine).
+    pub(crate) pool: Option<Arc<Pool>>,
+}
+
+impl Opr {
+    pub fn const_vars(&self) -> &[Arc<Var>] {
+        &self.vars[..self.n_const]
+    }
+    pub fn mutable_vars(&self) -> &[Arc<Var>] {
+        &self.vars[self.n_const..]
+    }
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or("<unnamed>")
+    }
+    pub(crate) fn take_fn(&self) -> Option<OprFn> {
+        self.func.lock().take()
+    }
+    /// Decrement the wait count; true when this made the operation ready.
+    pub(crate) fn grant(&self) -> bool {
+        self.wait.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+}
+
+/// The token an asynchronous operation completes with. Completing it (or dropping it, which
+/// counts as a failure) finishes the operation exactly once.
+pub struct Completion {
+    opr: Option<Arc<Opr>>,
+}
+
+impl Completion {
+    pub(crate) fn new(opr: Arc<Opr>) -> Self {
+        Completion { opr: Some(opr) }
+    }
+    /// Finish the operation, successfully or with an error.
+    pub fn complete(mut self, result: Result<()>) {
+        if let Some(opr) = self.opr.take() {
+            let engine = opr.engine;
+            engine.finish(opr, result.err());
+        }
+    }
+    pub fn opr_name(&self) -> &str {
+        self.opr.as_deref().map(Opr::name).unwrap_or("")
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if let Some(opr) = self.opr.take() {
+            let msg = format!(
+                "asynchronous operation {} ended without completing (it panicked or dropped its \
+                 completion)",
+                opr.name()
+            );
+            opr.engine.finish(opr, Some(Error::internal(msg)));
+        }
+    }
+}

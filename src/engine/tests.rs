@@ -1,0 +1,535 @@
+//! Engine tests: randomized DAGs against serial execution for every engine kind and several
+//! worker counts, concurrent pushers, failures, deleters, priorities, bulk, back-pressure.
+
+use super::*;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize};
+use std::sync::mpsc;
+use std::time::Duration;
+
+fn engine(kind: EngineKind, workers: usize) -> &'static Engine {
+    let mut o = EngineOptions::new(kind);
+    o.cpu_workers = workers;
+    o.cpu_priority_workers = 2;
+    o.gpu_workers = 2;
+    o.gpu_copy_workers = 1;
+    o.virtual_gpus = true;
+    Engine::start(o)
+}
+
+/// A small deterministic generator (xorshift), so failures reproduce.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+struct OpSpec {
+    reads: Vec<usize>,
+    writes: Vec<usize>,
+    prop: FnProperty,
+    ctx: Context,
+    priority: i32,
+}
+
+fn random_ops(seed: u64, n_ops: usize, n_vars: usize) -> Vec<OpSpec> {
+    let mut rng = Rng(seed);
+    let props = [FnProperty::Normal, FnProperty::CpuPrioritized, FnProperty::Async, FnProperty::CopyToGpu];
+    (0..n_ops)
+        .map(|_| {
+            let mut chosen: Vec<usize> = Vec::new();
+            let k = 1 + rng.below(4.min(n_vars));
+            while chosen.len() < k {
+                let v = rng.below(n_vars);
+                if !chosen.contains(&v) {
+                    chosen.push(v);
+                }
+            }
+            let n_writes = 1 + rng.below(chosen.len());
+            let writes = chosen.split_off(chosen.len() - n_writes);
+            let gpu = rng.below(8) == 0;
+            OpSpec {
+                reads: chosen,
+                writes,
+                prop: props[rng.below(props.len())],
+                ctx: if gpu { Context::gpu(rng.below(2) as i32) } else { Context::CPU },
+                priority: rng.below(3) as i32,
+            }
+        })
+        .collect()
+}
+
+fn apply(values: &[AtomicU64], i: usize, op: &OpSpec) {
+    let sum: u64 = op.reads.iter().map(|&r| values[r].load(Ordering::Relaxed)).fold(0, u64::wrapping_add);
+    for &w in &op.writes {
+        let old = values[w].load(Ordering::Relaxed);
+        values[w].store(old.wrapping_mul(31).wrapping_add(sum).wrapping_add(i as u64), Ordering::Relaxed);
+    }
+}
+
+fn run_dag(e: &'static Engine, seed: u64, n_ops: usize, n_vars: usize) {
+    let ops = Arc::new(random_ops(seed, n_ops, n_vars));
+    let serial: Vec<AtomicU64> = (0..n_vars).map(|v| AtomicU64::new(v as u64)).collect();
+    for (i, op) in ops.iter().enumerate() {
+        apply(&serial, i, op);
+    }
+    let values: Arc<Vec<AtomicU64>> = Arc::new((0..n_vars).map(|v| AtomicU64::new(v as u64)).collect());
+    let vars: Vec<Arc<Var>> = (0..n_vars).map(|_| Var::new()).collect();
+    for i in 0..ops.len() {
+        let spec = &ops[i];
+        let (o, v) = (ops.clone(), values.clone());
+        let const_vars = spec.reads.iter().map(|&r| vars[r].clone()).collect();
+        let mutable_vars = spec.writes.iter().map(|&w| vars[w].clone()).collect();
+        let mut p = if spec.prop == FnProperty::Async {
+            // Complete from another thread now and then, as asynchronous work does.
+            Push::asynchronous(
+                move |_, done| {
+                    apply(&v, i, &o[i]);
+                    if i % 16 == 0 {
+                        std::thread::spawn(move || done.complete(Ok(())));
+                    } else {
+                        done.complete(Ok(()));
+                    }
+                },
+                const_vars,
+                mutable_vars,
+            )
+        } else {
+            Push::sync(move |_| Ok(apply(&v, i, &o[i])), const_vars, mutable_vars)
+        };
+        p.prop = spec.prop;
+        p.ctx = spec.ctx;
+        p.priority = spec.priority;
+        e.push(p).unwrap();
+    }
+    e.wait_all().unwrap();
+    assert_eq!(e.pending(), 0);
+    for v in 0..n_vars {
+        assert_eq!(values[v].load(Ordering::Relaxed), serial[v].load(Ordering::Relaxed), "var {v}");
+    }
+}
+
+#[test]
+fn random_dags_match_serial_execution() {
+    let ops = if cfg!(debug_assertions) { 20_000 } else { 200_000 };
+    for (kind, workers) in [
+        (EngineKind::Naive, 1),
+        (EngineKind::Threaded, 1),
+        (EngineKind::Threaded, 3),
+        (EngineKind::PerDevice, 1),
+        (EngineKind::PerDevice, 2),
+        (EngineKind::PerDevice, 4),
+    ] {
+        let e = engine(kind, workers);
+        run_dag(e, 0x9e3779b97f4a7c15 ^ workers as u64, ops, 64);
+        // Few variables: long dependency chains and heavy contention.
+        run_dag(e, 0x1234567 + workers as u64, ops / 10, 3);
+        if kind == EngineKind::Naive {
+            assert!(e.pools().is_empty(), "NaiveEngine starts no threads");
+        }
+    }
+}
+
+#[test]
+fn per_device_pools_follow_the_table_and_start_lazily() {
+    let e = engine(EngineKind::PerDevice, 1);
+    assert!(e.pools().is_empty());
+    let seen: Arc<Mutex<Vec<String>>> = Default::default();
+    let push = |ctx: Context, prop: FnProperty| {
+        let s = seen.clone();
+        let mut p = Push::sync(
+            move |_| {
+                s.lock().push(std::thread::current().name().unwrap_or("").to_string());
+                Ok(())
+            },
+            vec![],
+            vec![Var::new()],
+        );
+        p.ctx = ctx;
+        p.prop = prop;
+        p.wait = true;
+        e.push(p).unwrap();
+    };
+    push(Context::CPU, FnProperty::Normal);
+    push(Context::CPU, FnProperty::CpuPrioritized);
+    push(Context::gpu(1), FnProperty::Normal);
+    push(Context::gpu(1), FnProperty::CopyFromGpu);
+    push(Context::gpu(1), FnProperty::GpuPrioritized);
+    let names = seen.lock().clone();
+    assert_eq!(
+        names,
+        ["cpu worker 0", "cpu priority worker 0", "gpu(1) worker 0", "gpu(1) copy worker 0", "gpu(1) priority worker 0"]
+    );
+    let mut pools = e.pools();
+    pools.sort();
+    assert_eq!(pools.len(), 5);
+    // ThreadedEngine: one pool for everything.
+    let t = engine(EngineKind::Threaded, 2);
+    let mut p = Push::sync(|_| Ok(()), vec![], vec![]);
+    p.ctx = Context::gpu(0);
+    p.prop = FnProperty::CopyToGpu;
+    p.wait = true;
+    t.push(p).unwrap();
+    assert_eq!(t.pools(), vec![("engine worker".to_string(), 2)]);
+}
+
+#[test]
+fn pushes_from_eight_threads() {
+    for kind in [EngineKind::Naive, EngineKind::Threaded, EngineKind::PerDevice] {
+        let e = engine(kind, 2);
+        let shared = Var::new();
+        let counter = Arc::new(AtomicI64::new(0));
+        let per_thread: Vec<_> = (0..8).map(|_| (Var::new(), Arc::new(AtomicI64::new(0)))).collect();
+        std::thread::scope(|s| {
+            for (var, count) in &per_thread {
+                let (shared, counter) = (shared.clone(), counter.clone());
+                s.spawn(move || {
+                    for i in 0..2000 {
+                        let c = counter.clone();
+                        // Non-atomic read-modify-write: only correct if writes are exclusive.
+                        e.push(Push::sync(
+                            move |_| {
+                                let v = c.load(Ordering::Relaxed);
+                                c.store(v + 1, Ordering::Relaxed);
+                                Ok(())
+                            },
+                            vec![],
+                            vec![shared.clone()],
+                        ))
+                        .unwrap();
+                        let c = count.clone();
+                        let expect = i;
+                        e.push(Push::sync(
+                            move |_| {
+                                assert_eq!(c.load(Ordering::Relaxed), expect, "push order per var");
+                                c.store(expect + 1, Ordering::Relaxed);
+                                Ok(())
+                            },
+                            vec![],
+                            vec![var.clone()],
+                        ))
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        e.wait_all().unwrap();
+        assert_eq!(counter.load(Ordering::Relaxed), 16000, "{kind:?}");
+        for (_, c) in &per_thread {
+            assert_eq!(c.load(Ordering::Relaxed), 2000);
+        }
+    }
+}
+
+#[test]
+fn reads_run_concurrently_writes_alone() {
+    let e = engine(EngineKind::PerDevice, 4);
+    let v = Var::new();
+    let running = Arc::new(AtomicI64::new(0));
+    let max_running = Arc::new(AtomicI64::new(0));
+    let violations = Arc::new(AtomicUsize::new(0));
+    for i in 0..200 {
+        let (r, m, bad) = (running.clone(), max_running.clone(), violations.clone());
+        let write = i % 10 == 0;
+        let f = move |_: &RunContext| {
+            let now = r.fetch_add(if write { 1000 } else { 1 }, Ordering::SeqCst) + if write { 1000 } else { 1 };
+            m.fetch_max(now, Ordering::SeqCst);
+            if (write && now != 1000) || (!write && now >= 1000) {
+                bad.fetch_add(1, Ordering::SeqCst);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+            r.fetch_sub(if write { 1000 } else { 1 }, Ordering::SeqCst);
+            Ok(())
+        };
+        let p = if write { Push::sync(f, vec![], vec![v.clone()]) } else { Push::sync(f, vec![v.clone()], vec![]) };
+        e.push(p).unwrap();
+    }
+    e.wait_all().unwrap();
+    assert_eq!(violations.load(Ordering::SeqCst), 0);
+    assert!(max_running.load(Ordering::SeqCst) >= 2, "reads never overlapped");
+}
+
+#[test]
+fn duplicate_variables_are_refused() {
+    let e = engine(EngineKind::PerDevice, 1);
+    let v = Var::new();
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    let err = e
+        .push(Push::sync(move |_| Ok(r.store(true, Ordering::SeqCst)), vec![v.clone()], vec![v.clone()]))
+        .unwrap_err();
+    assert!(err.to_string().starts_with("ValueError:") && err.to_string().contains("twice"));
+    assert!(e.push(Push::sync(|_| Ok(()), vec![v.clone(), v.clone()], vec![])).is_err());
+    let many: Vec<_> = (0..20).map(|_| Var::new()).chain([v.clone()]).collect();
+    assert!(e.push(Push::sync(|_| Ok(()), many, vec![v.clone()])).is_err());
+    e.wait_all().unwrap();
+    assert!(!ran.load(Ordering::SeqCst));
+    assert_eq!(e.pending(), 0);
+}
+
+struct Counted(Arc<AtomicUsize>);
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn failures_propagate_report_once_and_clear() {
+    for kind in [EngineKind::Naive, EngineKind::Threaded, EngineKind::PerDevice] {
+        let e = engine(kind, 2);
+        let (a, b, c, d) = (Var::new(), Var::new(), Var::new(), Var::new());
+        let drops = Arc::new(AtomicUsize::new(0));
+        let skipped_ran = Arc::new(AtomicBool::new(false));
+        let mut fail = Push::sync(|_| Err(Error::value("bad input to op1")), vec![], vec![a.clone()]);
+        fail.payload = Some(Box::new(Counted(drops.clone())));
+        e.push(fail).unwrap();
+        // Reads the failed var: skipped, and passes the failure on to b.
+        let r = skipped_ran.clone();
+        let mut skip = Push::sync(move |_| Ok(r.store(true, Ordering::SeqCst)), vec![a.clone()], vec![b.clone()]);
+        skip.payload = Some(Box::new(Counted(drops.clone())));
+        e.push(skip).unwrap();
+        // Unrelated: runs.
+        let mut ok = Push::sync(|_| Ok(()), vec![c.clone()], vec![d.clone()]);
+        ok.payload = Some(Box::new(Counted(drops.clone())));
+        e.push(ok).unwrap();
+
+        e.wait_for_var(&d, false).unwrap();
+        let err = e.wait_for_var(&b, false).unwrap_err();
+        assert_eq!(err.to_string(), "ValueError: bad input to op1", "{kind:?}");
+        // Reported once: cleared on every var it reached, and for wait_all.
+        e.wait_for_var(&a, false).unwrap();
+        e.wait_all().unwrap();
+        assert!(!skipped_ran.load(Ordering::SeqCst));
+        assert_eq!(drops.load(Ordering::SeqCst), 3, "each payload dropped exactly once");
+
+        // The engine keeps working, also on the vars that failed.
+        let n = Arc::new(AtomicUsize::new(0));
+        let n2 = n.clone();
+        e.push(Push::sync(move |_| { n2.fetch_add(1, Ordering::SeqCst); Ok(()) }, vec![a.clone()], vec![b.clone()])).unwrap();
+        e.wait_for_var(&b, false).unwrap();
+        assert_eq!(n.load(Ordering::SeqCst), 1);
+
+        // wait_all reports a failure nobody waited for, then it is gone.
+        e.push(Push::sync(|_| panic!("kernel bug"), vec![], vec![c.clone()])).unwrap();
+        let err = e.wait_all().unwrap_err().to_string();
+        assert!(err.starts_with("InternalError: operation <unnamed> panicked: kernel bug"), "{err}");
+        e.wait_all().unwrap();
+        e.wait_for_var(&c, false).unwrap();
+
+        // Asynchronous completion with an error, and a dropped completion.
+        e.push(Push::asynchronous(|_, done| done.complete(Err(Error::mxnet("device lost"))), vec![], vec![d.clone()]))
+            .unwrap();
+        assert_eq!(e.wait_for_var(&d, true).unwrap_err().to_string(), "MXNetError: device lost");
+        e.push(Push::asynchronous(|_, done| drop(done), vec![], vec![d.clone()])).unwrap();
+        assert!(e.wait_for_var(&d, false).unwrap_err().to_string().contains("without completing"));
+    }
+}
+
+#[test]
+fn no_skip_operations_run_despite_failures() {
+    let e = engine(EngineKind::PerDevice, 1);
+    let v = Var::new();
+    e.push(Push::sync(|_| Err(Error::mxnet("x")), vec![], vec![v.clone()])).unwrap();
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    let mut p = Push::sync(move |_| Ok(r.store(true, Ordering::SeqCst)), vec![v.clone()], vec![]);
+    p.prop = FnProperty::NoSkip;
+    e.push(p).unwrap();
+    assert!(e.wait_all().is_err());
+    assert!(ran.load(Ordering::SeqCst));
+}
+
+#[test]
+fn higher_priority_runs_first() {
+    let e = engine(EngineKind::PerDevice, 1);
+    let (gate_tx, gate_rx) = mpsc::channel::<()>();
+    let gate_rx = Mutex::new(gate_rx);
+    // Occupy the only worker until all others are queued.
+    e.push(Push::sync(move |_| Ok(gate_rx.lock().recv().unwrap()), vec![], vec![Var::new()])).unwrap();
+    let order: Arc<Mutex<Vec<i32>>> = Default::default();
+    let priorities = [0, 5, -1, 5, 3, 0, 10, -7, 3];
+    for &prio in &priorities {
+        let o = order.clone();
+        let mut p = Push::sync(move |_| Ok(o.lock().push(prio)), vec![], vec![Var::new()]);
+        p.priority = prio;
+        e.push(p).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    gate_tx.send(()).unwrap();
+    e.wait_all().unwrap();
+    let mut want = priorities.to_vec();
+    want.sort_by(|a, b| b.cmp(a));
+    assert_eq!(*order.lock(), want);
+}
+
+#[test]
+fn naive_engine_runs_on_the_pushing_thread() {
+    let e = engine(EngineKind::Naive, 1);
+    let me = std::thread::current().id();
+    let same = Arc::new(AtomicBool::new(false));
+    let s = same.clone();
+    e.push(Push::sync(move |_| Ok(s.store(std::thread::current().id() == me, Ordering::SeqCst)), vec![], vec![Var::new()]))
+        .unwrap();
+    // Push returned: the operation is done.
+    assert!(same.load(Ordering::SeqCst));
+    assert_eq!(e.pending(), 0);
+    // An asynchronous operation completed later from another thread: push waits for it.
+    let done_flag = Arc::new(AtomicBool::new(false));
+    let d = done_flag.clone();
+    e.push(Push::asynchronous(
+        move |_, done| {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                d.store(true, Ordering::SeqCst);
+                done.complete(Ok(()));
+            });
+        },
+        vec![],
+        vec![Var::new()],
+    ))
+    .unwrap();
+    assert!(done_flag.load(Ordering::SeqCst));
+    assert!(e.pools().is_empty());
+}
+
+#[test]
+fn bulk_batches_and_keeps_order() {
+    let e = engine(EngineKind::PerDevice, 2);
+    assert_eq!(e.set_bulk_size(8), 0);
+    let v = Var::new();
+    let value = Arc::new(AtomicI64::new(0));
+    let bulked = Arc::new(AtomicUsize::new(0));
+    let drops = Arc::new(AtomicUsize::new(0));
+    for i in 0..20 {
+        let (val, b) = (value.clone(), bulked.clone());
+        let mut p = Push::sync(
+            move |rctx| {
+                assert_eq!(val.load(Ordering::SeqCst), i);
+                val.store(i + 1, Ordering::SeqCst);
+                if rctx.is_bulk {
+                    b.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok(())
+            },
+            vec![],
+            vec![v.clone()],
+        );
+        p.payload = Some(Box::new(Counted(drops.clone())));
+        e.push(p).unwrap();
+    }
+    // Two full bulks went out; the last four wait in this thread until a wait flushes them.
+    e.wait_for_var(&v, false).unwrap();
+    assert_eq!(value.load(Ordering::SeqCst), 20);
+    assert_eq!(bulked.load(Ordering::SeqCst), 20);
+    assert_eq!(drops.load(Ordering::SeqCst), 20);
+    assert_eq!(e.set_bulk_size(0), 8);
+}
+
+#[test]
+fn back_pressure_bounds_pending_operations() {
+    let mut o = EngineOptions::new(EngineKind::PerDevice);
+    o.max_pending = 4;
+    let e = Engine::start(o);
+    let v = Var::new();
+    let mut max_seen = 0;
+    for _ in 0..100 {
+        e.push(Push::sync(|_| Ok(std::thread::sleep(Duration::from_micros(100))), vec![], vec![v.clone()])).unwrap();
+        max_seen = max_seen.max(e.pending());
+    }
+    e.wait_all().unwrap();
+    assert!(max_seen <= 4, "pending reached {max_seen}");
+    assert!(max_seen >= 2, "the producer should have been ahead of the worker");
+}
+
+#[test]
+fn many_threads_wait_at_once() {
+    let e = engine(EngineKind::PerDevice, 2);
+    let v = Var::new();
+    let value = Arc::new(AtomicI64::new(0));
+    let val = value.clone();
+    e.push(Push::sync(
+        move |_| {
+            std::thread::sleep(Duration::from_millis(30));
+            val.store(42, Ordering::SeqCst);
+            Ok(())
+        },
+        vec![],
+        vec![v.clone()],
+    ))
+    .unwrap();
+    std::thread::scope(|s| {
+        for i in 0..8 {
+            let (v, value) = (v.clone(), value.clone());
+            s.spawn(move || {
+                if i % 2 == 0 {
+                    e.wait_for_var(&v, i % 4 == 0).unwrap();
+                } else {
+                    e.wait_all().unwrap();
+                }
+                assert_eq!(value.load(Ordering::SeqCst), 42);
+            });
+        }
+    });
+}
+
+#[test]
+fn waiting_from_inside_an_operation_is_refused() {
+    let e = engine(EngineKind::PerDevice, 1);
+    let result: Arc<Mutex<Option<String>>> = Default::default();
+    let r = result.clone();
+    e.push(Push::sync(move |_| Ok(*r.lock() = e.wait_all().err().map(|x| x.to_string())), vec![], vec![Var::new()]))
+        .unwrap();
+    e.wait_all().unwrap();
+    assert!(result.lock().as_deref().unwrap_or("").contains("would wait for itself"));
+}
+
+
+#[test]
+fn multi_variable_pushes_from_many_threads_do_not_deadlock() {
+    for kind in [EngineKind::Naive, EngineKind::Threaded, EngineKind::PerDevice] {
+        let e = engine(kind, 2);
+        let vars: Vec<Arc<Var>> = (0..4).map(|_| Var::new()).collect();
+        let counts: Arc<Vec<AtomicI64>> = Arc::new((0..4).map(|_| AtomicI64::new(0)).collect());
+        let expected: Vec<AtomicI64> = (0..4).map(|_| AtomicI64::new(0)).collect();
+        std::thread::scope(|s| {
+            for t in 0..8u64 {
+                let (vars, counts, expected) = (&vars, counts.clone(), &expected);
+                s.spawn(move || {
+                    let mut rng = Rng(t * 7919 + 1);
+                    for _ in 0..3000 {
+                        let a = rng.below(4);
+                        let b = (a + 1 + rng.below(3)) % 4;
+                        // Opposite orders from different threads: the classic lock-order cycle.
+                        let w = if t % 2 == 0 { vec![vars[a].clone(), vars[b].clone()] } else { vec![vars[b].clone(), vars[a].clone()] };
+                        expected[a].fetch_add(1, Ordering::Relaxed);
+                        expected[b].fetch_add(1, Ordering::Relaxed);
+                        let c = counts.clone();
+                        e.push(Push::sync(
+                            move |_| {
+                                for i in [a, b] {
+                                    let v = c[i].load(Ordering::Relaxed);
+                                    c[i].store(v + 1, Ordering::Relaxed);
+                                }
+                                Ok(())
+                            },
+                            vec![],
+                            w,
+                        ))
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        e.wait_all().unwrap();
+        for i in 0..4 {
+            assert_eq!(counts[i].load(Ordering::Relaxed), expected[i].load(Ordering::Relaxed), "{kind:?}");
+        }
+    }
+}

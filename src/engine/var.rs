@@ -1,0 +1,152 @@
+//! Engine variables: the versioned dependency queue of one piece of data.
+//!
+//! Owns: per-variable scheduling state. Operations that read a variable may run together;
+//! a write runs alone; conflicting operations run in push order. Also the failure mark an
+//! operation that failed leaves on the variables it writes.
+//!
+//! Protocol: an operation registers with each of its variables ([`Var::append_read`] /
+//! [`Var::append_write`]); a variable that can grant access at once says so, otherwise it
+//! queues the operation. On completion the operation releases each variable
+//! ([`Var::complete_read`] / [`Var::complete_write`]), which grants access to the next
+//! operations in the queue; those whose last variable was granted become ready. Granting
+//! happens under the variable's lock; dispatching ready operations happens after it is
+//! released.
+
+use super::opr::Opr;
+use crate::error::Error;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// A failure shared by every variable it reached; clearing it clears it everywhere.
+#[derive(Default)]
+pub struct ErrorCell(Mutex<Option<Error>>);
+
+impl ErrorCell {
+    pub fn new(e: Error) -> Arc<Self> {
+        Arc::new(ErrorCell(Mutex::new(Some(e))))
+    }
+    pub fn is_set(&self) -> bool {
+        self.0.lock().is_some()
+    }
+    pub fn take(&self) -> Option<Error> {
+        self.0.lock().take()
+    }
+    pub fn peek(&self) -> Option<Error> {
+        self.0.lock().clone()
+    }
+}
+
+#[derive(Default)]
+struct VarState {
+    running_reads: usize,
+    running_write: bool,
+    /// Waiting operations in push order; `true` marks a write.
+    queue: VecDeque<(Arc<Opr>, bool)>,
+    error: Option<Arc<ErrorCell>>,
+}
+
+/// One variable.
+#[derive(Default)]
+pub struct Var {
+    state: Mutex<VarState>,
+}
+
+/// Operations made ready by releasing a variable (usually none or one).
+#[derive(Default)]
+pub struct Granted(Vec<Arc<Opr>>);
+
+impl Granted {
+    pub fn into_vec(self) -> Vec<Arc<Opr>> {
+        self.0
+    }
+}
+
+impl Var {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Var::default())
+    }
+
+    /// Register a read; true when access is granted at once.
+    pub(crate) fn append_read(&self, op: &Arc<Opr>) -> bool {
+        let mut s = self.state.lock();
+        if !s.running_write && s.queue.is_empty() {
+            s.running_reads += 1;
+            true
+        } else {
+            s.queue.push_back((op.clone(), false));
+            false
+        }
+    }
+
+    /// Register a write; true when access is granted at once.
+    pub(crate) fn append_write(&self, op: &Arc<Opr>) -> bool {
+        let mut s = self.state.lock();
+        if !s.running_write && s.running_reads == 0 && s.queue.is_empty() {
+            s.running_write = true;
+            true
+        } else {
+            s.queue.push_back((op.clone(), true));
+            false
+        }
+    }
+
+    /// Release a read; grants the next write when this was the last running read.
+    pub(crate) fn complete_read(&self, granted: &mut Granted) {
+        let mut s = self.state.lock();
+        s.running_reads -= 1;
+        if s.running_reads == 0 && !s.running_write {
+            if let Some((_, true)) = s.queue.front() {
+                let (op, _) = s.queue.pop_front().expect("front exists");
+                s.running_write = true;
+                granted.0.push(op);
+            }
+        }
+    }
+
+    /// Release a write, leaving `error` as the variable's failure mark when given; grants the
+    /// reads at the front of the queue, or else the next write.
+    pub(crate) fn complete_write(&self, error: Option<&Arc<ErrorCell>>, granted: &mut Granted) {
+        let mut s = self.state.lock();
+        if let Some(e) = error {
+            s.error = Some(e.clone());
+        }
+        s.running_write = false;
+        while let Some((_, false)) = s.queue.front() {
+            let (op, _) = s.queue.pop_front().expect("front exists");
+            s.running_reads += 1;
+            granted.0.push(op);
+        }
+        if s.running_reads == 0 {
+            if let Some((_, true)) = s.queue.front() {
+                let (op, _) = s.queue.pop_front().expect("front exists");
+                s.running_write = true;
+                granted.0.push(op);
+            }
+        }
+    }
+
+    /// The failure mark, if it is still set.
+    pub fn failure(&self) -> Option<Arc<ErrorCell>> {
+        let s = self.state.lock();
+        s.error.as_ref().filter(|c| c.is_set()).cloned()
+    }
+
+    /// Take (and so clear) the failure, reporting it once.
+    pub fn take_failure(&self) -> Option<Error> {
+        let cell = self.state.lock().error.take()?;
+        cell.take()
+    }
+
+    /// No operation runs on or waits for this variable.
+    pub fn is_idle(&self) -> bool {
+        let s = self.state.lock();
+        s.running_reads == 0 && !s.running_write && s.queue.is_empty()
+    }
+
+    /// No write runs on or waits for this variable (reading it now would not wait).
+    pub fn is_readable(&self) -> bool {
+        let s = self.state.lock();
+        !s.running_write && s.queue.iter().all(|(_, w)| !*w)
+    }
+}
