@@ -22,6 +22,22 @@ struct LibFeature {
   bool enabled;
 };
 
+// An asynchronous function: `(RunContext* rctx, void* on_complete, void* param)`. It must
+// finish by calling `MXEngineCompleteAsync(on_complete, error_or_NULL)`, from any thread.
+typedef void (*EngineAsyncFunc)(void*, void*, void*);
+
+// Frees `param` once the operation has finished.
+typedef void (*EngineFuncParamDeleter)(void*);
+
+typedef const void *ContextHandle;
+
+typedef void *EngineVarHandle;
+
+typedef const void *EngineFnPropertyHandle;
+
+// A synchronous function: `(RunContext* rctx, void* param)`.
+typedef void (*EngineSyncFunc)(void*, void*);
+
 typedef uint32_t mx_uint;
 
 typedef float mx_float;
@@ -60,11 +76,9 @@ typedef void *ProfileHandle;
 
 typedef void *DLManagedTensorHandle;
 
-typedef const void *ContextHandle;
 
-typedef const void *EngineFnPropertyHandle;
 
-typedef void *EngineVarHandle;
+
 
 #ifdef __cplusplus
 extern "C" {
@@ -88,8 +102,9 @@ int MXGetVersion(int *out);
 // `lib_features` and `size` must be NULL or valid for writes.
 int MXLibInfoFeatures(const struct LibFeature **lib_features, size_t *size);
 
-// Notify the library that the process is shutting down. Idempotent; calls that arrive
-// afterwards (frees from garbage collection) still succeed.
+// Notify the library that the process is shutting down: waits for pushed operations to
+// finish. Idempotent; calls that arrive afterwards (frees from garbage collection) still
+// succeed.
 int MXNotifyShutdown(void);
 
 // Set the number of threads data-parallel kernels use (>= 1).
@@ -119,6 +134,82 @@ int MXGetGPUMemoryInformation64(int dev, uint64_t *free_mem, uint64_t *total_mem
 // # Safety
 // `free_mem` and `total_mem` must be NULL or valid for writes.
 int MXGetGPUMemoryInformation(int dev, int *free_mem, int *total_mem);
+
+// Push an asynchronous operation that reads `const_vars_handle[0..num_const_vars]` and
+// writes `mutable_vars_handle[0..num_mutable_vars]` (arrays of EngineVarHandle). `ctx_handle`
+// points to `{int dev_type; int dev_id;}`; `prop_handle` to an int FnProperty, or NULL for
+// normal. The deleter (may be NULL) runs exactly once after the operation finished. With
+// `wait`, returns only when the operation has finished. On failure nothing runs and
+// `func_param` stays the caller's.
+//
+// # Safety
+// Pointers as described; `async_func` must eventually call MXEngineCompleteAsync.
+int MXEnginePushAsync(EngineAsyncFunc async_func,
+                      void *func_param,
+                      EngineFuncParamDeleter deleter,
+                      ContextHandle ctx_handle,
+                      EngineVarHandle const_vars_handle,
+                      int num_const_vars,
+                      EngineVarHandle mutable_vars_handle,
+                      int num_mutable_vars,
+                      EngineFnPropertyHandle prop_handle,
+                      int priority,
+                      const char *opr_name,
+                      bool wait);
+
+// Push a synchronous operation; as MXEnginePushAsync, the function being done when it
+// returns.
+//
+// # Safety
+// Pointers as described for MXEnginePushAsync.
+int MXEnginePushSync(EngineSyncFunc sync_func,
+                     void *func_param,
+                     EngineFuncParamDeleter deleter,
+                     ContextHandle ctx_handle,
+                     EngineVarHandle const_vars_handle,
+                     int num_const_vars,
+                     EngineVarHandle mutable_vars_handle,
+                     int num_mutable_vars,
+                     EngineFnPropertyHandle prop_handle,
+                     int priority,
+                     const char *opr_name);
+
+// mxnet-rt addition: finish an asynchronous operation. `on_complete` is the token its
+// function received; `error` is NULL for success, else the failure's text (an
+// `ErrorType: message` prefix picks the error type, otherwise MXNetError). The failure marks
+// the variables the operation writes and is reported at the next wait on them. Completing a
+// token twice is an error.
+//
+// # Safety
+// `error` must be NULL or a NUL-terminated string.
+int MXEngineCompleteAsync(void *on_complete, const char *error);
+
+// mxnet-rt addition: create an engine variable for C callers.
+//
+// # Safety
+// `out` must be NULL or valid for writes.
+int MXEngineNewVar(EngineVarHandle *out);
+
+// mxnet-rt addition: delete an engine variable. The handle is invalid at once; operations
+// already pushed on it still run, and the variable is freed after the last of them.
+int MXEngineDeleteVar(EngineVarHandle var);
+
+// mxnet-rt addition: wait until the variable's pending writes (`write` 0) or all its pending
+// operations (`write` 1) have finished; -1 with the failure if an operation that wrote it
+// failed (reported once).
+int MXEngineWaitForVar(EngineVarHandle var, int write);
+
+// Set the calling thread's bulk size: up to this many consecutive synchronous operations
+// pushed by this thread to one device run as one engine task (0 or 1: no batching).
+// `*prev_bulk_size` receives the previous size.
+//
+// # Safety
+// `prev_bulk_size` must be NULL or valid for writes.
+int MXEngineSetBulkSize(int bulk_size, int *prev_bulk_size);
+
+// Wait until every pushed operation has finished; -1 with the first failure that no wait
+// has reported yet (then cleared).
+int MXNDArrayWaitAll(void);
 
 // Read a variable from the live process environment; `*value` is NULL when it is unset.
 // The string stays valid until the next call on this thread that returns a string.

@@ -2,6 +2,7 @@
 //! arguments, call into the runtime, return. Every function runs inside [`ffi::call`].
 
 pub mod base;
+pub mod engine;
 pub mod env;
 pub mod ffi;
 pub mod testing;

@@ -318,10 +318,7 @@ impl Engine {
     /// Push an operation. Fails (and runs nothing, drops nothing of the caller's) on a
     /// variable listed twice, an unavailable device or a pool that cannot start.
     pub fn push(&'static self, p: Push) -> Result<()> {
-        check_distinct(&p.const_vars, &p.mutable_vars)?;
-        if !self.opts.virtual_gpus {
-            p.ctx.check_available()?;
-        }
+        self.validate(&p)?;
         if self.opts.kind != EngineKind::Naive
             && p.prop == FnProperty::Normal
             && !p.wait
@@ -332,6 +329,17 @@ impl Engine {
         }
         self.flush_bulk();
         self.push_now(p)
+    }
+
+    /// Everything that can make [`Engine::push`] fail, checked without consuming the push:
+    /// callers that hand over resources (a C deleter) validate first, so that on failure
+    /// the resources stay theirs.
+    pub fn validate(&'static self, p: &Push) -> Result<()> {
+        check_distinct(&p.const_vars, &p.mutable_vars)?;
+        if !self.opts.virtual_gpus {
+            p.ctx.check_available()?;
+        }
+        self.pool_for(p.ctx, p.prop).map(drop)
     }
 
     fn push_now(&'static self, p: Push) -> Result<()> {

@@ -1,0 +1,348 @@
+//! C API: the engine (stock MXEnginePush*, MXEngineSetBulkSize, MXNDArrayWaitAll) and our
+//! additions for C callers (MXEngineNewVar, MXEngineDeleteVar, MXEngineWaitForVar,
+//! MXEngineCompleteAsync).
+
+use super::ffi::{self, out};
+use super::types::{ContextHandle, EngineFnPropertyHandle, EngineVarHandle};
+use crate::context::Context;
+use crate::engine::{self, Completion, FnProperty, OprFn, Push, RunContext, Var};
+use crate::error::{Error, ErrorKind, Result};
+use crate::handle::HandleTable;
+use parking_lot::Mutex;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::{Arc, OnceLock};
+
+/// An asynchronous function: `(RunContext* rctx, void* on_complete, void* param)`. It must
+/// finish by calling `MXEngineCompleteAsync(on_complete, error_or_NULL)`, from any thread.
+pub type EngineAsyncFunc = Option<unsafe extern "C" fn(*mut c_void, *mut c_void, *mut c_void)>;
+/// A synchronous function: `(RunContext* rctx, void* param)`.
+pub type EngineSyncFunc = Option<unsafe extern "C" fn(*mut c_void, *mut c_void)>;
+/// Frees `param` once the operation has finished.
+pub type EngineFuncParamDeleter = Option<unsafe extern "C" fn(*mut c_void)>;
+
+pub(crate) fn vars() -> &'static HandleTable<Var> {
+    static T: OnceLock<HandleTable<Var>> = OnceLock::new();
+    T.get_or_init(|| HandleTable::new(2, "EngineVar"))
+}
+
+fn completions() -> &'static HandleTable<Mutex<Option<Completion>>> {
+    static T: OnceLock<HandleTable<Mutex<Option<Completion>>>> = OnceLock::new();
+    T.get_or_init(|| HandleTable::new(3, "on_complete"))
+}
+
+/// The caller's `param` and deleter: the deleter runs once, when the operation has finished.
+struct CParam {
+    param: *mut c_void,
+    deleter: EngineFuncParamDeleter,
+}
+// SAFETY: the C API contract hands `param` to the engine, which may run the function and the
+// deleter on a worker thread; the caller promises that is allowed (as with stock MXNet).
+unsafe impl Send for CParam {}
+
+impl Drop for CParam {
+    fn drop(&mut self) {
+        if let Some(d) = self.deleter {
+            // SAFETY: the caller's deleter for its own param, called exactly once.
+            unsafe { d(self.param) }
+        }
+    }
+}
+
+/// A raw pointer that may cross to a worker thread (see `CParam`).
+#[derive(Clone, Copy)]
+struct SendPtr(*mut c_void);
+// SAFETY: as for CParam.
+unsafe impl Send for SendPtr {}
+
+/// Read an array of `n` var handles.
+///
+/// # Safety
+/// `handles` must point to `n` readable handles when `n > 0`.
+unsafe fn var_list(handles: EngineVarHandle, n: c_int, what: &str) -> Result<Vec<Arc<Var>>> {
+    if n < 0 {
+        return Err(Error::value(format!("{what}: negative count {n}")));
+    }
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if handles.is_null() {
+        return Err(Error::value(format!("{what} is NULL but its count is {n}")));
+    }
+    // SAFETY: per this function's contract.
+    let hs = unsafe { std::slice::from_raw_parts(handles as *const EngineVarHandle, n as usize) };
+    hs.iter().map(|&h| vars().get(h)).collect()
+}
+
+/// # Safety
+/// `ctx` must be NULL or point to `{int dev_type; int dev_id;}`.
+pub(crate) unsafe fn read_context(ctx: ContextHandle) -> Result<Context> {
+    if ctx.is_null() {
+        return Err(Error::value("ctx_handle must not be NULL"));
+    }
+    // SAFETY: per this function's contract.
+    let (t, id) = unsafe { (*(ctx as *const i32), *(ctx as *const i32).add(1)) };
+    Context::from_codes(t, id)
+}
+
+/// # Safety
+/// `prop` must be NULL or point to an int.
+unsafe fn read_prop(prop: EngineFnPropertyHandle) -> Result<FnProperty> {
+    if prop.is_null() {
+        return Ok(FnProperty::Normal);
+    }
+    // SAFETY: per this function's contract.
+    FnProperty::from_code(unsafe { *(prop as *const i32) })
+}
+
+/// The shared part of the four push functions.
+pub(crate) struct CPush {
+    pub ctx: Context,
+    pub prop: FnProperty,
+    pub priority: c_int,
+    pub name: Option<Arc<str>>,
+    pub const_vars: Vec<Arc<Var>>,
+    pub mutable_vars: Vec<Arc<Var>>,
+    pub wait: bool,
+}
+
+/// # Safety
+/// As for MXEnginePushAsync.
+pub(crate) unsafe fn push_c(
+    c: CPush,
+    sync_func: EngineSyncFunc,
+    async_func: EngineAsyncFunc,
+    func_param: *mut c_void,
+    deleter: EngineFuncParamDeleter,
+) -> Result<()> {
+    let param = SendPtr(func_param);
+    let func = match (sync_func, async_func) {
+        (Some(f), None) => OprFn::Sync(Box::new(move |rctx: &RunContext| {
+            let p = param;
+            // SAFETY: the caller's function with the caller's param, as the API promises.
+            unsafe { f(rctx as *const RunContext as *mut c_void, p.0) };
+            Ok(())
+        })),
+        (None, Some(f)) => OprFn::Async(Box::new(move |rctx: &RunContext, done: Completion| {
+            let p = param;
+            let token = completions().insert(Arc::new(Mutex::new(Some(done))));
+            // SAFETY: as above; `token` is completed through MXEngineCompleteAsync.
+            unsafe { f(rctx as *const RunContext as *mut c_void, token, p.0) };
+        })),
+        _ => return Err(Error::value("the operation's function must not be NULL")),
+    };
+    let engine = engine::global()?;
+    let mut push = Push {
+        func,
+        const_vars: c.const_vars,
+        mutable_vars: c.mutable_vars,
+        ctx: c.ctx,
+        prop: c.prop,
+        priority: c.priority,
+        name: c.name,
+        payload: None,
+        wait: c.wait,
+    };
+    // Validate before taking over the param: on failure it stays the caller's.
+    engine.validate(&push)?;
+    push.payload = Some(Box::new(CParam { param: func_param, deleter }));
+    engine.push(push)
+}
+
+/// # Safety
+/// `name` must be NULL or a NUL-terminated string.
+pub(crate) unsafe fn opr_name(name: *const c_char) -> Result<Option<Arc<str>>> {
+    // SAFETY: per this function's contract.
+    Ok(unsafe { ffi::opt_cstr(name, "opr_name") }?.map(engine::intern))
+}
+
+/// Push an asynchronous operation that reads `const_vars_handle[0..num_const_vars]` and
+/// writes `mutable_vars_handle[0..num_mutable_vars]` (arrays of EngineVarHandle). `ctx_handle`
+/// points to `{int dev_type; int dev_id;}`; `prop_handle` to an int FnProperty, or NULL for
+/// normal. The deleter (may be NULL) runs exactly once after the operation finished. With
+/// `wait`, returns only when the operation has finished. On failure nothing runs and
+/// `func_param` stays the caller's.
+///
+/// # Safety
+/// Pointers as described; `async_func` must eventually call MXEngineCompleteAsync.
+#[no_mangle]
+pub unsafe extern "C" fn MXEnginePushAsync(
+    async_func: EngineAsyncFunc,
+    func_param: *mut c_void,
+    deleter: EngineFuncParamDeleter,
+    ctx_handle: ContextHandle,
+    const_vars_handle: EngineVarHandle,
+    num_const_vars: c_int,
+    mutable_vars_handle: EngineVarHandle,
+    num_mutable_vars: c_int,
+    prop_handle: EngineFnPropertyHandle,
+    priority: c_int,
+    opr_name: *const c_char,
+    wait: bool,
+) -> c_int {
+    ffi::call("MXEnginePushAsync", || {
+        // SAFETY: per this function's contract.
+        unsafe {
+            let c = CPush {
+                ctx: read_context(ctx_handle)?,
+                prop: read_prop(prop_handle)?,
+                priority,
+                name: self::opr_name(opr_name)?,
+                const_vars: var_list(const_vars_handle, num_const_vars, "const_vars_handle")?,
+                mutable_vars: var_list(mutable_vars_handle, num_mutable_vars, "mutable_vars_handle")?,
+                wait,
+            };
+            push_c(c, None, async_func, func_param, deleter)
+        }
+    })
+}
+
+/// Push a synchronous operation; as MXEnginePushAsync, the function being done when it
+/// returns.
+///
+/// # Safety
+/// Pointers as described for MXEnginePushAsync.
+#[no_mangle]
+pub unsafe extern "C" fn MXEnginePushSync(
+    sync_func: EngineSyncFunc,
+    func_param: *mut c_void,
+    deleter: EngineFuncParamDeleter,
+    ctx_handle: ContextHandle,
+    const_vars_handle: EngineVarHandle,
+    num_const_vars: c_int,
+    mutable_vars_handle: EngineVarHandle,
+    num_mutable_vars: c_int,
+    prop_handle: EngineFnPropertyHandle,
+    priority: c_int,
+    opr_name: *const c_char,
+) -> c_int {
+    ffi::call("MXEnginePushSync", || {
+        // SAFETY: per this function's contract.
+        unsafe {
+            let c = CPush {
+                ctx: read_context(ctx_handle)?,
+                prop: read_prop(prop_handle)?,
+                priority,
+                name: self::opr_name(opr_name)?,
+                const_vars: var_list(const_vars_handle, num_const_vars, "const_vars_handle")?,
+                mutable_vars: var_list(mutable_vars_handle, num_mutable_vars, "mutable_vars_handle")?,
+                wait: false,
+            };
+            push_c(c, sync_func, None, func_param, deleter)
+        }
+    })
+}
+
+/// mxnet-rt addition: finish an asynchronous operation. `on_complete` is the token its
+/// function received; `error` is NULL for success, else the failure's text (an
+/// `ErrorType: message` prefix picks the error type, otherwise MXNetError). The failure marks
+/// the variables the operation writes and is reported at the next wait on them. Completing a
+/// token twice is an error.
+///
+/// # Safety
+/// `error` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn MXEngineCompleteAsync(on_complete: *mut c_void, error: *const c_char) -> c_int {
+    ffi::call("MXEngineCompleteAsync", || {
+        // SAFETY: per this function's contract.
+        let error = unsafe { ffi::opt_cstr(error, "error") }?;
+        let slot = completions().remove(on_complete)?;
+        let done = slot.lock().take().ok_or_else(|| Error::value("on_complete was already completed"))?;
+        done.complete(match error {
+            None => Ok(()),
+            Some(text) => Err(parse_error_text(text)),
+        });
+        Ok(())
+    })
+}
+
+/// `"TypeError: x"` → TypeError("x"); text without a known prefix → MXNetError(text).
+fn parse_error_text(text: &str) -> Error {
+    let kinds = [
+        ErrorKind::Value,
+        ErrorKind::Type,
+        ErrorKind::Index,
+        ErrorKind::NotImplemented,
+        ErrorKind::Internal,
+        ErrorKind::MXNet,
+    ];
+    for k in kinds {
+        if let Some(rest) = text.strip_prefix(k.name()).and_then(|r| r.strip_prefix(": ")) {
+            return Error::new(k, rest);
+        }
+    }
+    Error::mxnet(text)
+}
+
+/// mxnet-rt addition: create an engine variable for C callers.
+///
+/// # Safety
+/// `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXEngineNewVar(out: *mut EngineVarHandle) -> c_int {
+    ffi::call("MXEngineNewVar", || {
+        // SAFETY: per this function's contract.
+        let out = unsafe { ffi::out(out, "out") }?;
+        *out = vars().insert(Var::new());
+        Ok(())
+    })
+}
+
+/// mxnet-rt addition: delete an engine variable. The handle is invalid at once; operations
+/// already pushed on it still run, and the variable is freed after the last of them.
+#[no_mangle]
+pub extern "C" fn MXEngineDeleteVar(var: EngineVarHandle) -> c_int {
+    ffi::call("MXEngineDeleteVar", || vars().remove(var).map(drop))
+}
+
+/// mxnet-rt addition: wait until the variable's pending writes (`write` 0) or all its pending
+/// operations (`write` 1) have finished; -1 with the failure if an operation that wrote it
+/// failed (reported once).
+#[no_mangle]
+pub extern "C" fn MXEngineWaitForVar(var: EngineVarHandle, write: c_int) -> c_int {
+    ffi::call("MXEngineWaitForVar", || {
+        let v = vars().get(var)?;
+        engine::global()?.wait_for_var(&v, write != 0)
+    })
+}
+
+/// Set the calling thread's bulk size: up to this many consecutive synchronous operations
+/// pushed by this thread to one device run as one engine task (0 or 1: no batching).
+/// `*prev_bulk_size` receives the previous size.
+///
+/// # Safety
+/// `prev_bulk_size` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXEngineSetBulkSize(bulk_size: c_int, prev_bulk_size: *mut c_int) -> c_int {
+    ffi::call("MXEngineSetBulkSize", || {
+        // SAFETY: per this function's contract.
+        let prev = unsafe { out(prev_bulk_size, "prev_bulk_size") }?;
+        if bulk_size < 0 {
+            return Err(Error::value(format!("bulk size must be >= 0, got {bulk_size}")));
+        }
+        let old = engine::global()?.set_bulk_size(bulk_size as usize);
+        *prev = old.min(c_int::MAX as usize) as c_int;
+        Ok(())
+    })
+}
+
+/// Wait until every pushed operation has finished; -1 with the first failure that no wait
+/// has reported yet (then cleared).
+#[no_mangle]
+pub extern "C" fn MXNDArrayWaitAll() -> c_int {
+    ffi::call("MXNDArrayWaitAll", || match engine::global_if_started() {
+        Some(e) => e.wait_all(),
+        None => Ok(()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_text_prefixes() {
+        assert_eq!(parse_error_text("TypeError: bad").to_string(), "TypeError: bad");
+        assert_eq!(parse_error_text("disk on fire").to_string(), "MXNetError: disk on fire");
+        assert_eq!(parse_error_text("ValueError:x").to_string(), "MXNetError: ValueError:x");
+    }
+}

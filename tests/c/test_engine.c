@@ -1,0 +1,229 @@
+/* The engine through the public header: sync and async pushes, dependencies, deleters,
+ * completion from another thread, failures and recovery, bad input, bulk, fork, shutdown.
+ * Run once per engine type (MXNET_ENGINE_TYPE set by CTest). */
+#define _GNU_SOURCE
+#include <mxnet/c_api.h>
+
+#include <dirent.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int failures = 0;
+#define CHECK(cond)                                                                       \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      fprintf(stderr, "%s:%d: check failed: %s\n  last error: %s\n", __FILE__, __LINE__,  \
+              #cond, MXGetLastError());                                                   \
+      failures++;                                                                         \
+    }                                                                                     \
+  } while (0)
+
+static const int cpu_ctx[2] = {1, 0};
+static const int gpu_ctx[2] = {2, 0};
+
+static int threads_in_process(void) {
+  int n = 0;
+  struct dirent *e;
+  DIR *d = opendir("/proc/self/task");
+  if (d == NULL) return -1;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] != '.') n++;
+  }
+  closedir(d);
+  return n;
+}
+
+/* A counter incremented by sync ops; non-atomic on purpose: writes must be exclusive. */
+typedef struct {
+  long value;
+  int deleted;
+} counter;
+
+static void increment(void *rctx, void *param) {
+  (void)rctx;
+  ((counter *)param)->value += 1;
+}
+static void mark_deleted(void *param) { ((counter *)param)->deleted += 1; }
+
+static long shared_value = 0;
+static void add_shared(void *rctx, void *param) {
+  (void)rctx;
+  shared_value = shared_value * 3 + (long)(size_t)param;
+}
+
+/* Async: complete from a new thread, with an error when param says so. */
+typedef struct {
+  void *on_complete;
+  const char *error;
+} completion_job;
+
+static void *complete_later(void *arg) {
+  completion_job *job = (completion_job *)arg;
+  usleep(2000);
+  if (MXEngineCompleteAsync(job->on_complete, job->error) != 0) {
+    fprintf(stderr, "MXEngineCompleteAsync failed: %s\n", MXGetLastError());
+  }
+  free(job);
+  return NULL;
+}
+
+static void async_fn(void *rctx, void *on_complete, void *param) {
+  pthread_t t;
+  completion_job *job = (completion_job *)malloc(sizeof(*job));
+  (void)rctx;
+  job->on_complete = on_complete;
+  job->error = (const char *)param;
+  pthread_create(&t, NULL, complete_later, job);
+  pthread_detach(t);
+}
+
+static void *saved_token = NULL;
+static void async_complete_inline(void *rctx, void *on_complete, void *param) {
+  (void)rctx;
+  (void)param;
+  saved_token = on_complete;
+  MXEngineCompleteAsync(on_complete, NULL);
+}
+
+static void slow(void *rctx, void *param) {
+  (void)rctx;
+  (void)param;
+  usleep(1000);
+}
+
+int main(void) {
+  EngineVarHandle a = NULL, b = NULL, c = NULL;
+  counter cnt = {0, 0};
+  int i, prev = -1, prop = 3, bad_prop = 42;
+  const char *engine_type = getenv("MXNET_ENGINE_TYPE");
+  int naive = engine_type != NULL && strcmp(engine_type, "NaiveEngine") == 0;
+  EngineVarHandle pair[2];
+
+  CHECK(MXEngineNewVar(&a) == 0 && MXEngineNewVar(&b) == 0 && MXEngineNewVar(&c) == 0);
+
+  /* 1000 increments on one var, each with a deleter: run in order, deleter once each. */
+  for (i = 0; i < 1000; i++) {
+    CHECK(MXEnginePushSync(increment, &cnt, mark_deleted, cpu_ctx, NULL, 0, &a, 1, NULL, 0,
+                           "increment") == 0);
+  }
+  CHECK(MXEngineWaitForVar(a, 0) == 0);
+  CHECK(cnt.value == 1000 && cnt.deleted == 1000);
+  if (naive) CHECK(threads_in_process() == 1); /* NaiveEngine starts no thread */
+
+  /* Order of conflicting writes: x = 3x + i must equal the serial result. */
+  for (i = 1; i <= 10; i++) {
+    CHECK(MXEnginePushSync(add_shared, (void *)(size_t)i, NULL, cpu_ctx, &c, 1, &b, 1, &prop, i,
+                           NULL) == 0);
+  }
+  CHECK(MXNDArrayWaitAll() == 0);
+  {
+    long want = 0;
+    for (i = 1; i <= 10; i++) want = want * 3 + i;
+    CHECK(shared_value == want);
+  }
+
+  /* Async completed from another thread; then a failure that propagates to a reader. */
+  CHECK(MXEnginePushAsync(async_fn, NULL, NULL, cpu_ctx, NULL, 0, &a, 1, NULL, 0, "ok_async", 0) == 0);
+  CHECK(MXEngineWaitForVar(a, 1) == 0);
+  CHECK(MXEnginePushAsync(async_fn, (void *)"TypeError: async op failed", NULL, cpu_ctx, NULL, 0,
+                          &a, 1, NULL, 0, "bad_async", 0) == 0);
+  cnt.value = 0;
+  cnt.deleted = 0;
+  CHECK(MXEnginePushSync(increment, &cnt, mark_deleted, cpu_ctx, &a, 1, &b, 1, NULL, 0, "skipped") == 0);
+  CHECK(MXEngineWaitForVar(b, 0) == -1);
+  CHECK(strcmp(MXGetLastError(), "TypeError: async op failed") == 0);
+  CHECK(cnt.value == 0 && cnt.deleted == 1); /* skipped, but its deleter ran */
+  CHECK(MXNDArrayWaitAll() == 0);            /* reported once */
+  CHECK(MXEngineWaitForVar(a, 0) == 0);
+  CHECK(MXEnginePushSync(increment, &cnt, NULL, cpu_ctx, &a, 1, &b, 1, NULL, 0, NULL) == 0);
+  CHECK(MXEngineWaitForVar(b, 0) == 0 && cnt.value == 1); /* working again */
+
+  /* A failure nobody waited for surfaces at WaitAll. */
+  CHECK(MXEnginePushAsync(async_fn, (void *)"disk full", NULL, cpu_ctx, NULL, 0, &c, 1, NULL, 0,
+                          NULL, 1) == 0);
+  CHECK(MXNDArrayWaitAll() == -1 && strcmp(MXGetLastError(), "MXNetError: disk full") == 0);
+  CHECK(MXNDArrayWaitAll() == 0);
+
+  /* Bad input: clear errors, nothing runs, nothing is freed. */
+  cnt.value = 0;
+  cnt.deleted = 0;
+  pair[0] = a;
+  pair[1] = a;
+  CHECK(MXEnginePushSync(increment, &cnt, mark_deleted, cpu_ctx, NULL, 0, pair, 2, NULL, 0, NULL) == -1);
+  CHECK(strstr(MXGetLastError(), "ValueError:") == MXGetLastError());
+  CHECK(MXEnginePushSync(increment, &cnt, mark_deleted, cpu_ctx, &a, 1, &a, 1, NULL, 0, NULL) == -1);
+  CHECK(MXEnginePushSync(increment, &cnt, mark_deleted, NULL, NULL, 0, &a, 1, NULL, 0, NULL) == -1);
+  CHECK(strstr(MXGetLastError(), "ctx_handle") != NULL);
+  CHECK(MXEnginePushSync(increment, &cnt, mark_deleted, gpu_ctx, NULL, 0, &a, 1, NULL, 0, NULL) == -1);
+  CHECK(strstr(MXGetLastError(), "gpu(0) is not available") != NULL);
+  CHECK(MXEnginePushSync(increment, &cnt, mark_deleted, cpu_ctx, NULL, 0, &a, 1, &bad_prop, 0, NULL) == -1);
+  CHECK(MXEnginePushSync(NULL, &cnt, mark_deleted, cpu_ctx, NULL, 0, &a, 1, NULL, 0, NULL) == -1);
+  CHECK(MXEnginePushSync(increment, &cnt, mark_deleted, cpu_ctx, NULL, 0, &a, -1, NULL, 0, NULL) == -1);
+  CHECK(MXEnginePushSync(increment, &cnt, mark_deleted, cpu_ctx, NULL, 0, NULL, 1, NULL, 0, NULL) == -1);
+  CHECK(MXNDArrayWaitAll() == 0);
+  CHECK(cnt.value == 0 && cnt.deleted == 0);
+
+  /* Completing twice, deleted and bogus vars. */
+  CHECK(MXEnginePushAsync(async_complete_inline, NULL, NULL, cpu_ctx, NULL, 0, &c, 1, NULL, 0, NULL, 1) == 0);
+  CHECK(MXEngineCompleteAsync(saved_token, NULL) == -1);
+  CHECK(strstr(MXGetLastError(), "already freed") != NULL);
+  CHECK(MXEngineDeleteVar(c) == 0);
+  CHECK(MXEngineDeleteVar(c) == -1); /* double free detected */
+  CHECK(MXEnginePushSync(increment, &cnt, NULL, cpu_ctx, NULL, 0, &c, 1, NULL, 0, NULL) == -1);
+  CHECK(MXEngineWaitForVar((EngineVarHandle)0x1234, 0) == -1);
+
+  /* Bulk size is per thread and returns the previous value. */
+  CHECK(MXEngineSetBulkSize(16, &prev) == 0 && prev == 0);
+  cnt.value = 0;
+  for (i = 0; i < 40; i++) {
+    CHECK(MXEnginePushSync(increment, &cnt, NULL, cpu_ctx, NULL, 0, &a, 1, NULL, 0, NULL) == 0);
+  }
+  CHECK(MXEngineSetBulkSize(0, &prev) == 0 && prev == 16);
+  CHECK(MXEngineWaitForVar(a, 0) == 0 && cnt.value == 40);
+  CHECK(MXEngineSetBulkSize(-1, &prev) == -1);
+
+  /* A forked child can use the engine (its pools are created anew there). */
+  {
+    pid_t pid = fork();
+    if (pid == 0) {
+      counter child = {0, 0};
+      EngineVarHandle v = NULL;
+      int ok = MXEngineNewVar(&v) == 0;
+      for (i = 0; i < 100 && ok; i++) {
+        ok = MXEnginePushSync(increment, &child, NULL, cpu_ctx, NULL, 0, &v, 1, NULL, 0, NULL) == 0;
+      }
+      ok = ok && MXNDArrayWaitAll() == 0 && child.value == 100;
+      _exit(ok ? 0 : 3);
+    } else {
+      int status = 0;
+      CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+      CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+  }
+
+  /* Shutdown with operations in flight: returns when they are done; calls still work. */
+  cnt.value = 0;
+  for (i = 0; i < 50; i++) {
+    CHECK(MXEnginePushSync(slow, NULL, NULL, cpu_ctx, NULL, 0, &b, 1, NULL, 0, NULL) == 0);
+    CHECK(MXEnginePushSync(increment, &cnt, NULL, cpu_ctx, NULL, 0, &b, 1, NULL, 0, NULL) == 0);
+  }
+  CHECK(MXNotifyShutdown() == 0);
+  CHECK(cnt.value == 50);
+  CHECK(MXEngineDeleteVar(a) == 0 && MXEngineDeleteVar(b) == 0);
+
+  /* Exit with operations still queued: must neither hang nor crash. */
+  CHECK(MXEngineNewVar(&a) == 0);
+  for (i = 0; i < 200; i++) {
+    CHECK(MXEnginePushSync(slow, NULL, NULL, cpu_ctx, NULL, 0, &a, 1, NULL, 0, NULL) == 0);
+  }
+  if (failures != 0) {
+    fprintf(stderr, "engine (%s): %d checks failed\n", engine_type ? engine_type : "default", failures);
+    return 1;
+  }
+  printf("engine (%s): all checks passed\n", engine_type ? engine_type : "default");
+  return 0;
+}
