@@ -145,7 +145,9 @@ fn per_device_pools_follow_the_table_and_start_lazily() {
         let s = seen.clone();
         let mut p = Push::sync(
             move |_| {
-                s.lock().push(std::thread::current().name().unwrap_or("").to_string());
+                // The pool's name, without the worker's index.
+                let name = std::thread::current().name().unwrap_or("").to_string();
+                s.lock().push(name.rsplit_once(' ').map(|(p, _)| p.to_string()).unwrap_or(name));
                 Ok(())
             },
             vec![],
@@ -164,7 +166,7 @@ fn per_device_pools_follow_the_table_and_start_lazily() {
     let names = seen.lock().clone();
     assert_eq!(
         names,
-        ["cpu worker 0", "cpu priority worker 0", "gpu(1) worker 0", "gpu(1) copy worker 0", "gpu(1) priority worker 0"]
+        ["cpu worker", "cpu priority worker", "gpu(1) worker", "gpu(1) copy worker", "gpu(1) priority worker"]
     );
     let mut pools = e.pools();
     pools.sort();

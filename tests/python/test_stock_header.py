@@ -20,12 +20,16 @@ ROOT = Path(__file__).resolve().parents[2]
 OUR_HEADER = ROOT / "include" / "mxnet" / "c_api.h"
 # Our additions to the ABI: names the stock header does not have. A misspelt stock name would
 # show up here as an unexpected addition.
-ADDITIONS = {"MXGetConfig", "MXGetNumOMPThreads"}
+ADDITIONS = {
+    "MXGetConfig", "MXGetNumOMPThreads",
+    "MXEngineNewVar", "MXEngineDeleteVar", "MXEngineWaitForVar", "MXEngineCompleteAsync",
+}
 # Functions that must be checked (the foundation's share of the stock ABI).
 REQUIRED_SHARED = {
     "MXGetLastError", "MXGetVersion", "MXLibInfoFeatures", "MXNotifyShutdown",
     "MXSetNumOMPThreads", "MXGetGPUCount", "MXGetGPUMemoryInformation",
     "MXGetGPUMemoryInformation64", "MXGetEnv", "MXSetEnv",
+    "MXEnginePushAsync", "MXEnginePushSync", "MXEngineSetBulkSize", "MXNDArrayWaitAll",
 }
 
 
