@@ -12,7 +12,9 @@ pub mod context;
 pub mod engine;
 pub mod error;
 pub mod handle;
+pub mod ndarray;
 pub mod runtime;
+pub mod storage;
 
 pub use error::{Error, ErrorKind, Result};
 

@@ -16,6 +16,9 @@
 #include <stdbool.h>
 #define MXNET_RT_ABI_VERSION 10901
 
+// Alignment of every CPU block (a cache line, and enough for any SIMD load).
+#define ALIGN 64
+
 // One entry of `MXLibInfoFeatures`, laid out as stock's `struct LibFeature`.
 struct LibFeature {
   const char *name;
@@ -38,13 +41,13 @@ typedef const void *EngineFnPropertyHandle;
 // A synchronous function: `(RunContext* rctx, void* param)`.
 typedef void (*EngineSyncFunc)(void*, void*);
 
+typedef void *NDArrayHandle;
+
 typedef uint32_t mx_uint;
 
 typedef float mx_float;
 
 typedef int64_t dim_t;
-
-typedef void *NDArrayHandle;
 
 typedef const void *FunctionHandle;
 
@@ -236,6 +239,115 @@ int MXSetEnv(const char *name, const char *value);
 // # Safety
 // `name` must be NULL or a NUL-terminated string; `out_json` NULL or valid for writes.
 int MXGetConfig(const char *name, const char **out_json);
+
+// Create an empty NDArray handle (no shape, no storage).
+//
+// # Safety
+// `out` must be NULL or valid for writes.
+int MXNDArrayCreateNone(NDArrayHandle *out);
+
+// Create a float32 NDArray.
+//
+// # Safety
+// `shape` must point to `ndim` values; `out` must be NULL or valid for writes.
+int MXNDArrayCreate(const uint32_t *shape,
+                    uint32_t ndim,
+                    int dev_type,
+                    int dev_id,
+                    int delay_alloc,
+                    NDArrayHandle *out);
+
+// Create an NDArray of `dtype` (0 float32, 1 float64, 2 float16, 3 uint8, 4 int32, 5 int8,
+// 6 int64, 7 bool).
+//
+// # Safety
+// `shape` must point to `ndim` values; `out` must be NULL or valid for writes.
+int MXNDArrayCreateEx(const uint32_t *shape,
+                      uint32_t ndim,
+                      int dev_type,
+                      int dev_id,
+                      int delay_alloc,
+                      int dtype,
+                      NDArrayHandle *out);
+
+// Free an NDArray handle (NULL is allowed and does nothing). Its memory is released after
+// the last operation pending on it; a second free of the same handle is an error.
+int MXNDArrayFree(NDArrayHandle handle);
+
+// The shape as uint32 values in a per-thread buffer.
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXNDArrayGetShape(NDArrayHandle handle, uint32_t *out_dim, const uint32_t **out_pdata);
+
+// The shape as int values in a per-thread buffer; an empty (none) array has ndim 0.
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXNDArrayGetShapeEx(NDArrayHandle handle, int *out_dim, const int **out_pdata);
+
+// The dtype code; -1 for an empty (none) array.
+//
+// # Safety
+// `out_dtype` must be NULL or valid for writes.
+int MXNDArrayGetDType(NDArrayHandle handle, int *out_dtype);
+
+// The context codes; (0, 0) for an empty (none) array.
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXNDArrayGetContext(NDArrayHandle handle, int *out_dev_type, int *out_dev_id);
+
+// Copy `size` elements (not bytes) from host memory into the array; blocking.
+//
+// # Safety
+// `data` must point to `size` elements of the array's dtype.
+int MXNDArraySyncCopyFromCPU(NDArrayHandle handle, const void *data, size_t size);
+
+// Copy `size` elements (not bytes) of the array into host memory after its pending writes.
+//
+// # Safety
+// `data` must point to room for `size` elements of the array's dtype.
+int MXNDArraySyncCopyToCPU(NDArrayHandle handle, void *data, size_t size);
+
+// Wait until the array's pending writes are done; -1 with a failure that reached it.
+int MXNDArrayWaitToRead(NDArrayHandle handle);
+
+// Wait until all the array's pending operations are done; -1 with a failure that reached it.
+int MXNDArrayWaitToWrite(NDArrayHandle handle);
+
+// MXEnginePushAsync with the variables of NDArrays.
+//
+// # Safety
+// As for MXEnginePushAsync, with arrays of NDArray handles.
+int MXEnginePushAsyncND(EngineAsyncFunc async_func,
+                        void *func_param,
+                        EngineFuncParamDeleter deleter,
+                        ContextHandle ctx_handle,
+                        NDArrayHandle *const_nds_handle,
+                        int num_const_nds,
+                        NDArrayHandle *mutable_nds_handle,
+                        int num_mutable_nds,
+                        EngineFnPropertyHandle prop_handle,
+                        int priority,
+                        const char *opr_name,
+                        bool wait);
+
+// MXEnginePushSync with the variables of NDArrays.
+//
+// # Safety
+// As for MXEnginePushSync, with arrays of NDArray handles.
+int MXEnginePushSyncND(EngineSyncFunc sync_func,
+                       void *func_param,
+                       EngineFuncParamDeleter deleter,
+                       ContextHandle ctx_handle,
+                       NDArrayHandle *const_nds_handle,
+                       int num_const_nds,
+                       NDArrayHandle *mutable_nds_handle,
+                       int num_mutable_nds,
+                       EngineFnPropertyHandle prop_handle,
+                       int priority,
+                       const char *opr_name);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -103,6 +103,8 @@ pub(crate) struct CPush {
     pub const_vars: Vec<Arc<Var>>,
     pub mutable_vars: Vec<Arc<Var>>,
     pub wait: bool,
+    /// Kept alive until the operation has finished (the NDArrays of the ND variants).
+    pub keep: Vec<Arc<crate::ndarray::NDArray>>,
 }
 
 /// # Safety
@@ -144,7 +146,7 @@ pub(crate) unsafe fn push_c(
     };
     // Validate before taking over the param: on failure it stays the caller's.
     engine.validate(&push)?;
-    push.payload = Some(Box::new(CParam { param: func_param, deleter }));
+    push.payload = Some(Box::new((CParam { param: func_param, deleter }, c.keep)));
     engine.push(push)
 }
 
@@ -190,6 +192,7 @@ pub unsafe extern "C" fn MXEnginePushAsync(
                 const_vars: var_list(const_vars_handle, num_const_vars, "const_vars_handle")?,
                 mutable_vars: var_list(mutable_vars_handle, num_mutable_vars, "mutable_vars_handle")?,
                 wait,
+                keep: Vec::new(),
             };
             push_c(c, None, async_func, func_param, deleter)
         }
@@ -226,6 +229,7 @@ pub unsafe extern "C" fn MXEnginePushSync(
                 const_vars: var_list(const_vars_handle, num_const_vars, "const_vars_handle")?,
                 mutable_vars: var_list(mutable_vars_handle, num_mutable_vars, "mutable_vars_handle")?,
                 wait: false,
+                keep: Vec::new(),
             };
             push_c(c, sync_func, None, func_param, deleter)
         }

@@ -5,5 +5,6 @@ pub mod base;
 pub mod engine;
 pub mod env;
 pub mod ffi;
+pub mod ndarray;
 pub mod testing;
 pub mod types;

@@ -318,7 +318,7 @@ impl Engine {
     /// Push an operation. Fails (and runs nothing, drops nothing of the caller's) on a
     /// variable listed twice, an unavailable device or a pool that cannot start.
     pub fn push(&'static self, p: Push) -> Result<()> {
-        self.validate(&p)?;
+        let pool = self.validate(&p)?;
         if self.opts.kind != EngineKind::Naive
             && p.prop == FnProperty::Normal
             && !p.wait
@@ -328,22 +328,27 @@ impl Engine {
             return self.bulk_append(p);
         }
         self.flush_bulk();
-        self.push_now(p)
+        self.push_to(p, pool)
     }
 
     /// Everything that can make [`Engine::push`] fail, checked without consuming the push:
     /// callers that hand over resources (a C deleter) validate first, so that on failure
     /// the resources stay theirs.
-    pub fn validate(&'static self, p: &Push) -> Result<()> {
+    /// Returns the pool that will run the operation.
+    pub fn validate(&'static self, p: &Push) -> Result<Option<Arc<Pool>>> {
         check_distinct(&p.const_vars, &p.mutable_vars)?;
         if !self.opts.virtual_gpus {
             p.ctx.check_available()?;
         }
-        self.pool_for(p.ctx, p.prop).map(drop)
+        self.pool_for(p.ctx, p.prop)
     }
 
     fn push_now(&'static self, p: Push) -> Result<()> {
         let pool = self.pool_for(p.ctx, p.prop)?;
+        self.push_to(p, pool)
+    }
+
+    fn push_to(&'static self, p: Push, pool: Option<Arc<Pool>>) -> Result<()> {
         self.apply_back_pressure();
         let n_const = p.const_vars.len();
         let mut vars = p.const_vars;

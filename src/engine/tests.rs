@@ -535,3 +535,23 @@ fn multi_variable_pushes_from_many_threads_do_not_deadlock() {
         }
     }
 }
+
+/// A benchmark, not a check: the cost of a push of an empty operation on one variable,
+/// without the C boundary. `cargo test --release bench_push_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn bench_push_cost() {
+    for kind in [EngineKind::Naive, EngineKind::PerDevice] {
+        let e = engine(kind, 1);
+        let v = Var::new();
+        let n = 300_000;
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                e.push(Push::sync(|_| Ok(()), vec![], vec![v.clone()])).unwrap();
+            }
+            e.wait_all().unwrap();
+            println!("{kind:?}: {:.3} us/op", t.elapsed().as_secs_f64() / n as f64 * 1e6);
+        }
+    }
+}
