@@ -20,3 +20,7 @@ pub use error::{Error, ErrorKind, Result};
 
 #[cfg(test)]
 mod header_test;
+
+/// The library's allocator (see Cargo.toml for why).
+#[global_allocator]
+static GLOBAL_ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -163,9 +163,9 @@ impl Push {
 /// A dependency engine.
 pub struct Engine {
     opts: EngineOptions,
-    cpu_worker: OnceLock<Arc<Pool>>,
-    cpu_priority: OnceLock<Arc<Pool>>,
-    gpu_pools: Mutex<HashMap<(PoolClass, i32), Arc<Pool>>>,
+    cpu_worker: OnceLock<&'static Pool>,
+    cpu_priority: OnceLock<&'static Pool>,
+    gpu_pools: Mutex<HashMap<(PoolClass, i32), &'static Pool>>,
     create_lock: Mutex<()>,
     register_lock: Mutex<()>,
     pending: AtomicUsize,
@@ -267,7 +267,7 @@ impl Engine {
     }
 
     /// The pool that runs operations of `prop` on `ctx`, started on first use.
-    fn pool_for(&'static self, ctx: Context, prop: FnProperty) -> Result<Option<Arc<Pool>>> {
+    fn pool_for(&'static self, ctx: Context, prop: FnProperty) -> Result<Option<&'static Pool>> {
         let class = match self.opts.kind {
             EngineKind::Naive => return Ok(None),
             // One global pool: the CPU worker pool serves every device and property.
@@ -280,7 +280,7 @@ impl Engine {
             _ => {
                 let key = (class, ctx.dev_id);
                 if let Some(p) = self.gpu_pools.lock().get(&key) {
-                    return Ok(Some(p.clone()));
+                    return Ok(Some(*p));
                 }
                 let threads = self.pool_threads(class)?;
                 let name = match class {
@@ -290,19 +290,19 @@ impl Engine {
                 };
                 let mut pools = self.gpu_pools.lock();
                 if let Some(p) = pools.get(&key) {
-                    return Ok(Some(p.clone()));
+                    return Ok(Some(*p));
                 }
                 let p = Pool::start(&name, threads, self).map_err(thread_error)?;
-                pools.insert(key, p.clone());
+                pools.insert(key, p);
                 return Ok(Some(p));
             }
         };
         if let Some(p) = cell.get() {
-            return Ok(Some(p.clone()));
+            return Ok(Some(*p));
         }
         let _guard = self.create_lock.lock();
         if let Some(p) = cell.get() {
-            return Ok(Some(p.clone()));
+            return Ok(Some(*p));
         }
         let threads = self.pool_threads(class)?;
         let name = match (self.opts.kind, class) {
@@ -311,7 +311,7 @@ impl Engine {
             _ => "cpu worker",
         };
         let p = Pool::start(name, threads, self).map_err(thread_error)?;
-        let _ = cell.set(p.clone());
+        let _ = cell.set(p);
         Ok(Some(p))
     }
 
@@ -335,7 +335,7 @@ impl Engine {
     /// callers that hand over resources (a C deleter) validate first, so that on failure
     /// the resources stay theirs.
     /// Returns the pool that will run the operation.
-    pub fn validate(&'static self, p: &Push) -> Result<Option<Arc<Pool>>> {
+    pub fn validate(&'static self, p: &Push) -> Result<Option<&'static Pool>> {
         check_distinct(&p.const_vars, &p.mutable_vars)?;
         if !self.opts.virtual_gpus {
             p.ctx.check_available()?;
@@ -348,7 +348,7 @@ impl Engine {
         self.push_to(p, pool)
     }
 
-    fn push_to(&'static self, p: Push, pool: Option<Arc<Pool>>) -> Result<()> {
+    fn push_to(&'static self, p: Push, pool: Option<&'static Pool>) -> Result<()> {
         self.apply_back_pressure();
         let n_const = p.const_vars.len();
         let mut vars = p.const_vars;
@@ -399,7 +399,7 @@ impl Engine {
 
     fn dispatch(&'static self, op: Arc<Opr>) {
         match &op.pool {
-            Some(pool) => pool.clone().push(op),
+            Some(pool) => pool.push(op),
             None => self.run_inline(op),
         }
     }

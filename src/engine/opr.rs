@@ -119,7 +119,7 @@ pub struct Opr {
     pub(crate) done: Option<Arc<Latch>>,
     pub(crate) engine: &'static Engine,
     /// The pool that runs it; `None` runs it inline (NaiveEngine).
-    pub(crate) pool: Option<Arc<Pool>>,
+    pub(crate) pool: Option<&'static Pool>,
 }
 
 impl Opr {

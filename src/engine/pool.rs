@@ -1,20 +1,22 @@
 //! Worker pools: threads that run ready operations, highest priority first.
 //!
 //! Owns: a pool's ready queue (a heap ordered by priority, then push order), its worker
-//! threads, and how they wait for work: spin briefly, then sleep on a condition variable.
-//! A pusher wakes a worker only when one sleeps, so a busy pool costs no system call per
-//! operation.
+//! threads, and how they wait for work: one worker at a time spins briefly, the others sleep
+//! on a condition variable. A pusher wakes a sleeper only when nobody spins, so a busy pool
+//! costs no system call per operation.
 //!
 //! Memory ordering: a worker increments `sleepers` and checks the queue under the queue lock
-//! before it sleeps; a pusher adds to the queue under the same lock and reads `sleepers` after
-//! releasing it. The lock orders the two, so a wake-up cannot be lost.
+//! before it sleeps; a pusher adds to the queue under the same lock and reads `spinning` and
+//! `sleepers` after releasing it. A spinner clears `spinning` before it takes that lock to go
+//! to sleep, so either the pusher sees a sleeper and wakes it or the worker sees the work:
+//! a wake-up cannot be lost. A worker that takes work while more is queued wakes another.
 
 use super::opr::Opr;
 use super::Engine;
 use parking_lot::{Condvar, Mutex};
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 struct Ready {
@@ -48,27 +50,33 @@ pub struct Pool {
     cv: Condvar,
     len: AtomicUsize,
     sleepers: AtomicUsize,
+    /// A worker is spinning for work (at most one at a time).
+    spinning: AtomicBool,
     seq: AtomicU64,
     threads: usize,
 }
 
-/// Iterations a worker spins looking for work before it sleeps.
-const SPIN: u32 = 4000;
+/// How long an idle worker keeps looking for work before it sleeps. Waking a sleeping
+/// worker costs the pusher a system call and the worker microseconds; spinning this long
+/// covers the gap between pushes of a producer that is a little slower than the workers.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(100);
 
 impl Pool {
-    /// Create the pool and start its `threads` workers (named `"{name} {i}"`).
-    pub fn start(name: &str, threads: usize, engine: &'static Engine) -> std::io::Result<Arc<Pool>> {
-        let pool = Arc::new(Pool {
+    /// Create the pool and start its `threads` workers (named `"{name} {i}"`). Pools live as
+    /// long as the process, like the engine that owns them (operations refer to them).
+    pub fn start(name: &str, threads: usize, engine: &'static Engine) -> std::io::Result<&'static Pool> {
+        let pool: &'static Pool = Box::leak(Box::new(Pool {
             name: name.to_string(),
             heap: Mutex::new(BinaryHeap::new()),
             cv: Condvar::new(),
             len: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
+            spinning: AtomicBool::new(false),
             seq: AtomicU64::new(0),
             threads,
-        });
+        }));
         for i in 0..threads {
-            let p = pool.clone();
+            let p = pool;
             std::thread::Builder::new()
                 .name(format!("{name} {i}"))
                 .spawn(move || p.work(engine))?;
@@ -83,7 +91,7 @@ impl Pool {
         self.threads
     }
 
-    /// Queue a ready operation.
+    /// Queue a ready operation. A sleeping worker is woken only when none is spinning.
     pub fn push(&self, op: Arc<Opr>) {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         {
@@ -91,7 +99,11 @@ impl Pool {
             heap.push(Ready { priority: op.priority, seq, op });
             self.len.store(heap.len(), Ordering::Release);
         }
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
+        self.wake_one();
+    }
+
+    fn wake_one(&self) {
+        if !self.spinning.load(Ordering::SeqCst) && self.sleepers.load(Ordering::SeqCst) > 0 {
             self.cv.notify_one();
         }
     }
@@ -106,21 +118,35 @@ impl Pool {
         r.map(|r| r.op)
     }
 
-    fn next(&self) -> Arc<Opr> {
-        if let Some(op) = self.try_pop() {
-            return op;
+    /// Spin for work if no other worker of this pool spins; at most one does, so idle pools
+    /// do not take the cores from the threads that push.
+    fn spin(&self) -> Option<Arc<Opr>> {
+        if self.spinning.swap(true, Ordering::SeqCst) {
+            return None;
         }
-        for i in 0..SPIN {
-            if self.len.load(Ordering::Acquire) > 0 {
-                if let Some(op) = self.try_pop() {
-                    return op;
+        let start = std::time::Instant::now();
+        let mut found = None;
+        'outer: loop {
+            for _ in 0..64 {
+                if self.len.load(Ordering::Acquire) > 0 {
+                    found = self.try_pop();
+                    if found.is_some() {
+                        break 'outer;
+                    }
                 }
-            }
-            if i % 64 == 63 {
-                std::thread::yield_now();
-            } else {
                 std::hint::spin_loop();
             }
+            if start.elapsed() > SPIN {
+                break;
+            }
+        }
+        self.spinning.store(false, Ordering::SeqCst);
+        found
+    }
+
+    fn next(&self) -> Arc<Opr> {
+        if let Some(op) = self.try_pop().or_else(|| self.spin()) {
+            return op;
         }
         let mut heap = self.heap.lock();
         self.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -135,10 +161,14 @@ impl Pool {
         r.op
     }
 
-    fn work(self: Arc<Self>, engine: &'static Engine) {
+    fn work(&'static self, engine: &'static Engine) {
         super::mark_worker_thread();
         loop {
             let op = self.next();
+            // More work queued: make sure another worker looks at it.
+            if self.len.load(Ordering::Acquire) > 0 {
+                self.wake_one();
+            }
             engine.execute(op);
         }
     }
