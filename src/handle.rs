@@ -112,6 +112,17 @@ impl<T> HandleTable<T> {
         }
     }
 
+    /// Run `f` on the value behind a live handle, without cloning the `Arc`.
+    pub fn with<R>(&self, h: *const c_void, f: impl FnOnce(&T) -> R) -> Result<R> {
+        let (index, generation) = self.decode(h)?;
+        let slot = self.slot(index).ok_or_else(|| self.stale(h))?;
+        let inner = slot.inner.lock();
+        match &inner.1 {
+            Some(v) if inner.0 == generation => Ok(f(v)),
+            _ => Err(self.stale(h)),
+        }
+    }
+
     /// Free a handle; returns its value. A second free of the same handle is an error.
     pub fn remove(&self, h: *const c_void) -> Result<Arc<T>> {
         let (index, generation) = self.decode(h)?;

@@ -103,8 +103,6 @@ pub(crate) struct CPush {
     pub const_vars: Vec<Arc<Var>>,
     pub mutable_vars: Vec<Arc<Var>>,
     pub wait: bool,
-    /// Kept alive until the operation has finished (the NDArrays of the ND variants).
-    pub keep: Vec<Arc<crate::ndarray::NDArray>>,
 }
 
 /// # Safety
@@ -116,24 +114,40 @@ pub(crate) unsafe fn push_c(
     func_param: *mut c_void,
     deleter: EngineFuncParamDeleter,
 ) -> Result<()> {
-    let param = SendPtr(func_param);
-    let func = match (sync_func, async_func) {
-        (Some(f), None) => OprFn::Sync(Box::new(move |rctx: &RunContext| {
-            let p = param;
-            // SAFETY: the caller's function with the caller's param, as the API promises.
-            unsafe { f(rctx as *const RunContext as *mut c_void, p.0) };
-            Ok(())
-        })),
-        (None, Some(f)) => OprFn::Async(Box::new(move |rctx: &RunContext, done: Completion| {
-            let p = param;
-            let token = completions().insert(Arc::new(Mutex::new(Some(done))));
-            // SAFETY: as above; `token` is completed through MXEngineCompleteAsync.
-            unsafe { f(rctx as *const RunContext as *mut c_void, token, p.0) };
-        })),
-        _ => return Err(Error::value("the operation's function must not be NULL")),
-    };
+    if sync_func.is_none() == async_func.is_none() {
+        return Err(Error::value("the operation's function must not be NULL"));
+    }
     let engine = engine::global()?;
-    let mut push = Push {
+    // Validate before taking over the param: on failure it stays the caller's.
+    let pool = engine.validate(&c.const_vars, &c.mutable_vars, c.ctx, c.prop)?;
+    let cparam = CParam { param: func_param, deleter };
+    let (func, payload): (OprFn, Option<engine::Payload>) = match (sync_func, async_func) {
+        // The param (and its deleter) lives in the closure: freed right after the call.
+        (Some(f), None) => (
+            OprFn::Sync(Box::new(move |rctx: &RunContext| {
+                let p = cparam;
+                // SAFETY: the caller's function with the caller's param, as the API promises.
+                unsafe { f(rctx as *const RunContext as *mut c_void, p.param) };
+                Ok(())
+            })),
+            None,
+        ),
+        // An async function uses its param until it completes: the engine drops it then.
+        (None, Some(f)) => {
+            let param = SendPtr(func_param);
+            (
+                OprFn::Async(Box::new(move |rctx: &RunContext, done: Completion| {
+                    let p = param;
+                    let token = completions().insert(Arc::new(Mutex::new(Some(done))));
+                    // SAFETY: as above; `token` is completed through MXEngineCompleteAsync.
+                    unsafe { f(rctx as *const RunContext as *mut c_void, token, p.0) };
+                })),
+                Some(Box::new(cparam) as engine::Payload),
+            )
+        }
+        _ => unreachable!("exactly one function, checked above"),
+    };
+    let push = Push {
         func,
         const_vars: c.const_vars,
         mutable_vars: c.mutable_vars,
@@ -141,13 +155,10 @@ pub(crate) unsafe fn push_c(
         prop: c.prop,
         priority: c.priority,
         name: c.name,
-        payload: None,
+        payload,
         wait: c.wait,
     };
-    // Validate before taking over the param: on failure it stays the caller's.
-    engine.validate(&push)?;
-    push.payload = Some(Box::new((CParam { param: func_param, deleter }, c.keep)));
-    engine.push(push)
+    engine.push_validated(push, pool)
 }
 
 /// # Safety
@@ -192,7 +203,6 @@ pub unsafe extern "C" fn MXEnginePushAsync(
                 const_vars: var_list(const_vars_handle, num_const_vars, "const_vars_handle")?,
                 mutable_vars: var_list(mutable_vars_handle, num_mutable_vars, "mutable_vars_handle")?,
                 wait,
-                keep: Vec::new(),
             };
             push_c(c, None, async_func, func_param, deleter)
         }
@@ -229,7 +239,6 @@ pub unsafe extern "C" fn MXEnginePushSync(
                 const_vars: var_list(const_vars_handle, num_const_vars, "const_vars_handle")?,
                 mutable_vars: var_list(mutable_vars_handle, num_mutable_vars, "mutable_vars_handle")?,
                 wait: false,
-                keep: Vec::new(),
             };
             push_c(c, sync_func, None, func_param, deleter)
         }

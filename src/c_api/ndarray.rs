@@ -5,7 +5,7 @@ use super::engine::{opr_name, push_c, read_context, CPush, EngineAsyncFunc, Engi
 use super::ffi::{self, out};
 use super::types::{ContextHandle, EngineFnPropertyHandle, NDArrayHandle};
 use crate::context::Context;
-use crate::engine::FnProperty;
+use crate::engine::{FnProperty, Var};
 use crate::error::{Error, Result};
 use crate::handle::HandleTable;
 use crate::ndarray::{DType, NDArray};
@@ -231,9 +231,11 @@ pub extern "C" fn MXNDArrayWaitToWrite(handle: NDArrayHandle) -> c_int {
     ffi::call("MXNDArrayWaitToWrite", || arrays().get(handle)?.wait(true))
 }
 
+/// The engine variables of `n` NDArray handles (their data lives as long as the variable).
+///
 /// # Safety
 /// `handles` must point to `n` handles when `n > 0`.
-unsafe fn nd_list(handles: *const NDArrayHandle, n: c_int, what: &str) -> Result<Vec<Arc<NDArray>>> {
+unsafe fn nd_vars(handles: *const NDArrayHandle, n: c_int, what: &str) -> Result<Vec<Arc<Var>>> {
     if n < 0 {
         return Err(Error::value(format!("{what}: negative count {n}")));
     }
@@ -244,7 +246,12 @@ unsafe fn nd_list(handles: *const NDArrayHandle, n: c_int, what: &str) -> Result
         return Err(Error::value(format!("{what} is NULL but its count is {n}")));
     }
     // SAFETY: per this function's contract.
-    unsafe { std::slice::from_raw_parts(handles, n as usize) }.iter().map(|&h| arrays().get(h)).collect()
+    let hs = unsafe { std::slice::from_raw_parts(handles, n as usize) };
+    let mut vars = Vec::with_capacity(hs.len());
+    for &h in hs {
+        vars.push(arrays().with(h, |nd| nd.chunk().map(|c| c.var.clone()))??);
+    }
+    Ok(vars)
 }
 
 /// # Safety
@@ -267,18 +274,14 @@ unsafe fn push_nd(
 ) -> Result<()> {
     // SAFETY: per this function's contract.
     unsafe {
-        let var_of = |nd: &Arc<NDArray>| nd.chunk().map(|c| c.var.clone());
-        let reads = nd_list(const_nds, num_const, "const_nds_handle")?;
-        let writes = nd_list(mutable_nds, num_mutable, "mutable_nds_handle")?;
         let c = CPush {
             ctx: read_context(ctx_handle)?,
             prop: if prop_handle.is_null() { FnProperty::Normal } else { FnProperty::from_code(*(prop_handle as *const i32))? },
             priority,
             name: opr_name(name)?,
-            const_vars: reads.iter().map(var_of).collect::<Result<_>>()?,
-            mutable_vars: writes.iter().map(var_of).collect::<Result<_>>()?,
+            const_vars: nd_vars(const_nds, num_const, "const_nds_handle")?,
+            mutable_vars: nd_vars(mutable_nds, num_mutable, "mutable_nds_handle")?,
             wait,
-            keep: reads.into_iter().chain(writes).collect(),
         };
         push_c(c, sync_func, async_func, func_param, deleter)
     }

@@ -318,29 +318,41 @@ impl Engine {
     /// Push an operation. Fails (and runs nothing, drops nothing of the caller's) on a
     /// variable listed twice, an unavailable device or a pool that cannot start.
     pub fn push(&'static self, p: Push) -> Result<()> {
-        let pool = self.validate(&p)?;
-        if self.opts.kind != EngineKind::Naive
-            && p.prop == FnProperty::Normal
-            && !p.wait
-            && matches!(p.func, OprFn::Sync(_))
-            && bulk_accepts(self, &p)
-        {
-            return self.bulk_append(p);
-        }
-        self.flush_bulk();
-        self.push_to(p, pool)
+        let pool = self.validate(&p.const_vars, &p.mutable_vars, p.ctx, p.prop)?;
+        self.push_validated(p, pool)
     }
 
-    /// Everything that can make [`Engine::push`] fail, checked without consuming the push:
-    /// callers that hand over resources (a C deleter) validate first, so that on failure
-    /// the resources stay theirs.
-    /// Returns the pool that will run the operation.
-    pub fn validate(&'static self, p: &Push) -> Result<Option<&'static Pool>> {
-        check_distinct(&p.const_vars, &p.mutable_vars)?;
+    /// Everything that can make [`Engine::push`] fail, checked before the operation exists:
+    /// callers that hand over resources (a C deleter) validate first, so that on failure the
+    /// resources stay theirs. Returns the pool that will run the operation.
+    pub fn validate(
+        &'static self,
+        const_vars: &[Arc<Var>],
+        mutable_vars: &[Arc<Var>],
+        ctx: Context,
+        prop: FnProperty,
+    ) -> Result<Option<&'static Pool>> {
+        check_distinct(const_vars, mutable_vars)?;
         if !self.opts.virtual_gpus {
-            p.ctx.check_available()?;
+            ctx.check_available()?;
         }
-        self.pool_for(p.ctx, p.prop)
+        self.pool_for(ctx, prop)
+    }
+
+    /// Push an operation that [`Engine::validate`] accepted (with the pool it returned).
+    pub fn push_validated(&'static self, p: Push, pool: Option<&'static Pool>) -> Result<()> {
+        if BULK_THREADS.load(Ordering::Relaxed) > 0 {
+            if self.opts.kind != EngineKind::Naive
+                && p.prop == FnProperty::Normal
+                && !p.wait
+                && matches!(p.func, OprFn::Sync(_))
+                && bulk_accepts(self, &p)
+            {
+                return self.bulk_append(p);
+            }
+            self.flush_bulk();
+        }
+        self.push_to(p, pool)
     }
 
     fn push_now(&'static self, p: Push) -> Result<()> {
@@ -350,9 +362,18 @@ impl Engine {
 
     fn push_to(&'static self, p: Push, pool: Option<&'static Pool>) -> Result<()> {
         self.apply_back_pressure();
+        let p = match self.try_run_now(p) {
+            Ok(()) => return Ok(()),
+            Err(p) => p,
+        };
         let n_const = p.const_vars.len();
-        let mut vars = p.const_vars;
-        vars.extend(p.mutable_vars);
+        let vars = if n_const == 0 {
+            p.mutable_vars
+        } else {
+            let mut v = p.const_vars;
+            v.extend(p.mutable_vars);
+            v
+        };
         let done = (p.wait && self.opts.kind != EngineKind::Naive).then(|| Arc::new(Latch::default()));
         let op = Arc::new(Opr {
             func: Mutex::new(Some(p.func)),
@@ -389,12 +410,92 @@ impl Engine {
             self.dispatch(op);
         }
         if let Some(op) = keep {
-            wait_completed(&op);
+            self.wait_inline(&op);
         }
         if let Some(l) = done {
             l.wait();
         }
         Ok(())
+    }
+
+    /// NaiveEngine's fast path: a synchronous operation whose variables are all free runs at
+    /// once on this thread, without allocating an operation. Anything else (a busy variable,
+    /// an asynchronous function, a recorded failure to check) is handed back for the general
+    /// path.
+    fn try_run_now(&'static self, p: Push) -> std::result::Result<(), Push> {
+        if self.opts.kind != EngineKind::Naive
+            || !matches!(p.func, OprFn::Sync(_))
+            || self.live_errors.load(Ordering::Acquire) > 0
+            || INLINE.with(|q| q.borrow().is_some())
+        {
+            return Err(p);
+        }
+        let n = p.const_vars.len() + p.mutable_vars.len();
+        {
+            let _order = (n > 1).then(|| self.register_lock.lock());
+            let mut taken = 0;
+            let all = p.const_vars.iter().map(|v| (v, false)).chain(p.mutable_vars.iter().map(|v| (v, true)));
+            for (v, write) in all {
+                if !v.try_acquire(write) {
+                    break;
+                }
+                taken += 1;
+            }
+            if taken < n {
+                let mut granted = Granted::default();
+                let all = p.const_vars.iter().map(|v| (v, false)).chain(p.mutable_vars.iter().map(|v| (v, true)));
+                for (v, write) in all.take(taken) {
+                    if write {
+                        v.complete_write(None, &mut granted);
+                    } else {
+                        v.complete_read(&mut granted);
+                    }
+                }
+                self.dispatch_granted(granted);
+                return Err(p);
+            }
+        }
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        let OprFn::Sync(f) = p.func else { unreachable!("checked above") };
+        let rctx = RunContext::for_ctx(p.ctx, false);
+        let name = p.name.as_deref().unwrap_or("<unnamed>");
+        let outcome = match catch_unwind(AssertUnwindSafe(|| f(&rctx))) {
+            Ok(Ok(())) => Outcome::Ok,
+            Ok(Err(e)) => Outcome::Failed(e),
+            Err(panic) => Outcome::Failed(panic_error(name, panic.as_ref())),
+        };
+        self.release(&p.const_vars, &p.mutable_vars, outcome, p.payload);
+        Ok(())
+    }
+
+    /// NaiveEngine: wait for an operation that could not run at once. Operations queued on
+    /// this thread meanwhile (pushed from inside a running one) run here, so a nested push
+    /// does not wait for itself.
+    fn wait_inline(&'static self, op: &Opr) {
+        let mut spins = 0u32;
+        while !op.completed.load(Ordering::Acquire) {
+            let next = INLINE.with(|q| q.borrow_mut().as_mut().and_then(|q| q.pop_front()));
+            if let Some(next) = next {
+                self.execute(next);
+                continue;
+            }
+            spins += 1;
+            if spins < 100 {
+                std::hint::spin_loop();
+            } else if spins < 1000 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+    }
+
+    fn dispatch_granted(&'static self, granted: Granted) {
+        for next in granted.into_vec() {
+            if next.grant() {
+                self.dispatch(next);
+            }
+        }
     }
 
     fn dispatch(&'static self, op: Arc<Opr>) {
@@ -461,29 +562,44 @@ impl Engine {
     }
 
     fn complete(&'static self, op: Arc<Opr>, outcome: Outcome) {
+        let payload = op.payload.lock().take();
+        let granted = self.release_vars(op.const_vars(), op.mutable_vars(), outcome);
+        drop(payload);
+        op.completed.store(true, Ordering::Release);
+        if let Some(l) = &op.done {
+            l.set();
+        }
+        drop(op);
+        self.dispatch_granted(granted);
+        self.finish_one();
+    }
+
+    /// Release an operation's variables, marking the written ones with its failure.
+    fn release_vars(&'static self, reads: &[Arc<Var>], writes: &[Arc<Var>], outcome: Outcome) -> Granted {
         let cell = match outcome {
             Outcome::Ok => None,
             Outcome::Inherited(cell) => Some(cell),
             Outcome::Failed(e) => Some(self.record_failure(e)),
         };
         let mut granted = Granted::default();
-        for v in op.const_vars() {
+        for v in reads {
             v.complete_read(&mut granted);
         }
-        for v in op.mutable_vars() {
+        for v in writes {
             v.complete_write(cell.as_ref(), &mut granted);
         }
-        drop(op.payload.lock().take());
-        op.completed.store(true, Ordering::Release);
-        if let Some(l) = &op.done {
-            l.set();
-        }
-        drop(op);
-        for next in granted.into_vec() {
-            if next.grant() {
-                self.dispatch(next);
-            }
-        }
+        granted
+    }
+
+    /// The end of an operation that ran without an `Opr` (NaiveEngine's fast path).
+    fn release(&'static self, reads: &[Arc<Var>], writes: &[Arc<Var>], outcome: Outcome, payload: Option<Payload>) {
+        let granted = self.release_vars(reads, writes, outcome);
+        drop(payload);
+        self.dispatch_granted(granted);
+        self.finish_one();
+    }
+
+    fn finish_one(&self) {
         let before = self.pending.fetch_sub(1, Ordering::SeqCst);
         if self.waiters.load(Ordering::SeqCst) > 0
             && (before == 1 || (self.opts.max_pending > 0 && before <= self.opts.max_pending))
@@ -607,6 +723,9 @@ impl Engine {
 
     /// Push the calling thread's pending bulk as one operation.
     pub fn flush_bulk(&self) {
+        if BULK_THREADS.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let taken = BULK.try_with(|b| b.borrow_mut().take()).ok().flatten();
         if let Some((engine, push)) = taken {
             // The pool exists (it was used for the bulk's ops' context before), the vars are
@@ -621,7 +740,17 @@ impl Engine {
     /// returns the previous size. Flushes what was batched so far.
     pub fn set_bulk_size(&self, size: usize) -> usize {
         self.flush_bulk();
-        BULK.with(|b| std::mem::replace(&mut b.borrow_mut().size, size))
+        let old = BULK.with(|b| std::mem::replace(&mut b.borrow_mut().size, size));
+        match (old > 1, size > 1) {
+            (false, true) => {
+                BULK_THREADS.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                BULK_THREADS.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        old
     }
 }
 
@@ -642,22 +771,6 @@ fn panic_error(name: &str, payload: &(dyn std::any::Any + Send)) -> Error {
 
 fn thread_error(e: std::io::Error) -> Error {
     Error::mxnet(format!("cannot start an engine worker thread: {e}"))
-}
-
-/// Wait until an operation finished (NaiveEngine: normally at once; an asynchronous one may
-/// be completed from another thread).
-fn wait_completed(op: &Opr) {
-    let mut spins = 0u32;
-    while !op.completed.load(Ordering::Acquire) {
-        spins += 1;
-        if spins < 100 {
-            std::hint::spin_loop();
-        } else if spins < 1000 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-        }
-    }
 }
 
 /// A variable may appear once in an operation's lists.
@@ -685,6 +798,9 @@ fn check_distinct(const_vars: &[Arc<Var>], mutable_vars: &[Arc<Var>]) -> Result<
     }
     Ok(())
 }
+
+/// Threads whose bulk size is above 1; while none is, pushes skip the thread-local bulk.
+static BULK_THREADS: AtomicUsize = AtomicUsize::new(0);
 
 /// Operations of one thread waiting to be pushed as one engine task.
 struct Bulk {
@@ -756,6 +872,9 @@ impl Bulk {
 
 impl Drop for Bulk {
     fn drop(&mut self) {
+        if self.size > 1 {
+            BULK_THREADS.fetch_sub(1, Ordering::Relaxed);
+        }
         // A thread that ends with batched operations still pushes them.
         if let Some((engine, push)) = self.take() {
             let _ = catch_unwind(AssertUnwindSafe(|| engine.push_now(push)));

@@ -13,7 +13,9 @@
 //! released.
 
 use super::opr::Opr;
-use crate::error::Error;
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::storage::Block;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -46,10 +48,12 @@ struct VarState {
     error: Option<Arc<ErrorCell>>,
 }
 
-/// One variable.
+/// One variable, and the memory block of the data it stands for (if any): operations hold
+/// their variables, so the block lives until the last operation on it has finished.
 #[derive(Default)]
 pub struct Var {
     state: Mutex<VarState>,
+    block: Mutex<Option<Block>>,
 }
 
 /// Operations made ready by releasing a variable (usually none or one).
@@ -65,6 +69,15 @@ impl Granted {
 impl Var {
     pub fn new() -> Arc<Self> {
         Arc::new(Var::default())
+    }
+
+    /// The data block's address, allocating `bytes` on `ctx` at the first call.
+    pub fn data(&self, bytes: usize, ctx: Context) -> Result<*mut u8> {
+        let mut b = self.block.lock();
+        if b.is_none() {
+            *b = Some(Block::alloc(bytes, ctx)?);
+        }
+        Ok(b.as_ref().expect("allocated above").ptr())
     }
 
     /// Register a read; true when access is granted at once.
@@ -89,6 +102,21 @@ impl Var {
             s.queue.push_back((op.clone(), true));
             false
         }
+    }
+
+    /// Take access now if nothing runs on or waits for the variable in a conflicting way;
+    /// false (and no change) otherwise.
+    pub(crate) fn try_acquire(&self, write: bool) -> bool {
+        let mut s = self.state.lock();
+        if s.running_write || !s.queue.is_empty() || (write && s.running_reads > 0) {
+            return false;
+        }
+        if write {
+            s.running_write = true;
+        } else {
+            s.running_reads += 1;
+        }
+        true
     }
 
     /// Release a read; grants the next write when this was the last running read.

@@ -9,8 +9,6 @@
 use crate::context::Context;
 use crate::engine::{self, Push, Var};
 use crate::error::{Error, Result};
-use crate::storage::Block;
-use parking_lot::Mutex;
 use std::sync::Arc;
 
 /// Element types with stock's codes.
@@ -68,22 +66,18 @@ impl DType {
     }
 }
 
-/// Storage and engine variable shared by every view of one array.
+/// Storage and engine variable shared by every view of one array. The memory block is held
+/// by the variable, so pending operations (which hold the variable) keep it alive.
 pub struct Chunk {
     pub var: Arc<Var>,
     pub ctx: Context,
     bytes: usize,
-    block: Mutex<Option<Block>>,
 }
 
 impl Chunk {
     /// The data pointer, allocating on first use (`delay_alloc`).
     pub fn data(&self) -> Result<*mut u8> {
-        let mut b = self.block.lock();
-        if b.is_none() {
-            *b = Some(Block::alloc(self.bytes, self.ctx)?);
-        }
-        Ok(b.as_ref().expect("allocated above").ptr())
+        self.var.data(self.bytes, self.ctx)
     }
     pub fn bytes(&self) -> usize {
         self.bytes
@@ -117,7 +111,7 @@ impl NDArray {
     pub fn new(shape: Vec<usize>, ctx: Context, dtype: DType, delay_alloc: bool) -> Result<Self> {
         let (_, bytes) = byte_size(&shape, dtype)?;
         ctx.check_available()?;
-        let chunk = Arc::new(Chunk { var: Var::new(), ctx, bytes, block: Mutex::new(None) });
+        let chunk = Arc::new(Chunk { var: Var::new(), ctx, bytes });
         if !delay_alloc {
             chunk.data()?;
         }
