@@ -74,6 +74,23 @@ unsafe fn var_list(handles: EngineVarHandle, n: c_int, what: &str) -> Result<Vec
 }
 
 /// # Safety
+/// As for [`var_list`], for both lists.
+unsafe fn var_lists(
+    reads: EngineVarHandle,
+    n_reads: c_int,
+    writes: EngineVarHandle,
+    n_writes: c_int,
+) -> Result<(Vec<Arc<Var>>, Vec<Arc<Var>>)> {
+    // SAFETY: per this function's contract.
+    unsafe {
+        Ok((
+            var_list(reads, n_reads, "const_vars_handle")?,
+            var_list(writes, n_writes, "mutable_vars_handle")?,
+        ))
+    }
+}
+
+/// # Safety
 /// `ctx` must be NULL or point to `{int dev_type; int dev_id;}`.
 pub(crate) unsafe fn read_context(ctx: ContextHandle) -> Result<Context> {
     if ctx.is_null() {
@@ -92,6 +109,33 @@ unsafe fn read_prop(prop: EngineFnPropertyHandle) -> Result<FnProperty> {
     }
     // SAFETY: per this function's contract.
     FnProperty::from_code(unsafe { *(prop as *const i32) })
+}
+
+/// Decode the arguments every push function shares.
+///
+/// # Safety
+/// `ctx_handle`, `prop_handle` and `name` as described for MXEnginePushAsync.
+pub(crate) unsafe fn push_args(
+    ctx_handle: ContextHandle,
+    prop_handle: EngineFnPropertyHandle,
+    priority: c_int,
+    name: *const c_char,
+    vars: Result<(Vec<Arc<Var>>, Vec<Arc<Var>>)>,
+    wait: bool,
+) -> Result<CPush> {
+    let (const_vars, mutable_vars) = vars?;
+    // SAFETY: per this function's contract.
+    unsafe {
+        Ok(CPush {
+            ctx: read_context(ctx_handle)?,
+            prop: read_prop(prop_handle)?,
+            priority,
+            name: opr_name(name)?,
+            const_vars,
+            mutable_vars,
+            wait,
+        })
+    }
 }
 
 /// The shared part of the four push functions.
@@ -163,7 +207,7 @@ pub(crate) unsafe fn push_c(
 
 /// # Safety
 /// `name` must be NULL or a NUL-terminated string.
-pub(crate) unsafe fn opr_name(name: *const c_char) -> Result<Option<Arc<str>>> {
+unsafe fn opr_name(name: *const c_char) -> Result<Option<Arc<str>>> {
     // SAFETY: per this function's contract.
     Ok(unsafe { ffi::opt_cstr(name, "opr_name") }?.map(engine::intern))
 }
@@ -195,15 +239,8 @@ pub unsafe extern "C" fn MXEnginePushAsync(
     ffi::call("MXEnginePushAsync", || {
         // SAFETY: per this function's contract.
         unsafe {
-            let c = CPush {
-                ctx: read_context(ctx_handle)?,
-                prop: read_prop(prop_handle)?,
-                priority,
-                name: self::opr_name(opr_name)?,
-                const_vars: var_list(const_vars_handle, num_const_vars, "const_vars_handle")?,
-                mutable_vars: var_list(mutable_vars_handle, num_mutable_vars, "mutable_vars_handle")?,
-                wait,
-            };
+            let vars = var_lists(const_vars_handle, num_const_vars, mutable_vars_handle, num_mutable_vars);
+            let c = push_args(ctx_handle, prop_handle, priority, opr_name, vars, wait)?;
             push_c(c, None, async_func, func_param, deleter)
         }
     })
@@ -231,15 +268,8 @@ pub unsafe extern "C" fn MXEnginePushSync(
     ffi::call("MXEnginePushSync", || {
         // SAFETY: per this function's contract.
         unsafe {
-            let c = CPush {
-                ctx: read_context(ctx_handle)?,
-                prop: read_prop(prop_handle)?,
-                priority,
-                name: self::opr_name(opr_name)?,
-                const_vars: var_list(const_vars_handle, num_const_vars, "const_vars_handle")?,
-                mutable_vars: var_list(mutable_vars_handle, num_mutable_vars, "mutable_vars_handle")?,
-                wait: false,
-            };
+            let vars = var_lists(const_vars_handle, num_const_vars, mutable_vars_handle, num_mutable_vars);
+            let c = push_args(ctx_handle, prop_handle, priority, opr_name, vars, false)?;
             push_c(c, sync_func, None, func_param, deleter)
         }
     })

@@ -1,11 +1,11 @@
 //! C API: NDArray handles (creation, free, shape, dtype, context, synchronous copies, waits)
 //! and the engine's NDArray push variants.
 
-use super::engine::{opr_name, push_c, read_context, CPush, EngineAsyncFunc, EngineFuncParamDeleter, EngineSyncFunc};
+use super::engine::{push_args, push_c, EngineAsyncFunc, EngineFuncParamDeleter, EngineSyncFunc};
 use super::ffi::{self, out};
 use super::types::{ContextHandle, EngineFnPropertyHandle, NDArrayHandle};
 use crate::context::Context;
-use crate::engine::{FnProperty, Var};
+use crate::engine::Var;
 use crate::error::{Error, Result};
 use crate::handle::HandleTable;
 use crate::ndarray::{DType, NDArray};
@@ -115,25 +115,37 @@ pub extern "C" fn MXNDArrayFree(handle: NDArrayHandle) -> c_int {
     })
 }
 
+/// Write `handle`'s shape, converted to `T`, into a per-thread buffer.
+///
+/// # Safety
+/// Out-params must be NULL or valid for writes.
+unsafe fn shape_out<T: TryFrom<usize> + Copy + 'static, D: TryFrom<usize>>(
+    buffer: &'static std::thread::LocalKey<RefCell<Vec<T>>>,
+    handle: NDArrayHandle,
+    out_dim: *mut D,
+    out_pdata: *mut *const T,
+) -> Result<()> {
+    // SAFETY: per this function's contract.
+    let (dim, pdata) = unsafe { (out(out_dim, "out_dim")?, out(out_pdata, "out_pdata")?) };
+    let nd = arrays().get(handle)?;
+    let too_big = || Error::value(format!("shape {:?} does not fit the requested integer type", nd.shape));
+    let dims = nd.shape.iter().map(|&d| T::try_from(d).map_err(|_| too_big())).collect::<Result<Vec<T>>>()?;
+    *dim = D::try_from(dims.len()).map_err(|_| too_big())?;
+    *pdata = buffer.with(|b| {
+        *b.borrow_mut() = dims;
+        b.borrow().as_ptr()
+    });
+    Ok(())
+}
+
 /// The shape as uint32 values in a per-thread buffer.
 ///
 /// # Safety
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXNDArrayGetShape(handle: NDArrayHandle, out_dim: *mut u32, out_pdata: *mut *const u32) -> c_int {
-    ffi::call("MXNDArrayGetShape", || {
-        // SAFETY: per this function's contract.
-        let (dim, pdata) = unsafe { (out(out_dim, "out_dim")?, out(out_pdata, "out_pdata")?) };
-        let nd = arrays().get(handle)?;
-        let dims = nd.shape.iter().map(|&d| u32::try_from(d)).collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|_| Error::value(format!("shape {:?} does not fit 32-bit dimensions", nd.shape)))?;
-        *dim = dims.len() as u32;
-        *pdata = SHAPE_U32.with(|b| {
-            *b.borrow_mut() = dims;
-            b.borrow().as_ptr()
-        });
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    ffi::call("MXNDArrayGetShape", || unsafe { shape_out(&SHAPE_U32, handle, out_dim, out_pdata) })
 }
 
 /// The shape as int values in a per-thread buffer; an empty (none) array has ndim 0.
@@ -142,19 +154,8 @@ pub unsafe extern "C" fn MXNDArrayGetShape(handle: NDArrayHandle, out_dim: *mut 
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXNDArrayGetShapeEx(handle: NDArrayHandle, out_dim: *mut c_int, out_pdata: *mut *const c_int) -> c_int {
-    ffi::call("MXNDArrayGetShapeEx", || {
-        // SAFETY: per this function's contract.
-        let (dim, pdata) = unsafe { (out(out_dim, "out_dim")?, out(out_pdata, "out_pdata")?) };
-        let nd = arrays().get(handle)?;
-        let dims = nd.shape.iter().map(|&d| i32::try_from(d)).collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|_| Error::value(format!("shape {:?} does not fit int dimensions", nd.shape)))?;
-        *dim = dims.len() as c_int;
-        *pdata = SHAPE_I32.with(|b| {
-            *b.borrow_mut() = dims;
-            b.borrow().as_ptr()
-        });
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    ffi::call("MXNDArrayGetShapeEx", || unsafe { shape_out(&SHAPE_I32, handle, out_dim, out_pdata) })
 }
 
 /// The dtype code; -1 for an empty (none) array.
@@ -274,15 +275,9 @@ unsafe fn push_nd(
 ) -> Result<()> {
     // SAFETY: per this function's contract.
     unsafe {
-        let c = CPush {
-            ctx: read_context(ctx_handle)?,
-            prop: if prop_handle.is_null() { FnProperty::Normal } else { FnProperty::from_code(*(prop_handle as *const i32))? },
-            priority,
-            name: opr_name(name)?,
-            const_vars: nd_vars(const_nds, num_const, "const_nds_handle")?,
-            mutable_vars: nd_vars(mutable_nds, num_mutable, "mutable_nds_handle")?,
-            wait,
-        };
+        let vars = nd_vars(const_nds, num_const, "const_nds_handle")
+            .and_then(|r| Ok((r, nd_vars(mutable_nds, num_mutable, "mutable_nds_handle")?)));
+        let c = push_args(ctx_handle, prop_handle, priority, name, vars, wait)?;
         push_c(c, sync_func, async_func, func_param, deleter)
     }
 }

@@ -1,0 +1,105 @@
+/* NDArray basics through the public header: create/free (NULL, double free), shape, dtype,
+ * context, synchronous copies, waits, the engine's ND push variants, bad input. */
+#include <mxnet/c_api.h>
+
+#include <stdio.h>
+#include <string.h>
+
+static int failures = 0;
+#define CHECK(cond)                                                                       \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      fprintf(stderr, "%s:%d: check failed: %s\n  last error: %s\n", __FILE__, __LINE__,  \
+              #cond, MXGetLastError());                                                   \
+      failures++;                                                                         \
+    }                                                                                     \
+  } while (0)
+
+static const int cpu_ctx[2] = {1, 0};
+
+typedef struct {
+  NDArrayHandle src, dst;
+  int ran;
+} scale_job;
+
+/* Doubles 6 floats: reads src, writes dst, through pointers fetched before the push. */
+static float *src_data, *dst_data;
+static void scale(void *rctx, void *param) {
+  int i;
+  (void)rctx;
+  for (i = 0; i < 6; i++) dst_data[i] = 2.0f * src_data[i];
+  ((scale_job *)param)->ran += 1;
+}
+
+int main(void) {
+  NDArrayHandle a = NULL, b = NULL, none = NULL, d = NULL;
+  uint32_t shape[2] = {2, 3};
+  uint32_t ndim = 0;
+  const uint32_t *dims = NULL;
+  int ndim_ex = 0, dtype = -2, dev_type = -1, dev_id = -1;
+  const int *dims_ex = NULL;
+  float in[6] = {1, 2, 3, 4, 5, 6}, out_buf[6] = {0};
+  double big[6];
+  scale_job job = {NULL, NULL, 0};
+  int i;
+
+  CHECK(MXNDArrayCreateEx(shape, 2, 1, 0, 0, 0, &a) == 0);
+  CHECK(MXNDArrayGetShape(a, &ndim, &dims) == 0 && ndim == 2 && dims[0] == 2 && dims[1] == 3);
+  CHECK(MXNDArrayGetShapeEx(a, &ndim_ex, &dims_ex) == 0 && ndim_ex == 2 && dims_ex[1] == 3);
+  CHECK(MXNDArrayGetDType(a, &dtype) == 0 && dtype == 0);
+  CHECK(MXNDArrayGetContext(a, &dev_type, &dev_id) == 0 && dev_type == 1 && dev_id == 0);
+
+  CHECK(MXNDArraySyncCopyFromCPU(a, in, 6) == 0);
+  CHECK(MXNDArraySyncCopyToCPU(a, out_buf, 6) == 0 && memcmp(in, out_buf, sizeof in) == 0);
+  CHECK(MXNDArraySyncCopyToCPU(a, out_buf, 5) == -1); /* sizes are element counts */
+  CHECK(strstr(MXGetLastError(), "5 elements") != NULL);
+  CHECK(MXNDArraySyncCopyFromCPU(a, NULL, 6) == -1);
+
+  /* A float64 array, an empty one, and bad input. */
+  CHECK(MXNDArrayCreateEx(shape, 2, 1, 0, 1, 1, &d) == 0);
+  for (i = 0; i < 6; i++) big[i] = i * 0.5;
+  CHECK(MXNDArraySyncCopyFromCPU(d, big, 6) == 0);
+  CHECK(MXNDArrayGetDType(d, &dtype) == 0 && dtype == 1);
+  CHECK(MXNDArrayCreateNone(&none) == 0);
+  CHECK(MXNDArrayGetDType(none, &dtype) == 0 && dtype == -1);
+  CHECK(MXNDArrayGetShapeEx(none, &ndim_ex, &dims_ex) == 0 && ndim_ex == 0);
+  CHECK(MXNDArrayCreateEx(shape, 2, 1, 0, 0, 9, &b) == -1);
+  CHECK(strncmp(MXGetLastError(), "TypeError: unknown dtype code 9", 31) == 0);
+  CHECK(MXNDArrayCreateEx(shape, 2, 2, 0, 0, 0, &b) == -1); /* no GPU */
+  CHECK(MXNDArrayCreateEx(shape, 2, 4, 0, 0, 0, &b) == -1); /* unknown device type */
+  CHECK(MXNDArrayCreateEx(NULL, 2, 1, 0, 0, 0, &b) == -1);
+  {
+    uint32_t huge[3] = {4294967295u, 4294967295u, 4294967295u};
+    CHECK(MXNDArrayCreateEx(huge, 3, 1, 0, 1, 0, &b) == -1);
+    CHECK(strstr(MXGetLastError(), "too large") != NULL);
+  }
+
+  /* The engine's ND variants: b = 2 * a, ordered after the copy into a, before the read. */
+  CHECK(MXNDArrayCreateEx(shape, 2, 1, 0, 0, 0, &b) == 0);
+  /* The function works on host buffers; the engine orders it after writes to a, before b's reads. */
+  src_data = in;
+  dst_data = out_buf;
+  job.src = a;
+  job.dst = b;
+  CHECK(MXEnginePushSyncND(scale, &job, NULL, cpu_ctx, &a, 1, &b, 1, NULL, 0, "scale") == 0);
+  CHECK(MXNDArrayWaitToRead(b) == 0 && job.ran == 1 && out_buf[5] == 12.0f);
+  CHECK(MXEnginePushSyncND(scale, &job, NULL, cpu_ctx, &a, 1, &a, 1, NULL, 0, NULL) == -1);
+  CHECK(MXEnginePushSyncND(scale, &job, NULL, cpu_ctx, &none, 1, &b, 1, NULL, 0, NULL) == -1);
+  CHECK(MXNDArrayWaitToWrite(a) == 0);
+  CHECK(MXNDArrayWaitAll() == 0);
+
+  /* Free: NULL is fine, a second free is detected, a freed handle is refused. */
+  CHECK(MXNDArrayFree(NULL) == 0);
+  CHECK(MXNDArrayFree(a) == 0);
+  CHECK(MXNDArrayFree(a) == -1 && strstr(MXGetLastError(), "already freed") != NULL);
+  CHECK(MXNDArrayGetDType(a, &dtype) == -1);
+  CHECK(MXNDArrayWaitToRead((NDArrayHandle)0x42) == -1);
+  CHECK(MXNDArrayFree(b) == 0 && MXNDArrayFree(d) == 0 && MXNDArrayFree(none) == 0);
+
+  if (failures != 0) {
+    fprintf(stderr, "ndarray: %d checks failed\n", failures);
+    return 1;
+  }
+  printf("ndarray: all checks passed\n");
+  return 0;
+}
