@@ -783,9 +783,9 @@ fn check_distinct(const_vars: &[Arc<Var>], mutable_vars: &[Arc<Var>]) -> Result<
         )
     };
     if n <= 8 {
-        let all: Vec<*const Var> = const_vars.iter().chain(mutable_vars).map(Arc::as_ptr).collect();
+        let at = |i: usize| Arc::as_ptr(if i < const_vars.len() { &const_vars[i] } else { &mutable_vars[i - const_vars.len()] });
         for i in 0..n {
-            if all[i + 1..].contains(&all[i]) {
+            if (i + 1..n).any(|j| at(j) == at(i)) {
                 return Err(dup());
             }
         }
