@@ -894,6 +894,39 @@ pub fn intern(name: &str) -> Arc<str> {
     n
 }
 
+/// How a graph executor bulks operations (seeds 000/001, "Execution Options"): read at each
+/// bind, so a change applies to the next executor or hybridized block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecBulk {
+    /// Run the whole graph as one bulk during inference.
+    pub inference: bool,
+    /// Run training graphs as bulked segments.
+    pub train: bool,
+    /// Largest segment during training.
+    pub max_node_train: usize,
+}
+
+impl ExecBulk {
+    /// The settings from `MXNET_EXEC_BULK_EXEC_INFERENCE`, `_TRAIN` and `_MAX_NODE_TRAIN`.
+    pub fn from_config(reg: &config::Registry) -> Result<Self> {
+        const BY: &str = "executor bind";
+        Ok(ExecBulk {
+            inference: reg.get_bool("MXNET_EXEC_BULK_EXEC_INFERENCE", BY)?.unwrap_or(true),
+            train: reg.get_bool("MXNET_EXEC_BULK_EXEC_TRAIN", BY)?.unwrap_or(true),
+            max_node_train: reg.get_int("MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN", BY)?.unwrap_or(15) as usize,
+        })
+    }
+
+    /// The bulk size for a graph of `nodes` operations.
+    pub fn segment_size(&self, training: bool, nodes: usize) -> usize {
+        match (training, self.train, self.inference) {
+            (true, true, _) => self.max_node_train.max(1),
+            (false, _, true) => nodes.max(1),
+            _ => 1,
+        }
+    }
+}
+
 // --- the process-wide engine ---
 
 static GLOBAL: std::sync::atomic::AtomicPtr<Engine> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());

@@ -555,3 +555,24 @@ fn bench_push_cost() {
         }
     }
 }
+
+#[test]
+fn exec_bulk_settings_follow_the_configuration() {
+    use crate::config::{vars::VARS, MapEnv, Registry};
+    let reg = Registry::new(VARS, Box::new(MapEnv::with(&[])));
+    let b = ExecBulk::from_config(&reg).unwrap();
+    assert_eq!(b, ExecBulk { inference: true, train: true, max_node_train: 15 });
+    assert_eq!((b.segment_size(true, 100), b.segment_size(false, 100)), (15, 100));
+    let reg = Registry::new(
+        VARS,
+        Box::new(MapEnv::with(&[("MXNET_EXEC_BULK_EXEC_TRAIN", "0"), ("MXNET_EXEC_BULK_EXEC_INFERENCE", "0")])),
+    );
+    let b = ExecBulk::from_config(&reg).unwrap();
+    assert_eq!((b.segment_size(true, 100), b.segment_size(false, 100)), (1, 1));
+    // Dynamic: the next bind sees a change.
+    reg.set_env("MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN", Some("3")).unwrap();
+    reg.set_env("MXNET_EXEC_BULK_EXEC_TRAIN", Some("1")).unwrap();
+    assert_eq!(ExecBulk::from_config(&reg).unwrap().segment_size(true, 100), 3);
+    let bad = Registry::new(VARS, Box::new(MapEnv::with(&[("MXNET_EXEC_BULK_EXEC_TRAIN", "yes")])));
+    assert!(ExecBulk::from_config(&bad).unwrap_err().to_string().contains("MXNET_EXEC_BULK_EXEC_TRAIN"));
+}
