@@ -349,6 +349,18 @@ int MXEnginePushSyncND(EngineSyncFunc sync_func,
                        int priority,
                        const char *opr_name);
 
+// Return the cached memory of the context's pool to the system.
+int MXStorageEmptyCache(int dev_type, int dev_id);
+
+// mxnet-rt addition: storage statistics as JSON, one object per context used so far
+// (`{"cpu(0)": {"pool_type", "bytes_in_use", "bytes_cached", "peak_bytes_in_use",
+// "allocations", "cache_hits", "allocator_calls", "oom_retries"}}`). The string stays valid
+// until the next call on this thread that returns a string.
+//
+// # Safety
+// `out_json` must be NULL or valid for writes.
+int MXStorageGetStats(const char **out_json);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -6,5 +6,6 @@ pub mod engine;
 pub mod env;
 pub mod ffi;
 pub mod ndarray;
+pub mod storage;
 pub mod testing;
 pub mod types;

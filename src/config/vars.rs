@@ -80,6 +80,12 @@ pub static VARS: &[VarSpec] = &[
         "Round pool: below 2^T round to a power of two, above it to a multiple of 2^T."),
     var("MXNET_GPU_MEM_LARGE_ALLOC_ROUND_SIZE", POS_INT, Some("2097152"), Once, Reserved, MEMORY,
         "Naive pool: allocations larger than this are rounded up to a multiple of it; 1 disables."),
+    var("MXNET_CPU_MEM_POOL_TYPE", VarType::Choice(&["Naive", "Round", "Unpooled"]), Some("Naive"), Once, Active, MEMORY,
+        "CPU memory pool (as later MXNet versions name it): Naive, Round or Unpooled, as for GPUs."),
+    var("MXNET_CPU_MEM_POOL_ROUND_LINEAR_CUTOFF", VarType::Int { min: 0, max: 62 }, Some("24"), Once, Active, MEMORY,
+        "CPU Round pool: below 2^T round to a power of two, above it to a multiple of 2^T."),
+    var("MXNET_CPU_MEM_LARGE_ALLOC_ROUND_SIZE", POS_INT, Some("2097152"), Once, Active, MEMORY,
+        "CPU Naive pool: allocations larger than this are rounded up to a multiple of it; 1 disables."),
     // --- Engine ---
     var("MXNET_ENGINE_TYPE", VarType::Choice(&["NaiveEngine", "ThreadedEngine", "ThreadedEnginePerDevice"]),
         Some("ThreadedEnginePerDevice"), Once, Active, ENGINE,

@@ -1,21 +1,31 @@
-//! Storage: blocks of device memory.
+//! Storage: device memory for arrays, through per-context pools.
 //!
-//! Owns: [`Block`], a 64-byte aligned CPU allocation that frees itself, and the allocation
-//! error that names the context and the size. The pooled storage manager (bucketing
-//! policies over an allocator trait, statistics) builds on this in the storage issue.
+//! Owns: the storage manager (one [`pool::Pool`] per context, created at first use with the
+//! bucketing policy from the configuration), [`Block`] (a pooled allocation that returns to
+//! its pool when dropped), `MXStorageEmptyCache` and the per-context statistics. Pools sit on
+//! the [`alloc::Allocator`] trait; CPU memory comes from [`alloc::CpuAllocator`], a CUDA
+//! allocator plugs in there later.
 
-use crate::context::Context;
-use crate::error::{Error, Result};
-use std::alloc::{alloc_zeroed, dealloc, Layout};
+pub mod alloc;
+pub mod pool;
+
+pub use alloc::ALIGN;
+
+use crate::config;
+use crate::context::{Context, DevType};
+use crate::error::Result;
+use parking_lot::Mutex;
+use pool::{Bucketing, Pool};
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
+use std::sync::OnceLock;
 
-/// Alignment of every CPU block (a cache line, and enough for any SIMD load).
-pub const ALIGN: usize = 64;
-
-/// A block of memory on one context.
+/// A block of memory on one context, returned to its pool when dropped.
 pub struct Block {
     ptr: NonNull<u8>,
     size: usize,
+    /// (pool, bucket size); `None` for a zero-sized block.
+    from: Option<(&'static Pool, usize)>,
     ctx: Context,
 }
 
@@ -25,23 +35,20 @@ unsafe impl Send for Block {}
 unsafe impl Sync for Block {}
 
 impl Block {
-    /// Allocate `size` zeroed bytes on `ctx` (host memory only in this build).
+    /// At least `size` bytes on `ctx`, 64-byte aligned, not zeroed.
     pub fn alloc(size: usize, ctx: Context) -> Result<Block> {
         ctx.check_available()?;
         if size == 0 {
-            return Ok(Block { ptr: NonNull::<[u8; ALIGN]>::dangling().cast(), size, ctx });
+            return Ok(Block { ptr: NonNull::<[u8; ALIGN]>::dangling().cast(), size, from: None, ctx });
         }
-        let layout = Layout::from_size_align(size, ALIGN)
-            .map_err(|_| Error::value(format!("cannot allocate {size} bytes on {ctx}: size too large")))?;
-        // SAFETY: layout has a non-zero size.
-        let p = unsafe { alloc_zeroed(layout) };
-        NonNull::new(p).map(|ptr| Block { ptr, size, ctx }).ok_or_else(|| {
-            Error::mxnet(format!("out of memory: cannot allocate {size} bytes on {ctx}"))
-        })
+        let pool = manager().pool(ctx)?;
+        let (ptr, bucket) = pool.alloc(size)?;
+        Ok(Block { ptr, size, from: Some((pool, bucket)), ctx })
     }
     pub fn ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
+    /// The requested size.
     pub fn size(&self) -> usize {
         self.size
     }
@@ -52,10 +59,72 @@ impl Block {
 
 impl Drop for Block {
     fn drop(&mut self) {
-        if self.size > 0 {
-            // SAFETY: allocated in `alloc` with this size and alignment.
-            unsafe { dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.size, ALIGN)) }
+        if let Some((pool, bucket)) = self.from {
+            // SAFETY: allocated from this pool with this bucket, freed once (here).
+            unsafe { pool.free(self.ptr, bucket) }
         }
+    }
+}
+
+/// The per-context pools.
+pub struct Manager {
+    pools: Mutex<BTreeMap<Context, &'static Pool>>,
+}
+
+/// The process-wide storage manager.
+pub fn manager() -> &'static Manager {
+    static M: OnceLock<Manager> = OnceLock::new();
+    M.get_or_init(|| Manager { pools: Mutex::new(BTreeMap::new()) })
+}
+
+/// The pool policy for a device type, from the configuration (read once per context).
+fn policy_for(dev: DevType) -> Result<Bucketing> {
+    let reg = config::global();
+    let (ty, cutoff, round) = if dev == DevType::Gpu {
+        ("MXNET_GPU_MEM_POOL_TYPE", "MXNET_GPU_MEM_POOL_ROUND_LINEAR_CUTOFF", "MXNET_GPU_MEM_LARGE_ALLOC_ROUND_SIZE")
+    } else {
+        ("MXNET_CPU_MEM_POOL_TYPE", "MXNET_CPU_MEM_POOL_ROUND_LINEAR_CUTOFF", "MXNET_CPU_MEM_LARGE_ALLOC_ROUND_SIZE")
+    };
+    const BY: &str = "storage pool start";
+    Ok(match reg.get_str(ty, BY)?.as_deref() {
+        Some("Round") => Bucketing::Round { cutoff: reg.get_int(cutoff, BY)?.unwrap_or(24) as u32 },
+        Some("Unpooled") => Bucketing::Unpooled,
+        _ => Bucketing::Naive { large_round: reg.get_int(round, BY)?.unwrap_or(2 << 20) as usize },
+    })
+}
+
+impl Manager {
+    /// The pool of `ctx`, created at first use.
+    pub fn pool(&self, ctx: Context) -> Result<&'static Pool> {
+        let mut pools = self.pools.lock();
+        if let Some(p) = pools.get(&ctx) {
+            return Ok(p);
+        }
+        ctx.check_available()?;
+        let allocator = Box::new(alloc::CpuAllocator { ctx });
+        let pool: &'static Pool = Box::leak(Box::new(Pool::new(policy_for(ctx.dev_type)?, allocator)));
+        pools.insert(ctx, pool);
+        Ok(pool)
+    }
+
+    /// `MXStorageEmptyCache`: return the cached blocks of `ctx` to the system; returns the
+    /// bytes released (0 for a context never used).
+    pub fn empty_cache(&self, ctx: Context) -> Result<usize> {
+        ctx.check_available()?;
+        let pool = self.pools.lock().get(&ctx).copied();
+        Ok(pool.map_or(0, |p| p.empty_cache()))
+    }
+
+    /// Statistics of every context used so far, keyed by `cpu(0)` etc.
+    pub fn stats_json(&self) -> serde_json::Value {
+        let pools = self.pools.lock();
+        let mut out = serde_json::Map::new();
+        for (ctx, pool) in pools.iter() {
+            let mut v = serde_json::to_value(pool.stats()).unwrap_or_default();
+            v["pool_type"] = serde_json::json!(pool.policy().name());
+            out.insert(ctx.to_string(), v);
+        }
+        serde_json::Value::Object(out)
     }
 }
 
@@ -64,13 +133,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn aligned_zeroed_and_checked() {
+    fn blocks_come_from_the_context_pool_and_go_back() {
         let b = Block::alloc(1000, Context::CPU).unwrap();
         assert_eq!(b.ptr() as usize % ALIGN, 0);
-        // SAFETY: the block holds 1000 bytes.
-        assert!(unsafe { std::slice::from_raw_parts(b.ptr(), 1000) }.iter().all(|&x| x == 0));
-        assert!(Block::alloc(0, Context::CPU).unwrap().size() == 0);
+        assert_eq!(b.size(), 1000);
+        let before = manager().pool(Context::CPU).unwrap().stats();
+        drop(b);
+        let after = manager().pool(Context::CPU).unwrap().stats();
+        assert!(after.bytes_cached >= 1000 || after.bytes_in_use < before.bytes_in_use);
+        assert_eq!(Block::alloc(0, Context::CPU).unwrap().size(), 0);
         assert!(Block::alloc(usize::MAX - 10, Context::CPU).is_err());
         assert!(Block::alloc(8, Context::gpu(0)).is_err());
+        assert!(manager().stats_json()["cpu(0)"]["allocations"].as_u64().unwrap() >= 1);
     }
 }

@@ -96,6 +96,17 @@ int main(void) {
   CHECK(MXNDArrayWaitToRead((NDArrayHandle)0x42) == -1);
   CHECK(MXNDArrayFree(b) == 0 && MXNDArrayFree(d) == 0 && MXNDArrayFree(none) == 0);
 
+  /* Storage: statistics per context, and emptying the cache. */
+  {
+    const char *json = NULL;
+    CHECK(MXStorageGetStats(&json) == 0 && strstr(json, "\"cpu(0)\"") != NULL);
+    CHECK(strstr(json, "\"cache_hits\"") != NULL && strstr(json, "\"pool_type\":\"Naive\"") != NULL);
+    CHECK(MXStorageEmptyCache(1, 0) == 0);
+    CHECK(MXStorageGetStats(&json) == 0 && strstr(json, "\"bytes_cached\":0") != NULL);
+    CHECK(MXStorageEmptyCache(2, 0) == -1); /* no GPU */
+    CHECK(MXStorageEmptyCache(9, 0) == -1);
+  }
+
   if (failures != 0) {
     fprintf(stderr, "ndarray: %d checks failed\n", failures);
     return 1;

@@ -23,6 +23,7 @@ OUR_HEADER = ROOT / "include" / "mxnet" / "c_api.h"
 ADDITIONS = {
     "MXGetConfig", "MXGetNumOMPThreads",
     "MXEngineNewVar", "MXEngineDeleteVar", "MXEngineWaitForVar", "MXEngineCompleteAsync",
+    "MXStorageGetStats",
 }
 # Functions that must be checked (the foundation's share of the stock ABI).
 REQUIRED_SHARED = {
