@@ -349,6 +349,143 @@ int MXEnginePushSyncND(EngineSyncFunc sync_func,
                        int priority,
                        const char *opr_name);
 
+// A view of rows `[slice_begin, slice_end)` of axis 0, sharing memory with `handle`.
+//
+// # Safety
+// `out` must be NULL or valid for writes.
+int MXNDArraySlice(NDArrayHandle handle,
+                   uint32_t slice_begin,
+                   uint32_t slice_end,
+                   NDArrayHandle *out);
+
+// A view of row `idx` of axis 0 without that axis, sharing memory with `handle`.
+//
+// # Safety
+// `out` must be NULL or valid for writes.
+int MXNDArrayAt(NDArrayHandle handle, uint32_t idx, NDArrayHandle *out);
+
+// A view with another shape (`dims` may use MXNet's codes 0, -1, -2, -3, -4).
+//
+// # Safety
+// `dims` must point to `ndim` ints; `out` must be NULL or valid for writes.
+int MXNDArrayReshape(NDArrayHandle handle, int ndim, int *dims, NDArrayHandle *out);
+
+// A view with another shape, 64-bit dims; `reverse` applies the codes from the right.
+//
+// # Safety
+// `dims` must point to `ndim` values; `out` must be NULL or valid for writes.
+int MXNDArrayReshape64(NDArrayHandle handle,
+                       int ndim,
+                       int64_t *dims,
+                       bool reverse,
+                       NDArrayHandle *out);
+
+// Create an NDArray with 64-bit dims.
+//
+// # Safety
+// `shape` must point to `ndim` values; `out` must be NULL or valid for writes.
+int MXNDArrayCreateEx64(const int64_t *shape,
+                        int ndim,
+                        int dev_type,
+                        int dev_id,
+                        int delay_alloc,
+                        int dtype,
+                        NDArrayHandle *out);
+
+// The shape as int64 values in a per-thread buffer.
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXNDArrayGetShapeEx64(NDArrayHandle handle, int *out_dim, const int64_t **out_pdata);
+
+// The address of the array's data (allocating a delayed array). It does not wait for
+// pending operations: call MXNDArrayWaitToRead/ToWrite first.
+//
+// # Safety
+// `out_pdata` must be NULL or valid for writes.
+int MXNDArrayGetData(NDArrayHandle handle, void **out_pdata);
+
+// A new handle for the same array (same storage, variable and shape).
+//
+// # Safety
+// `out` must be NULL or valid for writes.
+int MXShallowCopyNDArray(NDArrayHandle src, NDArrayHandle *out);
+
+// Storage type: 0 dense (default), -1 for an empty (none) array. Sparse arrays are not
+// supported yet.
+//
+// # Safety
+// `out_storage_type` must be NULL or valid for writes.
+int MXNDArrayGetStorageType(NDArrayHandle handle, int *out_storage_type);
+
+// Autograd's fresh-gradient flag of the array.
+//
+// # Safety
+// `out` must be NULL or valid for writes.
+int MXNDArrayGetGradState(NDArrayHandle handle, int *out);
+
+// Set autograd's fresh-gradient flag of the array.
+int MXNDArraySetGradState(NDArrayHandle handle, int state);
+
+// Copy `handle_src` into `handle_dst` (same shape and dtype); `i` must be -1 (the data;
+// other values address sparse auxiliary arrays, not supported yet). Blocking.
+int MXNDArraySyncCopyFromNDArray(NDArrayHandle handle_dst, NDArrayHandle handle_src, int i);
+
+// Set numpy-shape semantics: 0 off, 1 on for this thread, 2 on globally; `*prev` receives
+// the previous mode.
+//
+// # Safety
+// `prev` must be NULL or valid for writes.
+int MXSetIsNumpyShape(int is_np_shape, int *prev);
+
+// The numpy-shape mode: 0 off, 1 this thread, 2 global.
+//
+// # Safety
+// `curr` must be NULL or valid for writes.
+int MXIsNumpyShape(int *curr);
+
+// Save arrays to a file; `keys` NULL saves a list, otherwise a dict with these names.
+//
+// # Safety
+// `fname` must be a string, `args` `num_args` handles, `keys` NULL or `num_args` strings.
+int MXNDArraySave(const char *fname, uint32_t num_args, NDArrayHandle *args, const char **keys);
+
+// Load a file written by MXNDArraySave (here or by stock MXNet). `*out_name_size` is 0 for
+// a list, else equal to `*out_size`. Handles and names live in per-thread buffers until the
+// next load on this thread; each handle must be freed with MXNDArrayFree.
+//
+// # Safety
+// `fname` must be a string; out-params valid for writes.
+int MXNDArrayLoad(const char *fname,
+                  uint32_t *out_size,
+                  NDArrayHandle **out_arr,
+                  uint32_t *out_name_size,
+                  const char ***out_names);
+
+// As MXNDArrayLoad, from `size` bytes in memory.
+//
+// # Safety
+// `ndarray_buffer` must point to `size` bytes; out-params valid for writes.
+int MXNDArrayLoadFromBuffer(const void *ndarray_buffer,
+                            size_t size,
+                            uint32_t *out_size,
+                            NDArrayHandle **out_arr,
+                            uint32_t *out_name_size,
+                            const char ***out_names);
+
+// One array in the binary format (pickling); the bytes live in a per-thread buffer until the
+// next call of this function on the thread.
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXNDArraySaveRawBytes(NDArrayHandle handle, size_t *out_size, const char **out_buf);
+
+// An array from the bytes of MXNDArraySaveRawBytes (unpickling).
+//
+// # Safety
+// `buf` must point to `size` bytes; `out` must be NULL or valid for writes.
+int MXNDArrayLoadFromRawBytes(const void *buf, size_t size, NDArrayHandle *out);
+
 // Return the cached memory of the context's pool to the system.
 int MXStorageEmptyCache(int dev_type, int dev_id);
 

@@ -6,6 +6,7 @@ pub mod engine;
 pub mod env;
 pub mod ffi;
 pub mod ndarray;
+pub mod ndarray_io;
 pub mod storage;
 pub mod testing;
 pub mod types;

@@ -8,9 +8,10 @@ use crate::context::Context;
 use crate::engine::Var;
 use crate::error::{Error, Result};
 use crate::handle::HandleTable;
-use crate::ndarray::{DType, NDArray};
+use crate::ndarray::{np_shape, DType, NDArray};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
 pub(crate) fn arrays() -> &'static HandleTable<NDArray> {
@@ -119,7 +120,7 @@ pub extern "C" fn MXNDArrayFree(handle: NDArrayHandle) -> c_int {
 ///
 /// # Safety
 /// Out-params must be NULL or valid for writes.
-unsafe fn shape_out<T: TryFrom<usize> + Copy + 'static, D: TryFrom<usize>>(
+unsafe fn shape_out<T: TryFrom<usize> + Copy + 'static, D: TryFrom<i64>>(
     buffer: &'static std::thread::LocalKey<RefCell<Vec<T>>>,
     handle: NDArrayHandle,
     out_dim: *mut D,
@@ -130,7 +131,10 @@ unsafe fn shape_out<T: TryFrom<usize> + Copy + 'static, D: TryFrom<usize>>(
     let nd = arrays().get(handle)?;
     let too_big = || Error::value(format!("shape {:?} does not fit the requested integer type", nd.shape));
     let dims = nd.shape.iter().map(|&d| T::try_from(d).map_err(|_| too_big())).collect::<Result<Vec<T>>>()?;
-    *dim = D::try_from(dims.len()).map_err(|_| too_big())?;
+    // An empty (none) array has an unknown shape: ndim -1 in numpy-shape mode (the
+    // frontend's `shape is None`), 0 otherwise (and 0 where the type cannot hold -1).
+    let ndim = if nd.chunk.is_none() && np_shape::get() != 0 { -1 } else { dims.len() as i64 };
+    *dim = D::try_from(ndim).or_else(|_| D::try_from(0)).map_err(|_| too_big())?;
     *pdata = buffer.with(|b| {
         *b.borrow_mut() = dims;
         b.borrow().as_ptr()
@@ -334,5 +338,235 @@ pub unsafe extern "C" fn MXEnginePushSyncND(
             push_nd(sync_func, None, func_param, deleter, ctx_handle, const_nds_handle, num_const_nds,
                 mutable_nds_handle, num_mutable_nds, prop_handle, priority, opr_name, false)
         }
+    })
+}
+
+fn new_view(handle: NDArrayHandle, make: impl FnOnce(&NDArray) -> Result<NDArray>) -> Result<NDArrayHandle> {
+    let view = arrays().with(handle, make)??;
+    Ok(arrays().insert(Arc::new(view)))
+}
+
+/// A view of rows `[slice_begin, slice_end)` of axis 0, sharing memory with `handle`.
+///
+/// # Safety
+/// `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXNDArraySlice(handle: NDArrayHandle, slice_begin: u32, slice_end: u32, out: *mut NDArrayHandle) -> c_int {
+    ffi::call("MXNDArraySlice", || {
+        // SAFETY: per this function's contract.
+        let o = unsafe { ffi::out(out, "out") }?;
+        *o = new_view(handle, |nd| nd.slice(slice_begin as usize, slice_end as usize))?;
+        Ok(())
+    })
+}
+
+/// A view of row `idx` of axis 0 without that axis, sharing memory with `handle`.
+///
+/// # Safety
+/// `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXNDArrayAt(handle: NDArrayHandle, idx: u32, out: *mut NDArrayHandle) -> c_int {
+    ffi::call("MXNDArrayAt", || {
+        // SAFETY: per this function's contract.
+        let o = unsafe { ffi::out(out, "out") }?;
+        *o = new_view(handle, |nd| nd.at(idx as usize))?;
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `dims` must point to `ndim` values when `ndim > 0`.
+unsafe fn read_dims<T: Copy + Into<i64>>(dims: *const T, ndim: c_int) -> Result<Vec<i64>> {
+    if ndim < 0 || ndim > 32 {
+        return Err(Error::value(format!("ndim must be in [0, 32], got {ndim}")));
+    }
+    if ndim > 0 && dims.is_null() {
+        return Err(Error::value(format!("dims is NULL but ndim is {ndim}")));
+    }
+    if ndim == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: per this function's contract.
+    Ok(unsafe { std::slice::from_raw_parts(dims, ndim as usize) }.iter().map(|&d| d.into()).collect())
+}
+
+/// A view with another shape (`dims` may use MXNet's codes 0, -1, -2, -3, -4).
+///
+/// # Safety
+/// `dims` must point to `ndim` ints; `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXNDArrayReshape(handle: NDArrayHandle, ndim: c_int, dims: *mut c_int, out: *mut NDArrayHandle) -> c_int {
+    ffi::call("MXNDArrayReshape", || {
+        // SAFETY: per this function's contract.
+        let (spec, o) = unsafe { (read_dims(dims as *const c_int, ndim)?, ffi::out(out, "out")?) };
+        *o = new_view(handle, |nd| nd.reshape(&spec, false))?;
+        Ok(())
+    })
+}
+
+/// A view with another shape, 64-bit dims; `reverse` applies the codes from the right.
+///
+/// # Safety
+/// `dims` must point to `ndim` values; `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXNDArrayReshape64(
+    handle: NDArrayHandle,
+    ndim: c_int,
+    dims: *mut i64,
+    reverse: bool,
+    out: *mut NDArrayHandle,
+) -> c_int {
+    ffi::call("MXNDArrayReshape64", || {
+        // SAFETY: per this function's contract.
+        let (spec, o) = unsafe { (read_dims(dims as *const i64, ndim)?, ffi::out(out, "out")?) };
+        *o = new_view(handle, |nd| nd.reshape(&spec, reverse))?;
+        Ok(())
+    })
+}
+
+/// Create an NDArray with 64-bit dims.
+///
+/// # Safety
+/// `shape` must point to `ndim` values; `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXNDArrayCreateEx64(
+    shape: *const i64,
+    ndim: c_int,
+    dev_type: c_int,
+    dev_id: c_int,
+    delay_alloc: c_int,
+    dtype: c_int,
+    out: *mut NDArrayHandle,
+) -> c_int {
+    ffi::call("MXNDArrayCreateEx64", || {
+        // SAFETY: per this function's contract.
+        let (dims, o) = unsafe { (read_dims(shape, ndim)?, ffi::out(out, "out")?) };
+        let shape = dims
+            .iter()
+            .map(|&d| usize::try_from(d).map_err(|_| Error::value(format!("negative dimension {d} in shape {dims:?}"))))
+            .collect::<Result<Vec<_>>>()?;
+        *o = create(shape, dev_type, dev_id, delay_alloc, dtype)?;
+        Ok(())
+    })
+}
+
+thread_local! {
+    static SHAPE_I64: RefCell<Vec<i64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The shape as int64 values in a per-thread buffer.
+///
+/// # Safety
+/// Out-params must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXNDArrayGetShapeEx64(handle: NDArrayHandle, out_dim: *mut c_int, out_pdata: *mut *const i64) -> c_int {
+    // SAFETY: per this function's contract.
+    ffi::call("MXNDArrayGetShapeEx64", || unsafe { shape_out(&SHAPE_I64, handle, out_dim, out_pdata) })
+}
+
+/// The address of the array's data (allocating a delayed array). It does not wait for
+/// pending operations: call MXNDArrayWaitToRead/ToWrite first.
+///
+/// # Safety
+/// `out_pdata` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXNDArrayGetData(handle: NDArrayHandle, out_pdata: *mut *mut c_void) -> c_int {
+    ffi::call("MXNDArrayGetData", || {
+        // SAFETY: per this function's contract.
+        let o = unsafe { ffi::out(out_pdata, "out_pdata") }?;
+        *o = arrays().with(handle, |nd| nd.data())?? as *mut c_void;
+        Ok(())
+    })
+}
+
+/// A new handle for the same array (same storage, variable and shape).
+///
+/// # Safety
+/// `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXShallowCopyNDArray(src: NDArrayHandle, out: *mut NDArrayHandle) -> c_int {
+    ffi::call("MXShallowCopyNDArray", || {
+        // SAFETY: per this function's contract.
+        let o = unsafe { ffi::out(out, "out") }?;
+        *o = arrays().insert(arrays().get(src)?);
+        Ok(())
+    })
+}
+
+/// Storage type: 0 dense (default), -1 for an empty (none) array. Sparse arrays are not
+/// supported yet.
+///
+/// # Safety
+/// `out_storage_type` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXNDArrayGetStorageType(handle: NDArrayHandle, out_storage_type: *mut c_int) -> c_int {
+    ffi::call("MXNDArrayGetStorageType", || {
+        // SAFETY: per this function's contract.
+        let o = unsafe { ffi::out(out_storage_type, "out_storage_type") }?;
+        *o = arrays().with(handle, |nd| if nd.chunk.is_none() { -1 } else { 0 })?;
+        Ok(())
+    })
+}
+
+/// Autograd's fresh-gradient flag of the array.
+///
+/// # Safety
+/// `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXNDArrayGetGradState(handle: NDArrayHandle, out: *mut c_int) -> c_int {
+    ffi::call("MXNDArrayGetGradState", || {
+        // SAFETY: per this function's contract.
+        let o = unsafe { ffi::out(out, "out") }?;
+        *o = arrays().with(handle, |nd| nd.chunk.as_ref().is_some_and(|c| c.fresh_grad.load(Ordering::Acquire)))? as c_int;
+        Ok(())
+    })
+}
+
+/// Set autograd's fresh-gradient flag of the array.
+#[no_mangle]
+pub extern "C" fn MXNDArraySetGradState(handle: NDArrayHandle, state: c_int) -> c_int {
+    ffi::call("MXNDArraySetGradState", || {
+        arrays().with(handle, |nd| nd.chunk().map(|c| c.fresh_grad.store(state != 0, Ordering::Release)))?
+    })
+}
+
+/// Copy `handle_src` into `handle_dst` (same shape and dtype); `i` must be -1 (the data;
+/// other values address sparse auxiliary arrays, not supported yet). Blocking.
+#[no_mangle]
+pub extern "C" fn MXNDArraySyncCopyFromNDArray(handle_dst: NDArrayHandle, handle_src: NDArrayHandle, i: c_int) -> c_int {
+    ffi::call("MXNDArraySyncCopyFromNDArray", || {
+        if i != -1 {
+            return Err(Error::not_supported(format!("copying sparse auxiliary array {i}")));
+        }
+        let (dst, src) = (arrays().get(handle_dst)?, arrays().get(handle_src)?);
+        dst.copy_from(&src)
+    })
+}
+
+/// Set numpy-shape semantics: 0 off, 1 on for this thread, 2 on globally; `*prev` receives
+/// the previous mode.
+///
+/// # Safety
+/// `prev` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXSetIsNumpyShape(is_np_shape: c_int, prev: *mut c_int) -> c_int {
+    ffi::call("MXSetIsNumpyShape", || {
+        // SAFETY: per this function's contract.
+        let p = unsafe { ffi::out(prev, "prev") }?;
+        *p = np_shape::set(is_np_shape)?;
+        Ok(())
+    })
+}
+
+/// The numpy-shape mode: 0 off, 1 this thread, 2 global.
+///
+/// # Safety
+/// `curr` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXIsNumpyShape(curr: *mut c_int) -> c_int {
+    ffi::call("MXIsNumpyShape", || {
+        // SAFETY: per this function's contract.
+        *unsafe { ffi::out(curr, "curr") }? = np_shape::get();
+        Ok(())
     })
 }

@@ -1,14 +1,20 @@
 //! NDArrays: shape, dtype and context over shared storage with one engine variable.
 //!
 //! Owns: [`DType`] (stock codes), [`NDArray`] (a view: shape and byte offset into a
-//! [`Chunk`]) and [`Chunk`] (the storage and the engine variable every view of it shares).
+//! [`Chunk`]), [`Chunk`] (the storage and the engine variable every view of it shares),
+//! views (slice, at, reshape with MXNet's special values), numpy-shape mode ([`np_shape`]),
+//! host copies (parallel above `MXNET_CPU_PARALLEL_COPY_SIZE`) and the file format ([`io`]).
 //! Data is touched only inside engine operations that list the chunk's variable, or after
 //! waiting for it; a chunk (and its memory) lives until the last view and the last pending
 //! operation that holds it are gone.
 
+pub mod io;
+
+use crate::config;
 use crate::context::Context;
 use crate::engine::{self, Push, Var};
 use crate::error::{Error, Result};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// Element types with stock's codes.
@@ -72,6 +78,8 @@ pub struct Chunk {
     pub var: Arc<Var>,
     pub ctx: Context,
     bytes: usize,
+    /// Autograd's "fresh gradient" flag (`MXNDArrayGet/SetGradState`).
+    pub fresh_grad: AtomicBool,
 }
 
 impl Chunk {
@@ -95,6 +103,17 @@ pub struct NDArray {
     pub offset: usize,
 }
 
+impl std::fmt::Debug for NDArray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NDArray")
+            .field("shape", &self.shape)
+            .field("dtype", &self.dtype)
+            .field("ctx", &self.ctx())
+            .field("offset", &self.offset)
+            .finish()
+    }
+}
+
 /// Number of elements and bytes of `shape` in `dtype`, refusing overflow.
 pub fn byte_size(shape: &[usize], dtype: DType) -> Result<(usize, usize)> {
     let too_big = || Error::value(format!("shape {shape:?} of {} is too large", dtype.name()));
@@ -111,7 +130,7 @@ impl NDArray {
     pub fn new(shape: Vec<usize>, ctx: Context, dtype: DType, delay_alloc: bool) -> Result<Self> {
         let (_, bytes) = byte_size(&shape, dtype)?;
         ctx.check_available()?;
-        let chunk = Arc::new(Chunk { var: Var::new(), ctx, bytes });
+        let chunk = Arc::new(Chunk { var: Var::new(), ctx, bytes, fresh_grad: AtomicBool::new(false) });
         if !delay_alloc {
             chunk.data()?;
         }
@@ -147,6 +166,88 @@ impl NDArray {
         Ok(elements * self.dtype.size())
     }
 
+    /// The data address of this view (allocating a delayed array).
+    pub fn data(&self) -> Result<*mut u8> {
+        Ok(self.chunk()?.data()?.wrapping_add(self.offset))
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.shape.iter().skip(1).product::<usize>() * self.dtype.size()
+    }
+
+    /// Rows `begin..end` of axis 0: a view sharing storage and variable.
+    pub fn slice(&self, begin: usize, end: usize) -> Result<NDArray> {
+        self.chunk()?;
+        let n = *self.shape.first().ok_or_else(|| Error::value("cannot slice a 0-d array"))?;
+        if begin >= end || end > n {
+            return Err(Error::index(format!("slice [{begin}, {end}) is out of range for axis 0 of length {n}")));
+        }
+        let mut shape = self.shape.clone();
+        shape[0] = end - begin;
+        Ok(NDArray { shape, offset: self.offset + begin * self.row_bytes(), ..self.clone() })
+    }
+
+    /// Row `idx` of axis 0 without that axis (a 1-d array gives shape `(1,)` in legacy mode,
+    /// `()` in numpy-shape mode).
+    pub fn at(&self, idx: usize) -> Result<NDArray> {
+        self.chunk()?;
+        let n = *self.shape.first().ok_or_else(|| Error::value("cannot index a 0-d array"))?;
+        if idx >= n {
+            return Err(Error::index(format!("index {idx} is out of range for axis 0 of length {n}")));
+        }
+        let mut shape = self.shape[1..].to_vec();
+        if shape.is_empty() && np_shape::get() == 0 {
+            shape.push(1);
+        }
+        Ok(NDArray { shape, offset: self.offset + idx * self.row_bytes(), ..self.clone() })
+    }
+
+    /// The same data with another shape (MXNet's reshape codes 0, -1, -2, -3, -4; `reverse`
+    /// applies them from the right).
+    pub fn reshape(&self, spec: &[i64], reverse: bool) -> Result<NDArray> {
+        self.chunk()?;
+        let shape = infer_reshape(&self.shape, spec, reverse)?;
+        Ok(NDArray { shape, ..self.clone() })
+    }
+
+    /// Copy `src` (same shape and dtype) into this array, ordered after pending work on both;
+    /// returns when done.
+    pub fn copy_from(&self, src: &NDArray) -> Result<()> {
+        if src.shape != self.shape || src.dtype != self.dtype {
+            return Err(Error::value(format!(
+                "cannot copy an array of shape {:?} {} into one of shape {:?} {}",
+                src.shape,
+                src.dtype.name(),
+                self.shape,
+                self.dtype.name()
+            )));
+        }
+        let (s, d) = (src.chunk()?.clone(), self.chunk()?.clone());
+        if Arc::ptr_eq(&s, &d) {
+            return if src.offset == self.offset {
+                Ok(())
+            } else {
+                Err(Error::not_supported("copying between views of the same array"))
+            };
+        }
+        let bytes = self.size() * self.dtype.size();
+        let (sp, dp) = (SendPtr(src.data()?), SendPtr(self.data()?));
+        let mut p = Push::sync(
+            move |_| {
+                let (sp, dp) = (sp, dp);
+                // SAFETY: both ranges lie in their chunks, held for reading and writing.
+                unsafe { copy_bytes(sp.0, dp.0, bytes) };
+                Ok(())
+            },
+            vec![s.var.clone()],
+            vec![d.var.clone()],
+        );
+        p.wait = true;
+        p.name = Some(engine::intern("CopyCPU2CPU"));
+        engine::global()?.push(p)?;
+        take_failure(&d.var)
+    }
+
     /// Copy `elements` elements from host memory into the array, after its pending reads and
     /// writes; returns when done.
     ///
@@ -162,7 +263,7 @@ impl NDArray {
                 let (s, d) = (src, dst);
                 // SAFETY: the caller keeps `src` valid until this (waited-for) op finished;
                 // the destination range lies in the chunk, which this op holds for writing.
-                unsafe { std::ptr::copy_nonoverlapping(s.0, d.0, bytes) };
+                unsafe { copy_bytes(s.0, d.0, bytes) };
                 Ok(())
             },
             vec![],
@@ -189,7 +290,7 @@ impl NDArray {
             move |_| {
                 let (s, d) = (src, dst);
                 // SAFETY: as in copy_from_host, with the chunk held for reading.
-                unsafe { std::ptr::copy_nonoverlapping(s.0, d.0, bytes) };
+                unsafe { copy_bytes(s.0, d.0, bytes) };
                 Ok(())
             },
             vec![chunk.var.clone()],
@@ -201,6 +302,162 @@ impl NDArray {
         engine::global()?.push(p)?;
         // Data that a failed operation should have written is not data: report the failure.
         take_failure(&chunk.var)
+    }
+}
+
+/// Copy bytes; with `MXNET_CPU_PARALLEL_COPY_SIZE` bytes or more (counted in 4-byte
+/// elements, as stock counts floats) on several threads.
+///
+/// # Safety
+/// As `ptr::copy_nonoverlapping` for `bytes` bytes.
+unsafe fn copy_bytes(src: *const u8, dst: *mut u8, bytes: usize) {
+    let threshold = config::global()
+        .get_int("MXNET_CPU_PARALLEL_COPY_SIZE", "array copy")
+        .ok()
+        .flatten()
+        .unwrap_or(200_000) as usize;
+    let threads = crate::runtime::runtime().kernel_threads().min(8);
+    if bytes / 4 < threshold || threads < 2 {
+        // SAFETY: per this function's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, bytes) };
+        return;
+    }
+    let part = bytes.div_ceil(threads).next_multiple_of(64);
+    let (s, d) = (SendPtr(src as *mut u8), SendPtr(dst));
+    std::thread::scope(|scope| {
+        for start in (0..bytes).step_by(part) {
+            let len = part.min(bytes - start);
+            scope.spawn(move || {
+                let (s, d) = (s, d);
+                // SAFETY: disjoint parts of the ranges the caller vouched for.
+                unsafe { std::ptr::copy_nonoverlapping(s.0.add(start), d.0.add(start), len) };
+            });
+        }
+    });
+}
+
+/// Reshape inference with MXNet's special values: 0 keeps a dimension, -1 is inferred, -2
+/// keeps all remaining, -3 merges two, -4 splits one into the next two values.
+pub fn infer_reshape(src: &[usize], spec: &[i64], reverse: bool) -> Result<Vec<usize>> {
+    let bad = |why: String| Error::value(format!("cannot reshape {src:?} to {spec:?}: {why}"));
+    let (src_v, spec_v): (Vec<usize>, Vec<i64>) = if reverse {
+        (src.iter().rev().copied().collect(), spec.iter().rev().copied().collect())
+    } else {
+        (src.to_vec(), spec.to_vec())
+    };
+    let mut out: Vec<usize> = Vec::new();
+    let mut infer: Option<usize> = None;
+    let (mut si, mut i) = (0usize, 0usize);
+    let next_src = |si: &mut usize| -> Result<usize> {
+        let d = *src_v.get(*si).ok_or_else(|| bad("more dimensions taken than the array has".into()))?;
+        *si += 1;
+        Ok(d)
+    };
+    while i < spec_v.len() {
+        match spec_v[i] {
+            d if d > 0 => {
+                out.push(d as usize);
+                si += 1;
+            }
+            0 => out.push(next_src(&mut si)?),
+            -1 => {
+                if infer.replace(out.len()).is_some() {
+                    return Err(bad("more than one -1".into()));
+                }
+                out.push(1);
+                si += 1;
+            }
+            -2 => {
+                while si < src_v.len() {
+                    out.push(src_v[si]);
+                    si += 1;
+                }
+            }
+            -3 => {
+                let a = next_src(&mut si)?;
+                let b = next_src(&mut si)?;
+                out.push(a * b);
+            }
+            -4 => {
+                let (mut a, mut b) = match (spec_v.get(i + 1), spec_v.get(i + 2)) {
+                    (Some(&a), Some(&b)) => (a, b),
+                    _ => return Err(bad("-4 must be followed by two values".into())),
+                };
+                if reverse {
+                    std::mem::swap(&mut a, &mut b);
+                }
+                i += 2;
+                let whole = next_src(&mut si)? as i64;
+                if a == -1 && b > 0 && whole % b == 0 {
+                    a = whole / b;
+                } else if b == -1 && a > 0 && whole % a == 0 {
+                    b = whole / a;
+                }
+                if a <= 0 || b <= 0 || a * b != whole {
+                    return Err(bad(format!("-4 cannot split {whole}")));
+                }
+                let (a, b) = if reverse { (b, a) } else { (a, b) };
+                out.push(a as usize);
+                out.push(b as usize);
+            }
+            d => return Err(bad(format!("invalid value {d}"))),
+        }
+        i += 1;
+    }
+    let total: usize = src.iter().product();
+    if let Some(k) = infer {
+        let known: usize = out.iter().enumerate().filter(|(j, _)| *j != k).map(|(_, d)| *d).product();
+        if known == 0 || total % known != 0 {
+            return Err(bad("the -1 dimension cannot be inferred".into()));
+        }
+        out[k] = total / known;
+    }
+    if out.iter().product::<usize>() != total {
+        return Err(bad(format!("{} elements cannot become {}", total, out.iter().product::<usize>())));
+    }
+    if reverse {
+        out.reverse();
+    }
+    Ok(out)
+}
+
+/// Numpy-shape semantics (`MXSetIsNumpyShape`): 0 off, 1 on for this thread, 2 on globally.
+pub mod np_shape {
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static GLOBAL: AtomicBool = AtomicBool::new(false);
+    thread_local! {
+        static THREAD: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// The current mode: 2 global, 1 this thread, 0 off.
+    pub fn get() -> i32 {
+        if GLOBAL.load(Ordering::Acquire) {
+            2
+        } else if THREAD.with(Cell::get) {
+            1
+        } else {
+            0
+        }
+    }
+
+    /// Set the mode; returns the previous one.
+    pub fn set(mode: i32) -> crate::Result<i32> {
+        let prev = get();
+        match mode {
+            0 => {
+                GLOBAL.store(false, Ordering::Release);
+                THREAD.with(|t| t.set(false));
+            }
+            1 => THREAD.with(|t| t.set(true)),
+            2 => {
+                GLOBAL.store(true, Ordering::Release);
+                THREAD.with(|t| t.set(true));
+            }
+            _ => return Err(crate::Error::value(format!("numpy-shape mode must be 0, 1 or 2, got {mode}"))),
+        }
+        Ok(prev)
     }
 }
 
@@ -228,6 +485,66 @@ mod tests {
         assert!(DType::from_code(9).unwrap_err().to_string().starts_with("TypeError"));
         assert!(DType::from_code(12).unwrap_err().to_string().starts_with("NotImplementedError"));
         assert_eq!(DType::from_code(6).unwrap().size(), 8);
+    }
+
+    #[test]
+    fn reshape_codes() {
+        let r = |src: &[usize], spec: &[i64], rev: bool| infer_reshape(src, spec, rev);
+        assert_eq!(r(&[2, 3, 4], &[-1], false).unwrap(), vec![24]);
+        assert_eq!(r(&[2, 3, 4], &[0, -1], false).unwrap(), vec![2, 12]);
+        assert_eq!(r(&[2, 3, 4], &[0, -2], false).unwrap(), vec![2, 3, 4]);
+        assert!(r(&[2, 3, 4], &[4, 0, -2], false).is_err()); // 4 takes the place of 2
+        assert_eq!(r(&[2, 3, 4], &[-3, 4], false).unwrap(), vec![6, 4]);
+        assert_eq!(r(&[2, 3, 4], &[-4, 1, 2, -2], false).unwrap(), vec![1, 2, 3, 4]);
+        assert_eq!(r(&[2, 3, 4], &[2, -4, -1, 3, 4], false).unwrap(), vec![2, 1, 3, 4]);
+        assert_eq!(r(&[10, 5, 4], &[-1, 0], true).unwrap(), vec![50, 4]);
+        assert_eq!(r(&[10, 5, 4], &[-1, 0], false).unwrap(), vec![40, 5]);
+        assert!(r(&[2, 3], &[4, 2], false).is_err());
+        assert!(r(&[2, 3], &[-1, -1], false).is_err());
+        assert!(r(&[2, 3], &[-5], false).is_err());
+        assert!(r(&[2, 3], &[-3, -3], false).is_err());
+    }
+
+    #[test]
+    fn views_share_storage() {
+        let a = NDArray::new(vec![4, 2], Context::CPU, DType::F32, false).unwrap();
+        let src: Vec<f32> = (0..8).map(|x| x as f32).collect();
+        // SAFETY: 8 f32.
+        unsafe { a.copy_from_host(src.as_ptr() as *const u8, 8).unwrap() };
+        let s = a.slice(1, 3).unwrap();
+        assert_eq!(s.shape, vec![2, 2]);
+        let mut got = vec![0f32; 4];
+        // SAFETY: 4 f32.
+        unsafe { s.copy_to_host(got.as_mut_ptr() as *mut u8, 4).unwrap() };
+        assert_eq!(got, vec![2., 3., 4., 5.]);
+        let row = a.at(3).unwrap();
+        // Writing through the view changes the base.
+        // SAFETY: 2 f32.
+        unsafe { row.copy_from_host([9f32, 9.].as_ptr() as *const u8, 2).unwrap() };
+        let mut all = vec![0f32; 8];
+        // SAFETY: 8 f32.
+        unsafe { a.reshape(&[-1], false).unwrap().copy_to_host(all.as_mut_ptr() as *mut u8, 8).unwrap() };
+        assert_eq!(&all[6..], &[9., 9.]);
+        assert!(a.slice(3, 3).unwrap_err().to_string().starts_with("IndexError"));
+        assert!(a.slice(0, 5).is_err() && a.at(4).is_err());
+        assert_eq!(a.at(0).unwrap().at(1).unwrap().shape, vec![1]); // legacy 1-d indexing
+        let b = NDArray::new(vec![4, 2], Context::CPU, DType::F32, false).unwrap();
+        b.copy_from(&a).unwrap();
+        assert!(b.copy_from(&s).is_err());
+    }
+
+    #[test]
+    fn large_copies_use_threads_and_stay_exact() {
+        let n = 1 << 20;
+        let a = NDArray::new(vec![n], Context::CPU, DType::F32, true).unwrap();
+        let src: Vec<f32> = (0..n).map(|x| x as f32).collect();
+        let mut back = vec![0f32; n];
+        // SAFETY: n f32 each.
+        unsafe {
+            a.copy_from_host(src.as_ptr() as *const u8, n).unwrap();
+            a.copy_to_host(back.as_mut_ptr() as *mut u8, n).unwrap();
+        }
+        assert!(src == back);
     }
 
     #[test]

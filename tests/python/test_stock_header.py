@@ -31,6 +31,10 @@ REQUIRED_SHARED = {
     "MXSetNumOMPThreads", "MXGetGPUCount", "MXGetGPUMemoryInformation",
     "MXGetGPUMemoryInformation64", "MXGetEnv", "MXSetEnv",
     "MXEnginePushAsync", "MXEnginePushSync", "MXEngineSetBulkSize", "MXNDArrayWaitAll",
+    "MXEnginePushAsyncND", "MXEnginePushSyncND", "MXNDArrayCreateEx", "MXNDArrayFree",
+    "MXNDArraySave", "MXNDArrayLoad", "MXNDArrayLoadFromBuffer", "MXNDArraySaveRawBytes",
+    "MXNDArrayLoadFromRawBytes", "MXNDArrayReshape64", "MXNDArraySlice", "MXNDArrayAt",
+    "MXStorageEmptyCache", "MXSetIsNumpyShape", "MXIsNumpyShape",
 }
 
 
