@@ -444,6 +444,24 @@ int MXSetIsNumpyShape(int is_np_shape, int *prev);
 // `curr` must be NULL or valid for writes.
 int MXIsNumpyShape(int *curr);
 
+// Sparse arrays (row_sparse, csr) are not supported yet: always -1 with
+// `NotImplementedError`.
+//
+// # Safety
+// Never dereferences its arguments.
+int MXNDArrayCreateSparseEx(int storage_type,
+                            const uint32_t *_shape,
+                            uint32_t _ndim,
+                            int _dev_type,
+                            int _dev_id,
+                            int _delay_alloc,
+                            int _dtype,
+                            uint32_t _num_aux,
+                            int *_aux_type,
+                            uint32_t *_aux_ndims,
+                            const uint32_t *_aux_shape,
+                            NDArrayHandle *_out);
+
 // Save arrays to a file; `keys` NULL saves a list, otherwise a dict with these names.
 //
 // # Safety

@@ -570,3 +570,34 @@ pub unsafe extern "C" fn MXIsNumpyShape(curr: *mut c_int) -> c_int {
         Ok(())
     })
 }
+
+/// Sparse arrays (row_sparse, csr) are not supported yet: always -1 with
+/// `NotImplementedError`.
+///
+/// # Safety
+/// Never dereferences its arguments.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn MXNDArrayCreateSparseEx(
+    storage_type: c_int,
+    _shape: *const u32,
+    _ndim: u32,
+    _dev_type: c_int,
+    _dev_id: c_int,
+    _delay_alloc: c_int,
+    _dtype: c_int,
+    _num_aux: u32,
+    _aux_type: *mut c_int,
+    _aux_ndims: *mut u32,
+    _aux_shape: *const u32,
+    _out: *mut NDArrayHandle,
+) -> c_int {
+    ffi::call("MXNDArrayCreateSparseEx", || {
+        let kind = match storage_type {
+            1 => "row_sparse",
+            2 => "csr",
+            _ => "unknown",
+        };
+        Err(Error::not_supported(format!("sparse storage ({kind}, storage type {storage_type})")))
+    })
+}

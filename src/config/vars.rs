@@ -141,7 +141,7 @@ pub static VARS: &[VarSpec] = &[
         "Number of entries the MKLDNN cache holds; -1 is unbounded."),
     var("MXNET_ENFORCE_DETERMINISM", VarType::Bool, Some("0"), Dynamic, Reserved, OTHER,
         "Use only deterministic algorithms; fail if none exists."),
-    var("MXNET_CPU_PARALLEL_COPY_SIZE", POS_INT, Some("200000"), Dynamic, Reserved, OTHER,
+    var("MXNET_CPU_PARALLEL_COPY_SIZE", POS_INT, Some("200000"), Dynamic, Active, OTHER,
         "Minimum number of elements for a multi-threaded CPU-to-CPU copy."),
     var("MXNET_STORAGE_FALLBACK_LOG_VERBOSE", VarType::Bool, Some("1"), Dynamic, Reserved, OTHER,
         "Log when an operator falls back from sparse to dense storage."),

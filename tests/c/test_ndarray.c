@@ -96,6 +96,60 @@ int main(void) {
   CHECK(MXNDArrayWaitToRead((NDArrayHandle)0x42) == -1);
   CHECK(MXNDArrayFree(b) == 0 && MXNDArrayFree(d) == 0 && MXNDArrayFree(none) == 0);
 
+  /* Views share storage; reshape codes; data pointer; grad state; numpy shape; files. */
+  {
+    NDArrayHandle base = NULL, sl = NULL, row = NULL, re = NULL, copy = NULL, loaded_h = NULL, empty = NULL;
+    float vals[6] = {0, 1, 2, 3, 4, 5}, got[6] = {0};
+    int64_t spec[2] = {-1, 0};
+    void *data = NULL;
+    int state = -1, mode = -1, stype = -9;
+    uint32_t n = 0, nn = 0;
+    NDArrayHandle *loaded = NULL;
+    const char **names = NULL;
+    const char *keys[1] = {"weights"};
+    CHECK(MXNDArrayCreateEx(shape, 2, 1, 0, 0, 0, &base) == 0);
+    CHECK(MXNDArraySyncCopyFromCPU(base, vals, 6) == 0);
+    CHECK(MXNDArraySlice(base, 1, 2, &sl) == 0);
+    CHECK(MXNDArrayGetShape(sl, &ndim, &dims) == 0 && ndim == 2 && dims[0] == 1 && dims[1] == 3);
+    CHECK(MXNDArraySyncCopyToCPU(sl, got, 3) == 0 && got[0] == 3 && got[2] == 5);
+    CHECK(MXNDArraySlice(base, 1, 3, &b) == -1 && strncmp(MXGetLastError(), "IndexError", 10) == 0);
+    CHECK(MXNDArrayAt(base, 0, &row) == 0);
+    CHECK(MXNDArrayGetShape(row, &ndim, &dims) == 0 && ndim == 1 && dims[0] == 3);
+    CHECK(MXNDArrayAt(base, 2, &b) == -1);
+    CHECK(MXNDArrayReshape64(base, 2, spec, 0, &re) == 0);
+    CHECK(MXNDArrayGetShape(re, &ndim, &dims) == 0 && ndim == 2 && dims[0] == 2 && dims[1] == 3);
+    spec[0] = 4;
+    CHECK(MXNDArrayReshape64(base, 1, spec, 0, &b) == -1 && strstr(MXGetLastError(), "cannot reshape") != NULL);
+    CHECK(MXNDArrayGetData(row, &data) == 0 && data != NULL && ((float *)data)[1] == 1.0f);
+    /* Freeing the base keeps the views' memory alive. */
+    CHECK(MXShallowCopyNDArray(base, &copy) == 0);
+    CHECK(MXNDArrayFree(base) == 0);
+    CHECK(MXNDArraySyncCopyToCPU(copy, got, 6) == 0 && got[5] == 5);
+    CHECK(MXNDArrayGetGradState(copy, &state) == 0 && state == 0);
+    CHECK(MXNDArraySetGradState(copy, 1) == 0 && MXNDArrayGetGradState(sl, &state) == 0 && state == 1);
+    CHECK(MXNDArrayGetStorageType(copy, &stype) == 0 && stype == 0);
+    CHECK(MXNDArrayCreateNone(&empty) == 0);
+    CHECK(MXNDArrayGetStorageType(empty, &stype) == 0 && stype == -1);
+    CHECK(MXNDArrayCreateSparseEx(1, shape, 2, 1, 0, 0, 0, 0, NULL, NULL, NULL, &b) == -1);
+    CHECK(strncmp(MXGetLastError(), "NotImplementedError: sparse storage", 35) == 0);
+    CHECK(MXSetIsNumpyShape(1, &mode) == 0 && mode == 0);
+    CHECK(MXIsNumpyShape(&mode) == 0 && mode == 1);
+    CHECK(MXNDArrayGetShapeEx(empty, &ndim_ex, &dims_ex) == 0 && ndim_ex == -1);
+    CHECK(MXSetIsNumpyShape(0, &mode) == 0 && mode == 1);
+    CHECK(MXSetIsNumpyShape(7, &mode) == -1);
+    /* A file round trip with a name. */
+    CHECK(MXNDArraySave("test_ndarray.nd", 1, &copy, keys) == 0);
+    CHECK(MXNDArrayLoad("test_ndarray.nd", &n, &loaded, &nn, &names) == 0);
+    CHECK(n == 1 && nn == 1 && strcmp(names[0], "weights") == 0);
+    loaded_h = loaded[0];
+    CHECK(MXNDArraySyncCopyToCPU(loaded_h, got, 6) == 0 && got[4] == 4);
+    CHECK(MXNDArrayFree(loaded_h) == 0);
+    CHECK(MXNDArrayLoad("no/such/file.nd", &n, &loaded, &nn, &names) == -1);
+    remove("test_ndarray.nd");
+    CHECK(MXNDArrayFree(sl) == 0 && MXNDArrayFree(row) == 0 && MXNDArrayFree(re) == 0);
+    CHECK(MXNDArrayFree(copy) == 0 && MXNDArrayFree(empty) == 0);
+  }
+
   /* Storage: statistics per context, and emptying the cache. */
   {
     const char *json = NULL;
