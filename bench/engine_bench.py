@@ -11,42 +11,16 @@ Needs: target/release/libmxnet.so (cargo build --release) and the stock wheel in
 (scripts/test.sh installs mxnet==1.9.1 into .venv).
 """
 import argparse
-import importlib.util
-import json
-import os
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def stock_library() -> Path:
-    spec = importlib.util.find_spec("mxnet")
-    if spec is None:
-        sys.exit("the stock mxnet 1.9.1 wheel is not installed (run scripts/test.sh once, or "
-                 "pip install mxnet==1.9.1 'numpy<1.24' into .venv)")
-    return Path(list(spec.submodule_search_locations)[0]) / "libmxnet.so"
-
-
-def build() -> Path:
-    exe = ROOT / "build" / "engine_bench"
-    exe.parent.mkdir(exist_ok=True)
-    subprocess.run(["cc", "-O2", "-std=c99", "-I", str(ROOT / "include"), str(ROOT / "bench" / "engine_bench.c"),
-                    "-o", str(exe), "-ldl"], check=True)
-    return exe
+from common import build, libraries, run as run_bench, write_result
 
 
 def run(exe, lib, engine, pattern, n, reps, workers=None):
-    env = dict(os.environ, MXNET_LIBRARY_PATH=str(lib), MXNET_ENGINE_TYPE=engine)
+    extra = {"MXNET_ENGINE_TYPE": engine}
     if workers:
-        env["MXNET_CPU_WORKER_NTHREADS"] = str(workers)
-    out = subprocess.run([str(exe), pattern, str(n), str(reps)], env=env, capture_output=True,
-                         text=True, timeout=600)
-    if out.returncode != 0:
-        raise RuntimeError(f"{lib.name} {engine} {pattern}: {out.stderr.strip()}")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+        extra["MXNET_CPU_WORKER_NTHREADS"] = workers
+    return run_bench(exe, lib, [pattern, n, reps], **extra)
 
 
 def main():
@@ -54,11 +28,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer ops and repetitions")
     args = ap.parse_args()
     n, reps, rounds = (50_000, 3, 2) if args.quick else (200_000, 5, 3)
-    exe = build()
-    libs = {"mxnet-rt": ROOT / "target" / "release" / "libmxnet.so", "stock 1.9.1": stock_library()}
-    for name, lib in libs.items():
-        if not lib.is_file():
-            sys.exit(f"{name}: {lib} not found")
+    exe = build("engine_bench.c")
+    libs = libraries()
     rows = []
     cases = [(e, p) for e in ("ThreadedEnginePerDevice", "ThreadedEngine", "NaiveEngine")
              for p in ("chain", "independent", "fanin")]
@@ -69,8 +40,7 @@ def main():
                 samples[name] += [r["us_per_op"] for r in run(exe, lib, engine, pattern, n, reps)]
         med = {k: statistics.median(v) for k, v in samples.items()}
         rows.append((engine, pattern, med["mxnet-rt"], med["stock 1.9.1"]))
-        print(f"{engine:24} {pattern:12} ours {med['mxnet-rt']:.3f} us/op  stock {med['stock 1.9.1']:.3f} us/op",
-              file=sys.stderr)
+        print(f"{engine:24} {pattern:12} ours {med['mxnet-rt']:.3f} us/op  stock {med['stock 1.9.1']:.3f} us/op")
     # 4000 independent 50 us operations on 2 CPU workers, against running them serially.
     par = {k: [] for k in libs}
     for _ in range(rounds):
@@ -89,11 +59,7 @@ def main():
     for name in libs:
         s = statistics.median(par[name])
         lines.append(f"| {name} | {s:.4f} | {serial / s:.2f}× |")
-    table = "\n".join(lines)
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "engine.md").write_text(table + "\n")
-    print(table)
+    write_result("engine.md", "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,46 @@
+"""Shared by the benchmark drivers: the two libraries, building a C benchmark, running it."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def libraries():
+    """{name: path} for our release build and the stock 1.9.1 wheel's library."""
+    spec = importlib.util.find_spec("mxnet")
+    if spec is None:
+        sys.exit("the stock mxnet 1.9.1 wheel is not installed (run scripts/test.sh once, or "
+                 "pip install mxnet==1.9.1 'numpy<1.24' into .venv)")
+    libs = {"mxnet-rt": ROOT / "target" / "release" / "libmxnet.so",
+            "stock 1.9.1": Path(list(spec.submodule_search_locations)[0]) / "libmxnet.so"}
+    for name, lib in libs.items():
+        if not lib.is_file():
+            sys.exit(f"{name}: {lib} not found (cargo build --release)")
+    return libs
+
+
+def build(source: str) -> Path:
+    exe = ROOT / "build" / Path(source).stem
+    exe.parent.mkdir(exist_ok=True)
+    subprocess.run(["cc", "-O2", "-std=c99", "-I", str(ROOT / "include"), str(ROOT / "bench" / source),
+                    "-o", str(exe), "-ldl"], check=True)
+    return exe
+
+
+def run(exe, lib, args, **env_extra):
+    env = dict(os.environ, MXNET_LIBRARY_PATH=str(lib), **{k: str(v) for k, v in env_extra.items()})
+    out = subprocess.run([str(exe), *map(str, args)], env=env, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"{lib} {args}: {out.stderr.strip()}")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def write_result(name: str, table: str):
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    (out / name).write_text(table + "\n")
+    print(table)
