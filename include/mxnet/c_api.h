@@ -462,6 +462,21 @@ int MXNDArrayCreateSparseEx(int storage_type,
                             const uint32_t *_aux_shape,
                             NDArrayHandle *_out);
 
+// MXNDArraySlice with 64-bit bounds (used by the frontend when INT64_TENSOR_SIZE is on).
+//
+// # Safety
+// `out` must be NULL or valid for writes.
+int MXNDArraySlice64(NDArrayHandle handle,
+                     int64_t slice_begin,
+                     int64_t slice_end,
+                     NDArrayHandle *out);
+
+// MXNDArrayAt with a 64-bit index.
+//
+// # Safety
+// `out` must be NULL or valid for writes.
+int MXNDArrayAt64(NDArrayHandle handle, int64_t idx, NDArrayHandle *out);
+
 // Save arrays to a file; `keys` NULL saves a list, otherwise a dict with these names.
 //
 // # Safety

@@ -601,3 +601,36 @@ pub unsafe extern "C" fn MXNDArrayCreateSparseEx(
         Err(Error::not_supported(format!("sparse storage ({kind}, storage type {storage_type})")))
     })
 }
+
+/// MXNDArraySlice with 64-bit bounds (used by the frontend when INT64_TENSOR_SIZE is on).
+///
+/// # Safety
+/// `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXNDArraySlice64(handle: NDArrayHandle, slice_begin: i64, slice_end: i64, out: *mut NDArrayHandle) -> c_int {
+    ffi::call("MXNDArraySlice64", || {
+        // SAFETY: per this function's contract.
+        let o = unsafe { ffi::out(out, "out") }?;
+        let (b, e) = (usize::try_from(slice_begin), usize::try_from(slice_end));
+        let (Ok(b), Ok(e)) = (b, e) else {
+            return Err(Error::index(format!("slice [{slice_begin}, {slice_end}) has a negative bound")));
+        };
+        *o = new_view(handle, |nd| nd.slice(b, e))?;
+        Ok(())
+    })
+}
+
+/// MXNDArrayAt with a 64-bit index.
+///
+/// # Safety
+/// `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXNDArrayAt64(handle: NDArrayHandle, idx: i64, out: *mut NDArrayHandle) -> c_int {
+    ffi::call("MXNDArrayAt64", || {
+        // SAFETY: per this function's contract.
+        let o = unsafe { ffi::out(out, "out") }?;
+        let i = usize::try_from(idx).map_err(|_| Error::index(format!("index {idx} is negative")))?;
+        *o = new_view(handle, |nd| nd.at(i))?;
+        Ok(())
+    })
+}

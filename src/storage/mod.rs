@@ -7,6 +7,7 @@
 //! allocator plugs in there later.
 
 pub mod alloc;
+pub mod events;
 pub mod pool;
 
 pub use alloc::ALIGN;
@@ -43,6 +44,7 @@ impl Block {
         }
         let pool = manager().pool(ctx)?;
         let (ptr, bucket) = pool.alloc(size)?;
+        events::emit(events::StorageEvent::Alloc { ctx, bytes: bucket, stats: pool.stats() });
         Ok(Block { ptr, size, from: Some((pool, bucket)), ctx })
     }
     pub fn ptr(&self) -> *mut u8 {
@@ -62,6 +64,7 @@ impl Drop for Block {
         if let Some((pool, bucket)) = self.from {
             // SAFETY: allocated from this pool with this bucket, freed once (here).
             unsafe { pool.free(self.ptr, bucket) }
+            events::emit(events::StorageEvent::Free { ctx: self.ctx, bytes: bucket, stats: pool.stats() });
         }
     }
 }
