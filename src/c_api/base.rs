@@ -22,11 +22,8 @@ pub extern "C" fn MXGetLastError() -> *const c_char {
 /// `out` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXGetVersion(out: *mut c_int) -> c_int {
-    ffi::call("MXGetVersion", || {
-        // SAFETY: per this function's contract.
-        *unsafe { ffi::out(out, "out") }? = MXNET_VERSION;
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXGetVersion", out, "out", || Ok(MXNET_VERSION)) }
 }
 
 /// The features of this build under stock's names. The array and its strings live as long as
@@ -74,11 +71,8 @@ pub extern "C" fn MXSetNumOMPThreads(thread_num: c_int) -> c_int {
 /// `out` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXGetNumOMPThreads(out: *mut c_int) -> c_int {
-    ffi::call("MXGetNumOMPThreads", || {
-        // SAFETY: per this function's contract.
-        *unsafe { ffi::out(out, "out") }? = runtime().kernel_threads().min(c_int::MAX as usize) as c_int;
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXGetNumOMPThreads", out, "out", || Ok(runtime().kernel_threads().min(c_int::MAX as usize) as c_int)) }
 }
 
 /// Number of GPUs: 0 in a build without CUDA (success, as stock without GPUs).
@@ -87,11 +81,8 @@ pub unsafe extern "C" fn MXGetNumOMPThreads(out: *mut c_int) -> c_int {
 /// `out` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXGetGPUCount(out: *mut c_int) -> c_int {
-    ffi::call("MXGetGPUCount", || {
-        // SAFETY: per this function's contract.
-        *unsafe { ffi::out(out, "out") }? = 0;
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXGetGPUCount", out, "out", || Ok(0)) }
 }
 
 fn no_gpu(dev: c_int) -> Error {

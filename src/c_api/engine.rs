@@ -322,12 +322,8 @@ fn parse_error_text(text: &str) -> Error {
 /// `out` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXEngineNewVar(out: *mut EngineVarHandle) -> c_int {
-    ffi::call("MXEngineNewVar", || {
-        // SAFETY: per this function's contract.
-        let out = unsafe { ffi::out(out, "out") }?;
-        *out = vars().insert(Var::new());
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXEngineNewVar", out, "out", || Ok(vars().insert(Var::new()))) }
 }
 
 /// mxnet-rt addition: delete an engine variable. The handle is invalid at once; operations

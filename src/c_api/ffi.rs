@@ -68,6 +68,20 @@ pub fn call(api: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
     }
 }
 
+/// [`call`] for the most common shape of an exported function: compute one value and write
+/// it to a required out-param (only on success).
+///
+/// # Safety
+/// `out` must be NULL or valid for writes.
+pub unsafe fn call_out<T>(api: &'static str, out: *mut T, what: &str, value: impl FnOnce() -> Result<T>) -> c_int {
+    call(api, || {
+        // SAFETY: per this function's contract.
+        let o = unsafe { self::out(out, what) }?;
+        *o = value()?;
+        Ok(())
+    })
+}
+
 fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_string()

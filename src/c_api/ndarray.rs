@@ -52,12 +52,8 @@ fn create(shape: Vec<usize>, dev_type: c_int, dev_id: c_int, delay_alloc: c_int,
 /// `out` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXNDArrayCreateNone(out: *mut NDArrayHandle) -> c_int {
-    ffi::call("MXNDArrayCreateNone", || {
-        // SAFETY: per this function's contract.
-        let out = unsafe { ffi::out(out, "out") }?;
-        *out = arrays().insert(Arc::new(NDArray::none()));
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXNDArrayCreateNone", out, "out", || Ok(arrays().insert(Arc::new(NDArray::none())))) }
 }
 
 /// Create a float32 NDArray.
@@ -352,12 +348,8 @@ fn new_view(handle: NDArrayHandle, make: impl FnOnce(&NDArray) -> Result<NDArray
 /// `out` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXNDArraySlice(handle: NDArrayHandle, slice_begin: u32, slice_end: u32, out: *mut NDArrayHandle) -> c_int {
-    ffi::call("MXNDArraySlice", || {
-        // SAFETY: per this function's contract.
-        let o = unsafe { ffi::out(out, "out") }?;
-        *o = new_view(handle, |nd| nd.slice(slice_begin as usize, slice_end as usize))?;
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXNDArraySlice", out, "out", || Ok(new_view(handle, |nd| nd.slice(slice_begin as usize, slice_end as usize))?)) }
 }
 
 /// A view of row `idx` of axis 0 without that axis, sharing memory with `handle`.
@@ -366,12 +358,8 @@ pub unsafe extern "C" fn MXNDArraySlice(handle: NDArrayHandle, slice_begin: u32,
 /// `out` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXNDArrayAt(handle: NDArrayHandle, idx: u32, out: *mut NDArrayHandle) -> c_int {
-    ffi::call("MXNDArrayAt", || {
-        // SAFETY: per this function's contract.
-        let o = unsafe { ffi::out(out, "out") }?;
-        *o = new_view(handle, |nd| nd.at(idx as usize))?;
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXNDArrayAt", out, "out", || Ok(new_view(handle, |nd| nd.at(idx as usize))?)) }
 }
 
 /// # Safety
@@ -471,12 +459,8 @@ pub unsafe extern "C" fn MXNDArrayGetShapeEx64(handle: NDArrayHandle, out_dim: *
 /// `out_pdata` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXNDArrayGetData(handle: NDArrayHandle, out_pdata: *mut *mut c_void) -> c_int {
-    ffi::call("MXNDArrayGetData", || {
-        // SAFETY: per this function's contract.
-        let o = unsafe { ffi::out(out_pdata, "out_pdata") }?;
-        *o = arrays().with(handle, |nd| nd.data())?? as *mut c_void;
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXNDArrayGetData", out_pdata, "out_pdata", || Ok(arrays().with(handle, |nd| nd.data())?? as *mut c_void)) }
 }
 
 /// A new handle for the same array (same storage, variable and shape).
@@ -485,12 +469,8 @@ pub unsafe extern "C" fn MXNDArrayGetData(handle: NDArrayHandle, out_pdata: *mut
 /// `out` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXShallowCopyNDArray(src: NDArrayHandle, out: *mut NDArrayHandle) -> c_int {
-    ffi::call("MXShallowCopyNDArray", || {
-        // SAFETY: per this function's contract.
-        let o = unsafe { ffi::out(out, "out") }?;
-        *o = arrays().insert(arrays().get(src)?);
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXShallowCopyNDArray", out, "out", || Ok(arrays().insert(arrays().get(src)?))) }
 }
 
 /// Storage type: 0 dense (default), -1 for an empty (none) array. Sparse arrays are not
@@ -500,12 +480,8 @@ pub unsafe extern "C" fn MXShallowCopyNDArray(src: NDArrayHandle, out: *mut NDAr
 /// `out_storage_type` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXNDArrayGetStorageType(handle: NDArrayHandle, out_storage_type: *mut c_int) -> c_int {
-    ffi::call("MXNDArrayGetStorageType", || {
-        // SAFETY: per this function's contract.
-        let o = unsafe { ffi::out(out_storage_type, "out_storage_type") }?;
-        *o = arrays().with(handle, |nd| if nd.chunk.is_none() { -1 } else { 0 })?;
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXNDArrayGetStorageType", out_storage_type, "out_storage_type", || Ok(arrays().with(handle, |nd| if nd.chunk.is_none() { -1 } else { 0 })?)) }
 }
 
 /// Autograd's fresh-gradient flag of the array.
@@ -514,12 +490,8 @@ pub unsafe extern "C" fn MXNDArrayGetStorageType(handle: NDArrayHandle, out_stor
 /// `out` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXNDArrayGetGradState(handle: NDArrayHandle, out: *mut c_int) -> c_int {
-    ffi::call("MXNDArrayGetGradState", || {
-        // SAFETY: per this function's contract.
-        let o = unsafe { ffi::out(out, "out") }?;
-        *o = arrays().with(handle, |nd| nd.chunk.as_ref().is_some_and(|c| c.fresh_grad.load(Ordering::Acquire)))? as c_int;
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXNDArrayGetGradState", out, "out", || Ok(arrays().with(handle, |nd| nd.chunk.as_ref().is_some_and(|c| c.fresh_grad.load(Ordering::Acquire)))? as c_int)) }
 }
 
 /// Set autograd's fresh-gradient flag of the array.
@@ -550,12 +522,8 @@ pub extern "C" fn MXNDArraySyncCopyFromNDArray(handle_dst: NDArrayHandle, handle
 /// `prev` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXSetIsNumpyShape(is_np_shape: c_int, prev: *mut c_int) -> c_int {
-    ffi::call("MXSetIsNumpyShape", || {
-        // SAFETY: per this function's contract.
-        let p = unsafe { ffi::out(prev, "prev") }?;
-        *p = np_shape::set(is_np_shape)?;
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXSetIsNumpyShape", prev, "prev", || Ok(np_shape::set(is_np_shape)?)) }
 }
 
 /// The numpy-shape mode: 0 off, 1 this thread, 2 global.
@@ -564,11 +532,8 @@ pub unsafe extern "C" fn MXSetIsNumpyShape(is_np_shape: c_int, prev: *mut c_int)
 /// `curr` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXIsNumpyShape(curr: *mut c_int) -> c_int {
-    ffi::call("MXIsNumpyShape", || {
-        // SAFETY: per this function's contract.
-        *unsafe { ffi::out(curr, "curr") }? = np_shape::get();
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXIsNumpyShape", curr, "curr", || Ok(np_shape::get())) }
 }
 
 /// Sparse arrays (row_sparse, csr) are not supported yet: always -1 with

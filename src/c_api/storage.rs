@@ -1,6 +1,6 @@
 //! C API: the storage manager (stock MXStorageEmptyCache, our MXStorageGetStats).
 
-use super::ffi::{self, out};
+use super::ffi;
 use crate::context::Context;
 use crate::storage;
 use std::ffi::{c_char, c_int};
@@ -22,10 +22,6 @@ pub extern "C" fn MXStorageEmptyCache(dev_type: c_int, dev_id: c_int) -> c_int {
 /// `out_json` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXStorageGetStats(out_json: *mut *const c_char) -> c_int {
-    ffi::call("MXStorageGetStats", || {
-        // SAFETY: per this function's contract.
-        let o = unsafe { out(out_json, "out_json") }?;
-        *o = ffi::return_str(&storage::manager().stats_json().to_string())?;
-        Ok(())
-    })
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXStorageGetStats", out_json, "out_json", || Ok(ffi::return_str(&storage::manager().stats_json().to_string())?)) }
 }
