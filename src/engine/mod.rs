@@ -168,6 +168,9 @@ pub struct Engine {
     gpu_pools: Mutex<HashMap<(PoolClass, i32), &'static Pool>>,
     create_lock: Mutex<()>,
     register_lock: Mutex<()>,
+    /// Pushed operations not yet registered with their variables (threaded engines).
+    submissions: crossbeam_queue::SegQueue<Arc<Opr>>,
+    pollers: AtomicUsize,
     pending: AtomicUsize,
     idle: Mutex<()>,
     idle_cv: Condvar,
@@ -202,6 +205,8 @@ impl Engine {
             gpu_pools: Mutex::new(HashMap::new()),
             create_lock: Mutex::new(()),
             register_lock: Mutex::new(()),
+            submissions: crossbeam_queue::SegQueue::new(),
+            pollers: AtomicUsize::new(0),
             pending: AtomicUsize::new(0),
             idle: Mutex::new(()),
             idle_cv: Condvar::new(),
@@ -374,7 +379,7 @@ impl Engine {
             v.extend(p.mutable_vars);
             v
         };
-        let done = (p.wait && self.opts.kind != EngineKind::Naive).then(|| Arc::new(Latch::default()));
+        let done = (p.wait && pool.is_some()).then(|| Arc::new(Latch::default()));
         let op = Arc::new(Opr {
             func: Mutex::new(Some(p.func)),
             wait: AtomicUsize::new(vars.len() + 1),
@@ -391,31 +396,72 @@ impl Engine {
             pool,
         });
         self.pending.fetch_add(1, Ordering::SeqCst);
-        {
-            // An operation registers with all its variables at once with respect to other
-            // pushes: otherwise two threads registering ops that share two variables could
-            // each be first in one queue and wait for the other forever. An op with a single
-            // variable cannot close such a cycle and skips the lock.
-            let _order = (op.vars.len() > 1).then(|| self.register_lock.lock());
-            for (i, v) in op.vars.iter().enumerate() {
-                let granted = if i < n_const { v.append_read(&op) } else { v.append_write(&op) };
-                if granted {
-                    op.grant();
-                }
+        if let Some(pool) = pool {
+            // Threaded engines: hand the operation to the workers, which register it with its
+            // variables in batches; the pushing thread touches no shared variable state.
+            self.submissions.push(op);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if self.pollers.load(Ordering::SeqCst) == 0 {
+                pool.wake_sleeper();
             }
-        }
-        let naive = self.opts.kind == EngineKind::Naive;
-        let keep = naive.then(|| op.clone());
-        if op.grant() {
-            self.dispatch(op);
-        }
-        if let Some(op) = keep {
-            self.wait_inline(&op);
+        } else {
+            let keep = op.clone();
+            self.register(op);
+            self.wait_inline(&keep);
         }
         if let Some(l) = done {
             l.wait();
         }
         Ok(())
+    }
+
+    /// Register an operation with its variables (in push order with respect to every other
+    /// registration); dispatch it if all were granted at once. Registration is serialised:
+    /// two operations that share two variables must not each be first in one of their queues.
+    fn register(&'static self, op: Arc<Opr>) {
+        let _order = (op.vars.len() > 1 && op.pool.is_none()).then(|| self.register_lock.lock());
+        self.register_locked(op);
+    }
+
+    fn register_locked(&'static self, op: Arc<Opr>) {
+        for (i, v) in op.vars.iter().enumerate() {
+            let granted = if i < op.n_const { v.append_read(&op) } else { v.append_write(&op) };
+            if granted {
+                op.grant();
+            }
+        }
+        if op.grant() {
+            self.dispatch(op);
+        }
+    }
+
+    /// Workers: register pushed operations, a batch at a time, if no other worker does.
+    /// Returns whether there was anything to register.
+    pub(crate) fn drain_submissions(&'static self) -> bool {
+        if self.submissions.is_empty() {
+            return false;
+        }
+        let Some(_order) = self.register_lock.try_lock() else {
+            return false;
+        };
+        let mut any = false;
+        for _ in 0..256 {
+            let Some(op) = self.submissions.pop() else { break };
+            any = true;
+            self.register_locked(op);
+        }
+        any
+    }
+
+    /// Pushed operations wait to be registered.
+    pub(crate) fn has_submissions(&self) -> bool {
+        !self.submissions.is_empty()
+    }
+
+    /// Workers looking for work (not running an operation, not asleep): while there is one,
+    /// a push needs to wake nobody.
+    pub(crate) fn pollers(&self) -> &AtomicUsize {
+        &self.pollers
     }
 
     /// NaiveEngine's fast path: a synchronous operation whose variables are all free runs at
@@ -675,7 +721,14 @@ impl Engine {
     pub fn wait_for_var(&'static self, var: &Arc<Var>, write: bool) -> Result<()> {
         self.refuse_on_worker("WaitForVar")?;
         self.flush_bulk();
-        let ready = if write { var.is_idle() } else { var.is_readable() };
+        // With deferred registration (threaded engines) a variable can look idle while an
+        // operation on it still waits to be registered: only the pending count is a safe
+        // shortcut there.
+        let ready = if self.opts.kind == EngineKind::Naive {
+            if write { var.is_idle() } else { var.is_readable() }
+        } else {
+            self.pending() == 0
+        };
         if !ready {
             let (c, m) = if write { (vec![], vec![var.clone()]) } else { (vec![var.clone()], vec![]) };
             let mut p = Push::sync(|_| Ok(()), c, m);

@@ -102,6 +102,15 @@ impl Pool {
         self.wake_one();
     }
 
+    /// Wake a sleeping worker (pushes call this when no worker polls for submissions). Under
+    /// the queue lock, so it cannot slip between a worker's last check and its sleep.
+    pub fn wake_sleeper(&self) {
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _heap = self.heap.lock();
+            self.cv.notify_one();
+        }
+    }
+
     fn wake_one(&self) {
         if !self.spinning.load(Ordering::SeqCst) && self.sleepers.load(Ordering::SeqCst) > 0 {
             self.cv.notify_one();
@@ -120,7 +129,7 @@ impl Pool {
 
     /// Spin for work if no other worker of this pool spins; at most one does, so idle pools
     /// do not take the cores from the threads that push.
-    fn spin(&self) -> Option<Arc<Opr>> {
+    fn spin(&self, engine: &'static Engine) -> Option<Arc<Opr>> {
         if self.spinning.swap(true, Ordering::SeqCst) {
             return None;
         }
@@ -134,6 +143,9 @@ impl Pool {
                         break 'outer;
                     }
                 }
+                if engine.has_submissions() {
+                    break 'outer;
+                }
                 std::hint::spin_loop();
             }
             if start.elapsed() > SPIN {
@@ -144,32 +156,53 @@ impl Pool {
         found
     }
 
-    fn next(&self) -> Arc<Opr> {
-        if let Some(op) = self.try_pop().or_else(|| self.spin()) {
-            return op;
-        }
-        let mut heap = self.heap.lock();
-        self.sleepers.fetch_add(1, Ordering::SeqCst);
-        let r = loop {
-            if let Some(r) = heap.pop() {
-                break r;
+    /// The next operation to run; meanwhile registers pushed operations, spins (one worker
+    /// per pool) and finally sleeps. Keeps `engine.pollers()` counting this worker while it
+    /// looks for work.
+    fn next(&self, engine: &'static Engine) -> Arc<Opr> {
+        loop {
+            if let Some(op) = self.try_pop() {
+                return op;
             }
-            self.cv.wait(&mut heap);
-        };
-        self.sleepers.fetch_sub(1, Ordering::SeqCst);
-        self.len.store(heap.len(), Ordering::Release);
-        r.op
+            if engine.drain_submissions() {
+                continue;
+            }
+            if let Some(op) = self.spin(engine) {
+                return op;
+            }
+            if engine.has_submissions() {
+                continue;
+            }
+            let mut heap = self.heap.lock();
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
+            engine.pollers().fetch_sub(1, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            while heap.is_empty() && !engine.has_submissions() {
+                self.cv.wait(&mut heap);
+            }
+            engine.pollers().fetch_add(1, Ordering::SeqCst);
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
+            let r = heap.pop();
+            self.len.store(heap.len(), Ordering::Release);
+            drop(heap);
+            if let Some(r) = r {
+                return r.op;
+            }
+        }
     }
 
     fn work(&'static self, engine: &'static Engine) {
         super::mark_worker_thread();
+        engine.pollers().fetch_add(1, Ordering::SeqCst);
         loop {
-            let op = self.next();
+            let op = self.next(engine);
             // More work queued: make sure another worker looks at it.
             if self.len.load(Ordering::Acquire) > 0 {
                 self.wake_one();
             }
+            engine.pollers().fetch_sub(1, Ordering::SeqCst);
             engine.execute(op);
+            engine.pollers().fetch_add(1, Ordering::SeqCst);
         }
     }
 }
