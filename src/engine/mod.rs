@@ -14,6 +14,13 @@
 //!   first use of each: CPU workers, CPU prioritized workers, and per GPU compute, copy and
 //!   prioritized workers (see [`POOL_TABLE`]).
 //!
+//! Pushing: in the threaded engines a push only appends the operation to a lock-free
+//! submission queue; workers take it from there and register operations with their variables
+//! in batches (one registrar at a time, so registration follows push order and two operations
+//! sharing two variables cannot each be first in one queue). The pushing thread thus touches
+//! no state the workers write per operation. NaiveEngine registers on the pushing thread, and
+//! runs an operation whose variables are all free at once, without allocating.
+//!
 //! Errors: an operation that fails marks the variables it writes; operations that read or
 //! write a marked variable are skipped and pass the same failure on. A wait on a marked
 //! variable, or `wait_all`, reports the failure once and clears it everywhere it travelled.
