@@ -547,6 +547,39 @@ mod tests {
         assert!(src == back);
     }
 
+    /// Freeing every handle of an array while an operation on it is pending is safe: the
+    /// memory stays until the operation finished, then returns to the pool.
+    #[test]
+    fn memory_outlives_freed_handles_until_pending_work_ends() {
+        let bytes = 5 * 1024 * 1024 + 8; // a pool bucket (6 MiB) no other test uses
+        let a = NDArray::new(vec![bytes / 4], Context::CPU, DType::F32, false).unwrap();
+        let ptr = SendPtr(a.data().unwrap());
+        let var = a.chunk().unwrap().var.clone();
+        let pool = crate::storage::manager().pool(Context::CPU).unwrap();
+        let engine = engine::global().unwrap();
+        engine
+            .push(Push::sync(
+                move |_| {
+                    std::thread::sleep(std::time::Duration::from_millis(30));
+                    let p = ptr;
+                    // SAFETY: the block is alive (this op holds its variable) and ours to write.
+                    unsafe { std::ptr::write_bytes(p.0, 7, bytes) };
+                    Ok(())
+                },
+                vec![],
+                vec![var.clone()],
+            ))
+            .unwrap();
+        drop(a);
+        drop(var);
+        let in_use_while_pending = pool.stats().bytes_in_use;
+        engine.wait_all().unwrap();
+        assert!(in_use_while_pending >= bytes, "the block was released while an op was pending");
+        // After the op, the block is back in the pool: the next request of its size gets it.
+        let again = crate::storage::Block::alloc(bytes, Context::CPU).unwrap();
+        assert_eq!(again.ptr(), ptr.0);
+    }
+
     #[test]
     fn copies_round_trip() {
         let a = NDArray::new(vec![2, 3], Context::CPU, DType::F32, true).unwrap();
