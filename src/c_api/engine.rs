@@ -165,6 +165,20 @@ pub(crate) unsafe fn push_c(
     // Validate before taking over the param: on failure it stays the caller's.
     let pool = engine.validate(&c.const_vars, &c.mutable_vars, c.ctx, c.prop)?;
     let cparam = CParam { param: func_param, deleter };
+    // NaiveEngine: a synchronous function whose variables are free runs right here.
+    if let (Some(f), engine::EngineKind::Naive) = (sync_func, engine.kind()) {
+        let param = SendPtr(func_param);
+        let run = move |rctx: &RunContext| {
+            let p = param;
+            // SAFETY: the caller's function with the caller's param, as the API promises.
+            unsafe { f(rctx as *const RunContext as *mut c_void, p.0) };
+            Ok(())
+        };
+        if engine.try_run_now_with(&c.const_vars, &c.mutable_vars, c.ctx, c.name.as_deref(), run).is_ok() {
+            drop(cparam); // the deleter, after the operation ran
+            return Ok(());
+        }
+    }
     let (func, payload): (OprFn, Option<engine::Payload>) = match (sync_func, async_func) {
         // The param (and its deleter) lives in the closure: freed right after the call.
         (Some(f), None) => (

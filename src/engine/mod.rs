@@ -476,28 +476,42 @@ impl Engine {
     /// an asynchronous function, a recorded failure to check) is handed back for the general
     /// path.
     fn try_run_now(&'static self, p: Push) -> std::result::Result<(), Push> {
+        let Push { func: OprFn::Sync(f), const_vars, mutable_vars, ctx, prop, priority, name, payload, wait } = p else {
+            return Err(p);
+        };
+        match self.try_run_now_with(&const_vars, &mutable_vars, ctx, name.as_deref(), f) {
+            Ok(()) => {
+                drop(payload);
+                Ok(())
+            }
+            Err(f) => Err(Push { func: OprFn::Sync(f), const_vars, mutable_vars, ctx, prop, priority, name, payload, wait }),
+        }
+    }
+
+    /// NaiveEngine's fast path for any synchronous function (no boxing): runs `f` now if the
+    /// engine is a NaiveEngine and every variable is free; otherwise gives `f` back.
+    pub fn try_run_now_with<F: FnOnce(&RunContext) -> Result<()>>(
+        &'static self,
+        reads: &[Arc<Var>],
+        writes: &[Arc<Var>],
+        ctx: Context,
+        name: Option<&str>,
+        f: F,
+    ) -> std::result::Result<(), F> {
         if self.opts.kind != EngineKind::Naive
-            || !matches!(p.func, OprFn::Sync(_))
             || self.live_errors.load(Ordering::Acquire) > 0
             || INLINE.with(|q| q.borrow().is_some())
         {
-            return Err(p);
+            return Err(f);
         }
-        let n = p.const_vars.len() + p.mutable_vars.len();
+        let n = reads.len() + writes.len();
         {
             let _order = (n > 1).then(|| self.register_lock.lock());
-            let mut taken = 0;
-            let all = p.const_vars.iter().map(|v| (v, false)).chain(p.mutable_vars.iter().map(|v| (v, true)));
-            for (v, write) in all {
-                if !v.try_acquire(write) {
-                    break;
-                }
-                taken += 1;
-            }
+            let all = || reads.iter().map(|v| (v, false)).chain(writes.iter().map(|v| (v, true)));
+            let taken = all().take_while(|(v, write)| v.try_acquire(*write)).count();
             if taken < n {
                 let mut granted = Granted::default();
-                let all = p.const_vars.iter().map(|v| (v, false)).chain(p.mutable_vars.iter().map(|v| (v, true)));
-                for (v, write) in all.take(taken) {
+                for (v, write) in all().take(taken) {
                     if write {
                         v.complete_write(None, &mut granted);
                     } else {
@@ -505,19 +519,17 @@ impl Engine {
                     }
                 }
                 self.dispatch_granted(granted);
-                return Err(p);
+                return Err(f);
             }
         }
         self.pending.fetch_add(1, Ordering::SeqCst);
-        let OprFn::Sync(f) = p.func else { unreachable!("checked above") };
-        let rctx = RunContext::for_ctx(p.ctx, false);
-        let name = p.name.as_deref().unwrap_or("<unnamed>");
+        let rctx = RunContext::for_ctx(ctx, false);
         let outcome = match catch_unwind(AssertUnwindSafe(|| f(&rctx))) {
             Ok(Ok(())) => Outcome::Ok,
             Ok(Err(e)) => Outcome::Failed(e),
-            Err(panic) => Outcome::Failed(panic_error(name, panic.as_ref())),
+            Err(panic) => Outcome::Failed(panic_error(name.unwrap_or("<unnamed>"), panic.as_ref())),
         };
-        self.release(&p.const_vars, &p.mutable_vars, outcome, p.payload);
+        self.release(reads, writes, outcome, None);
         Ok(())
     }
 
