@@ -250,7 +250,7 @@ unsafe fn nd_vars(handles: *const NDArrayHandle, n: c_int, what: &str) -> Result
     let hs = unsafe { std::slice::from_raw_parts(handles, n as usize) };
     let mut vars = Vec::with_capacity(hs.len());
     for &h in hs {
-        vars.push(arrays().with(h, |nd| nd.chunk().map(|c| c.var.clone()))??);
+        vars.push(arrays().with(h, |nd| nd.chunk().map(Arc::clone))??);
     }
     Ok(vars)
 }

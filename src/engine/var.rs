@@ -54,6 +54,8 @@ struct VarState {
 pub struct Var {
     state: Mutex<VarState>,
     block: Mutex<Option<Block>>,
+    /// Autograd's "fresh gradient" flag of the data (`MXNDArrayGet/SetGradState`).
+    pub fresh_grad: std::sync::atomic::AtomicBool,
 }
 
 /// Operations made ready by releasing a variable (usually none or one).

@@ -14,7 +14,6 @@ use crate::config;
 use crate::context::Context;
 use crate::engine::{self, Push, Var};
 use crate::error::{Error, Result};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 /// Element types with stock's codes.
@@ -72,31 +71,18 @@ impl DType {
     }
 }
 
-/// Storage and engine variable shared by every view of one array. The memory block is held
-/// by the variable, so pending operations (which hold the variable) keep it alive.
-pub struct Chunk {
-    pub var: Arc<Var>,
-    pub ctx: Context,
-    bytes: usize,
-    /// Autograd's "fresh gradient" flag (`MXNDArrayGet/SetGradState`).
-    pub fresh_grad: AtomicBool,
-}
-
-impl Chunk {
-    /// The data pointer, allocating on first use (`delay_alloc`).
-    pub fn data(&self) -> Result<*mut u8> {
-        self.var.data(self.bytes, self.ctx)
-    }
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-}
+/// The storage of an array and its engine variable, shared by every view of it: the variable
+/// holds the memory block, so pending operations (which hold the variable) keep it alive.
+pub type Chunk = Var;
 
 /// An array (or a view of one).
 #[derive(Clone)]
 pub struct NDArray {
     /// `None` for an array created with `MXNDArrayCreateNone`.
     pub chunk: Option<Arc<Chunk>>,
+    /// Where the chunk lives and its size in bytes.
+    ctx: Context,
+    chunk_bytes: usize,
     pub shape: Vec<usize>,
     pub dtype: DType,
     /// Byte offset of this view into the chunk.
@@ -124,17 +110,17 @@ pub fn byte_size(shape: &[usize], dtype: DType) -> Result<(usize, usize)> {
 
 impl NDArray {
     pub fn none() -> Self {
-        NDArray { chunk: None, shape: Vec::new(), dtype: DType::F32, offset: 0 }
+        NDArray { chunk: None, ctx: Context::CPU, chunk_bytes: 0, shape: Vec::new(), dtype: DType::F32, offset: 0 }
     }
 
     pub fn new(shape: Vec<usize>, ctx: Context, dtype: DType, delay_alloc: bool) -> Result<Self> {
         let (_, bytes) = byte_size(&shape, dtype)?;
         ctx.check_available()?;
-        let chunk = Arc::new(Chunk { var: Var::new(), ctx, bytes, fresh_grad: AtomicBool::new(false) });
+        let chunk = Var::new();
         if !delay_alloc {
-            chunk.data()?;
+            chunk.data(bytes, ctx)?;
         }
-        Ok(NDArray { chunk: Some(chunk), shape, dtype, offset: 0 })
+        Ok(NDArray { chunk: Some(chunk), ctx, chunk_bytes: bytes, shape, dtype, offset: 0 })
     }
 
     pub fn chunk(&self) -> Result<&Arc<Chunk>> {
@@ -144,14 +130,19 @@ impl NDArray {
         self.shape.iter().product()
     }
     pub fn ctx(&self) -> Option<Context> {
-        self.chunk.as_ref().map(|c| c.ctx)
+        self.chunk.as_ref().map(|_| self.ctx)
+    }
+
+    /// The engine variable of the data (which also holds its memory).
+    pub fn var(&self) -> Result<&Arc<Var>> {
+        self.chunk()
     }
 
     /// Wait until pending writes (or, with `write`, all pending operations) are done.
     pub fn wait(&self, write: bool) -> Result<()> {
         match &self.chunk {
             None => Ok(()),
-            Some(c) => engine::global()?.wait_for_var(&c.var, write),
+            Some(c) => engine::global()?.wait_for_var(c, write),
         }
     }
 
@@ -168,7 +159,7 @@ impl NDArray {
 
     /// The data address of this view (allocating a delayed array).
     pub fn data(&self) -> Result<*mut u8> {
-        Ok(self.chunk()?.data()?.wrapping_add(self.offset))
+        Ok(self.chunk()?.data(self.chunk_bytes, self.ctx)?.wrapping_add(self.offset))
     }
 
     fn row_bytes(&self) -> usize {
@@ -239,13 +230,13 @@ impl NDArray {
                 unsafe { copy_bytes(sp.0, dp.0, bytes) };
                 Ok(())
             },
-            vec![s.var.clone()],
-            vec![d.var.clone()],
+            vec![s.clone()],
+            vec![d.clone()],
         );
         p.wait = true;
         p.name = Some(engine::intern("CopyCPU2CPU"));
         engine::global()?.push(p)?;
-        take_failure(&d.var)
+        take_failure(&d)
     }
 
     /// Copy `elements` elements from host memory into the array, after its pending reads and
@@ -256,7 +247,7 @@ impl NDArray {
     pub unsafe fn copy_from_host(&self, src: *const u8, elements: usize) -> Result<()> {
         let bytes = self.check_len(elements)?;
         let chunk = self.chunk()?.clone();
-        let dst = SendPtr(chunk.data()?.wrapping_add(self.offset));
+        let dst = SendPtr(self.data()?);
         let src = SendPtr(src as *mut u8);
         let mut p = Push::sync(
             move |_| {
@@ -267,14 +258,14 @@ impl NDArray {
                 Ok(())
             },
             vec![],
-            vec![chunk.var.clone()],
+            vec![chunk.clone()],
         );
         p.wait = true;
         p.name = Some(engine::intern("SyncCopyFromCPU"));
         p.payload = Some(Box::new(chunk));
         engine::global()?.push(p)?;
         // A failure that reached this array skipped the copy: report it.
-        take_failure(&self.chunk()?.var)
+        take_failure(self.chunk()?)
     }
 
     /// Copy the array into host memory after its pending writes; returns when done.
@@ -284,7 +275,7 @@ impl NDArray {
     pub unsafe fn copy_to_host(&self, dst: *mut u8, elements: usize) -> Result<()> {
         let bytes = self.check_len(elements)?;
         let chunk = self.chunk()?.clone();
-        let src = SendPtr(chunk.data()?.wrapping_add(self.offset));
+        let src = SendPtr(self.data()?);
         let dst = SendPtr(dst);
         let mut p = Push::sync(
             move |_| {
@@ -293,7 +284,7 @@ impl NDArray {
                 unsafe { copy_bytes(s.0, d.0, bytes) };
                 Ok(())
             },
-            vec![chunk.var.clone()],
+            vec![chunk.clone()],
             vec![],
         );
         p.wait = true;
@@ -301,7 +292,7 @@ impl NDArray {
         p.payload = Some(Box::new(chunk.clone()));
         engine::global()?.push(p)?;
         // Data that a failed operation should have written is not data: report the failure.
-        take_failure(&chunk.var)
+        take_failure(&chunk)
     }
 }
 
@@ -554,7 +545,7 @@ mod tests {
         let bytes = 5 * 1024 * 1024 + 8; // a pool bucket (6 MiB) no other test uses
         let a = NDArray::new(vec![bytes / 4], Context::CPU, DType::F32, false).unwrap();
         let ptr = SendPtr(a.data().unwrap());
-        let var = a.chunk().unwrap().var.clone();
+        let var = a.chunk().unwrap().clone();
         let pool = crate::storage::manager().pool(Context::CPU).unwrap();
         let engine = engine::global().unwrap();
         engine
