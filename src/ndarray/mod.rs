@@ -133,10 +133,6 @@ impl NDArray {
         self.chunk.as_ref().map(|_| self.ctx)
     }
 
-    /// The engine variable of the data (which also holds its memory).
-    pub fn var(&self) -> Result<&Arc<Var>> {
-        self.chunk()
-    }
 
     /// Wait until pending writes (or, with `write`, all pending operations) are done.
     pub fn wait(&self, write: bool) -> Result<()> {
