@@ -293,7 +293,7 @@ impl NDArray {
 }
 
 /// Copy bytes; with `MXNET_CPU_PARALLEL_COPY_SIZE` bytes or more (counted in 4-byte
-/// elements, as stock counts floats) on several threads.
+/// elements, as stock counts floats) on several threads, except under NaiveEngine.
 ///
 /// # Safety
 /// As `ptr::copy_nonoverlapping` for `bytes` bytes.
@@ -303,7 +303,9 @@ unsafe fn copy_bytes(src: *const u8, dst: *mut u8, bytes: usize) {
         .ok()
         .flatten()
         .unwrap_or(200_000) as usize;
-    let threads = crate::runtime::runtime().kernel_threads().min(8);
+    // NaiveEngine promises a process with no threads of ours: copy on this thread.
+    let naive = engine::global_if_started().is_some_and(|e| e.kind() == engine::EngineKind::Naive);
+    let threads = if naive { 1 } else { crate::runtime::runtime().kernel_threads().min(8) };
     if bytes / 4 < threshold || threads < 2 {
         // SAFETY: per this function's contract.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, bytes) };

@@ -112,7 +112,16 @@ int main(void) {
   }
   CHECK(MXEngineWaitForVar(a, 0) == 0);
   CHECK(cnt.value == 1000 && cnt.deleted == 1000);
-  if (naive) CHECK(threads_in_process() == 1); /* NaiveEngine starts no thread */
+  if (naive) {
+    /* NaiveEngine starts no thread, not even for a copy above MXNET_CPU_PARALLEL_COPY_SIZE. */
+    static float big[300000];
+    uint32_t n = 300000;
+    NDArrayHandle arr = NULL;
+    CHECK(MXNDArrayCreateEx(&n, 1, 1, 0, 0, 0, &arr) == 0);
+    CHECK(MXNDArraySyncCopyFromCPU(arr, big, n) == 0 && MXNDArraySyncCopyToCPU(arr, big, n) == 0);
+    CHECK(MXNDArrayFree(arr) == 0);
+    CHECK(threads_in_process() == 1);
+  }
 
   /* Order of conflicting writes: x = 3x + i must equal the serial result. */
   for (i = 1; i <= 10; i++) {
