@@ -69,12 +69,8 @@ pub unsafe extern "C" fn MXNDArrayCreate(
     delay_alloc: c_int,
     out: *mut NDArrayHandle,
 ) -> c_int {
-    ffi::call("MXNDArrayCreate", || {
-        // SAFETY: per this function's contract.
-        let (shape, out) = unsafe { (read_shape(shape, ndim)?, ffi::out(out, "out")?) };
-        *out = create(shape, dev_type, dev_id, delay_alloc, 0)?;
-        Ok(())
-    })
+    // SAFETY: per this function's contract (float32 is dtype 0).
+    unsafe { MXNDArrayCreateEx(shape, ndim, dev_type, dev_id, delay_alloc, 0, out) }
 }
 
 /// Create an NDArray of `dtype` (0 float32, 1 float64, 2 float16, 3 uint8, 4 int32, 5 int8,

@@ -422,11 +422,11 @@ impl Engine {
         Ok(())
     }
 
-    /// Register an operation with its variables (in push order with respect to every other
-    /// registration); dispatch it if all were granted at once. Registration is serialised:
-    /// two operations that share two variables must not each be first in one of their queues.
+    /// NaiveEngine: register on the pushing thread. Registration is serialised (two
+    /// operations that share two variables must not each be first in one of their queues);
+    /// an operation with one variable cannot close such a cycle and skips the lock.
     fn register(&'static self, op: Arc<Opr>) {
-        let _order = (op.vars.len() > 1 && op.pool.is_none()).then(|| self.register_lock.lock());
+        let _order = (op.vars.len() > 1).then(|| self.register_lock.lock());
         self.register_locked(op);
     }
 

@@ -218,12 +218,13 @@ impl NDArray {
             };
         }
         let bytes = self.size() * self.dtype.size();
+        let threads = copy_threads(bytes)?;
         let (sp, dp) = (SendPtr(src.data()?), SendPtr(self.data()?));
         let mut p = Push::sync(
             move |_| {
                 let (sp, dp) = (sp, dp);
                 // SAFETY: both ranges lie in their chunks, held for reading and writing.
-                unsafe { copy_bytes(sp.0, dp.0, bytes) };
+                unsafe { copy_bytes(sp.0, dp.0, bytes, threads) };
                 Ok(())
             },
             vec![s.clone()],
@@ -242,6 +243,7 @@ impl NDArray {
     /// `src` must point to `elements` readable elements of the array's dtype.
     pub unsafe fn copy_from_host(&self, src: *const u8, elements: usize) -> Result<()> {
         let bytes = self.check_len(elements)?;
+        let threads = copy_threads(bytes)?;
         let chunk = self.chunk()?.clone();
         let dst = SendPtr(self.data()?);
         let src = SendPtr(src as *mut u8);
@@ -250,7 +252,7 @@ impl NDArray {
                 let (s, d) = (src, dst);
                 // SAFETY: the caller keeps `src` valid until this (waited-for) op finished;
                 // the destination range lies in the chunk, which this op holds for writing.
-                unsafe { copy_bytes(s.0, d.0, bytes) };
+                unsafe { copy_bytes(s.0, d.0, bytes, threads) };
                 Ok(())
             },
             vec![],
@@ -270,6 +272,7 @@ impl NDArray {
     /// `dst` must point to `elements` writable elements of the array's dtype.
     pub unsafe fn copy_to_host(&self, dst: *mut u8, elements: usize) -> Result<()> {
         let bytes = self.check_len(elements)?;
+        let threads = copy_threads(bytes)?;
         let chunk = self.chunk()?.clone();
         let src = SendPtr(self.data()?);
         let dst = SendPtr(dst);
@@ -277,7 +280,7 @@ impl NDArray {
             move |_| {
                 let (s, d) = (src, dst);
                 // SAFETY: as in copy_from_host, with the chunk held for reading.
-                unsafe { copy_bytes(s.0, d.0, bytes) };
+                unsafe { copy_bytes(s.0, d.0, bytes, threads) };
                 Ok(())
             },
             vec![chunk.clone()],
@@ -292,21 +295,26 @@ impl NDArray {
     }
 }
 
-/// Copy bytes; with `MXNET_CPU_PARALLEL_COPY_SIZE` bytes or more (counted in 4-byte
-/// elements, as stock counts floats) on several threads, except under NaiveEngine.
+/// How many threads copy `bytes` bytes: several at or above `MXNET_CPU_PARALLEL_COPY_SIZE`
+/// elements (counted in 4-byte elements, as stock counts floats), one below it and always
+/// one under NaiveEngine (which promises a process with no threads of ours). Read before the
+/// copy is pushed, so that a bad value fails the call that depends on it.
+fn copy_threads(bytes: usize) -> Result<usize> {
+    let naive = engine::global_if_started().is_some_and(|e| e.kind() == engine::EngineKind::Naive);
+    let threads = if naive { 1 } else { crate::runtime::runtime().kernel_threads().min(8) };
+    if threads < 2 {
+        return Ok(1);
+    }
+    let threshold = config::global().get_int("MXNET_CPU_PARALLEL_COPY_SIZE", "array copy")?.unwrap_or(200_000);
+    Ok(if (bytes / 4) as i64 >= threshold { threads } else { 1 })
+}
+
+/// Copy bytes on `threads` threads.
 ///
 /// # Safety
 /// As `ptr::copy_nonoverlapping` for `bytes` bytes.
-unsafe fn copy_bytes(src: *const u8, dst: *mut u8, bytes: usize) {
-    let threshold = config::global()
-        .get_int("MXNET_CPU_PARALLEL_COPY_SIZE", "array copy")
-        .ok()
-        .flatten()
-        .unwrap_or(200_000) as usize;
-    // NaiveEngine promises a process with no threads of ours: copy on this thread.
-    let naive = engine::global_if_started().is_some_and(|e| e.kind() == engine::EngineKind::Naive);
-    let threads = if naive { 1 } else { crate::runtime::runtime().kernel_threads().min(8) };
-    if bytes / 4 < threshold || threads < 2 {
+unsafe fn copy_bytes(src: *const u8, dst: *mut u8, bytes: usize, threads: usize) {
+    if threads < 2 {
         // SAFETY: per this function's contract.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, bytes) };
         return;
