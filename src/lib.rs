@@ -13,6 +13,7 @@ pub mod engine;
 pub mod error;
 pub mod handle;
 pub mod ndarray;
+pub mod op;
 pub mod runtime;
 pub mod storage;
 

@@ -71,6 +71,11 @@ impl Runtime {
         Ok(())
     }
 
+    /// Whether `MXSetNumOMPThreads` was called.
+    pub fn kernel_threads_set(&self) -> bool {
+        self.omp_threads.load(Ordering::Relaxed) != 0
+    }
+
     /// The kernel thread count: the `MXSetNumOMPThreads` value, else the machine's cores.
     pub fn kernel_threads(&self) -> usize {
         match self.omp_threads.load(Ordering::Relaxed) {

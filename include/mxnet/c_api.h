@@ -16,8 +16,14 @@
 #include <stdbool.h>
 #define MXNET_RT_ABI_VERSION 10901
 
+// The seed every context starts from until MXRandomSeed is called.
+#define DEFAULT_SEED 0
+
 // Alignment of every CPU block (a cache line, and enough for any SIMD load).
 #define ALIGN 64
+
+// Estimated serial cost of one element of a loop, in nanoseconds.
+struct Cost;
 
 // One entry of `MXLibInfoFeatures`, laid out as stock's `struct LibFeature`.
 struct LibFeature {
@@ -41,17 +47,38 @@ typedef const void *EngineFnPropertyHandle;
 // A synchronous function: `(RunContext* rctx, void* param)`.
 typedef void (*EngineSyncFunc)(void*, void*);
 
+typedef void *DataIterCreator;
+
+typedef void *DataIterHandle;
+
+typedef const void *FunctionHandle;
+
+// Callbacks a frontend hands to the library (stock `struct MXCallbackList`).
+struct MXCallbackList {
+  int num_callbacks;
+  int (**callbacks)(void);
+  void **contexts;
+};
+
+// A custom operator's property creator (stock `CustomOpPropCreator`).
+typedef int (*CustomOpPropCreator)(const char *op_type,
+                                   int num_kwargs,
+                                   const char **keys,
+                                   const char **values,
+                                   struct MXCallbackList *ret);
+
 typedef void *NDArrayHandle;
+
+// nnvm's operator handle (the same value as an [`AtomicSymbolCreator`]).
+typedef void *OpHandle;
+
+typedef void *AtomicSymbolCreator;
 
 typedef uint32_t mx_uint;
 
 typedef float mx_float;
 
 typedef int64_t dim_t;
-
-typedef const void *FunctionHandle;
-
-typedef void *AtomicSymbolCreator;
 
 typedef void *CachedOpHandle;
 
@@ -60,10 +87,6 @@ typedef void *SymbolHandle;
 typedef void *AtomicSymbolHandle;
 
 typedef void *ExecutorHandle;
-
-typedef void *DataIterCreator;
-
-typedef void *DataIterHandle;
 
 typedef void *KVStoreHandle;
 
@@ -78,6 +101,12 @@ typedef void *CudaKernelHandle;
 typedef void *ProfileHandle;
 
 typedef void *DLManagedTensorHandle;
+
+
+
+
+
+
 
 
 
@@ -239,6 +268,78 @@ int MXSetEnv(const char *name, const char *value);
 // # Safety
 // `name` must be NULL or a NUL-terminated string; `out_json` NULL or valid for writes.
 int MXGetConfig(const char *name, const char **out_json);
+
+// This process is a worker (no parameter server): the frontend must not start a server.
+//
+// # Safety
+// `ret` must be NULL or valid for writes.
+int MXKVStoreIsWorkerNode(int *ret);
+
+// The stock data iterator names (creators that describe themselves but cannot run yet).
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXListDataIters(uint32_t *out_size, DataIterCreator **out_array);
+
+// A data iterator's name and description (no arguments are declared).
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXDataIterGetIterInfo(DataIterCreator creator,
+                          const char **name,
+                          const char **description,
+                          uint32_t *num_args,
+                          const char ***arg_names,
+                          const char ***arg_type_infos,
+                          const char ***arg_descriptions);
+
+// Creating a data iterator is not supported yet.
+int MXDataIterCreateIter(DataIterCreator handle,
+                         uint32_t _num_param,
+                         const char **_keys,
+                         const char **_vals,
+                         DataIterHandle *_out);
+
+// Legacy NDArray functions: none (an empty list).
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXListFunctions(uint32_t *out_size, FunctionHandle **out_array);
+
+// No legacy function exists, so every handle is unknown.
+int MXFuncGetInfo(FunctionHandle fun,
+                  const char **_name,
+                  const char **_description,
+                  uint32_t *_num_args,
+                  const char ***_arg_names,
+                  const char ***_arg_type_infos,
+                  const char ***_arg_descriptions,
+                  const char **_return_type);
+
+// No legacy function exists, so every handle is unknown.
+int MXFuncDescribe(FunctionHandle fun,
+                   uint32_t *_num_use_vars,
+                   uint32_t *_num_scalars,
+                   uint32_t *_num_mutate_vars,
+                   int *_type_mask);
+
+// PackedFunc names: none (an empty list).
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXNetFuncListGlobalNames(int *out_size, const char ***out_array);
+
+// No PackedFunc is registered.
+//
+// # Safety
+// `name` must be NULL or a string.
+int MXNetFuncGetGlobal(const char *name, void **_out);
+
+// Record a custom operator's property creator under `op_type` (re-registering replaces it).
+//
+// # Safety
+// `op_type` must be a string.
+int MXCustomOpRegister(const char *op_type, CustomOpPropCreator creator);
 
 // Create an empty NDArray handle (no shape, no storage).
 //
@@ -518,6 +619,102 @@ int MXNDArraySaveRawBytes(NDArrayHandle handle, size_t *out_size, const char **o
 // # Safety
 // `buf` must point to `size` bytes; `out` must be NULL or valid for writes.
 int MXNDArrayLoadFromRawBytes(const void *buf, size_t size, NDArrayHandle *out);
+
+// Every operator name, aliases included. The array lives as long as the process.
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXListAllOpNames(uint32_t *out_size, const char ***out_array);
+
+// nnvm's name for [`MXListAllOpNames`].
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int NNListAllOpNames(uint32_t *out_size, const char ***out_array);
+
+// The handle of the operator named `op_name` (aliases give the same handle); an unknown name
+// is an error.
+//
+// # Safety
+// `op_name` must be a string; `op_out` NULL or valid for writes.
+int NNGetOpHandle(const char *op_name, OpHandle *op_out);
+
+// The handles of all operators (one per operator, aliases not repeated).
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXSymbolListAtomicSymbolCreators(uint32_t *out_size, AtomicSymbolCreator **out_array);
+
+// The canonical name of an operator.
+//
+// # Safety
+// `name` must be NULL or valid for writes.
+int MXSymbolGetAtomicSymbolName(AtomicSymbolCreator creator, const char **name);
+
+// An operator's documentation: name, description, arguments (tensor inputs first, typed
+// `NDArray-or-Symbol` or `NDArray-or-Symbol[]`, then parameters with stock-style type
+// strings), the variadic count key (`""` when none) and a NULL return type.
+//
+// # Safety
+// Out-params must be valid for writes (`key_var_num_args` and `return_type` may be NULL).
+int MXSymbolGetAtomicSymbolInfo(AtomicSymbolCreator creator,
+                                const char **name,
+                                const char **description,
+                                uint32_t *num_args,
+                                const char ***arg_names,
+                                const char ***arg_type_infos,
+                                const char ***arg_descriptions,
+                                const char **key_var_num_args,
+                                const char **return_type);
+
+// nnvm's form of [`MXSymbolGetAtomicSymbolInfo`] (no variadic key).
+//
+// # Safety
+// Out-params must be valid for writes (`return_type` may be NULL).
+int NNGetOpInfo(OpHandle op,
+                const char **real_name,
+                const char **description,
+                uint32_t *num_doc_args,
+                const char ***arg_names,
+                const char ***arg_type_infos,
+                const char ***arg_descriptions,
+                const char **return_type);
+
+// Invoke an operator imperatively. `*outputs == NULL` (or `*num_outputs == 0`): new arrays
+// are returned in a per-thread array (the caller frees each handle); otherwise the results go
+// into the caller's `*num_outputs` arrays. `*out_stypes` is always set (all dense: 0).
+//
+// # Safety
+// `inputs` must hold `num_inputs` handles, `param_keys`/`param_vals` `num_params` strings;
+// `num_outputs`, `outputs` and `out_stypes` must be valid for reads and writes.
+int MXImperativeInvokeEx(AtomicSymbolCreator creator,
+                         int num_inputs,
+                         NDArrayHandle *inputs,
+                         int *num_outputs,
+                         NDArrayHandle **outputs,
+                         int num_params,
+                         const char **param_keys,
+                         const char **param_vals,
+                         const int **out_stypes);
+
+// [`MXImperativeInvokeEx`] without the storage types.
+//
+// # Safety
+// As for [`MXImperativeInvokeEx`].
+int MXImperativeInvoke(AtomicSymbolCreator creator,
+                       int num_inputs,
+                       NDArrayHandle *inputs,
+                       int *num_outputs,
+                       NDArrayHandle **outputs,
+                       int num_params,
+                       const char **param_keys,
+                       const char **param_vals);
+
+// Seed the random streams of every context.
+int MXRandomSeed(int seed);
+
+// Seed the random stream of one context.
+int MXRandomSeedContext(int seed, int dev_type, int dev_id);
 
 // Return the cached memory of the context's pool to the system.
 int MXStorageEmptyCache(int dev_type, int dev_id);

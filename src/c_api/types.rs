@@ -12,6 +12,8 @@ pub type dim_t = i64;
 pub type NDArrayHandle = *mut c_void;
 pub type FunctionHandle = *const c_void;
 pub type AtomicSymbolCreator = *mut c_void;
+/// nnvm's operator handle (the same value as an [`AtomicSymbolCreator`]).
+pub type OpHandle = *mut c_void;
 pub type CachedOpHandle = *mut c_void;
 pub type SymbolHandle = *mut c_void;
 pub type AtomicSymbolHandle = *mut c_void;
@@ -28,3 +30,22 @@ pub type DLManagedTensorHandle = *mut c_void;
 pub type ContextHandle = *const c_void;
 pub type EngineFnPropertyHandle = *const c_void;
 pub type EngineVarHandle = *mut c_void;
+
+/// Callbacks a frontend hands to the library (stock `struct MXCallbackList`).
+#[repr(C)]
+pub struct MXCallbackList {
+    pub num_callbacks: std::ffi::c_int,
+    pub callbacks: *mut Option<unsafe extern "C" fn() -> std::ffi::c_int>,
+    pub contexts: *mut *mut c_void,
+}
+
+/// A custom operator's property creator (stock `CustomOpPropCreator`).
+pub type CustomOpPropCreator = Option<
+    unsafe extern "C" fn(
+        op_type: *const std::ffi::c_char,
+        num_kwargs: std::ffi::c_int,
+        keys: *mut *const std::ffi::c_char,
+        values: *mut *const std::ffi::c_char,
+        ret: *mut MXCallbackList,
+    ) -> std::ffi::c_int,
+>;

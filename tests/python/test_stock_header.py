@@ -25,6 +25,9 @@ ADDITIONS = {
     "MXEngineNewVar", "MXEngineDeleteVar", "MXEngineWaitForVar", "MXEngineCompleteAsync",
     "MXStorageGetStats",
 }
+# Stock headers whose declarations we share: MXNet's C API, its test API, nnvm's C API
+# (NNGetOpHandle, ...) and the PackedFunc runtime API (MXNetFuncGetGlobal, ...).
+STOCK_HEADERS = ("mxnet/c_api.h", "mxnet/c_api_test.h", "nnvm/c_api.h", "mxnet/runtime/c_runtime_api.h")
 # Functions that must be checked (the foundation's share of the stock ABI).
 REQUIRED_SHARED = {
     "MXGetLastError", "MXGetVersion", "MXLibInfoFeatures", "MXNotifyShutdown",
@@ -35,6 +38,12 @@ REQUIRED_SHARED = {
     "MXNDArraySave", "MXNDArrayLoad", "MXNDArrayLoadFromBuffer", "MXNDArraySaveRawBytes",
     "MXNDArrayLoadFromRawBytes", "MXNDArrayReshape64", "MXNDArraySlice", "MXNDArrayAt",
     "MXStorageEmptyCache", "MXSetIsNumpyShape", "MXIsNumpyShape",
+    "MXListAllOpNames", "NNListAllOpNames", "NNGetOpHandle", "NNGetOpInfo",
+    "MXSymbolListAtomicSymbolCreators", "MXSymbolGetAtomicSymbolName", "MXSymbolGetAtomicSymbolInfo",
+    "MXImperativeInvokeEx", "MXImperativeInvoke", "MXRandomSeed", "MXRandomSeedContext",
+    "MXKVStoreIsWorkerNode", "MXListDataIters", "MXDataIterGetIterInfo", "MXDataIterCreateIter",
+    "MXListFunctions", "MXFuncGetInfo", "MXFuncDescribe", "MXNetFuncListGlobalNames",
+    "MXNetFuncGetGlobal", "MXCustomOpRegister",
 }
 
 
@@ -66,9 +75,9 @@ def our_declarations():
 
 def stock_names(inc: Path):
     text = ""
-    for h in ("c_api.h", "c_api_test.h"):
-        text += strip_comments((inc / "mxnet" / h).read_text())
-    functions = set(re.findall(r"MXNET_DLL\s+[\w\s\*]+?\b(\w+)\s*\(", text))
+    for h in STOCK_HEADERS:
+        text += strip_comments((inc / h).read_text())
+    functions = set(re.findall(r"(?:MXNET_DLL|NNVM_DLL)\s+[\w\s\*]+?\b(\w+)\s*\(", text))
     typedefs = set(re.findall(r"typedef\s+[^;(]*?\b(\w+)\s*;", text))
     return functions, typedefs
 
@@ -86,7 +95,7 @@ def compile_c(tmp_path: Path, name: str, body: str, inc: Path, run: bool = False
 
 
 def check_unit(protos, typedefs, shared_fns, shared_types) -> str:
-    lines = ["#include <mxnet/c_api.h>", "#include <mxnet/c_api_test.h>"]
+    lines = [f"#include <{h}>" for h in STOCK_HEADERS]
     lines += [typedefs[t] for t in sorted(shared_types)]
     lines += [protos[f] for f in sorted(shared_fns)]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,208 @@
+//! Imperative invocation (`MXImperativeInvokeEx`): parse, infer, allocate, push.
+//!
+//! Owns the path from an operator, its input arrays, optional caller outputs and parameter
+//! strings to an operation pushed to the engine under the operator's name: strict parameter
+//! parsing (with `num_args` filled in), the input count check (optional inputs the frontend
+//! drops), shape and dtype inference and the check of caller-given outputs against it, output
+//! allocation from the storage pool, the read/write variable sets (inputs read, outputs and
+//! mutated inputs written, each variable once), random stream reservation, and the overlap
+//! rule that lets kernels take plain slices: an output that overlaps an input it was not
+//! declared in-place with is computed into a temporary and copied over in the same operation.
+//! Also owns the thread's training flag that kernels see (autograd sets it).
+
+use super::tensor::TBlob;
+use super::{random, Meta, OpCtx, OpDef, Req, Resource};
+use crate::context::Context;
+use crate::engine::{self, Push, Var};
+use crate::error::{Error, Result};
+use crate::ndarray::NDArray;
+use crate::storage::Block;
+use std::cell::Cell;
+use std::sync::Arc;
+
+thread_local! {
+    static IS_TRAIN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// This thread's training flag (MXAutogradSetIsTraining); returns the previous value.
+pub fn set_training(on: bool) -> bool {
+    IS_TRAIN.with(|c| c.replace(on))
+}
+pub fn is_training() -> bool {
+    IS_TRAIN.with(|c| c.get())
+}
+
+fn overlaps(a: &NDArray, b: &NDArray) -> bool {
+    match (&a.chunk, &b.chunk) {
+        (Some(x), Some(y)) if Arc::ptr_eq(x, y) => {
+            let (a0, a1) = (a.offset, a.offset + a.size() * a.dtype.size());
+            let (b0, b1) = (b.offset, b.offset + b.size() * b.dtype.size());
+            a0 < b1 && b0 < a1 && a1 > a0 && b1 > b0
+        }
+        _ => false,
+    }
+}
+
+fn push_unique(list: &mut Vec<Arc<Var>>, v: &Arc<Var>) {
+    if !list.iter().any(|x| Arc::ptr_eq(x, v)) {
+        list.push(v.clone());
+    }
+}
+
+/// Invoke `op` on `inputs` with parameters `kv`. `outputs`: the caller's arrays (all outputs or
+/// the visible ones) or `None` to allocate. Returns the visible outputs.
+pub fn invoke<'a>(
+    op: &'static OpDef,
+    inputs: &[&NDArray],
+    outputs: Option<&[&NDArray]>,
+    kv: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<Vec<NDArray>> {
+    let attrs = op.parse_attrs(kv, inputs.len())?;
+    let want = op.num_inputs(&attrs, inputs.len())?;
+    if inputs.len() != want {
+        return Err(Error::value(format!(
+            "operator {} expects {want} inputs, got {} (check optional inputs against the parameters)",
+            op.name,
+            inputs.len()
+        )));
+    }
+    let mut in_meta = Vec::with_capacity(inputs.len());
+    let mut ctx: Option<Context> = None;
+    for (i, x) in inputs.iter().enumerate() {
+        let c = x.ctx().ok_or_else(|| Error::value(format!("input {i} of operator {} is an empty NDArray", op.name)))?;
+        if let Some(prev) = ctx {
+            if prev != c {
+                return Err(Error::value(format!(
+                    "operator {}: all inputs must be on one context, got {prev} and {c}",
+                    op.name
+                )));
+            }
+        }
+        ctx = Some(c);
+        in_meta.push(Meta::new(x.shape.clone(), x.dtype));
+    }
+    if attrs.has("ctx") {
+        if let Some(c) = attrs.ctx("ctx") {
+            ctx = Some(c);
+        }
+    }
+    let ctx = ctx.unwrap_or(Context::CPU).check_available()?;
+    let out_meta = (op.infer)(&attrs, &in_meta)?;
+    let total = (op.num_outputs)(&attrs);
+    let visible = (op.num_visible_outputs)(&attrs);
+    if out_meta.len() != total {
+        return Err(Error::internal(format!("operator {} inferred {} outputs, declared {total}", op.name, out_meta.len())));
+    }
+
+    // Outputs: the caller's (checked against inference) or new arrays.
+    let mut outs: Vec<NDArray> = Vec::with_capacity(total);
+    if let Some(given) = outputs {
+        if given.len() != total && given.len() != visible {
+            return Err(Error::value(format!(
+                "operator {} has {visible} outputs, {} given",
+                op.name,
+                given.len()
+            )));
+        }
+        for (i, o) in given.iter().enumerate() {
+            let m = &out_meta[i];
+            if o.chunk.is_none() {
+                return Err(Error::value(format!("output {i} of operator {} is an empty NDArray", op.name)));
+            }
+            if o.shape != m.shape || o.dtype != m.dtype {
+                return Err(Error::value(format!(
+                    "operator {}: output {i} has shape {:?} {} but the operator produces {:?} {}",
+                    op.name,
+                    o.shape,
+                    o.dtype.name(),
+                    m.shape,
+                    m.dtype.name()
+                )));
+            }
+            if o.ctx() != Some(ctx) {
+                return Err(Error::value(format!(
+                    "operator {}: output {i} is on {} but the operator runs on {ctx}",
+                    op.name,
+                    o.ctx().map(|c| c.to_string()).unwrap_or_default()
+                )));
+            }
+            outs.push((*o).clone());
+        }
+    }
+    for m in &out_meta[outs.len()..] {
+        outs.push(NDArray::new(m.shape.clone(), ctx, m.dtype, false)?);
+    }
+
+    // Variables: inputs read, outputs and mutated inputs written, each listed once.
+    let mut mutable: Vec<Arc<Var>> = Vec::with_capacity(total + op.mutate_inputs.len());
+    for o in &outs {
+        push_unique(&mut mutable, o.chunk()?);
+    }
+    for &i in op.mutate_inputs {
+        push_unique(&mut mutable, inputs[i].chunk()?);
+    }
+    let mut constant: Vec<Arc<Var>> = Vec::with_capacity(inputs.len());
+    for x in inputs {
+        let c = x.chunk()?;
+        if !mutable.iter().any(|m| Arc::ptr_eq(m, c)) {
+            push_unique(&mut constant, c);
+        }
+    }
+
+    // Blobs, with temporaries for undeclared overlaps.
+    let mut in_blobs = Vec::with_capacity(inputs.len());
+    for x in inputs {
+        // SAFETY: the address lies in the chunk, which the pushed operation holds.
+        in_blobs.push(unsafe { TBlob::new(x.data()?, x.shape.clone(), x.dtype) });
+    }
+    let mut out_blobs = Vec::with_capacity(total);
+    let mut temps: Vec<(usize, Block)> = Vec::new();
+    let mut req = Vec::with_capacity(total);
+    for (oi, o) in outs.iter().enumerate() {
+        let clash = inputs.iter().enumerate().any(|(ii, x)| overlaps(o, x) && !op.inplace.contains(&(ii, oi)));
+        let inplace = inputs.iter().enumerate().any(|(ii, x)| overlaps(o, x) && op.inplace.contains(&(ii, oi)));
+        if clash {
+            let bytes = o.size() * o.dtype.size();
+            let block = Block::alloc(bytes.max(1), ctx)?;
+            // SAFETY: the temporary block is owned by the operation and sized for the output.
+            out_blobs.push(unsafe { TBlob::new(block.ptr(), o.shape.clone(), o.dtype) });
+            temps.push((oi, block));
+            req.push(Req::Write);
+        } else {
+            // SAFETY: as for inputs.
+            out_blobs.push(unsafe { TBlob::new(o.data()?, o.shape.clone(), o.dtype) });
+            req.push(if inplace { Req::Inplace } else { Req::Write });
+        }
+    }
+    let final_outs: Vec<TBlob> = if temps.is_empty() {
+        Vec::new()
+    } else {
+        // SAFETY: as for inputs.
+        outs.iter().map(|o| Ok(unsafe { TBlob::new(o.data()?, o.shape.clone(), o.dtype) })).collect::<Result<_>>()?
+    };
+
+    let rng = if op.resources.contains(&Resource::Random) {
+        let draws: u64 = out_meta.iter().map(|m| m.size() as u64).sum::<u64>() * 2 + 2;
+        Some(random::take(ctx, draws))
+    } else {
+        None
+    };
+    let is_train = is_training();
+    let func = move |_: &engine::RunContext| -> Result<()> {
+        let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train };
+        (op.compute)(&cx, &in_blobs, &out_blobs)?;
+        for (oi, block) in &temps {
+            let dst = &final_outs[*oi];
+            // SAFETY: the temporary holds exactly the output's bytes; the output is written
+            // by this operation only and does not overlap the temporary.
+            unsafe { std::ptr::copy_nonoverlapping(block.ptr(), dst.ptr(), dst.bytes()) };
+        }
+        Ok(())
+    };
+    let mut p = Push::sync(func, constant, mutable);
+    p.ctx = ctx;
+    p.name = Some(op.engine_name());
+    engine::global()?.push(p)?;
+    outs.truncate(visible);
+    Ok(outs)
+}

@@ -1,0 +1,266 @@
+//! Data-parallel kernel execution, OpenMP-like: a rayon pool sized by `MXSetNumOMPThreads`,
+//! else `OMP_NUM_THREADS`, else the number of cores; and operator tuning (seed 001's
+//! `MXNET_USE_OPERATOR_TUNING`), which decides when a loop is too small to split.
+//!
+//! Owns: the kernel pool (re-created when the thread count changes), [`par_for`] and the
+//! tuning decision. Tuning: at pool creation the fork-join cost of the pool is measured; a
+//! loop runs on several threads only when its estimated serial time (elements × the
+//! operator's declared cost per element) exceeds a few times that cost. With tuning disabled
+//! for a dtype (`MXNET_USE_OPERATOR_TUNING=0`, or a list that leaves the dtype out) every loop
+//! above a minimal size is split, as stock's OpenMP loops are without tuning.
+//! `MXNET_USE_NUM_CORES_OPERATOR_TUNING` caps the thread count the estimate assumes.
+//! Under the NaiveEngine the pool is still used by kernels (as stock's OpenMP is); it starts
+//! lazily at the first loop worth splitting.
+
+use crate::config;
+use crate::config::spec::Value as CfgValue;
+use crate::ndarray::DType;
+use crate::runtime::runtime;
+use parking_lot::Mutex;
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+/// Estimated serial cost of one element of a loop, in nanoseconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Cost(pub f64);
+
+impl Cost {
+    /// A memory-bound streaming operation (add, copy, compare).
+    pub const CHEAP: Cost = Cost(0.25);
+    /// A few arithmetic operations per element (sigmoid via exp, division, clip).
+    pub const MEDIUM: Cost = Cost(2.0);
+    /// A transcendental function per element (exp, log, tanh, pow).
+    pub const MATH: Cost = Cost(6.0);
+}
+
+struct KernelPool {
+    pool: rayon::ThreadPool,
+    threads: usize,
+    /// Measured fork-join cost of one split loop, in nanoseconds.
+    overhead_ns: f64,
+}
+
+/// Threads requested for kernels: MXSetNumOMPThreads, else a valid OMP_NUM_THREADS, else cores.
+pub fn requested_threads() -> usize {
+    static OMP_ENV: OnceLock<Option<usize>> = OnceLock::new();
+    let env = *OMP_ENV.get_or_init(|| {
+        let raw = std::env::var("OMP_NUM_THREADS").ok()?;
+        match raw.trim().split(',').next().and_then(|s| s.trim().parse::<usize>().ok()).filter(|&n| n > 0) {
+            Some(n) => Some(n),
+            None => {
+                eprintln!("[mxnet-rt] warning: OMP_NUM_THREADS={raw:?} is not a positive integer; using the core count");
+                None
+            }
+        }
+    });
+    if runtime().kernel_threads_set() {
+        runtime().kernel_threads()
+    } else {
+        env.unwrap_or_else(|| runtime().kernel_threads())
+    }
+}
+
+fn pool() -> Option<Arc<KernelPool>> {
+    static POOL: Mutex<Option<Arc<KernelPool>>> = Mutex::new(None);
+    let want = requested_threads();
+    if want <= 1 {
+        return None;
+    }
+    let mut slot = POOL.lock();
+    if let Some(p) = slot.as_ref().filter(|p| p.threads == want) {
+        return Some(p.clone());
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(want)
+        .thread_name(|i| format!("mxnet-rt kernel {i}"))
+        .build()
+        .ok()?;
+    let overhead_ns = measure_overhead(&pool, want);
+    let p = Arc::new(KernelPool { pool, threads: want, overhead_ns });
+    *slot = Some(p.clone());
+    Some(p)
+}
+
+/// Median time of a split empty loop on `pool`.
+fn measure_overhead(pool: &rayon::ThreadPool, threads: usize) -> f64 {
+    use rayon::prelude::*;
+    let mut samples: Vec<f64> = (0..24)
+        .map(|_| {
+            let t = Instant::now();
+            pool.install(|| (0..threads).into_par_iter().for_each(|i| {
+                std::hint::black_box(i);
+            }));
+            t.elapsed().as_nanos() as f64
+        })
+        .collect();
+    samples.sort_by(|a, b| a.total_cmp(b));
+    samples[samples.len() / 2].max(1000.0)
+}
+
+struct Tuning {
+    /// Per dtype code (0..8): whether tuning decides (true) or every loop splits (false).
+    enabled: [bool; 8],
+    /// Cores the estimate assumes (MXNET_USE_NUM_CORES_OPERATOR_TUNING).
+    cores: Option<usize>,
+}
+
+fn tuning() -> &'static Tuning {
+    static T: OnceLock<Tuning> = OnceLock::new();
+    T.get_or_init(|| {
+        let reg = config::global();
+        let mut enabled = [true; 8];
+        match reg.get("MXNET_USE_OPERATOR_TUNING", "operator tuning").map(|r| r.value) {
+            Ok(Some(CfgValue::DTypes(Some(list)))) => {
+                for d in [DType::F32, DType::F64, DType::F16, DType::U8, DType::I32, DType::I8, DType::I64, DType::Bool] {
+                    enabled[d as usize] = list.iter().any(|n| n == d.name());
+                }
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!("[mxnet-rt] warning: {e}; operator tuning stays enabled"),
+        }
+        let cores = reg
+            .get_int("MXNET_USE_NUM_CORES_OPERATOR_TUNING", "operator tuning")
+            .unwrap_or_else(|e| {
+                eprintln!("[mxnet-rt] warning: {e}; ignored");
+                None
+            })
+            .map(|n| n.max(1) as usize);
+        Tuning { enabled, cores }
+    })
+}
+
+thread_local! {
+    static IN_POOL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is running a chunk of a split loop (nested loops then stay serial).
+pub fn in_kernel_pool() -> bool {
+    IN_POOL.with(|f| f.get())
+}
+
+fn with_kernel_pool_flag<R>(f: impl FnOnce() -> R) -> R {
+    let prev = IN_POOL.with(|c| c.replace(true));
+    let r = f();
+    IN_POOL.with(|c| c.set(prev));
+    r
+}
+
+/// Smallest number of elements worth giving a thread of its own.
+const MIN_CHUNK: usize = 1024;
+
+/// How many threads a loop of `n` elements at `cost` per element should use.
+pub fn plan(n: usize, cost: Cost, dtype: DType) -> usize {
+    if n < 2 * MIN_CHUNK || in_kernel_pool() {
+        return 1;
+    }
+    let Some(p) = pool() else { return 1 };
+    let t = tuning();
+    let max_by_size = (n / MIN_CHUNK).max(1);
+    let threads = p.threads.min(max_by_size);
+    if !t.enabled[dtype as usize] {
+        return threads;
+    }
+    let assumed = t.cores.map_or(threads, |c| threads.min(c)).max(1);
+    let serial_ns = n as f64 * cost.0;
+    if serial_ns < 4.0 * p.overhead_ns || assumed < 2 {
+        1
+    } else {
+        assumed
+    }
+}
+
+/// Run `f` over `0..n` split into contiguous ranges, in parallel when [`plan`] says so.
+pub fn par_for(n: usize, cost: Cost, dtype: DType, f: impl Fn(Range<usize>) + Sync + Send) {
+    let threads = plan(n, cost, dtype);
+    if threads <= 1 {
+        if n > 0 {
+            f(0..n);
+        }
+        return;
+    }
+    run_split(n, threads, &f);
+}
+
+/// Run `f(i)` for `i in 0..tasks` on the kernel pool (`tasks` coarse, independent units such as
+/// images of a batch), serially when `serial_ns` (the estimated total time) is too small.
+pub fn par_tasks(tasks: usize, serial_ns: f64, dtype: DType, f: impl Fn(usize) + Sync + Send) {
+    let threads = if tasks < 2 || in_kernel_pool() {
+        1
+    } else {
+        match pool() {
+            None => 1,
+            Some(p) => {
+                let t = tuning();
+                if !t.enabled[dtype as usize] || serial_ns >= 4.0 * p.overhead_ns {
+                    p.threads.min(tasks)
+                } else {
+                    1
+                }
+            }
+        }
+    };
+    if threads <= 1 {
+        (0..tasks).for_each(f);
+        return;
+    }
+    let p = pool().expect("pool exists when threads > 1");
+    p.pool.install(|| {
+        use rayon::prelude::*;
+        (0..tasks).into_par_iter().for_each(|i| with_kernel_pool_flag(|| f(i)));
+    });
+}
+
+fn run_split(n: usize, threads: usize, f: &(impl Fn(Range<usize>) + Sync + Send)) {
+    let p = pool().expect("pool exists when threads > 1");
+    let chunk = n.div_ceil(threads);
+    p.pool.install(|| {
+        use rayon::prelude::*;
+        (0..threads).into_par_iter().for_each(|i| {
+            let start = i * chunk;
+            let end = ((i + 1) * chunk).min(n);
+            if start < end {
+                with_kernel_pool_flag(|| f(start..end));
+            }
+        });
+    });
+}
+
+/// Run `f` inside the kernel pool (so that a library that uses the current rayon pool, such
+/// as the GEMM crate, uses ours), or directly when there is no pool.
+pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    match pool() {
+        Some(p) if !in_kernel_pool() => p.pool.install(f),
+        _ => f(),
+    }
+}
+
+/// Threads of the kernel pool (1 when there is none).
+pub fn pool_threads() -> usize {
+    pool().map_or(1, |p| p.threads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn par_for_covers_every_index_once() {
+        for n in [0usize, 1, 1000, 5000, 1 << 20] {
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            par_for(n, Cost::MATH, DType::F32, |r| {
+                for i in r {
+                    hits[i].fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "n={n}");
+        }
+    }
+
+    #[test]
+    fn small_loops_stay_serial() {
+        assert_eq!(plan(10, Cost::MATH, DType::F32), 1);
+        assert_eq!(plan(2000, Cost::CHEAP, DType::F32), 1);
+    }
+}

@@ -1,0 +1,55 @@
+//! Helpers shared by the operator families: inference shorthands and shape arithmetic.
+
+use crate::error::{Error, Result};
+use crate::op::param::Attrs;
+use crate::op::{InferFn, Meta};
+
+/// Inference: one output like input 0.
+pub fn same_as_first() -> InferFn {
+    Box::new(|_: &Attrs, ins: &[Meta]| Ok(vec![ins[0].clone()]))
+}
+
+/// Inference: every input has the same shape and dtype; one output like them.
+pub fn all_same(op: &'static str) -> InferFn {
+    Box::new(move |_: &Attrs, ins: &[Meta]| {
+        for (i, m) in ins.iter().enumerate().skip(1) {
+            check_same(op, &ins[0], m, i)?;
+        }
+        Ok(vec![ins[0].clone()])
+    })
+}
+
+pub fn check_same(op: &str, a: &Meta, b: &Meta, i: usize) -> Result<()> {
+    if a.shape != b.shape {
+        return Err(Error::value(format!(
+            "operator {op}: input {i} has shape {:?}, expected {:?} like input 0",
+            b.shape, a.shape
+        )));
+    }
+    if a.dtype != b.dtype {
+        return Err(Error::type_error(format!(
+            "operator {op}: input {i} has dtype {}, expected {} like input 0",
+            b.dtype.name(),
+            a.dtype.name()
+        )));
+    }
+    Ok(())
+}
+
+/// Normalise an axis in `[-ndim, ndim)` to `[0, ndim)`.
+pub fn norm_axis(op: &str, axis: i64, ndim: usize) -> Result<usize> {
+    let n = ndim as i64;
+    if axis < -n || axis >= n {
+        return Err(Error::index(format!("operator {op}: axis {axis} is out of range for {ndim} dimensions")));
+    }
+    Ok(if axis < 0 { (axis + n) as usize } else { axis as usize })
+}
+
+/// A shape parameter as sizes (negative entries refused).
+pub fn shape_param(op: &str, name: &str, s: &[i64]) -> Result<Vec<usize>> {
+    s.iter()
+        .map(|&d| {
+            usize::try_from(d).map_err(|_| Error::value(format!("operator {op}: {name} has a negative dimension: {s:?}")))
+        })
+        .collect()
+}

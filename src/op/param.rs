@@ -1,0 +1,476 @@
+//! Operator parameters: schemas and strict parsing of the strings the frontend sends.
+//!
+//! Owns: [`ParamSpec`] (name, type, default or required, doc — served to the frontend through
+//! `MXSymbolGetAtomicSymbolInfo`), [`PType`] (the value types), [`Value`] and [`Attrs`] (one
+//! parsed value per declared parameter). Values arrive as `str()` of Python values: `True`,
+//! `0`, `None`, `(2, 3)`, `(3,)`, `[1, 2, 0]`, `(None, 1)`, `1.5951227848834706`, `inf`,
+//! `cpu(0)`, dtype names. Parsing is strict: an unknown key or a bad value is a `ValueError`
+//! naming the operator, the parameter, the value and what is accepted.
+
+use crate::context::{Context, DevType};
+use crate::error::{Error, Result};
+use crate::ndarray::DType;
+
+/// The type of a parameter's value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PType {
+    /// `True`/`False`/`true`/`false`/`1`/`0`.
+    Bool,
+    /// A (64-bit) integer.
+    Int,
+    /// A float (`inf`, `-inf`, `nan` accepted).
+    Float,
+    /// A tuple of integers: `(2, 3)`, `[1, 2]`, `(3,)`, `()` or a bare integer `5`.
+    Shape,
+    /// A tuple whose entries may be `None`: `(None, 1)`.
+    OptShape,
+    /// A tuple of floats: `(0.5, 1.0)`.
+    FloatTuple,
+    /// One of the listed strings.
+    Enum(&'static [&'static str]),
+    /// A dtype name (`float32`, ...).
+    DType,
+    /// A context string (`cpu(0)`, `gpu(1)`, `cpu_pinned(0)`, `cpu_shared(0)`).
+    Ctx,
+    /// Any string.
+    Str,
+}
+
+/// One declared parameter.
+#[derive(Debug, Clone, Copy)]
+pub struct ParamSpec {
+    pub name: &'static str,
+    pub ty: PType,
+    /// Whether `None` is accepted (the value types read "int or None", ...).
+    pub nullable: bool,
+    /// The default as a string (parsed like a sent value); `None` makes the parameter required.
+    pub default: Option<&'static str>,
+    pub doc: &'static str,
+}
+
+impl ParamSpec {
+    pub const fn req(name: &'static str, ty: PType, doc: &'static str) -> Self {
+        ParamSpec { name, ty, nullable: false, default: None, doc }
+    }
+    pub const fn opt(name: &'static str, ty: PType, default: &'static str, doc: &'static str) -> Self {
+        ParamSpec { name, ty, nullable: false, default: Some(default), doc }
+    }
+    /// An optional parameter that also accepts `None`.
+    pub const fn or_none(name: &'static str, ty: PType, default: &'static str, doc: &'static str) -> Self {
+        ParamSpec { name, ty, nullable: true, default: Some(default), doc }
+    }
+
+    /// The type string `MXSymbolGetAtomicSymbolInfo` reports (stock style, e.g.
+    /// `int or None, optional, default='None'`, `Shape(tuple), required`).
+    pub fn type_string(&self) -> String {
+        let base = match self.ty {
+            PType::Bool => "boolean".to_string(),
+            PType::Int => "int".to_string(),
+            PType::Float => "float".to_string(),
+            PType::Shape => "Shape(tuple)".to_string(),
+            PType::OptShape => "Shape(tuple)".to_string(),
+            PType::FloatTuple => "tuple of <float>".to_string(),
+            PType::Enum(_) => enum_string(self.ty),
+            PType::DType => enum_string(PType::Enum(DTYPE_NAMES)),
+            PType::Ctx | PType::Str => "string".to_string(),
+        };
+        let base = if self.nullable { format!("{base} or None") } else { base };
+        match self.default {
+            None => format!("{base}, required"),
+            Some(d) => format!("{base}, optional, default='{d}'"),
+        }
+    }
+
+    fn expected(&self) -> String {
+        let what = match self.ty {
+            PType::Bool => "a boolean (True, False, 1 or 0)".to_string(),
+            PType::Int => "an integer".to_string(),
+            PType::Float => "a number".to_string(),
+            PType::Shape => "a tuple of integers such as (2, 3)".to_string(),
+            PType::OptShape => "a tuple of integers or None such as (None, 1)".to_string(),
+            PType::FloatTuple => "a tuple of numbers such as (0.5, 1.0)".to_string(),
+            PType::Enum(names) => format!("one of {}", names.join(", ")),
+            PType::DType => format!("a dtype name ({})", DTYPE_NAMES.join(", ")),
+            PType::Ctx => "a context such as cpu(0)".to_string(),
+            PType::Str => "a string".to_string(),
+        };
+        if self.nullable {
+            format!("{what} or None")
+        } else {
+            what
+        }
+    }
+
+    /// Parse `text` as this parameter's value.
+    pub fn parse(&self, text: &str) -> std::result::Result<Value, String> {
+        let t = text.trim();
+        if (self.nullable && t == "None") || (self.ty == PType::Ctx && (t.is_empty() || t == "None")) {
+            return Ok(Value::None);
+        }
+        let bad = || format!("expected {}", self.expected());
+        Ok(match self.ty {
+            PType::Bool => Value::Bool(match t {
+                "True" | "true" | "1" => true,
+                "False" | "false" | "0" => false,
+                _ => return Err(bad()),
+            }),
+            PType::Int => Value::Int(parse_int(t).ok_or_else(bad)?),
+            PType::Float => Value::Float(parse_float(t).ok_or_else(bad)?),
+            PType::Shape => Value::Shape(
+                parse_tuple(t, |s| parse_int(s).map(Some))
+                    .ok_or_else(bad)?
+                    .into_iter()
+                    .map(|v| v.unwrap_or_default())
+                    .collect(),
+            ),
+            PType::OptShape => Value::OptShape(
+                parse_tuple(t, |s| if s == "None" { Some(None) } else { parse_int(s).map(Some) }).ok_or_else(bad)?,
+            ),
+            PType::FloatTuple => Value::FloatTuple(
+                parse_tuple(t, |s| parse_float(s).map(Some))
+                    .ok_or_else(bad)?
+                    .into_iter()
+                    .map(|v| v.unwrap_or_default())
+                    .collect(),
+            ),
+            PType::Enum(names) => {
+                let s = t.trim_matches('\'');
+                if !names.contains(&s) {
+                    return Err(bad());
+                }
+                Value::Str(s.to_string())
+            }
+            PType::DType => Value::DType(dtype_from_name(t).ok_or_else(bad)?),
+            PType::Ctx => Value::Ctx(parse_ctx(t).ok_or_else(bad)?),
+            PType::Str => Value::Str(text.to_string()),
+        })
+    }
+}
+
+fn enum_string(ty: PType) -> String {
+    match ty {
+        PType::Enum(names) => {
+            let quoted: Vec<String> = names.iter().map(|n| format!("'{n}'")).collect();
+            format!("{{{}}}", quoted.join(", "))
+        }
+        _ => String::new(),
+    }
+}
+
+/// The dtype names parameters accept.
+pub const DTYPE_NAMES: &[&str] = &["bool", "float16", "float32", "float64", "int32", "int64", "int8", "uint8"];
+
+pub fn dtype_from_name(name: &str) -> Option<DType> {
+    Some(match name.trim_matches('\'') {
+        "float32" => DType::F32,
+        "float64" => DType::F64,
+        "float16" => DType::F16,
+        "uint8" => DType::U8,
+        "int32" => DType::I32,
+        "int8" => DType::I8,
+        "int64" => DType::I64,
+        "bool" => DType::Bool,
+        _ => return None,
+    })
+}
+
+fn parse_int(s: &str) -> Option<i64> {
+    let s = s.trim();
+    // Python prints large ints plainly, numpy ints too; a trailing "L" is Python 2.
+    s.strip_suffix('L').unwrap_or(s).parse::<i64>().ok()
+}
+
+fn parse_float(s: &str) -> Option<f64> {
+    let s = s.trim();
+    match s {
+        "inf" | "+inf" | "Infinity" => Some(f64::INFINITY),
+        "-inf" | "-Infinity" => Some(f64::NEG_INFINITY),
+        "nan" | "NaN" => Some(f64::NAN),
+        _ => s.parse::<f64>().ok().filter(|v| v.is_finite()),
+    }
+}
+
+/// `(a, b)`, `[a, b]`, `(a,)`, `()`, or a bare `a`.
+fn parse_tuple<T>(s: &str, item: impl Fn(&str) -> Option<T>) -> Option<Vec<T>> {
+    let s = s.trim();
+    let inner = if let Some(r) = s.strip_prefix('(') {
+        r.strip_suffix(')')?
+    } else if let Some(r) = s.strip_prefix('[') {
+        r.strip_suffix(']')?
+    } else {
+        return item(s).map(|v| vec![v]);
+    };
+    let inner = inner.trim();
+    if inner.is_empty() {
+        return Some(Vec::new());
+    }
+    let inner = inner.strip_suffix(',').unwrap_or(inner);
+    inner.split(',').map(|p| item(p.trim())).collect()
+}
+
+fn parse_ctx(s: &str) -> Option<Context> {
+    let (name, rest) = s.split_once('(')?;
+    let id: i32 = rest.strip_suffix(')')?.trim().parse().ok()?;
+    let dev = match name.trim() {
+        "cpu" => DevType::Cpu,
+        "gpu" => DevType::Gpu,
+        "cpu_pinned" => DevType::CpuPinned,
+        "cpu_shared" => DevType::CpuShared,
+        _ => return None,
+    };
+    Context::new(dev, id).ok()
+}
+
+/// A parsed parameter value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Shape(Vec<i64>),
+    OptShape(Vec<Option<i64>>),
+    FloatTuple(Vec<f64>),
+    Str(String),
+    DType(DType),
+    Ctx(Context),
+}
+
+/// The parsed parameters of one operator call: one value per declared parameter, in
+/// declaration order. Accessors panic on a name the operator did not declare or a mismatched
+/// type; both are programming errors inside an operator, caught at the C boundary.
+#[derive(Debug, Clone)]
+pub struct Attrs {
+    pub op: &'static str,
+    specs: &'static [ParamSpec],
+    values: Vec<Value>,
+}
+
+impl Attrs {
+    /// Parse `kv` against `specs`; keys of the form `__name__` (graph attributes, not
+    /// parameters) are ignored.
+    pub fn parse<'a>(
+        op: &'static str,
+        specs: &'static [ParamSpec],
+        kv: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Attrs> {
+        let mut values: Vec<Option<Value>> = vec![None; specs.len()];
+        for (k, v) in kv {
+            if k.starts_with("__") && k.ends_with("__") && k.len() > 4 {
+                continue;
+            }
+            let Some(i) = specs.iter().position(|s| s.name == k) else {
+                let known: Vec<&str> = specs.iter().map(|s| s.name).collect();
+                return Err(Error::value(format!(
+                    "operator {op} has no parameter '{k}' (its parameters: {})",
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                )));
+            };
+            let value = specs[i].parse(v).map_err(|why| {
+                Error::value(format!("invalid value '{v}' for parameter '{k}' of operator {op}: {why}"))
+            })?;
+            values[i] = Some(value);
+        }
+        let mut out = Vec::with_capacity(specs.len());
+        for (spec, v) in specs.iter().zip(values) {
+            out.push(match v {
+                Some(v) => v,
+                None => match spec.default {
+                    Some(d) => spec.parse(d).map_err(|why| {
+                        Error::internal(format!("default '{d}' of {op}.{} does not parse: {why}", spec.name))
+                    })?,
+                    None => {
+                        return Err(Error::value(format!(
+                            "required parameter '{}' of operator {op} is missing ({})",
+                            spec.name,
+                            spec.type_string()
+                        )))
+                    }
+                },
+            });
+        }
+        Ok(Attrs { op, specs, values: out })
+    }
+
+    /// Whether `name` is a declared parameter.
+    pub fn has(&self, name: &str) -> bool {
+        self.specs.iter().any(|s| s.name == name)
+    }
+
+    pub fn get(&self, name: &str) -> &Value {
+        let i = self
+            .specs
+            .iter()
+            .position(|s| s.name == name)
+            .unwrap_or_else(|| panic!("operator {} reads undeclared parameter {name}", self.op));
+        &self.values[i]
+    }
+    fn mismatch(&self, name: &str, want: &str) -> ! {
+        panic!("parameter {name} of {} is not {want}: {:?}", self.op, self.get(name))
+    }
+    pub fn is_none(&self, name: &str) -> bool {
+        matches!(self.get(name), Value::None)
+    }
+    pub fn bool(&self, name: &str) -> bool {
+        match self.get(name) {
+            Value::Bool(b) => *b,
+            _ => self.mismatch(name, "a bool"),
+        }
+    }
+    pub fn int(&self, name: &str) -> i64 {
+        match self.get(name) {
+            Value::Int(v) => *v,
+            _ => self.mismatch(name, "an int"),
+        }
+    }
+    pub fn opt_int(&self, name: &str) -> Option<i64> {
+        match self.get(name) {
+            Value::None => None,
+            Value::Int(v) => Some(*v),
+            _ => self.mismatch(name, "an int or None"),
+        }
+    }
+    pub fn float(&self, name: &str) -> f64 {
+        match self.get(name) {
+            Value::Float(v) => *v,
+            Value::Int(v) => *v as f64,
+            _ => self.mismatch(name, "a float"),
+        }
+    }
+    pub fn opt_float(&self, name: &str) -> Option<f64> {
+        match self.get(name) {
+            Value::None => None,
+            Value::Float(v) => Some(*v),
+            _ => self.mismatch(name, "a float or None"),
+        }
+    }
+    pub fn shape(&self, name: &str) -> &[i64] {
+        match self.get(name) {
+            Value::Shape(v) => v,
+            _ => self.mismatch(name, "a shape"),
+        }
+    }
+    pub fn opt_shape(&self, name: &str) -> Option<&[i64]> {
+        match self.get(name) {
+            Value::None => None,
+            Value::Shape(v) => Some(v),
+            _ => self.mismatch(name, "a shape or None"),
+        }
+    }
+    pub fn opt_tuple(&self, name: &str) -> &[Option<i64>] {
+        match self.get(name) {
+            Value::OptShape(v) => v,
+            _ => self.mismatch(name, "a tuple of optional ints"),
+        }
+    }
+    pub fn floats(&self, name: &str) -> &[f64] {
+        match self.get(name) {
+            Value::FloatTuple(v) => v,
+            _ => self.mismatch(name, "a tuple of floats"),
+        }
+    }
+    pub fn str(&self, name: &str) -> &str {
+        match self.get(name) {
+            Value::Str(s) => s,
+            _ => self.mismatch(name, "a string"),
+        }
+    }
+    pub fn dtype(&self, name: &str) -> Option<DType> {
+        match self.get(name) {
+            Value::None => None,
+            Value::DType(d) => Some(*d),
+            _ => self.mismatch(name, "a dtype"),
+        }
+    }
+    pub fn ctx(&self, name: &str) -> Option<Context> {
+        match self.get(name) {
+            Value::None => None,
+            Value::Ctx(c) => Some(*c),
+            _ => self.mismatch(name, "a context"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPECS: &[ParamSpec] = &[
+        ParamSpec::req("shape", PType::Shape, "output shape"),
+        ParamSpec::or_none("axis", PType::Int, "None", "axis"),
+        ParamSpec::opt("keepdims", PType::Bool, "False", "keep reduced axes"),
+        ParamSpec::opt("scalar", PType::Float, "1", "scalar"),
+        ParamSpec::opt("begin", PType::OptShape, "()", "begin"),
+        ParamSpec::opt("mode", PType::Enum(&["max", "avg"]), "max", "mode"),
+        ParamSpec::or_none("dtype", PType::DType, "None", "dtype"),
+        ParamSpec::opt("ctx", PType::Ctx, "cpu(0)", "context"),
+    ];
+
+    fn parse(kv: &[(&str, &str)]) -> Result<Attrs> {
+        Attrs::parse("test_op", SPECS, kv.iter().copied())
+    }
+
+    #[test]
+    fn frontend_forms() {
+        let a = parse(&[
+            ("shape", "(2, 3)"),
+            ("axis", "None"),
+            ("keepdims", "True"),
+            ("scalar", "inf"),
+            ("begin", "(None, 1)"),
+            ("mode", "avg"),
+            ("dtype", "float16"),
+            ("ctx", "cpu_shared(0)"),
+        ])
+        .unwrap();
+        assert_eq!(a.shape("shape"), &[2, 3]);
+        assert_eq!(a.opt_int("axis"), None);
+        assert!(a.bool("keepdims"));
+        assert_eq!(a.float("scalar"), f64::INFINITY);
+        assert_eq!(a.opt_tuple("begin"), &[None, Some(1)]);
+        assert_eq!(a.str("mode"), "avg");
+        assert_eq!(a.dtype("dtype"), Some(DType::F16));
+        assert_eq!(a.ctx("ctx").unwrap().dev_type, DevType::CpuShared);
+        for (text, want) in [("[1, 2, 0]", vec![1, 2, 0]), ("(3,)", vec![3]), ("()", vec![]), ("5", vec![5]), ("[7]", vec![7])] {
+            assert_eq!(parse(&[("shape", text)]).unwrap().shape("shape"), &want[..], "{text}");
+        }
+        assert_eq!(parse(&[("shape", "1"), ("scalar", "1.5951227848834706")]).unwrap().float("scalar"), 1.5951227848834706);
+        assert_eq!(parse(&[("shape", "1"), ("axis", "-2")]).unwrap().opt_int("axis"), Some(-2));
+    }
+
+    #[test]
+    fn defaults_and_required() {
+        let a = parse(&[("shape", "(1,)")]).unwrap();
+        assert!(!a.bool("keepdims"));
+        assert_eq!(a.dtype("dtype"), None);
+        let e = parse(&[]).unwrap_err();
+        assert!(e.to_string().starts_with("ValueError: required parameter 'shape' of operator test_op"), "{e}");
+    }
+
+    #[test]
+    fn strict_errors_name_op_and_param() {
+        for (k, v, needle) in [
+            ("shape", "(2, x)", "parameter 'shape' of operator test_op"),
+            ("keepdims", "yes", "boolean"),
+            ("axis", "1.5", "an integer or None"),
+            ("mode", "min", "one of max, avg"),
+            ("dtype", "float8", "dtype name"),
+            ("ctx", "tpu(0)", "context"),
+            ("scalar", "", "a number"),
+            ("bogus", "1", "has no parameter 'bogus'"),
+        ] {
+            let e = parse(&[("shape", "(1,)"), (k, v)]).unwrap_err().to_string();
+            assert!(e.starts_with("ValueError: "), "{e}");
+            assert!(e.contains(needle), "{k}={v}: {e}");
+        }
+        // Dunder graph attributes are not parameters and are ignored.
+        assert!(parse(&[("shape", "(1,)"), ("__layout__", "NCHW")]).is_ok());
+    }
+
+    #[test]
+    fn type_strings() {
+        assert_eq!(SPECS[0].type_string(), "Shape(tuple), required");
+        assert_eq!(SPECS[1].type_string(), "int or None, optional, default='None'");
+        assert_eq!(SPECS[5].type_string(), "{'max', 'avg'}, optional, default='max'");
+    }
+}
