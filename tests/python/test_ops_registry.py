@@ -1,0 +1,81 @@
+"""The operator registry as the stock 1.9.1 frontend sees it: every name resolves, the
+documentation strings parse, and the generated `mx.nd.*` functions exist where the frontend's
+routing rules (base.py `_init_op_module`) put them."""
+import ctypes
+
+import mxnet as mx
+import pytest
+from mxnet.base import _LIB, c_str, check_call, py_str
+
+
+def all_names():
+    n = ctypes.c_uint()
+    arr = ctypes.POINTER(ctypes.c_char_p)()
+    check_call(_LIB.MXListAllOpNames(ctypes.byref(n), ctypes.byref(arr)))
+    return [py_str(arr[i]) for i in range(n.value)]
+
+
+def info(name):
+    h = ctypes.c_void_p()
+    check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(h)))
+    real, desc, key, ret = (ctypes.c_char_p() for _ in range(4))
+    n = ctypes.c_uint()
+    names, types, descs = (ctypes.POINTER(ctypes.c_char_p)() for _ in range(3))
+    check_call(_LIB.MXSymbolGetAtomicSymbolInfo(h, ctypes.byref(real), ctypes.byref(desc), ctypes.byref(n),
+                                                ctypes.byref(names), ctypes.byref(types), ctypes.byref(descs),
+                                                ctypes.byref(key), ctypes.byref(ret)))
+    args = [(py_str(names[i]), py_str(types[i]), py_str(descs[i])) for i in range(n.value)]
+    return h.value, py_str(real.value), py_str(desc.value), args, py_str(key.value)
+
+
+def test_every_name_resolves_and_documents():
+    names = all_names()
+    assert len(names) == len(set(names)) and len(names) > 50
+    handles = {}
+    for name in names:
+        h, real, desc, args, key = info(name)
+        assert h and desc
+        handles.setdefault(real, set()).add(h)
+        # Tensor inputs come first; at most one variadic input; the count key is declared.
+        kinds = [t.startswith("NDArray") for _, t, _ in args]
+        assert kinds == sorted(kinds, reverse=True), (name, args)
+        assert sum(t.endswith("[]") for _, t, _ in args) <= 1
+        if key:
+            assert key in [a for a, _, _ in args], (name, key)
+    # An alias resolves to the same handle as its canonical name.
+    assert all(len(hs) == 1 for hs in handles.values())
+
+
+def test_unknown_name_is_an_error():
+    h = ctypes.c_void_p()
+    assert _LIB.NNGetOpHandle(c_str("definitely_not_an_op"), ctypes.byref(h)) == -1
+
+
+@pytest.mark.parametrize("name", ["elemwise_add", "_plus", "_zeros", "_full"])
+def test_frontend_generated_functions(name):
+    if name.startswith("_"):
+        assert hasattr(mx.nd._internal, name)
+        assert hasattr(mx.sym._internal, name)
+    else:
+        assert callable(getattr(mx.nd, name))
+        assert callable(getattr(mx.sym, name))
+
+
+def test_generated_functions_for_all_public_ops():
+    """Names without a leading underscore and without a routed prefix land in mx.nd."""
+    for name in all_names():
+        if name.startswith("_"):
+            continue
+        assert hasattr(mx.nd, name), name
+
+
+def test_error_class_from_bad_parameter():
+    with pytest.raises(ValueError, match="parameter 'value'"):
+        mx.nd._internal._full(shape=(2,), value="abc")
+    with pytest.raises(ValueError, match="no parameter"):
+        mx.nd.zeros((2,), bogus=1)
+
+
+def test_unsupported_is_not_implemented():
+    with pytest.raises(NotImplementedError, match="not supported yet"):
+        mx.nd.Custom(mx.nd.ones((2,)), op_type="missing")
