@@ -1,45 +1,882 @@
-//! Element-wise operators on same-shape inputs.
+//! Element-wise operators: binary on same-shape inputs (`elemwise_add`, `_mod`, `_equal`, ...),
+//! binary with a scalar (`_plus_scalar`, `_rminus_scalar`, ...), unary math (`exp`, `relu`,
+//! `round`, ...), `clip`, and identities (`_copy`, `BlockGrad`).
+//!
+//! Owns: the arithmetic each dtype computes in ([`Arith`]: float32/float16 in f32, float64 in
+//! f64, integers in i64 with MXNet's integer semantics — wrapping, division by zero gives 0,
+//! `mod` takes the divisor's sign, math functions go through f64 and are cast back), the
+//! binary operator table [`BINS`] shared with the broadcast family, and the typed dispatch of
+//! binary ([`bin_dispatch`]) and unary kernels. Comparisons and logical operators write 1/0 in
+//! the input dtype, as stock's legacy operators do; a scalar is first cast to the input dtype.
 
-use super::common::all_same;
-use crate::error::Result;
+use super::broadcast::{run_bin, BPlan};
+use super::common::{all_same, same_as_first};
+use crate::error::{Error, Result};
+use crate::ndarray::DType;
 use crate::op::kernel::{par_for, Cost};
+use crate::op::param::{PType, ParamSpec};
 use crate::op::tensor::{Elem, SendPtr, TBlob};
 use crate::op::{Grad, Inputs, OpCtx, OpDef};
-use crate::dispatch_num;
 
-/// `out[i] = f(a[i], b[i])` over the kernel pool.
-pub(crate) fn binary_map<T: Elem>(a: &TBlob, b: &TBlob, out: &TBlob, cost: Cost, f: impl Fn(T, T) -> T + Sync + Send) {
-    let (a, b) = (a.as_slice::<T>(), b.as_slice::<T>());
-    let o = SendPtr(out.as_mut::<T>().as_mut_ptr());
-    par_for(a.len(), cost, T::DTYPE, |r| {
-        let o = o;
-        // SAFETY: par_for ranges are disjoint and within the output.
-        let o = unsafe { std::slice::from_raw_parts_mut(o.0.add(r.start), r.len()) };
-        for ((o, &x), &y) in o.iter_mut().zip(&a[r.clone()]).zip(&b[r]) {
-            *o = f(x, y);
+macro_rules! std_math {
+    ($m:ident) => {
+        $m!(exp, exp_m1, ln, log10, log2, ln_1p, sin, cos, tan, asin, acos, atan, sinh, cosh, tanh, asinh, acosh, atanh, sqrt, cbrt, to_degrees, to_radians);
+    };
+}
+macro_rules! default_math {
+    ($($f:ident),*) => {$(
+        fn $f(self) -> Self {
+            Self::from_f64(self.to_f64().$f())
+        }
+    )*};
+}
+macro_rules! float_math {
+    ($($f:ident),*) => {$(
+        fn $f(self) -> Self {
+            <Self>::$f(self)
+        }
+    )*};
+}
+/// A type kernels compute in: f32, f64 or i64.
+pub(crate) trait Calc: Copy + PartialOrd + Send + Sync + 'static {
+    const ZERO: Self;
+    const ONE: Self;
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn div(self, o: Self) -> Self;
+    /// MXNet's `mod`: the result takes the divisor's sign; `x mod 0` is 0.
+    fn rem(self, o: Self) -> Self;
+    fn neg(self) -> Self;
+    fn abs(self) -> Self;
+    fn floor(self) -> Self;
+    fn ceil(self) -> Self;
+    /// Half away from zero.
+    fn round(self) -> Self;
+    /// Half to even.
+    fn rint(self) -> Self;
+    fn trunc(self) -> Self;
+    fn is_nan(self) -> bool;
+    fn pow(self, o: Self) -> Self {
+        Self::from_f64(self.to_f64().powf(o.to_f64()))
+    }
+    fn hypot(self, o: Self) -> Self {
+        Self::from_f64(self.to_f64().hypot(o.to_f64()))
+    }
+    fn max(self, o: Self) -> Self {
+        if self > o {
+            self
+        } else {
+            o
+        }
+    }
+    fn min(self, o: Self) -> Self {
+        if self < o {
+            self
+        } else {
+            o
+        }
+    }
+    fn rsqrt(self) -> Self {
+        Self::from_f64(1.0 / self.to_f64().sqrt())
+    }
+    fn rcbrt(self) -> Self {
+        Self::from_f64(1.0 / self.to_f64().cbrt())
+    }
+    fn sigmoid(self) -> Self {
+        Self::from_f64(1.0 / (1.0 + (-self.to_f64()).exp()))
+    }
+    fn softsign(self) -> Self {
+        let v = self.to_f64();
+        Self::from_f64(v / (1.0 + v.abs()))
+    }
+    fn recip(self) -> Self {
+        Self::from_f64(1.0 / self.to_f64())
+    }
+    std_math!(default_math);
+}
+
+/// The math functions with the same name on f32 and f64.
+
+
+macro_rules! float_calc {
+    ($t:ty) => {
+        impl Calc for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            #[inline(always)]
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                self - o
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            #[inline(always)]
+            fn div(self, o: Self) -> Self {
+                self / o
+            }
+            #[inline(always)]
+            fn rem(self, o: Self) -> Self {
+                if o == 0.0 {
+                    return 0.0;
+                }
+                let r = self % o;
+                if r != 0.0 && ((r < 0.0) != (o < 0.0)) {
+                    r + o
+                } else {
+                    r
+                }
+            }
+            #[inline(always)]
+            fn neg(self) -> Self {
+                -self
+            }
+            #[inline(always)]
+            fn abs(self) -> Self {
+                <$t>::abs(self)
+            }
+            fn floor(self) -> Self {
+                <$t>::floor(self)
+            }
+            fn ceil(self) -> Self {
+                <$t>::ceil(self)
+            }
+            fn round(self) -> Self {
+                <$t>::round(self)
+            }
+            fn rint(self) -> Self {
+                <$t>::round_ties_even(self)
+            }
+            fn trunc(self) -> Self {
+                <$t>::trunc(self)
+            }
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+            fn pow(self, o: Self) -> Self {
+                <$t>::powf(self, o)
+            }
+            fn hypot(self, o: Self) -> Self {
+                <$t>::hypot(self, o)
+            }
+            fn rsqrt(self) -> Self {
+                1.0 / <$t>::sqrt(self)
+            }
+            fn rcbrt(self) -> Self {
+                1.0 / <$t>::cbrt(self)
+            }
+            fn sigmoid(self) -> Self {
+                1.0 / (1.0 + <$t>::exp(-self))
+            }
+            fn softsign(self) -> Self {
+                self / (1.0 + <$t>::abs(self))
+            }
+            #[inline(always)]
+            fn recip(self) -> Self {
+                1.0 / self
+            }
+            std_math!(float_math);
+        }
+    };
+}
+
+
+float_calc!(f32);
+float_calc!(f64);
+
+impl Calc for i64 {
+    const ZERO: Self = 0;
+    const ONE: Self = 1;
+    fn from_f64(v: f64) -> Self {
+        v as i64
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        self.wrapping_add(o)
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        self.wrapping_sub(o)
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        self.wrapping_mul(o)
+    }
+    fn div(self, o: Self) -> Self {
+        if o == 0 {
+            0
+        } else {
+            self.wrapping_div(o)
+        }
+    }
+    fn rem(self, o: Self) -> Self {
+        if o == 0 {
+            return 0;
+        }
+        let r = self.wrapping_rem(o);
+        if r != 0 && ((r < 0) != (o < 0)) {
+            r + o
+        } else {
+            r
+        }
+    }
+    fn neg(self) -> Self {
+        self.wrapping_neg()
+    }
+    fn abs(self) -> Self {
+        self.wrapping_abs()
+    }
+    fn floor(self) -> Self {
+        self
+    }
+    fn ceil(self) -> Self {
+        self
+    }
+    fn round(self) -> Self {
+        self
+    }
+    fn rint(self) -> Self {
+        self
+    }
+    fn trunc(self) -> Self {
+        self
+    }
+    fn is_nan(self) -> bool {
+        false
+    }
+}
+
+/// An element type with arithmetic: loaded into its computation type and stored back.
+pub(crate) trait Arith: Elem {
+    type C: Calc;
+    fn load(self) -> Self::C;
+    fn store(c: Self::C) -> Self;
+}
+
+macro_rules! arith {
+    ($($t:ty => $c:ty),*) => {$(
+        impl Arith for $t {
+            type C = $c;
+            #[inline(always)]
+            fn load(self) -> $c {
+                self as $c
+            }
+            #[inline(always)]
+            fn store(c: $c) -> Self {
+                c as $t
+            }
+        }
+    )*};
+}
+arith!(f32 => f32, f64 => f64, i32 => i64, i64 => i64, i8 => i64, u8 => i64);
+
+impl Arith for half::f16 {
+    type C = f32;
+    #[inline(always)]
+    fn load(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn store(c: f32) -> Self {
+        half::f16::from_f32(c)
+    }
+}
+
+/// Run `$body` with `$T` bound to the [`Arith`] type of `$dtype`; bool is a TypeError.
+macro_rules! dispatch_arith {
+    ($dtype:expr, $op:expr, $T:ident => $body:expr) => {{
+        match $dtype {
+            DType::F32 => { type $T = f32; $body }
+            DType::F64 => { type $T = f64; $body }
+            DType::F16 => { type $T = half::f16; $body }
+            DType::U8 => { type $T = u8; $body }
+            DType::I32 => { type $T = i32; $body }
+            DType::I8 => { type $T = i8; $body }
+            DType::I64 => { type $T = i64; $body }
+            DType::Bool => {
+                return Err(Error::type_error(format!("operator {} does not support dtype bool", $op)))
+            }
+        }
+    }};
+}
+pub(crate) use dispatch_arith;
+
+/// A binary element-wise function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bin {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Mod,
+    Pow,
+    Max,
+    Min,
+    Hypot,
+    Eq,
+    Ne,
+    Gt,
+    Ge,
+    Lt,
+    Le,
+    And,
+    Or,
+    Xor,
+}
+
+#[inline(always)]
+fn flag<C: Calc>(b: bool) -> C {
+    if b {
+        C::ONE
+    } else {
+        C::ZERO
+    }
+}
+
+fn bin_typed<T: Arith>(op: Bin, plan: &BPlan, a: &[T], b: &[T], o: &mut [T]) {
+    macro_rules! go {
+        ($cost:expr, |$x:ident, $y:ident| $e:expr) => {
+            run_bin(plan, a, b, o, $cost, |x: T, y: T| {
+                let ($x, $y) = (x.load(), y.load());
+                T::store($e)
+            })
+        };
+    }
+    let z = <T::C as Calc>::ZERO;
+    match op {
+        Bin::Add => go!(Cost::CHEAP, |x, y| x.add(y)),
+        Bin::Sub => go!(Cost::CHEAP, |x, y| x.sub(y)),
+        Bin::Mul => go!(Cost::CHEAP, |x, y| x.mul(y)),
+        Bin::Div => go!(Cost::CHEAP, |x, y| x.div(y)),
+        Bin::Mod => go!(Cost::MEDIUM, |x, y| x.rem(y)),
+        Bin::Pow => go!(Cost::MATH, |x, y| x.pow(y)),
+        Bin::Max => go!(Cost::CHEAP, |x, y| x.max(y)),
+        Bin::Min => go!(Cost::CHEAP, |x, y| x.min(y)),
+        Bin::Hypot => go!(Cost::MEDIUM, |x, y| x.hypot(y)),
+        Bin::Eq => go!(Cost::CHEAP, |x, y| flag(x == y)),
+        Bin::Ne => go!(Cost::CHEAP, |x, y| flag(x != y)),
+        Bin::Gt => go!(Cost::CHEAP, |x, y| flag(x > y)),
+        Bin::Ge => go!(Cost::CHEAP, |x, y| flag(x >= y)),
+        Bin::Lt => go!(Cost::CHEAP, |x, y| flag(x < y)),
+        Bin::Le => go!(Cost::CHEAP, |x, y| flag(x <= y)),
+        Bin::And => go!(Cost::CHEAP, |x, y| flag(x != z && y != z)),
+        Bin::Or => go!(Cost::CHEAP, |x, y| flag(x != z || y != z)),
+        Bin::Xor => go!(Cost::CHEAP, |x, y| flag((x != z) != (y != z))),
+    }
+}
+
+/// `out = op(a, b)` under `plan` for the dtype of the blobs (equal dtypes checked by inference).
+pub(crate) fn bin_dispatch(name: &str, op: Bin, plan: &BPlan, a: &TBlob, b: &TBlob, out: &TBlob) -> Result<()> {
+    dispatch_arith!(a.dtype, name, T => bin_typed::<T>(op, plan, a.as_slice(), b.as_slice(), out.as_mut()));
+    Ok(())
+}
+
+/// One binary function under its stock names: same-shape, scalar, reversed scalar and broadcast.
+pub(crate) struct BinDef {
+    pub op: Bin,
+    pub doc: &'static str,
+    pub elemwise: (&'static str, &'static [&'static str]),
+    pub scalar: (&'static str, &'static [&'static str]),
+    pub rscalar: Option<(&'static str, &'static [&'static str])>,
+    pub broadcast: Option<&'static str>,
+    pub broadcast_aliases: &'static [&'static str],
+    /// Backward operators (None: zero gradient) of the same-shape and broadcast forms, and
+    /// whether they take the forward inputs.
+    pub elemwise_grad: Option<&'static str>,
+    pub broadcast_grad: Option<&'static str>,
+    pub grad_inputs: bool,
+    /// Backward of the scalar and reversed scalar forms: (op, takes inputs, takes outputs).
+    pub scalar_grad: Option<(&'static str, bool, bool)>,
+    pub rscalar_grad: Option<(&'static str, bool, bool)>,
+}
+
+macro_rules! cmp {
+    ($op:ident, $doc:expr, $e:expr, $ea:expr, $s:expr, $sa:expr, $b:expr) => {
+        BinDef {
+            op: Bin::$op,
+            doc: $doc,
+            elemwise: ($e, $ea),
+            scalar: ($s, $sa),
+            rscalar: None,
+            broadcast: Some($b),
+            broadcast_aliases: &[],
+            elemwise_grad: None,
+            broadcast_grad: None,
+            grad_inputs: false,
+            scalar_grad: None,
+            rscalar_grad: None,
+        }
+    };
+}
+
+pub(crate) const BINS: &[BinDef] = &[
+    BinDef {
+        op: Bin::Add,
+        doc: "sum",
+        elemwise: ("elemwise_add", &["_plus", "_add", "_Plus", "_sparse_elemwise_add"]),
+        scalar: ("_plus_scalar", &["_PlusScalar"]),
+        rscalar: None,
+        broadcast: Some("broadcast_add"),
+        broadcast_aliases: &["broadcast_plus", "_sparse_broadcast_add", "_sparse_broadcast_plus"],
+        elemwise_grad: Some("_backward_add"),
+        broadcast_grad: Some("_backward_broadcast_add"),
+        grad_inputs: false,
+        scalar_grad: Some(("_copy", false, false)),
+        rscalar_grad: None,
+    },
+    BinDef {
+        op: Bin::Sub,
+        doc: "difference",
+        elemwise: ("elemwise_sub", &["_minus", "_sub", "_Minus", "_sparse_elemwise_sub"]),
+        scalar: ("_minus_scalar", &["_MinusScalar"]),
+        rscalar: Some(("_rminus_scalar", &["_RMinusScalar"])),
+        broadcast: Some("broadcast_sub"),
+        broadcast_aliases: &["broadcast_minus", "_sparse_broadcast_sub", "_sparse_broadcast_minus"],
+        elemwise_grad: Some("_backward_sub"),
+        broadcast_grad: Some("_backward_broadcast_sub"),
+        grad_inputs: false,
+        scalar_grad: Some(("_copy", false, false)),
+        rscalar_grad: Some(("negative", false, false)),
+    },
+    BinDef {
+        op: Bin::Mul,
+        doc: "product",
+        elemwise: ("elemwise_mul", &["_mul", "_Mul", "_sparse_elemwise_mul"]),
+        scalar: ("_mul_scalar", &["_MulScalar"]),
+        rscalar: None,
+        broadcast: Some("broadcast_mul"),
+        broadcast_aliases: &["_sparse_broadcast_mul"],
+        elemwise_grad: Some("_backward_mul"),
+        broadcast_grad: Some("_backward_broadcast_mul"),
+        grad_inputs: true,
+        scalar_grad: Some(("_backward_mul_scalar", false, false)),
+        rscalar_grad: None,
+    },
+    BinDef {
+        op: Bin::Div,
+        doc: "quotient",
+        elemwise: ("elemwise_div", &["_div", "_Div", "_sparse_elemwise_div"]),
+        scalar: ("_div_scalar", &["_DivScalar"]),
+        rscalar: Some(("_rdiv_scalar", &["_RDivScalar"])),
+        broadcast: Some("broadcast_div"),
+        broadcast_aliases: &["_sparse_broadcast_div"],
+        elemwise_grad: Some("_backward_div"),
+        broadcast_grad: Some("_backward_broadcast_div"),
+        grad_inputs: true,
+        scalar_grad: Some(("_backward_div_scalar", false, false)),
+        rscalar_grad: Some(("_backward_rdiv_scalar", true, false)),
+    },
+    BinDef {
+        op: Bin::Mod,
+        doc: "modulo (the result takes the divisor's sign)",
+        elemwise: ("_mod", &["_Mod"]),
+        scalar: ("_mod_scalar", &["_ModScalar"]),
+        rscalar: Some(("_rmod_scalar", &["_RModScalar"])),
+        broadcast: Some("broadcast_mod"),
+        broadcast_aliases: &[],
+        elemwise_grad: Some("_backward_mod"),
+        broadcast_grad: Some("_backward_broadcast_mod"),
+        grad_inputs: true,
+        scalar_grad: Some(("_backward_mod_scalar", true, false)),
+        rscalar_grad: Some(("_backward_rmod_scalar", true, false)),
+    },
+    BinDef {
+        op: Bin::Pow,
+        doc: "power",
+        elemwise: ("_power", &["_Power"]),
+        scalar: ("_power_scalar", &["_PowerScalar"]),
+        rscalar: Some(("_rpower_scalar", &["_RPowerScalar"])),
+        broadcast: Some("broadcast_power"),
+        broadcast_aliases: &[],
+        elemwise_grad: Some("_backward_power"),
+        broadcast_grad: Some("_backward_broadcast_power"),
+        grad_inputs: true,
+        scalar_grad: Some(("_backward_power_scalar", true, false)),
+        rscalar_grad: Some(("_backward_rpower_scalar", false, true)),
+    },
+    BinDef {
+        op: Bin::Max,
+        doc: "maximum",
+        elemwise: ("_maximum", &["_Maximum"]),
+        scalar: ("_maximum_scalar", &["_MaximumScalar", "_npi_maximum_scalar"]),
+        rscalar: None,
+        broadcast: Some("broadcast_maximum"),
+        broadcast_aliases: &["_npi_maximum"],
+        elemwise_grad: Some("_backward_maximum"),
+        broadcast_grad: Some("_backward_broadcast_maximum"),
+        grad_inputs: true,
+        scalar_grad: Some(("_backward_maximum_scalar", true, false)),
+        rscalar_grad: None,
+    },
+    BinDef {
+        op: Bin::Min,
+        doc: "minimum",
+        elemwise: ("_minimum", &["_Minimum"]),
+        scalar: ("_minimum_scalar", &["_MinimumScalar", "_npi_minimum_scalar"]),
+        rscalar: None,
+        broadcast: Some("broadcast_minimum"),
+        broadcast_aliases: &["_npi_minimum"],
+        elemwise_grad: Some("_backward_minimum"),
+        broadcast_grad: Some("_backward_broadcast_minimum"),
+        grad_inputs: true,
+        scalar_grad: Some(("_backward_minimum_scalar", true, false)),
+        rscalar_grad: None,
+    },
+    BinDef {
+        op: Bin::Hypot,
+        doc: "hypotenuse sqrt(a*a + b*b)",
+        elemwise: ("_hypot", &["_Hypot"]),
+        scalar: ("_hypot_scalar", &["_HypotScalar"]),
+        rscalar: None,
+        broadcast: Some("broadcast_hypot"),
+        broadcast_aliases: &[],
+        elemwise_grad: Some("_backward_hypot"),
+        broadcast_grad: Some("_backward_broadcast_hypot"),
+        grad_inputs: true,
+        scalar_grad: Some(("_backward_hypot_scalar", true, false)),
+        rscalar_grad: None,
+    },
+    cmp!(Eq, "equality (1 or 0)", "_equal", &["_Equal"], "_equal_scalar", &["_EqualScalar"], "broadcast_equal"),
+    cmp!(Ne, "inequality (1 or 0)", "_not_equal", &["_Not_Equal"], "_not_equal_scalar", &["_NotEqualScalar"], "broadcast_not_equal"),
+    cmp!(Gt, "lhs > rhs (1 or 0)", "_greater", &["_Greater"], "_greater_scalar", &["_GreaterScalar"], "broadcast_greater"),
+    cmp!(Ge, "lhs >= rhs (1 or 0)", "_greater_equal", &["_Greater_Equal"], "_greater_equal_scalar", &["_GreaterEqualScalar"], "broadcast_greater_equal"),
+    cmp!(Lt, "lhs < rhs (1 or 0)", "_lesser", &["_Lesser"], "_lesser_scalar", &["_LesserScalar"], "broadcast_lesser"),
+    cmp!(Le, "lhs <= rhs (1 or 0)", "_lesser_equal", &["_Lesser_Equal"], "_lesser_equal_scalar", &["_LesserEqualScalar"], "broadcast_lesser_equal"),
+    cmp!(And, "logical and (1 or 0)", "_logical_and", &["_Logical_And"], "_logical_and_scalar", &["_LogicalAndScalar"], "broadcast_logical_and"),
+    cmp!(Or, "logical or (1 or 0)", "_logical_or", &["_Logical_Or"], "_logical_or_scalar", &["_LogicalOrScalar"], "broadcast_logical_or"),
+    cmp!(Xor, "logical xor (1 or 0)", "_logical_xor", &["_Logical_Xor"], "_logical_xor_scalar", &["_LogicalXorScalar"], "broadcast_logical_xor"),
+];
+
+const SCALAR_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("scalar", PType::Float, "1", "scalar input value"),
+    ParamSpec::opt("is_int", PType::Bool, "True", "Indicate whether scalar input is int type"),
+];
+
+fn grad_of(g: Option<(&'static str, bool, bool)>) -> Grad {
+    match g {
+        Some((op, inputs, outputs)) => Grad::Backward { op, inputs, outputs },
+        None => Grad::Zero,
+    }
+}
+
+fn elemwise_compute(op: Bin) -> crate::op::ComputeFn {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| -> Result<()> {
+        bin_dispatch(cx.attrs.op, op, &BPlan::flat(ins[0].size()), &ins[0], &ins[1], &outs[0])
+    })
+}
+
+fn scalar_compute(op: Bin, reversed: bool) -> crate::op::ComputeFn {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| -> Result<()> {
+        let s = cx.attrs.float("scalar");
+        let x = &ins[0];
+        let n = x.size();
+        dispatch_arith!(x.dtype, cx.attrs.op, T => {
+            let s = [<T as Elem>::from_f64(s)];
+            let o = outs[0].as_mut::<T>();
+            if reversed {
+                let plan = BPlan { dims: vec![n], sa: vec![0], sb: vec![1] };
+                bin_typed::<T>(op, &plan, &s, x.as_slice(), o);
+            } else {
+                bin_typed::<T>(op, &BPlan::scalar(n), x.as_slice(), &s, o);
+            }
+        });
+        Ok(())
+    })
+}
+
+/// A unary element-wise function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Un {
+    Neg,
+    Abs,
+    Sign,
+    Round,
+    Rint,
+    Ceil,
+    Floor,
+    Trunc,
+    Square,
+    Sqrt,
+    Rsqrt,
+    Cbrt,
+    Rcbrt,
+    Exp,
+    Expm1,
+    Log,
+    Log10,
+    Log2,
+    Log1p,
+    Sin,
+    Cos,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Tanh,
+    Asinh,
+    Acosh,
+    Atanh,
+    Degrees,
+    Radians,
+    Recip,
+    Relu,
+    Sigmoid,
+    Softsign,
+    Not,
+    Copy,
+}
+
+/// `o[i] = f(x[i])` over the kernel pool.
+fn map1<T: Elem>(x: &[T], o: &mut [T], cost: Cost, f: impl Fn(T) -> T + Sync + Send) {
+    let p = SendPtr(o.as_mut_ptr());
+    par_for(x.len(), cost, T::DTYPE, |r| {
+        let p = p;
+        // SAFETY: par_for ranges are disjoint and within the output (same length as x).
+        let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+        for (o, &v) in o.iter_mut().zip(&x[r]) {
+            *o = f(v);
         }
     });
 }
 
-fn add(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    dispatch_num!(ins[0].dtype, cx.attrs.op, T => binary_map::<T>(&ins[0], &ins[1], &outs[0], Cost::CHEAP, |x, y| T::from_f64(x.to_f64() + y.to_f64())));
+fn un_typed<T: Arith>(op: Un, x: &[T], o: &mut [T]) {
+    macro_rules! go {
+        ($cost:expr, |$v:ident| $e:expr) => {
+            map1(x, o, $cost, |v: T| {
+                let $v = v.load();
+                T::store($e)
+            })
+        };
+    }
+    type C<T> = <T as Arith>::C;
+    let (zero, one) = (C::<T>::ZERO, C::<T>::ONE);
+    match op {
+        Un::Neg => go!(Cost::CHEAP, |v| v.neg()),
+        Un::Abs => go!(Cost::CHEAP, |v| v.abs()),
+        Un::Sign => go!(Cost::CHEAP, |v| if v > zero { one } else if v < zero { one.neg() } else { zero }),
+        Un::Round => go!(Cost::MEDIUM, |v| v.round()),
+        Un::Rint => go!(Cost::MEDIUM, |v| v.rint()),
+        Un::Ceil => go!(Cost::CHEAP, |v| v.ceil()),
+        Un::Floor => go!(Cost::CHEAP, |v| v.floor()),
+        Un::Trunc => go!(Cost::CHEAP, |v| v.trunc()),
+        Un::Square => go!(Cost::CHEAP, |v| v.mul(v)),
+        Un::Sqrt => go!(Cost::MEDIUM, |v| v.sqrt()),
+        Un::Rsqrt => go!(Cost::MEDIUM, |v| v.rsqrt()),
+        Un::Cbrt => go!(Cost::MATH, |v| v.cbrt()),
+        Un::Rcbrt => go!(Cost::MATH, |v| v.rcbrt()),
+        Un::Exp => go!(Cost::MATH, |v| v.exp()),
+        Un::Expm1 => go!(Cost::MATH, |v| v.exp_m1()),
+        Un::Log => go!(Cost::MATH, |v| v.ln()),
+        Un::Log10 => go!(Cost::MATH, |v| v.log10()),
+        Un::Log2 => go!(Cost::MATH, |v| v.log2()),
+        Un::Log1p => go!(Cost::MATH, |v| v.ln_1p()),
+        Un::Sin => go!(Cost::MATH, |v| v.sin()),
+        Un::Cos => go!(Cost::MATH, |v| v.cos()),
+        Un::Tan => go!(Cost::MATH, |v| v.tan()),
+        Un::Asin => go!(Cost::MATH, |v| v.asin()),
+        Un::Acos => go!(Cost::MATH, |v| v.acos()),
+        Un::Atan => go!(Cost::MATH, |v| v.atan()),
+        Un::Sinh => go!(Cost::MATH, |v| v.sinh()),
+        Un::Cosh => go!(Cost::MATH, |v| v.cosh()),
+        Un::Tanh => go!(Cost::MATH, |v| v.tanh()),
+        Un::Asinh => go!(Cost::MATH, |v| v.asinh()),
+        Un::Acosh => go!(Cost::MATH, |v| v.acosh()),
+        Un::Atanh => go!(Cost::MATH, |v| v.atanh()),
+        Un::Degrees => go!(Cost::CHEAP, |v| v.to_degrees()),
+        Un::Radians => go!(Cost::CHEAP, |v| v.to_radians()),
+        Un::Recip => go!(Cost::CHEAP, |v| v.recip()),
+        Un::Relu => go!(Cost::CHEAP, |v| if v > zero { v } else { zero }),
+        Un::Sigmoid => go!(Cost::MATH, |v| v.sigmoid()),
+        Un::Softsign => go!(Cost::MEDIUM, |v| v.softsign()),
+        Un::Not => go!(Cost::CHEAP, |v| flag(v == zero)),
+        Un::Copy => o.copy_from_slice(x),
+    }
+}
+
+fn unary_compute(op: Un) -> crate::op::ComputeFn {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| -> Result<()> {
+        if op == Un::Copy {
+            // Any dtype, bool included: a byte copy.
+            let n = ins[0].bytes();
+            if n > 0 {
+                // SAFETY: both blobs hold `n` bytes; invocation keeps them from overlapping
+                // unless declared in place, where the copy is a no-op of equal addresses.
+                unsafe { std::ptr::copy(ins[0].ptr(), outs[0].ptr(), n) };
+            }
+            return Ok(());
+        }
+        dispatch_arith!(ins[0].dtype, cx.attrs.op, T => un_typed::<T>(op, ins[0].as_slice(), outs[0].as_mut()));
+        Ok(())
+    })
+}
+
+type UnDef = (&'static str, &'static [&'static str], Un, Option<(&'static str, bool, bool)>, &'static str);
+
+const UNARY: &[UnDef] = &[
+    ("negative", &["_sparse_negative"], Un::Neg, Some(("negative", false, false)), "Numerical negative of the argument, element-wise."),
+    ("abs", &["_sparse_abs"], Un::Abs, Some(("_backward_abs", true, false)), "Returns element-wise absolute value of the input."),
+    ("sign", &["_sparse_sign"], Un::Sign, None, "Returns element-wise sign of the input."),
+    ("round", &["_sparse_round"], Un::Round, None, "Returns element-wise rounded value to the nearest integer (half away from zero)."),
+    ("rint", &["_sparse_rint"], Un::Rint, None, "Returns element-wise rounded value to the nearest integer (half to even)."),
+    ("ceil", &["_sparse_ceil"], Un::Ceil, None, "Returns element-wise ceiling of the input."),
+    ("floor", &["_sparse_floor"], Un::Floor, None, "Returns element-wise floor of the input."),
+    ("trunc", &["_sparse_trunc"], Un::Trunc, None, "Return the element-wise truncated value of the input."),
+    ("fix", &["_sparse_fix"], Un::Trunc, None, "Returns element-wise rounded value to the nearest integer towards zero."),
+    ("square", &["_sparse_square"], Un::Square, Some(("_backward_square", true, false)), "Returns element-wise squared value of the input."),
+    ("sqrt", &["_sparse_sqrt"], Un::Sqrt, Some(("_backward_sqrt", false, true)), "Returns element-wise square-root value of the input."),
+    ("rsqrt", &["_sparse_rsqrt"], Un::Rsqrt, Some(("_backward_rsqrt", true, false)), "Returns element-wise inverse square-root value of the input."),
+    ("cbrt", &["_sparse_cbrt"], Un::Cbrt, Some(("_backward_cbrt", false, true)), "Returns element-wise cube-root value of the input."),
+    ("rcbrt", &[], Un::Rcbrt, Some(("_backward_rcbrt", true, false)), "Returns element-wise inverse cube-root value of the input."),
+    ("exp", &["_sparse_exp"], Un::Exp, Some(("_backward_mul", false, true)), "Returns element-wise exponential value of the input."),
+    ("expm1", &["_sparse_expm1"], Un::Expm1, Some(("_backward_expm1", true, false)), "Returns exp(x) - 1 computed element-wise."),
+    ("log", &["_sparse_log"], Un::Log, Some(("_backward_log", true, false)), "Returns element-wise natural logarithm of the input."),
+    ("log10", &["_sparse_log10"], Un::Log10, Some(("_backward_log10", true, false)), "Returns element-wise base-10 logarithm of the input."),
+    ("log2", &["_sparse_log2"], Un::Log2, Some(("_backward_log2", true, false)), "Returns element-wise base-2 logarithm of the input."),
+    ("log1p", &["_sparse_log1p"], Un::Log1p, Some(("_backward_log1p", true, false)), "Returns element-wise log(1 + x)."),
+    ("sin", &["_sparse_sin"], Un::Sin, Some(("_backward_sin", true, false)), "Computes the element-wise sine of the input array."),
+    ("cos", &["_sparse_cos"], Un::Cos, Some(("_backward_cos", true, false)), "Computes the element-wise cosine of the input array."),
+    ("tan", &["_sparse_tan"], Un::Tan, Some(("_backward_tan", false, true)), "Computes the element-wise tangent of the input array."),
+    ("arcsin", &["_sparse_arcsin"], Un::Asin, Some(("_backward_arcsin", true, false)), "Returns element-wise inverse sine of the input array."),
+    ("arccos", &["_sparse_arccos"], Un::Acos, Some(("_backward_arccos", true, false)), "Returns element-wise inverse cosine of the input array."),
+    ("arctan", &["_sparse_arctan"], Un::Atan, Some(("_backward_arctan", true, false)), "Returns element-wise inverse tangent of the input array."),
+    ("sinh", &["_sparse_sinh"], Un::Sinh, Some(("_backward_sinh", true, false)), "Returns the hyperbolic sine of the input array."),
+    ("cosh", &["_sparse_cosh"], Un::Cosh, Some(("_backward_cosh", true, false)), "Returns the hyperbolic cosine of the input array."),
+    ("tanh", &["_sparse_tanh"], Un::Tanh, Some(("_backward_tanh", false, true)), "Returns the hyperbolic tangent of the input array."),
+    ("arcsinh", &["_sparse_arcsinh"], Un::Asinh, Some(("_backward_arcsinh", true, false)), "Returns the element-wise inverse hyperbolic sine."),
+    ("arccosh", &["_sparse_arccosh"], Un::Acosh, Some(("_backward_arccosh", true, false)), "Returns the element-wise inverse hyperbolic cosine."),
+    ("arctanh", &["_sparse_arctanh"], Un::Atanh, Some(("_backward_arctanh", true, false)), "Returns the element-wise inverse hyperbolic tangent."),
+    ("degrees", &["_sparse_degrees"], Un::Degrees, Some(("_backward_degrees", true, false)), "Converts each element of the input array from radians to degrees."),
+    ("radians", &["_sparse_radians"], Un::Radians, Some(("_backward_radians", true, false)), "Converts each element of the input array from degrees to radians."),
+    ("reciprocal", &[], Un::Recip, Some(("_backward_reciprocal", true, false)), "Returns the reciprocal of the argument, element-wise."),
+    ("relu", &["_sparse_relu"], Un::Relu, Some(("_backward_relu", false, true)), "Computes rectified linear activation max(x, 0)."),
+    ("sigmoid", &["_sparse_sigmoid"], Un::Sigmoid, Some(("_backward_sigmoid", false, true)), "Computes sigmoid of x element-wise."),
+    ("softsign", &[], Un::Softsign, Some(("_backward_softsign", true, false)), "Computes softsign of x element-wise: x / (1 + abs(x))."),
+    ("logical_not", &[], Un::Not, None, "Returns the result of logical NOT (!) function (1 or 0)."),
+    ("_copy", &["identity", "_sparse_copy"], Un::Copy, Some(("_copy", false, false)), "Returns a copy of the input."),
+];
+
+const CLIP_PARAMS: &[ParamSpec] = &[
+    ParamSpec::req("a_min", PType::Float, "Minimum value"),
+    ParamSpec::req("a_max", PType::Float, "Maximum value"),
+];
+
+fn clip(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let (lo, hi) = (cx.attrs.float("a_min"), cx.attrs.float("a_max"));
+    dispatch_arith!(ins[0].dtype, cx.attrs.op, T => {
+        let (lo, hi) = (<T as Elem>::from_f64(lo).load(), <T as Elem>::from_f64(hi).load());
+        map1::<T>(ins[0].as_slice(), outs[0].as_mut(), Cost::CHEAP, |v| {
+            let v = v.load();
+            T::store(if v < lo { lo } else if v > hi { hi } else { v })
+        });
+    });
     Ok(())
 }
 
-fn add_f32(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    if ins[0].dtype == crate::ndarray::DType::F32 {
-        binary_map::<f32>(&ins[0], &ins[1], &outs[0], Cost::CHEAP, |x, y| x + y);
-        return Ok(());
+pub(super) fn register(ops: &mut Vec<OpDef>) {
+    for b in BINS {
+        let (name, aliases) = b.elemwise;
+        ops.push(
+            OpDef::new(name, Inputs::Fixed(&["lhs", "rhs"]), all_same(name), elemwise_compute(b.op))
+                .alias(aliases)
+                .inplace(&[(0, 0), (1, 0)])
+                .grad(match b.elemwise_grad {
+                    Some(op) => Grad::Backward { op, inputs: b.grad_inputs, outputs: false },
+                    None => Grad::Zero,
+                })
+                .doc(format!("{name}: element-wise {} of two arrays of the same shape.", b.doc)),
+        );
+        let (name, aliases) = b.scalar;
+        ops.push(
+            OpDef::new(name, Inputs::Fixed(&["data"]), same_as_first(), scalar_compute(b.op, false))
+                .alias(aliases)
+                .params(SCALAR_PARAMS)
+                .inplace(&[(0, 0)])
+                .grad(grad_of(b.scalar_grad))
+                .doc(format!("{name}: element-wise {} of an array and a scalar.", b.doc)),
+        );
+        if let Some((name, aliases)) = b.rscalar {
+            ops.push(
+                OpDef::new(name, Inputs::Fixed(&["data"]), same_as_first(), scalar_compute(b.op, true))
+                    .alias(aliases)
+                    .params(SCALAR_PARAMS)
+                    .inplace(&[(0, 0)])
+                    .grad(grad_of(b.rscalar_grad))
+                    .doc(format!("{name}: element-wise {} of a scalar and an array (scalar on the left).", b.doc)),
+            );
+        }
     }
-    add(cx, ins, outs)
+    for &(name, aliases, op, grad, doc) in UNARY {
+        ops.push(
+            OpDef::new(name, Inputs::Fixed(&["data"]), same_as_first(), unary_compute(op))
+                .alias(aliases)
+                .inplace(&[(0, 0)])
+                .grad(grad_of(grad))
+                .doc(doc),
+        );
+    }
+    ops.push(
+        OpDef::new("BlockGrad", Inputs::Fixed(&["data"]), same_as_first(), unary_compute(Un::Copy))
+            .alias(&["stop_gradient"])
+            .inplace(&[(0, 0)])
+            .grad(Grad::Zero)
+            .doc("Stops gradient computation: the output is the input, its gradient is zero."),
+    );
+    ops.push(
+        OpDef::new("clip", Inputs::Fixed(&["data"]), same_as_first(), Box::new(clip))
+            .alias(&["_sparse_clip"])
+            .params(CLIP_PARAMS)
+            .inplace(&[(0, 0)])
+            .grad(Grad::Backward { op: "_backward_clip", inputs: true, outputs: false })
+            .doc("Clips (limits) the values in an array to [a_min, a_max]."),
+    );
 }
 
-pub(super) fn register(ops: &mut Vec<OpDef>) {
-    ops.push(
-        OpDef::new("elemwise_add", Inputs::Fixed(&["lhs", "rhs"]), all_same("elemwise_add"), Box::new(add_f32))
-            .alias(&["_plus", "_add", "_Plus"])
-            .inplace(&[(0, 0), (1, 0)])
-            .grad(Grad::Backward { op: "_backward_add", inputs: false, outputs: false })
-            .doc("Adds arguments element-wise."),
-    );
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_semantics() {
+        assert_eq!(Calc::rem(7i64, -3), -2);
+        assert_eq!(Calc::rem(-7i64, 3), 2);
+        assert_eq!(Calc::rem(5i64, 0), 0);
+        assert_eq!(Calc::div(5i64, 0), 0);
+        assert_eq!(Calc::rem(-7.5f64, 2.0), 0.5);
+        assert_eq!(Calc::rem(7.5f32, -2.0), -0.5);
+        assert_eq!(i8::store(Calc::add(100i8.load(), 100i8.load())), -56);
+        assert_eq!(Calc::round(2.5f32), 3.0);
+        assert_eq!(Calc::rint(2.5f32), 2.0);
+    }
+
+    #[test]
+    fn scalar_and_reversed_plans() {
+        let x = [1.0f32, 2.0, 4.0];
+        let mut o = [0f32; 3];
+        bin_typed::<f32>(Bin::Sub, &BPlan::scalar(3), &x, &[1.0], &mut o);
+        assert_eq!(o, [0.0, 1.0, 3.0]);
+        let plan = BPlan { dims: vec![3], sa: vec![0], sb: vec![1] };
+        bin_typed::<f32>(Bin::Div, &plan, &[8.0], &x, &mut o);
+        assert_eq!(o, [8.0, 4.0, 2.0]);
+    }
 }

@@ -6,10 +6,12 @@ use super::OpDef;
 mod common;
 mod init;
 mod elemwise;
+mod broadcast;
 mod unsupported;
 
 pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     init::register(ops);
     elemwise::register(ops);
+    broadcast::register(ops);
     unsupported::register(ops);
 }

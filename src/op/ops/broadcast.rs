@@ -1,0 +1,278 @@
+//! Binary operators with NumPy-style broadcasting (`broadcast_add`, ..., `broadcast_logical_xor`)
+//! and the strided binary loop that the same-shape and scalar operators share.
+//!
+//! Owns: the broadcast plan ([`BPlan`]: output shape, then dimensions collapsed so that runs
+//! of dimensions with the same broadcast pattern become one, with per-input element strides,
+//! 0 on broadcast dimensions) and [`run_bin`], which walks the output in contiguous inner runs
+//! with an odometer over the outer dimensions (one division per parallel chunk, none per
+//! element), choosing a vector-friendly inner loop for each stride pattern.
+
+use super::elemwise::{bin_dispatch, Bin, BINS};
+use crate::error::{Error, Result};
+use crate::op::kernel::{par_for, Cost};
+use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef};
+
+/// How two inputs map onto the output, dimensions collapsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BPlan {
+    /// Collapsed output dimensions (at least one).
+    pub dims: Vec<usize>,
+    /// Element strides of lhs and rhs per collapsed dimension (0: broadcast).
+    pub sa: Vec<usize>,
+    pub sb: Vec<usize>,
+}
+
+/// The broadcast output shape of `a` and `b` (shapes aligned at the right; each pair of sizes
+/// equal or one of them 1).
+pub(crate) fn broadcast_shape(op: &str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let at = |s: &[usize], i: usize| if i + s.len() >= n { s[i + s.len() - n] } else { 1 };
+    (0..n)
+        .map(|i| {
+            let (x, y) = (at(a, i), at(b, i));
+            match (x, y) {
+                _ if x == y => Ok(x),
+                (1, _) => Ok(y),
+                (_, 1) => Ok(x),
+                _ => Err(Error::mxnet(format!(
+                    "operator {op}: shapes {a:?} and {b:?} cannot be broadcast together (dimension {i}: {x} vs {y})"
+                ))),
+            }
+        })
+        .collect()
+}
+
+impl BPlan {
+    /// Plan `a` (op) `b` into `out` (the broadcast shape of both).
+    pub fn new(a: &[usize], b: &[usize], out: &[usize]) -> BPlan {
+        let n = out.len();
+        let pad = |s: &[usize]| -> Vec<usize> { std::iter::repeat(1).take(n - s.len()).chain(s.iter().copied()).collect() };
+        let (a, b) = (pad(a), pad(b));
+        // Collapsed dims with (lhs broadcast, rhs broadcast) flags.
+        let mut dims: Vec<(usize, bool, bool)> = Vec::new();
+        for i in 0..n {
+            if out[i] == 1 {
+                continue;
+            }
+            let (ba, bb) = (a[i] != out[i], b[i] != out[i]);
+            match dims.last_mut() {
+                Some(last) if last.1 == ba && last.2 == bb => last.0 *= out[i],
+                _ => dims.push((out[i], ba, bb)),
+            }
+        }
+        if dims.is_empty() {
+            dims.push((1, false, false));
+        }
+        let strides = |pick: fn(&(usize, bool, bool)) -> bool| {
+            let mut s = vec![0; dims.len()];
+            let mut acc = 1;
+            for (i, d) in dims.iter().enumerate().rev() {
+                if !pick(d) {
+                    s[i] = acc;
+                    acc *= d.0;
+                }
+            }
+            s
+        };
+        let sa = strides(|d| d.1);
+        let sb = strides(|d| d.2);
+        BPlan { dims: dims.iter().map(|d| d.0).collect(), sa, sb }
+    }
+
+    /// A same-shape plan over `n` elements.
+    pub fn flat(n: usize) -> BPlan {
+        BPlan { dims: vec![n], sa: vec![1], sb: vec![1] }
+    }
+
+    /// A plan for an array of `n` elements against one scalar (rhs).
+    pub fn scalar(n: usize) -> BPlan {
+        BPlan { dims: vec![n], sa: vec![1], sb: vec![0] }
+    }
+
+    pub fn size(&self) -> usize {
+        self.dims.iter().product()
+    }
+}
+
+/// `out = f(a, b)` elementwise under `plan`, over the kernel pool.
+pub(crate) fn run_bin<T: Elem, U: Elem>(plan: &BPlan, a: &[T], b: &[T], out: &mut [U], cost: Cost, f: impl Fn(T, T) -> U + Sync + Send) {
+    let total = plan.size();
+    debug_assert_eq!(out.len(), total);
+    if total == 0 {
+        return;
+    }
+    let k = plan.dims.len();
+    let inner = plan.dims[k - 1];
+    let (ia, ib) = (plan.sa[k - 1], plan.sb[k - 1]);
+    let o = SendPtr(out.as_mut_ptr());
+    par_for(total, cost, T::DTYPE, |r| {
+        let o = o;
+        // SAFETY: par_for ranges are disjoint and within the output.
+        let out = unsafe { std::slice::from_raw_parts_mut(o.0.add(r.start), r.len()) };
+        // Odometer over the outer dimensions, started at the chunk's first row.
+        let mut row = r.start / inner;
+        let mut col = r.start % inner;
+        let mut idx = vec![0usize; k - 1];
+        let (mut oa, mut ob) = (0usize, 0usize);
+        for j in (0..k - 1).rev() {
+            idx[j] = row % plan.dims[j];
+            row /= plan.dims[j];
+            oa += idx[j] * plan.sa[j];
+            ob += idx[j] * plan.sb[j];
+        }
+        let mut done = 0;
+        while done < out.len() {
+            let len = (inner - col).min(out.len() - done);
+            let seg = &mut out[done..done + len];
+            match (ia, ib) {
+                (1, 1) => {
+                    let (xa, xb) = (&a[oa + col..oa + col + len], &b[ob + col..ob + col + len]);
+                    for ((o, &x), &y) in seg.iter_mut().zip(xa).zip(xb) {
+                        *o = f(x, y);
+                    }
+                }
+                (1, _) => {
+                    let y = b[ob];
+                    for (o, &x) in seg.iter_mut().zip(&a[oa + col..oa + col + len]) {
+                        *o = f(x, y);
+                    }
+                }
+                (_, 1) => {
+                    let x = a[oa];
+                    for (o, &y) in seg.iter_mut().zip(&b[ob + col..ob + col + len]) {
+                        *o = f(x, y);
+                    }
+                }
+                _ => seg.fill(f(a[oa], b[ob])),
+            }
+            done += len;
+            col = 0;
+            // Advance the odometer by one row.
+            for j in (0..k - 1).rev() {
+                idx[j] += 1;
+                oa += plan.sa[j];
+                ob += plan.sb[j];
+                if idx[j] < plan.dims[j] {
+                    break;
+                }
+                oa -= plan.sa[j] * plan.dims[j];
+                ob -= plan.sb[j] * plan.dims[j];
+                idx[j] = 0;
+            }
+        }
+    });
+}
+
+fn infer_broadcast(op: &'static str) -> crate::op::InferFn {
+    Box::new(move |_, ins: &[Meta]| {
+        if ins[0].dtype != ins[1].dtype {
+            return Err(Error::type_error(format!(
+                "operator {op}: lhs has dtype {} but rhs has dtype {}",
+                ins[0].dtype.name(),
+                ins[1].dtype.name()
+            )));
+        }
+        Ok(vec![Meta::new(broadcast_shape(op, &ins[0].shape, &ins[1].shape)?, ins[0].dtype)])
+    })
+}
+
+fn compute(op: Bin) -> crate::op::ComputeFn {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| -> Result<()> {
+        let plan = if ins[0].shape == ins[1].shape {
+            BPlan::flat(ins[0].size())
+        } else {
+            BPlan::new(&ins[0].shape, &ins[1].shape, &outs[0].shape)
+        };
+        bin_dispatch(cx.attrs.op, op, &plan, &ins[0], &ins[1], &outs[0])
+    })
+}
+
+pub(super) fn register(ops: &mut Vec<OpDef>) {
+    for b in BINS {
+        let Some(name) = b.broadcast else { continue };
+        let mut def = OpDef::new(name, Inputs::Fixed(&["lhs", "rhs"]), infer_broadcast(name), compute(b.op))
+            .alias(b.broadcast_aliases)
+            .inplace(&[(0, 0), (1, 0)])
+            .doc(format!("{name}: {} of the two inputs with broadcasting.", b.doc));
+        def = def.grad(match b.broadcast_grad {
+            Some(g) => Grad::Backward { op: g, inputs: b.grad_inputs, outputs: false },
+            None => Grad::Zero,
+        });
+        ops.push(def);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_broadcast_numpy_style() {
+        assert_eq!(broadcast_shape("t", &[2, 3, 4], &[3, 1]).unwrap(), vec![2, 3, 4]);
+        assert_eq!(broadcast_shape("t", &[1], &[5, 1, 2]).unwrap(), vec![5, 1, 2]);
+        assert_eq!(broadcast_shape("t", &[0, 3], &[1, 3]).unwrap(), vec![0, 3]);
+        let e = broadcast_shape("t", &[2, 3], &[4, 3]).unwrap_err().to_string();
+        assert!(e.contains("cannot be broadcast") && e.contains("[2, 3]"), "{e}");
+    }
+
+    #[test]
+    fn plans_collapse_dimensions() {
+        // Same pattern everywhere: one dimension.
+        assert_eq!(BPlan::new(&[2, 3, 4], &[2, 3, 4], &[2, 3, 4]), BPlan { dims: vec![24], sa: vec![1], sb: vec![1] });
+        // Row vector against a matrix: rows outer, rhs repeats.
+        let p = BPlan::new(&[5, 2, 3], &[3], &[5, 2, 3]);
+        assert_eq!(p, BPlan { dims: vec![10, 3], sa: vec![3, 1], sb: vec![0, 1] });
+        // Column: rhs constant along the inner run.
+        let p = BPlan::new(&[4, 6], &[4, 1], &[4, 6]);
+        assert_eq!(p, BPlan { dims: vec![4, 6], sa: vec![6, 1], sb: vec![1, 0] });
+        // Both broadcast (outer product), with size-1 dims dropped.
+        let p = BPlan::new(&[3, 1, 1], &[1, 1, 5], &[3, 1, 5]);
+        assert_eq!(p, BPlan { dims: vec![3, 5], sa: vec![1, 0], sb: vec![0, 1] });
+        // All ones: a single element.
+        assert_eq!(BPlan::new(&[1, 1], &[1], &[1, 1]).dims, vec![1]);
+    }
+
+    fn naive(a: &[f32], ash: &[usize], b: &[f32], bsh: &[usize], out: &[usize]) -> Vec<f32> {
+        let n = out.len();
+        let total: usize = out.iter().product();
+        let pad = |s: &[usize]| -> Vec<usize> { std::iter::repeat(1).take(n - s.len()).chain(s.iter().copied()).collect() };
+        let (pa, pb) = (pad(ash), pad(bsh));
+        (0..total)
+            .map(|mut i| {
+                let (mut ia, mut ib, mut ma, mut mb) = (0, 0, 1, 1);
+                for d in (0..n).rev() {
+                    let c = i % out[d];
+                    i /= out[d];
+                    ia += (c % pa[d]) * ma;
+                    ib += (c % pb[d]) * mb;
+                    ma *= pa[d];
+                    mb *= pb[d];
+                }
+                a[ia] * 10.0 + b[ib]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn run_matches_naive_indexing() {
+        let cases: &[(&[usize], &[usize])] = &[
+            (&[2, 3, 4], &[3, 1]),
+            (&[3, 1, 5], &[1, 4, 1]),
+            (&[7], &[1]),
+            (&[1, 6], &[5, 1]),
+            (&[2, 1, 3, 1], &[1, 4, 1, 5]),
+            (&[300, 17], &[17]),
+            (&[5000, 3], &[5000, 1]),
+        ];
+        for &(ash, bsh) in cases {
+            let out = broadcast_shape("t", ash, bsh).unwrap();
+            let a: Vec<f32> = (0..ash.iter().product::<usize>()).map(|i| (i % 97) as f32).collect();
+            let b: Vec<f32> = (0..bsh.iter().product::<usize>()).map(|i| (i % 89) as f32 * 0.5).collect();
+            let plan = BPlan::new(ash, bsh, &out);
+            let mut o = vec![0f32; out.iter().product()];
+            run_bin(&plan, &a, &b, &mut o, Cost::MATH, |x, y| x * 10.0 + y);
+            assert_eq!(o, naive(&a, ash, &b, bsh, &out), "{ash:?} {bsh:?}");
+        }
+    }
+}
