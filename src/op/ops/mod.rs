@@ -6,10 +6,15 @@ use super::OpDef;
 mod common;
 mod init;
 mod elemwise;
+mod index;
+mod shape;
+mod strided;
 mod unsupported;
 
 pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     init::register(ops);
     elemwise::register(ops);
+    shape::register(ops);
+    index::register(ops);
     unsupported::register(ops);
 }
