@@ -7,11 +7,16 @@ mod common;
 mod init;
 mod elemwise;
 mod broadcast;
+mod index;
+mod shape;
+mod strided;
 mod unsupported;
 
 pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     init::register(ops);
     elemwise::register(ops);
     broadcast::register(ops);
+    shape::register(ops);
+    index::register(ops);
     unsupported::register(ops);
 }

@@ -1,0 +1,909 @@
+//! Indexing operators: `slice`, `slice_axis`, `slice_like`, `_slice_assign`,
+//! `_slice_assign_scalar`, `take`, `pick`, `one_hot`, `where`, `gather_nd`,
+//! `_scatter_set_nd`, and the sorting family `sort`, `argsort`, `topk`.
+//!
+//! Slices are strided views copied by [`super::strided`]; gathers copy whole inner blocks
+//! by element size; index arrays of any dtype are read as integers (truncated like stock).
+
+use super::common::norm_axis;
+use super::shape::enum_dtype;
+use super::strided::{by_size, contiguous_strides, copy, copy_all, View};
+use crate::error::{Error, Result};
+use crate::ndarray::DType;
+use crate::op::kernel::{par_for, Cost};
+use crate::op::param::{Attrs, PType, ParamSpec};
+use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::{Grad, InferFn, Inputs, Meta, OpCtx, OpDef, Req};
+use crate::{dispatch_all, dispatch_num};
+use std::cmp::Ordering;
+
+type Infer = fn(&Attrs, &[Meta]) -> Result<Vec<Meta>>;
+type Compute = fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>;
+
+fn op(name: &'static str, inputs: Inputs, infer: Infer, compute: Compute) -> OpDef {
+    let infer: InferFn = Box::new(infer);
+    OpDef::new(name, inputs, infer, Box::new(compute))
+}
+
+fn bwd(op: &'static str, inputs: bool) -> Grad {
+    Grad::Backward { op, inputs, outputs: false }
+}
+
+fn one_out(shape: Vec<usize>, dtype: DType) -> Result<Vec<Meta>> {
+    Ok(vec![Meta::new(shape, dtype)])
+}
+
+/// An index array's values as integers (floats truncated toward zero).
+fn read_indices(b: &TBlob) -> Vec<i64> {
+    dispatch_all!(b.dtype, T => b.as_slice::<T>().iter().map(|v| v.to_f64() as i64).collect())
+}
+
+// ---- slice family ----
+
+const SLICE_PARAMS: &[ParamSpec] = &[
+    ParamSpec::req("begin", PType::OptShape, "starting indices for the slice operation, supports negative indices."),
+    ParamSpec::req("end", PType::OptShape, "ending indices for the slice operation, supports negative indices."),
+    ParamSpec::opt("step", PType::OptShape, "()", "step for the slice operation, supports negative values."),
+];
+
+/// Per axis: (begin, step, length) of a slice with stock's rules.
+pub(super) fn slice_ranges(op: &str, shape: &[usize], begin: &[Option<i64>], end: &[Option<i64>], step: &[Option<i64>]) -> Result<Vec<(i64, i64, usize)>> {
+    let nd = shape.len();
+    if begin.len() > nd {
+        return Err(Error::value(format!("operator {op}: begin {begin:?} has more axes than the input shape {shape:?}")));
+    }
+    if end.len() != begin.len() {
+        return Err(Error::value(format!("operator {op}: begin {begin:?} and end {end:?} must have the same length")));
+    }
+    if !step.is_empty() && step.len() != begin.len() {
+        return Err(Error::value(format!("operator {op}: step {step:?} must be empty or as long as begin {begin:?}")));
+    }
+    let mut out = Vec::with_capacity(nd);
+    for (i, &d) in shape.iter().enumerate() {
+        if i >= begin.len() {
+            out.push((0, 1, d));
+            continue;
+        }
+        let s = step.get(i).copied().flatten().unwrap_or(1);
+        if s == 0 {
+            return Err(Error::value(format!("operator {op}: step[{i}] cannot be 0")));
+        }
+        let len = d as i64;
+        if len == 0 {
+            out.push((0, s, 0));
+            continue;
+        }
+        let mut b = begin[i].unwrap_or(if s < 0 { len - 1 } else { 0 });
+        let mut e = end[i].unwrap_or(if s < 0 { -1 } else { len });
+        if b < 0 {
+            b += len;
+        }
+        if e < 0 && end[i].is_some() {
+            e += len;
+        }
+        if b < 0 && s > 0 {
+            b = 0;
+        }
+        if b > len - 1 && s < 0 {
+            b = len - 1;
+        }
+        if b < 0 || b > len - 1 {
+            b = -1;
+        }
+        e = e.clamp(-1, len);
+        let n = if e != b && b >= 0 {
+            if (s > 0 && b >= e) || (s < 0 && e >= b) {
+                return Err(Error::value(format!(
+                    "operator {op}: slicing with begin[{i}]={b}, end[{i}]={e} and step[{i}]={s} is invalid for axis {i} of size {len}"
+                )));
+            }
+            if s > 0 {
+                (e - b - 1) / s + 1
+            } else {
+                (b - e - 1) / (-s) + 1
+            }
+        } else {
+            0
+        };
+        out.push((b.max(0), s, n as usize));
+    }
+    Ok(out)
+}
+
+/// The strided view of `shape` that a slice selects, and its shape.
+fn slice_view(ranges: &[(i64, i64, usize)], shape: &[usize]) -> (View, Vec<usize>) {
+    let st = contiguous_strides(shape);
+    let mut v = View { off: 0, strides: Vec::with_capacity(shape.len()) };
+    for (k, &(b, s, n)) in ranges.iter().enumerate() {
+        if n > 0 {
+            v.off += b as isize * st[k];
+        }
+        v.strides.push(s as isize * st[k]);
+    }
+    (v, ranges.iter().map(|r| r.2).collect())
+}
+
+fn attr_slice(op: &str, a: &Attrs, shape: &[usize]) -> Result<(View, Vec<usize>)> {
+    let r = slice_ranges(op, shape, a.opt_tuple("begin"), a.opt_tuple("end"), a.opt_tuple("step"))?;
+    Ok(slice_view(&r, shape))
+}
+
+fn infer_slice(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    one_out(attr_slice("slice", a, &ins[0].shape)?.1, ins[0].dtype)
+}
+
+fn run_slice(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let (v, shape) = attr_slice("slice", cx.attrs, &ins[0].shape)?;
+    copy(&ins[0], &v, &outs[0], &View::contiguous(&shape), &shape);
+    Ok(())
+}
+
+const SLICE_AXIS_PARAMS: &[ParamSpec] = &[
+    ParamSpec::req("axis", PType::Int, "Axis along which to be sliced, supports negative indexes."),
+    ParamSpec::req("begin", PType::Int, "The beginning index along the axis to be sliced, supports negative indexes."),
+    ParamSpec { name: "end", ty: PType::Int, nullable: true, default: None, doc: "The ending index along the axis to be sliced, supports negative indexes; None is the end." },
+];
+
+fn slice_axis_ranges(a: &Attrs, shape: &[usize]) -> Result<Vec<(i64, i64, usize)>> {
+    let ax = norm_axis("slice_axis", a.int("axis"), shape.len())?;
+    let len = shape[ax] as i64;
+    let mut r: Vec<(i64, i64, usize)> = shape.iter().map(|&d| (0, 1, d)).collect();
+    if len == 0 {
+        return Ok(r);
+    }
+    let mut b = a.int("begin");
+    if b < 0 {
+        b += len;
+    }
+    let e = match a.opt_int("end") {
+        None => len,
+        Some(e) if e < 0 => e + len,
+        Some(e) => e,
+    };
+    if b < 0 || e > len || b >= e {
+        return Err(Error::value(format!(
+            "operator slice_axis: invalid begin={} end={:?} for axis {ax} of size {len}",
+            a.int("begin"),
+            a.opt_int("end")
+        )));
+    }
+    r[ax] = (b, 1, (e - b) as usize);
+    Ok(r)
+}
+
+fn infer_slice_axis(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    one_out(slice_axis_ranges(a, &ins[0].shape)?.iter().map(|r| r.2).collect(), ins[0].dtype)
+}
+
+fn run_slice_axis(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let (v, shape) = slice_view(&slice_axis_ranges(cx.attrs, &ins[0].shape)?, &ins[0].shape);
+    copy(&ins[0], &v, &outs[0], &View::contiguous(&shape), &shape);
+    Ok(())
+}
+
+const SLICE_LIKE_PARAMS: &[ParamSpec] =
+    &[ParamSpec::opt("axes", PType::Shape, "()", "List of axes on which input data will be sliced according to the corresponding size of the second input.")];
+
+fn slice_like_shape(a: &Attrs, l: &[usize], r: &[usize]) -> Result<Vec<usize>> {
+    let axes = a.shape("axes");
+    let mut out = l.to_vec();
+    if axes.is_empty() {
+        if l.len() != r.len() {
+            return Err(Error::value(format!(
+                "operator slice_like: with no axes the inputs need the same number of dimensions, got {l:?} and {r:?}"
+            )));
+        }
+        out = r.to_vec();
+    } else {
+        for &ax in axes {
+            let k = norm_axis("slice_like", ax, l.len())?;
+            if k >= r.len() {
+                return Err(Error::index(format!("operator slice_like: axis {ax} is out of range for shape_like {r:?}")));
+            }
+            out[k] = r[k];
+        }
+    }
+    if out.iter().zip(l).any(|(o, d)| o > d) {
+        return Err(Error::value(format!("operator slice_like: cannot slice shape {l:?} to the larger {out:?}")));
+    }
+    Ok(out)
+}
+
+fn infer_slice_like(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    one_out(slice_like_shape(a, &ins[0].shape, &ins[1].shape)?, ins[0].dtype)
+}
+
+fn run_slice_like(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let shape = outs[0].shape.clone();
+    let v = View::contiguous(&ins[0].shape);
+    copy(&ins[0], &v, &outs[0], &View::contiguous(&shape), &shape);
+    Ok(())
+}
+
+fn infer_slice_assign(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let (_, shape) = attr_slice("_slice_assign", a, &ins[0].shape)?;
+    if ins[1].shape != shape {
+        return Err(Error::value(format!(
+            "operator _slice_assign: rhs has shape {:?} but the slice of lhs {:?} has shape {shape:?}",
+            ins[1].shape, ins[0].shape
+        )));
+    }
+    if ins[1].dtype != ins[0].dtype {
+        return Err(Error::type_error(format!(
+            "operator _slice_assign: rhs has dtype {}, lhs {}",
+            ins[1].dtype.name(),
+            ins[0].dtype.name()
+        )));
+    }
+    Ok(vec![ins[0].clone()])
+}
+
+fn run_slice_assign(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    if cx.req[0] != Req::Inplace {
+        copy_all(&ins[0], &outs[0]);
+    }
+    let (v, shape) = attr_slice("_slice_assign", cx.attrs, &ins[0].shape)?;
+    copy(&ins[1], &View::contiguous(&shape), &outs[0], &v, &shape);
+    Ok(())
+}
+
+const SLICE_ASSIGN_SCALAR_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("scalar", PType::Float, "0", "The scalar value for assignment."),
+    ParamSpec::req("begin", PType::OptShape, "starting indices for the slice operation, supports negative indices."),
+    ParamSpec::req("end", PType::OptShape, "ending indices for the slice operation, supports negative indices."),
+    ParamSpec::opt("step", PType::OptShape, "()", "step for the slice operation, supports negative values."),
+];
+
+fn infer_slice_assign_scalar(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    attr_slice("_slice_assign_scalar", a, &ins[0].shape)?;
+    Ok(vec![ins[0].clone()])
+}
+
+/// Fill view `v` (of `shape`) of `out` with `value` converted to the output's dtype.
+fn fill_view(out: &TBlob, v: &View, shape: &[usize], value: f64) {
+    dispatch_all!(out.dtype, T => {
+        let mut one = [T::from_f64(value)];
+        // SAFETY: `one` outlives the blob, which is only read by `copy` below.
+        let src = unsafe { TBlob::new(one.as_mut_ptr() as *mut u8, vec![1], T::DTYPE) };
+        copy(&src, &View { off: 0, strides: vec![0; shape.len()] }, out, v, shape);
+    })
+}
+
+fn run_slice_assign_scalar(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    if cx.req[0] != Req::Inplace {
+        copy_all(&ins[0], &outs[0]);
+    }
+    let (v, shape) = attr_slice("_slice_assign_scalar", cx.attrs, &ins[0].shape)?;
+    fill_view(&outs[0], &v, &shape, cx.attrs.float("scalar"));
+    Ok(())
+}
+
+// ---- take, pick ----
+
+const TAKE_MODES: &[&str] = &["raise", "wrap", "clip"];
+
+const TAKE_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("axis", PType::Int, "0", "The axis of input array to be taken."),
+    ParamSpec::opt("mode", PType::Enum(TAKE_MODES), "clip", "Specify how out-of-bound indices bahave: clip, wrap or raise."),
+];
+
+/// Resolve index `i` on an axis of length `n` under `mode` (`c`lip, `w`rap, `r`aise).
+fn resolve(op: &str, i: i64, n: usize, mode: u8) -> Result<usize> {
+    let n = n as i64;
+    if n == 0 {
+        return Err(Error::index(format!("operator {op}: cannot index an axis of length 0")));
+    }
+    Ok(match mode {
+        b'c' => i.clamp(0, n - 1),
+        b'w' => i.rem_euclid(n),
+        _ => {
+            if i < -n || i >= n {
+                return Err(Error::index(format!("operator {op}: index {i} is out of bounds for axis of size {n}")));
+            }
+            i.rem_euclid(n)
+        }
+    } as usize)
+}
+
+fn infer_take(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let s = &ins[0].shape;
+    if s.is_empty() {
+        return Err(Error::value("operator take: the data array must have at least one dimension"));
+    }
+    let ax = norm_axis("take", a.int("axis"), s.len())?;
+    let mut out = s[..ax].to_vec();
+    out.extend_from_slice(&ins[1].shape);
+    out.extend_from_slice(&s[ax + 1..]);
+    one_out(out, ins[0].dtype)
+}
+
+/// `out[o, j, :] = data[o, idx[j], :]` for blocks of `inner` elements.
+fn gather_blocks(data: &TBlob, out: &TBlob, outer: usize, n: usize, idx: &[usize], inner: usize) {
+    by_size!(data.dtype, E => {
+        let src = SendPtr(data.ptr() as *mut E);
+        let dst = SendPtr(out.ptr() as *mut E);
+        let m = idx.len();
+        par_for(outer * m, Cost(0.25 * inner as f64 + 2.0), data.dtype, |r| {
+            let (src, dst) = (src, dst);
+            for t in r {
+                let (o, j) = (t / m, t % m);
+                // SAFETY: idx entries are < n, so the block lies in the data; output blocks
+                // are disjoint per t.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src.0.add((o * n + idx[j]) * inner), dst.0.add(t * inner), inner);
+                }
+            }
+        });
+    })
+}
+
+fn run_take(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let s = &ins[0].shape;
+    let ax = norm_axis("take", cx.attrs.int("axis"), s.len())?;
+    let mode = cx.attrs.str("mode").as_bytes()[0];
+    let idx = read_indices(&ins[1]);
+    if idx.is_empty() || outs[0].size() == 0 {
+        return Ok(());
+    }
+    let idx: Vec<usize> = idx.iter().map(|&i| resolve("take", i, s[ax], mode)).collect::<Result<_>>()?;
+    gather_blocks(&ins[0], &outs[0], s[..ax].iter().product(), s[ax], &idx, s[ax + 1..].iter().product());
+    Ok(())
+}
+
+const PICK_PARAMS: &[ParamSpec] = &[
+    ParamSpec::or_none("axis", PType::Int, "-1", "int or None. The axis to picking the elements. Negative values means indexing from right to left."),
+    ParamSpec::opt("keepdims", PType::Bool, "False", "If true, the axis where we pick the elements is left in the result as dimension with size one."),
+    ParamSpec::opt("mode", PType::Enum(&["clip", "wrap"]), "clip", "Specify how out-of-bound indices behave."),
+];
+
+fn pick_axis(a: &Attrs, shape: &[usize]) -> Result<usize> {
+    match a.opt_int("axis") {
+        Some(ax) => norm_axis("pick", ax, shape.len()),
+        None => Err(Error::not_supported("operator pick with axis=None")),
+    }
+}
+
+fn infer_pick(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let s = &ins[0].shape;
+    let ax = pick_axis(a, s)?;
+    let mut out = s.clone();
+    if a.bool("keepdims") {
+        out[ax] = 1;
+    } else {
+        out.remove(ax);
+    }
+    if ins[1].shape != out {
+        return Err(Error::value(format!(
+            "operator pick: index has shape {:?}, expected {out:?} for data {s:?} and axis {ax}",
+            ins[1].shape
+        )));
+    }
+    one_out(out, ins[0].dtype)
+}
+
+fn run_pick(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let s = &ins[0].shape;
+    let ax = pick_axis(cx.attrs, s)?;
+    let mode = cx.attrs.str("mode").as_bytes()[0];
+    let (n, inner) = (s[ax], s[ax + 1..].iter().product::<usize>());
+    let idx = read_indices(&ins[1]);
+    if idx.is_empty() {
+        return Ok(());
+    }
+    let idx: Vec<usize> = idx.iter().map(|&i| resolve("pick", i, n, mode)).collect::<Result<_>>()?;
+    by_size!(ins[0].dtype, E => {
+        let src = SendPtr(ins[0].ptr() as *mut E);
+        let dst = SendPtr(outs[0].ptr() as *mut E);
+        par_for(idx.len(), Cost(1.0), ins[0].dtype, |r| {
+            let (src, dst) = (src, dst);
+            for t in r {
+                let (o, i) = (t / inner, t % inner);
+                // SAFETY: indices resolved into [0, n); one output element per t.
+                unsafe { *dst.0.add(t) = *src.0.add((o * n + idx[t]) * inner + i) };
+            }
+        });
+    });
+    Ok(())
+}
+
+// ---- one_hot, where ----
+
+const DTYPE_ENUM: &[&str] = &["bool", "float16", "float32", "float64", "int32", "int64", "int8", "uint8"];
+
+const ONE_HOT_PARAMS: &[ParamSpec] = &[
+    ParamSpec::req("depth", PType::Int, "Depth of the one hot dimension."),
+    ParamSpec::opt("on_value", PType::Float, "1", "The value assigned to the locations represented by indices."),
+    ParamSpec::opt("off_value", PType::Float, "0", "The value assigned to the locations not represented by indices."),
+    ParamSpec::opt("dtype", PType::Enum(DTYPE_ENUM), "float32", "DType of the output"),
+];
+
+fn infer_one_hot(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let depth = a.int("depth");
+    if depth < 0 {
+        return Err(Error::value(format!("operator one_hot: depth must be non-negative, got {depth}")));
+    }
+    let mut out = ins[0].shape.clone();
+    out.push(depth as usize);
+    one_out(out, enum_dtype(a, "dtype"))
+}
+
+fn run_one_hot(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let depth = cx.attrs.int("depth");
+    let idx = read_indices(&ins[0]);
+    let (on, off) = (cx.attrs.float("on_value"), cx.attrs.float("off_value"));
+    super::init::fill(&outs[0], off);
+    let d = depth as usize;
+    dispatch_all!(outs[0].dtype, T => {
+        let o = outs[0].as_mut::<T>();
+        let on = T::from_f64(on);
+        for (k, &i) in idx.iter().enumerate() {
+            if (0..depth).contains(&i) {
+                o[k * d + i as usize] = on;
+            }
+        }
+    });
+    Ok(())
+}
+
+fn infer_where(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let (c, x, y) = (&ins[0], &ins[1], &ins[2]);
+    super::common::check_same("where", x, y, 2)?;
+    let ok = c.shape == x.shape || (c.shape.len() == 1 && !x.shape.is_empty() && c.shape[0] == x.shape[0]);
+    if !ok {
+        return Err(Error::value(format!(
+            "operator where: condition has shape {:?}; it must equal x's shape {:?} or be 1-D of x's first dimension",
+            c.shape, x.shape
+        )));
+    }
+    Ok(vec![x.clone()])
+}
+
+fn where_typed<C: Elem, E: Copy + Send + Sync>(c: &TBlob, x: &TBlob, y: &TBlob, out: &TBlob, dtype: DType) {
+    let cond = c.as_slice::<C>();
+    let (xp, yp, op) = (SendPtr(x.ptr() as *mut E), SendPtr(y.ptr() as *mut E), SendPtr(out.ptr() as *mut E));
+    let n = out.size();
+    let per = if cond.len() == n { 1 } else { n / cond.len().max(1) };
+    let zero = C::zero();
+    par_for(n, Cost(0.5), dtype, |r| {
+        let (xp, yp, op) = (xp, yp, op);
+        for i in r {
+            let pick = cond[i / per] != zero;
+            // SAFETY: i < n for all three same-shape arrays.
+            unsafe { *op.0.add(i) = if pick { *xp.0.add(i) } else { *yp.0.add(i) } };
+        }
+    });
+}
+
+fn run_where(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    if outs[0].size() == 0 {
+        return Ok(());
+    }
+    let dt = ins[1].dtype;
+    dispatch_all!(ins[0].dtype, C => by_size!(dt, E => where_typed::<C, E>(&ins[0], &ins[1], &ins[2], &outs[0], dt)));
+    Ok(())
+}
+
+// ---- gather_nd, _scatter_set_nd ----
+
+/// (M, number of index tuples, inner block, strides of the first M data axes).
+fn nd_geometry(op: &str, data: &[usize], idx: &[usize]) -> Result<(usize, usize, usize)> {
+    if idx.is_empty() {
+        return Err(Error::value(format!("operator {op}: indices must have at least one dimension")));
+    }
+    let m = idx[0];
+    if m == 0 || m > data.len() {
+        return Err(Error::value(format!(
+            "operator {op}: indices' first dimension ({m}) must be between 1 and the data's dimensions ({})",
+            data.len()
+        )));
+    }
+    Ok((m, idx[1..].iter().product(), data[m..].iter().product()))
+}
+
+fn infer_gather_nd(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let (d, i) = (&ins[0].shape, &ins[1].shape);
+    let (m, _, _) = nd_geometry("gather_nd", d, i)?;
+    let mut out = i[1..].to_vec();
+    out.extend_from_slice(&d[m..]);
+    one_out(out, ins[0].dtype)
+}
+
+/// Block offsets (in elements) of each index tuple.
+fn nd_offsets(op: &str, data: &[usize], idx: &TBlob) -> Result<Vec<usize>> {
+    let (m, count, inner) = nd_geometry(op, data, &idx.shape)?;
+    let vals = read_indices(idx);
+    let mut offs = vec![0usize; count];
+    let mut block = inner;
+    for k in (0..m).rev() {
+        let n = data[k] as i64;
+        for (j, o) in offs.iter_mut().enumerate() {
+            let mut v = vals[k * count + j];
+            if v < 0 {
+                v += n;
+            }
+            if v < 0 || v >= n {
+                return Err(Error::index(format!(
+                    "operator {op}: index {} is out of bounds for axis {k} of size {n}",
+                    vals[k * count + j]
+                )));
+            }
+            *o += v as usize * block;
+        }
+        block *= data[k];
+    }
+    Ok(offs)
+}
+
+fn run_gather_nd(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let offs = nd_offsets("gather_nd", &ins[0].shape, &ins[1])?;
+    let inner = nd_geometry("gather_nd", &ins[0].shape, &ins[1].shape)?.2;
+    by_size!(ins[0].dtype, E => {
+        let (src, dst) = (SendPtr(ins[0].ptr() as *mut E), SendPtr(outs[0].ptr() as *mut E));
+        par_for(offs.len(), Cost(0.25 * inner as f64 + 2.0), ins[0].dtype, |r| {
+            let (src, dst) = (src, dst);
+            for j in r {
+                // SAFETY: offsets checked in bounds; one output block per j.
+                unsafe { std::ptr::copy_nonoverlapping(src.0.add(offs[j]), dst.0.add(j * inner), inner) };
+            }
+        });
+    });
+    Ok(())
+}
+
+const SCATTER_PARAMS: &[ParamSpec] = &[ParamSpec::req("shape", PType::Shape, "Shape of output.")];
+
+fn infer_scatter_set_nd(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let want = super::common::shape_param("_scatter_set_nd", "shape", a.shape("shape"))?;
+    let (l, r, i) = (&ins[0].shape, &ins[1].shape, &ins[2].shape);
+    if *l != want {
+        return Err(Error::value(format!("operator _scatter_set_nd: lhs has shape {l:?}, shape says {want:?}")));
+    }
+    let (m, _, _) = nd_geometry("_scatter_set_nd", l, i)?;
+    let mut rs = i[1..].to_vec();
+    rs.extend_from_slice(&l[m..]);
+    if *r != rs {
+        return Err(Error::value(format!("operator _scatter_set_nd: rhs has shape {r:?}, expected {rs:?}")));
+    }
+    if ins[1].dtype != ins[0].dtype {
+        return Err(Error::type_error("operator _scatter_set_nd: lhs and rhs must have the same dtype"));
+    }
+    Ok(vec![ins[0].clone()])
+}
+
+fn run_scatter_set_nd(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let offs = nd_offsets("_scatter_set_nd", &ins[0].shape, &ins[2])?;
+    if cx.req[0] != Req::Inplace {
+        copy_all(&ins[0], &outs[0]);
+    }
+    let inner = nd_geometry("_scatter_set_nd", &ins[0].shape, &ins[2].shape)?.2;
+    by_size!(ins[0].dtype, E => {
+        let (src, dst) = (ins[1].ptr() as *const E, outs[0].ptr() as *mut E);
+        for (j, &o) in offs.iter().enumerate() {
+            // SAFETY: offsets checked in bounds; serial, so repeated indices are last-wins.
+            unsafe { std::ptr::copy_nonoverlapping(src.add(j * inner), dst.add(o), inner) };
+        }
+    });
+    Ok(())
+}
+
+// ---- sort, argsort, topk ----
+
+const IDX_DTYPES: &[&str] = &["float16", "float32", "float64", "int32", "int64", "uint8"];
+
+const SORT_PARAMS: &[ParamSpec] = &[
+    ParamSpec::or_none("axis", PType::Int, "-1", "Axis along which to choose sort the input tensor. If not given, the flattened array is used. Default is -1."),
+    ParamSpec::opt("is_ascend", PType::Bool, "True", "Whether to sort in ascending or descending order."),
+];
+
+const ARGSORT_PARAMS: &[ParamSpec] = &[
+    ParamSpec::or_none("axis", PType::Int, "-1", "Axis along which to sort the input tensor. If not given, the flattened array is used. Default is -1."),
+    ParamSpec::opt("is_ascend", PType::Bool, "True", "Whether to sort in ascending or descending order."),
+    ParamSpec::opt("dtype", PType::Enum(IDX_DTYPES), "float32", "DType of the output indices."),
+];
+
+const TOPK_PARAMS: &[ParamSpec] = &[
+    ParamSpec::or_none("axis", PType::Int, "-1", "Axis along which to choose the top k indices. If not given, the flattened array is used. Default is -1."),
+    ParamSpec::opt("k", PType::Int, "1", "Number of top elements to select; a global sort is performed if k < 1."),
+    ParamSpec::opt("ret_typ", PType::Enum(&["both", "indices", "mask", "value"]), "indices", "The return type."),
+    ParamSpec::opt("is_ascend", PType::Bool, "False", "Whether to choose k largest or k smallest elements."),
+    ParamSpec::opt("dtype", PType::Enum(IDX_DTYPES), "float32", "DType of the output indices when ret_typ is \"indices\" or \"both\"."),
+];
+
+/// Geometry of a sort: (axis or None for flattened, outer, n, inner, k).
+struct SortGeom {
+    axis: Option<usize>,
+    outer: usize,
+    n: usize,
+    inner: usize,
+    k: usize,
+}
+
+fn sort_geom(op: &str, a: &Attrs, shape: &[usize], k: Option<i64>) -> Result<SortGeom> {
+    let (axis, outer, n, inner) = match a.opt_int("axis") {
+        None => (None, 1, shape.iter().product(), 1),
+        Some(ax) => {
+            let ax = norm_axis(op, ax, shape.len())?;
+            (Some(ax), shape[..ax].iter().product(), shape[ax], shape[ax + 1..].iter().product())
+        }
+    };
+    let k = match k {
+        Some(k) if k >= 1 => {
+            if k as usize > n {
+                return Err(Error::value(format!("operator {op}: k={k} exceeds the {n} elements along the axis")));
+            }
+            k as usize
+        }
+        _ => n,
+    };
+    Ok(SortGeom { axis, outer, n, inner, k })
+}
+
+/// Shape with the sorted axis of length `k` (a 1-D `(k,)` when flattened).
+fn sorted_shape(g: &SortGeom, shape: &[usize]) -> Vec<usize> {
+    match g.axis {
+        None => vec![g.k],
+        Some(ax) => {
+            let mut s = shape.to_vec();
+            s[ax] = g.k;
+            s
+        }
+    }
+}
+
+fn total_cmp<T: PartialOrd>(a: &T, b: &T) -> Ordering {
+    match a.partial_cmp(b) {
+        Some(o) => o,
+        #[allow(clippy::eq_op)]
+        None => (a != a).cmp(&(b != b)),
+    }
+}
+
+/// The first `k` positions along the axis of every row, in sorted order: `order[(o*inner +
+/// i)*k + r]`.
+fn sort_order<T: Elem>(x: &TBlob, g: &SortGeom, ascend: bool) -> Vec<u32> {
+    let data = x.as_slice::<T>();
+    let rows = g.outer * g.inner;
+    let mut order = vec![0u32; rows * g.k];
+    let op = SendPtr(order.as_mut_ptr());
+    let (n, inner, k) = (g.n, g.inner, g.k);
+    par_for(rows, Cost(n as f64 * (n.max(2) as f64).log2() * 2.0), T::DTYPE, |r| {
+        let op = op;
+        let mut idx: Vec<u32> = Vec::with_capacity(n);
+        for row in r {
+            let (o, i) = (row / inner, row % inner);
+            let at = |j: u32| data[(o * n + j as usize) * inner + i];
+            idx.clear();
+            idx.extend(0..n as u32);
+            if ascend {
+                idx.sort_by(|&p, &q| total_cmp(&at(p), &at(q)));
+            } else {
+                idx.sort_by(|&p, &q| total_cmp(&at(q), &at(p)));
+            }
+            // SAFETY: each row owns its k slots of `order`.
+            let dst = unsafe { std::slice::from_raw_parts_mut(op.0.add(row * k), k) };
+            dst.copy_from_slice(&idx[..k]);
+        }
+    });
+    order
+}
+
+/// Write values (`vals`) or indices into `out` of the sorted shape.
+fn write_sorted<T: Elem>(x: &TBlob, g: &SortGeom, order: &[u32], out: &TBlob, vals: bool) -> Result<()> {
+    let data = x.as_slice::<T>();
+    let (n, inner, k) = (g.n, g.inner, g.k);
+    let pos = |t: usize| -> (usize, u32) {
+        // out index t = (o*k + r)*inner + i
+        let (o, rest) = (t / (k * inner), t % (k * inner));
+        let (r, i) = (rest / inner, rest % inner);
+        let j = order[(o * inner + i) * k + r];
+        ((o * n + j as usize) * inner + i, j)
+    };
+    if vals {
+        for (t, v) in out.as_mut::<T>().iter_mut().enumerate() {
+            *v = data[pos(t).0];
+        }
+    } else {
+        dispatch_num!(out.dtype, "topk", I => {
+            for (t, v) in out.as_mut::<I>().iter_mut().enumerate() {
+                *v = I::from_f64(pos(t).1 as f64);
+            }
+        });
+    }
+    Ok(())
+}
+
+fn infer_sort(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let g = sort_geom(a.op, a, &ins[0].shape, None)?;
+    if ins[0].dtype == DType::Bool {
+        return Err(Error::type_error(format!("operator {} does not support dtype bool", a.op)));
+    }
+    let dtype = if a.has("dtype") { enum_dtype(a, "dtype") } else { ins[0].dtype };
+    one_out(sorted_shape(&g, &ins[0].shape), dtype)
+}
+
+fn run_sort(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let ascend = cx.attrs.bool("is_ascend");
+    let g = sort_geom(cx.attrs.op, cx.attrs, &ins[0].shape, None)?;
+    let vals = !cx.attrs.has("dtype");
+    dispatch_num!(ins[0].dtype, cx.attrs.op, T => {
+        let order = sort_order::<T>(&ins[0], &g, ascend);
+        write_sorted::<T>(&ins[0], &g, &order, &outs[0], vals)?;
+    });
+    Ok(())
+}
+
+fn topk_count(a: &Attrs) -> usize {
+    if a.str("ret_typ") == "both" {
+        2
+    } else {
+        1
+    }
+}
+
+fn infer_topk(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let x = &ins[0];
+    if x.dtype == DType::Bool {
+        return Err(Error::type_error("operator topk does not support dtype bool"));
+    }
+    let g = sort_geom("topk", a, &x.shape, Some(a.int("k")))?;
+    let s = sorted_shape(&g, &x.shape);
+    let idx = enum_dtype(a, "dtype");
+    Ok(match a.str("ret_typ") {
+        "value" => vec![Meta::new(s, x.dtype)],
+        "indices" => vec![Meta::new(s, idx)],
+        "mask" => vec![x.clone()],
+        _ => vec![Meta::new(s.clone(), x.dtype), Meta::new(s, idx)],
+    })
+}
+
+fn run_topk(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let a = cx.attrs;
+    let g = sort_geom("topk", a, &ins[0].shape, Some(a.int("k")))?;
+    let ret = a.str("ret_typ");
+    dispatch_num!(ins[0].dtype, "topk", T => {
+        let order = sort_order::<T>(&ins[0], &g, a.bool("is_ascend"));
+        match ret {
+            "value" => write_sorted::<T>(&ins[0], &g, &order, &outs[0], true)?,
+            "indices" => write_sorted::<T>(&ins[0], &g, &order, &outs[0], false)?,
+            "mask" => {
+                let m = outs[0].as_mut::<T>();
+                m.fill(T::zero());
+                for (row, chunk) in order.chunks(g.k.max(1)).enumerate() {
+                    let (o, i) = (row / g.inner, row % g.inner);
+                    for &j in chunk {
+                        m[(o * g.n + j as usize) * g.inner + i] = T::one();
+                    }
+                }
+            }
+            _ => {
+                write_sorted::<T>(&ins[0], &g, &order, &outs[0], true)?;
+                write_sorted::<T>(&ins[0], &g, &order, &outs[1], false)?;
+            }
+        }
+    });
+    Ok(())
+}
+
+pub(super) fn register(ops: &mut Vec<OpDef>) {
+    let data = Inputs::Fixed(&["data"]);
+    ops.push(
+        op("slice", data, infer_slice, run_slice)
+            .alias(&["crop", "_npi_slice", "_npx_slice", "_sparse_slice"])
+            .params(SLICE_PARAMS)
+            .grad(bwd("_backward_slice", false))
+            .doc("Slices a region of the array (begin, end, step per axis; None and negative values allowed)."),
+    );
+    ops.push(
+        op("slice_axis", data, infer_slice_axis, run_slice_axis)
+            .params(SLICE_AXIS_PARAMS)
+            .grad(bwd("_backward_slice_axis", false))
+            .doc("Slices along a given axis."),
+    );
+    ops.push(
+        op("slice_like", Inputs::Fixed(&["data", "shape_like"]), infer_slice_like, run_slice_like)
+            .params(SLICE_LIKE_PARAMS)
+            .grad(bwd("_backward_slice_like", false))
+            .doc("Slices a region of the array like the shape of another array."),
+    );
+    ops.push(
+        op("_slice_assign", Inputs::Fixed(&["lhs", "rhs"]), infer_slice_assign, run_slice_assign)
+            .alias(&["_crop_assign", "_npi_slice_assign"])
+            .params(SLICE_PARAMS)
+            .inplace(&[(0, 0)])
+            .doc("Assign the rhs to a cropped subset of lhs."),
+    );
+    ops.push(
+        op("_slice_assign_scalar", data, infer_slice_assign_scalar, run_slice_assign_scalar)
+            .alias(&["_crop_assign_scalar", "_npi_slice_assign_scalar"])
+            .params(SLICE_ASSIGN_SCALAR_PARAMS)
+            .inplace(&[(0, 0)])
+            .doc("(Assign the scalar to a cropped subset of the input."),
+    );
+    ops.push(
+        op("take", Inputs::Fixed(&["a", "indices"]), infer_take, run_take)
+            .alias(&["_npi_take"])
+            .params(TAKE_PARAMS)
+            .grad(bwd("_backward_take", true))
+            .doc("Takes elements from an input array along the given axis."),
+    );
+    ops.push(
+        op("pick", Inputs::Fixed(&["data", "index"]), infer_pick, run_pick)
+            .alias(&["_npx_pick", "choose_element_0index"])
+            .params(PICK_PARAMS)
+            .grad(bwd("_backward_pick", true))
+            .doc("Picks elements from an input array according to the input indices along the given axis."),
+    );
+    ops.push(
+        op("one_hot", Inputs::Fixed(&["indices"]), infer_one_hot, run_one_hot)
+            .alias(&["_npx_one_hot"])
+            .params(ONE_HOT_PARAMS)
+            .grad(Grad::Zero)
+            .doc("Returns a one-hot array."),
+    );
+    ops.push(
+        op("where", Inputs::Fixed(&["condition", "x", "y"]), infer_where, run_where)
+            .grad(bwd("_backward_where", true))
+            .doc("Return the elements, either from x or y, depending on the condition."),
+    );
+    ops.push(
+        op("gather_nd", Inputs::Fixed(&["data", "indices"]), infer_gather_nd, run_gather_nd)
+            .alias(&["_npi_gather_nd", "_npx_gather_nd"])
+            .grad(bwd("_backward_gather_nd", true))
+            .doc("Gather elements or slices from `data` and store to a tensor whose shape is defined by `indices`."),
+    );
+    ops.push(
+        op("_scatter_set_nd", Inputs::Fixed(&["lhs", "rhs", "indices"]), infer_scatter_set_nd, run_scatter_set_nd)
+            .alias(&["_npi_scatter_set_nd"])
+            .params(SCATTER_PARAMS)
+            .inplace(&[(0, 0)])
+            .doc("This operator has the same functionality as scatter_nd except that it does not reset the elements not indexed by the input index `NDArray` in the input data `NDArray`."),
+    );
+    ops.push(
+        op("sort", data, infer_sort, run_sort)
+            .alias(&["_npi_sort"])
+            .params(SORT_PARAMS)
+            .grad(bwd("_backward_topk", true))
+            .doc("Returns a sorted copy of an input array along the given axis."),
+    );
+    ops.push(
+        op("argsort", data, infer_sort, run_sort)
+            .alias(&["_npi_argsort"])
+            .params(ARGSORT_PARAMS)
+            .grad(Grad::Zero)
+            .doc("Returns the indices that would sort an input array along the given axis."),
+    );
+    ops.push(
+        op("topk", data, infer_topk, run_topk)
+            .alias(&["_npx_topk"])
+            .params(TOPK_PARAMS)
+            .outputs(topk_count, topk_count)
+            .grad(bwd("_backward_topk", true))
+            .doc("Returns the indices of the top *k* elements in an input array along the given axis."),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slice_ranges_follow_stock() {
+        let r = slice_ranges("s", &[5, 4], &[Some(1), None], &[Some(4), None], &[Some(2), Some(-1)]).unwrap();
+        assert_eq!(r, vec![(1, 2, 2), (3, -1, 4)]);
+        let r = slice_ranges("s", &[5], &[Some(-2)], &[None], &[]).unwrap();
+        assert_eq!(r, vec![(3, 1, 2)]);
+        assert!(slice_ranges("s", &[5], &[Some(3)], &[Some(1)], &[]).is_err());
+        assert!(slice_ranges("s", &[5], &[Some(0)], &[Some(1)], &[Some(0)]).is_err());
+        let r = slice_ranges("s", &[5], &[Some(7)], &[Some(9)], &[]).unwrap();
+        assert_eq!(r[0].2, 0);
+    }
+
+    #[test]
+    fn resolve_modes() {
+        assert_eq!(resolve("t", -1, 4, b'c').unwrap(), 0);
+        assert_eq!(resolve("t", -1, 4, b'w').unwrap(), 3);
+        assert_eq!(resolve("t", 9, 4, b'c').unwrap(), 3);
+        assert!(resolve("t", 4, 4, b'r').is_err());
+        assert_eq!(total_cmp(&f32::NAN, &1.0), Ordering::Greater);
+    }
+}

@@ -1,0 +1,1030 @@
+//! Shape and copy operators: `_copyto`, `Reshape`, `Flatten`, `expand_dims`, `squeeze`,
+//! `transpose`, `SwapAxis`, `Cast`, `Concat`, `stack`, `SliceChannel`, `_split_v2`,
+//! `broadcast_to`, `broadcast_axis`, `broadcast_like`, `tile`, `repeat`, `reverse`,
+//! `zeros_like`, `ones_like`, `shape_array`, `size_array`, `reshape_like`, `Pad`.
+//!
+//! Data movement goes through the strided copy engine ([`super::strided`]), which works on
+//! element sizes, so these operators take all eight dtypes without per-type kernels.
+
+use super::common::{norm_axis, shape_param};
+use super::strided::{contiguous_strides, copy, copy_all, View};
+use crate::error::{Error, Result};
+use crate::ndarray::{infer_reshape, DType};
+use crate::op::kernel::{par_for, Cost};
+use crate::op::param::{dtype_from_name, Attrs, PType, ParamSpec};
+use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::{Grad, InferFn, Inputs, Meta, OpCtx, OpDef};
+use crate::{dispatch_all, dispatch_num};
+
+type Infer = fn(&Attrs, &[Meta]) -> Result<Vec<Meta>>;
+type Compute = fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>;
+
+fn op(name: &'static str, inputs: Inputs, infer: Infer, compute: Compute) -> OpDef {
+    let infer: InferFn = Box::new(infer);
+    OpDef::new(name, inputs, infer, Box::new(compute))
+}
+
+fn bwd(op: &'static str) -> Grad {
+    Grad::Backward { op, inputs: false, outputs: false }
+}
+
+/// Prefix an error from shared shape code with the operator's name, keeping its kind.
+fn named(op: &str, e: Error) -> Error {
+    Error::new(e.kind(), format!("operator {op}: {}", e.message()))
+}
+
+fn one_out(shape: Vec<usize>, dtype: DType) -> Result<Vec<Meta>> {
+    Ok(vec![Meta::new(shape, dtype)])
+}
+
+/// Compute: the output is the input's bytes (reshapes, copies).
+fn run_copy(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    copy_all(&ins[0], &outs[0]);
+    Ok(())
+}
+
+// ---- _copyto, Reshape, Flatten, expand_dims, squeeze, reshape_like ----
+
+fn infer_same(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    Ok(vec![ins[0].clone()])
+}
+
+const RESHAPE_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("shape", PType::Shape, "()", "The target shape (codes 0, -1, -2, -3, -4 as in MXNet)"),
+    ParamSpec::opt("reverse", PType::Bool, "False", "If true then the special values are inferred from right to left"),
+    ParamSpec::opt("target_shape", PType::Shape, "()", "(Deprecated! Use ``shape`` instead.) Target new shape"),
+    ParamSpec::opt("keep_highest", PType::Bool, "False", "(Deprecated! Use ``shape`` instead.) Keep the highest dimension"),
+];
+
+fn infer_reshape_op(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let spec = a.shape("shape");
+    if spec.is_empty() {
+        if !a.shape("target_shape").is_empty() {
+            return Err(Error::not_supported("operator Reshape: the deprecated target_shape parameter (use shape)"));
+        }
+        return Err(Error::value("operator Reshape: the target shape must have at least one dimension"));
+    }
+    let shape = infer_reshape(&ins[0].shape, spec, a.bool("reverse")).map_err(|e| named("Reshape", e))?;
+    one_out(shape, ins[0].dtype)
+}
+
+fn infer_flatten(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let s = &ins[0].shape;
+    if s.is_empty() {
+        return Err(Error::value("operator Flatten: the input must have at least one dimension"));
+    }
+    one_out(vec![s[0], s[1..].iter().product()], ins[0].dtype)
+}
+
+const EXPAND_PARAMS: &[ParamSpec] =
+    &[ParamSpec::req("axis", PType::Int, "Position where the new axis is inserted; negative counts from the end")];
+
+fn infer_expand_dims(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let mut s = ins[0].shape.clone();
+    let ax = norm_axis("expand_dims", a.int("axis"), s.len() + 1)?;
+    s.insert(ax, 1);
+    one_out(s, ins[0].dtype)
+}
+
+const SQUEEZE_PARAMS: &[ParamSpec] = &[ParamSpec::or_none(
+    "axis",
+    PType::Shape,
+    "None",
+    "Axes of size 1 to remove; None removes every axis of size 1",
+)];
+
+fn infer_squeeze(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let s = &ins[0].shape;
+    let mut drop = vec![false; s.len()];
+    match a.opt_shape("axis") {
+        None => {
+            for (i, &d) in s.iter().enumerate() {
+                drop[i] = d == 1;
+            }
+        }
+        Some(axes) => {
+            for &ax in axes {
+                let k = norm_axis("squeeze", ax, s.len())?;
+                if s[k] != 1 {
+                    return Err(Error::value(format!(
+                        "operator squeeze: cannot remove axis {ax} of size {} (only size-1 axes), input shape {s:?}",
+                        s[k]
+                    )));
+                }
+                if drop[k] {
+                    return Err(Error::value(format!("operator squeeze: axis {ax} is given twice")));
+                }
+                drop[k] = true;
+            }
+        }
+    }
+    let mut out: Vec<usize> = s.iter().zip(&drop).filter(|(_, &d)| !d).map(|(&v, _)| v).collect();
+    if out.is_empty() {
+        out.push(1);
+    }
+    one_out(out, ins[0].dtype)
+}
+
+const RESHAPE_LIKE_PARAMS: &[ParamSpec] = &[
+    ParamSpec::or_none("lhs_begin", PType::Int, "None", "First lhs axis to replace (default 0)"),
+    ParamSpec::or_none("lhs_end", PType::Int, "None", "Axis after the last lhs axis to replace (default ndim)"),
+    ParamSpec::or_none("rhs_begin", PType::Int, "None", "First rhs axis taken (default 0)"),
+    ParamSpec::or_none("rhs_end", PType::Int, "None", "Axis after the last rhs axis taken (default ndim)"),
+];
+
+fn axis_range(op: &str, a: &Attrs, b: &str, e: &str, ndim: usize) -> Result<(usize, usize)> {
+    let fix = |v: Option<i64>, dflt: usize, name: &str| -> Result<usize> {
+        let n = ndim as i64;
+        match v {
+            None => Ok(dflt),
+            Some(x) => {
+                let y = if x < 0 { x + n } else { x };
+                if y < 0 || y > n {
+                    Err(Error::index(format!("operator {op}: {name}={x} is out of range for {ndim} dimensions")))
+                } else {
+                    Ok(y as usize)
+                }
+            }
+        }
+    };
+    let (lo, hi) = (fix(a.opt_int(b), 0, b)?, fix(a.opt_int(e), ndim, e)?);
+    if lo > hi {
+        return Err(Error::value(format!("operator {op}: {b} ({lo}) must not exceed {e} ({hi})")));
+    }
+    Ok((lo, hi))
+}
+
+fn infer_reshape_like(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let (l, r) = (&ins[0].shape, &ins[1].shape);
+    let (lb, le) = axis_range("reshape_like", a, "lhs_begin", "lhs_end", l.len())?;
+    let (rb, re) = axis_range("reshape_like", a, "rhs_begin", "rhs_end", r.len())?;
+    let mut out = l[..lb].to_vec();
+    out.extend_from_slice(&r[rb..re]);
+    out.extend_from_slice(&l[le..]);
+    if out.iter().product::<usize>() != l.iter().product::<usize>() {
+        return Err(Error::value(format!(
+            "operator reshape_like: cannot reshape lhs of shape {l:?} to {out:?} (sizes differ)"
+        )));
+    }
+    one_out(out, ins[0].dtype)
+}
+
+// ---- transpose, SwapAxis ----
+
+const TRANSPOSE_PARAMS: &[ParamSpec] =
+    &[ParamSpec::opt("axes", PType::Shape, "()", "Target axis order; empty reverses the axes")];
+
+fn transpose_perm(op: &str, axes: &[i64], ndim: usize) -> Result<Vec<usize>> {
+    if axes.is_empty() {
+        return Ok((0..ndim).rev().collect());
+    }
+    if axes.len() != ndim {
+        return Err(Error::value(format!("operator {op}: axes {axes:?} must list all {ndim} axes of the input")));
+    }
+    let mut seen = vec![false; ndim];
+    let mut perm = Vec::with_capacity(ndim);
+    for &ax in axes {
+        let k = norm_axis(op, ax, ndim)?;
+        if std::mem::replace(&mut seen[k], true) {
+            return Err(Error::value(format!("operator {op}: axes {axes:?} repeat axis {ax}")));
+        }
+        perm.push(k);
+    }
+    Ok(perm)
+}
+
+fn infer_transpose(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let perm = transpose_perm("transpose", a.shape("axes"), ins[0].shape.len())?;
+    one_out(perm.iter().map(|&p| ins[0].shape[p]).collect(), ins[0].dtype)
+}
+
+fn permuted_copy(src: &TBlob, dst: &TBlob, perm: &[usize]) {
+    let s = contiguous_strides(&src.shape);
+    let view = View { off: 0, strides: perm.iter().map(|&p| s[p]).collect() };
+    copy(src, &view, dst, &View::contiguous(&dst.shape), &dst.shape);
+}
+
+fn run_transpose(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let perm = transpose_perm("transpose", cx.attrs.shape("axes"), ins[0].ndim())?;
+    permuted_copy(&ins[0], &outs[0], &perm);
+    Ok(())
+}
+
+const SWAP_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("dim1", PType::Int, "0", "the first axis to be swapped."),
+    ParamSpec::opt("dim2", PType::Int, "0", "the second axis to be swapped."),
+];
+
+fn swap_perm(a: &Attrs, ndim: usize) -> Result<Vec<usize>> {
+    let d1 = norm_axis("SwapAxis", a.int("dim1"), ndim)?;
+    let d2 = norm_axis("SwapAxis", a.int("dim2"), ndim)?;
+    let mut perm: Vec<usize> = (0..ndim).collect();
+    perm.swap(d1, d2);
+    Ok(perm)
+}
+
+fn infer_swap(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let perm = swap_perm(a, ins[0].shape.len())?;
+    one_out(perm.iter().map(|&p| ins[0].shape[p]).collect(), ins[0].dtype)
+}
+
+fn run_swap(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    permuted_copy(&ins[0], &outs[0], &swap_perm(cx.attrs, ins[0].ndim())?);
+    Ok(())
+}
+
+// ---- Cast ----
+
+const CAST_PARAMS: &[ParamSpec] = &[ParamSpec::req("dtype", PType::DType, "Output data type.")];
+
+fn infer_cast(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    one_out(ins[0].shape.clone(), a.dtype("dtype").expect("dtype is required"))
+}
+
+fn cast_typed<S: Elem, D: Elem>(src: &TBlob, dst: &TBlob) {
+    let s = src.as_slice::<S>();
+    let o = SendPtr(dst.as_mut::<D>().as_mut_ptr());
+    par_for(s.len(), Cost(0.5), D::DTYPE, |r| {
+        let o = o;
+        // SAFETY: par_for ranges are disjoint and within the output.
+        let o = unsafe { std::slice::from_raw_parts_mut(o.0.add(r.start), r.len()) };
+        for (o, &x) in o.iter_mut().zip(&s[r]) {
+            *o = D::from_f64(x.to_f64());
+        }
+    });
+}
+
+/// Convert `src` into `dst` (same size, any two dtypes).
+pub(super) fn cast_into(src: &TBlob, dst: &TBlob) {
+    if src.dtype == dst.dtype {
+        copy_all(src, dst);
+        return;
+    }
+    dispatch_all!(src.dtype, S => dispatch_all!(dst.dtype, D => cast_typed::<S, D>(src, dst)))
+}
+
+fn run_cast(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    cast_into(&ins[0], &outs[0]);
+    Ok(())
+}
+
+// ---- Concat, stack ----
+
+const CONCAT_PARAMS: &[ParamSpec] = &[
+    ParamSpec::req("num_args", PType::Int, "Number of inputs to be concated."),
+    ParamSpec::opt("dim", PType::Int, "1", "the dimension to be concated."),
+];
+
+fn infer_concat(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    if ins.is_empty() {
+        return Err(Error::value("operator Concat needs at least one input"));
+    }
+    let nd = ins[0].shape.len();
+    let dim = norm_axis("Concat", a.int("dim"), nd)?;
+    let mut out = ins[0].shape.clone();
+    out[dim] = 0;
+    for (i, m) in ins.iter().enumerate() {
+        if m.dtype != ins[0].dtype {
+            return Err(Error::type_error(format!(
+                "operator Concat: input {i} has dtype {}, expected {} like input 0",
+                m.dtype.name(),
+                ins[0].dtype.name()
+            )));
+        }
+        let same = m.shape.len() == nd && (0..nd).all(|k| k == dim || m.shape[k] == ins[0].shape[k]);
+        if !same {
+            return Err(Error::value(format!(
+                "operator Concat: input {i} has shape {:?}, incompatible with input 0 {:?} for concatenation along dim {dim}",
+                m.shape, ins[0].shape
+            )));
+        }
+        out[dim] += m.shape[dim];
+    }
+    one_out(out, ins[0].dtype)
+}
+
+fn run_concat(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let out = &outs[0];
+    let dim = norm_axis("Concat", cx.attrs.int("dim"), out.ndim())?;
+    let os = contiguous_strides(&out.shape);
+    let mut at = 0isize;
+    for x in ins {
+        let dv = View { off: at * os[dim], strides: os.clone() };
+        copy(x, &View::contiguous(&x.shape), out, &dv, &x.shape);
+        at += x.shape[dim] as isize;
+    }
+    Ok(())
+}
+
+const STACK_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("axis", PType::Int, "0", "The axis in the result array along which the input arrays are stacked."),
+    ParamSpec::req("num_args", PType::Int, "Number of inputs to be stacked."),
+];
+
+fn infer_stack(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    if ins.is_empty() {
+        return Err(Error::value("operator stack needs at least one input"));
+    }
+    for (i, m) in ins.iter().enumerate().skip(1) {
+        super::common::check_same("stack", &ins[0], m, i)?;
+    }
+    let mut out = ins[0].shape.clone();
+    let ax = norm_axis("stack", a.int("axis"), out.len() + 1)?;
+    out.insert(ax, ins.len());
+    one_out(out, ins[0].dtype)
+}
+
+fn run_stack(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let out = &outs[0];
+    let ax = norm_axis("stack", cx.attrs.int("axis"), out.ndim())?;
+    let mut os = contiguous_strides(&out.shape);
+    let step = os.remove(ax);
+    for (i, x) in ins.iter().enumerate() {
+        let dv = View { off: i as isize * step, strides: os.clone() };
+        copy(x, &View::contiguous(&x.shape), out, &dv, &x.shape);
+    }
+    Ok(())
+}
+
+// ---- SliceChannel, _split_v2 ----
+
+const SPLIT_PARAMS: &[ParamSpec] = &[
+    ParamSpec::req("num_outputs", PType::Int, "Number of splits. Note that this should evenly divide the length of the `axis`."),
+    ParamSpec::opt("axis", PType::Int, "1", "Axis along which to split."),
+    ParamSpec::opt("squeeze_axis", PType::Bool, "False", "If true, Removes the axis with length 1 from the shapes of the output arrays."),
+];
+
+fn split_count(a: &Attrs) -> usize {
+    a.int("num_outputs").max(0) as usize
+}
+
+/// Split `shape` along `axis` into `[start, end)` parts; outputs drop the axis if `squeeze`.
+fn split_parts(op: &str, shape: &[usize], axis: usize, bounds: &[(usize, usize)], squeeze: bool, dtype: DType) -> Result<Vec<Meta>> {
+    bounds
+        .iter()
+        .map(|&(b, e)| {
+            let mut s = shape.to_vec();
+            s[axis] = e - b;
+            if squeeze {
+                if e - b != 1 {
+                    return Err(Error::value(format!(
+                        "operator {op}: squeeze_axis needs parts of length 1 along axis {axis}, got {}",
+                        e - b
+                    )));
+                }
+                s.remove(axis);
+            }
+            Ok(Meta::new(s, dtype))
+        })
+        .collect()
+}
+
+fn channel_bounds(a: &Attrs, shape: &[usize]) -> Result<(usize, Vec<(usize, usize)>)> {
+    let n = a.int("num_outputs");
+    if n < 1 {
+        return Err(Error::value(format!("operator SliceChannel: num_outputs must be at least 1, got {n}")));
+    }
+    let axis = norm_axis("SliceChannel", a.int("axis"), shape.len())?;
+    let n = n as usize;
+    if shape[axis] % n != 0 {
+        return Err(Error::value(format!(
+            "operator SliceChannel: axis {axis} of length {} cannot be split evenly into {n} outputs (shape {shape:?})",
+            shape[axis]
+        )));
+    }
+    let k = shape[axis] / n;
+    Ok((axis, (0..n).map(|i| (i * k, (i + 1) * k)).collect()))
+}
+
+fn infer_slice_channel(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let (axis, bounds) = channel_bounds(a, &ins[0].shape)?;
+    split_parts("SliceChannel", &ins[0].shape, axis, &bounds, a.bool("squeeze_axis"), ins[0].dtype)
+}
+
+fn copy_parts(x: &TBlob, outs: &[TBlob], axis: usize, bounds: &[(usize, usize)]) {
+    let s = contiguous_strides(&x.shape);
+    for (o, &(b, e)) in outs.iter().zip(bounds) {
+        let mut part = x.shape.clone();
+        part[axis] = e - b;
+        let sv = View { off: b as isize * s[axis], strides: s.clone() };
+        copy(x, &sv, o, &View::contiguous(&part), &part);
+    }
+}
+
+fn run_slice_channel(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let (axis, bounds) = channel_bounds(cx.attrs, &ins[0].shape)?;
+    copy_parts(&ins[0], outs, axis, &bounds);
+    Ok(())
+}
+
+const SPLIT_V2_PARAMS: &[ParamSpec] = &[
+    ParamSpec::req("indices", PType::Shape, "Indices of splits. The elements should denote the boundaries of at which split is performed along the `axis`."),
+    ParamSpec::opt("axis", PType::Int, "1", "Axis along which to split."),
+    ParamSpec::opt("squeeze_axis", PType::Bool, "False", "If true, Removes the axis with length 1 from the shapes of the output arrays."),
+    ParamSpec::opt("sections", PType::Int, "0", "Number of sections if equally splitted. Default to 0 which means split by indices."),
+];
+
+fn split_v2_count(a: &Attrs) -> usize {
+    let s = a.int("sections");
+    if s > 0 {
+        s as usize
+    } else {
+        a.shape("indices").len()
+    }
+}
+
+fn split_v2_bounds(a: &Attrs, shape: &[usize]) -> Result<(usize, Vec<(usize, usize)>)> {
+    let axis = norm_axis("_split_v2", a.int("axis"), shape.len())?;
+    let len = shape[axis];
+    let sections = a.int("sections");
+    if sections > 0 {
+        let n = sections as usize;
+        if len % n != 0 {
+            return Err(Error::value(format!(
+                "operator _split_v2: axis {axis} of length {len} cannot be split evenly into {n} sections"
+            )));
+        }
+        let k = len / n;
+        return Ok((axis, (0..n).map(|i| (i * k, (i + 1) * k)).collect()));
+    }
+    let idx = a.shape("indices");
+    if idx.is_empty() {
+        return Err(Error::value("operator _split_v2: indices must not be empty when sections is 0"));
+    }
+    let mut bounds = Vec::with_capacity(idx.len());
+    for (i, &b) in idx.iter().enumerate() {
+        let e = idx.get(i + 1).copied().unwrap_or(len as i64);
+        if b < 0 || e < b || e > len as i64 {
+            return Err(Error::value(format!(
+                "operator _split_v2: indices {idx:?} must be non-decreasing within [0, {len}] along axis {axis}"
+            )));
+        }
+        bounds.push((b as usize, e as usize));
+    }
+    Ok((axis, bounds))
+}
+
+fn infer_split_v2(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let (axis, bounds) = split_v2_bounds(a, &ins[0].shape)?;
+    split_parts("_split_v2", &ins[0].shape, axis, &bounds, a.bool("squeeze_axis"), ins[0].dtype)
+}
+
+fn run_split_v2(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let (axis, bounds) = split_v2_bounds(cx.attrs, &ins[0].shape)?;
+    copy_parts(&ins[0], outs, axis, &bounds);
+    Ok(())
+}
+
+// ---- broadcast_to, broadcast_axis, broadcast_like ----
+
+/// Copy `src` broadcast to `dst`'s shape (same ndim; src dims 1 or equal).
+fn broadcast_copy(src: &TBlob, dst: &TBlob) {
+    let mut s = contiguous_strides(&src.shape);
+    for k in 0..s.len() {
+        if src.shape[k] != dst.shape[k] {
+            s[k] = 0;
+        }
+    }
+    copy(src, &View { off: 0, strides: s }, dst, &View::contiguous(&dst.shape), &dst.shape);
+}
+
+fn run_broadcast(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    broadcast_copy(&ins[0], &outs[0]);
+    Ok(())
+}
+
+fn check_broadcast(op: &str, src: &[usize], dst: &[usize]) -> Result<()> {
+    if src.len() != dst.len() || src.iter().zip(dst).any(|(&s, &d)| s != d && s != 1) {
+        return Err(Error::value(format!("operator {op}: cannot broadcast shape {src:?} to {dst:?}")));
+    }
+    Ok(())
+}
+
+const BROADCAST_TO_PARAMS: &[ParamSpec] = &[ParamSpec::opt(
+    "shape",
+    PType::Shape,
+    "()",
+    "The shape of the desired array; 0 keeps the input's dimension",
+)];
+
+fn infer_broadcast_to(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let src = &ins[0].shape;
+    let want = a.shape("shape");
+    if want.len() != src.len() {
+        return Err(Error::value(format!(
+            "operator broadcast_to: shape {want:?} must have as many dimensions as the input {src:?}"
+        )));
+    }
+    let mut out = Vec::with_capacity(want.len());
+    for (k, &w) in want.iter().enumerate() {
+        out.push(if w == 0 { src[k] } else { shape_param("broadcast_to", "shape", &[w])?[0] });
+    }
+    check_broadcast("broadcast_to", src, &out)?;
+    one_out(out, ins[0].dtype)
+}
+
+const BROADCAST_AXIS_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("axis", PType::Shape, "()", "The axes to perform the broadcasting."),
+    ParamSpec::opt("size", PType::Shape, "()", "Target sizes of the broadcasting axes."),
+];
+
+fn infer_broadcast_axis(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let (axes, sizes) = (a.shape("axis"), a.shape("size"));
+    if axes.len() != sizes.len() {
+        return Err(Error::value(format!("operator broadcast_axis: axis {axes:?} and size {sizes:?} differ in length")));
+    }
+    let mut out = ins[0].shape.clone();
+    for (&ax, &sz) in axes.iter().zip(sizes) {
+        let k = norm_axis("broadcast_axis", ax, out.len())?;
+        if ins[0].shape[k] != 1 {
+            return Err(Error::value(format!(
+                "operator broadcast_axis: axis {ax} has size {}, only size-1 axes can be broadcast",
+                ins[0].shape[k]
+            )));
+        }
+        out[k] = shape_param("broadcast_axis", "size", &[sz])?[0];
+    }
+    one_out(out, ins[0].dtype)
+}
+
+const BROADCAST_LIKE_PARAMS: &[ParamSpec] = &[
+    ParamSpec::or_none("lhs_axes", PType::Shape, "None", "Axes to perform broadcast on in the first input array"),
+    ParamSpec::or_none("rhs_axes", PType::Shape, "None", "Axes to copy from the second input array"),
+];
+
+fn infer_broadcast_like(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let (l, r) = (&ins[0].shape, &ins[1].shape);
+    let out = match (a.opt_shape("lhs_axes"), a.opt_shape("rhs_axes")) {
+        (None, None) => r.clone(),
+        (Some(la), Some(ra)) => {
+            if la.is_empty() || ra.is_empty() {
+                return Err(Error::mxnet("operator broadcast_like: empty axes tuple is not allowed"));
+            }
+            if la.len() != ra.len() {
+                return Err(Error::mxnet(format!(
+                    "operator broadcast_like: lhs_axes {la:?} and rhs_axes {ra:?} must have the same length"
+                )));
+            }
+            let mut out = l.clone();
+            for (&x, &y) in la.iter().zip(ra) {
+                let i = norm_axis("broadcast_like", x, l.len())?;
+                let j = norm_axis("broadcast_like", y, r.len())?;
+                out[i] = r[j];
+            }
+            out
+        }
+        _ => return Err(Error::mxnet("operator broadcast_like: give both lhs_axes and rhs_axes, or neither")),
+    };
+    check_broadcast("broadcast_like", l, &out)?;
+    one_out(out, ins[0].dtype)
+}
+
+// ---- tile, repeat, reverse ----
+
+const TILE_PARAMS: &[ParamSpec] =
+    &[ParamSpec::req("reps", PType::Shape, "The number of times for repeating the tensor a.")];
+
+/// Input shape and reps padded with leading 1s to a common length.
+fn tile_dims(a: &Attrs, shape: &[usize]) -> Result<(Vec<usize>, Vec<usize>)> {
+    let reps = shape_param("tile", "reps", a.shape("reps"))?;
+    let n = reps.len().max(shape.len());
+    let mut s = vec![1; n - shape.len()];
+    s.extend_from_slice(shape);
+    let mut r = vec![1; n - reps.len()];
+    r.extend_from_slice(&reps);
+    Ok((s, r))
+}
+
+fn infer_tile(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let (s, r) = tile_dims(a, &ins[0].shape)?;
+    one_out(s.iter().zip(&r).map(|(x, y)| x * y).collect(), ins[0].dtype)
+}
+
+fn run_tile(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let (s, r) = tile_dims(cx.attrs, &ins[0].shape)?;
+    let st = contiguous_strides(&s);
+    let (mut shape, mut strides) = (Vec::new(), Vec::new());
+    for k in 0..s.len() {
+        shape.extend_from_slice(&[r[k], s[k]]);
+        strides.extend_from_slice(&[0, st[k]]);
+    }
+    copy(&ins[0], &View { off: 0, strides }, &outs[0], &View::contiguous(&shape), &shape);
+    Ok(())
+}
+
+const REPEAT_PARAMS: &[ParamSpec] = &[
+    ParamSpec::req("repeats", PType::Int, "The number of repetitions for each element."),
+    ParamSpec::or_none("axis", PType::Int, "None", "The axis along which to repeat values; None repeats the flattened input"),
+];
+
+/// (view shape, view strides of the input, output shape).
+fn repeat_view(a: &Attrs, shape: &[usize]) -> Result<(Vec<usize>, Vec<isize>, Vec<usize>)> {
+    let reps = a.int("repeats");
+    if reps < 0 {
+        return Err(Error::value(format!("operator repeat: repeats must be non-negative, got {reps}")));
+    }
+    let reps = reps as usize;
+    match a.opt_int("axis") {
+        None => {
+            let n: usize = shape.iter().product();
+            Ok((vec![n, reps], vec![1, 0], vec![n * reps]))
+        }
+        Some(ax) => {
+            let k = norm_axis("repeat", ax, shape.len())?;
+            let st = contiguous_strides(shape);
+            let mut vs = shape.to_vec();
+            vs.insert(k + 1, reps);
+            let mut vst = st;
+            vst.insert(k + 1, 0);
+            let mut out = shape.to_vec();
+            out[k] *= reps;
+            Ok((vs, vst, out))
+        }
+    }
+}
+
+fn infer_repeat(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    one_out(repeat_view(a, &ins[0].shape)?.2, ins[0].dtype)
+}
+
+fn run_repeat(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let (vs, vst, _) = repeat_view(cx.attrs, &ins[0].shape)?;
+    copy(&ins[0], &View { off: 0, strides: vst }, &outs[0], &View::contiguous(&vs), &vs);
+    Ok(())
+}
+
+const REVERSE_PARAMS: &[ParamSpec] = &[ParamSpec::req("axis", PType::Shape, "The axis which to reverse elements.")];
+
+fn reverse_view(a: &Attrs, shape: &[usize]) -> Result<View> {
+    let mut v = View::contiguous(shape);
+    let mut seen = vec![false; shape.len()];
+    for &ax in a.shape("axis") {
+        let k = norm_axis("reverse", ax, shape.len())?;
+        if std::mem::replace(&mut seen[k], true) {
+            return Err(Error::value(format!("operator reverse: axis {ax} is given twice")));
+        }
+        if shape[k] > 0 {
+            v.off += v.strides[k] * (shape[k] as isize - 1);
+        }
+        v.strides[k] = -v.strides[k];
+    }
+    Ok(v)
+}
+
+fn infer_reverse(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    reverse_view(a, &ins[0].shape)?;
+    Ok(vec![ins[0].clone()])
+}
+
+fn run_reverse(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let v = reverse_view(cx.attrs, &ins[0].shape)?;
+    copy(&ins[0], &v, &outs[0], &View::contiguous(&outs[0].shape), &outs[0].shape);
+    Ok(())
+}
+
+// ---- zeros_like, ones_like, shape_array, size_array ----
+
+fn run_zeros(_: &OpCtx, _: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    super::init::fill(&outs[0], 0.0);
+    Ok(())
+}
+
+fn run_ones(_: &OpCtx, _: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    super::init::fill(&outs[0], 1.0);
+    Ok(())
+}
+
+fn infer_shape_array(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    one_out(vec![ins[0].shape.len()], DType::I64)
+}
+
+fn run_shape_array(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    for (o, &d) in outs[0].as_mut::<i64>().iter_mut().zip(&ins[0].shape) {
+        *o = d as i64;
+    }
+    Ok(())
+}
+
+fn infer_size_array(_: &Attrs, _: &[Meta]) -> Result<Vec<Meta>> {
+    one_out(vec![1], DType::I64)
+}
+
+fn run_size_array(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    outs[0].as_mut::<i64>()[0] = ins[0].size() as i64;
+    Ok(())
+}
+
+// ---- Pad ----
+
+const PAD_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("mode", PType::Enum(&["constant", "edge", "reflect"]), "constant", "Padding type to use."),
+    ParamSpec::req("pad_width", PType::Shape, "Widths of the padding regions applied to the edges of each axis (before and after, per axis)."),
+    ParamSpec::opt("constant_value", PType::Float, "0", "The value used for padding when `mode` is 'constant'."),
+];
+
+fn pad_widths(a: &Attrs, shape: &[usize]) -> Result<Vec<(usize, usize)>> {
+    let pw = a.shape("pad_width");
+    let nd = shape.len();
+    if nd != 4 && nd != 5 {
+        return Err(Error::value(format!("operator Pad: only 4-D and 5-D inputs are supported, got shape {shape:?}")));
+    }
+    if pw.len() != 2 * nd {
+        return Err(Error::value(format!(
+            "operator Pad: pad_width {pw:?} must have 2 entries per axis ({} for shape {shape:?})",
+            2 * nd
+        )));
+    }
+    if pw[..4].iter().any(|&p| p != 0) {
+        return Err(Error::value(format!("operator Pad: padding the first two axes is not supported, pad_width {pw:?}")));
+    }
+    let pw = shape_param("Pad", "pad_width", pw)?;
+    let widths: Vec<(usize, usize)> = (0..nd).map(|k| (pw[2 * k], pw[2 * k + 1])).collect();
+    if a.str("mode") == "reflect" {
+        for (k, &(b, e)) in widths.iter().enumerate() {
+            if b >= shape[k].max(1) || e >= shape[k].max(1) {
+                return Err(Error::value(format!(
+                    "operator Pad: reflect padding {b},{e} must be smaller than axis {k} of size {}",
+                    shape[k]
+                )));
+            }
+        }
+    }
+    Ok(widths)
+}
+
+fn infer_pad(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let w = pad_widths(a, &ins[0].shape)?;
+    one_out(ins[0].shape.iter().zip(&w).map(|(d, (b, e))| d + b + e).collect(), ins[0].dtype)
+}
+
+/// Source coordinate of output coordinate `c` on an axis padded by `before` around `n`
+/// (None: the constant).
+fn pad_src(c: usize, before: usize, n: usize, mode: u8) -> Option<usize> {
+    let x = c as isize - before as isize;
+    let n = n as isize;
+    if (0..n).contains(&x) {
+        return Some(x as usize);
+    }
+    match mode {
+        b'e' => Some(x.clamp(0, n - 1) as usize),
+        b'r' => Some(if x < 0 { -x } else { 2 * (n - 1) - x } as usize),
+        _ => None,
+    }
+}
+
+fn pad_typed<T: Elem>(x: &TBlob, out: &TBlob, widths: &[(usize, usize)], mode: u8, value: T) {
+    let (src, o) = (x.as_slice::<T>(), SendPtr(out.as_mut::<T>().as_mut_ptr()));
+    let nd = out.ndim();
+    let (oshape, ishape) = (&out.shape, &x.shape);
+    let ist = contiguous_strides(ishape);
+    let cols = oshape[nd - 1];
+    let col_src: Vec<Option<usize>> = (0..cols).map(|c| pad_src(c, widths[nd - 1].0, ishape[nd - 1], mode)).collect();
+    let rows: usize = oshape[..nd - 1].iter().product();
+    if x.size() == 0 && mode != b'c' {
+        return;
+    }
+    par_for(rows, Cost(cols as f64 * 0.5), T::DTYPE, |r| {
+        let o = o;
+        for row in r {
+            let idx = super::strided::unravel(row, &oshape[..nd - 1]);
+            let mut base = Some(0isize);
+            for (k, &c) in idx.iter().enumerate() {
+                base = match (base, pad_src(c, widths[k].0, ishape[k], mode)) {
+                    (Some(b), Some(s)) => Some(b + s as isize * ist[k]),
+                    _ => None,
+                };
+            }
+            // SAFETY: each row of the output is written by one iteration only.
+            let dst = unsafe { std::slice::from_raw_parts_mut(o.0.add(row * cols), cols) };
+            match base {
+                None => dst.fill(value),
+                Some(b) => {
+                    for (d, s) in dst.iter_mut().zip(&col_src) {
+                        *d = match s {
+                            Some(s) => src[b as usize + s],
+                            None => value,
+                        };
+                    }
+                }
+            }
+        }
+    });
+}
+
+fn run_pad(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let w = pad_widths(cx.attrs, &ins[0].shape)?;
+    let mode = cx.attrs.str("mode").as_bytes()[0];
+    let v = cx.attrs.float("constant_value");
+    dispatch_num!(ins[0].dtype, "Pad", T => pad_typed::<T>(&ins[0], &outs[0], &w, mode, T::from_f64(v)));
+    Ok(())
+}
+
+/// The dtype named by an enum parameter of dtype names.
+pub(super) fn enum_dtype(a: &Attrs, name: &str) -> DType {
+    dtype_from_name(a.str(name)).expect("enum of dtype names")
+}
+
+pub(super) fn register(ops: &mut Vec<OpDef>) {
+    let data = Inputs::Fixed(&["data"]);
+    ops.push(
+        op("_copyto", data, infer_same, run_copy)
+            .alias(&["_npi_copyto"])
+            .inplace(&[(0, 0)])
+            .grad(bwd("_copy"))
+            .doc("Copies the input into the output array."),
+    );
+    ops.push(
+        op("Reshape", data, infer_reshape_op, run_copy)
+            .alias(&["reshape"])
+            .params(RESHAPE_PARAMS)
+            .inplace(&[(0, 0)])
+            .grad(bwd("_backward_reshape"))
+            .doc("Reshapes the input array (special codes 0, -1, -2, -3, -4)."),
+    );
+    ops.push(
+        op("Flatten", data, infer_flatten, run_copy)
+            .alias(&["flatten", "_npx_batch_flatten"])
+            .inplace(&[(0, 0)])
+            .grad(bwd("_backward_copy"))
+            .doc("Flattens the input array into a 2-D array by collapsing the higher dimensions."),
+    );
+    ops.push(
+        op("expand_dims", data, infer_expand_dims, run_copy)
+            .alias(&["_npi_expand_dims"])
+            .params(EXPAND_PARAMS)
+            .inplace(&[(0, 0)])
+            .grad(bwd("_backward_reshape"))
+            .doc("Inserts a new axis of size 1 into the array shape."),
+    );
+    ops.push(
+        op("squeeze", data, infer_squeeze, run_copy)
+            .params(SQUEEZE_PARAMS)
+            .inplace(&[(0, 0)])
+            .grad(bwd("_backward_squeeze"))
+            .doc("Remove single-dimensional entries from the shape of an array."),
+    );
+    ops.push(
+        op("reshape_like", Inputs::Fixed(&["lhs", "rhs"]), infer_reshape_like, run_copy)
+            .alias(&["_npx_reshape_like"])
+            .params(RESHAPE_LIKE_PARAMS)
+            .inplace(&[(0, 0)])
+            .grad(bwd("_backward_reshape_like"))
+            .doc("Reshape some or all dimensions of `lhs` to have the same shape as some or all dimensions of `rhs`."),
+    );
+    ops.push(
+        op("transpose", data, infer_transpose, run_transpose)
+            .params(TRANSPOSE_PARAMS)
+            .grad(bwd("transpose"))
+            .doc("Permutes the dimensions of an array."),
+    );
+    ops.push(
+        op("SwapAxis", data, infer_swap, run_swap)
+            .alias(&["swapaxes"])
+            .params(SWAP_PARAMS)
+            .grad(bwd("_backward_SwapAxis"))
+            .doc("Interchanges two axes of an array."),
+    );
+    ops.push(
+        op("Cast", data, infer_cast, run_cast)
+            .alias(&["cast"])
+            .params(CAST_PARAMS)
+            .grad(bwd("_backward_cast"))
+            .doc("Casts all elements of the input to a new type."),
+    );
+    ops.push(
+        op("Concat", Inputs::Variadic("data"), infer_concat, run_concat)
+            .alias(&["concat", "_sparse_concat"])
+            .params(CONCAT_PARAMS)
+            .num_args_key("num_args")
+            .grad(bwd("_backward_Concat"))
+            .doc("Joins input arrays along a given axis."),
+    );
+    ops.push(
+        op("stack", Inputs::Variadic("data"), infer_stack, run_stack)
+            .params(STACK_PARAMS)
+            .num_args_key("num_args")
+            .grad(bwd("_backward_stack"))
+            .doc("Join a sequence of arrays along a new axis."),
+    );
+    ops.push(
+        op("SliceChannel", data, infer_slice_channel, run_slice_channel)
+            .alias(&["split"])
+            .params(SPLIT_PARAMS)
+            .outputs(split_count, split_count)
+            .grad(bwd("_backward_SliceChannel"))
+            .doc("Splits an array along a particular axis into multiple sub-arrays."),
+    );
+    ops.push(
+        op("_split_v2", data, infer_split_v2, run_split_v2)
+            .alias(&["_npi_split"])
+            .params(SPLIT_V2_PARAMS)
+            .outputs(split_v2_count, split_v2_count)
+            .grad(bwd("_split_v2_backward"))
+            .doc("Splits an array along a particular axis into multiple sub-arrays (at given indices or in equal sections)."),
+    );
+    ops.push(
+        op("broadcast_to", data, infer_broadcast_to, run_broadcast)
+            .params(BROADCAST_TO_PARAMS)
+            .grad(bwd("_broadcast_backward"))
+            .doc("Broadcasts the input array to a new shape."),
+    );
+    ops.push(
+        op("broadcast_axis", data, infer_broadcast_axis, run_broadcast)
+            .alias(&["broadcast_axes"])
+            .params(BROADCAST_AXIS_PARAMS)
+            .grad(bwd("_broadcast_backward"))
+            .doc("Broadcasts the input array over particular axes."),
+    );
+    ops.push(
+        op("broadcast_like", Inputs::Fixed(&["lhs", "rhs"]), infer_broadcast_like, run_broadcast)
+            .params(BROADCAST_LIKE_PARAMS)
+            .grad(bwd("_broadcast_backward"))
+            .doc("Broadcasts lhs to have the same shape as rhs."),
+    );
+    ops.push(
+        op("tile", data, infer_tile, run_tile)
+            .alias(&["_npi_tile"])
+            .params(TILE_PARAMS)
+            .grad(bwd("_backward_tile"))
+            .doc("Repeats the whole array multiple times."),
+    );
+    ops.push(
+        op("repeat", data, infer_repeat, run_repeat)
+            .params(REPEAT_PARAMS)
+            .grad(bwd("_backward_repeat"))
+            .doc("Repeats elements of an array."),
+    );
+    ops.push(
+        op("reverse", data, infer_reverse, run_reverse)
+            .alias(&["flip"])
+            .params(REVERSE_PARAMS)
+            .grad(bwd("reverse"))
+            .doc("Reverses the order of elements along given axis while preserving array shape."),
+    );
+    ops.push(
+        op("zeros_like", data, infer_same, run_zeros)
+            .alias(&["_sparse_zeros_like"])
+            .grad(Grad::Zero)
+            .doc("Return an array of zeros with the same shape, type and storage type as the input array."),
+    );
+    ops.push(
+        op("ones_like", data, infer_same, run_ones)
+            .grad(Grad::Zero)
+            .doc("Return an array of ones with the same shape and type as the input array."),
+    );
+    ops.push(
+        op("shape_array", data, infer_shape_array, run_shape_array)
+            .alias(&["_npx_shape_array"])
+            .grad(Grad::Zero)
+            .doc("Returns a 1D int64 array containing the shape of data."),
+    );
+    ops.push(
+        op("size_array", data, infer_size_array, run_size_array)
+            .grad(Grad::Zero)
+            .doc("Returns a 1D int64 array containing the size of data."),
+    );
+    ops.push(
+        op("Pad", data, infer_pad, run_pad)
+            .alias(&["pad"])
+            .params(PAD_PARAMS)
+            .grad(bwd("_backward_Pad"))
+            .doc("Pads an input array with a constant or edge values of the array."),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(op: &'static str, specs: &'static [ParamSpec], kv: &[(&str, &str)]) -> Attrs {
+        Attrs::parse(op, specs, kv.iter().copied()).unwrap()
+    }
+
+    #[test]
+    fn transpose_perm_checks() {
+        assert_eq!(transpose_perm("t", &[], 3).unwrap(), vec![2, 1, 0]);
+        assert_eq!(transpose_perm("t", &[-1, 0, 1], 3).unwrap(), vec![2, 0, 1]);
+        assert!(transpose_perm("t", &[0, 0, 1], 3).is_err());
+        assert!(transpose_perm("t", &[0, 1], 3).is_err());
+    }
+
+    #[test]
+    fn split_v2_bounds_and_pad_src() {
+        let a = attrs("_split_v2", SPLIT_V2_PARAMS, &[("indices", "[0, 2, 4]"), ("axis", "0")]);
+        assert_eq!(split_v2_bounds(&a, &[6, 2]).unwrap().1, vec![(0, 2), (2, 4), (4, 6)]);
+        let a = attrs("_split_v2", SPLIT_V2_PARAMS, &[("indices", "[0, 4, 2]"), ("axis", "0")]);
+        assert!(split_v2_bounds(&a, &[6, 2]).is_err());
+        assert_eq!(pad_src(0, 2, 3, b'r'), Some(2));
+        assert_eq!(pad_src(6, 2, 3, b'r'), Some(0));
+        assert_eq!(pad_src(6, 2, 3, b'e'), Some(2));
+        assert_eq!(pad_src(1, 2, 3, b'c'), None);
+    }
+
+    #[test]
+    fn repeat_and_tile_shapes() {
+        let a = attrs("repeat", REPEAT_PARAMS, &[("repeats", "2"), ("axis", "-1")]);
+        assert_eq!(repeat_view(&a, &[2, 3]).unwrap().2, vec![2, 6]);
+        let a = attrs("tile", TILE_PARAMS, &[("reps", "(2, 1, 3)")]);
+        assert_eq!(tile_dims(&a, &[4, 5]).unwrap(), (vec![1, 4, 5], vec![2, 1, 3]));
+    }
+}
