@@ -6,10 +6,16 @@ use super::OpDef;
 mod common;
 mod init;
 mod elemwise;
+mod linalg;
+mod nn;
+mod conv;
 mod unsupported;
 
 pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     init::register(ops);
     elemwise::register(ops);
+    linalg::register(ops);
+    nn::register(ops);
+    conv::register(ops);
     unsupported::register(ops);
 }
