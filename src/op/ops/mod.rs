@@ -10,6 +10,9 @@ mod broadcast;
 mod index;
 mod shape;
 mod strided;
+mod linalg;
+mod nn;
+mod conv;
 mod unsupported;
 
 pub(super) fn register_all(ops: &mut Vec<OpDef>) {
@@ -18,5 +21,8 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     broadcast::register(ops);
     shape::register(ops);
     index::register(ops);
+    linalg::register(ops);
+    nn::register(ops);
+    conv::register(ops);
     unsupported::register(ops);
 }

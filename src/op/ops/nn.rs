@@ -1,0 +1,1045 @@
+//! Neural-network operators: `Activation`, `LeakyReLU`, `softmax` / `log_softmax` /
+//! `softmin`, `SoftmaxOutput`, `Dropout`, `BatchNorm`, `LayerNorm` and `Pooling`.
+//!
+//! Owns: their parameter schemas (stock names and defaults), shape/dtype inference and CPU
+//! kernels. Kernels compute float16 in float32 and float32/float64 natively (the [`Real`]
+//! compute type); loops over large arrays run on the kernel pool.
+
+use super::common::norm_axis;
+use crate::error::{Error, Result};
+use crate::ndarray::DType;
+use crate::op::kernel::{par_for, par_tasks, Cost};
+use crate::op::param::{Attrs, PType, ParamSpec};
+use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Resource};
+use std::ops::{Add, Div, Mul, Neg, Sub};
+
+/// The type a kernel computes in (float32 for float16 and float32 data, float64 for float64).
+pub(crate) trait Real:
+    Copy + PartialOrd + Send + Sync + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self> + Neg<Output = Self>
+{
+    fn of(v: f64) -> Self;
+    fn f64(self) -> f64;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn ln_1p(self) -> Self;
+    fn sqrt(self) -> Self;
+    fn abs(self) -> Self;
+    fn max(self, o: Self) -> Self;
+    #[inline(always)]
+    fn load<T: Elem>(t: T) -> Self {
+        Self::of(t.to_f64())
+    }
+    #[inline(always)]
+    fn store<T: Elem>(self) -> T {
+        T::from_f64(self.f64())
+    }
+}
+
+macro_rules! real {
+    ($t:ty) => {
+        impl Real for $t {
+            #[inline(always)]
+            fn of(v: f64) -> Self { v as $t }
+            #[inline(always)]
+            fn f64(self) -> f64 { self as f64 }
+            #[inline(always)]
+            fn exp(self) -> Self { <$t>::exp(self) }
+            #[inline(always)]
+            fn ln(self) -> Self { <$t>::ln(self) }
+            #[inline(always)]
+            fn ln_1p(self) -> Self { <$t>::ln_1p(self) }
+            #[inline(always)]
+            fn sqrt(self) -> Self { <$t>::sqrt(self) }
+            #[inline(always)]
+            fn abs(self) -> Self { <$t>::abs(self) }
+            #[inline(always)]
+            fn max(self, o: Self) -> Self { if self > o || self.is_nan() { self } else { o } }
+        }
+    };
+}
+real!(f32);
+real!(f64);
+
+/// Run `$body` with `$T` the storage type and `$R` the compute type of a float dtype.
+macro_rules! dispatch_real {
+    ($dtype:expr, $op:expr, $T:ident, $R:ident => $body:expr) => {{
+        match $dtype {
+            DType::F32 => { type $T = f32; type $R = f32; $body }
+            DType::F64 => { type $T = f64; type $R = f64; $body }
+            DType::F16 => { type $T = half::f16; type $R = f32; $body }
+            other => {
+                return Err(Error::type_error(format!(
+                    "operator {} supports float32, float64 and float16, not {}", $op, other.name()
+                )))
+            }
+        }
+    }};
+}
+
+/// `out[i] = f(x[i])` over the kernel pool.
+fn map<T: Elem, R: Real>(x: &TBlob, out: &TBlob, cost: Cost, f: impl Fn(R) -> R + Sync + Send) {
+    let x = x.as_slice::<T>();
+    let o = SendPtr(out.as_mut::<T>().as_mut_ptr());
+    par_for(x.len(), cost, T::DTYPE, |r| {
+        let o = o;
+        // SAFETY: par_for ranges are disjoint and within the output.
+        let o = unsafe { std::slice::from_raw_parts_mut(o.0.add(r.start), r.len()) };
+        for (o, &v) in o.iter_mut().zip(&x[r]) {
+            *o = f(R::load(v)).store();
+        }
+    });
+}
+
+fn float_only(op: &str, d: DType) -> Result<()> {
+    match d {
+        DType::F32 | DType::F64 | DType::F16 => Ok(()),
+        other => Err(Error::type_error(format!("operator {op} supports float32, float64 and float16, not {}", other.name()))),
+    }
+}
+
+fn infer_float_like_first(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    float_only(a.op, ins[0].dtype)?;
+    Ok(vec![ins[0].clone()])
+}
+
+/// (outer, len, inner) around `axis`.
+fn split_at_axis(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+    (shape[..axis].iter().product(), shape[axis], shape[axis + 1..].iter().product())
+}
+
+/// Parameters read as f64 (BatchNorm's statistics, gamma/beta).
+fn read_f64(op: &str, b: &TBlob) -> Result<Vec<f64>> {
+    dispatch_real!(b.dtype, op, T, _R => Ok(b.as_slice::<T>().iter().map(|v| v.to_f64()).collect()))
+}
+
+fn write_f64(op: &str, b: &TBlob, v: &[f64]) -> Result<()> {
+    dispatch_real!(b.dtype, op, T, _R => {
+        for (o, &x) in b.as_mut::<T>().iter_mut().zip(v) {
+            *o = T::from_f64(x);
+        }
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activation
+
+const ACT_PARAMS: &[ParamSpec] = &[ParamSpec::req(
+    "act_type",
+    PType::Enum(&["relu", "sigmoid", "softrelu", "softsign", "tanh"]),
+    "Activation function to be applied.",
+)];
+
+#[inline(always)]
+fn sigmoid<R: Real>(x: R) -> R {
+    R::of(1.0) / (R::of(1.0) + (-x).exp())
+}
+
+#[inline(always)]
+fn softrelu<R: Real>(x: R) -> R {
+    if x > R::of(20.0) {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+fn activation(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let act = cx.attrs.str("act_type");
+    dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
+        let (x, o) = (&ins[0], &outs[0]);
+        match act {
+            "relu" => map::<T, R>(x, o, Cost::CHEAP, |v| v.max(R::of(0.0))),
+            "sigmoid" => map::<T, R>(x, o, Cost::MATH, sigmoid),
+            "tanh" => map::<T, R>(x, o, Cost::MATH, |v| v.tanh()),
+            "softrelu" => map::<T, R>(x, o, Cost::MATH, softrelu),
+            _ => map::<T, R>(x, o, Cost::MEDIUM, |v| v / (R::of(1.0) + v.abs())),
+        }
+    });
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// LeakyReLU
+
+const LEAKY_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("act_type", PType::Enum(&["elu", "gelu", "leaky", "prelu", "rrelu", "selu"]), "leaky", "Activation function to be applied."),
+    ParamSpec::opt("slope", PType::Float, "0.25", "Init slope for the activation. (For leaky and elu only)"),
+    ParamSpec::opt("lower_bound", PType::Float, "0.125", "Lower bound of random slope. (For rrelu only)"),
+    ParamSpec::opt("upper_bound", PType::Float, "0.334", "Upper bound of random slope. (For rrelu only)"),
+];
+
+const SELU_ALPHA: f64 = 1.673_263_242_354_377_3;
+const SELU_LAMBDA: f64 = 1.050_700_987_355_480_5;
+
+/// erf with absolute error below 1.5e-7 (Abramowitz & Stegun 7.1.26).
+fn erf<R: Real>(x: R) -> R {
+    let z = x.abs();
+    let t = R::of(1.0) / (R::of(1.0) + R::of(0.327_591_1) * z);
+    let poly = t * (R::of(0.254_829_592) + t * (R::of(-0.284_496_736) + t * (R::of(1.421_413_741) + t * (R::of(-1.453_152_027) + t * R::of(1.061_405_429)))));
+    let y = R::of(1.0) - poly * (-(z * z)).exp();
+    if x < R::of(0.0) {
+        -y
+    } else {
+        y
+    }
+}
+
+fn leaky_inputs(a: &Attrs) -> usize {
+    if a.str("act_type") == "prelu" {
+        2
+    } else {
+        1
+    }
+}
+
+fn leaky_outputs(a: &Attrs) -> usize {
+    if a.str("act_type") == "rrelu" {
+        2
+    } else {
+        1
+    }
+}
+
+fn leaky_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    float_only(a.op, ins[0].dtype)?;
+    if ins.len() > 1 {
+        let c = if ins[0].shape.len() > 1 { ins[0].shape[1] } else { 1 };
+        if ins[1].size() != 1 && ins[1].shape != [c] {
+            return Err(Error::value(format!("operator {}: gamma has shape {:?}, expected (1,) or ({c},)", a.op, ins[1].shape)));
+        }
+    }
+    Ok(vec![ins[0].clone(); leaky_outputs(a)])
+}
+
+fn leaky(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let a = cx.attrs;
+    let slope = a.float("slope");
+    let (x, o) = (&ins[0], &outs[0]);
+    match a.str("act_type") {
+        "prelu" => {
+            let gamma = read_f64(a.op, &ins[1])?;
+            let shape = &x.shape;
+            let (c, inner) = if shape.len() > 1 { (shape[1], shape[2..].iter().product::<usize>()) } else { (1, 1) };
+            dispatch_real!(x.dtype, a.op, T, R => {
+                let xs = x.as_slice::<T>();
+                let op = SendPtr(o.as_mut::<T>().as_mut_ptr());
+                let blocks = if inner == 0 { 0 } else { xs.len() / inner };
+                par_for(blocks, Cost(inner as f64 * 0.3), T::DTYPE, |r| {
+                    let op = op;
+                    for b in r {
+                        let g = R::of(gamma[if gamma.len() == 1 { 0 } else { b % c }]);
+                        // SAFETY: blocks are disjoint slices of the output.
+                        let ob = unsafe { std::slice::from_raw_parts_mut(op.0.add(b * inner), inner) };
+                        for (ov, &v) in ob.iter_mut().zip(&xs[b * inner..(b + 1) * inner]) {
+                            let v = R::load(v);
+                            *ov = (if v > R::of(0.0) { v } else { g * v }).store();
+                        }
+                    }
+                });
+            });
+        }
+        "rrelu" => {
+            let (lo, hi) = (a.float("lower_bound"), a.float("upper_bound"));
+            let train = cx.is_train;
+            let rng = cx.rng.ok_or_else(|| Error::internal("LeakyReLU(rrelu) has no random stream"))?;
+            dispatch_real!(x.dtype, a.op, T, R => {
+                let xs = x.as_slice::<T>();
+                let (ov, mv) = (o.as_mut::<T>(), outs[1].as_mut::<T>());
+                for i in 0..xs.len() {
+                    let s = if train { lo + (hi - lo) * rng.uniform(i as u64) } else { (lo + hi) / 2.0 };
+                    let v = R::load(xs[i]);
+                    ov[i] = (if v > R::of(0.0) { v } else { R::of(s) * v }).store();
+                    mv[i] = T::from_f64(s);
+                }
+            });
+        }
+        kind => dispatch_real!(x.dtype, a.op, T, R => {
+            let s = R::of(slope);
+            let zero = R::of(0.0);
+            match kind {
+                "leaky" => map::<T, R>(x, o, Cost::CHEAP, |v| if v > zero { v } else { s * v }),
+                "elu" => map::<T, R>(x, o, Cost::MATH, |v| if v > zero { v } else { s * (v.exp() - R::of(1.0)) }),
+                "selu" => map::<T, R>(x, o, Cost::MATH, |v| {
+                    R::of(SELU_LAMBDA) * if v > zero { v } else { R::of(SELU_ALPHA) * (v.exp() - R::of(1.0)) }
+                }),
+                _ => map::<T, R>(x, o, Cost::MATH, |v| R::of(0.5) * v * (R::of(1.0) + erf(v * R::of(std::f64::consts::FRAC_1_SQRT_2)))),
+            }
+        }),
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// softmax, log_softmax, softmin
+
+const SOFTMAX_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("axis", PType::Int, "-1", "The axis along which to compute softmax."),
+    ParamSpec::or_none("temperature", PType::Float, "None", "Temperature parameter in softmax"),
+    ParamSpec::or_none("dtype", PType::Enum(&["float16", "float32", "float64"]), "None", "DType of the output in case this can't be inferred. Defaults to the same as input's dtype if not defined (dtype=None)."),
+    ParamSpec::or_none("use_length", PType::Bool, "False", "Whether to use the length input as a mask over the data input."),
+];
+
+fn use_length(a: &Attrs) -> bool {
+    !a.is_none("use_length") && a.bool("use_length")
+}
+
+fn softmax_inputs(a: &Attrs) -> usize {
+    if use_length(a) {
+        2
+    } else {
+        1
+    }
+}
+
+fn softmax_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    float_only(a.op, ins[0].dtype)?;
+    if ins[0].shape.is_empty() {
+        return Err(Error::value(format!("operator {}: data must have at least one dimension", a.op)));
+    }
+    let axis = norm_axis(a.op, a.int("axis"), ins[0].shape.len())?;
+    if let Some(t) = a.opt_float("temperature") {
+        if t == 0.0 {
+            return Err(Error::value(format!("operator {}: temperature must not be 0", a.op)));
+        }
+    }
+    if ins.len() > 1 {
+        let mut want = ins[0].shape.clone();
+        want.remove(axis);
+        if ins[1].shape != want {
+            return Err(Error::value(format!("operator {}: length has shape {:?}, expected {want:?}", a.op, ins[1].shape)));
+        }
+    }
+    let dtype = if a.is_none("dtype") { ins[0].dtype } else { crate::op::param::dtype_from_name(a.str("dtype")).expect("enum") };
+    Ok(vec![Meta::new(ins[0].shape.clone(), dtype)])
+}
+
+#[derive(Clone, Copy)]
+struct SoftmaxKind {
+    log: bool,
+    negate: bool,
+    /// 1 / temperature.
+    scale: f64,
+}
+
+/// Softmax over the middle axis of an (outer, len, inner) array; `lengths` (one per (outer,
+/// inner) pair) masks positions at or after the length to zero.
+fn softmax_kernel<T: Elem, R: Real>(x: &[T], out: &mut [T], (outer, len, inner): (usize, usize, usize), k: SoftmaxKind, lengths: Option<&[f64]>) {
+    if len == 0 || outer == 0 || inner == 0 {
+        return;
+    }
+    let scale = R::of(if k.negate { -k.scale } else { k.scale });
+    let o = SendPtr(out.as_mut_ptr());
+    let block = len * inner;
+    par_for(outer, Cost(block as f64 * 8.0), T::DTYPE, |r| {
+        let o = o;
+        let mut mx = vec![R::of(0.0); inner];
+        let mut sum = vec![R::of(0.0); inner];
+        for b in r {
+            let xb = &x[b * block..(b + 1) * block];
+            // SAFETY: each outer block is written by one chunk only.
+            let ob = unsafe { std::slice::from_raw_parts_mut(o.0.add(b * block), block) };
+            if let Some(lens) = lengths {
+                for i in 0..inner {
+                    let l = (lens[b * inner + i].max(0.0) as usize).min(len);
+                    let mut m = R::of(f64::NEG_INFINITY);
+                    for j in 0..l {
+                        m = m.max(R::load(xb[j * inner + i]) * scale);
+                    }
+                    let mut s = R::of(0.0);
+                    for j in 0..l {
+                        s = s + (R::load(xb[j * inner + i]) * scale - m).exp();
+                    }
+                    for j in 0..len {
+                        let v = R::load(xb[j * inner + i]) * scale - m;
+                        ob[j * inner + i] = if j >= l {
+                            T::zero()
+                        } else if k.log {
+                            (v - s.ln()).store()
+                        } else {
+                            (v.exp() / s).store()
+                        };
+                    }
+                }
+                continue;
+            }
+            mx.iter_mut().for_each(|m| *m = R::of(f64::NEG_INFINITY));
+            sum.iter_mut().for_each(|s| *s = R::of(0.0));
+            for row in xb.chunks_exact(inner) {
+                for (m, &v) in mx.iter_mut().zip(row) {
+                    *m = m.max(R::load(v) * scale);
+                }
+            }
+            for (orow, row) in ob.chunks_exact_mut(inner).zip(xb.chunks_exact(inner)) {
+                for (((ov, &v), &m), s) in orow.iter_mut().zip(row).zip(&mx).zip(sum.iter_mut()) {
+                    let e = (R::load(v) * scale - m).exp();
+                    *s = *s + e;
+                    if !k.log {
+                        *ov = e.store();
+                    }
+                }
+            }
+            if k.log {
+                let lsum: Vec<R> = sum.iter().map(|s| s.ln()).collect();
+                for (orow, row) in ob.chunks_exact_mut(inner).zip(xb.chunks_exact(inner)) {
+                    for (((ov, &v), &m), &ls) in orow.iter_mut().zip(row).zip(&mx).zip(&lsum) {
+                        *ov = (R::load(v) * scale - m - ls).store();
+                    }
+                }
+            } else {
+                let inv: Vec<R> = sum.iter().map(|&s| R::of(1.0) / s).collect();
+                for orow in ob.chunks_exact_mut(inner) {
+                    for (ov, &iv) in orow.iter_mut().zip(&inv) {
+                        *ov = (R::load(*ov) * iv).store();
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Softmax of `x` into `out` (whose dtype may differ) over `dims`.
+fn softmax_into(op: &str, x: &TBlob, out: &TBlob, dims: (usize, usize, usize), k: SoftmaxKind, lengths: Option<&[f64]>) -> Result<()> {
+    if x.dtype == out.dtype {
+        dispatch_real!(x.dtype, op, T, R => softmax_kernel::<T, R>(x.as_slice::<T>(), out.as_mut::<T>(), dims, k, lengths));
+    } else {
+        let xv = read_f64(op, x)?;
+        let mut ov = vec![0.0f64; xv.len()];
+        softmax_kernel::<f64, f64>(&xv, &mut ov, dims, k, lengths);
+        write_f64(op, out, &ov)?;
+    }
+    Ok(())
+}
+
+fn softmax_family(log: bool, negate: bool) -> crate::op::ComputeFn {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| {
+        let a = cx.attrs;
+        let axis = norm_axis(a.op, a.int("axis"), ins[0].ndim())?;
+        let scale = 1.0 / a.opt_float("temperature").unwrap_or(1.0);
+        let lengths = if ins.len() > 1 {
+            let l = &ins[1];
+            Some(crate::dispatch_all!(l.dtype, T => l.as_slice::<T>().iter().map(|v| v.to_f64()).collect::<Vec<f64>>()))
+        } else {
+            None
+        };
+        softmax_into(a.op, &ins[0], &outs[0], split_at_axis(&ins[0].shape, axis), SoftmaxKind { log, negate, scale }, lengths.as_deref())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// SoftmaxOutput
+
+const SOFTMAX_OUTPUT_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("grad_scale", PType::Float, "1", "Scales the gradient by a float factor."),
+    ParamSpec::opt("ignore_label", PType::Float, "-1", "The instances whose `labels` == `ignore_label` will be ignored during backward, if `use_ignore` is set to ``true``)."),
+    ParamSpec::opt("multi_output", PType::Bool, "False", "If set to ``true``, the softmax function will be computed along axis ``1``."),
+    ParamSpec::opt("use_ignore", PType::Bool, "False", "If set to ``true``, the `ignore_label` value will not contribute to the backward gradient."),
+    ParamSpec::opt("preserve_shape", PType::Bool, "False", "If set to ``true``, the softmax function will be computed along the last axis (``-1``)."),
+    ParamSpec::opt("normalization", PType::Enum(&["batch", "null", "valid"]), "null", "Normalizes the gradient."),
+    ParamSpec::opt("out_grad", PType::Bool, "False", "Multiplies gradient with output gradient element-wise."),
+    ParamSpec::opt("smooth_alpha", PType::Float, "0", "Constant for computing a label smoothed version of cross-entropyfor the backwards pass."),
+];
+
+fn softmax_output_dims(a: &Attrs, shape: &[usize]) -> (usize, usize, usize) {
+    let n = shape.first().copied().unwrap_or(1);
+    if a.bool("multi_output") && shape.len() > 1 {
+        split_at_axis(shape, 1)
+    } else if a.bool("preserve_shape") {
+        split_at_axis(shape, shape.len() - 1)
+    } else {
+        (n, shape[1..].iter().product(), 1)
+    }
+}
+
+fn softmax_output_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    float_only(a.op, ins[0].dtype)?;
+    let d = &ins[0].shape;
+    if d.is_empty() {
+        return Err(Error::value(format!("operator {}: data must have at least one dimension", a.op)));
+    }
+    let l = &ins[1].shape;
+    let ok = if a.bool("multi_output") && d.len() > 1 {
+        let mut want = vec![d[0]];
+        want.extend_from_slice(&d[2..]);
+        *l == want || ins[1].size() == want.iter().product::<usize>() || *l == *d
+    } else if a.bool("preserve_shape") {
+        *l == d[..d.len() - 1] || *l == *d
+    } else {
+        (l.first() == d.first() && ins[1].size() == d[0]) || *l == *d
+    };
+    if !ok {
+        return Err(Error::value(format!("operator {}: label shape {l:?} does not fit data shape {d:?}", a.op)));
+    }
+    Ok(vec![ins[0].clone()])
+}
+
+fn softmax_output(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let dims = softmax_output_dims(cx.attrs, &ins[0].shape);
+    softmax_into(cx.attrs.op, &ins[0], &outs[0], dims, SoftmaxKind { log: false, negate: false, scale: 1.0 }, None)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dropout
+
+const DROPOUT_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("p", PType::Float, "0.5", "Fraction of the input that gets dropped out during training time."),
+    ParamSpec::opt("mode", PType::Enum(&["always", "training"]), "training", "Whether to only turn on dropout during training or to also turn on for inference."),
+    ParamSpec::opt("axes", PType::Shape, "[]", "Axes for variational dropout kernel."),
+    ParamSpec::or_none("cudnn_off", PType::Bool, "False", "Whether to turn off cudnn in dropout operator. This option is ignored if axes is specified."),
+];
+
+fn two(_: &Attrs) -> usize {
+    2
+}
+fn one(_: &Attrs) -> usize {
+    1
+}
+
+fn dropout_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    float_only(a.op, ins[0].dtype)?;
+    let p = a.float("p");
+    if !(0.0..=1.0).contains(&p) {
+        return Err(Error::value(format!("operator {}: p must be in [0, 1], got {p}", a.op)));
+    }
+    for &ax in a.shape("axes") {
+        norm_axis(a.op, ax, ins[0].shape.len())?;
+    }
+    Ok(vec![ins[0].clone(), ins[0].clone()])
+}
+
+fn dropout(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let a = cx.attrs;
+    let p = a.float("p");
+    let apply = (a.str("mode") == "always" || cx.is_train) && p > 0.0;
+    let (x, o, m) = (&ins[0], &outs[0], &outs[1]);
+    let shape = &x.shape;
+    // The mask's own shape: size 1 along the variational axes.
+    let mut mshape = shape.clone();
+    for &ax in a.shape("axes") {
+        mshape[norm_axis(a.op, ax, shape.len())?] = 1;
+    }
+    let pkeep = 1.0 - p;
+    let scale = if pkeep > 0.0 { 1.0 / pkeep } else { 0.0 };
+    let rng = cx.rng;
+    dispatch_real!(x.dtype, a.op, T, R => {
+        let (xs, os, ms) = (x.as_slice::<T>(), o.as_mut::<T>(), m.as_mut::<T>());
+        if !apply {
+            os.copy_from_slice(xs);
+            ms.fill(T::one());
+            return Ok(());
+        }
+        let rng = rng.ok_or_else(|| Error::internal("Dropout has no random stream"))?;
+        let msize: usize = mshape.iter().product();
+        let small: Vec<R> = (0..msize).map(|i| R::of(if (rng.uniform(i as u64)) < pkeep { scale } else { 0.0 })).collect();
+        // Strides of the mask shape (0 along broadcast axes).
+        let nd = shape.len();
+        let mut mstride = vec![0usize; nd];
+        let mut acc = 1;
+        for d in (0..nd).rev() {
+            mstride[d] = if mshape[d] == 1 { 0 } else { acc };
+            acc *= mshape[d];
+        }
+        let mut idx = vec![0usize; nd];
+        for i in 0..xs.len() {
+            let mi: usize = idx.iter().zip(&mstride).map(|(a, b)| a * b).sum();
+            let mv = small[mi];
+            ms[i] = mv.store();
+            os[i] = (R::load(xs[i]) * mv).store();
+            for d in (0..nd).rev() {
+                idx[d] += 1;
+                if idx[d] < shape[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+    });
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// BatchNorm
+
+const BN_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("eps", PType::Float, "0.001", "Epsilon to prevent div 0. Must be no less than CUDNN_BN_MIN_EPSILON defined in cudnn.h when using cudnn (usually 1e-5)"),
+    ParamSpec::opt("momentum", PType::Float, "0.9", "Momentum for moving average"),
+    ParamSpec::opt("fix_gamma", PType::Bool, "True", "Fix gamma while training"),
+    ParamSpec::opt("use_global_stats", PType::Bool, "False", "Whether use global moving statistics instead of local batch-norm. This will force change batch-norm into a scale shift operator."),
+    ParamSpec::opt("output_mean_var", PType::Bool, "False", "Output the mean and inverse std "),
+    ParamSpec::opt("axis", PType::Int, "1", "Specify which shape axis the channel is specified"),
+    ParamSpec::opt("cudnn_off", PType::Bool, "False", "Do not select CUDNN operator, if available"),
+    ParamSpec::or_none("min_calib_range", PType::Float, "None", "The minimum scalar value in the form of float32 obtained through calibration."),
+    ParamSpec::or_none("max_calib_range", PType::Float, "None", "The maximum scalar value in the form of float32 obtained through calibration."),
+];
+
+fn three(_: &Attrs) -> usize {
+    3
+}
+fn bn_visible(a: &Attrs) -> usize {
+    if a.bool("output_mean_var") {
+        3
+    } else {
+        1
+    }
+}
+
+fn bn_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let op = a.op;
+    float_only(op, ins[0].dtype)?;
+    if ins[0].shape.is_empty() {
+        return Err(Error::value(format!("operator {op}: data must have at least one dimension")));
+    }
+    let axis = norm_axis(op, a.int("axis"), ins[0].shape.len())?;
+    let c = ins[0].shape[axis];
+    let pdtype = ins[1].dtype;
+    for (i, name) in [(1, "gamma"), (2, "beta"), (3, "moving_mean"), (4, "moving_var")] {
+        if ins[i].shape != [c] {
+            return Err(Error::value(format!("operator {op}: {name} has shape {:?}, expected ({c},)", ins[i].shape)));
+        }
+        if ins[i].dtype != pdtype || !(pdtype == ins[0].dtype || (ins[0].dtype == DType::F16 && pdtype == DType::F32)) {
+            return Err(Error::type_error(format!(
+                "operator {op}: {name} has dtype {}, expected {} (float32 parameters are accepted for float16 data)",
+                ins[i].dtype.name(),
+                ins[0].dtype.name()
+            )));
+        }
+    }
+    let stat = Meta::new(vec![c], pdtype);
+    Ok(vec![ins[0].clone(), stat.clone(), stat])
+}
+
+fn batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let a = cx.attrs;
+    let op = a.op;
+    let x = &ins[0];
+    let axis = norm_axis(op, a.int("axis"), x.ndim())?;
+    let (outer, c, inner) = split_at_axis(&x.shape, axis);
+    let eps = a.float("eps");
+    let momentum = a.float("momentum");
+    let gamma = if a.bool("fix_gamma") { vec![1.0; c] } else { read_f64(op, &ins[1])? };
+    let beta = read_f64(op, &ins[2])?;
+    let training = cx.is_train && !a.bool("use_global_stats");
+    let (mean, var) = if training {
+        let mut mean = vec![0.0; c];
+        let mut var = vec![0.0; c];
+        let n = (outer * inner).max(1) as f64;
+        dispatch_real!(x.dtype, op, T, _R => {
+            let xs = x.as_slice::<T>();
+            let (mp, vp) = (SendPtr(mean.as_mut_ptr()), SendPtr(var.as_mut_ptr()));
+            par_tasks(c, (outer * inner * c) as f64 * 2.0, T::DTYPE, |ch| {
+                let (mp, vp) = (mp, vp);
+                let (mut s, mut s2) = (0.0f64, 0.0f64);
+                for o in 0..outer {
+                    let base = (o * c + ch) * inner;
+                    s += xs[base..base + inner].iter().map(|v| v.to_f64()).sum::<f64>();
+                }
+                let m = s / n;
+                for o in 0..outer {
+                    let base = (o * c + ch) * inner;
+                    s2 += xs[base..base + inner].iter().map(|v| (v.to_f64() - m) * (v.to_f64() - m)).sum::<f64>();
+                }
+                // SAFETY: each task writes its own channel's entry.
+                unsafe {
+                    *mp.0.add(ch) = m;
+                    *vp.0.add(ch) = s2 / n;
+                }
+            });
+        });
+        let mm = read_f64(op, &ins[3])?;
+        let mv = read_f64(op, &ins[4])?;
+        let new_mm: Vec<f64> = mm.iter().zip(&mean).map(|(o, m)| o * momentum + m * (1.0 - momentum)).collect();
+        let new_mv: Vec<f64> = mv.iter().zip(&var).map(|(o, v)| o * momentum + v * (1.0 - momentum)).collect();
+        write_f64(op, &ins[3], &new_mm)?;
+        write_f64(op, &ins[4], &new_mv)?;
+        (mean, var)
+    } else {
+        (read_f64(op, &ins[3])?, read_f64(op, &ins[4])?)
+    };
+    let invstd: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
+    write_f64(op, &outs[1], &mean)?;
+    write_f64(op, &outs[2], &invstd)?;
+    // out = x * scale + shift per channel.
+    let scale: Vec<f64> = (0..c).map(|i| gamma[i] * invstd[i]).collect();
+    let shift: Vec<f64> = (0..c).map(|i| beta[i] - mean[i] * scale[i]).collect();
+    dispatch_real!(x.dtype, op, T, R => {
+        let xs = x.as_slice::<T>();
+        let op_ = SendPtr(outs[0].as_mut::<T>().as_mut_ptr());
+        par_for(outer * c, Cost(inner as f64 * 0.3), T::DTYPE, |r| {
+            let op_ = op_;
+            for b in r {
+                let ch = b % c;
+                let (sc, sh) = (R::of(scale[ch]), R::of(shift[ch]));
+                // SAFETY: blocks are disjoint slices of the output.
+                let ob = unsafe { std::slice::from_raw_parts_mut(op_.0.add(b * inner), inner) };
+                for (ov, &v) in ob.iter_mut().zip(&xs[b * inner..(b + 1) * inner]) {
+                    *ov = (R::load(v) * sc + sh).store();
+                }
+            }
+        });
+    });
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// LayerNorm
+
+const LN_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("axis", PType::Int, "-1", "The axis to perform layer normalization. Usually, this should be be axis of the channel dimension. Negative values means indexing from right to left."),
+    ParamSpec::opt("eps", PType::Float, "9.99999975e-06", "An `epsilon` parameter to prevent division by 0."),
+    ParamSpec::opt("output_mean_var", PType::Bool, "False", "Output the mean and std calculated along the given axis."),
+];
+
+fn ln_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let op = a.op;
+    float_only(op, ins[0].dtype)?;
+    if ins[0].shape.is_empty() {
+        return Err(Error::value(format!("operator {op}: data must have at least one dimension")));
+    }
+    let axis = norm_axis(op, a.int("axis"), ins[0].shape.len())?;
+    let c = ins[0].shape[axis];
+    for (i, name) in [(1, "gamma"), (2, "beta")] {
+        if ins[i].shape != [c] || ins[i].dtype != ins[0].dtype {
+            return Err(Error::value(format!("operator {op}: {name} has shape {:?} {}, expected ({c},) {}", ins[i].shape, ins[i].dtype.name(), ins[0].dtype.name())));
+        }
+    }
+    let mut stat = ins[0].shape.clone();
+    stat[axis] = 1;
+    let stat = Meta::new(stat, ins[0].dtype);
+    Ok(vec![ins[0].clone(), stat.clone(), stat])
+}
+
+fn layer_norm(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let a = cx.attrs;
+    let x = &ins[0];
+    let axis = norm_axis(a.op, a.int("axis"), x.ndim())?;
+    let (outer, len, inner) = split_at_axis(&x.shape, axis);
+    let eps = a.float("eps");
+    let gamma = read_f64(a.op, &ins[1])?;
+    let beta = read_f64(a.op, &ins[2])?;
+    dispatch_real!(x.dtype, a.op, T, _R => {
+        let xs = x.as_slice::<T>();
+        let (op_, mp, sp) = (SendPtr(outs[0].as_mut::<T>().as_mut_ptr()), SendPtr(outs[1].as_mut::<T>().as_mut_ptr()), SendPtr(outs[2].as_mut::<T>().as_mut_ptr()));
+        par_for(outer * inner, Cost(len as f64 * 3.0), T::DTYPE, |r| {
+            let (op_, mp, sp) = (op_, mp, sp);
+            for g in r {
+                let (o, i) = (g / inner, g % inner);
+                let at = |j: usize| (o * len + j) * inner + i;
+                let m = (0..len).map(|j| xs[at(j)].to_f64()).sum::<f64>() / len.max(1) as f64;
+                let v = (0..len).map(|j| (xs[at(j)].to_f64() - m).powi(2)).sum::<f64>() / len.max(1) as f64;
+                let sd = (v + eps).sqrt();
+                // SAFETY: each (outer, inner) group writes its own positions.
+                unsafe {
+                    for j in 0..len {
+                        *op_.0.add(at(j)) = T::from_f64((xs[at(j)].to_f64() - m) / sd * gamma[j] + beta[j]);
+                    }
+                    *mp.0.add(g) = T::from_f64(m);
+                    *sp.0.add(g) = T::from_f64(sd);
+                }
+            }
+        });
+    });
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pooling
+
+const POOL_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("kernel", PType::Shape, "[]", "Pooling kernel size: (y, x) or (d, y, x)"),
+    ParamSpec::opt("pool_type", PType::Enum(&["avg", "lp", "max", "sum"]), "max", "Pooling type to be applied."),
+    ParamSpec::opt("global_pool", PType::Bool, "False", "Ignore kernel size, do global pooling based on current input feature map. "),
+    ParamSpec::opt("cudnn_off", PType::Bool, "False", "Turn off cudnn pooling and use MXNet pooling operator. "),
+    ParamSpec::opt("pooling_convention", PType::Enum(&["full", "same", "valid"]), "valid", "Pooling convention to be applied."),
+    ParamSpec::opt("stride", PType::Shape, "[]", "Stride: for pooling (y, x) or (d, y, x). Defaults to 1 for each dimension."),
+    ParamSpec::opt("pad", PType::Shape, "[]", "Pad for pooling: (y, x) or (d, y, x). Defaults to no padding."),
+    ParamSpec::or_none("p_value", PType::Int, "None", "Value of p for Lp pooling, can be 1 or 2, required for Lp Pooling."),
+    ParamSpec::or_none("count_include_pad", PType::Bool, "None", "Only used for AvgPool, specify whether to count padding elements for averagecalculation. For example, with a 5*5 kernel on a 3*3 corner of a image,the sum of the 9 valid elements will be divided by 25 if this is set to true,or it will be divided by 9 if this is set to false. Defaults to true."),
+    ParamSpec::or_none("layout", PType::Enum(&["NCDHW", "NCHW", "NCW", "NDHWC", "NHWC", "NWC"]), "None", "Set layout for input and output. Empty for\n    default layout: NCW for 1d, NCHW for 2d and NCDHW for 3d."),
+];
+
+/// A pooling problem over up to three spatial dimensions (leading ones padded with size 1).
+#[derive(Debug, Clone, PartialEq)]
+struct PoolPlan {
+    input: [usize; 3],
+    output: [usize; 3],
+    kernel: [usize; 3],
+    stride: [usize; 3],
+    pad: [usize; 3],
+    /// Output shape of the operator.
+    out_shape: Vec<usize>,
+}
+
+/// A per-dimension parameter widened to three dimensions (`default` when not given and for
+/// the padded leading dimensions).
+fn tuple3(op: &str, name: &str, v: &[i64], nsp: usize, default: usize) -> Result<[usize; 3]> {
+    let mut r = [default; 3];
+    if v.is_empty() {
+        return Ok(r);
+    }
+    if v.len() != nsp {
+        return Err(Error::value(format!("operator {op}: {name} {v:?} must have {nsp} entries for {nsp}-D pooling")));
+    }
+    for (i, &x) in v.iter().enumerate() {
+        r[3 - nsp + i] = usize::try_from(x).map_err(|_| Error::value(format!("operator {op}: {name} {v:?} has a negative entry")))?;
+    }
+    Ok(r)
+}
+
+fn pool_plan(a: &Attrs, shape: &[usize]) -> Result<PoolPlan> {
+    let op = a.op;
+    if !(3..=5).contains(&shape.len()) {
+        return Err(Error::value(format!("operator {op}: data must be 3-D, 4-D or 5-D (N, C, spatial...), got {shape:?}")));
+    }
+    if let Some(l) = (!a.is_none("layout")).then(|| a.str("layout")) {
+        if !l.starts_with("NC") {
+            return Err(Error::not_supported(format!("operator {op} with layout {l} (channel-first layouts only)")));
+        }
+    }
+    let nsp = shape.len() - 2;
+    let mut input = [1; 3];
+    input[3 - nsp..].copy_from_slice(&shape[2..]);
+    let global = a.bool("global_pool");
+    let (kernel, stride, pad) = if global {
+        (input, [1; 3], [0; 3])
+    } else {
+        if a.shape("kernel").is_empty() {
+            return Err(Error::value(format!("operator {op}: kernel must be given unless global_pool is set")));
+        }
+        (tuple3(op, "kernel", a.shape("kernel"), nsp, 1)?, tuple3(op, "stride", a.shape("stride"), nsp, 1)?, tuple3(op, "pad", a.shape("pad"), nsp, 0)?)
+    };
+    let mut pad = pad;
+    let mut output = [1; 3];
+    for d in 0..3 {
+        if kernel[d] == 0 || stride[d] == 0 {
+            return Err(Error::value(format!("operator {op}: kernel and stride must be positive, got {:?} and {:?}", a.shape("kernel"), a.shape("stride"))));
+        }
+        let padded = input[d] + 2 * pad[d];
+        if global {
+            output[d] = 1;
+            continue;
+        }
+        match a.str("pooling_convention") {
+            "same" => {
+                output[d] = input[d].div_ceil(stride[d]);
+                let need = ((output[d] - 1) * stride[d] + kernel[d]).saturating_sub(input[d]);
+                pad[d] = need / 2;
+            }
+            conv => {
+                if kernel[d] > padded {
+                    return Err(Error::value(format!(
+                        "operator {op}: kernel {:?} is larger than the padded input {:?}",
+                        a.shape("kernel"),
+                        &shape[2..]
+                    )));
+                }
+                output[d] = if conv == "full" { (padded - kernel[d]).div_ceil(stride[d]) + 1 } else { (padded - kernel[d]) / stride[d] + 1 };
+            }
+        }
+    }
+    let mut out_shape = shape[..2].to_vec();
+    out_shape.extend_from_slice(&output[3 - nsp..]);
+    Ok(PoolPlan { input, output, kernel, stride, pad, out_shape })
+}
+
+fn pool_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    float_only(a.op, ins[0].dtype)?;
+    if a.str("pool_type") == "lp" && !matches!(a.opt_int("p_value"), Some(1..=3)) {
+        return Err(Error::value(format!("operator {}: lp pooling needs p_value 1, 2 or 3", a.op)));
+    }
+    let p = pool_plan(a, &ins[0].shape)?;
+    Ok(vec![Meta::new(p.out_shape, ins[0].dtype)])
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum PoolKind {
+    Max,
+    Avg { include_pad: bool },
+    Sum,
+    Lp(i64),
+}
+
+fn pool_plane<T: Elem, R: Real>(x: &[T], o: &mut [T], p: &PoolPlan, kind: PoolKind) {
+    let [id, ih, iw] = p.input;
+    let [od, oh, ow] = p.output;
+    let mut oi = 0;
+    for z in 0..od {
+        let zs = (z * p.stride[0]) as isize - p.pad[0] as isize;
+        let ze_pad = (zs + p.kernel[0] as isize).min((id + p.pad[0]) as isize);
+        let (z0, z1) = (zs.max(0) as usize, (ze_pad.min(id as isize)).max(0) as usize);
+        for y in 0..oh {
+            let ys = (y * p.stride[1]) as isize - p.pad[1] as isize;
+            let ye_pad = (ys + p.kernel[1] as isize).min((ih + p.pad[1]) as isize);
+            let (y0, y1) = (ys.max(0) as usize, (ye_pad.min(ih as isize)).max(0) as usize);
+            for xx in 0..ow {
+                let xs = (xx * p.stride[2]) as isize - p.pad[2] as isize;
+                let xe_pad = (xs + p.kernel[2] as isize).min((iw + p.pad[2]) as isize);
+                let (x0, x1) = (xs.max(0) as usize, (xe_pad.min(iw as isize)).max(0) as usize);
+                let mut acc = match kind {
+                    PoolKind::Max => R::of(f64::NEG_INFINITY),
+                    _ => R::of(0.0),
+                };
+                for zz in z0..z1 {
+                    for yy in y0..y1 {
+                        let row = &x[(zz * ih + yy) * iw..(zz * ih + yy) * iw + iw];
+                        for &v in &row[x0..x1] {
+                            let v = R::load(v);
+                            acc = match kind {
+                                PoolKind::Max => acc.max(v),
+                                PoolKind::Lp(2) => acc + v * v,
+                                PoolKind::Lp(3) => acc + v * v * v,
+                                _ => acc + v,
+                            };
+                        }
+                    }
+                }
+                let r = match kind {
+                    PoolKind::Avg { include_pad } => {
+                        let n = if include_pad {
+                            ((ze_pad - zs) * (ye_pad - ys) * (xe_pad - xs)) as usize
+                        } else {
+                            (z1 - z0) * (y1 - y0) * (x1 - x0)
+                        };
+                        if n == 0 {
+                            R::of(0.0)
+                        } else {
+                            acc / R::of(n as f64)
+                        }
+                    }
+                    PoolKind::Lp(2) => acc.sqrt(),
+                    PoolKind::Lp(3) => R::of(acc.f64().cbrt()),
+                    _ => acc,
+                };
+                o[oi] = r.store();
+                oi += 1;
+            }
+        }
+    }
+}
+
+fn pooling(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let a = cx.attrs;
+    let p = pool_plan(a, &ins[0].shape)?;
+    let kind = match a.str("pool_type") {
+        "max" => PoolKind::Max,
+        "avg" => PoolKind::Avg { include_pad: a.is_none("count_include_pad") || a.bool("count_include_pad") },
+        "sum" => PoolKind::Sum,
+        _ => PoolKind::Lp(a.opt_int("p_value").unwrap_or(2)),
+    };
+    let planes = ins[0].shape[0] * ins[0].shape[1];
+    let (isz, osz) = (p.input.iter().product::<usize>(), p.output.iter().product::<usize>());
+    let work = (osz * p.kernel.iter().product::<usize>()) as f64 * 0.5 + 1.0;
+    dispatch_real!(ins[0].dtype, a.op, T, R => {
+        let xs = ins[0].as_slice::<T>();
+        let op_ = SendPtr(outs[0].as_mut::<T>().as_mut_ptr());
+        par_for(planes, Cost(work), T::DTYPE, |r| {
+            let op_ = op_;
+            for pl in r {
+                // SAFETY: each plane's output block is written by one chunk only.
+                let o = unsafe { std::slice::from_raw_parts_mut(op_.0.add(pl * osz), osz) };
+                pool_plane::<T, R>(&xs[pl * isz..(pl + 1) * isz], o, &p, kind);
+            }
+        });
+    });
+    Ok(())
+}
+
+pub(super) fn register(ops: &mut Vec<OpDef>) {
+    ops.push(
+        OpDef::new("Activation", Inputs::Fixed(&["data"]), Box::new(infer_float_like_first), Box::new(activation))
+            .alias(&["_npx_activation"])
+            .params(ACT_PARAMS)
+            .inplace(&[(0, 0)])
+            .grad(Grad::Backward { op: "_backward_Activation", inputs: true, outputs: true })
+            .doc("Applies an activation function element-wise to the input."),
+    );
+    ops.push(
+        OpDef::new("LeakyReLU", Inputs::Leading(&["data", "gamma"], leaky_inputs), Box::new(leaky_infer), Box::new(leaky))
+            .alias(&["_npx_leaky_relu"])
+            .params(LEAKY_PARAMS)
+            .outputs(leaky_outputs, one)
+            .resources(&[Resource::Random])
+            .grad(Grad::Backward { op: "_backward_LeakyReLU", inputs: true, outputs: true })
+            .doc("Applies Leaky rectified linear unit activation element-wise to the input."),
+    );
+    for (name, alias, log, neg, grad) in [
+        ("softmax", Some("_npx_softmax"), false, false, "_backward_softmax"),
+        ("log_softmax", Some("_npx_log_softmax"), true, false, "_backward_log_softmax"),
+        ("softmin", None, false, true, "_backward_softmin"),
+    ] {
+        let mut d = OpDef::new(name, Inputs::Leading(&["data", "length"], softmax_inputs), Box::new(softmax_infer), softmax_family(log, neg))
+            .params(SOFTMAX_PARAMS)
+            .grad(Grad::Backward { op: grad, inputs: false, outputs: true })
+            .doc(format!("{name} along an axis (with optional temperature, output dtype and length mask)."));
+        if let Some(a) = alias {
+            d = d.alias(&[a]);
+        }
+        ops.push(d);
+    }
+    ops.push(
+        OpDef::new("SoftmaxOutput", Inputs::Fixed(&["data", "label"]), Box::new(softmax_output_infer), Box::new(softmax_output))
+            .alias(&["Softmax"])
+            .params(SOFTMAX_OUTPUT_PARAMS)
+            .grad(Grad::Backward { op: "_backward_SoftmaxOutput", inputs: true, outputs: true })
+            .doc("Computes the softmax of the input (the gradient is that of the cross-entropy loss)."),
+    );
+    ops.push(
+        OpDef::new("Dropout", Inputs::Fixed(&["data"]), Box::new(dropout_infer), Box::new(dropout))
+            .alias(&["_npx_dropout"])
+            .params(DROPOUT_PARAMS)
+            .outputs(two, one)
+            .resources(&[Resource::Random])
+            .grad(Grad::Backward { op: "_backward_Dropout", inputs: false, outputs: true })
+            .doc("Applies dropout operation to input array (identity at inference unless mode is always)."),
+    );
+    ops.push(
+        OpDef::new("BatchNorm", Inputs::Fixed(&["data", "gamma", "beta", "moving_mean", "moving_var"]), Box::new(bn_infer), Box::new(batch_norm))
+            .alias(&["_npx_batch_norm"])
+            .params(BN_PARAMS)
+            .outputs(three, bn_visible)
+            .mutates(&[3, 4])
+            .grad(Grad::Backward { op: "_backward_BatchNorm", inputs: true, outputs: true })
+            .doc("Batch normalization. Outputs the normalized data and (with output_mean_var) the batch mean and inverse std."),
+    );
+    ops.push(
+        OpDef::new("LayerNorm", Inputs::Fixed(&["data", "gamma", "beta"]), Box::new(ln_infer), Box::new(layer_norm))
+            .alias(&["_npx_layer_norm"])
+            .params(LN_PARAMS)
+            .outputs(three, bn_visible)
+            .grad(Grad::Backward { op: "_backward_LayerNorm", inputs: true, outputs: true })
+            .doc("Layer normalization over one axis."),
+    );
+    ops.push(
+        OpDef::new("Pooling", Inputs::Fixed(&["data"]), Box::new(pool_infer), Box::new(pooling))
+            .alias(&["_npx_pooling"])
+            .params(POOL_PARAMS)
+            .grad(Grad::Backward { op: "_backward_Pooling", inputs: true, outputs: true })
+            .doc("Performs pooling (max, avg, sum, lp) over 1-D, 2-D or 3-D inputs."),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_is_accurate() {
+        for (x, want) in [(0.0, 0.0), (0.5, 0.520_499_877_8), (1.0, 0.842_700_792_9), (-2.0, -0.995_322_265), (3.0, 0.999_977_909_5)] {
+            assert!((erf(x) - want).abs() < 2e-7, "erf({x})");
+        }
+    }
+
+    #[test]
+    fn softmax_kernel_strided_axis_and_lengths() {
+        // (outer 1, len 3, inner 2): columns are independent softmaxes.
+        let x = [1.0f64, 0.0, 2.0, 0.0, 3.0, 0.0];
+        let mut o = [0.0; 6];
+        softmax_kernel::<f64, f64>(&x, &mut o, (1, 3, 2), SoftmaxKind { log: false, negate: false, scale: 1.0 }, None);
+        let s: f64 = [1.0f64, 2.0, 3.0].iter().map(|v| v.exp()).sum();
+        assert!((o[4] - 3f64.exp() / s).abs() < 1e-12);
+        assert!((o[1] - 1.0 / 3.0).abs() < 1e-12);
+        softmax_kernel::<f64, f64>(&x, &mut o, (1, 3, 2), SoftmaxKind { log: false, negate: false, scale: 1.0 }, Some(&[2.0, 1.0]));
+        assert_eq!((o[4], o[3], o[5]), (0.0, 0.0, 0.0));
+        assert!((o[1] - 1.0).abs() < 1e-12);
+    }
+}
