@@ -5,6 +5,8 @@ use super::OpDef;
 
 mod common;
 mod init;
+mod optim;
+mod random_ops;
 mod elemwise;
 mod broadcast;
 mod index;
@@ -17,6 +19,8 @@ mod unsupported;
 
 pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     init::register(ops);
+    random_ops::register(ops);
+    optim::register(ops);
     elemwise::register(ops);
     broadcast::register(ops);
     shape::register(ops);

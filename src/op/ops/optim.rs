@@ -1,0 +1,464 @@
+//! Optimizer update operators: `sgd_update`, `sgd_mom_update`, `nag_mom_update`,
+//! `adam_update`, `rmsprop_update`, `rmspropalex_update`, `signsgd_update`, `signum_update`,
+//! `ftml_update`, `ftrl_update`.
+//!
+//! Each takes the weight, the gradient and its state arrays, writes the new weight into its
+//! output (the frontend passes `out=weight`, declared in place) and updates the states in
+//! place (declared mutated). Dense storage only. Arithmetic runs in the storage precision
+//! (float16 in float32), element by element, like stock's kernels.
+
+use super::common::all_same;
+use crate::error::Result;
+use crate::ndarray::DType;
+use crate::op::kernel::{par_for, Cost};
+use crate::op::param::{Attrs, PType, ParamSpec};
+use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::{Inputs, OpCtx, OpDef, Req};
+use std::ops::{Add, Div, Mul, Neg, Sub};
+
+/// The arithmetic type of a kernel: f32 (for float32 and float16 storage) or f64.
+trait Real:
+    Copy + Send + Sync + PartialOrd + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self> + Neg<Output = Self>
+{
+    fn of(v: f64) -> Self;
+    fn load<T: Elem>(v: T) -> Self;
+    fn store<T: Elem>(self) -> T;
+}
+
+impl Real for f32 {
+    #[inline(always)]
+    fn of(v: f64) -> Self {
+        v as f32
+    }
+    #[inline(always)]
+    fn load<T: Elem>(v: T) -> Self {
+        v.to_f32()
+    }
+    #[inline(always)]
+    fn store<T: Elem>(self) -> T {
+        T::from_f32(self)
+    }
+}
+
+impl Real for f64 {
+    #[inline(always)]
+    fn of(v: f64) -> Self {
+        v
+    }
+    #[inline(always)]
+    fn load<T: Elem>(v: T) -> Self {
+        v.to_f64()
+    }
+    #[inline(always)]
+    fn store<T: Elem>(self) -> T {
+        T::from_f64(self)
+    }
+}
+
+/// `max(min(x, c), -c)`: stock's gradient clip (applied when `c >= 0`).
+#[inline(always)]
+fn clip<R: Real>(x: R, c: R) -> R {
+    let x = if x > c { c } else { x };
+    let m = -c;
+    if x < m {
+        m
+    } else {
+        x
+    }
+}
+
+/// `1`, `-1` or `0` by the sign of `x`.
+#[inline(always)]
+fn sign<R: Real>(x: R) -> R {
+    let zero = R::of(0.0);
+    if x > zero {
+        R::of(1.0)
+    } else if x < zero {
+        R::of(-1.0)
+    } else {
+        zero
+    }
+}
+
+/// Run `f(weight, grad, states) -> new weight` over every element: inputs are the weight, the
+/// gradient and `N` states (updated in place); output 0 gets the new weight. The output may be
+/// the weight itself (declared in place), so elements are accessed through raw pointers.
+fn update<T: Elem, R: Real, const N: usize>(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob], f: impl Fn(R, R, &mut [R; N]) -> R + Sync + Send) {
+    let n = outs[0].size();
+    let inplace = cx.req[0] == Req::Inplace;
+    let out = SendPtr(outs[0].ptr() as *mut T);
+    let w = SendPtr(if inplace { out.0 } else { ins[0].ptr() as *mut T });
+    let g = SendPtr(ins[1].ptr() as *mut T);
+    let states: [SendPtr<T>; N] = std::array::from_fn(|k| SendPtr(ins[2 + k].ptr() as *mut T));
+    par_for(n, Cost::MEDIUM, T::DTYPE, |r| {
+        let (out, w, g, states) = (out, w, g, states);
+        for i in r {
+            // SAFETY: every blob holds `n` elements of T (inference checked equal shapes and
+            // dtypes); par_for ranges are disjoint, and element i of each array is read before
+            // it is written, by this iteration only.
+            unsafe {
+                let mut s: [R; N] = std::array::from_fn(|k| R::load(*states[k].0.add(i)));
+                let nw = f(R::load(*w.0.add(i)), R::load(*g.0.add(i)), &mut s);
+                for k in 0..N {
+                    *states[k].0.add(i) = s[k].store();
+                }
+                *out.0.add(i) = nw.store();
+            }
+        }
+    });
+}
+
+/// Dispatch `$body` (a call of `update::<T, R, N>`) over float32/float64/float16.
+macro_rules! real_dispatch {
+    ($dtype:expr, $op:expr, $T:ident, $R:ident => $body:expr) => {{
+        match $dtype {
+            DType::F32 => {
+                type $T = f32;
+                type $R = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                type $R = f64;
+                $body
+            }
+            DType::F16 => {
+                type $T = half::f16;
+                type $R = f32;
+                $body
+            }
+            other => {
+                return Err(crate::error::Error::type_error(format!(
+                    "operator {} supports float32, float64 and float16, not {}",
+                    $op,
+                    other.name()
+                )))
+            }
+        }
+    }};
+}
+
+/// The common scalars: learning rate, weight decay, gradient rescale and clip.
+struct Common {
+    lr: f64,
+    wd: f64,
+    rescale: f64,
+    clip: f64,
+}
+
+fn common(a: &Attrs, clip_name: &str) -> Common {
+    Common { lr: a.float("lr"), wd: a.float("wd"), rescale: a.float("rescale_grad"), clip: a.float(clip_name) }
+}
+
+const LR: ParamSpec = ParamSpec::req("lr", PType::Float, "Learning rate");
+const WD: ParamSpec = ParamSpec::opt(
+    "wd",
+    PType::Float,
+    "0",
+    "Weight decay augments the objective function with a regularization term that penalizes large weights. The penalty scales with the square of the magnitude of each weight.",
+);
+const RESCALE: ParamSpec = ParamSpec::opt("rescale_grad", PType::Float, "1", "Rescale gradient to grad = rescale_grad*grad.");
+const CLIP: ParamSpec = ParamSpec::opt(
+    "clip_gradient",
+    PType::Float,
+    "-1",
+    "Clip gradient to the range of [-clip_gradient, clip_gradient] If clip_gradient <= 0, gradient clipping is turned off. grad = max(min(grad, clip_gradient), -clip_gradient).",
+);
+const MOMENTUM: ParamSpec = ParamSpec::opt("momentum", PType::Float, "0", "The decay rate of momentum estimates at each epoch.");
+const LAZY: ParamSpec = ParamSpec::opt("lazy_update", PType::Bool, "True", "If true, lazy updates are applied if gradient's stype is row_sparse.");
+const EPS: ParamSpec = ParamSpec::opt("epsilon", PType::Float, "1e-08", "A small constant for numerical stability.");
+const CLIP_WEIGHTS: ParamSpec = ParamSpec::opt(
+    "clip_weights",
+    PType::Float,
+    "-1",
+    "Clip weights to the range of [-clip_weights, clip_weights] If clip_weights <= 0, weight clipping is turned off. weights = max(min(weights, clip_weights), -clip_weights).",
+);
+
+const SGD_PARAMS: &[ParamSpec] = &[LR, WD, RESCALE, CLIP, LAZY];
+const SGD_MOM_PARAMS: &[ParamSpec] = &[LR, MOMENTUM, WD, RESCALE, CLIP, LAZY];
+const NAG_PARAMS: &[ParamSpec] = &[LR, MOMENTUM, WD, RESCALE, CLIP];
+const SIGNSGD_PARAMS: &[ParamSpec] = &[LR, WD, RESCALE, CLIP];
+const SIGNUM_PARAMS: &[ParamSpec] = &[
+    LR,
+    MOMENTUM,
+    WD,
+    RESCALE,
+    CLIP,
+    ParamSpec::opt("wd_lh", PType::Float, "0", "The amount of weight decay that does not go into gradient/momentum calculationsotherwise do weight decay algorithmically only."),
+];
+const ADAM_PARAMS: &[ParamSpec] = &[
+    LR,
+    ParamSpec::opt("beta1", PType::Float, "0.9", "The decay rate for the 1st moment estimates."),
+    ParamSpec::opt("beta2", PType::Float, "0.999", "The decay rate for the 2nd moment estimates."),
+    EPS,
+    WD,
+    RESCALE,
+    CLIP,
+    LAZY,
+];
+const RMSPROP_PARAMS: &[ParamSpec] = &[
+    LR,
+    ParamSpec::opt("gamma1", PType::Float, "0.95", "The decay rate of momentum estimates."),
+    EPS,
+    WD,
+    RESCALE,
+    CLIP,
+    CLIP_WEIGHTS,
+];
+const RMSPROPALEX_PARAMS: &[ParamSpec] = &[
+    LR,
+    ParamSpec::opt("gamma1", PType::Float, "0.95", "Decay rate."),
+    ParamSpec::opt("gamma2", PType::Float, "0.9", "Decay rate."),
+    EPS,
+    WD,
+    RESCALE,
+    CLIP,
+    CLIP_WEIGHTS,
+];
+const FTML_PARAMS: &[ParamSpec] = &[
+    ParamSpec::req("lr", PType::Float, "Learning rate."),
+    ParamSpec::opt("beta1", PType::Float, "0.6", "Generally close to 0.5."),
+    ParamSpec::opt("beta2", PType::Float, "0.999", "Generally close to 1."),
+    ParamSpec::opt("epsilon", PType::Float, "1e-08", "Epsilon to prevent div 0."),
+    ParamSpec::req("t", PType::Int, "Number of update."),
+    WD,
+    RESCALE,
+    ParamSpec::opt(
+        "clip_grad",
+        PType::Float,
+        "-1",
+        "Clip gradient to the range of [-clip_gradient, clip_gradient] If clip_gradient <= 0, gradient clipping is turned off. grad = max(min(grad, clip_gradient), -clip_gradient).",
+    ),
+];
+const FTRL_PARAMS: &[ParamSpec] = &[
+    LR,
+    ParamSpec::opt("lamda1", PType::Float, "0.01", "The L1 regularization coefficient."),
+    ParamSpec::opt("beta", PType::Float, "1", "Per-Coordinate Learning Rate beta."),
+    WD,
+    RESCALE,
+    CLIP,
+];
+
+fn sgd(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let c = common(cx.attrs, "clip_gradient");
+    real_dispatch!(ins[0].dtype, cx.attrs.op, T, R => {
+        let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
+        let decay = R::of(1.0) - lr * wd;
+        if c.clip >= 0.0 {
+            update::<T, R, 0>(cx, ins, outs, |w, g, _| decay * w - lr * clip(rs * g, cl));
+        } else {
+            update::<T, R, 0>(cx, ins, outs, |w, g, _| decay * w - (lr * rs) * g);
+        }
+    });
+    Ok(())
+}
+
+fn sgd_mom(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let c = common(cx.attrs, "clip_gradient");
+    let m = cx.attrs.float("momentum");
+    real_dispatch!(ins[0].dtype, cx.attrs.op, T, R => {
+        let (lr, wd, rs, cl, m) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip), R::of(m));
+        let clipping = c.clip >= 0.0;
+        update::<T, R, 1>(cx, ins, outs, |w, g, s| {
+            let g = if clipping { clip(rs * g, cl) } else { rs * g };
+            s[0] = m * s[0] - lr * wd * w - lr * g;
+            w + s[0]
+        });
+    });
+    Ok(())
+}
+
+fn nag_mom(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let c = common(cx.attrs, "clip_gradient");
+    let m = cx.attrs.float("momentum");
+    real_dispatch!(ins[0].dtype, cx.attrs.op, T, R => {
+        let (lr, wd, rs, cl, m) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip), R::of(m));
+        let clipping = c.clip >= 0.0;
+        update::<T, R, 1>(cx, ins, outs, |w, g, s| {
+            let g = if clipping { clip(rs * g, cl) } else { rs * g };
+            let step = lr * (g + wd * w);
+            s[0] = m * s[0];
+            let nw = w - s[0] + (m + R::of(1.0)) * (s[0] - step);
+            s[0] = s[0] - step;
+            nw
+        });
+    });
+    Ok(())
+}
+
+fn adam(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let c = common(cx.attrs, "clip_gradient");
+    let a = cx.attrs;
+    let (b1, b2, eps) = (a.float("beta1"), a.float("beta2"), a.float("epsilon"));
+    real_dispatch!(ins[0].dtype, a.op, T, R => {
+        let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
+        let (b1, b2, eps, one) = (R::of(b1), R::of(b2), R::of(eps), R::of(1.0));
+        let clipping = c.clip >= 0.0;
+        update::<T, R, 2>(cx, ins, outs, |w, g, s| {
+            let g = g * rs + w * wd;
+            let g = if clipping { clip(g, cl) } else { g };
+            s[0] = b1 * s[0] + (one - b1) * g;
+            s[1] = b2 * s[1] + (one - b2) * g * g;
+            w - lr * s[0] / (s[1].sqrt() + eps)
+        });
+    });
+    Ok(())
+}
+
+fn rmsprop(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let c = common(cx.attrs, "clip_gradient");
+    let a = cx.attrs;
+    let (g1, eps, cw) = (a.float("gamma1"), a.float("epsilon"), a.float("clip_weights"));
+    real_dispatch!(ins[0].dtype, a.op, T, R => {
+        let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
+        let (g1, eps, cwr, one) = (R::of(g1), R::of(eps), R::of(cw), R::of(1.0));
+        let (clipping, clip_w) = (c.clip >= 0.0, cw >= 0.0);
+        update::<T, R, 1>(cx, ins, outs, |w, g, s| {
+            let g = rs * g + wd * w;
+            let g = if clipping { clip(g, cl) } else { g };
+            s[0] = (one - g1) * (g * g) + g1 * s[0];
+            let nw = w - lr * (g / (s[0] + eps).sqrt());
+            if clip_w { clip(nw, cwr) } else { nw }
+        });
+    });
+    Ok(())
+}
+
+fn rmspropalex(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let c = common(cx.attrs, "clip_gradient");
+    let a = cx.attrs;
+    let (g1, g2, eps, cw) = (a.float("gamma1"), a.float("gamma2"), a.float("epsilon"), a.float("clip_weights"));
+    real_dispatch!(ins[0].dtype, a.op, T, R => {
+        let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
+        let (g1, g2, eps, cwr, one) = (R::of(g1), R::of(g2), R::of(eps), R::of(cw), R::of(1.0));
+        let (clipping, clip_w) = (c.clip >= 0.0, cw >= 0.0);
+        update::<T, R, 3>(cx, ins, outs, |w, g, s| {
+            let g = rs * g + wd * w;
+            let g = if clipping { clip(g, cl) } else { g };
+            s[0] = (one - g1) * g * g + g1 * s[0];
+            s[1] = (one - g1) * g + g1 * s[1];
+            s[2] = g2 * s[2] - lr * g / (s[0] - s[1] * s[1] + eps).sqrt();
+            let nw = w + s[2];
+            if clip_w { clip(nw, cwr) } else { nw }
+        });
+    });
+    Ok(())
+}
+
+fn signsgd(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    // Like stock, clip_gradient and rescale_grad do not change the sign of the gradient.
+    let c = common(cx.attrs, "clip_gradient");
+    real_dispatch!(ins[0].dtype, cx.attrs.op, T, R => {
+        let (lr, wd) = (R::of(c.lr), R::of(c.wd));
+        let decay = R::of(1.0) - lr * wd;
+        update::<T, R, 0>(cx, ins, outs, |w, g, _| decay * w - lr * sign(g));
+    });
+    Ok(())
+}
+
+fn signum(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let c = common(cx.attrs, "clip_gradient");
+    let a = cx.attrs;
+    let (m, wd_lh) = (a.float("momentum"), a.float("wd_lh"));
+    real_dispatch!(ins[0].dtype, a.op, T, R => {
+        let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
+        let (m, one) = (R::of(m), R::of(1.0));
+        let decay = one - lr * R::of(wd_lh);
+        let clipping = c.clip >= 0.0;
+        update::<T, R, 1>(cx, ins, outs, |w, g, s| {
+            let g = if clipping { clip(rs * g, cl) } else { rs * g };
+            s[0] = m * s[0] - (one - m) * wd * w - (one - m) * g;
+            decay * w + lr * sign(s[0])
+        });
+    });
+    Ok(())
+}
+
+fn ftml(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let c = common(cx.attrs, "clip_grad");
+    let a = cx.attrs;
+    let (b1, b2, eps, t) = (a.float("beta1"), a.float("beta2"), a.float("epsilon"), a.int("t") as f64);
+    real_dispatch!(ins[0].dtype, a.op, T, R => {
+        let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
+        let (b1, b2, eps, t, one) = (R::of(b1), R::of(b2), R::of(eps), R::of(t), R::of(1.0));
+        let (c1, c2) = (one - b1.powf(t), one - b2.powf(t));
+        let clipping = c.clip >= 0.0;
+        update::<T, R, 3>(cx, ins, outs, |w, g, s| {
+            let g = rs * g + wd * w;
+            let g = if clipping { clip(g, cl) } else { g };
+            // s: d, v, z.
+            s[1] = b2 * s[1] + (one - b2) * g * g;
+            let d = c1 / lr * ((s[1] / c2).sqrt() + eps);
+            s[2] = b1 * s[2] + (one - b1) * g - (d - b1 * s[0]) * w;
+            s[0] = d;
+            -s[2] / d
+        });
+    });
+    Ok(())
+}
+
+fn ftrl(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let c = common(cx.attrs, "clip_gradient");
+    let a = cx.attrs;
+    let (l1, beta) = (a.float("lamda1"), a.float("beta"));
+    real_dispatch!(ins[0].dtype, a.op, T, R => {
+        let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
+        let (l1, beta, zero) = (R::of(l1), R::of(beta), R::of(0.0));
+        let clipping = c.clip >= 0.0;
+        update::<T, R, 2>(cx, ins, outs, |w, g, s| {
+            let g = if clipping { clip(g * rs, cl) } else { g * rs };
+            // s: z, n.
+            s[0] = s[0] + g - ((s[1] + g * g).sqrt() - s[1].sqrt()) * w / lr;
+            s[1] = s[1] + g * g;
+            if s[0].abs() > l1 {
+                (sign(s[0]) * l1 - s[0]) / ((beta + s[1].sqrt()) / lr + wd)
+            } else {
+                zero
+            }
+        });
+    });
+    Ok(())
+}
+
+type Kernel = fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>;
+
+pub(super) fn register(ops: &mut Vec<OpDef>) {
+    #[allow(clippy::type_complexity)]
+    let table: &[(&'static str, &'static [&'static str], &'static [&'static str], &'static [ParamSpec], &'static [usize], Kernel, &str)] = &[
+        ("sgd_update", &["_sparse_sgd_update"], &["weight", "grad"], SGD_PARAMS, &[], sgd, "Update function for Stochastic Gradient Descent (SGD) optimizer."),
+        ("sgd_mom_update", &["_sparse_sgd_mom_update"], &["weight", "grad", "mom"], SGD_MOM_PARAMS, &[2], sgd_mom, "Momentum update function for Stochastic Gradient Descent (SGD) optimizer."),
+        ("nag_mom_update", &[], &["weight", "grad", "mom"], NAG_PARAMS, &[2], nag_mom, "Update function for Nesterov Accelerated Gradient( NAG) optimizer."),
+        ("adam_update", &["_sparse_adam_update"], &["weight", "grad", "mean", "var"], ADAM_PARAMS, &[2, 3], adam, "Update function for Adam optimizer."),
+        ("rmsprop_update", &[], &["weight", "grad", "n"], RMSPROP_PARAMS, &[2], rmsprop, "Update function for RMSProp optimizer (Tieleman & Hinton, 2012)."),
+        ("rmspropalex_update", &[], &["weight", "grad", "n", "g", "delta"], RMSPROPALEX_PARAMS, &[2, 3, 4], rmspropalex, "Update function for RMSPropAlex optimizer (Graves, 2013)."),
+        ("signsgd_update", &[], &["weight", "grad"], SIGNSGD_PARAMS, &[], signsgd, "Update function for SignSGD optimizer."),
+        ("signum_update", &[], &["weight", "grad", "mom"], SIGNUM_PARAMS, &[2], signum, "SIGN momentUM (Signum) optimizer."),
+        ("ftml_update", &[], &["weight", "grad", "d", "v", "z"], FTML_PARAMS, &[2, 3, 4], ftml, "The FTML optimizer described in FTML - Follow the Moving Leader in Deep Learning."),
+        ("ftrl_update", &["_sparse_ftrl_update"], &["weight", "grad", "z", "n"], FTRL_PARAMS, &[2, 3], ftrl, "Update function for Ftrl optimizer."),
+    ];
+    for &(name, aliases, inputs, params, mutates, kernel, doc) in table {
+        ops.push(
+            OpDef::new(name, Inputs::Fixed(inputs), all_same(name), Box::new(kernel))
+                .alias(aliases)
+                .params(params)
+                .inplace(&[(0, 0)])
+                .mutates(mutates)
+                .doc(doc),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_and_sign() {
+        assert_eq!(clip(3.0f32, 1.0), 1.0);
+        assert_eq!(clip(-3.0f64, 1.0), -1.0);
+        assert_eq!(clip(0.5f32, 1.0), 0.5);
+        assert_eq!(clip(0.5f32, 0.0), 0.0);
+        assert_eq!(sign(-0.1f32), -1.0);
+        assert_eq!(sign(0.0f64), 0.0);
+    }
+}

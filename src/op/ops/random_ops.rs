@@ -1,0 +1,455 @@
+//! Random sampling operators: `_random_{uniform, normal, gamma, exponential, poisson, randint}`
+//! (scalar parameters, a `shape`), their `_like` forms (the shape of an input), and
+//! `_sample_{uniform, normal, gamma, exponential, poisson}` (parameters given as tensors; each
+//! parameter element gets `shape` samples, so the output shape is the parameter shape followed
+//! by `shape`).
+//!
+//! Reproducibility: output element `i` is drawn from draws `2i` and `2i + 1` of the call's
+//! [`Stream`] (rejection samplers seed a small per-element generator from them), so results
+//! depend only on the seed and the order of calls, never on how the loop is split.
+
+use super::common::shape_param;
+use crate::error::{Error, Result};
+use crate::ndarray::DType;
+use crate::op::kernel::{par_for, Cost};
+use crate::op::param::{dtype_from_name, Attrs, PType, ParamSpec};
+use crate::op::random::Stream;
+use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Resource};
+use crate::{dispatch_float, dispatch_num};
+
+/// A per-element generator (SplitMix64) for samplers that need an unbounded number of draws.
+struct Local(u64);
+
+impl Local {
+    fn new(s: &Stream, i: u64) -> Self {
+        Local(s.bits(2 * i) ^ s.bits(2 * i + 1).rotate_left(29))
+    }
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    fn uniform(&mut self) -> f64 {
+        (self.next() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+    fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.uniform();
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+/// Gamma(shape `a`, scale 1) by Marsaglia and Tsang's method.
+fn gamma_unit(a: f64, g: &mut Local) -> f64 {
+    if a < 1.0 {
+        let u = 1.0 - g.uniform();
+        return gamma_unit(a + 1.0, g) * u.powf(1.0 / a);
+    }
+    let d = a - 1.0 / 3.0;
+    let c = 1.0 / (9.0 * d).sqrt();
+    loop {
+        let x = g.normal();
+        let v = 1.0 + c * x;
+        if v <= 0.0 {
+            continue;
+        }
+        let v = v * v * v;
+        let u = g.uniform();
+        if u < 1.0 - 0.0331 * x * x * x * x || u.ln() < 0.5 * x * x + d * (1.0 - v + v.ln()) {
+            return d * v;
+        }
+    }
+}
+
+/// `ln(k!)`: exact below 10, Stirling's series above.
+fn ln_factorial(k: f64) -> f64 {
+    if k < 10.0 {
+        (2..=k as u64).map(|j| (j as f64).ln()).sum()
+    } else {
+        let x = k + 1.0;
+        (x - 0.5) * x.ln() - x + 0.5 * std::f64::consts::TAU.ln() + 1.0 / (12.0 * x) - 1.0 / (360.0 * x * x * x)
+    }
+}
+
+/// Poisson(`lam`): multiplication of uniforms for small rates, Hörmann's PTRS above.
+fn poisson(lam: f64, g: &mut Local) -> f64 {
+    if lam <= 0.0 {
+        return 0.0;
+    }
+    if lam < 12.0 {
+        let limit = (-lam).exp();
+        let (mut k, mut p) = (0.0, g.uniform());
+        while p > limit {
+            k += 1.0;
+            p *= g.uniform();
+        }
+        return k;
+    }
+    let (slam, loglam) = (lam.sqrt(), lam.ln());
+    let b = 0.931 + 2.53 * slam;
+    let a = -0.059 + 0.02483 * b;
+    let inv_alpha = 1.1239 + 1.1328 / (b - 3.4);
+    let vr = 0.9277 - 3.6224 / (b - 2.0);
+    loop {
+        let u = g.uniform() - 0.5;
+        let v = g.uniform();
+        let us = 0.5 - u.abs();
+        let k = ((2.0 * a / us + b) * u + lam + 0.43).floor();
+        if us >= 0.07 && v <= vr {
+            return k;
+        }
+        if k < 0.0 || (us < 0.013 && v > us) {
+            continue;
+        }
+        if v.ln() + inv_alpha.ln() - (a / (us * us) + b).ln() <= -lam + k * loglam - ln_factorial(k) {
+            return k;
+        }
+    }
+}
+
+/// A distribution: its parameter names (stock's), defaults, a check and a sampler of element
+/// `i` given the parameter values.
+struct Dist {
+    name: &'static str,
+    params: [&'static str; 2],
+    arity: usize,
+    check: fn(&[f64; 2]) -> std::result::Result<(), String>,
+    sample: fn(&[f64; 2], &Stream, u64) -> f64,
+}
+
+const UNIFORM: Dist = Dist {
+    name: "uniform",
+    params: ["low", "high"],
+    arity: 2,
+    check: |p| if p[0] <= p[1] { Ok(()) } else { Err(format!("low ({}) must be <= high ({})", p[0], p[1])) },
+    sample: |p, s, i| p[0] + (p[1] - p[0]) * s.uniform(2 * i),
+};
+const NORMAL: Dist = Dist {
+    name: "normal",
+    params: ["loc", "scale"],
+    arity: 2,
+    check: |p| if p[1] >= 0.0 { Ok(()) } else { Err(format!("scale must be non-negative, got {}", p[1])) },
+    sample: |p, s, i| p[0] + p[1] * s.normal(i),
+};
+const GAMMA: Dist = Dist {
+    name: "gamma",
+    params: ["alpha", "beta"],
+    arity: 2,
+    check: |p| if p[0] > 0.0 && p[1] > 0.0 { Ok(()) } else { Err(format!("alpha and beta must be positive, got {} and {}", p[0], p[1])) },
+    sample: |p, s, i| p[1] * gamma_unit(p[0], &mut Local::new(s, i)),
+};
+const EXPONENTIAL: Dist = Dist {
+    name: "exponential",
+    params: ["lam", ""],
+    arity: 1,
+    check: |p| if p[0] > 0.0 { Ok(()) } else { Err(format!("lam must be positive, got {}", p[0])) },
+    sample: |p, s, i| -(1.0 - s.uniform(2 * i)).ln() / p[0],
+};
+const POISSON: Dist = Dist {
+    name: "poisson",
+    params: ["lam", ""],
+    arity: 1,
+    check: |p| if p[0] >= 0.0 { Ok(()) } else { Err(format!("lam must be non-negative, got {}", p[0])) },
+    sample: |p, s, i| poisson(p[0], &mut Local::new(s, i)),
+};
+
+/// Write `sample(params_of(i / per), stream, i)` into every element of `out`, keeping uniform
+/// samples strictly below `high` after rounding to the output type.
+fn fill<T: Elem>(out: &TBlob, d: &Dist, s: Stream, per: usize, params: &(dyn Fn(usize) -> [f64; 2] + Sync)) {
+    let o = out.as_mut::<T>();
+    let p = SendPtr(o.as_mut_ptr());
+    let cost = if d.arity == 2 && d.name != "gamma" { Cost::MATH } else { Cost(40.0) };
+    let upper = d.name == "uniform";
+    par_for(o.len(), cost, T::DTYPE, |r| {
+        let p = p;
+        // SAFETY: par_for ranges are disjoint and within the output.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+        for (k, v) in chunk.iter_mut().enumerate() {
+            let i = r.start + k;
+            let pv = params(i / per.max(1));
+            let mut x = T::from_f64((d.sample)(&pv, &s, i as u64));
+            if upper && x.to_f64() >= pv[1] && pv[1] > pv[0] {
+                x = T::from_f64(pv[0]);
+            }
+            *v = x;
+        }
+    });
+}
+
+fn float_dtype(a: &Attrs, default: DType) -> DType {
+    match a.str("dtype") {
+        "None" => default,
+        name => dtype_from_name(name).expect("enum of dtype names"),
+    }
+}
+
+fn scalar_params(d: &Dist, a: &Attrs) -> Result<[f64; 2]> {
+    let p = [a.float(d.params[0]), if d.arity == 2 { a.float(d.params[1]) } else { 0.0 }];
+    (d.check)(&p).map_err(|m| Error::value(format!("operator {}: {m}", a.op)))?;
+    Ok(p)
+}
+
+fn rng(cx: &OpCtx) -> Result<Stream> {
+    cx.rng.ok_or_else(|| Error::internal(format!("operator {} ran without its random stream", cx.attrs.op)))
+}
+
+/// `_random_<dist>`: scalar parameters, `shape`, `ctx`, `dtype`.
+fn random_op(d: &'static Dist, name: &'static str, alias: &'static str, params: &'static [ParamSpec]) -> OpDef {
+    OpDef::new(
+        name,
+        Inputs::Fixed(&[]),
+        Box::new(move |a, _| {
+            scalar_params(d, a)?;
+            Ok(vec![Meta::new(shape_param(a.op, "shape", a.shape("shape"))?, float_dtype(a, DType::F32))])
+        }),
+        Box::new(move |cx, _, outs| {
+            let p = scalar_params(d, cx.attrs)?;
+            let s = rng(cx)?;
+            dispatch_float!(outs[0].dtype, cx.attrs.op, T => fill::<T>(&outs[0], d, s, 1, &|_| p));
+            Ok(())
+        }),
+    )
+    .alias(&[alias])
+    .params(params)
+    .resources(&[Resource::Random])
+    .grad(Grad::None)
+    .doc(format!("Draw random samples from a {} distribution.", d.name))
+}
+
+/// `_random_<dist>_like`: scalar parameters, the shape and dtype of `data`.
+fn like_op(d: &'static Dist, name: &'static str, params: &'static [ParamSpec]) -> OpDef {
+    OpDef::new(
+        name,
+        Inputs::Fixed(&["data"]),
+        Box::new(move |a, ins| {
+            scalar_params(d, a)?;
+            if !matches!(ins[0].dtype, DType::F32 | DType::F64 | DType::F16) {
+                return Err(Error::type_error(format!("operator {}: data must be float16, float32 or float64, got {}", a.op, ins[0].dtype.name())));
+            }
+            Ok(vec![ins[0].clone()])
+        }),
+        Box::new(move |cx, _, outs| {
+            let p = scalar_params(d, cx.attrs)?;
+            let s = rng(cx)?;
+            dispatch_float!(outs[0].dtype, cx.attrs.op, T => fill::<T>(&outs[0], d, s, 1, &|_| p));
+            Ok(())
+        }),
+    )
+    .params(params)
+    .resources(&[Resource::Random])
+    .grad(Grad::Zero)
+    .doc(format!("Draw random samples from a {} distribution according to the input array shape.", d.name))
+}
+
+/// A parameter tensor as f64 values.
+fn read_f64(op: &str, b: &TBlob) -> Result<Vec<f64>> {
+    dispatch_float!(b.dtype, op, T => Ok(b.as_slice::<T>().iter().map(|v| v.to_f64()).collect()))
+}
+
+/// `_sample_<dist>`: parameter tensors of one shape, `shape` samples per parameter element.
+fn sample_op(d: &'static Dist, name: &'static str, alias: &'static str, inputs: &'static [&'static str]) -> OpDef {
+    OpDef::new(
+        name,
+        Inputs::Fixed(inputs),
+        Box::new(move |a, ins| {
+            for (k, m) in ins.iter().enumerate() {
+                if m.shape != ins[0].shape {
+                    return Err(Error::value(format!("operator {}: parameter {k} has shape {:?}, expected {:?} like parameter 0", a.op, m.shape, ins[0].shape)));
+                }
+                if m.dtype != ins[0].dtype || !matches!(m.dtype, DType::F32 | DType::F64 | DType::F16) {
+                    return Err(Error::type_error(format!("operator {}: parameters must share one float dtype, got {} and {}", a.op, ins[0].dtype.name(), m.dtype.name())));
+                }
+            }
+            let mut shape = ins[0].shape.clone();
+            shape.extend(shape_param(a.op, "shape", a.shape("shape"))?);
+            Ok(vec![Meta::new(shape, float_dtype(a, ins[0].dtype))])
+        }),
+        Box::new(move |cx, ins, outs| {
+            let op = cx.attrs.op;
+            let cols: Vec<Vec<f64>> = ins.iter().map(|b| read_f64(op, b)).collect::<Result<_>>()?;
+            let n = ins[0].size();
+            let params = |j: usize| [cols[0][j], if d.arity == 2 { cols[1][j] } else { 0.0 }];
+            for j in 0..n {
+                (d.check)(&params(j)).map_err(|m| Error::value(format!("operator {op}: element {j}: {m}")))?;
+            }
+            let per = if n == 0 { 1 } else { outs[0].size() / n };
+            let s = rng(cx)?;
+            dispatch_float!(outs[0].dtype, op, T => fill::<T>(&outs[0], d, s, per, &params));
+            Ok(())
+        }),
+    )
+    .alias(&[alias])
+    .params(SAMPLE_PARAMS)
+    .resources(&[Resource::Random])
+    .grad(Grad::None)
+    .doc(format!("Concurrent sampling from multiple {} distributions with parameters given by the input tensors.", d.name))
+}
+
+const CTX_DOC: &str = "Context of output, in format [cpu|gpu|cpu_pinned](n). Only used for imperative calls.";
+const FLOAT_DTYPES: &[&str] = &["None", "float16", "float32", "float64"];
+const SHAPE: ParamSpec = ParamSpec::opt("shape", PType::Shape, "()", "Shape of the output.");
+const CTX: ParamSpec = ParamSpec::opt("ctx", PType::Ctx, "", CTX_DOC);
+const DTYPE: ParamSpec = ParamSpec::opt(
+    "dtype",
+    PType::Enum(FLOAT_DTYPES),
+    "None",
+    "DType of the output in case this can't be inferred. Defaults to float32 if not defined (dtype=None).",
+);
+const SAMPLE_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("shape", PType::Shape, "[]", "Shape to be sampled from each random distribution."),
+    DTYPE,
+];
+
+const LOW: ParamSpec = ParamSpec::opt("low", PType::Float, "0", "Lower bound of the distribution.");
+const HIGH: ParamSpec = ParamSpec::opt("high", PType::Float, "1", "Upper bound of the distribution.");
+const LOC: ParamSpec = ParamSpec::opt("loc", PType::Float, "0", "Mean of the distribution.");
+const SCALE: ParamSpec = ParamSpec::opt("scale", PType::Float, "1", "Standard deviation of the distribution.");
+const ALPHA: ParamSpec = ParamSpec::opt("alpha", PType::Float, "1", "Alpha parameter (shape) of the gamma distribution.");
+const BETA: ParamSpec = ParamSpec::opt("beta", PType::Float, "1", "Beta parameter (scale) of the distribution.");
+const LAM: ParamSpec = ParamSpec::opt("lam", PType::Float, "1", "Lambda parameter (rate) of the distribution.");
+
+const UNIFORM_PARAMS: &[ParamSpec] = &[LOW, HIGH, SHAPE, CTX, DTYPE];
+const NORMAL_PARAMS: &[ParamSpec] = &[LOC, SCALE, SHAPE, CTX, DTYPE];
+const GAMMA_PARAMS: &[ParamSpec] = &[ALPHA, BETA, SHAPE, CTX, DTYPE];
+const LAM_PARAMS: &[ParamSpec] = &[LAM, SHAPE, CTX, DTYPE];
+const RANDINT_PARAMS: &[ParamSpec] = &[
+    ParamSpec::req("low", PType::Int, "Lower bound of the distribution."),
+    ParamSpec::req("high", PType::Int, "Upper bound of the distribution."),
+    SHAPE,
+    CTX,
+    ParamSpec::opt(
+        "dtype",
+        PType::Enum(&["None", "int32", "int64"]),
+        "None",
+        "DType of the output in case this can't be inferred. Defaults to int32 if not defined (dtype=None).",
+    ),
+];
+
+fn randint_bounds(a: &Attrs) -> Result<(i64, i64)> {
+    let (lo, hi) = (a.int("low"), a.int("high"));
+    if lo >= hi {
+        return Err(Error::value(format!("operator {}: low ({lo}) must be < high ({hi})", a.op)));
+    }
+    Ok((lo, hi))
+}
+
+fn randint_fill<T: Elem>(out: &TBlob, s: Stream, lo: i64, hi: i64) {
+    let o = out.as_mut::<T>();
+    let p = SendPtr(o.as_mut_ptr());
+    par_for(o.len(), Cost::MEDIUM, T::DTYPE, |r| {
+        let p = p;
+        // SAFETY: par_for ranges are disjoint and within the output.
+        let chunk = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+        for (k, v) in chunk.iter_mut().enumerate() {
+            *v = T::from_f64(s.int_in(2 * (r.start + k) as u64, lo, hi) as f64);
+        }
+    });
+}
+
+fn randint_op() -> OpDef {
+    OpDef::new(
+        "_random_randint",
+        Inputs::Fixed(&[]),
+        Box::new(|a, _| {
+            let (lo, hi) = randint_bounds(a)?;
+            let dtype = match a.str("dtype") {
+                "int64" => DType::I64,
+                _ => DType::I32,
+            };
+            if dtype == DType::I32 && (lo < i32::MIN as i64 || hi > i32::MAX as i64 + 1) {
+                return Err(Error::value(format!("operator {}: bounds [{lo}, {hi}) do not fit int32; use dtype='int64'", a.op)));
+            }
+            Ok(vec![Meta::new(shape_param(a.op, "shape", a.shape("shape"))?, dtype)])
+        }),
+        Box::new(|cx, _, outs| {
+            let (lo, hi) = randint_bounds(cx.attrs)?;
+            let s = rng(cx)?;
+            match outs[0].dtype {
+                DType::I64 => {
+                    // int_in is exact for any span; write integers without an f64 round trip.
+                    let o = outs[0].as_mut::<i64>();
+                    let p = SendPtr(o.as_mut_ptr());
+                    par_for(o.len(), Cost::MEDIUM, DType::I64, |r| {
+                        let p = p;
+                        // SAFETY: par_for ranges are disjoint and within the output.
+                        let chunk = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+                        for (k, v) in chunk.iter_mut().enumerate() {
+                            *v = s.int_in(2 * (r.start + k) as u64, lo, hi);
+                        }
+                    });
+                }
+                dt => dispatch_num!(dt, cx.attrs.op, T => randint_fill::<T>(&outs[0], s, lo, hi)),
+            }
+            Ok(())
+        }),
+    )
+    .alias(&["random_randint"])
+    .params(RANDINT_PARAMS)
+    .resources(&[Resource::Random])
+    .grad(Grad::None)
+    .doc("Draw random samples from a discrete uniform distribution.")
+}
+
+const UNIFORM_LIKE: &[ParamSpec] = &[LOW, HIGH];
+const NORMAL_LIKE: &[ParamSpec] = &[LOC, SCALE];
+const GAMMA_LIKE: &[ParamSpec] = &[ALPHA, BETA];
+const LAM_LIKE: &[ParamSpec] = &[LAM];
+
+pub(super) fn register(ops: &mut Vec<OpDef>) {
+    ops.push(random_op(&UNIFORM, "_random_uniform", "random_uniform", UNIFORM_PARAMS).alias(&["uniform"]));
+    ops.push(random_op(&NORMAL, "_random_normal", "random_normal", NORMAL_PARAMS).alias(&["normal"]));
+    ops.push(random_op(&GAMMA, "_random_gamma", "random_gamma", GAMMA_PARAMS));
+    ops.push(random_op(&EXPONENTIAL, "_random_exponential", "random_exponential", LAM_PARAMS));
+    ops.push(random_op(&POISSON, "_random_poisson", "random_poisson", LAM_PARAMS));
+    ops.push(randint_op());
+    ops.push(like_op(&UNIFORM, "_random_uniform_like", UNIFORM_LIKE));
+    ops.push(like_op(&NORMAL, "_random_normal_like", NORMAL_LIKE));
+    ops.push(like_op(&GAMMA, "_random_gamma_like", GAMMA_LIKE));
+    ops.push(like_op(&EXPONENTIAL, "_random_exponential_like", LAM_LIKE));
+    ops.push(like_op(&POISSON, "_random_poisson_like", LAM_LIKE));
+    ops.push(sample_op(&UNIFORM, "_sample_uniform", "sample_uniform", &["low", "high"]));
+    ops.push(sample_op(&NORMAL, "_sample_normal", "sample_normal", &["mu", "sigma"]));
+    ops.push(sample_op(&GAMMA, "_sample_gamma", "sample_gamma", &["alpha", "beta"]));
+    ops.push(sample_op(&EXPONENTIAL, "_sample_exponential", "sample_exponential", &["lam"]));
+    ops.push(sample_op(&POISSON, "_sample_poisson", "sample_poisson", &["lam"]));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn moments(xs: &[f64]) -> (f64, f64) {
+        let n = xs.len() as f64;
+        let m = xs.iter().sum::<f64>() / n;
+        (m, xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / n)
+    }
+
+    #[test]
+    fn gamma_and_poisson_moments() {
+        let mut g = Local(12345);
+        for &a in &[0.5, 1.0, 3.0, 9.0] {
+            let xs: Vec<f64> = (0..40_000).map(|_| gamma_unit(a, &mut g)).collect();
+            let (m, v) = moments(&xs);
+            assert!((m - a).abs() < 0.05 * a.max(1.0), "gamma({a}) mean {m}");
+            assert!((v - a).abs() < 0.1 * a.max(1.0), "gamma({a}) var {v}");
+        }
+        for &lam in &[0.5, 4.0, 30.0, 500.0] {
+            let xs: Vec<f64> = (0..40_000).map(|_| poisson(lam, &mut g)).collect();
+            let (m, v) = moments(&xs);
+            assert!(xs.iter().all(|&x| x >= 0.0 && x.fract() == 0.0));
+            assert!((m - lam).abs() < 0.05 * lam.max(1.0), "poisson({lam}) mean {m}");
+            assert!((v - lam).abs() < 0.1 * lam.max(1.0), "poisson({lam}) var {v}");
+        }
+    }
+
+    #[test]
+    fn ln_factorial_is_continuous_at_the_switch() {
+        let exact: f64 = (2..=10u64).map(|j| (j as f64).ln()).sum();
+        assert!((ln_factorial(10.0) - exact).abs() < 1e-9);
+        assert_eq!(ln_factorial(0.0), 0.0);
+    }
+}
