@@ -7,11 +7,13 @@ mod common;
 mod init;
 mod elemwise;
 mod broadcast;
+mod reduce;
 mod unsupported;
 
 pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     init::register(ops);
     elemwise::register(ops);
     broadcast::register(ops);
+    reduce::register(ops);
     unsupported::register(ops);
 }
