@@ -41,6 +41,9 @@ macro_rules! float_math {
 pub(crate) trait Calc: Copy + PartialOrd + Send + Sync + 'static {
     const ZERO: Self;
     const ONE: Self;
+    /// The identity of max (lowest value) and of min (highest value).
+    const LOWEST: Self;
+    const HIGHEST: Self;
     fn from_f64(v: f64) -> Self;
     fn to_f64(self) -> f64;
     fn add(self, o: Self) -> Self;
@@ -106,6 +109,8 @@ macro_rules! float_calc {
         impl Calc for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
+            const LOWEST: Self = <$t>::NEG_INFINITY;
+            const HIGHEST: Self = <$t>::INFINITY;
             #[inline(always)]
             fn from_f64(v: f64) -> Self {
                 v as $t
@@ -203,6 +208,8 @@ float_calc!(f64);
 impl Calc for i64 {
     const ZERO: Self = 0;
     const ONE: Self = 1;
+    const LOWEST: Self = i64::MIN;
+    const HIGHEST: Self = i64::MAX;
     fn from_f64(v: f64) -> Self {
         v as i64
     }

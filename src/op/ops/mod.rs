@@ -15,6 +15,7 @@ mod strided;
 mod linalg;
 mod nn;
 mod conv;
+mod reduce;
 mod unsupported;
 
 pub(super) fn register_all(ops: &mut Vec<OpDef>) {
@@ -28,5 +29,6 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     linalg::register(ops);
     nn::register(ops);
     conv::register(ops);
+    reduce::register(ops);
     unsupported::register(ops);
 }
