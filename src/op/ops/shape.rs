@@ -37,7 +37,7 @@ fn one_out(shape: Vec<usize>, dtype: DType) -> Result<Vec<Meta>> {
     Ok(vec![Meta::new(shape, dtype)])
 }
 
-/// Compute: the output is the input's bytes (reshapes, copies).
+/// Compute: the output is the input's bytes (reshapes).
 fn run_copy(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     copy_all(&ins[0], &outs[0]);
     Ok(())
@@ -827,8 +827,9 @@ pub(super) fn enum_dtype(a: &Attrs, name: &str) -> DType {
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     let data = Inputs::Fixed(&["data"]);
     ops.push(
-        op("_copyto", data, infer_same, run_copy)
+        op("_copyto", data, infer_same, run_cast)
             .alias(&["_npi_copyto"])
+            .any_out_dtype()
             .inplace(&[(0, 0)])
             .grad(bwd("_copy"))
             .doc("Copies the input into the output array."),
