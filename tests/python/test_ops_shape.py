@@ -244,6 +244,8 @@ def test_pick_one_hot_where():
     check(mx.nd.pick(nd(x), k, axis=1, keepdims=True), np.take_along_axis(x, k.asnumpy(), 1))
     with pytest.raises(ValueError, match="pick"):
         mx.nd.pick(nd(x), nd(idx), axis=0)
+    with pytest.raises(IndexError, match="pick"):
+        mx.nd.pick(nd(x), nd(idx), axis=1, mode="raise").asnumpy()
     oh = mx.nd.one_hot(nd(np.array([1, 0, 4, -1], "int32")), depth=3, on_value=5, off_value=-1, dtype="int32")
     want = np.full((4, 3), -1, "int32")
     want[0, 1] = 5

@@ -480,9 +480,9 @@ fn run_split_v2(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 /// Copy `src` broadcast to `dst`'s shape (same ndim; src dims 1 or equal).
 fn broadcast_copy(src: &TBlob, dst: &TBlob) {
     let mut s = contiguous_strides(&src.shape);
-    for k in 0..s.len() {
-        if src.shape[k] != dst.shape[k] {
-            s[k] = 0;
+    for ((st, a), b) in s.iter_mut().zip(&src.shape).zip(&dst.shape) {
+        if a != b {
+            *st = 0;
         }
     }
     copy(src, &View { off: 0, strides: s }, dst, &View::contiguous(&dst.shape), &dst.shape);
