@@ -125,6 +125,8 @@ pub struct OpDef {
     pub mutate_inputs: &'static [usize],
     pub resources: &'static [Resource],
     pub grad: Grad,
+    /// Caller-given outputs may have any dtype (the kernel converts, as `_copyto` does).
+    pub any_out_dtype: bool,
     /// Name interned for the engine and profiler.
     engine_name: OnceLock<Arc<str>>,
     c_info: OnceLock<CInfo>,
@@ -153,6 +155,7 @@ impl OpDef {
             mutate_inputs: &[],
             resources: &[],
             grad: Grad::None,
+            any_out_dtype: false,
             engine_name: OnceLock::new(),
             c_info: OnceLock::new(),
         }
@@ -192,6 +195,10 @@ impl OpDef {
     }
     pub fn grad(mut self, g: Grad) -> Self {
         self.grad = g;
+        self
+    }
+    pub fn any_out_dtype(mut self) -> Self {
+        self.any_out_dtype = true;
         self
     }
 

@@ -353,7 +353,7 @@ fn run_take(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 const PICK_PARAMS: &[ParamSpec] = &[
     ParamSpec::or_none("axis", PType::Int, "-1", "int or None. The axis to picking the elements. Negative values means indexing from right to left."),
     ParamSpec::opt("keepdims", PType::Bool, "False", "If true, the axis where we pick the elements is left in the result as dimension with size one."),
-    ParamSpec::opt("mode", PType::Enum(&["clip", "wrap"]), "clip", "Specify how out-of-bound indices behave."),
+    ParamSpec::opt("mode", PType::Enum(TAKE_MODES), "clip", "Specify how out-of-bound indices behave: clip, wrap or raise."),
 ];
 
 fn pick_axis(a: &Attrs, shape: &[usize]) -> Result<usize> {

@@ -37,7 +37,7 @@ fn one_out(shape: Vec<usize>, dtype: DType) -> Result<Vec<Meta>> {
     Ok(vec![Meta::new(shape, dtype)])
 }
 
-/// Compute: the output is the input's bytes (reshapes, copies).
+/// Compute: the output is the input's bytes (reshapes).
 fn run_copy(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     copy_all(&ins[0], &outs[0]);
     Ok(())
@@ -480,9 +480,9 @@ fn run_split_v2(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 /// Copy `src` broadcast to `dst`'s shape (same ndim; src dims 1 or equal).
 fn broadcast_copy(src: &TBlob, dst: &TBlob) {
     let mut s = contiguous_strides(&src.shape);
-    for k in 0..s.len() {
-        if src.shape[k] != dst.shape[k] {
-            s[k] = 0;
+    for ((st, a), b) in s.iter_mut().zip(&src.shape).zip(&dst.shape) {
+        if a != b {
+            *st = 0;
         }
     }
     copy(src, &View { off: 0, strides: s }, dst, &View::contiguous(&dst.shape), &dst.shape);
@@ -827,8 +827,9 @@ pub(super) fn enum_dtype(a: &Attrs, name: &str) -> DType {
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     let data = Inputs::Fixed(&["data"]);
     ops.push(
-        op("_copyto", data, infer_same, run_copy)
+        op("_copyto", data, infer_same, run_cast)
             .alias(&["_npi_copyto"])
+            .any_out_dtype()
             .inplace(&[(0, 0)])
             .grad(bwd("_copy"))
             .doc("Copies the input into the output array."),

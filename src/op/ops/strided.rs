@@ -82,7 +82,7 @@ pub fn copy(src: &TBlob, sv: &View, dst: &TBlob, dv: &View, shape: &[usize]) {
 }
 
 fn copy_typed<E: Copy + Send + Sync + 'static>(src: &TBlob, sv: &View, dst: &TBlob, dv: &View, shape: &[usize]) {
-    if shape.iter().any(|&d| d == 0) {
+    if shape.contains(&0) {
         return;
     }
     debug_assert!(view_in_bounds(sv, shape, src.size()) && view_in_bounds(dv, shape, dst.size()));
@@ -221,7 +221,7 @@ fn step(idx: &mut [usize], shape: &[usize], ss: &[isize], ds: &[isize], so: &mut
 
 /// Whether every element of view `v` over `shape` lies in `[0, len)`.
 pub fn view_in_bounds(v: &View, shape: &[usize], len: usize) -> bool {
-    if shape.iter().any(|&d| d == 0) {
+    if shape.contains(&0) {
         return true;
     }
     let (mut lo, mut hi) = (v.off, v.off);
@@ -243,11 +243,18 @@ pub fn copy_all(src: &TBlob, dst: &TBlob) {
     if n == 0 || src.ptr() == dst.ptr() {
         return;
     }
+    let (s, d) = (src.ptr() as usize, dst.ptr() as usize);
+    if s < d + n && d < s + n {
+        // A declared in-place pair whose views are offset within one chunk.
+        // SAFETY: both ranges lie in their blobs; `copy` handles the overlap.
+        unsafe { std::ptr::copy(src.ptr(), dst.ptr(), n) };
+        return;
+    }
     let sp = SendPtr(src.ptr());
     let dp = SendPtr(dst.ptr());
     par_for(n, Cost(0.06), DType::U8, |r| {
         let (sp, dp) = (sp, dp);
-        // SAFETY: disjoint ranges inside both blobs, which do not overlap (invocation rule).
+        // SAFETY: disjoint ranges inside both blobs, which do not overlap (checked above).
         unsafe { std::ptr::copy_nonoverlapping(sp.0.add(r.start), dp.0.add(r.start), r.len()) };
     });
 }
