@@ -1,3 +1,502 @@
-//! tmp
-use crate::op::OpDef;
-pub(super) fn register(_: &mut Vec<OpDef>) {}
+//! `Convolution` (1-D, 2-D and 3-D, channel-first layouts) and its CPU algorithms.
+//!
+//! Owns: the parameter schema (stock names and defaults), shape inference, and two
+//! algorithms chosen per problem by [`crate::op::tune`]: `direct` (no workspace; per output
+//! plane, each filter tap adds a scaled input row) and `im2col_gemm` (unfolds one image/group
+//! into a column matrix and multiplies with the shared GEMM helper; 1×1 unit-stride
+//! convolutions multiply the input directly). Both are deterministic: each output element is
+//! summed in a fixed order on one thread. Work is split over (image, group) or (image,
+//! filter) tasks on the kernel pool; a single task lets the GEMM use the pool instead.
+
+use super::linalg::{gemm, GemmElem};
+use super::nn::Real;
+use crate::error::{Error, Result};
+use crate::ndarray::DType;
+use crate::op::kernel::par_tasks;
+use crate::op::param::{Attrs, PType, ParamSpec};
+use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::tune::{self, AlgoInfo, Request};
+use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef};
+use half::f16;
+
+const CONV_PARAMS: &[ParamSpec] = &[
+    ParamSpec::req("kernel", PType::Shape, "Convolution kernel size: (w,), (h, w) or (d, h, w)"),
+    ParamSpec::opt("stride", PType::Shape, "[]", "Convolution stride: (w,), (h, w) or (d, h, w). Defaults to 1 for each dimension."),
+    ParamSpec::opt("dilate", PType::Shape, "[]", "Convolution dilate: (w,), (h, w) or (d, h, w). Defaults to 1 for each dimension."),
+    ParamSpec::opt("pad", PType::Shape, "[]", "Zero pad for convolution: (w,), (h, w) or (d, h, w). Defaults to no padding."),
+    ParamSpec::req("num_filter", PType::Int, "Convolution filter(channel) number"),
+    ParamSpec::opt("num_group", PType::Int, "1", "Number of group partitions."),
+    ParamSpec::opt("workspace", PType::Int, "1024", "Maximum temporary workspace allowed (MB) in convolution."),
+    ParamSpec::opt("no_bias", PType::Bool, "False", "Whether to disable bias parameter."),
+    ParamSpec::or_none("cudnn_tune", PType::Enum(&["fastest", "limited_workspace", "off"]), "None", "Whether to pick convolution algo by running performance test."),
+    ParamSpec::opt("cudnn_off", PType::Bool, "False", "Turn off cudnn for this layer."),
+    ParamSpec::or_none("layout", PType::Enum(&["NCDHW", "NCHW", "NCW", "NDHWC", "NHWC"]), "None", "Set layout for input, output and weight. Empty for\n    default layout: NCW for 1d, NCHW for 2d and NCDHW for 3d."),
+];
+
+/// A convolution problem with spatial dimensions widened to three (leading size-1 ones).
+#[derive(Debug, Clone, PartialEq)]
+struct Plan {
+    n: usize,
+    c: usize,
+    f: usize,
+    g: usize,
+    input: [usize; 3],
+    kernel: [usize; 3],
+    stride: [usize; 3],
+    dilate: [usize; 3],
+    pad: [usize; 3],
+    output: [usize; 3],
+    out_shape: Vec<usize>,
+    weight_shape: Vec<usize>,
+}
+
+impl Plan {
+    fn cg(&self) -> usize {
+        self.c / self.g
+    }
+    fn fg(&self) -> usize {
+        self.f / self.g
+    }
+    fn ksize(&self) -> usize {
+        self.kernel.iter().product()
+    }
+    fn isz(&self) -> usize {
+        self.input.iter().product()
+    }
+    fn osz(&self) -> usize {
+        self.output.iter().product()
+    }
+    /// Rows of the column matrix (= the reduced dimension of the GEMM).
+    fn kdim(&self) -> usize {
+        self.cg() * self.ksize()
+    }
+    fn is_pointwise(&self) -> bool {
+        self.kernel == [1; 3] && self.stride == [1; 3] && self.pad == [0; 3]
+    }
+    fn flops(&self) -> f64 {
+        2.0 * (self.n * self.f * self.osz() * self.kdim()) as f64
+    }
+}
+
+fn widen(op: &str, name: &str, v: &[i64], nsp: usize, default: usize, min: i64) -> Result<[usize; 3]> {
+    let mut r = [default; 3];
+    if v.is_empty() {
+        return Ok(r);
+    }
+    if v.len() != nsp {
+        return Err(Error::value(format!("operator {op}: {name} {v:?} must have {nsp} entries like kernel")));
+    }
+    for (i, &x) in v.iter().enumerate() {
+        if x < min {
+            return Err(Error::value(format!("operator {op}: {name} {v:?} must have entries >= {min}")));
+        }
+        r[3 - nsp + i] = x as usize;
+    }
+    Ok(r)
+}
+
+fn plan(a: &Attrs, data: &[usize]) -> Result<Plan> {
+    let op = a.op;
+    let k = a.shape("kernel");
+    let nsp = k.len();
+    if !(1..=3).contains(&nsp) {
+        return Err(Error::value(format!("operator {op}: kernel {k:?} must have 1, 2 or 3 entries")));
+    }
+    if data.len() != nsp + 2 {
+        return Err(Error::value(format!("operator {op}: data of shape {data:?} must be {}-D for a {nsp}-D kernel", nsp + 2)));
+    }
+    if !a.is_none("layout") && !a.str("layout").starts_with("NC") {
+        return Err(Error::not_supported(format!("operator {op} with layout {} (channel-first layouts only)", a.str("layout"))));
+    }
+    let kernel = widen(op, "kernel", k, nsp, 1, 1)?;
+    let stride = widen(op, "stride", a.shape("stride"), nsp, 1, 1)?;
+    let dilate = widen(op, "dilate", a.shape("dilate"), nsp, 1, 1)?;
+    let pad = widen(op, "pad", a.shape("pad"), nsp, 0, 0)?;
+    let (f, g) = (a.int("num_filter"), a.int("num_group"));
+    if f < 1 || g < 1 {
+        return Err(Error::value(format!("operator {op}: num_filter ({f}) and num_group ({g}) must be positive")));
+    }
+    let (f, g) = (f as usize, g as usize);
+    let (n, c) = (data[0], data[1]);
+    if c % g != 0 || f % g != 0 {
+        return Err(Error::value(format!("operator {op}: channels ({c}) and num_filter ({f}) must be divisible by num_group ({g})")));
+    }
+    if a.int("workspace") < 0 {
+        return Err(Error::value(format!("operator {op}: workspace must be >= 0")));
+    }
+    let mut input = [1; 3];
+    input[3 - nsp..].copy_from_slice(&data[2..]);
+    let mut output = [1; 3];
+    for d in 0..3 {
+        let span = dilate[d] * (kernel[d] - 1) + 1;
+        let padded = input[d] + 2 * pad[d];
+        if span > padded {
+            return Err(Error::value(format!(
+                "operator {op}: kernel {k:?} (dilate {:?}) is larger than the padded input {:?}",
+                a.shape("dilate"),
+                &data[2..]
+            )));
+        }
+        output[d] = (padded - span) / stride[d] + 1;
+    }
+    let mut out_shape = vec![n, f];
+    out_shape.extend_from_slice(&output[3 - nsp..]);
+    let mut weight_shape = vec![f, c / g];
+    weight_shape.extend_from_slice(&kernel[3 - nsp..]);
+    Ok(Plan { n, c, f, g, input, kernel, stride, dilate, pad, output, out_shape, weight_shape })
+}
+
+fn conv_inputs(a: &Attrs) -> usize {
+    if a.bool("no_bias") {
+        2
+    } else {
+        3
+    }
+}
+
+fn conv_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let op = a.op;
+    let dt = ins[0].dtype;
+    if !matches!(dt, DType::F32 | DType::F64 | DType::F16) {
+        return Err(Error::type_error(format!("operator {op} supports float32, float64 and float16, not {}", dt.name())));
+    }
+    let p = plan(a, &ins[0].shape)?;
+    for (i, m) in ins.iter().enumerate().skip(1) {
+        if m.dtype != dt {
+            return Err(Error::type_error(format!("operator {op}: input {i} has dtype {}, expected {}", m.dtype.name(), dt.name())));
+        }
+    }
+    if ins[1].shape != p.weight_shape {
+        return Err(Error::value(format!("operator {op}: weight has shape {:?}, expected {:?}", ins[1].shape, p.weight_shape)));
+    }
+    if ins.len() > 2 && ins[2].shape != [p.f] {
+        return Err(Error::value(format!("operator {op}: bias has shape {:?}, expected ({},)", ins[2].shape, p.f)));
+    }
+    Ok(vec![Meta::new(p.out_shape, dt)])
+}
+
+/// For one output row along w: the range of output columns whose input column
+/// `ox*stride + offset` lies inside `[0, iw)`.
+fn valid_cols(ow: usize, iw: usize, stride: usize, offset: isize) -> (usize, usize) {
+    let s = stride as isize;
+    // Smallest ox with ox*s + offset >= 0.
+    let lo = if offset >= 0 { 0 } else { ((-offset) + s - 1) / s };
+    // Largest ox with ox*s + offset <= iw - 1, plus one.
+    let last = iw as isize - 1 - offset;
+    let hi = if last < 0 { 0 } else { last / s + 1 };
+    let lo = (lo.max(0) as usize).min(ow);
+    (lo, (hi.max(0) as usize).min(ow).max(lo))
+}
+
+/// Visit each (output row, input row) pair of one filter tap: `f(out_row_start, in_row_start,
+/// lo, hi, x_offset)` with output columns `lo..hi` reading input column `ox*sw + x_offset`.
+#[inline(always)]
+fn for_tap_rows(p: &Plan, kz: usize, ky: usize, kx: usize, mut f: impl FnMut(usize, usize, usize, usize, isize)) {
+    let [id, ih, iw] = p.input;
+    let [od, oh, ow] = p.output;
+    let xoff = (kx * p.dilate[2]) as isize - p.pad[2] as isize;
+    let (lo, hi) = valid_cols(ow, iw, p.stride[2], xoff);
+    for oz in 0..od {
+        let iz = (oz * p.stride[0] + kz * p.dilate[0]) as isize - p.pad[0] as isize;
+        if iz < 0 || iz >= id as isize {
+            continue;
+        }
+        for oy in 0..oh {
+            let iy = (oy * p.stride[1] + ky * p.dilate[1]) as isize - p.pad[1] as isize;
+            if iy < 0 || iy >= ih as isize {
+                continue;
+            }
+            f((oz * oh + oy) * ow, (iz as usize * ih + iy as usize) * iw, lo, hi, xoff);
+        }
+    }
+}
+
+/// The taps of the kernel in weight order.
+fn taps(p: &Plan) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    let [kd, kh, kw] = p.kernel;
+    (0..kd).flat_map(move |z| (0..kh).flat_map(move |y| (0..kw).map(move |x| (z, y, x))))
+}
+
+/// Direct algorithm: one task per (image, filter).
+fn direct<T: Elem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T]) {
+    let (cg, fg, ksize, isz, osz) = (p.cg(), p.fg(), p.ksize(), p.isz(), p.osz());
+    let sw = p.stride[2];
+    let o = SendPtr(out.as_mut_ptr());
+    par_tasks(p.n * p.f, p.flops() * 0.3, T::DTYPE, |t| {
+        let o = o;
+        let (img, fi) = (t / p.f, t % p.f);
+        let gi = fi / fg;
+        let mut acc = vec![R::of(bias.map_or(0.0, |b| b[fi].to_f64())); osz];
+        for ci in 0..cg {
+            let plane = &x[(img * p.c + gi * cg + ci) * isz..][..isz];
+            let wt = &w[(fi * cg + ci) * ksize..][..ksize];
+            for (ti, (kz, ky, kx)) in taps(p).enumerate() {
+                let wv = R::load(wt[ti]);
+                for_tap_rows(p, kz, ky, kx, |orow, irow, lo, hi, xoff| {
+                    let a = &mut acc[orow + lo..orow + hi];
+                    let start = (irow as isize + (lo * sw) as isize + xoff) as usize;
+                    if sw == 1 {
+                        for (av, &iv) in a.iter_mut().zip(&plane[start..start + (hi - lo)]) {
+                            *av = *av + wv * R::load(iv);
+                        }
+                    } else {
+                        for (j, av) in a.iter_mut().enumerate() {
+                            *av = *av + wv * R::load(plane[start + j * sw]);
+                        }
+                    }
+                });
+            }
+        }
+        // SAFETY: each task writes its own output plane.
+        let ob = unsafe { std::slice::from_raw_parts_mut(o.0.add(t * osz), osz) };
+        for (ov, a) in ob.iter_mut().zip(acc) {
+            *ov = a.store();
+        }
+    });
+}
+
+/// Unfold one image/group into `col` (kdim × osz).
+fn im2col<T: Elem>(p: &Plan, plane0: &[T], col: &mut [T]) {
+    let (isz, osz, sw) = (p.isz(), p.osz(), p.stride[2]);
+    col.fill(T::zero());
+    let mut row = 0;
+    for ci in 0..p.cg() {
+        let plane = &plane0[ci * isz..][..isz];
+        for (kz, ky, kx) in taps(p) {
+            let crow = &mut col[row * osz..][..osz];
+            for_tap_rows(p, kz, ky, kx, |orow, irow, lo, hi, xoff| {
+                let start = (irow as isize + (lo * sw) as isize + xoff) as usize;
+                let dst = &mut crow[orow + lo..orow + hi];
+                if sw == 1 {
+                    dst.copy_from_slice(&plane[start..start + (hi - lo)]);
+                } else {
+                    for (j, d) in dst.iter_mut().enumerate() {
+                        *d = plane[start + j * sw];
+                    }
+                }
+            });
+            row += 1;
+        }
+    }
+}
+
+/// im2col + GEMM: one task per (image, group).
+fn im2col_gemm<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T]) {
+    let (cg, fg, osz, kdim, isz) = (p.cg(), p.fg(), p.osz(), p.kdim(), p.isz());
+    let pointwise = p.is_pointwise();
+    let o = SendPtr(out.as_mut_ptr());
+    par_tasks(p.n * p.g, p.flops() * 0.1, T::DTYPE, |t| {
+        let o = o;
+        let (img, gi) = (t / p.g, t % p.g);
+        let src = &x[(img * p.c + gi * cg) * isz..][..cg * isz];
+        // SAFETY: each task writes the fg output planes of its own (image, group).
+        let ob = unsafe { std::slice::from_raw_parts_mut(o.0.add((img * p.f + gi * fg) * osz), fg * osz) };
+        let wg = &w[gi * fg * kdim..][..fg * kdim];
+        if pointwise {
+            gemm(fg, osz, kdim, wg, false, src, false, ob, false);
+        } else {
+            let mut col = vec![T::zero(); kdim * osz];
+            im2col(p, src, &mut col);
+            gemm(fg, osz, kdim, wg, false, &col, false, ob, false);
+        }
+        if let Some(b) = bias {
+            for (fi, plane) in ob.chunks_exact_mut(osz).enumerate() {
+                let bv = R::load(b[gi * fg + fi]);
+                for v in plane {
+                    *v = (R::load(*v) + bv).store();
+                }
+            }
+        }
+    });
+}
+
+/// The algorithms, in the order [`tune`] indexes them.
+const DIRECT: usize = 0;
+const IM2COL: usize = 1;
+
+fn algos(p: &Plan, elem: usize) -> [AlgoInfo; 2] {
+    let threads = crate::op::kernel::pool_threads().min(p.n * p.g).max(1);
+    let col = if p.is_pointwise() { 0 } else { p.kdim() * p.osz() * elem * threads };
+    [
+        AlgoInfo { name: "direct", deterministic: true, workspace: 0 },
+        AlgoInfo { name: "im2col_gemm", deterministic: true, workspace: col },
+    ]
+}
+
+fn run_algo(op: &str, algo: usize, p: &Plan, ins: &[TBlob], out: &TBlob) -> Result<()> {
+    macro_rules! go {
+        ($T:ty, $R:ty) => {{
+            let (x, w) = (ins[0].as_slice::<$T>(), ins[1].as_slice::<$T>());
+            let b = ins.get(2).map(|b| b.as_slice::<$T>());
+            let o = out.as_mut::<$T>();
+            if algo == DIRECT {
+                direct::<$T, $R>(p, x, w, b, o)
+            } else {
+                im2col_gemm::<$T, $R>(p, x, w, b, o)
+            }
+        }};
+    }
+    match ins[0].dtype {
+        DType::F32 => go!(f32, f32),
+        DType::F64 => go!(f64, f64),
+        DType::F16 => go!(f16, f32),
+        other => return Err(Error::type_error(format!("operator {op} does not support {}", other.name()))),
+    }
+    Ok(())
+}
+
+/// The selection key of a call: operator, dtype, shapes and parameters.
+fn key(a: &Attrs, ins: &[TBlob]) -> String {
+    format!(
+        "Convolution;{};data={:?};weight={:?};stride={:?};dilate={:?};pad={:?};group={};bias={}",
+        ins[0].dtype.name(),
+        ins[0].shape,
+        ins[1].shape,
+        a.shape("stride"),
+        a.shape("dilate"),
+        a.shape("pad"),
+        a.int("num_group"),
+        ins.len() > 2
+    )
+}
+
+fn convolution(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let a = cx.attrs;
+    let p = plan(a, &ins[0].shape)?;
+    if outs[0].size() == 0 {
+        return Ok(());
+    }
+    let list = algos(&p, ins[0].dtype.size());
+    // Heuristic: GEMM unless the reduced dimension is tiny.
+    let heuristic = if p.kdim() >= 8 { IM2COL } else { DIRECT };
+    let req = Request {
+        key: key(a, ins),
+        per_op: (!a.is_none("cudnn_tune")).then(|| a.str("cudnn_tune")),
+        workspace_limit: (a.int("workspace") as usize).saturating_mul(1 << 20),
+        algos: &list,
+        heuristic,
+    };
+    tune::global().select(crate::config::global(), &req, |i| run_algo(a.op, i, &p, ins, &outs[0]))?;
+    Ok(())
+}
+
+pub(super) fn register(ops: &mut Vec<OpDef>) {
+    ops.push(
+        OpDef::new("Convolution", Inputs::Leading(&["data", "weight", "bias"], conv_inputs), Box::new(conv_infer), Box::new(convolution))
+            .alias(&["_npx_convolution"])
+            .params(CONV_PARAMS)
+            .grad(Grad::Backward { op: "_backward_Convolution", inputs: true, outputs: false })
+            .doc("Compute N-D convolution on (N+2)-D input (channel-first layouts; algorithms chosen by cudnn_tune / MXNET_CUDNN_AUTOTUNE_DEFAULT)."),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn valid_cols_bounds() {
+        // ow=5, iw=5, stride 1, offset -2 (pad 2): columns 2..5 valid.
+        assert_eq!(valid_cols(5, 5, 1, -2), (2, 5));
+        assert_eq!(valid_cols(5, 5, 1, 2), (0, 3));
+        assert_eq!(valid_cols(3, 5, 2, -1), (1, 3));
+        assert_eq!(valid_cols(3, 2, 1, 5), (0, 0));
+    }
+
+    /// Naive reference for a 2-D problem.
+    fn naive(p: &Plan, x: &[f64], w: &[f64]) -> Vec<f64> {
+        let [_, ih, iw] = p.input;
+        let [_, oh, ow] = p.output;
+        let [_, kh, kw] = p.kernel;
+        let (cg, fg) = (p.cg(), p.fg());
+        let mut out = vec![0.0; p.n * p.f * oh * ow];
+        for n in 0..p.n {
+            for f in 0..p.f {
+                let g = f / fg;
+                for y in 0..oh {
+                    for xx in 0..ow {
+                        let mut s = 0.0;
+                        for c in 0..cg {
+                            for ky in 0..kh {
+                                for kx in 0..kw {
+                                    let iy = (y * p.stride[1] + ky * p.dilate[1]) as isize - p.pad[1] as isize;
+                                    let ix = (xx * p.stride[2] + kx * p.dilate[2]) as isize - p.pad[2] as isize;
+                                    if iy < 0 || ix < 0 || iy >= ih as isize || ix >= iw as isize {
+                                        continue;
+                                    }
+                                    s += x[((n * p.c + g * cg + c) * ih + iy as usize) * iw + ix as usize]
+                                        * w[((f * cg + c) * kh + ky) * kw + kx];
+                                }
+                            }
+                        }
+                        out[((n * p.f + f) * oh + y) * ow + xx] = s;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn algorithms_match_naive() {
+        for &(c, f, g, h, wd, k, s, d, pd) in &[
+            (3usize, 4usize, 1usize, 7usize, 6usize, 3usize, 1usize, 1usize, 1usize),
+            (4, 6, 2, 9, 8, 3, 2, 1, 2),
+            (2, 2, 1, 8, 8, 2, 1, 2, 0),
+            (4, 4, 4, 5, 5, 1, 1, 1, 0),
+            (4, 3, 1, 5, 5, 1, 2, 1, 1),
+        ] {
+            let input = [1, h, wd];
+            let mut output = [1; 3];
+            for i in 1..3 {
+                output[i] = (input[i] + 2 * pd - (d * (k - 1) + 1)) / s + 1;
+            }
+            let p = Plan {
+                n: 2, c, f, g, input, kernel: [1, k, k], stride: [1, s, s], dilate: [1, d, d], pad: [0, pd, pd], output,
+                out_shape: vec![], weight_shape: vec![],
+            };
+            let x: Vec<f64> = (0..2 * c * h * wd).map(|i| ((i * 7 % 13) as f64) - 6.0).collect();
+            let w: Vec<f64> = (0..f * (c / g) * k * k).map(|i| ((i * 5 % 11) as f64) * 0.25 - 1.0).collect();
+            let want = naive(&p, &x, &w);
+            for algo in [DIRECT, IM2COL] {
+                let mut out = vec![0.0; want.len()];
+                if algo == DIRECT {
+                    direct::<f64, f64>(&p, &x, &w, None, &mut out);
+                } else {
+                    im2col_gemm::<f64, f64>(&p, &x, &w, None, &mut out);
+                }
+                for (a, b) in out.iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-9, "algo {algo} c={c} f={f} g={g} k={k} s={s} d={d} p={pd}");
+                }
+            }
+        }
+    }
+
+    /// Throughput of the target shapes (run with `--ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn conv_throughput() {
+        for &(n, c, h, f) in &[(64usize, 1usize, 28usize, 20usize), (64, 20, 12, 50)] {
+            let o = h - 4;
+            let p = Plan {
+                n, c, f, g: 1, input: [1, h, h], kernel: [1, 5, 5], stride: [1; 3], dilate: [1; 3], pad: [0; 3], output: [1, o, o],
+                out_shape: vec![], weight_shape: vec![],
+            };
+            let x = vec![0.5f32; n * c * h * h];
+            let w = vec![0.25f32; f * c * 25];
+            let b = vec![0.1f32; f];
+            let mut out = vec![0.0f32; n * f * o * o];
+            for algo in [DIRECT, IM2COL] {
+                let mut run = || if algo == DIRECT { direct::<f32, f32>(&p, &x, &w, Some(&b), &mut out) } else { im2col_gemm::<f32, f32>(&p, &x, &w, Some(&b), &mut out) };
+                run();
+                let reps = 20;
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    run();
+                }
+                let secs = t.elapsed().as_secs_f64() / reps as f64;
+                eprintln!("conv {n}x{c}x{h}x{h} f={f} algo {algo}: {:.1} GFLOP/s", p.flops() / secs / 1e9);
+            }
+        }
+    }
+}
