@@ -135,82 +135,83 @@ trait Reducer<T: Arith>: Copy + Send + Sync {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    Sum,
-    Mean,
-    Prod,
-    Max,
-    Min,
-    NanSum,
-    NanProd,
-    Norm1,
-    Norm2,
+/// The reductions, as const parameters of [`R`] so that each kernel is compiled for one.
+mod kind {
+    pub const SUM: u8 = 0;
+    pub const MEAN: u8 = 1;
+    pub const PROD: u8 = 2;
+    pub const MAX: u8 = 3;
+    pub const MIN: u8 = 4;
+    pub const NANSUM: u8 = 5;
+    pub const NANPROD: u8 = 6;
+    pub const NORM1: u8 = 7;
+    pub const NORM2: u8 = 8;
 }
+use kind::*;
 
 #[derive(Clone, Copy)]
-struct R(Kind);
+struct R<const K: u8>;
 
-impl<T: Arith> Reducer<T> for R {
+impl<T: Arith, const K: u8> Reducer<T> for R<K> {
     #[inline(always)]
     fn init(self) -> T::C {
-        match self.0 {
-            Kind::Prod | Kind::NanProd => T::C::ONE,
-            Kind::Max => T::C::LOWEST,
-            Kind::Min => T::C::HIGHEST,
+        match K {
+            PROD | NANPROD => T::C::ONE,
+            MAX => T::C::LOWEST,
+            MIN => T::C::HIGHEST,
             _ => T::C::ZERO,
         }
     }
     #[inline(always)]
     fn step(self, a: T::C, x: T) -> T::C {
         let x = x.load();
-        match self.0 {
-            Kind::Sum | Kind::Mean => a.add(x),
-            Kind::Prod => a.mul(x),
-            Kind::Max => {
+        match K {
+            SUM | MEAN => a.add(x),
+            PROD => a.mul(x),
+            MAX => {
                 if x > a || x.is_nan() {
                     x
                 } else {
                     a
                 }
             }
-            Kind::Min => {
+            MIN => {
                 if x < a || x.is_nan() {
                     x
                 } else {
                     a
                 }
             }
-            Kind::NanSum => {
+            NANSUM => {
                 if x.is_nan() {
                     a
                 } else {
                     a.add(x)
                 }
             }
-            Kind::NanProd => {
+            NANPROD => {
                 if x.is_nan() {
                     a
                 } else {
                     a.mul(x)
                 }
             }
-            Kind::Norm1 => a.add(x.abs()),
-            Kind::Norm2 => a.add(x.mul(x)),
+            NORM1 => a.add(x.abs()),
+            _ => a.add(x.mul(x)),
         }
     }
     #[inline(always)]
     fn merge(self, a: T::C, b: T::C) -> T::C {
-        match self.0 {
-            Kind::Prod | Kind::NanProd => a.mul(b),
-            Kind::Max => {
+        match K {
+            PROD | NANPROD => a.mul(b),
+            MAX => {
                 if b > a || b.is_nan() {
                     b
                 } else {
                     a
                 }
             }
-            Kind::Min => {
+            MIN => {
                 if b < a || b.is_nan() {
                     b
                 } else {
@@ -222,9 +223,9 @@ impl<T: Arith> Reducer<T> for R {
     }
     #[inline(always)]
     fn finish(self, a: T::C, count: usize) -> T {
-        T::store(match self.0 {
-            Kind::Mean => a.div(T::C::from_f64(count as f64)),
-            Kind::Norm2 => a.sqrt(),
+        T::store(match K {
+            MEAN => a.div(T::C::from_f64(count as f64)),
+            NORM2 => a.sqrt(),
             _ => a,
         })
     }
@@ -458,16 +459,26 @@ fn infer_reduce(op: &'static str) -> crate::op::InferFn {
     })
 }
 
-fn reduce_compute(kind: Kind) -> crate::op::ComputeFn {
+fn reduce_compute(kind: u8) -> crate::op::ComputeFn {
     Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| -> Result<()> {
         let x = &ins[0];
         let flags = flags_of(cx.attrs.op, cx.attrs, x.ndim())?;
         let plan = RPlan::new(&x.shape, &flags);
-        let kind = match kind {
-            Kind::Norm2 if cx.attrs.int("ord") == 1 => Kind::Norm1,
-            k => k,
-        };
-        dispatch_arith!(x.dtype, cx.attrs.op, T => reduce_typed::<T, R>(R(kind), &plan, x.as_slice(), outs[0].as_mut()));
+        let kind = if kind == NORM2 && cx.attrs.int("ord") == 1 { NORM1 } else { kind };
+        dispatch_arith!(x.dtype, cx.attrs.op, T => {
+            let (x, o) = (x.as_slice::<T>(), outs[0].as_mut::<T>());
+            match kind {
+                SUM => reduce_typed(R::<SUM>, &plan, x, o),
+                MEAN => reduce_typed(R::<MEAN>, &plan, x, o),
+                PROD => reduce_typed(R::<PROD>, &plan, x, o),
+                MAX => reduce_typed(R::<MAX>, &plan, x, o),
+                MIN => reduce_typed(R::<MIN>, &plan, x, o),
+                NANSUM => reduce_typed(R::<NANSUM>, &plan, x, o),
+                NANPROD => reduce_typed(R::<NANPROD>, &plan, x, o),
+                NORM1 => reduce_typed(R::<NORM1>, &plan, x, o),
+                _ => reduce_typed(R::<NORM2>, &plan, x, o),
+            }
+        });
         Ok(())
     })
 }
@@ -553,14 +564,14 @@ fn search_compute(max: bool) -> crate::op::ComputeFn {
 }
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
-    let reductions: &[(&'static str, &'static [&'static str], Kind, Option<(&'static str, bool, bool)>, &'static str)] = &[
-        ("sum", &["sum_axis", "_sparse_sum"], Kind::Sum, Some(("_backward_sum", false, false)), "Computes the sum of array elements over given axes."),
-        ("mean", &["_sparse_mean"], Kind::Mean, Some(("_backward_mean", false, false)), "Computes the mean of array elements over given axes."),
-        ("prod", &[], Kind::Prod, Some(("_backward_prod", true, true)), "Computes the product of array elements over given axes."),
-        ("nansum", &[], Kind::NanSum, Some(("_backward_nansum", true, false)), "Computes the sum of array elements over given axes treating Not a Numbers (NaN) as zero."),
-        ("nanprod", &[], Kind::NanProd, Some(("_backward_nanprod", true, true)), "Computes the product of array elements over given axes treating Not a Numbers (NaN) as one."),
-        ("max", &["max_axis"], Kind::Max, Some(("_backward_max", true, true)), "Computes the max of array elements over given axes."),
-        ("min", &["min_axis"], Kind::Min, Some(("_backward_min", true, true)), "Computes the min of array elements over given axes."),
+    let reductions: &[(&'static str, &'static [&'static str], u8, Option<(&'static str, bool, bool)>, &'static str)] = &[
+        ("sum", &["sum_axis", "_sparse_sum"], SUM, Some(("_backward_sum", false, false)), "Computes the sum of array elements over given axes."),
+        ("mean", &["_sparse_mean"], MEAN, Some(("_backward_mean", false, false)), "Computes the mean of array elements over given axes."),
+        ("prod", &[], PROD, Some(("_backward_prod", true, true)), "Computes the product of array elements over given axes."),
+        ("nansum", &[], NANSUM, Some(("_backward_nansum", true, false)), "Computes the sum of array elements over given axes treating Not a Numbers (NaN) as zero."),
+        ("nanprod", &[], NANPROD, Some(("_backward_nanprod", true, true)), "Computes the product of array elements over given axes treating Not a Numbers (NaN) as one."),
+        ("max", &["max_axis"], MAX, Some(("_backward_max", true, true)), "Computes the max of array elements over given axes."),
+        ("min", &["min_axis"], MIN, Some(("_backward_min", true, true)), "Computes the min of array elements over given axes."),
     ];
     for &(name, aliases, kind, grad, doc) in reductions {
         let (op, inputs, outputs) = grad.expect("reductions are differentiable");
@@ -573,7 +584,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         );
     }
     ops.push(
-        OpDef::new("norm", Inputs::Fixed(&["data"]), infer_reduce("norm"), reduce_compute(Kind::Norm2))
+        OpDef::new("norm", Inputs::Fixed(&["data"]), infer_reduce("norm"), reduce_compute(NORM2))
             .alias(&["_sparse_norm"])
             .params(NORM_PARAMS)
             .grad(Grad::Backward { op: "_backward_norm", inputs: true, outputs: true })
@@ -654,7 +665,7 @@ mod tests {
             let x: Vec<f64> = (0..n).map(|i| ((i * 7919) % 101) as f64).collect();
             let plan = RPlan::new(shape, flags);
             let mut out = vec![0.0; reduced_shape(shape, flags, true).iter().product()];
-            reduce_typed::<f64, R>(R(Kind::Sum), &plan, &x, &mut out);
+            reduce_typed::<f64, R<SUM>>(R::<SUM>, &plan, &x, &mut out);
             assert_eq!(out, naive(&x, shape, flags), "{shape:?} {flags:?}");
         }
     }
