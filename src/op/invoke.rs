@@ -138,7 +138,8 @@ pub fn invoke<'a>(
     for o in &outs {
         push_unique(&mut mutable, o.chunk()?);
     }
-    for &i in op.mutate_inputs {
+    // Variadic operators declare the mutated inputs of their largest call.
+    for &i in op.mutate_inputs.iter().filter(|&&i| i < inputs.len()) {
         push_unique(&mut mutable, inputs[i].chunk()?);
     }
     let mut constant: Vec<Arc<Var>> = Vec::with_capacity(inputs.len());

@@ -121,7 +121,8 @@ pub struct OpDef {
     /// `(input, output)` pairs that may share memory.
     pub inplace: &'static [(usize, usize)],
     /// Inputs the kernel writes (stock's FMutateInputs: optimizer states, BatchNorm's moving
-    /// statistics).
+    /// statistics). Indices past a call's input count are ignored, so a variadic operator
+    /// lists those of its largest call.
     pub mutate_inputs: &'static [usize],
     pub resources: &'static [Resource],
     pub grad: Grad,

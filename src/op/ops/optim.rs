@@ -8,12 +8,13 @@
 //! (float16 in float32), element by element, like stock's kernels.
 
 use super::common::all_same;
-use crate::error::Result;
+use crate::dispatch_float;
+use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for, Cost};
 use crate::op::param::{Attrs, PType, ParamSpec};
 use crate::op::tensor::{Elem, SendPtr, TBlob};
-use crate::op::{Inputs, OpCtx, OpDef, Req};
+use crate::op::{Inputs, Meta, OpCtx, OpDef, Req};
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
 /// The arithmetic type of a kernel: f32 (for float32 and float16 storage) or f64.
@@ -84,8 +85,13 @@ fn sign<R: Real>(x: R) -> R {
 /// gradient and `N` states (updated in place); output 0 gets the new weight. The output may be
 /// the weight itself (declared in place), so elements are accessed through raw pointers.
 fn update<T: Elem, R: Real, const N: usize>(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob], f: impl Fn(R, R, &mut [R; N]) -> R + Sync + Send) {
+    update_one::<T, R, N>(cx.req[0] == Req::Inplace, ins, &outs[0], f)
+}
+
+/// [`update`] of one weight: `ins` = weight, gradient, states; `inplace`: `out` is the weight.
+fn update_one<T: Elem, R: Real, const N: usize>(inplace: bool, ins: &[TBlob], out: &TBlob, f: impl Fn(R, R, &mut [R; N]) -> R + Sync + Send) {
+    let outs = std::slice::from_ref(out);
     let n = outs[0].size();
-    let inplace = cx.req[0] == Req::Inplace;
     let out = SendPtr(outs[0].ptr() as *mut T);
     let w = SendPtr(if inplace { out.0 } else { ins[0].ptr() as *mut T });
     let g = SendPtr(ins[1].ptr() as *mut T);
@@ -230,6 +236,18 @@ const FTML_PARAMS: &[ParamSpec] = &[
         "Clip gradient to the range of [-clip_gradient, clip_gradient] If clip_gradient <= 0, gradient clipping is turned off. grad = max(min(grad, clip_gradient), -clip_gradient).",
     ),
 ];
+const MP_SGD_PARAMS: &[ParamSpec] = &[LR, WD, RESCALE, CLIP, LAZY];
+const MP_SGD_MOM_PARAMS: &[ParamSpec] = &[LR, MOMENTUM, WD, RESCALE, CLIP, LAZY];
+const LRS: ParamSpec = ParamSpec::req("lrs", PType::FloatTuple, "Learning rates.");
+const WDS: ParamSpec = ParamSpec::req(
+    "wds",
+    PType::FloatTuple,
+    "Weight decay augments the objective function with a regularization term that penalizes large weights. The penalty scales with the square of the magnitude of each weight.",
+);
+const NUM_WEIGHTS: ParamSpec = ParamSpec::opt("num_weights", PType::Int, "1", "Number of updated weights.");
+const MULTI_SGD_PARAMS: &[ParamSpec] = &[LRS, WDS, RESCALE, CLIP, NUM_WEIGHTS];
+const MULTI_SGD_MOM_PARAMS: &[ParamSpec] = &[LRS, WDS, MOMENTUM, RESCALE, CLIP, NUM_WEIGHTS];
+
 const FTRL_PARAMS: &[ParamSpec] = &[
     LR,
     ParamSpec::opt("lamda1", PType::Float, "0.01", "The L1 regularization coefficient."),
@@ -241,30 +259,124 @@ const FTRL_PARAMS: &[ParamSpec] = &[
 
 fn sgd(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
-    real_dispatch!(ins[0].dtype, cx.attrs.op, T, R => {
+    sgd_core(cx.attrs.op, cx.req[0] == Req::Inplace, ins, &outs[0], &c, None)
+}
+
+fn sgd_mom(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let c = common(cx.attrs, "clip_gradient");
+    sgd_core(cx.attrs.op, cx.req[0] == Req::Inplace, ins, &outs[0], &c, Some(cx.attrs.float("momentum")))
+}
+
+/// SGD of one weight, with momentum (`ins` = weight, grad, mom) or without.
+fn sgd_core(op: &str, inplace: bool, ins: &[TBlob], out: &TBlob, c: &Common, momentum: Option<f64>) -> Result<()> {
+    real_dispatch!(ins[0].dtype, op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
-        let decay = R::of(1.0) - lr * wd;
-        if c.clip >= 0.0 {
-            update::<T, R, 0>(cx, ins, outs, |w, g, _| decay * w - lr * clip(rs * g, cl));
-        } else {
-            update::<T, R, 0>(cx, ins, outs, |w, g, _| decay * w - (lr * rs) * g);
+        let clipping = c.clip >= 0.0;
+        match momentum {
+            None => {
+                let decay = R::of(1.0) - lr * wd;
+                if clipping {
+                    update_one::<T, R, 0>(inplace, ins, out, |w, g, _| decay * w - lr * clip(rs * g, cl));
+                } else {
+                    update_one::<T, R, 0>(inplace, ins, out, |w, g, _| decay * w - (lr * rs) * g);
+                }
+            }
+            Some(m) => {
+                let m = R::of(m);
+                update_one::<T, R, 1>(inplace, ins, out, |w, g, s| {
+                    let g = if clipping { clip(rs * g, cl) } else { rs * g };
+                    s[0] = m * s[0] - lr * wd * w - lr * g;
+                    w + s[0]
+                });
+            }
         }
     });
     Ok(())
 }
 
-fn sgd_mom(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    let c = common(cx.attrs, "clip_gradient");
-    let m = cx.attrs.float("momentum");
-    real_dispatch!(ins[0].dtype, cx.attrs.op, T, R => {
-        let (lr, wd, rs, cl, m) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip), R::of(m));
-        let clipping = c.clip >= 0.0;
-        update::<T, R, 1>(cx, ins, outs, |w, g, s| {
-            let g = if clipping { clip(rs * g, cl) } else { rs * g };
-            s[0] = m * s[0] - lr * wd * w - lr * g;
-            w + s[0]
-        });
+/// Mixed-precision update of one weight: `ins` = weight (any float type, not read), gradient
+/// (the weight's type), `N` float32 states, then the float32 master weight. `f(w32, g, states)`
+/// gives the new master weight, which is also written (converted) to `out`.
+fn mp_update<T: Elem, const N: usize>(ins: &[TBlob], out: &TBlob, f: impl Fn(f32, f32, &mut [f32; N]) -> f32 + Sync + Send) {
+    let n = out.size();
+    let o = SendPtr(out.ptr() as *mut T);
+    let g = SendPtr(ins[1].ptr() as *mut T);
+    let states: [SendPtr<f32>; N] = std::array::from_fn(|k| SendPtr(ins[2 + k].ptr() as *mut f32));
+    let w32 = SendPtr(ins[2 + N].ptr() as *mut f32);
+    par_for(n, Cost::MEDIUM, T::DTYPE, |r| {
+        let (o, g, states, w32) = (o, g, states, w32);
+        for i in r {
+            // SAFETY: as in `update_one`; the (possibly aliased) weight input is not read.
+            unsafe {
+                let mut s: [f32; N] = std::array::from_fn(|k| *states[k].0.add(i));
+                let nw = f(*w32.0.add(i), (*g.0.add(i)).to_f32(), &mut s);
+                for k in 0..N {
+                    *states[k].0.add(i) = s[k];
+                }
+                *w32.0.add(i) = nw;
+                *o.0.add(i) = T::from_f32(nw);
+            }
+        }
     });
+}
+
+/// Mixed-precision SGD (`momentum`: with a float32 momentum state) or NAG (`nag`).
+fn mp_sgd_core(op: &str, ins: &[TBlob], out: &TBlob, c: &Common, momentum: Option<f64>, nag: bool) -> Result<()> {
+    let (lr, wd, rs, cl) = (c.lr as f32, c.wd as f32, c.rescale as f32, c.clip as f32);
+    let clipping = c.clip >= 0.0;
+    let grad = move |g: f32| if clipping { clip(rs * g, cl) } else { rs * g };
+    dispatch_float!(ins[0].dtype, op, T => {
+        match (momentum, nag) {
+            (None, _) => mp_update::<T, 0>(ins, out, |w, g, _| (1.0 - lr * wd) * w - lr * grad(g)),
+            (Some(m), false) => {
+                let m = m as f32;
+                mp_update::<T, 1>(ins, out, |w, g, s| {
+                    s[0] = m * s[0] - lr * wd * w - lr * grad(g);
+                    w + s[0]
+                })
+            }
+            (Some(m), true) => {
+                let m = m as f32;
+                mp_update::<T, 1>(ins, out, |w, g, s| {
+                    let step = lr * (grad(g) + wd * w);
+                    s[0] *= m;
+                    let nw = w - s[0] + (m + 1.0) * (s[0] - step);
+                    s[0] -= step;
+                    nw
+                })
+            }
+        }
+    });
+    Ok(())
+}
+
+fn mp_sgd(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    mp_sgd_core(cx.attrs.op, ins, &outs[0], &common(cx.attrs, "clip_gradient"), None, false)
+}
+
+fn mp_sgd_mom(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    mp_sgd_core(cx.attrs.op, ins, &outs[0], &common(cx.attrs, "clip_gradient"), Some(cx.attrs.float("momentum")), false)
+}
+
+fn mp_nag_mom(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    mp_sgd_core(cx.attrs.op, ins, &outs[0], &common(cx.attrs, "clip_gradient"), Some(cx.attrs.float("momentum")), true)
+}
+
+/// The multi-weight SGD forms: `num_weights` groups of `stride` inputs (weight, grad, then
+/// mom and/or the float32 master weight), one output per weight, per-weight `lrs` and `wds`.
+fn multi_sgd(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob], momentum: bool, mp: bool) -> Result<()> {
+    let a = cx.attrs;
+    let stride = 2 + momentum as usize + mp as usize;
+    let m = if momentum { Some(a.float("momentum")) } else { None };
+    for (i, out) in outs.iter().enumerate() {
+        let c = Common { lr: a.floats("lrs")[i], wd: a.floats("wds")[i], rescale: a.float("rescale_grad"), clip: a.float("clip_gradient") };
+        let group = &ins[stride * i..stride * (i + 1)];
+        if mp {
+            mp_sgd_core(a.op, group, out, &c, m, false)?;
+        } else {
+            sgd_core(a.op, cx.req[i] == Req::Inplace, group, out, &c, m)?;
+        }
+    }
     Ok(())
 }
 
@@ -422,6 +534,122 @@ fn ftrl(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 
 type Kernel = fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>;
 
+/// The most weights one multi-weight call takes (stock's limit).
+const MAX_WEIGHTS: usize = 60;
+
+fn is_float(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F64 | DType::F16)
+}
+
+/// Inference of one mixed-precision group: weight and gradient alike (a float type), then
+/// float32 arrays of the same shape.
+fn mp_group(op: &str, ins: &[Meta], base: usize) -> Result<Meta> {
+    let w = &ins[base];
+    if !is_float(w.dtype) {
+        return Err(Error::type_error(format!("operator {op}: weight must be float16, float32 or float64, got {}", w.dtype.name())));
+    }
+    super::common::check_same(op, w, &ins[base + 1], base + 1)?;
+    for (k, m) in ins.iter().enumerate().skip(base + 2) {
+        if m.shape != w.shape {
+            return Err(Error::value(format!("operator {op}: input {k} has shape {:?}, expected {:?} like the weight", m.shape, w.shape)));
+        }
+        if m.dtype != DType::F32 {
+            return Err(Error::type_error(format!("operator {op}: input {k} (a float32 state) has dtype {}", m.dtype.name())));
+        }
+    }
+    Ok(w.clone())
+}
+
+fn mp_infer(op: &'static str) -> crate::op::InferFn {
+    Box::new(move |_, ins| Ok(vec![mp_group(op, ins, 0)?]))
+}
+
+fn num_weights(a: &Attrs) -> usize {
+    a.int("num_weights").clamp(0, MAX_WEIGHTS as i64) as usize
+}
+
+fn multi_infer(op: &'static str, stride: usize, mp: bool) -> crate::op::InferFn {
+    Box::new(move |a, ins| {
+        let n = a.int("num_weights");
+        if n < 1 || n as usize > MAX_WEIGHTS {
+            return Err(Error::value(format!("operator {op}: num_weights must be in [1, {MAX_WEIGHTS}], got {n}")));
+        }
+        let n = n as usize;
+        if ins.len() != stride * n {
+            return Err(Error::value(format!("operator {op}: expects {} inputs for num_weights={n}, got {}", stride * n, ins.len())));
+        }
+        for key in ["lrs", "wds"] {
+            if a.floats(key).len() != n {
+                return Err(Error::value(format!("operator {op}: {key} has {} values, expected num_weights={n}", a.floats(key).len())));
+            }
+        }
+        (0..n)
+            .map(|i| {
+                let group = &ins[stride * i..stride * (i + 1)];
+                if mp {
+                    return mp_group(op, group, 0);
+                }
+                if !is_float(group[0].dtype) {
+                    return Err(Error::type_error(format!("operator {op}: weight {i} must be float16, float32 or float64, got {}", group[0].dtype.name())));
+                }
+                for (k, m) in group.iter().enumerate().skip(1) {
+                    super::common::check_same(op, &group[0], m, stride * i + k)?;
+                }
+                Ok(group[0].clone())
+            })
+            .collect()
+    })
+}
+
+/// `(input, output)` pairs and mutated inputs of the multi-weight forms, for their largest call.
+fn multi_tables(stride: usize, states: &[usize]) -> (&'static [(usize, usize)], &'static [usize]) {
+    let pairs: Vec<(usize, usize)> = (0..MAX_WEIGHTS).map(|i| (stride * i, i)).collect();
+    let muts: Vec<usize> = (0..MAX_WEIGHTS).flat_map(|i| states.iter().map(move |k| stride * i + k)).collect();
+    (Box::leak(pairs.into_boxed_slice()), Box::leak(muts.into_boxed_slice()))
+}
+
+fn register_sgd_variants(ops: &mut Vec<OpDef>) {
+    ops.push(
+        OpDef::new("mp_sgd_update", Inputs::Fixed(&["weight", "grad", "weight32"]), mp_infer("mp_sgd_update"), Box::new(mp_sgd))
+            .params(MP_SGD_PARAMS)
+            .inplace(&[(0, 0)])
+            .mutates(&[2])
+            .doc("Updater function for multi-precision sgd optimizer"),
+    );
+    ops.push(
+        OpDef::new("mp_sgd_mom_update", Inputs::Fixed(&["weight", "grad", "mom", "weight32"]), mp_infer("mp_sgd_mom_update"), Box::new(mp_sgd_mom))
+            .params(MP_SGD_MOM_PARAMS)
+            .inplace(&[(0, 0)])
+            .mutates(&[2, 3])
+            .doc("Updater function for multi-precision sgd optimizer"),
+    );
+    ops.push(
+        OpDef::new("mp_nag_mom_update", Inputs::Fixed(&["weight", "grad", "mom", "weight32"]), mp_infer("mp_nag_mom_update"), Box::new(mp_nag_mom))
+            .params(NAG_PARAMS)
+            .inplace(&[(0, 0)])
+            .mutates(&[2, 3])
+            .doc("Update function for multi-precision Nesterov Accelerated Gradient( NAG) optimizer."),
+    );
+    type Multi = (&'static str, usize, &'static [usize], bool, &'static [ParamSpec], Kernel);
+    let table: &[Multi] = &[
+        ("multi_sgd_update", 2, &[], false, MULTI_SGD_PARAMS, |cx, i, o| multi_sgd(cx, i, o, false, false)),
+        ("multi_sgd_mom_update", 3, &[2], false, MULTI_SGD_MOM_PARAMS, |cx, i, o| multi_sgd(cx, i, o, true, false)),
+        ("multi_mp_sgd_update", 3, &[2], true, MULTI_SGD_PARAMS, |cx, i, o| multi_sgd(cx, i, o, false, true)),
+        ("multi_mp_sgd_mom_update", 4, &[2, 3], true, MULTI_SGD_MOM_PARAMS, |cx, i, o| multi_sgd(cx, i, o, true, true)),
+    ];
+    for &(name, stride, states, mp, params, kernel) in table {
+        let (pairs, muts) = multi_tables(stride, states);
+        ops.push(
+            OpDef::new(name, Inputs::Variadic("data"), multi_infer(name, stride, mp), Box::new(kernel))
+                .params(params)
+                .outputs(num_weights, num_weights)
+                .inplace(pairs)
+                .mutates(muts)
+                .doc(format!("{name}: SGD update of num_weights weights in one call (inputs: weight, grad, ... per weight).")),
+        );
+    }
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     #[allow(clippy::type_complexity)]
     let table: &[(&'static str, &'static [&'static str], &'static [&'static str], &'static [ParamSpec], &'static [usize], Kernel, &str)] = &[
@@ -446,6 +674,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
                 .doc(doc),
         );
     }
+    register_sgd_variants(ops);
 }
 
 #[cfg(test)]
