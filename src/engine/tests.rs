@@ -353,8 +353,20 @@ fn higher_priority_runs_first() {
     let e = engine(EngineKind::PerDevice, 1);
     let (gate_tx, gate_rx) = mpsc::channel::<()>();
     let gate_rx = Mutex::new(gate_rx);
-    // Occupy the only worker until all others are queued.
-    e.push(Push::sync(move |_| Ok(gate_rx.lock().recv().unwrap()), vec![], vec![Var::new()])).unwrap();
+    // Occupy the only worker until all others are queued: wait until it runs the gate op (on a
+    // loaded machine the worker may not have picked it up before the next pushes).
+    let (started_tx, started_rx) = mpsc::channel::<()>();
+    let started_tx = Mutex::new(started_tx);
+    e.push(Push::sync(
+        move |_| {
+            started_tx.lock().send(()).unwrap();
+            Ok(gate_rx.lock().recv().unwrap())
+        },
+        vec![],
+        vec![Var::new()],
+    ))
+    .unwrap();
+    started_rx.recv().unwrap();
     let order: Arc<Mutex<Vec<i32>>> = Default::default();
     let priorities = [0, 5, -1, 5, 3, 0, 10, -7, 3];
     for &prio in &priorities {
