@@ -16,15 +16,6 @@
 #include <stdbool.h>
 #define MXNET_RT_ABI_VERSION 10901
 
-// The seed every context starts from until MXRandomSeed is called.
-#define DEFAULT_SEED 0
-
-// Alignment of every CPU block (a cache line, and enough for any SIMD load).
-#define ALIGN 64
-
-// Estimated serial cost of one element of a loop, in nanoseconds.
-struct Cost;
-
 // One entry of `MXLibInfoFeatures`, laid out as stock's `struct LibFeature`.
 struct LibFeature {
   const char *name;
@@ -101,16 +92,6 @@ typedef void *CudaKernelHandle;
 typedef void *ProfileHandle;
 
 typedef void *DLManagedTensorHandle;
-
-
-
-
-
-
-
-
-
-
 
 #ifdef __cplusplus
 extern "C" {
