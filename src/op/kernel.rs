@@ -149,70 +149,44 @@ fn with_kernel_pool_flag<R>(f: impl FnOnce() -> R) -> R {
 /// Smallest number of elements worth giving a thread of its own.
 const MIN_CHUNK: usize = 1024;
 
+/// The pool and thread count for work estimated at `serial_ns` that splits into at most
+/// `max_parts` parts; `None` runs it serially on the calling thread. The one place the tuning
+/// decision is made (one pool lookup per loop).
+fn decide(max_parts: usize, serial_ns: f64, dtype: DType) -> Option<(Arc<KernelPool>, usize)> {
+    if max_parts < 2 || in_kernel_pool() {
+        return None;
+    }
+    let p = pool()?;
+    let t = tuning();
+    let threads = p.threads.min(max_parts);
+    if !t.enabled[dtype as usize] {
+        return Some((p, threads));
+    }
+    let assumed = t.cores.map_or(threads, |c| threads.min(c));
+    if assumed < 2 || serial_ns < 4.0 * p.overhead_ns {
+        None
+    } else {
+        Some((p, assumed))
+    }
+}
+
 /// How many threads a loop of `n` elements at `cost` per element should use.
 pub fn plan(n: usize, cost: Cost, dtype: DType) -> usize {
-    if n < 2 * MIN_CHUNK || in_kernel_pool() {
+    if n < 2 * MIN_CHUNK {
         return 1;
     }
-    let Some(p) = pool() else { return 1 };
-    let t = tuning();
-    let max_by_size = (n / MIN_CHUNK).max(1);
-    let threads = p.threads.min(max_by_size);
-    if !t.enabled[dtype as usize] {
-        return threads;
-    }
-    let assumed = t.cores.map_or(threads, |c| threads.min(c)).max(1);
-    let serial_ns = n as f64 * cost.0;
-    if serial_ns < 4.0 * p.overhead_ns || assumed < 2 {
-        1
-    } else {
-        assumed
-    }
+    decide(n / MIN_CHUNK, n as f64 * cost.0, dtype).map_or(1, |(_, t)| t)
 }
 
 /// Run `f` over `0..n` split into contiguous ranges, in parallel when [`plan`] says so.
 pub fn par_for(n: usize, cost: Cost, dtype: DType, f: impl Fn(Range<usize>) + Sync + Send) {
-    let threads = plan(n, cost, dtype);
-    if threads <= 1 {
+    let split = if n < 2 * MIN_CHUNK { None } else { decide(n / MIN_CHUNK, n as f64 * cost.0, dtype) };
+    let Some((p, threads)) = split else {
         if n > 0 {
             f(0..n);
         }
         return;
-    }
-    run_split(n, threads, &f);
-}
-
-/// Run `f(i)` for `i in 0..tasks` on the kernel pool (`tasks` coarse, independent units such as
-/// images of a batch), serially when `serial_ns` (the estimated total time) is too small.
-pub fn par_tasks(tasks: usize, serial_ns: f64, dtype: DType, f: impl Fn(usize) + Sync + Send) {
-    let threads = if tasks < 2 || in_kernel_pool() {
-        1
-    } else {
-        match pool() {
-            None => 1,
-            Some(p) => {
-                let t = tuning();
-                if !t.enabled[dtype as usize] || serial_ns >= 4.0 * p.overhead_ns {
-                    p.threads.min(tasks)
-                } else {
-                    1
-                }
-            }
-        }
     };
-    if threads <= 1 {
-        (0..tasks).for_each(f);
-        return;
-    }
-    let p = pool().expect("pool exists when threads > 1");
-    p.pool.install(|| {
-        use rayon::prelude::*;
-        (0..tasks).into_par_iter().for_each(|i| with_kernel_pool_flag(|| f(i)));
-    });
-}
-
-fn run_split(n: usize, threads: usize, f: &(impl Fn(Range<usize>) + Sync + Send)) {
-    let p = pool().expect("pool exists when threads > 1");
     let chunk = n.div_ceil(threads);
     p.pool.install(|| {
         use rayon::prelude::*;
@@ -224,6 +198,18 @@ fn run_split(n: usize, threads: usize, f: &(impl Fn(Range<usize>) + Sync + Send)
             }
         });
     });
+}
+
+/// Run `f(i)` for `i in 0..tasks` on the kernel pool (`tasks` coarse, independent units such as
+/// images of a batch), serially when `serial_ns` (the estimated total time) is too small.
+pub fn par_tasks(tasks: usize, serial_ns: f64, dtype: DType, f: impl Fn(usize) + Sync + Send) {
+    match decide(tasks, serial_ns, dtype) {
+        None => (0..tasks).for_each(f),
+        Some((p, _)) => p.pool.install(|| {
+            use rayon::prelude::*;
+            (0..tasks).into_par_iter().for_each(|i| with_kernel_pool_flag(|| f(i)));
+        }),
+    }
 }
 
 /// Run `f` inside the kernel pool (so that a library that uses the current rayon pool, such
