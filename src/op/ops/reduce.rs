@@ -685,6 +685,8 @@ mod tests {
             (&[3, 4, 5], &[true, false, true]),
             (&[3, 4, 5], &[true, true, true]),
             (&[6, 1, 7], &[false, true, true]),
+            (&[4, 50, 6], &[true, false, true]),
+            (&[3, 40, 2, 5], &[true, false, true, true]),
             (&[2, 3, 4, 5], &[true, false, true, false]),
             (&[100_000], &[true]),
             (&[3000, 7], &[true, false]),
