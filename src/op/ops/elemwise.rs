@@ -18,11 +18,14 @@ use crate::op::param::{PType, ParamSpec};
 use crate::op::tensor::{Elem, SendPtr, TBlob};
 use crate::op::{Grad, Inputs, OpCtx, OpDef};
 
+/// Calls `$m!` with the math functions that f32 and f64 both have under these names.
 macro_rules! std_math {
     ($m:ident) => {
         $m!(exp, exp_m1, ln, log10, log2, ln_1p, sin, cos, tan, asin, acos, atan, sinh, cosh, tanh, asinh, acosh, atanh, sqrt, cbrt, to_degrees, to_radians);
     };
 }
+
+/// Math functions computed through f64 (the integer path).
 macro_rules! default_math {
     ($($f:ident),*) => {$(
         fn $f(self) -> Self {
@@ -30,6 +33,8 @@ macro_rules! default_math {
         }
     )*};
 }
+
+/// Math functions forwarded to the float type's own.
 macro_rules! float_math {
     ($($f:ident),*) => {$(
         fn $f(self) -> Self {
@@ -37,6 +42,7 @@ macro_rules! float_math {
         }
     )*};
 }
+
 /// A type kernels compute in: f32, f64 or i64.
 pub(crate) trait Calc: Copy + PartialOrd + Send + Sync + 'static {
     const ZERO: Self;
@@ -101,9 +107,7 @@ pub(crate) trait Calc: Copy + PartialOrd + Send + Sync + 'static {
     std_math!(default_math);
 }
 
-/// The math functions with the same name on f32 and f64.
-
-
+/// `Calc` for a float type, with its native math.
 macro_rules! float_calc {
     ($t:ty) => {
         impl Calc for $t {

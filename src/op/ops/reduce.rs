@@ -101,6 +101,9 @@ trait Reducer<T: Arith>: Copy + Send + Sync {
     fn run(self, x: &[T]) -> T::C {
         const LANES: usize = 16;
         const BLOCK: usize = 4096;
+        if x.len() < 2 * LANES {
+            return x.iter().fold(self.init(), |a, &v| self.step(a, v));
+        }
         let mut total = self.init();
         for block in x.chunks(BLOCK) {
             let mut acc = [self.init(); LANES];
@@ -249,6 +252,12 @@ impl Walker {
             }
             return;
         }
+        if k == 1 && self.strides[0] == 1 {
+            if start < end {
+                f(base + start, end - start);
+            }
+            return;
+        }
         let inner = self.dims[k - 1];
         let inner_stride = self.strides[k - 1];
         let mut idx = vec![0usize; k];
@@ -329,11 +338,32 @@ fn reduce_typed<T: Arith, Rd: Reducer<T>>(rd: Rd, plan: &RPlan, x: &[T], out: &m
             let o = SendPtr(out.as_mut_ptr());
             let tasks = n_out.min(threads * 8).max(1);
             let per = n_out.div_ceil(tasks);
+            // Outer reduced dimensions (all but the innermost run), walked outermost so that
+            // the input is read in memory order within a task's outputs.
+            let c = plan.dims[k - 1];
+            let nw = walker.dims.len();
+            let outer = Walker { dims: walker.dims[..nw - 1].to_vec(), strides: walker.strides[..nw - 1].to_vec() };
+            let outer_count: usize = outer.dims.iter().product();
             par_tasks(tasks, est_ns, T::DTYPE, |t| {
                 let o = o;
-                for j in t * per..((t + 1) * per).min(n_out) {
-                    // SAFETY: each output index belongs to exactly one task.
-                    unsafe { *o.0.add(j) = rd.finish(reduce_range(base_of(j), 0, count), count) };
+                let (o0, o1) = (t * per, ((t + 1) * per).min(n_out));
+                if o0 >= o1 {
+                    return;
+                }
+                let bases: Vec<usize> = (o0..o1).map(&base_of).collect();
+                let mut acc = vec![rd.init(); o1 - o0];
+                outer.runs(0, 0, outer_count, |off, len| {
+                    for p in 0..len {
+                        for (a, &b) in acc.iter_mut().zip(&bases) {
+                            let s = b + off + p * c;
+                            *a = rd.merge(*a, rd.run(&x[s..s + c]));
+                        }
+                    }
+                });
+                // SAFETY: outputs o0..o1 belong to this task only.
+                let dst = unsafe { std::slice::from_raw_parts_mut(o.0.add(o0), o1 - o0) };
+                for (d, a) in dst.iter_mut().zip(acc) {
+                    *d = rd.finish(a, count);
                 }
             });
         } else {
@@ -655,6 +685,8 @@ mod tests {
             (&[3, 4, 5], &[true, false, true]),
             (&[3, 4, 5], &[true, true, true]),
             (&[6, 1, 7], &[false, true, true]),
+            (&[4, 50, 6], &[true, false, true]),
+            (&[3, 40, 2, 5], &[true, false, true, true]),
             (&[2, 3, 4, 5], &[true, false, true, false]),
             (&[100_000], &[true]),
             (&[3000, 7], &[true, false]),
