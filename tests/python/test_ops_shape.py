@@ -315,3 +315,34 @@ def test_sort_argsort_topk(dtype):
     check(m, want)
     with pytest.raises(ValueError, match="topk"):
         mx.nd.topk(a, k=6)
+
+
+# ---- optional extras ----
+
+def test_amp_cast_depth_space_diag_fill_element():
+    x = np.random.rand(2, 8, 3, 4).astype("float32")
+    check(mx.nd.amp_cast(nd(x), dtype="float16"), x.astype("float16"))
+    i = arr((3,), "int32")
+    check(mx.nd.amp_cast(nd(i), dtype="float16"), i)
+    b = 2
+    d2s = x.reshape(2, b, b, 2, 3, 4).transpose(0, 3, 4, 1, 5, 2).reshape(2, 2, 6, 8)
+    check(mx.nd.depth_to_space(nd(x), block_size=b), d2s)
+    y = np.random.rand(2, 3, 4, 6).astype("float64")
+    s2d = y.reshape(2, 3, 2, b, 3, b).transpose(0, 3, 5, 1, 2, 4).reshape(2, 12, 2, 3)
+    check(mx.nd.space_to_depth(nd(y), block_size=b), s2d)
+    check(mx.nd.space_to_depth(mx.nd.depth_to_space(nd(x), block_size=b), block_size=b), x)
+    with pytest.raises(ValueError, match="depth_to_space"):
+        mx.nd.depth_to_space(nd(x), block_size=3)
+    v = arr((4,), "int64")
+    for k in (0, 2, -1):
+        check(mx.nd.diag(nd(v), k=k), np.diag(v, k))
+    m = arr((3, 5, 4))
+    for k in (0, 1, -2, 7):
+        check(mx.nd.diag(nd(m), k=k, axis1=0, axis2=2), np.diagonal(m, k, 0, 2))
+    check(mx.nd.diag(nd(m[0])), np.diag(m[0]))
+    lhs = arr((3, 4))
+    mhs = np.array([7, 8, 9], "float32")
+    rhs = np.array([0, 3, 1], "int32")
+    want = lhs.copy()
+    want[np.arange(3), rhs] = mhs
+    check(mx.nd.fill_element_0index(nd(lhs), nd(mhs), nd(rhs)), want)

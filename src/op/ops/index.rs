@@ -1,6 +1,6 @@
 //! Indexing operators: `slice`, `slice_axis`, `slice_like`, `_slice_assign`,
 //! `_slice_assign_scalar`, `take`, `pick`, `one_hot`, `where`, `gather_nd`,
-//! `_scatter_set_nd`, and the sorting family `sort`, `argsort`, `topk`.
+//! `_scatter_set_nd`, `fill_element_0index`, and the sorting family `sort`, `argsort`, `topk`.
 //!
 //! Slices are strided views copied by [`super::strided`]; gathers copy whole inner blocks
 //! by element size; index arrays of any dtype are read as integers (truncated like stock).
@@ -264,7 +264,7 @@ fn fill_view(out: &TBlob, v: &View, shape: &[usize], value: f64) {
     dispatch_all!(out.dtype, T => {
         let mut one = [T::from_f64(value)];
         // SAFETY: `one` outlives the blob, which is only read by `copy` below.
-        let src = unsafe { TBlob::new(one.as_mut_ptr() as *mut u8, vec![1], T::DTYPE) };
+        let src = unsafe { TBlob::new(one.as_mut_ptr().cast::<u8>(), vec![1], T::DTYPE) };
         copy(&src, &View { off: 0, strides: vec![0; shape.len()] }, out, v, shape);
     })
 }
@@ -586,6 +586,37 @@ fn run_scatter_set_nd(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     Ok(())
 }
 
+fn infer_fill_element_0index(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let (l, m, r) = (&ins[0], &ins[1], &ins[2]);
+    if l.shape.len() != 2 || m.shape != [l.shape[0]] || r.shape != [l.shape[0]] {
+        return Err(Error::value(format!(
+            "operator fill_element_0index: needs a 2-D lhs and 1-D mhs and rhs of its first dimension, got {:?}, {:?}, {:?}",
+            l.shape, m.shape, r.shape
+        )));
+    }
+    if m.dtype != l.dtype {
+        return Err(Error::type_error("operator fill_element_0index: mhs must have lhs's dtype"));
+    }
+    Ok(vec![l.clone()])
+}
+
+fn run_fill_element_0index(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let cols = ins[0].shape[1];
+    let idx: Vec<usize> =
+        read_indices(&ins[2]).iter().map(|&i| resolve("fill_element_0index", i, cols, b'r')).collect::<Result<_>>()?;
+    if cx.req[0] != Req::Inplace {
+        copy_all(&ins[0], &outs[0]);
+    }
+    by_size!(ins[0].dtype, E => {
+        let (src, dst) = (ins[1].ptr() as *const E, outs[0].ptr() as *mut E);
+        for (r, &c) in idx.iter().enumerate() {
+            // SAFETY: r < rows and c < cols (resolved); mhs has one element per row.
+            unsafe { *dst.add(r * cols + c) = *src.add(r) };
+        }
+    });
+    Ok(())
+}
+
 // ---- sort, argsort, topk ----
 
 const IDX_DTYPES: &[&str] = &["float16", "float32", "float64", "int32", "int64", "uint8"];
@@ -857,6 +888,11 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .params(SCATTER_PARAMS)
             .inplace(&[(0, 0)])
             .doc("This operator has the same functionality as scatter_nd except that it does not reset the elements not indexed by the input index `NDArray` in the input data `NDArray`."),
+    );
+    ops.push(
+        op("fill_element_0index", Inputs::Fixed(&["lhs", "mhs", "rhs"]), infer_fill_element_0index, run_fill_element_0index)
+            .inplace(&[(0, 0)])
+            .doc("Fill one element of each line (row) in lhs with the value at the same row of mhs, at the column rhs gives."),
     );
     ops.push(
         op("sort", data, infer_sort, run_sort)

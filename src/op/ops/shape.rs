@@ -1,7 +1,8 @@
 //! Shape and copy operators: `_copyto`, `Reshape`, `Flatten`, `expand_dims`, `squeeze`,
 //! `transpose`, `SwapAxis`, `Cast`, `Concat`, `stack`, `SliceChannel`, `_split_v2`,
 //! `broadcast_to`, `broadcast_axis`, `broadcast_like`, `tile`, `repeat`, `reverse`,
-//! `zeros_like`, `ones_like`, `shape_array`, `size_array`, `reshape_like`, `Pad`.
+//! `zeros_like`, `ones_like`, `shape_array`, `size_array`, `reshape_like`, `Pad`, `amp_cast`,
+//! `depth_to_space`, `space_to_depth`, `diag`.
 //!
 //! Data movement goes through the strided copy engine ([`super::strided`]), which works on
 //! element sizes, so these operators take all eight dtypes without per-type kernels.
@@ -248,8 +249,15 @@ fn cast_typed<S: Elem, D: Elem>(src: &TBlob, dst: &TBlob) {
         let o = o;
         // SAFETY: par_for ranges are disjoint and within the output.
         let o = unsafe { std::slice::from_raw_parts_mut(o.0.add(r.start), r.len()) };
-        for (o, &x) in o.iter_mut().zip(&s[r]) {
-            *o = D::from_f64(x.to_f64());
+        // Sources exactly representable in f32 convert through f32 (same result, faster).
+        if matches!(S::DTYPE, DType::F32 | DType::F16 | DType::U8 | DType::I8 | DType::Bool) {
+            for (o, &x) in o.iter_mut().zip(&s[r]) {
+                *o = D::from_f32(x.to_f32());
+            }
+        } else {
+            for (o, &x) in o.iter_mut().zip(&s[r]) {
+                *o = D::from_f64(x.to_f64());
+            }
         }
     });
 }
@@ -819,6 +827,138 @@ fn run_pad(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     Ok(())
 }
 
+// ---- amp_cast, depth_to_space, space_to_depth, diag ----
+
+const AMP_CAST_PARAMS: &[ParamSpec] = &[ParamSpec::req("dtype", PType::DType, "Output data type.")];
+
+fn infer_amp_cast(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let float = matches!(ins[0].dtype, DType::F32 | DType::F64 | DType::F16);
+    let dtype = if float { a.dtype("dtype").expect("dtype is required") } else { ins[0].dtype };
+    one_out(ins[0].shape.clone(), dtype)
+}
+
+const BLOCK_PARAMS: &[ParamSpec] =
+    &[ParamSpec::req("block_size", PType::Int, "Blocks of [block_size. block_size] are moved")];
+
+/// The input view and output shape of depth_to_space (`to_space`) or space_to_depth on NCHW.
+fn block_view(op: &str, a: &Attrs, s: &[usize], to_space: bool) -> Result<(Vec<usize>, Vec<isize>, Vec<usize>)> {
+    let b = a.int("block_size");
+    if s.len() != 4 || b < 1 {
+        return Err(Error::value(format!("operator {op}: needs a 4-D input and block_size >= 1, got shape {s:?}, block_size {b}")));
+    }
+    let b = b as usize;
+    let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
+    if to_space {
+        if c % (b * b) != 0 {
+            return Err(Error::value(format!("operator {op}: channels {c} must be divisible by block_size^2 ({})", b * b)));
+        }
+        // input as (n, b, b, c', h, w), read in order (n, c', h, b, w, b)
+        let cc = c / (b * b);
+        let st = contiguous_strides(&[n, b, b, cc, h, w]);
+        let shape = vec![n, cc, h, b, w, b];
+        let strides = vec![st[0], st[3], st[4], st[1], st[5], st[2]];
+        Ok((shape, strides, vec![n, cc, h * b, w * b]))
+    } else {
+        if h % b != 0 || w % b != 0 {
+            return Err(Error::value(format!("operator {op}: height {h} and width {w} must be divisible by block_size {b}")));
+        }
+        // input as (n, c, h', b, w', b), read in order (n, b, b, c, h', w')
+        let (hh, ww) = (h / b, w / b);
+        let st = contiguous_strides(&[n, c, hh, b, ww, b]);
+        let shape = vec![n, b, b, c, hh, ww];
+        let strides = vec![st[0], st[3], st[5], st[1], st[2], st[4]];
+        Ok((shape, strides, vec![n, c * b * b, hh, ww]))
+    }
+}
+
+fn infer_d2s(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    one_out(block_view("depth_to_space", a, &ins[0].shape, true)?.2, ins[0].dtype)
+}
+
+fn infer_s2d(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    one_out(block_view("space_to_depth", a, &ins[0].shape, false)?.2, ins[0].dtype)
+}
+
+fn run_block(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob], to_space: bool) -> Result<()> {
+    let (shape, strides, _) = block_view(cx.attrs.op, cx.attrs, &ins[0].shape, to_space)?;
+    copy(&ins[0], &View { off: 0, strides }, &outs[0], &View::contiguous(&shape), &shape);
+    Ok(())
+}
+
+fn run_d2s(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    run_block(cx, ins, outs, true)
+}
+
+fn run_s2d(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    run_block(cx, ins, outs, false)
+}
+
+const DIAG_PARAMS: &[ParamSpec] = &[
+    ParamSpec::opt("k", PType::Int, "0", "Diagonal in question. The default is 0; k>0 above, k<0 below the main diagonal."),
+    ParamSpec::opt("axis1", PType::Int, "0", "The first axis of the sub-arrays of interest. Ignored when the input is a 1-D array."),
+    ParamSpec::opt("axis2", PType::Int, "1", "The second axis of the sub-arrays of interest. Ignored when the input is a 1-D array."),
+];
+
+/// For a 1-D input: (n, matrix size, offset of the diagonal). For more: the strided view of
+/// the diagonal and the output shape.
+enum DiagPlan {
+    Build { n: usize, size: usize, off: isize },
+    Extract { view: View, shape: Vec<usize> },
+}
+
+fn diag_plan(a: &Attrs, s: &[usize]) -> Result<DiagPlan> {
+    let k = a.int("k");
+    if s.is_empty() {
+        return Err(Error::value("operator diag: the input must have at least one dimension"));
+    }
+    if s.len() == 1 {
+        let n = s[0];
+        let size = n + k.unsigned_abs() as usize;
+        let off = if k >= 0 { k as isize } else { -k as isize * size as isize };
+        return Ok(DiagPlan::Build { n, size, off });
+    }
+    let a1 = norm_axis("diag", a.int("axis1"), s.len())?;
+    let a2 = norm_axis("diag", a.int("axis2"), s.len())?;
+    if a1 == a2 {
+        return Err(Error::value(format!("operator diag: axis1 and axis2 must differ, both are {a1}")));
+    }
+    let st = contiguous_strides(s);
+    let (d1, d2) = (s[a1] as i64, s[a2] as i64);
+    let len = if k >= 0 { d1.min(d2 - k) } else { (d1 + k).min(d2) }.max(0) as usize;
+    let off = if len == 0 { 0 } else if k >= 0 { k as isize * st[a2] } else { -k as isize * st[a1] };
+    let mut shape = Vec::new();
+    let mut strides = Vec::new();
+    for i in 0..s.len() {
+        if i != a1 && i != a2 {
+            shape.push(s[i]);
+            strides.push(st[i]);
+        }
+    }
+    shape.push(len);
+    strides.push(st[a1] + st[a2]);
+    Ok(DiagPlan::Extract { view: View { off, strides }, shape })
+}
+
+fn infer_diag(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let shape = match diag_plan(a, &ins[0].shape)? {
+        DiagPlan::Build { size, .. } => vec![size, size],
+        DiagPlan::Extract { shape, .. } => shape,
+    };
+    one_out(shape, ins[0].dtype)
+}
+
+fn run_diag(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    match diag_plan(cx.attrs, &ins[0].shape)? {
+        DiagPlan::Build { n, size, off } => {
+            super::init::fill(&outs[0], 0.0);
+            let dv = View { off, strides: vec![size as isize + 1] };
+            copy(&ins[0], &View::contiguous(&[n]), &outs[0], &dv, &[n]);
+        }
+        DiagPlan::Extract { view, shape } => copy(&ins[0], &view, &outs[0], &View::contiguous(&shape), &shape),
+    }
+    Ok(())
+}
+
 /// The dtype named by an enum parameter of dtype names.
 pub(super) fn enum_dtype(a: &Attrs, name: &str) -> DType {
     dtype_from_name(a.str(name)).expect("enum of dtype names")
@@ -983,6 +1123,30 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         op("size_array", data, infer_size_array, run_size_array)
             .grad(Grad::Zero)
             .doc("Returns a 1D int64 array containing the size of data."),
+    );
+    ops.push(
+        op("amp_cast", data, infer_amp_cast, run_cast)
+            .params(AMP_CAST_PARAMS)
+            .grad(bwd("_backward_amp_cast"))
+            .doc("Cast function between low precision float/FP32 used by AMP; non-float inputs pass through."),
+    );
+    ops.push(
+        op("depth_to_space", data, infer_d2s, run_d2s)
+            .params(BLOCK_PARAMS)
+            .grad(bwd("_backward_depth_to_space"))
+            .doc("Rearranges(permutes) data from depth into blocks of spatial data (NCHW)."),
+    );
+    ops.push(
+        op("space_to_depth", data, infer_s2d, run_s2d)
+            .params(BLOCK_PARAMS)
+            .grad(bwd("_backward_space_to_depth"))
+            .doc("Rearranges(permutes) blocks of spatial data into depth (NCHW)."),
+    );
+    ops.push(
+        op("diag", data, infer_diag, run_diag)
+            .params(DIAG_PARAMS)
+            .grad(bwd("_backward_diag"))
+            .doc("Extracts a diagonal or constructs a diagonal array."),
     );
     ops.push(
         op("Pad", data, infer_pad, run_pad)
