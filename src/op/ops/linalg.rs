@@ -297,13 +297,13 @@ fn fc_infer(a: &crate::op::param::Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 pub(crate) fn add_bias_rows<T: Elem>(out: &mut [T], bias: &[T], cols: usize) {
     let rows = if cols == 0 { 0 } else { out.len() / cols };
     let p = SendPtr(out.as_mut_ptr());
-    par_for(rows, Cost(cols as f64 * 0.3), T::DTYPE, |r| {
+    par_for(rows, Cost(cols as f64 * 0.5), T::DTYPE, |r| {
         let p = p;
         // SAFETY: disjoint row ranges of the output.
         let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start * cols), r.len() * cols) };
         for row in o.chunks_exact_mut(cols) {
             for (v, &b) in row.iter_mut().zip(bias) {
-                *v = T::from_f32(v.to_f32() + b.to_f32());
+                *v = T::from_f64(v.to_f64() + b.to_f64());
             }
         }
     });
