@@ -295,7 +295,7 @@ fn fc_infer(a: &crate::op::param::Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 
 /// `out[r, j] += bias[j]` for each row of a rows×cols output.
 pub(crate) fn add_bias_rows<T: Elem>(out: &mut [T], bias: &[T], cols: usize) {
-    let rows = if cols == 0 { 0 } else { out.len() / cols };
+    let rows = out.len().checked_div(cols).unwrap_or(0);
     let p = SendPtr(out.as_mut_ptr());
     par_for(rows, Cost(cols as f64 * 0.5), T::DTYPE, |r| {
         let p = p;
@@ -310,7 +310,7 @@ pub(crate) fn add_bias_rows<T: Elem>(out: &mut [T], bias: &[T], cols: usize) {
 }
 
 fn add_bias_f32(out: &mut [f32], bias: &[f32], cols: usize) {
-    let rows = if cols == 0 { 0 } else { out.len() / cols };
+    let rows = out.len().checked_div(cols).unwrap_or(0);
     let p = SendPtr(out.as_mut_ptr());
     par_for(rows, Cost(cols as f64 * 0.1), DType::F32, |r| {
         let p = p;

@@ -225,7 +225,7 @@ fn leaky(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
             dispatch_real!(x.dtype, a.op, T, R => {
                 let xs = x.as_slice::<T>();
                 let op = SendPtr(o.as_mut::<T>().as_mut_ptr());
-                let blocks = if inner == 0 { 0 } else { xs.len() / inner };
+                let blocks = xs.len().checked_div(inner).unwrap_or(0);
                 par_for(blocks, Cost(inner as f64 * 0.3), T::DTYPE, |r| {
                     let op = op;
                     for b in r {
