@@ -295,22 +295,22 @@ fn fc_infer(a: &crate::op::param::Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 
 /// `out[r, j] += bias[j]` for each row of a rows×cols output.
 pub(crate) fn add_bias_rows<T: Elem>(out: &mut [T], bias: &[T], cols: usize) {
-    let rows = if cols == 0 { 0 } else { out.len() / cols };
+    let rows = out.len().checked_div(cols).unwrap_or(0);
     let p = SendPtr(out.as_mut_ptr());
-    par_for(rows, Cost(cols as f64 * 0.3), T::DTYPE, |r| {
+    par_for(rows, Cost(cols as f64 * 0.5), T::DTYPE, |r| {
         let p = p;
         // SAFETY: disjoint row ranges of the output.
         let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start * cols), r.len() * cols) };
         for row in o.chunks_exact_mut(cols) {
             for (v, &b) in row.iter_mut().zip(bias) {
-                *v = T::from_f32(v.to_f32() + b.to_f32());
+                *v = T::from_f64(v.to_f64() + b.to_f64());
             }
         }
     });
 }
 
 fn add_bias_f32(out: &mut [f32], bias: &[f32], cols: usize) {
-    let rows = if cols == 0 { 0 } else { out.len() / cols };
+    let rows = out.len().checked_div(cols).unwrap_or(0);
     let p = SendPtr(out.as_mut_ptr());
     par_for(rows, Cost(cols as f64 * 0.1), DType::F32, |r| {
         let p = p;

@@ -225,7 +225,7 @@ fn leaky(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
             dispatch_real!(x.dtype, a.op, T, R => {
                 let xs = x.as_slice::<T>();
                 let op = SendPtr(o.as_mut::<T>().as_mut_ptr());
-                let blocks = if inner == 0 { 0 } else { xs.len() / inner };
+                let blocks = xs.len().checked_div(inner).unwrap_or(0);
                 par_for(blocks, Cost(inner as f64 * 0.3), T::DTYPE, |r| {
                     let op = op;
                     for b in r {
@@ -1021,6 +1021,57 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn blob(v: &mut [f32], shape: &[usize]) -> TBlob {
+        // SAFETY: the vector outlives the blob within each test.
+        unsafe { TBlob::new(v.as_mut_ptr() as *mut u8, shape.to_vec(), DType::F32) }
+    }
+
+    fn run(specs: &'static [ParamSpec], kv: &[(&str, &str)], train: bool, f: fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>, ins: &[TBlob], outs: &[TBlob]) {
+        let attrs = Attrs::parse("test", specs, kv.iter().copied()).unwrap();
+        let rng = Some(crate::op::random::take(crate::context::Context::CPU, 1 << 20));
+        let cx = OpCtx { attrs: &attrs, req: &[], rng, is_train: train };
+        f(&cx, ins, outs).unwrap();
+    }
+
+    #[test]
+    fn batch_norm_training_uses_batch_stats_and_updates_moving_ones() {
+        // (N=2, C=2, 2): channel 0 holds 1,2,3,4 and channel 1 holds 10,10,10,10.
+        let mut x = vec![1.0f32, 2.0, 10.0, 10.0, 3.0, 4.0, 10.0, 10.0];
+        let (mut g, mut b, mut mm, mut mv) = (vec![2.0f32; 2], vec![0.5f32; 2], vec![0.0f32; 2], vec![1.0f32; 2]);
+        let (mut out, mut mean, mut inv) = (vec![0.0f32; 8], vec![0.0f32; 2], vec![0.0f32; 2]);
+        let ins = [blob(&mut x, &[2, 2, 2]), blob(&mut g, &[2]), blob(&mut b, &[2]), blob(&mut mm, &[2]), blob(&mut mv, &[2])];
+        let outs = [blob(&mut out, &[2, 2, 2]), blob(&mut mean, &[2]), blob(&mut inv, &[2])];
+        run(BN_PARAMS, &[("fix_gamma", "False"), ("eps", "0"), ("momentum", "0.5")], true, batch_norm, &ins, &outs);
+        assert_eq!(mean, [2.5, 10.0]);
+        assert!((inv[0] - 1.0 / 1.25f32.sqrt()).abs() < 1e-6);
+        assert_eq!(mm, [1.25, 5.0]);
+        assert_eq!(mv, [1.125, 0.5]);
+        assert!((out[0] - (0.5 + 2.0 * (1.0 - 2.5) / 1.25f32.sqrt())).abs() < 1e-5);
+        // Inference uses the (updated) moving statistics and leaves them alone.
+        run(BN_PARAMS, &[("fix_gamma", "True"), ("eps", "0")], false, batch_norm, &ins, &outs);
+        assert!((out[0] - (0.5 + (1.0 - 1.25) / 1.125f32.sqrt())).abs() < 1e-5);
+        assert_eq!(mm, [1.25, 5.0]);
+    }
+
+    #[test]
+    fn dropout_and_rrelu_in_training_mode() {
+        let mut x = vec![1.0f32; 10000];
+        let (mut o, mut m) = (vec![0.0f32; 10000], vec![0.0f32; 10000]);
+        let ins = [blob(&mut x, &[100, 100])];
+        let outs = [blob(&mut o, &[100, 100]), blob(&mut m, &[100, 100])];
+        run(DROPOUT_PARAMS, &[("p", "0.25")], true, dropout, &ins, &outs);
+        let kept = o.iter().filter(|&&v| v != 0.0).count() as f64 / 10000.0;
+        assert!((0.7..0.8).contains(&kept), "{kept}");
+        assert!(o.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6));
+        run(DROPOUT_PARAMS, &[("p", "0.25")], false, dropout, &ins, &outs);
+        assert!(o.iter().all(|&v| v == 1.0));
+        let mut xn = vec![-1.0f32; 10000];
+        let ins = [blob(&mut xn, &[100, 100])];
+        run(LEAKY_PARAMS, &[("act_type", "rrelu")], true, leaky, &ins, &outs);
+        assert!(o.iter().all(|&v| (-0.334..=-0.125).contains(&v)));
+        assert!(o.iter().zip(&m).all(|(&v, &s)| (v + s).abs() < 1e-6));
+    }
 
     #[test]
     fn erf_is_accurate() {
