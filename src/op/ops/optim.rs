@@ -389,9 +389,9 @@ fn nag_mom(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
         update::<T, R, 1>(cx, ins, outs, |w, g, s| {
             let g = if clipping { clip(rs * g, cl) } else { rs * g };
             let step = lr * (g + wd * w);
-            s[0] = m * s[0];
+            s[0] *= m;
             let nw = w - s[0] + (m + R::of(1.0)) * (s[0] - step);
-            s[0] = s[0] - step;
+            s[0] -= step;
             nw
         });
     });
@@ -521,7 +521,7 @@ fn ftrl(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
             let g = if clipping { clip(g * rs, cl) } else { g * rs };
             // s: z, n.
             s[0] = s[0] + g - ((s[1] + g * g).sqrt() - s[1].sqrt()) * w / lr;
-            s[1] = s[1] + g * g;
+            s[1] += g * g;
             if s[0].abs() > l1 {
                 (sign(s[0]) * l1 - s[0]) / ((beta + s[1].sqrt()) / lr + wd)
             } else {

@@ -277,7 +277,7 @@ fn sample_op(d: &'static Dist, name: &'static str, alias: &'static str, inputs: 
             for j in 0..n {
                 (d.check)(&params(j)).map_err(|m| Error::value(format!("operator {op}: element {j}: {m}")))?;
             }
-            let per = if n == 0 { 1 } else { outs[0].size() / n };
+            let per = outs[0].size().checked_div(n).unwrap_or(1);
             let s = rng(cx)?;
             dispatch_float!(outs[0].dtype, op, T => fill::<T>(&outs[0], d, s, per, &params));
             Ok(())
