@@ -3,7 +3,8 @@
 //!
 //! Layout: [`config`] (every environment variable), [`engine`] (the dependency engine),
 //! [`context`] (devices), [`handle`] (handles given to C), [`runtime`] (process-wide state),
-//! [`error`] (the error kinds the frontend maps), [`c_api`] (the exported functions).
+//! [`error`] (the error kinds the frontend maps), [`profiler`] (traces and statistics),
+//! [`c_api`] (the exported functions).
 //! This file only wires modules together.
 
 pub mod c_api;
@@ -14,6 +15,7 @@ pub mod error;
 pub mod handle;
 pub mod ndarray;
 pub mod op;
+pub mod profiler;
 pub mod runtime;
 pub mod storage;
 

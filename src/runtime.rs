@@ -40,7 +40,10 @@ static ON_LOAD: extern "C" fn() = on_load;
 #[cfg(target_os = "linux")]
 extern "C" fn on_load() {
     let _ = std::panic::catch_unwind(|| {
-        crate::config::global();
+        let reg = crate::config::global();
+        if let Err(e) = crate::profiler::autostart(reg) {
+            eprintln!("[mxnet-rt] profiler autostart: {e}");
+        }
     });
 }
 
@@ -142,7 +145,7 @@ pub fn feature_list() -> Vec<(&'static CStr, bool)> {
         (c"OPENCV", false),
         (c"CAFFE", false),
         // Turned on by the profiler capability when it lands.
-        (c"PROFILER", false),
+        (c"PROFILER", true),
         (c"DIST_KVSTORE", false),
         (c"CXX14", false),
         // Must stay off: the 1.9.1 frontend switches to the *64 entry points when it is on.

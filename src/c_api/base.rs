@@ -54,6 +54,7 @@ pub extern "C" fn MXNotifyShutdown() -> c_int {
     ffi::call("MXNotifyShutdown", || {
         runtime().notify_shutdown();
         crate::engine::shutdown();
+        crate::profiler::final_dump();
         Ok(())
     })
 }

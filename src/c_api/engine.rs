@@ -174,7 +174,7 @@ pub(crate) unsafe fn push_c(
             unsafe { f(rctx as *const RunContext as *mut c_void, p.0) };
             Ok(())
         };
-        if engine.try_run_now_with(&c.const_vars, &c.mutable_vars, c.ctx, c.name.as_deref(), run).is_ok() {
+        if engine.try_run_now_with(&c.const_vars, &c.mutable_vars, c.ctx, engine::OpTag { name: c.name.as_ref(), ..Default::default() }, run).is_ok() {
             drop(cparam); // the deleter, after the operation ran
             return Ok(());
         }
@@ -215,6 +215,8 @@ pub(crate) unsafe fn push_c(
         name: c.name,
         payload,
         wait: c.wait,
+        symbolic: false,
+        scope: crate::profiler::scope(),
     };
     engine.push_validated(push, pool)
 }

@@ -9,6 +9,7 @@ pub mod frontend;
 pub mod ndarray;
 pub mod ndarray_io;
 pub mod op;
+pub mod profiler;
 pub mod storage;
 pub mod testing;
 pub mod types;

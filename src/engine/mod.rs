@@ -35,6 +35,7 @@ pub use var::Var;
 use crate::config;
 use crate::context::{Context, DevType};
 use crate::error::{Error, Result};
+use crate::profiler;
 use opr::{Latch, Opr};
 use parking_lot::{Condvar, Mutex};
 use pool::Pool;
@@ -136,6 +137,11 @@ pub struct Push {
     pub payload: Option<Payload>,
     /// Return only when the operation has finished.
     pub wait: bool,
+    /// Part of a symbolic graph (profiled per the profiler's `profile_symbolic`), not an
+    /// imperative call (`profile_imperative`).
+    pub symbolic: bool,
+    /// The profiler scope of the pushing thread, shown with the operation's event.
+    pub scope: Option<Arc<str>>,
 }
 
 impl Push {
@@ -155,6 +161,8 @@ impl Push {
             name: None,
             payload: None,
             wait: false,
+            symbolic: false,
+            scope: None,
         }
     }
     /// An asynchronous operation on the CPU with default settings.
@@ -165,6 +173,14 @@ impl Push {
     ) -> Self {
         Push { func: OprFn::Async(Box::new(f)), ..Push::sync(|_| Ok(()), const_vars, mutable_vars) }
     }
+}
+
+/// How the profiler names an operation that runs without an [`Opr`] (NaiveEngine's fast path).
+#[derive(Clone, Copy, Default)]
+pub struct OpTag<'a> {
+    pub name: Option<&'a Arc<str>>,
+    pub symbolic: bool,
+    pub scope: Option<&'a Arc<str>>,
 }
 
 /// A dependency engine.
@@ -396,6 +412,8 @@ impl Engine {
             prop: p.prop,
             ctx: p.ctx,
             name: p.name,
+            symbolic: p.symbolic,
+            scope: p.scope,
             payload: Mutex::new(p.payload),
             completed: Default::default(),
             done: done.clone(),
@@ -476,15 +494,17 @@ impl Engine {
     /// an asynchronous function, a recorded failure to check) is handed back for the general
     /// path.
     fn try_run_now(&'static self, p: Push) -> std::result::Result<(), Push> {
-        let Push { func: OprFn::Sync(f), const_vars, mutable_vars, ctx, prop, priority, name, payload, wait } = p else {
+        let Push { func: OprFn::Sync(f), const_vars, mutable_vars, ctx, prop, priority, name, payload, wait, symbolic, scope } = p
+        else {
             return Err(p);
         };
-        match self.try_run_now_with(&const_vars, &mutable_vars, ctx, name.as_deref(), f) {
+        let tag = OpTag { name: name.as_ref(), symbolic, scope: scope.as_ref() };
+        match self.try_run_now_with(&const_vars, &mutable_vars, ctx, tag, f) {
             Ok(()) => {
                 drop(payload);
                 Ok(())
             }
-            Err(f) => Err(Push { func: OprFn::Sync(f), const_vars, mutable_vars, ctx, prop, priority, name, payload, wait }),
+            Err(f) => Err(Push { func: OprFn::Sync(f), const_vars, mutable_vars, ctx, prop, priority, name, payload, wait, symbolic, scope }),
         }
     }
 
@@ -495,7 +515,7 @@ impl Engine {
         reads: &[Arc<Var>],
         writes: &[Arc<Var>],
         ctx: Context,
-        name: Option<&str>,
+        tag: OpTag<'_>,
         f: F,
     ) -> std::result::Result<(), F> {
         if self.opts.kind != EngineKind::Naive
@@ -524,11 +544,15 @@ impl Engine {
         }
         self.pending.fetch_add(1, Ordering::SeqCst);
         let rctx = RunContext::for_ctx(ctx, false);
+        let t0 = profiler::op_begin(tag.symbolic);
         let outcome = match catch_unwind(AssertUnwindSafe(|| f(&rctx))) {
             Ok(Ok(())) => Outcome::Ok,
             Ok(Err(e)) => Outcome::Failed(e),
-            Err(panic) => Outcome::Failed(panic_error(name.unwrap_or("<unnamed>"), panic.as_ref())),
+            Err(panic) => Outcome::Failed(panic_error(tag.name.map_or("<unnamed>", |n| n), panic.as_ref())),
         };
+        if let Some(t0) = t0 {
+            profiler::op_end(t0, tag.name, ctx, None, tag.scope);
+        }
         self.release(reads, writes, outcome, None);
         Ok(())
     }
@@ -608,12 +632,17 @@ impl Engine {
         let rctx = RunContext::for_ctx(op.ctx, false);
         match func {
             Some(OprFn::Sync(f)) => {
+                let t0 = profiler::op_begin(op.symbolic);
                 let r = catch_unwind(AssertUnwindSafe(|| f(&rctx)))
                     .unwrap_or_else(|p| Err(panic_error(op.name(), p.as_ref())));
+                if let Some(t0) = t0 {
+                    profiler::op_end(t0, op.name.as_ref(), op.ctx, None, op.scope.as_ref());
+                }
                 self.complete(op, r.map_or_else(Outcome::Failed, |_| Outcome::Ok));
             }
             Some(OprFn::Async(f)) => {
-                let completion = Completion::new(op);
+                let started = profiler::op_begin(op.symbolic).map(|t| (t, profiler::buffer::current_tid()));
+                let completion = Completion::new(op, started);
                 // A panic drops the completion, which finishes the operation with an error.
                 let _ = catch_unwind(AssertUnwindSafe(|| f(&rctx, completion)));
             }

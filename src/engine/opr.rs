@@ -114,6 +114,8 @@ pub struct Opr {
     pub(crate) prop: FnProperty,
     pub(crate) ctx: Context,
     pub(crate) name: Option<Arc<str>>,
+    pub(crate) symbolic: bool,
+    pub(crate) scope: Option<Arc<str>>,
     pub(crate) payload: Mutex<Option<Payload>>,
     pub(crate) completed: AtomicBool,
     pub(crate) done: Option<Arc<Latch>>,
@@ -145,15 +147,23 @@ impl Opr {
 /// counts as a failure) finishes the operation exactly once.
 pub struct Completion {
     opr: Option<Arc<Opr>>,
+    /// When and on which thread the operation started, if the profiler records it.
+    started: Option<(f64, u32)>,
 }
 
 impl Completion {
-    pub(crate) fn new(opr: Arc<Opr>) -> Self {
-        Completion { opr: Some(opr) }
+    pub(crate) fn new(opr: Arc<Opr>, started: Option<(f64, u32)>) -> Self {
+        Completion { opr: Some(opr), started }
+    }
+    fn profile_end(&self, opr: &Opr) {
+        if let Some((t0, tid)) = self.started {
+            crate::profiler::op_end(t0, opr.name.as_ref(), opr.ctx, Some(tid), opr.scope.as_ref());
+        }
     }
     /// Finish the operation, successfully or with an error.
     pub fn complete(mut self, result: Result<()>) {
         if let Some(opr) = self.opr.take() {
+            self.profile_end(&opr);
             let engine = opr.engine;
             engine.finish(opr, result.err());
         }
@@ -166,6 +176,7 @@ impl Completion {
 impl Drop for Completion {
     fn drop(&mut self) {
         if let Some(opr) = self.opr.take() {
+            self.profile_end(&opr);
             let msg = format!(
                 "asynchronous operation {} ended without completing (it panicked or dropped its \
                  completion)",

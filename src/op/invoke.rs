@@ -203,6 +203,9 @@ pub fn invoke<'a>(
     let mut p = Push::sync(func, constant, mutable);
     p.ctx = ctx;
     p.name = Some(op.engine_name());
+    if crate::profiler::ops_on(false) {
+        p.scope = crate::profiler::scope();
+    }
     engine::global()?.push(p)?;
     outs.truncate(visible);
     Ok(outs)

@@ -1,0 +1,541 @@
+//! The profiler: what runs, on which device and thread, for how long; memory in use per
+//! device; the user's own domains, tasks, frames, events, counters and markers.
+//!
+//! Owns: the profiler's configuration (stock's `MXSetProcessProfilerConfig` keys), its state
+//! (stopped, running, paused), the recording switches that event sites check, dumps (chrome
+//! trace files, always complete JSON) and the aggregate statistics behind `profiler.dumps()`,
+//! autostart (`MXNET_PROFILER_AUTOSTART`, `MXNET_PROFILER_MODE`) and the final dump at exit.
+//!
+//! Event sites (engine operations, C API calls, storage events, the objects) check one
+//! relaxed atomic ([`ops_on`], [`api_on`], [`running`]) and, when it says so, append to their
+//! thread's own buffer ([`buffer`]); dumps drain the buffers. Control calls and dumps are
+//! serialised on one lock that event sites never take.
+
+pub mod aggregate;
+pub mod buffer;
+pub mod objects;
+pub mod trace;
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use aggregate::{Aggregate, SortBy};
+use buffer::{now_us, Event, Phase, Proc, Text};
+use parking_lot::{Condvar, Mutex};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use trace::Trace;
+
+/// Stock's profiler mode bits.
+pub const SYMBOLIC: u32 = 1;
+pub const IMPERATIVE: u32 = 2;
+pub const API: u32 = 4;
+pub const MEMORY: u32 = 8;
+pub const ALL: u32 = SYMBOLIC | IMPERATIVE | API | MEMORY;
+/// Set while running and not paused, even when no mode bit is (user objects record then).
+const ON: u32 = 16;
+
+/// What is being recorded right now: mode bits | ON, or 0.
+static FLAGS: AtomicU32 = AtomicU32::new(0);
+
+/// Whether engine operations of this kind are being recorded.
+#[inline]
+pub fn ops_on(symbolic: bool) -> bool {
+    FLAGS.load(Ordering::Relaxed) & if symbolic { SYMBOLIC } else { IMPERATIVE } != 0
+}
+
+/// Whether C API calls are being recorded.
+#[inline]
+pub fn api_on() -> bool {
+    FLAGS.load(Ordering::Relaxed) & API != 0
+}
+
+/// Whether the profiler runs (and is not paused).
+#[inline]
+pub fn running() -> bool {
+    FLAGS.load(Ordering::Relaxed) & ON != 0
+}
+
+thread_local! {
+    /// Extra `args` for the operation running on this thread (e.g. the convolution algorithm).
+    static OP_ARGS: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// The scope set by `MXSetProfilerScope` on this thread.
+    static SCOPE: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
+}
+
+/// Attach `"key":"value"` to the event of the operation running on this thread (recorded
+/// only when operations are being recorded).
+pub fn annotate(key: &str, value: &str) {
+    if FLAGS.load(Ordering::Relaxed) & (SYMBOLIC | IMPERATIVE) == 0 {
+        return;
+    }
+    let mut kv = String::new();
+    trace::json_str(&mut kv, key);
+    kv.push(':');
+    trace::json_str(&mut kv, value);
+    let _ = OP_ARGS.try_with(|a| {
+        let mut a = a.borrow_mut();
+        match a.as_mut() {
+            Some(s) => {
+                s.push(',');
+                s.push_str(&kv);
+            }
+            None => *a = Some(kv),
+        }
+    });
+}
+
+/// `MXSetProfilerScope`: the scope operations pushed from this thread are tagged with.
+pub fn set_scope(scope: &str) {
+    let _ = SCOPE.try_with(|s| *s.borrow_mut() = (!scope.is_empty()).then(|| Arc::from(scope)));
+}
+
+/// This thread's profiler scope, if one is set (captured when an operation is pushed).
+pub fn scope() -> Option<Arc<str>> {
+    SCOPE.try_with(|s| s.borrow().clone()).ok().flatten()
+}
+
+/// Start of a recorded operation: `Some(start)` when operations of its kind are recorded.
+#[inline]
+pub fn op_begin(symbolic: bool) -> Option<f64> {
+    if ops_on(symbolic) {
+        let _ = OP_ARGS.try_with(|a| a.borrow_mut().take());
+        Some(now_us())
+    } else {
+        None
+    }
+}
+
+/// End of a recorded operation started at `start` on thread `tid` (None: this thread).
+pub fn op_end(start: f64, name: Option<&Arc<str>>, ctx: Context, tid: Option<u32>, scope: Option<&Arc<str>>) {
+    let end = now_us();
+    let mut args = OP_ARGS.try_with(|a| a.borrow_mut().take()).ok().flatten();
+    if let Some(s) = scope {
+        let a = args.get_or_insert_with(String::new);
+        if !a.is_empty() {
+            a.push(',');
+        }
+        a.push_str("\"scope\":");
+        trace::json_str(a, s);
+    }
+    buffer::record(Event {
+        name: name.map_or(Text::Static("<unnamed>"), |n| Text::Shared(n.clone())),
+        cat: Text::Static("operator"),
+        proc: Proc::Device(ctx),
+        tid: tid.unwrap_or_else(buffer::current_tid),
+        ts: start,
+        phase: Phase::Complete { dur: end - start },
+        args: args.map(String::into_boxed_str),
+    });
+}
+
+/// Record a C API call that started at `start`.
+pub fn api_call(api: &'static str, start: f64) {
+    let end = now_us();
+    buffer::record(Event {
+        name: Text::Static(api),
+        cat: Text::Static("MXNET_C_API"),
+        proc: Proc::Api,
+        tid: buffer::current_tid(),
+        ts: start,
+        phase: Phase::Complete { dur: end - start },
+        args: None,
+    });
+}
+
+/// The kvstore process a profiler call addresses (`profile_process`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessKind {
+    Worker,
+    Server,
+}
+
+impl ProcessKind {
+    pub fn from_code(code: i32) -> Result<Self> {
+        match code {
+            0 => Ok(ProcessKind::Worker),
+            1 => Err(Error::not_supported("profiling a kvstore server process")),
+            _ => Err(Error::value(format!("profile_process code {code} is not valid (0 worker, 1 server)"))),
+        }
+    }
+}
+
+/// The profiler's configuration; every `set_config` starts again from [`Config::default`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub mode: u32,
+    pub filename: String,
+    pub continuous_dump: bool,
+    pub dump_period: f64,
+    pub aggregate_stats: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        // Stock defaults: profile_symbolic, _imperative, _memory and _api are all true.
+        Config { mode: ALL, filename: "profile.json".into(), continuous_dump: true, dump_period: 1.0, aggregate_stats: false }
+    }
+}
+
+fn parse_bool(key: &str, v: &str) -> Result<bool> {
+    match v {
+        "True" | "true" | "1" => Ok(true),
+        "False" | "false" | "0" => Ok(false),
+        _ => Err(Error::value(format!("profiler config {key}: '{v}' is not a boolean (True, False, 1 or 0)"))),
+    }
+}
+
+impl Config {
+    /// Parse `set_config` keys and values (strings as the frontend sends them).
+    pub fn parse(pairs: &[(&str, &str)]) -> Result<Config> {
+        let mut c = Config::default();
+        let mut all = false;
+        let mut bits = [(SYMBOLIC, true), (IMPERATIVE, true), (MEMORY, true), (API, true)];
+        for &(k, v) in pairs {
+            match k {
+                "profile_all" => all = parse_bool(k, v)?,
+                "profile_symbolic" => bits[0].1 = parse_bool(k, v)?,
+                "profile_imperative" => bits[1].1 = parse_bool(k, v)?,
+                "profile_memory" => bits[2].1 = parse_bool(k, v)?,
+                "profile_api" => bits[3].1 = parse_bool(k, v)?,
+                "filename" => {
+                    if v.is_empty() {
+                        return Err(Error::value("profiler config filename must not be empty"));
+                    }
+                    c.filename = v.to_string();
+                }
+                "continuous_dump" => c.continuous_dump = parse_bool(k, v)?,
+                "dump_period" => {
+                    c.dump_period = v
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|p| p.is_finite() && *p > 0.0)
+                        .ok_or_else(|| Error::value(format!("profiler config dump_period: '{v}' is not a positive number of seconds")))?;
+                }
+                "aggregate_stats" => c.aggregate_stats = parse_bool(k, v)?,
+                "profile_process" => match v {
+                    "worker" => {}
+                    "server" => return Err(Error::not_supported("profiling a kvstore server process")),
+                    _ => return Err(Error::value(format!("profiler config profile_process: '{v}' is not one of worker, server"))),
+                },
+                _ => {
+                    return Err(Error::value(format!(
+                        "unknown profiler config key '{k}' (known: profile_all, profile_symbolic, profile_imperative, \
+                         profile_memory, profile_api, filename, continuous_dump, dump_period, aggregate_stats, profile_process)"
+                    )))
+                }
+            }
+        }
+        c.mode = if all { ALL } else { bits.iter().filter(|b| b.1).fold(0, |m, b| m | b.0) };
+        Ok(c)
+    }
+}
+
+struct State {
+    config: Config,
+    running: bool,
+    paused: bool,
+    /// Started since the last configuration or finished dump: dumps are allowed.
+    has_run: bool,
+    trace: Trace,
+    aggregate: Aggregate,
+    /// Bumped to stop the continuous-dump thread.
+    dumper_gen: u64,
+    dumper: Option<std::thread::JoinHandle<()>>,
+    exit_hook: bool,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+static DUMPER_CV: Condvar = Condvar::new();
+
+fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    let mut g = STATE.lock();
+    let st = g.get_or_insert_with(|| State {
+        config: Config::default(),
+        running: false,
+        paused: false,
+        has_run: false,
+        trace: Trace::default(),
+        aggregate: Aggregate::default(),
+        dumper_gen: 0,
+        dumper: None,
+        exit_hook: false,
+    });
+    f(st)
+}
+
+/// Make the recording switches and the storage subscription match the state.
+fn apply_flags(st: &State) {
+    let on = st.running && !st.paused;
+    let flags = if on { st.config.mode | ON } else { 0 };
+    let memory_was = FLAGS.swap(flags, Ordering::SeqCst) & MEMORY != 0;
+    let memory = flags & MEMORY != 0;
+    if memory && !memory_was {
+        crate::storage::events::subscribe(Some(Arc::new(|e: &crate::storage::events::StorageEvent| {
+            use crate::storage::events::StorageEvent::{Alloc, Free};
+            let (Alloc { ctx, stats, .. } | Free { ctx, stats, .. }) = *e;
+            buffer::record(Event {
+                name: Text::Static("Memory"),
+                cat: Text::Static(aggregate::STORAGE_CATEGORY),
+                proc: Proc::Storage(ctx),
+                tid: buffer::current_tid(),
+                ts: now_us(),
+                phase: Phase::Memory { bytes: stats.bytes_in_use as u64 },
+                args: None,
+            });
+        })));
+    } else if !memory && memory_was {
+        crate::storage::events::subscribe(None);
+    }
+}
+
+/// `MXSetProcessProfilerConfig`: replace the configuration (unspecified keys take their
+/// defaults again) and start a new output file.
+pub fn set_config(pairs: &[(&str, &str)]) -> Result<()> {
+    let config = Config::parse(pairs)?;
+    with_state(|st| {
+        // As stock: a new configuration removes the old output file.
+        let _ = std::fs::remove_file(&config.filename);
+        st.config = config;
+        st.trace = Trace::default();
+        buffer::discard();
+        st.has_run = st.running;
+        apply_flags(st);
+    });
+    Ok(())
+}
+
+/// The current configuration.
+pub fn config() -> Config {
+    with_state(|st| st.config.clone())
+}
+
+/// `MXSetProcessProfilerState`: run (true) or stop (false).
+pub fn set_state(run: bool) -> Result<()> {
+    let stale_dumper = with_state(|st| {
+        if run && !st.running {
+            st.running = true;
+            st.paused = false;
+            st.has_run = true;
+            ensure_exit_hook(st);
+            if st.config.continuous_dump && st.dumper.is_none() {
+                st.dumper_gen += 1;
+                let gen = st.dumper_gen;
+                let period = std::time::Duration::from_secs_f64(st.config.dump_period);
+                st.dumper = std::thread::Builder::new()
+                    .name("profiler dump".into())
+                    .spawn(move || continuous_dump(gen, period))
+                    .ok();
+            }
+        } else if !run && st.running {
+            st.running = false;
+            st.paused = false;
+            st.dumper_gen += 1;
+            DUMPER_CV.notify_all();
+        }
+        apply_flags(st);
+        if !run {
+            st.dumper.take()
+        } else {
+            None
+        }
+    });
+    if let Some(h) = stale_dumper {
+        let _ = h.join();
+    }
+    Ok(())
+}
+
+fn continuous_dump(gen: u64, period: std::time::Duration) {
+    let mut g = STATE.lock();
+    loop {
+        let _ = DUMPER_CV.wait_for(&mut g, period);
+        let Some(st) = g.as_mut() else { return };
+        if st.dumper_gen != gen {
+            return;
+        }
+        let _ = dump_locked(st, false);
+    }
+}
+
+/// `MXProcessProfilePause`: pause (true) or resume (false) recording.
+pub fn pause(paused: bool) {
+    with_state(|st| {
+        st.paused = paused;
+        apply_flags(st);
+    });
+}
+
+/// Whether the profiler is running (paused or not).
+pub fn is_running() -> bool {
+    with_state(|st| st.running)
+}
+
+/// Move buffered events into the trace and the statistics.
+fn collect(st: &mut State) {
+    let (events, threads) = buffer::drain();
+    if st.config.aggregate_stats {
+        st.aggregate.add(&events, trace::event_name);
+    }
+    st.trace.add(&events, &threads);
+}
+
+fn dump_locked(st: &mut State, finished: bool) -> Result<()> {
+    if !st.has_run {
+        return Err(Error::mxnet("Profiler hasn't been run. Config and start profiler first"));
+    }
+    collect(st);
+    st.trace.write(&st.config.filename)?;
+    if finished {
+        st.trace = Trace::default();
+        st.has_run = st.running;
+    }
+    Ok(())
+}
+
+/// `MXDumpProcessProfile`: write everything recorded so far as one complete trace file;
+/// `finished` ends the file (the next dump starts a new one).
+pub fn dump(finished: bool) -> Result<()> {
+    with_state(|st| dump_locked(st, finished))
+}
+
+/// `MXAggregateProfileStatsPrintEx`: the statistics as a table (`json` false) or JSON; ''
+/// when aggregate_stats is off. Pending events are flushed to the trace file first.
+pub fn dumps(reset: bool, json: bool, sort_by: SortBy, ascending: bool) -> Result<String> {
+    with_state(|st| {
+        if !st.config.aggregate_stats {
+            return Ok(String::new());
+        }
+        collect(st);
+        if st.has_run {
+            st.trace.write(&st.config.filename)?;
+        }
+        let out = if json { st.aggregate.json(sort_by, ascending) } else { st.aggregate.table(sort_by, ascending) };
+        if reset {
+            st.aggregate.reset();
+        }
+        Ok(out)
+    })
+}
+
+/// Number of events of `name` in `category` in the statistics (tests).
+pub fn aggregate_count(category: &str, name: &str) -> u64 {
+    with_state(|st| {
+        collect(st);
+        st.aggregate.count(category, name)
+    })
+}
+
+fn ensure_exit_hook(st: &mut State) {
+    if st.exit_hook {
+        return;
+    }
+    st.exit_hook = true;
+    extern "C" fn at_exit() {
+        let _ = std::panic::catch_unwind(final_dump);
+    }
+    // SAFETY: registering a plain extern "C" function with no captured state.
+    unsafe {
+        libc::atexit(at_exit);
+    }
+}
+
+/// Write the trace if the profiler ran and the file was not finished (at `MXNotifyShutdown`
+/// and at process exit). Every dump is complete, so writing twice is harmless.
+pub fn final_dump() {
+    let Some(mut g) = STATE.try_lock_for(std::time::Duration::from_secs(2)) else { return };
+    if let Some(st) = g.as_mut() {
+        if st.has_run {
+            let _ = dump_locked(st, false);
+        }
+    }
+}
+
+/// `MXNET_PROFILER_AUTOSTART=1`: start when the library loads (profile.json in the working
+/// directory, written at shutdown and exit); `MXNET_PROFILER_MODE=1` adds imperative
+/// operators to the default symbolic ones.
+pub fn autostart(reg: &crate::config::Registry) -> Result<()> {
+    if reg.get_bool("MXNET_PROFILER_AUTOSTART", "profiler")? != Some(true) {
+        return Ok(());
+    }
+    let all = reg.get_bool("MXNET_PROFILER_MODE", "profiler")? == Some(true);
+    with_state(|st| {
+        st.config = Config {
+            mode: if all { ALL } else { SYMBOLIC },
+            // Written at shutdown and exit; no dump thread in every process that autostarts.
+            continuous_dump: false,
+            ..Config::default()
+        };
+        st.trace = Trace::default();
+    });
+    set_state(true)
+}
+
+/// Serialises the tests that use the global profiler.
+#[cfg(test)]
+pub(crate) static TEST_LOCK: Mutex<()> = Mutex::new(());
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_parsing() {
+        let c = Config::parse(&[]).unwrap();
+        assert_eq!(c, Config::default());
+        let c = Config::parse(&[("profile_all", "True"), ("filename", "x.json"), ("aggregate_stats", "1")]).unwrap();
+        assert_eq!((c.mode, c.filename.as_str(), c.aggregate_stats), (ALL, "x.json", true));
+        let c = Config::parse(&[("profile_symbolic", "False"), ("profile_api", "0"), ("dump_period", "0.5")]).unwrap();
+        assert_eq!(c.mode, IMPERATIVE | MEMORY);
+        assert_eq!(c.dump_period, 0.5);
+        for (k, v) in [("nope", "1"), ("profile_all", "yes"), ("dump_period", "-1"), ("dump_period", "x"), ("filename", ""), ("profile_process", "boss")] {
+            let e = Config::parse(&[(k, v)]).unwrap_err();
+            assert_eq!(e.kind(), crate::error::ErrorKind::Value, "{k}={v}: {e}");
+            assert!(e.to_string().contains(k), "{e}");
+        }
+        assert_eq!(Config::parse(&[("profile_process", "server")]).unwrap_err().kind(), crate::error::ErrorKind::NotImplemented);
+        assert!(ProcessKind::from_code(0).is_ok());
+        assert!(ProcessKind::from_code(1).is_err());
+    }
+
+    #[test]
+    fn run_pause_dump_and_statistics() {
+        let _g = TEST_LOCK.lock();
+        let dir = std::env::temp_dir().join(format!("mxrt-prof-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("p.json");
+        let f = file.to_str().unwrap();
+        set_config(&[("profile_all", "True"), ("aggregate_stats", "True"), ("filename", f), ("continuous_dump", "False")]).unwrap();
+        assert!(dump(false).unwrap_err().to_string().contains("hasn't been run"));
+        set_state(true).unwrap();
+        let name: Arc<str> = Arc::from("unit_test_op");
+        for _ in 0..3 {
+            let t = op_begin(false).unwrap();
+            annotate("algo", "direct");
+            op_end(t, Some(&name), Context::CPU, None, None);
+        }
+        pause(true);
+        assert!(op_begin(false).is_none(), "paused: nothing is recorded");
+        pause(false);
+        api_call("MXUnitTest", now_us());
+        dump(false).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        let ops: Vec<_> = doc["traceEvents"].as_array().unwrap().iter().filter(|e| e["name"] == "unit_test_op").collect();
+        assert_eq!(ops.len(), 3);
+        assert_eq!(ops[0]["args"]["algo"], "direct");
+        assert_eq!(aggregate_count("operator", "unit_test_op"), 3);
+        let table = dumps(true, false, SortBy::Total, false).unwrap();
+        assert!(table.contains("unit_test_op"), "{table}");
+        assert!(table.contains("MXUnitTest"), "{table}");
+        assert_eq!(aggregate_count("operator", "unit_test_op"), 0, "reset");
+        set_state(false).unwrap();
+        assert!(op_begin(false).is_none());
+        dump(true).unwrap();
+        assert!(dump(false).is_err(), "a finished dump needs a new run");
+        set_config(&[("filename", f), ("continuous_dump", "False")]).unwrap();
+        assert!(!file.exists(), "set_config removes the old output");
+        assert_eq!(dumps(false, true, SortBy::Count, false).unwrap(), "", "aggregate_stats off");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
