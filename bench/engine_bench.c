@@ -1,6 +1,7 @@
 /* Engine overhead, through the C ABI, for any libmxnet.so (stock or ours): the library is
  * loaded with mxnet_loader.h from MXNET_LIBRARY_PATH. The engine type comes from the
- * environment (MXNET_ENGINE_TYPE). Prints one JSON line per measurement.
+ * environment (MXNET_ENGINE_TYPE). Prints one JSON line per measurement. With
+ * ENGINE_BENCH_PROFILE=1 the profiler runs (all operators, no dumps) while it measures.
  *
  *   engine_bench PATTERN N REPS     PATTERN: chain | independent | fanin | work50us
  */
@@ -19,6 +20,8 @@ static int (*PushSyncND)(sync_fn, void *, void (*)(void *), const void *, NDArra
                          NDArrayHandle *, int, const void *, int, const char *);
 static int (*WaitAll)(void);
 static const char *(*LastError)(void);
+static int (*SetProfilerConfig)(int, const char *const *, const char *const *);
+static int (*SetProfilerState)(int);
 
 static const int cpu_ctx[2] = {1, 0};
 
@@ -79,6 +82,17 @@ int main(int argc, char **argv) {
       mxnet_loader_sym(&l, "MXGetLastError", (void **)&LastError)) {
     fprintf(stderr, "%s\n", l.error);
     return 1;
+  }
+  if (getenv("ENGINE_BENCH_PROFILE") && strcmp(getenv("ENGINE_BENCH_PROFILE"), "1") == 0) {
+    static const char *keys[] = {"profile_all", "continuous_dump", "filename"};
+    static const char *vals[] = {"True", "False", "/dev/null"};
+    if (mxnet_loader_sym(&l, "MXSetProfilerConfig", (void **)&SetProfilerConfig) ||
+        mxnet_loader_sym(&l, "MXSetProfilerState", (void **)&SetProfilerState)) {
+      fprintf(stderr, "%s\n", l.error);
+      return 1;
+    }
+    check(SetProfilerConfig(3, keys, vals), "profiler config");
+    check(SetProfilerState(1), "profiler run");
   }
   for (k = 0; k <= NVARS; k++) check(CreateEx(shape, 1, 1, 0, 0, 0, &arrays[k]), "create");
   /* Warm up: start the pools. */

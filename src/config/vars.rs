@@ -120,9 +120,9 @@ pub static VARS: &[VarSpec] = &[
     var("MXNET_BACKWARD_DO_MIRROR", VarType::Bool, Some("0"), Dynamic, Reserved, MEMONGER,
         "Recompute cheap forward results in backward instead of keeping them (saves memory)."),
     // --- Profiler ---
-    var("MXNET_PROFILER_AUTOSTART", VarType::Bool, Some("0"), Once, Reserved, PROFILER,
+    var("MXNET_PROFILER_AUTOSTART", VarType::Bool, Some("0"), Once, Active, PROFILER,
         "Start the profiler when the library loads; write profile.json in the working directory."),
-    var("MXNET_PROFILER_MODE", VarType::Bool, Some("0"), Once, Reserved, PROFILER,
+    var("MXNET_PROFILER_MODE", VarType::Bool, Some("0"), Once, Active, PROFILER,
         "0: profile symbolic operators only; 1: profile all operators."),
     // --- Other ---
     var("MXNET_CUDNN_AUTOTUNE_DEFAULT", VarType::Int { min: 0, max: 2 }, Some("1"), Dynamic, Active, OTHER,
@@ -154,12 +154,12 @@ pub static VARS: &[VarSpec] = &[
     // --- Operator tuning ---
     VarSpec {
         fallback: Some("MXNET_ENABLE_OPERATOR_TUNING"),
-        ..var("MXNET_USE_OPERATOR_TUNING", VarType::DTypeList, Some("1"), Once, Reserved, TUNING,
+        ..var("MXNET_USE_OPERATOR_TUNING", VarType::DTypeList, Some("1"), Once, Active, TUNING,
             "Operator tuning (when to parallelise): 0 off, 1 all dtypes, or a list such as float32,float16.")
     },
-    var("MXNET_ENABLE_OPERATOR_TUNING", VarType::DTypeList, None, Once, Reserved, TUNING,
+    var("MXNET_ENABLE_OPERATOR_TUNING", VarType::DTypeList, None, Once, Active, TUNING,
         "Name seed 001 also gives operator tuning; used when MXNET_USE_OPERATOR_TUNING is unset."),
-    var("MXNET_USE_NUM_CORES_OPERATOR_TUNING", POS_INT, None, Once, Reserved, TUNING,
+    var("MXNET_USE_NUM_CORES_OPERATOR_TUNING", POS_INT, None, Once, Active, TUNING,
         "Number of cores operator tuning assumes; unset: all cores of the machine."),
     // --- Read by the stock Python frontend and its test utilities ---
     var("MXNET_ENABLE_CYTHON", VarType::Bool, Some("1"), Dynamic, Frontend, FRONTEND,

@@ -185,7 +185,8 @@ impl Aggregate {
 
     /// Stock's JSON layout, entries of each category in the requested order.
     pub fn json(&self, by: SortBy, ascending: bool) -> String {
-        let num = |v: f64| if v.is_finite() { format!("{v}") } else { "0".to_string() };
+        // Rounded to nanoseconds (or milli-kB), as the table's precision suggests.
+        let num = |v: f64| if v.is_finite() { format!("{}", (v * 1e6).round() / 1e6) } else { "0".to_string() };
         let mut s = String::from("{\n    \"Time\": {");
         for (ci, (cat, entries)) in self.time.iter().enumerate() {
             s.push_str(if ci == 0 { "\n        " } else { ",\n        " });

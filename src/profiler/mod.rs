@@ -6,6 +6,9 @@
 //! trace files, always complete JSON) and the aggregate statistics behind `profiler.dumps()`,
 //! autostart (`MXNET_PROFILER_AUTOSTART`, `MXNET_PROFILER_MODE`) and the final dump at exit.
 //!
+//! The `no-profiler-sites` cargo feature compiles the operation and API event sites out; it
+//! exists only so that `bench/profiler_bench.py` can measure what the stopped sites cost.
+//!
 //! Event sites (engine operations, C API calls, storage events, the objects) check one
 //! relaxed atomic ([`ops_on`], [`api_on`], [`running`]) and, when it says so, append to their
 //! thread's own buffer ([`buffer`]); dumps drain the buffers. Control calls and dumps are
@@ -41,12 +44,18 @@ static FLAGS: AtomicU32 = AtomicU32::new(0);
 /// Whether engine operations of this kind are being recorded.
 #[inline]
 pub fn ops_on(symbolic: bool) -> bool {
+    if cfg!(feature = "no-profiler-sites") {
+        return false;
+    }
     FLAGS.load(Ordering::Relaxed) & if symbolic { SYMBOLIC } else { IMPERATIVE } != 0
 }
 
 /// Whether C API calls are being recorded.
 #[inline]
 pub fn api_on() -> bool {
+    if cfg!(feature = "no-profiler-sites") {
+        return false;
+    }
     FLAGS.load(Ordering::Relaxed) & API != 0
 }
 
@@ -181,7 +190,7 @@ fn parse_bool(key: &str, v: &str) -> Result<bool> {
     match v {
         "True" | "true" | "1" => Ok(true),
         "False" | "false" | "0" => Ok(false),
-        _ => Err(Error::value(format!("profiler config {key}: '{v}' is not a boolean (True, False, 1 or 0)"))),
+        _ => Err(Error::mxnet(format!("profiler config {key}: '{v}' is not a boolean (True, False, 1 or 0)"))),
     }
 }
 
@@ -200,7 +209,7 @@ impl Config {
                 "profile_api" => bits[3].1 = parse_bool(k, v)?,
                 "filename" => {
                     if v.is_empty() {
-                        return Err(Error::value("profiler config filename must not be empty"));
+                        return Err(Error::mxnet("profiler config filename must not be empty"));
                     }
                     c.filename = v.to_string();
                 }
@@ -211,16 +220,16 @@ impl Config {
                         .parse::<f64>()
                         .ok()
                         .filter(|p| p.is_finite() && *p > 0.0)
-                        .ok_or_else(|| Error::value(format!("profiler config dump_period: '{v}' is not a positive number of seconds")))?;
+                        .ok_or_else(|| Error::mxnet(format!("profiler config dump_period: '{v}' is not a positive number of seconds")))?;
                 }
                 "aggregate_stats" => c.aggregate_stats = parse_bool(k, v)?,
                 "profile_process" => match v {
                     "worker" => {}
                     "server" => return Err(Error::not_supported("profiling a kvstore server process")),
-                    _ => return Err(Error::value(format!("profiler config profile_process: '{v}' is not one of worker, server"))),
+                    _ => return Err(Error::mxnet(format!("profiler config profile_process: '{v}' is not one of worker, server"))),
                 },
                 _ => {
-                    return Err(Error::value(format!(
+                    return Err(Error::mxnet(format!(
                         "unknown profiler config key '{k}' (known: profile_all, profile_symbolic, profile_imperative, \
                          profile_memory, profile_api, filename, continuous_dump, dump_period, aggregate_stats, profile_process)"
                     )))
@@ -291,7 +300,7 @@ fn apply_flags(st: &State) {
 }
 
 /// `MXSetProcessProfilerConfig`: replace the configuration (unspecified keys take their
-/// defaults again) and start a new output file.
+/// defaults again), start a new output file and new statistics.
 pub fn set_config(pairs: &[(&str, &str)]) -> Result<()> {
     let config = Config::parse(pairs)?;
     with_state(|st| {
@@ -299,6 +308,7 @@ pub fn set_config(pairs: &[(&str, &str)]) -> Result<()> {
         let _ = std::fs::remove_file(&config.filename);
         st.config = config;
         st.trace = Trace::default();
+        st.aggregate.reset();
         buffer::discard();
         st.has_run = st.running;
         apply_flags(st);
@@ -491,7 +501,7 @@ mod tests {
         assert_eq!(c.dump_period, 0.5);
         for (k, v) in [("nope", "1"), ("profile_all", "yes"), ("dump_period", "-1"), ("dump_period", "x"), ("filename", ""), ("profile_process", "boss")] {
             let e = Config::parse(&[(k, v)]).unwrap_err();
-            assert_eq!(e.kind(), crate::error::ErrorKind::Value, "{k}={v}: {e}");
+            assert_eq!(e.kind(), crate::error::ErrorKind::MXNet, "{k}={v}: {e}");
             assert!(e.to_string().contains(k), "{e}");
         }
         assert_eq!(Config::parse(&[("profile_process", "server")]).unwrap_err().kind(), crate::error::ErrorKind::NotImplemented);

@@ -156,7 +156,7 @@ pub fn marker(domain: &Object, name: &str, scope: &str) -> Result<()> {
         "process" => Scope::Process,
         "thread" | "task" | "marker" => Scope::Thread,
         _ => {
-            return Err(Error::value(format!(
+            return Err(Error::mxnet(format!(
                 "marker scope '{scope}' is not one of global, process, thread, task, marker"
             )))
         }
