@@ -65,6 +65,10 @@ typedef void *OpHandle;
 
 typedef void *AtomicSymbolCreator;
 
+typedef void *KVStoreHandle;
+
+typedef void *ProfileHandle;
+
 typedef uint32_t mx_uint;
 
 typedef float mx_float;
@@ -79,8 +83,6 @@ typedef void *AtomicSymbolHandle;
 
 typedef void *ExecutorHandle;
 
-typedef void *KVStoreHandle;
-
 typedef void *RecordIOHandle;
 
 typedef void *RtcHandle;
@@ -88,8 +90,6 @@ typedef void *RtcHandle;
 typedef void *CudaModuleHandle;
 
 typedef void *CudaKernelHandle;
-
-typedef void *ProfileHandle;
 
 typedef void *DLManagedTensorHandle;
 
@@ -696,6 +696,124 @@ int MXRandomSeed(int seed);
 
 // Seed the random stream of one context.
 int MXRandomSeedContext(int seed, int dev_type, int dev_id);
+
+// Configure the profiler (keys profile_all, profile_symbolic, profile_imperative,
+// profile_memory, profile_api, filename, continuous_dump, dump_period, aggregate_stats,
+// profile_process). Keys not given take their defaults again; an unknown key or a bad value
+// is a ValueError; the previous output file is removed. `profile_process=server` is not
+// supported (there is no kvstore server).
+//
+// # Safety
+// `keys` and `vals` must each point to `num_params` C strings.
+int MXSetProcessProfilerConfig(int num_params,
+                               const char *const *keys,
+                               const char *const *vals,
+                               KVStoreHandle _kvstore_handle);
+
+// [`MXSetProcessProfilerConfig`] for this process.
+//
+// # Safety
+// As [`MXSetProcessProfilerConfig`].
+int MXSetProfilerConfig(int num_params, const char *const *keys, const char *const *vals);
+
+// Start (1) or stop (0) the profiler; `profile_process` 0 is this process (1, a kvstore
+// server, is not supported).
+int MXSetProcessProfilerState(int state, int profile_process, KVStoreHandle _kvstore_handle);
+
+// [`MXSetProcessProfilerState`] for this process.
+int MXSetProfilerState(int state);
+
+// Write the trace file: always a complete JSON document (written to a temporary file and
+// renamed). `finished` ends it: the next dump needs the profiler to run again. An error if
+// the profiler has not run since it was configured.
+int MXDumpProcessProfile(int finished, int profile_process, KVStoreHandle _kvstore_handle);
+
+// [`MXDumpProcessProfile`] for this process.
+int MXDumpProfile(int finished);
+
+// Pause (1) or resume (0) recording.
+int MXProcessProfilePause(int paused, int profile_process, KVStoreHandle _kvstore_handle);
+
+// [`MXProcessProfilePause`] for this process.
+int MXProfilePause(int paused);
+
+// The aggregate statistics as text (`format` 0, stock's table) or JSON (`format` 1), each
+// category sorted by `sort_by` (0 total, 1 avg, 2 min, 3 max, 4 count), descending unless
+// `ascending`; `reset` clears them afterwards. "" when aggregate_stats is off. Pending events
+// are written to the trace file first. The string stays valid until the next call on this
+// thread that returns a string.
+//
+// # Safety
+// `out_str` must be NULL or valid for writes.
+int MXAggregateProfileStatsPrintEx(const char **out_str,
+                                   int reset,
+                                   int format,
+                                   int sort_by,
+                                   int ascending);
+
+// The aggregate statistics as a table sorted by total time (deprecated stock form).
+//
+// # Safety
+// As [`MXAggregateProfileStatsPrintEx`].
+int MXAggregateProfileStatsPrint(const char **out_str, int reset);
+
+// Tag the operations this thread pushes from now on with `scope` (shown in their events'
+// args); "" clears it. An mxnet-rt addition, as in later MXNet releases.
+//
+// # Safety
+// `scope` must be NULL or a NUL-terminated string.
+int MXSetProfilerScope(const char *scope);
+
+// Create a domain (a process in the trace). Domains live until destroyed.
+//
+// # Safety
+// `domain` must be a NUL-terminated string; `out` valid for writes.
+int MXProfileCreateDomain(const char *domain, ProfileHandle *out);
+
+// Create a task in `domain`.
+//
+// # Safety
+// `task_name` must be a NUL-terminated string; `out` valid for writes.
+int MXProfileCreateTask(ProfileHandle domain, const char *task_name, ProfileHandle *out);
+
+// Create a frame in `domain`.
+//
+// # Safety
+// `frame_name` must be a NUL-terminated string; `out` valid for writes.
+int MXProfileCreateFrame(ProfileHandle domain, const char *frame_name, ProfileHandle *out);
+
+// Create an event (category `event`, no domain).
+//
+// # Safety
+// `event_name` must be a NUL-terminated string; `out` valid for writes.
+int MXProfileCreateEvent(const char *event_name, ProfileHandle *out);
+
+// Create a counter in `domain` (value 0).
+//
+// # Safety
+// `counter_name` must be a NUL-terminated string; `out` valid for writes.
+int MXProfileCreateCounter(ProfileHandle domain, const char *counter_name, ProfileHandle *out);
+
+// Destroy a profiling object; NULL, a freed or a foreign handle is a ValueError.
+int MXProfileDestroyHandle(ProfileHandle frame_handle);
+
+// Start a task, frame or event.
+int MXProfileDurationStart(ProfileHandle duration_handle);
+
+// Stop a task, frame or event: records its duration if the profiler runs.
+int MXProfileDurationStop(ProfileHandle duration_handle);
+
+// Set a counter (values above the int64 range are a ValueError).
+int MXProfileSetCounter(ProfileHandle counter_handle, uint64_t value);
+
+// Add `value` (negative to decrement) to a counter.
+int MXProfileAdjustCounter(ProfileHandle counter_handle, int64_t value);
+
+// Record an instant marker in `domain`; `scope` is global, process, thread, task or marker.
+//
+// # Safety
+// `instant_marker_name` and `scope` must be NUL-terminated strings.
+int MXProfileSetMarker(ProfileHandle domain, const char *instant_marker_name, const char *scope);
 
 // Return the cached memory of the context's pool to the system.
 int MXStorageEmptyCache(int dev_type, int dev_id);
