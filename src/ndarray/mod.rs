@@ -162,11 +162,12 @@ impl NDArray {
         self.shape.iter().skip(1).product::<usize>() * self.dtype.size()
     }
 
-    /// Rows `begin..end` of axis 0: a view sharing storage and variable.
+    /// Rows `begin..end` of axis 0: a view sharing storage and variable (empty when
+    /// `begin == end`, as stock allows: the frontend slices `x[5:9]` of 3 rows as `[0, 0)`).
     pub fn slice(&self, begin: usize, end: usize) -> Result<NDArray> {
         self.chunk()?;
         let n = *self.shape.first().ok_or_else(|| Error::value("cannot slice a 0-d array"))?;
-        if begin >= end || end > n {
+        if begin > end || end > n {
             return Err(Error::index(format!("slice [{begin}, {end}) is out of range for axis 0 of length {n}")));
         }
         let mut shape = self.shape.clone();
@@ -522,7 +523,8 @@ mod tests {
         // SAFETY: 8 f32.
         unsafe { a.reshape(&[-1], false).unwrap().copy_to_host(all.as_mut_ptr() as *mut u8, 8).unwrap() };
         assert_eq!(&all[6..], &[9., 9.]);
-        assert!(a.slice(3, 3).unwrap_err().to_string().starts_with("IndexError"));
+        assert!(a.slice(3, 2).unwrap_err().to_string().starts_with("IndexError"));
+        assert_eq!(a.slice(4, 4).unwrap().shape, vec![0, 2]);
         assert!(a.slice(0, 5).is_err() && a.at(4).is_err());
         assert_eq!(a.at(0).unwrap().at(1).unwrap().shape, vec![1]); // legacy 1-d indexing
         let b = NDArray::new(vec![4, 2], Context::CPU, DType::F32, false).unwrap();

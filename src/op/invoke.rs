@@ -119,7 +119,10 @@ pub fn invoke<'a>(
                     m.dtype.name()
                 )));
             }
-            if o.ctx() != Some(ctx) {
+            // Host contexts (cpu(n), cpu_pinned, cpu_shared) share one address space, so an
+            // operator may write an output on another one (`copyto(mx.cpu(1))` does).
+            let reachable = o.ctx().is_some_and(|c| c == ctx || (c.dev_type.is_host() && ctx.dev_type.is_host()));
+            if !reachable {
                 return Err(Error::value(format!(
                     "operator {}: output {i} is on {} but the operator runs on {ctx}",
                     op.name,

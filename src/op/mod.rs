@@ -128,6 +128,9 @@ pub struct OpDef {
     pub grad: Grad,
     /// Caller-given outputs may have any dtype (the kernel converts, as `_copyto` does).
     pub any_out_dtype: bool,
+    /// A stock operator mxnet-rt does not implement: every call fails with
+    /// NotImplementedError, whatever its parameters.
+    pub not_supported: bool,
     /// Name interned for the engine and profiler.
     engine_name: OnceLock<Arc<str>>,
     c_info: OnceLock<CInfo>,
@@ -157,6 +160,7 @@ impl OpDef {
             resources: &[],
             grad: Grad::None,
             any_out_dtype: false,
+            not_supported: false,
             engine_name: OnceLock::new(),
             c_info: OnceLock::new(),
         }
@@ -202,6 +206,10 @@ impl OpDef {
         self.any_out_dtype = true;
         self
     }
+    pub fn not_supported(mut self) -> Self {
+        self.not_supported = true;
+        self
+    }
 
     /// The number of tensor inputs a call with these parameters takes (`given`: the number
     /// the caller passed, which a variadic operator without a count parameter accepts).
@@ -227,6 +235,9 @@ impl OpDef {
     /// Parse the parameters of a call with `num_inputs` inputs, filling in `num_args` for
     /// variadic operators when the caller did not send it.
     pub fn parse_attrs<'a>(&'static self, kv: impl IntoIterator<Item = (&'a str, &'a str)>, num_inputs: usize) -> Result<Attrs> {
+        if self.not_supported {
+            return Err(Error::not_supported(format!("operator {}", self.name)));
+        }
         if self.key_var_num_args.is_empty() {
             return Attrs::parse(self.name, self.params, kv);
         }

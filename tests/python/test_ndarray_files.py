@@ -1,8 +1,8 @@
 """NDArray files move both ways between mxnet-rt and stock MXNet 1.9.1.
 
 Stock side: the mxnet==1.9.1 wheel in this venv, run in a subprocess (it loads the stock
-library). Our side: our libmxnet.so through ctypes (the stock frontend cannot import on our
-library yet).
+library). Our side: our libmxnet.so through ctypes, and the stock frontend itself running on
+our library (test_frontend_files_both_ways).
 """
 
 import ctypes
@@ -152,3 +152,38 @@ def test_bad_files_fail_cleanly(tmp_path):
     assert lib.MXNDArrayLoad(str(tmp_path / "missing.nd").encode(), ctypes.byref(n), ctypes.byref(out), ctypes.byref(nn), ctypes.byref(names)) == -1
     assert b"cannot read" in lib.MXGetLastError()
     check(lib.MXNDArrayFree(handles[0]))
+
+
+FRONTEND_SAMPLES = dict(SAMPLES, k=np.arange(24, dtype=np.int32).reshape(2, 3, 4), s=np.array([-128, 5], dtype=np.int8),
+                        z=np.array([[True, False]], dtype=np.bool_))
+
+
+def test_frontend_files_both_ways(tmp_path):
+    """mx.nd.save/load of the stock frontend on both libraries, each reading the other's files."""
+    import mxnet as mx
+    spec = {k: (v.tolist(), v.dtype.name) for k, v in FRONTEND_SAMPLES.items()}
+    stock(f"""
+d = {{k: mx.nd.array(np.array(v, dtype=t), dtype=t) for k, (v, t) in {spec!r}.items()}}
+mx.nd.save({str(tmp_path / 'sd.nd')!r}, d)
+mx.nd.save({str(tmp_path / 'sl.nd')!r}, [d[k] for k in sorted(d)])
+""")
+    d = mx.nd.load(str(tmp_path / "sd.nd"))
+    lst = mx.nd.load(str(tmp_path / "sl.nd"))
+    assert sorted(d) == sorted(FRONTEND_SAMPLES) and len(lst) == len(FRONTEND_SAMPLES)
+    for i, k in enumerate(sorted(FRONTEND_SAMPLES)):
+        v = FRONTEND_SAMPLES[k]
+        for got in (d[k].asnumpy(), lst[i].asnumpy()):
+            assert got.dtype == v.dtype and np.array_equal(got, v), k
+    mx.nd.save(str(tmp_path / "od.nd"), {k: mx.nd.array(v, dtype=v.dtype) for k, v in FRONTEND_SAMPLES.items()})
+    mx.nd.save(str(tmp_path / "ol.nd"), [mx.nd.array(FRONTEND_SAMPLES[k], dtype=FRONTEND_SAMPLES[k].dtype) for k in sorted(FRONTEND_SAMPLES)])
+    out = stock(f"""
+import json
+d = mx.nd.load({str(tmp_path / 'od.nd')!r})
+l = mx.nd.load({str(tmp_path / 'ol.nd')!r})
+print(json.dumps({{k: [d[k].asnumpy().tolist(), d[k].dtype.__name__, l[i].asnumpy().tolist()] for i, k in enumerate(sorted(d))}}))
+""")
+    import json
+    got = json.loads(out.strip().splitlines()[-1])
+    assert sorted(got) == sorted(FRONTEND_SAMPLES)
+    for k, v in FRONTEND_SAMPLES.items():
+        assert np.dtype(got[k][1]) == v.dtype and got[k][0] == v.tolist() and got[k][2] == v.tolist(), k

@@ -17,6 +17,7 @@ mod nn;
 mod conv;
 mod reduce;
 mod unsupported;
+mod missing;
 
 pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     init::register(ops);
@@ -31,4 +32,6 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     conv::register(ops);
     reduce::register(ops);
     unsupported::register(ops);
+    // last: stubs for the stock names no family registered
+    missing::register(ops);
 }
