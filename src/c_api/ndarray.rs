@@ -383,7 +383,7 @@ pub unsafe extern "C" fn MXNDArrayReshape(handle: NDArrayHandle, ndim: c_int, di
     ffi::call("MXNDArrayReshape", || {
         // SAFETY: per this function's contract.
         let (spec, o) = unsafe { (read_dims(dims as *const c_int, ndim)?, ffi::out(out, "out")?) };
-        *o = new_view(handle, |nd| nd.reshape(&spec, false))?;
+        *o = new_view(handle, |nd| nd.reshape(&spec, false).map_err(crate::op::invoke::stock_class))?;
         Ok(())
     })
 }
@@ -403,7 +403,8 @@ pub unsafe extern "C" fn MXNDArrayReshape64(
     ffi::call("MXNDArrayReshape64", || {
         // SAFETY: per this function's contract.
         let (spec, o) = unsafe { (read_dims(dims as *const i64, ndim)?, ffi::out(out, "out")?) };
-        *o = new_view(handle, |nd| nd.reshape(&spec, reverse))?;
+        // A shape the array cannot take is an MXNetError, as stock's shape check raises.
+        *o = new_view(handle, |nd| nd.reshape(&spec, reverse).map_err(crate::op::invoke::stock_class))?;
         Ok(())
     })
 }

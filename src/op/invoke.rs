@@ -14,7 +14,7 @@ use super::tensor::TBlob;
 use super::{random, Meta, OpCtx, OpDef, Req, Resource};
 use crate::context::Context;
 use crate::engine::{self, Push, Var};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::ndarray::NDArray;
 use crate::storage::Block;
 use std::cell::Cell;
@@ -51,7 +51,28 @@ fn push_unique(list: &mut Vec<Arc<Var>>, v: &Arc<Var>) {
 
 /// Invoke `op` on `inputs` with parameters `kv`. `outputs`: the caller's arrays (all outputs or
 /// the visible ones) or `None` to allocate. Returns the visible outputs.
+///
+/// A call the operator rejects (bad parameter, shape, dtype, axis, ...) fails with
+/// `MXNetError`, the class stock's operator checks raise, so `except MXNetError` catches it as
+/// it does with stock; `NotImplementedError` and internal errors keep their class.
 pub fn invoke<'a>(
+    op: &'static OpDef,
+    inputs: &[&NDArray],
+    outputs: Option<&[&NDArray]>,
+    kv: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<Vec<NDArray>> {
+    invoke_checked(op, inputs, outputs, kv).map_err(stock_class)
+}
+
+/// The class stock gives an operator's failure: `MXNetError` for what its checks reject.
+pub fn stock_class(e: Error) -> Error {
+    match e.kind() {
+        ErrorKind::Value | ErrorKind::Type | ErrorKind::Index => Error::mxnet(e.message()),
+        _ => e,
+    }
+}
+
+fn invoke_checked<'a>(
     op: &'static OpDef,
     inputs: &[&NDArray],
     outputs: Option<&[&NDArray]>,
@@ -194,7 +215,8 @@ pub fn invoke<'a>(
     let is_train = is_training();
     let func = move |_: &engine::RunContext| -> Result<()> {
         let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train };
-        (op.compute)(&cx, &in_blobs, &out_blobs)?;
+        // Kernels raise IndexError only where stock's do (gather_nd), MXNetError otherwise.
+        (op.compute)(&cx, &in_blobs, &out_blobs).map_err(|e| if e.kind() == ErrorKind::Index { e } else { stock_class(e) })?;
         for (oi, block) in &temps {
             let dst = &final_outs[*oi];
             // SAFETY: the temporary holds exactly the output's bytes; the output is written

@@ -187,15 +187,6 @@ ERRORS = {
     "split_uneven": "mx.nd.split(a, num_outputs=2, axis=1)[0].asnumpy()",
 }
 
-# Stock's C++ CHECK failures surface as a plain MXNetError; mxnet-rt reports these as the
-# builtin class that fits (ValueError, IndexError), which `except MXNetError` does not catch.
-KNOWN_CLASS_DEVIATIONS = {
-    "add_bad_shapes", "bad_dtype", "bad_param_value", "broadcast_add_bad_shapes", "concat_bad_shapes",
-    "copyto_bad_shape", "dot_bad_shapes", "expand_dims_bad_axis", "full_reduce_wrong_keepdims",
-    "random_bad_shape", "reshape_bad_size", "reshape_two_minus_one", "split_uneven", "sum_bad_axis",
-    "take_bad_index_mode", "unknown_param",
-}
-
 RUNNER = r"""
 import json, sys, warnings
 warnings.simplefilter("ignore")
@@ -242,8 +233,6 @@ def test_error_class_matches_stock(name, stock_errors, our_errors):
         assert got is None, f"{ERRORS[name]}: stock raises nothing, ours {got}"
         return
     assert got is not None, f"{ERRORS[name]}: stock raises {want[0]}, ours nothing"
-    if name in KNOWN_CLASS_DEVIATIONS and want[0] == "MXNetError" and got[0] in ("ValueError", "IndexError"):
-        pytest.xfail(f"stock raises MXNetError, mxnet-rt {got[0]} (known deviation)")
     # The most specific builtin class must agree (IndexError, ValueError, TypeError, ...);
     # stock's MXNetError for C++ check failures must stay catchable as MXNetError.
     assert got[0] == want[0] or want[0] in got, f"{ERRORS[name]}: stock {want}, ours {got}"

@@ -180,11 +180,11 @@ def test_aliases_resolve():
 def test_binary_errors():
     with pytest.raises(mx.base.MXNetError, match="cannot be broadcast"):
         mx.nd.broadcast_add(mx.nd.ones((2, 3)), mx.nd.ones((4, 3))).wait_to_read()
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(mx.base.MXNetError, match="shape"):
         mx.nd.elemwise_add(mx.nd.ones((2, 3)), mx.nd.ones((3, 2))).wait_to_read()
-    with pytest.raises(TypeError, match="dtype"):
+    with pytest.raises(mx.base.MXNetError, match="dtype"):
         mx.nd.broadcast_mul(mx.nd.ones((2,)), mx.nd.ones((2,), dtype=np.int32)).wait_to_read()
-    with pytest.raises(ValueError, match="scalar"):
+    with pytest.raises(mx.base.MXNetError, match="scalar"):
         mx.nd._internal._plus_scalar(mx.nd.ones((2,)), scalar="abc")
 
 
@@ -270,7 +270,7 @@ def test_unary_int_dtypes():
 
 def test_unary_bool_is_type_error():
     b = mx.nd.array([1, 0], dtype=np.bool_)
-    with pytest.raises(TypeError, match="bool"):
+    with pytest.raises(mx.base.MXNetError, match="bool"):
         mx.nd.exp(b).wait_to_read()
 
 
@@ -280,7 +280,7 @@ def test_clip():
     np.testing.assert_allclose(mx.nd.array(x).clip(0.25, 0.75).asnumpy(), np.clip(x, 0.25, 0.75))
     xi = np.arange(-5, 5, dtype=np.int32)
     np.testing.assert_array_equal(mx.nd.clip(mx.nd.array(xi, dtype=np.int32), -2, 3).asnumpy(), np.clip(xi, -2, 3))
-    with pytest.raises(ValueError, match="a_max"):
+    with pytest.raises(mx.base.MXNetError, match="a_max"):
         mx.nd.clip(mx.nd.array(x), a_min=0)
 
 

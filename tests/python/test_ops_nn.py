@@ -68,9 +68,9 @@ def test_dot_large_uses_parallel_gemm():
 
 
 def test_dot_errors():
-    with pytest.raises(ValueError, match="dot"):
+    with pytest.raises(mx.base.MXNetError, match="dot"):
         mx.nd.dot(mx.nd.ones((2, 3)), mx.nd.ones((2, 3))).wait_to_read()
-    with pytest.raises(TypeError, match="int32"):
+    with pytest.raises(mx.base.MXNetError, match="int32"):
         mx.nd.dot(mx.nd.ones((2, 3), dtype="int32"), mx.nd.ones((3, 2), dtype="int32")).wait_to_read()
 
 
@@ -81,7 +81,7 @@ def test_batch_dot(ta, tb):
     b_in = b.transpose(0, 2, 1).copy() if tb else b
     got = mx.nd.batch_dot(mx.nd.array(a_in), mx.nd.array(b_in), transpose_a=ta, transpose_b=tb).asnumpy()
     close(got, np.matmul(a, b), scale=5)
-    with pytest.raises(ValueError, match="batch_dot"):
+    with pytest.raises(mx.base.MXNetError, match="batch_dot"):
         mx.nd.batch_dot(mx.nd.ones((2, 3, 4)), mx.nd.ones((3, 4, 5))).wait_to_read()
 
 
@@ -100,7 +100,7 @@ def test_fully_connected_no_flatten_and_errors():
     got = mx.nd.FullyConnected(mx.nd.array(x), mx.nd.array(w), mx.nd.array(b), num_hidden=6, flatten=False).asnumpy()
     assert got.shape == (2, 3, 6)
     close(got, x @ w.T + b)
-    with pytest.raises(ValueError, match="weight"):
+    with pytest.raises(mx.base.MXNetError, match="weight"):
         mx.nd.FullyConnected(mx.nd.array(x), mx.nd.ones((5, 4)), mx.nd.array(b), num_hidden=6, flatten=False).wait_to_read()
 
 
@@ -131,7 +131,7 @@ def test_activation(kind, dtype):
 def test_activation_large_and_bad_type():
     x = arr(200000, lo=-30, hi=30)
     close(mx.nd.Activation(mx.nd.array(x), act_type="softrelu").asnumpy(), np.logaddexp(0, x.astype(np.float64)))
-    with pytest.raises(ValueError, match="act_type"):
+    with pytest.raises(mx.base.MXNetError, match="act_type"):
         mx.nd.Activation(mx.nd.ones((2,)), act_type="swish")
 
 
@@ -197,9 +197,9 @@ def test_softmax_temperature_dtype_length():
 
 
 def test_softmax_errors():
-    with pytest.raises(IndexError, match="axis"):
+    with pytest.raises(mx.base.MXNetError, match="axis"):
         mx.nd.softmax(mx.nd.ones((2, 3)), axis=2).wait_to_read()
-    with pytest.raises(TypeError, match="softmax"):
+    with pytest.raises(mx.base.MXNetError, match="softmax"):
         mx.nd.softmax(mx.nd.ones((2, 3), dtype="int32")).wait_to_read()
 
 
@@ -229,7 +229,7 @@ def test_dropout_inference_is_identity_and_training_masks():
     # Variational: one decision per row.
     rows = (y != 0).all(axis=1) | (y == 0).all(axis=1)
     assert rows.all() and 0 < (y[:, 0] != 0).mean() < 1
-    with pytest.raises(ValueError, match="p must"):
+    with pytest.raises(mx.base.MXNetError, match="p must"):
         mx.nd.Dropout(mx.nd.array(x), p=1.5).wait_to_read()
 
 
@@ -248,7 +248,7 @@ def test_batch_norm_inference():
     # Channel axis last.
     got = mx.nd.BatchNorm(mx.nd.array(x), *[mx.nd.array(v) for v in (arr(5), b[:1].repeat(5), np.zeros(5, "f"), np.ones(5, "f"))], axis=-1).asnumpy()
     close(got, x / np.sqrt(1 + 1e-3) + b[0], scale=5)
-    with pytest.raises(ValueError, match="gamma"):
+    with pytest.raises(mx.base.MXNetError, match="gamma"):
         mx.nd.BatchNorm(mx.nd.array(x), mx.nd.ones((4,)), *args[2:]).wait_to_read()
 
 
@@ -327,9 +327,9 @@ def test_pooling_conventions_global_1d_3d_lp():
     close(got, x3.reshape(1, 2, 2, 2, 2, 2, 2, 2).max(axis=(3, 5, 7)))
     got = mx.nd.Pooling(mx.nd.array(x), kernel=(7, 7), pool_type="lp", p_value=2).asnumpy()
     close(got, np.sqrt((x.astype(np.float64) ** 2).sum(axis=(2, 3), keepdims=True)))
-    with pytest.raises(ValueError, match="kernel"):
+    with pytest.raises(mx.base.MXNetError, match="kernel"):
         mx.nd.Pooling(mx.nd.array(x), kernel=(9, 9)).wait_to_read()
-    with pytest.raises(ValueError, match="pool_type"):
+    with pytest.raises(mx.base.MXNetError, match="pool_type"):
         mx.nd.Pooling(mx.nd.array(x), kernel=(2, 2), pool_type="median")
 
 
@@ -396,11 +396,11 @@ def test_convolution_3d_and_errors():
             for xx in range(3):
                 want[0, :, z, y, xx] = np.einsum("cdhw,fcdhw->f", x[0, :, z:z + 2, y:y + 3, xx:xx + 3], w)
     close(got, want, scale=5)
-    with pytest.raises(ValueError, match="weight"):
+    with pytest.raises(mx.base.MXNetError, match="weight"):
         mx.nd.Convolution(mx.nd.ones((1, 2, 5, 5)), mx.nd.ones((3, 3, 3, 3)), mx.nd.ones((3,)), kernel=(3, 3), num_filter=3).wait_to_read()
-    with pytest.raises(ValueError, match="num_group"):
+    with pytest.raises(mx.base.MXNetError, match="num_group"):
         mx.nd.Convolution(mx.nd.ones((1, 3, 5, 5)), mx.nd.ones((2, 1, 3, 3)), kernel=(3, 3), num_filter=2, num_group=2, no_bias=True).wait_to_read()
-    with pytest.raises(ValueError, match="cudnn_tune"):
+    with pytest.raises(mx.base.MXNetError, match="cudnn_tune"):
         mx.nd.Convolution(mx.nd.ones((1, 1, 5, 5)), mx.nd.ones((1, 1, 3, 3)), kernel=(3, 3), num_filter=1, no_bias=True, cudnn_tune="slow")
-    with pytest.raises(ValueError, match="larger"):
+    with pytest.raises(mx.base.MXNetError, match="larger"):
         mx.nd.Convolution(mx.nd.ones((1, 1, 2, 2)), mx.nd.ones((1, 1, 3, 3)), kernel=(3, 3), num_filter=1, no_bias=True).wait_to_read()

@@ -112,7 +112,7 @@ def test_norm():
                 want = np.abs(x).sum(axis=ax, keepdims=keepdims) if ord_ == 1 else \
                     np.sqrt((x ** 2).sum(axis=ax, keepdims=keepdims))
                 np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-5, err_msg=f"{axis} {keepdims} {ord_}")
-    with pytest.raises(ValueError, match="ord"):
+    with pytest.raises(mx.base.MXNetError, match="ord"):
         mx.nd.norm(a, ord=3).wait_to_read()
 
 
@@ -144,13 +144,13 @@ def test_argmax_argmin():
 
 def test_bad_axes():
     a = mx.nd.ones((2, 3))
-    with pytest.raises(IndexError, match="axis 2"):
+    with pytest.raises(mx.base.MXNetError, match="axis 2"):
         mx.nd.sum(a, axis=2).wait_to_read()
-    with pytest.raises(IndexError, match="out of range"):
+    with pytest.raises(mx.base.MXNetError, match="out of range"):
         mx.nd.argmax(a, axis=-3).wait_to_read()
-    with pytest.raises(ValueError, match="more than once"):
+    with pytest.raises(mx.base.MXNetError, match="more than once"):
         mx.nd.sum(a, axis=(0, -2)).wait_to_read()
-    with pytest.raises(ValueError, match="keepdims"):
+    with pytest.raises(mx.base.MXNetError, match="keepdims"):
         mx.nd.sum(a, keepdims="maybe")
-    with pytest.raises(ValueError, match="axis"):
+    with pytest.raises(mx.base.MXNetError, match="axis"):
         mx.nd.mean(a, axis="x")

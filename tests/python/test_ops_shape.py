@@ -44,7 +44,7 @@ def test_reshape_codes():
     check(mx.nd.reshape(a, shape=(-3, 4)), x.reshape(6, 4))
     check(mx.nd.reshape(a, shape=(-4, 1, 2, -2)), x.reshape(1, 2, 3, 4))
     check(mx.nd.reshape(a, shape=(-1, 0), reverse=True), x.reshape(6, 4))
-    with pytest.raises(ValueError, match="Reshape"):
+    with pytest.raises(mx.base.MXNetError, match="Reshape"):
         mx.nd.reshape(a, shape=(5, -1))
 
 
@@ -57,9 +57,9 @@ def test_flatten_expand_squeeze():
     check(mx.nd.squeeze(a), x.squeeze())
     check(mx.nd.squeeze(a, axis=(1,)), x.squeeze(1))
     check(mx.nd.squeeze(nd(np.ones((1, 1), "float32"))), np.ones((1,), "float32"))
-    with pytest.raises(ValueError, match="squeeze"):
+    with pytest.raises(mx.base.MXNetError, match="squeeze"):
         mx.nd.squeeze(a, axis=2)
-    with pytest.raises(IndexError):
+    with pytest.raises(mx.base.MXNetError):
         mx.nd.expand_dims(a, axis=6)
 
 
@@ -70,7 +70,7 @@ def test_transpose_large_and_swapaxes():
     check(mx.nd.transpose(nd(y), axes=(0, 2, 1)), y.transpose(0, 2, 1))
     check(mx.nd.swapaxes(nd(y), dim1=0, dim2=2), y.swapaxes(0, 2))
     check(nd(y).T, y.T)
-    with pytest.raises(ValueError, match="transpose"):
+    with pytest.raises(mx.base.MXNetError, match="transpose"):
         mx.nd.transpose(nd(y), axes=(0, 0, 1))
 
 
@@ -93,11 +93,11 @@ def test_concat_stack():
     check(mx.nd.concat(*[nd(y) for y in ys], dim=0), np.concatenate(ys, 0))
     check(mx.nd.stack(*[nd(y) for y in ys]), np.stack(ys))
     check(mx.nd.stack(*[nd(y) for y in ys], axis=-1), np.stack(ys, -1))
-    with pytest.raises(TypeError, match="Concat"):
+    with pytest.raises(mx.base.MXNetError, match="Concat"):
         mx.nd.concat(nd(xs[0]), nd(xs[1].astype("int64")), dim=1)
-    with pytest.raises(ValueError, match="Concat"):
+    with pytest.raises(mx.base.MXNetError, match="Concat"):
         mx.nd.concat(nd(xs[0]), nd(arr((3, 1, 3))), dim=1)
-    with pytest.raises(ValueError, match="stack"):
+    with pytest.raises(mx.base.MXNetError, match="stack"):
         mx.nd.stack(nd(ys[0]), nd(xs[0]))
 
 
@@ -109,7 +109,7 @@ def test_split_and_split_v2():
     outs = mx.nd.split(nd(x), num_outputs=4, axis=0, squeeze_axis=True)
     for i, o in enumerate(outs):
         check(o, x[i])
-    with pytest.raises(ValueError, match="SliceChannel"):
+    with pytest.raises(mx.base.MXNetError, match="SliceChannel"):
         mx.nd.split(nd(x), num_outputs=4, axis=1)
     outs = mx.nd.split_v2(nd(x), (2, 5), axis=1)
     for o, w in zip(outs, np.split(x, [2, 5], axis=1)):
@@ -133,9 +133,9 @@ def test_broadcasts():
     check(mx.nd.broadcast_like(nd(y), z, lhs_axes=(0,), rhs_axes=(-1,)), np.broadcast_to(y, (5, 2, 1)))
     with pytest.raises(mx.base.MXNetError):
         mx.nd.broadcast_like(nd(y), z, lhs_axes=(), rhs_axes=())
-    with pytest.raises(ValueError, match="broadcast_to"):
+    with pytest.raises(mx.base.MXNetError, match="broadcast_to"):
         mx.nd.broadcast_to(nd(x), shape=(2, 4, 4))
-    with pytest.raises(ValueError, match="broadcast_axis"):
+    with pytest.raises(mx.base.MXNetError, match="broadcast_axis"):
         mx.nd.broadcast_axis(nd(x), axis=0, size=3)
 
 
@@ -148,7 +148,7 @@ def test_tile_repeat_reverse():
     check(mx.nd.repeat(nd(x), repeats=2, axis=-1), np.repeat(x, 2, axis=-1))
     check(mx.nd.repeat(nd(x), repeats=2, axis=0), np.repeat(x, 2, axis=0))
     check(mx.nd.reverse(nd(x), axis=(0, 1)), x[::-1, ::-1])
-    with pytest.raises(ValueError, match="repeat"):
+    with pytest.raises(mx.base.MXNetError, match="repeat"):
         mx.nd.repeat(nd(x), repeats=-1)
 
 
@@ -162,7 +162,7 @@ def test_pad(mode):
     x5 = np.random.rand(1, 2, 3, 3, 2).astype("float64")
     got = mx.nd.pad(nd(x5), mode=mode, pad_width=(0, 0, 0, 0, 1, 1, 2, 0, 1, 1))
     check(got, np.pad(x5, [(0, 0), (0, 0), (1, 1), (2, 0), (1, 1)], mode=mode))
-    with pytest.raises(ValueError, match="Pad"):
+    with pytest.raises(mx.base.MXNetError, match="Pad"):
         mx.nd.pad(nd(x), mode=mode, pad_width=(0, 0, 1, 1))
 
 
@@ -175,7 +175,7 @@ def test_like_and_info_ops():
     y = arr((3, 2, 4))
     check(mx.nd.reshape_like(nd(y), nd(arr((6, 4)))), y.reshape(6, 4))
     check(mx.nd.reshape_like(nd(y), nd(arr((6, 9))), lhs_begin=0, lhs_end=2, rhs_begin=0, rhs_end=1), y.reshape(6, 4))
-    with pytest.raises(ValueError, match="reshape_like"):
+    with pytest.raises(mx.base.MXNetError, match="reshape_like"):
         mx.nd.reshape_like(nd(y), nd(arr((5,))))
 
 
@@ -191,11 +191,11 @@ def test_slice_ops():
     check(mx.nd.slice_axis(a, axis=2, begin=1, end=3), x[:, :, 1:3])
     check(mx.nd.slice_like(a, nd(arr((2, 3, 4)))), x[:2, :3])
     check(mx.nd.slice_like(a, nd(arr((2, 3, 2))), axes=(0, -1)), x[:2, :, :2])
-    with pytest.raises(ValueError, match="slice"):
+    with pytest.raises(mx.base.MXNetError, match="slice"):
         mx.nd.slice(a, begin=(3,), end=(1,))
-    with pytest.raises(ValueError, match="step"):
+    with pytest.raises(mx.base.MXNetError, match="step"):
         mx.nd.slice(a, begin=(0,), end=(1,), step=(0,))
-    with pytest.raises(ValueError, match="slice_axis"):
+    with pytest.raises(mx.base.MXNetError, match="slice_axis"):
         mx.nd.slice_axis(a, axis=0, begin=4, end=2)
 
 
@@ -229,7 +229,7 @@ def test_take(mode):
           np.take(x, idx, axis=1, mode="clip" if mode == "raise" else mode))
     bad = np.array([5, -6], "int64")
     if mode == "raise":
-        with pytest.raises(IndexError):
+        with pytest.raises(mx.base.MXNetError):
             mx.nd.take(nd(x), nd(bad), mode=mode).asnumpy()
     else:
         check(mx.nd.take(nd(x), nd(bad), mode=mode), np.take(x, bad, axis=0, mode=mode))
@@ -242,9 +242,9 @@ def test_pick_one_hot_where():
     check(mx.nd.pick(nd(x), nd(idx), axis=-1, mode="wrap"), x[np.arange(3), idx.astype(int) % 4])
     k = nd(np.array([[1], [2], [0]], "int32"))
     check(mx.nd.pick(nd(x), k, axis=1, keepdims=True), np.take_along_axis(x, k.asnumpy(), 1))
-    with pytest.raises(ValueError, match="pick"):
+    with pytest.raises(mx.base.MXNetError, match="pick"):
         mx.nd.pick(nd(x), nd(idx), axis=0)
-    with pytest.raises(IndexError, match="pick"):
+    with pytest.raises(mx.base.MXNetError, match="pick"):
         mx.nd.pick(nd(x), nd(idx), axis=1, mode="raise").asnumpy()
     oh = mx.nd.one_hot(nd(np.array([1, 0, 4, -1], "int32")), depth=3, on_value=5, off_value=-1, dtype="int32")
     want = np.full((4, 3), -1, "int32")
@@ -256,7 +256,7 @@ def test_pick_one_hot_where():
     check(mx.nd.where(nd(c), nd(a), nd(b)), np.where(c, a, b))
     c1 = np.array([0, 1], "uint8")
     check(mx.nd.where(nd(c1), nd(a), nd(b)), np.where(c1[:, None], a, b))
-    with pytest.raises(ValueError, match="where"):
+    with pytest.raises(mx.base.MXNetError, match="where"):
         mx.nd.where(nd(np.ones(3, "float32")), nd(a), nd(b))
 
 
@@ -270,7 +270,7 @@ def test_gather_scatter_nd():
     want = x.copy()
     want[idx[0], idx[1]] = -7
     check(lhs, want)
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError):  # as stock's gather_nd
         mx.nd.gather_nd(nd(x), nd(np.array([[3]], "int64"))).asnumpy()
 
 
@@ -286,7 +286,7 @@ def test_slice_assign_ops():
     want[0:2, 1:3] = r
     check(out, want)
     check(a, x)
-    with pytest.raises(ValueError, match="_slice_assign"):
+    with pytest.raises(mx.base.MXNetError, match="_slice_assign"):
         mx.nd._internal._slice_assign(a, nd(r), begin=(0, 1), end=(3, 3))
 
 
@@ -313,7 +313,7 @@ def test_sort_argsort_topk(dtype):
     want = np.zeros_like(x)
     np.put_along_axis(want, top, 1, 2)
     check(m, want)
-    with pytest.raises(ValueError, match="topk"):
+    with pytest.raises(mx.base.MXNetError, match="topk"):
         mx.nd.topk(a, k=6)
 
 
@@ -331,7 +331,7 @@ def test_amp_cast_depth_space_diag_fill_element():
     s2d = y.reshape(2, 3, 2, b, 3, b).transpose(0, 3, 5, 1, 2, 4).reshape(2, 12, 2, 3)
     check(mx.nd.space_to_depth(nd(y), block_size=b), s2d)
     check(mx.nd.space_to_depth(mx.nd.depth_to_space(nd(x), block_size=b), block_size=b), x)
-    with pytest.raises(ValueError, match="depth_to_space"):
+    with pytest.raises(mx.base.MXNetError, match="depth_to_space"):
         mx.nd.depth_to_space(nd(x), block_size=3)
     v = arr((4,), "int64")
     for k in (0, 2, -1):

@@ -23,7 +23,7 @@ OUR_HEADER = ROOT / "include" / "mxnet" / "c_api.h"
 ADDITIONS = {
     "MXGetConfig", "MXGetNumOMPThreads",
     "MXEngineNewVar", "MXEngineDeleteVar", "MXEngineWaitForVar", "MXEngineCompleteAsync",
-    "MXStorageGetStats",
+    "MXStorageGetStats", "MXSetProfilerScope",
 }
 # Stock headers whose declarations we share: MXNet's C API, its test API, nnvm's C API
 # (NNGetOpHandle, ...) and the PackedFunc runtime API (MXNetFuncGetGlobal, ...).

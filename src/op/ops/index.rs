@@ -298,7 +298,8 @@ fn resolve(op: &str, i: i64, n: usize, mode: u8) -> Result<usize> {
         b'w' => i.rem_euclid(n),
         _ => {
             if i < -n || i >= n {
-                return Err(Error::index(format!("operator {op}: index {i} is out of bounds for axis of size {n}")));
+                // MXNetError, as stock's take/pick report it.
+                return Err(Error::mxnet(format!("operator {op}: index {i} is out of bounds for axis of size {n}")));
             }
             i.rem_euclid(n)
         }
