@@ -20,8 +20,8 @@ static int (*PushSyncND)(sync_fn, void *, void (*)(void *), const void *, NDArra
                          NDArrayHandle *, int, const void *, int, const char *);
 static int (*WaitAll)(void);
 static const char *(*LastError)(void);
-static int (*SetProfilerConfig)(int, const char *const *, const char *const *);
-static int (*SetProfilerState)(int);
+static int (*SetProfilerConfig)(int, const char *const *, const char *const *) = NULL;
+static int (*SetProfilerState)(int) = NULL;
 
 static const int cpu_ctx[2] = {1, 0};
 
@@ -85,7 +85,8 @@ int main(int argc, char **argv) {
   }
   if (getenv("ENGINE_BENCH_PROFILE") && strcmp(getenv("ENGINE_BENCH_PROFILE"), "1") == 0) {
     static const char *keys[] = {"profile_all", "continuous_dump", "filename"};
-    static const char *vals[] = {"True", "False", "/dev/null"};
+    /* Written only at exit (no dumps while measuring); the bench script removes it. */
+    static const char *vals[] = {"True", "False", "engine_bench_profile.json"};
     if (mxnet_loader_sym(&l, "MXSetProfilerConfig", (void **)&SetProfilerConfig) ||
         mxnet_loader_sym(&l, "MXSetProfilerState", (void **)&SetProfilerState)) {
       fprintf(stderr, "%s\n", l.error);
@@ -129,5 +130,12 @@ int main(int argc, char **argv) {
     fflush(stdout);
   }
   for (k = 0; k <= NVARS; k++) check(Free(arrays[k]), "free");
+  if (SetProfilerState) {
+    /* Stop, and drop what was recorded (a new configuration starts empty), so that no
+     * trace of millions of events is written at exit. */
+    static const char *key[] = {"filename"}, *val[] = {"engine_bench_profile.json"};
+    check(SetProfilerState(0), "profiler stop");
+    check(SetProfilerConfig(1, key, val), "profiler config");
+  }
   return 0;
 }

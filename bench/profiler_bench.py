@@ -14,8 +14,10 @@ bench/results/profiler.md.
 Builds target/noprof/release/libmxnet.so itself (cargo, feature no-profiler-sites).
 """
 import argparse
+import os
 import statistics
 import subprocess
+import tempfile
 
 from common import ROOT, build, libraries, run as run_bench, write_result
 
@@ -36,6 +38,7 @@ def main():
         "stock, running": (libs["stock 1.9.1"], "1"),
     }
     exe = build("engine_bench.c")
+    os.chdir(tempfile.mkdtemp(prefix="profiler_bench"))  # the profiled runs' trace files go here
     lines = [
         "| engine | pattern | " + " | ".join(f"{v} µs/op" for v in variants)
         + " | rt stopped / no sites | rt running / stopped | stock running / stopped |",

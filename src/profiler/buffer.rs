@@ -84,11 +84,45 @@ pub fn now_us() -> f64 {
     ORIGIN.get_or_init(Instant::now).elapsed().as_nanos() as f64 / 1000.0
 }
 
+/// Events per chunk of a thread's buffer.
+const CHUNK: usize = 4096;
+
+/// A thread's events in fixed-size chunks: appending never moves recorded events (a growing
+/// `Vec` would copy them all at every doubling, on the recording thread).
+#[derive(Default)]
+struct Chunks {
+    full: Vec<Vec<Event>>,
+    current: Vec<Event>,
+}
+
+impl Chunks {
+    fn push(&mut self, e: Event) {
+        if self.current.len() == self.current.capacity() {
+            let next = Vec::with_capacity(CHUNK);
+            let done = std::mem::replace(&mut self.current, next);
+            if !done.is_empty() {
+                self.full.push(done);
+            }
+        }
+        self.current.push(e);
+    }
+    fn take_into(&mut self, out: &mut Vec<Event>) {
+        for mut c in self.full.drain(..) {
+            out.append(&mut c);
+        }
+        out.append(&mut self.current);
+    }
+    fn clear(&mut self) {
+        self.full.clear();
+        self.current.clear();
+    }
+}
+
 /// A thread's buffer.
 pub(crate) struct ThreadBuf {
     pub tid: u32,
     pub name: String,
-    events: Mutex<Vec<Event>>,
+    events: Mutex<Chunks>,
 }
 
 static NEXT_TID: AtomicU32 = AtomicU32::new(0);
@@ -103,7 +137,7 @@ fn with_buf<R>(f: impl FnOnce(&ThreadBuf) -> R) -> Option<R> {
         let b = b.get_or_init(|| {
             let tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
             let name = std::thread::current().name().map_or_else(|| format!("thread {tid}"), str::to_string);
-            let b = Arc::new(ThreadBuf { tid, name, events: Mutex::new(Vec::with_capacity(256)) });
+            let b = Arc::new(ThreadBuf { tid, name, events: Mutex::new(Chunks::default()) });
             BUFFERS.lock().push(b.clone());
             b
         });
@@ -130,7 +164,7 @@ pub(crate) fn drain() -> (Vec<Event>, Vec<(u32, String)>) {
     let mut names = Vec::new();
     let mut buffers = BUFFERS.lock();
     for b in buffers.iter() {
-        all.append(&mut b.events.lock());
+        b.events.lock().take_into(&mut all);
         names.push((b.tid, b.name.clone()));
     }
     // Only the registry holds the buffer of a thread that has exited.

@@ -304,8 +304,12 @@ fn apply_flags(st: &State) {
 pub fn set_config(pairs: &[(&str, &str)]) -> Result<()> {
     let config = Config::parse(pairs)?;
     with_state(|st| {
-        // As stock: a new configuration removes the old output file.
-        let _ = std::fs::remove_file(&config.filename);
+        // As stock: a new configuration removes the old output file (a regular file only:
+        // never a device such as /dev/null, a FIFO or a link).
+        let path = std::path::Path::new(&config.filename);
+        if !trace::is_special(path) {
+            let _ = std::fs::remove_file(path);
+        }
         st.config = config;
         st.trace = Trace::default();
         st.aggregate.reset();

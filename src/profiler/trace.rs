@@ -174,14 +174,26 @@ impl Trace {
     }
 }
 
-/// Write `bytes` to `path` through a temporary file renamed over it.
+/// Whether `path` names something other than a regular file or nothing (a device such as
+/// `/dev/null`, a FIFO, a symbolic link, a directory): never renamed over or removed.
+pub fn is_special(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| !m.file_type().is_file())
+}
+
+/// Write `bytes` to `path` through a temporary file renamed over it. A path that names a
+/// device, FIFO or symbolic link is written in place instead (renaming over `/dev/null`
+/// would replace the device with a file).
 pub fn write_atomic(path: &str, bytes: &[u8]) -> Result<()> {
     let target = Path::new(path);
+    let io = |e: std::io::Error, what: &str| Error::mxnet(format!("cannot {what} profiler output '{path}': {e}"));
+    if is_special(target) {
+        let mut f = std::fs::OpenOptions::new().write(true).truncate(true).open(target).map_err(|e| io(e, "open"))?;
+        return f.write_all(bytes).map_err(|e| io(e, "write"));
+    }
     let file_name = target
         .file_name()
         .ok_or_else(|| Error::value(format!("profiler filename '{path}' names no file")))?;
     let tmp = target.with_file_name(format!(".{}.tmp{}", file_name.to_string_lossy(), std::process::id()));
-    let io = |e: std::io::Error, what: &str| Error::mxnet(format!("cannot {what} profiler output '{path}': {e}"));
     let mut f = std::fs::File::create(&tmp).map_err(|e| io(e, "create"))?;
     f.write_all(bytes).map_err(|e| io(e, "write"))?;
     drop(f);
@@ -250,6 +262,11 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"a\":1}");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file left");
         assert!(write_atomic(dir.join("missing/t.json").to_str().unwrap(), b"{}").is_err());
+        // A device is written in place, never replaced by a file.
+        write_atomic("/dev/null", b"{}").unwrap();
+        assert!(is_special(Path::new("/dev/null")));
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::metadata("/dev/null").unwrap().file_type().is_char_device());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
