@@ -30,5 +30,6 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     nn::register(ops);
     conv::register(ops);
     reduce::register(ops);
+    super::custom::register(ops);
     unsupported::register(ops);
 }

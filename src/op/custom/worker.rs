@@ -1,0 +1,223 @@
+//! The custom-operator threads: where the frontend callbacks of custom operators run.
+//!
+//! Owns: a job queue and the threads that take jobs from it. Jobs come from engine
+//! operations, which must not wait for the frontend, so they only queue a job. A thread runs
+//! one job at a time and may block inside it for long (the frontend waits for arrays, or for
+//! the result of another custom operator, whose job then needs another thread): a job that
+//! finds no idle thread starts one, up to [`MAX_THREADS`]. Threads hold no lock while they run
+//! a job. `MXNotifyShutdown` stops them ([`shutdown`], after the engine finished what was
+//! pushed); a later job starts new ones. A forked child does not have its parent's threads and
+//! starts its own at its first job.
+
+use crate::error::{Error, Result};
+use parking_lot::{Condvar, Mutex};
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A job: called with `Ok(())` on a custom-operator thread to run it, or with the error that
+/// kept it from running (no thread could be started).
+pub type Job = Box<dyn FnOnce(Result<()>) + Send>;
+
+/// Threads beyond this are not started: jobs wait for a busy thread instead. Only nested
+/// waits need more than one thread (the GIL runs one callback at a time anyway).
+pub const MAX_THREADS: usize = 32;
+
+/// How long [`shutdown`] waits for a thread still inside a callback before leaving it be.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+struct Workers {
+    state: Mutex<State>,
+    work: Condvar,
+    exited: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    jobs: VecDeque<Job>,
+    threads: usize,
+    idle: usize,
+    stop: bool,
+    handles: Vec<JoinHandle<()>>,
+}
+
+thread_local! {
+    static IS_CUSTOM_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+static WORKERS: AtomicPtr<Workers> = AtomicPtr::new(std::ptr::null_mut());
+static INIT: Mutex<()> = Mutex::new(());
+
+fn started() -> Option<&'static Workers> {
+    let p = WORKERS.load(Ordering::Acquire);
+    // SAFETY: the pointer is null or a leaked `Workers` that is never freed.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+fn workers() -> &'static Workers {
+    if let Some(w) = started() {
+        return w;
+    }
+    let _g = INIT.lock();
+    if let Some(w) = started() {
+        return w;
+    }
+    register_fork_handler();
+    let w: &'static Workers =
+        Box::leak(Box::new(Workers { state: Mutex::new(State::default()), work: Condvar::new(), exited: Condvar::new() }));
+    WORKERS.store(w as *const Workers as *mut Workers, Ordering::Release);
+    w
+}
+
+/// In a forked child the threads are gone: forget them (the old state is leaked, its lock may
+/// have been held by one of them at the fork).
+fn register_fork_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn child() {
+        WORKERS.store(std::ptr::null_mut(), Ordering::Release);
+    }
+    ONCE.call_once(|| {
+        // SAFETY: registering a plain extern "C" function with no captured state.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(child));
+        }
+    });
+}
+
+/// Whether the calling thread is a custom-operator thread.
+pub fn on_custom_thread() -> bool {
+    IS_CUSTOM_THREAD.try_with(Cell::get).unwrap_or(false)
+}
+
+/// Queue `job`; it runs on a custom-operator thread, or is called with the error if none
+/// exists and none can be started.
+pub fn submit(job: Job) {
+    let w = workers();
+    let mut s = w.state.lock();
+    s.jobs.push_back(job);
+    if s.jobs.len() > s.idle && s.threads < MAX_THREADS {
+        match std::thread::Builder::new().name("custom op worker".into()).spawn(move || run(w)) {
+            Ok(h) => {
+                s.threads += 1;
+                s.handles.push(h);
+            }
+            Err(e) if s.threads == 0 => {
+                let job = s.jobs.pop_back().expect("pushed above");
+                drop(s);
+                job(Err(Error::mxnet(format!("cannot start a custom operator thread: {e}"))));
+                return;
+            }
+            // A running thread will take the job when it is free.
+            Err(_) => {}
+        }
+    }
+    drop(s);
+    w.work.notify_one();
+}
+
+fn run(w: &'static Workers) {
+    IS_CUSTOM_THREAD.with(|c| c.set(true));
+    let mut s = w.state.lock();
+    loop {
+        if let Some(job) = s.jobs.pop_front() {
+            drop(s);
+            // A job completes its operation even when it panics (its completion token does).
+            let _ = catch_unwind(AssertUnwindSafe(|| job(Ok(()))));
+            s = w.state.lock();
+            continue;
+        }
+        if s.stop {
+            break;
+        }
+        s.idle += 1;
+        w.work.wait(&mut s);
+        s.idle -= 1;
+    }
+    s.threads -= 1;
+    drop(s);
+    w.exited.notify_all();
+}
+
+/// Stop the threads once the queue is empty, and join them; a thread still inside a
+/// callback after [`STOP_TIMEOUT`] is left running. Jobs queued afterwards start new threads.
+/// Does nothing on a custom-operator thread (it would wait for itself).
+pub fn shutdown() {
+    let Some(w) = started() else { return };
+    if on_custom_thread() {
+        return;
+    }
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    let mut s = w.state.lock();
+    s.stop = true;
+    w.work.notify_all();
+    while s.threads > 0 {
+        if w.exited.wait_until(&mut s, deadline).timed_out() {
+            break;
+        }
+    }
+    s.stop = false;
+    let all_gone = s.threads == 0;
+    let handles = std::mem::take(&mut s.handles);
+    drop(s);
+    if all_gone {
+        for h in handles {
+            let _ = h.join();
+        }
+    } else {
+        // Some thread is still busy and keeps serving the queue; its handle is dropped
+        // (detached) with the others, which have exited.
+        drop(handles);
+    }
+}
+
+/// Threads started and not stopped (tests).
+#[cfg(test)]
+pub fn threads() -> usize {
+    started().map_or(0, |w| w.state.lock().threads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::mpsc;
+
+    /// A job that blocks until a later job ran still lets that later job run (another thread
+    /// starts), and shutdown leaves the queue usable.
+    #[test]
+    fn blocked_job_does_not_starve_later_jobs() {
+        let (tx, rx) = mpsc::channel::<()>();
+        let (done_tx, done_rx) = mpsc::channel::<&'static str>();
+        let d1 = done_tx.clone();
+        submit(Box::new(move |r| {
+            r.unwrap();
+            assert!(on_custom_thread());
+            rx.recv_timeout(Duration::from_secs(10)).expect("the second job ran");
+            d1.send("first").unwrap();
+        }));
+        submit(Box::new(move |r| {
+            r.unwrap();
+            tx.send(()).unwrap();
+            done_tx.send("second").unwrap();
+        }));
+        let mut got = vec![done_rx.recv_timeout(Duration::from_secs(10)).unwrap()];
+        got.push(done_rx.recv_timeout(Duration::from_secs(10)).unwrap());
+        assert_eq!(got, ["second", "first"]);
+        assert!(!on_custom_thread());
+
+        static RAN: AtomicUsize = AtomicUsize::new(0);
+        shutdown();
+        let (tx, rx) = mpsc::channel();
+        submit(Box::new(move |r| {
+            r.unwrap();
+            RAN.fetch_add(1, Ordering::SeqCst);
+            tx.send(()).unwrap();
+        }));
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(RAN.load(Ordering::SeqCst), 1);
+        assert!(threads() >= 1);
+    }
+}
