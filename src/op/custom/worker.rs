@@ -1,16 +1,19 @@
 //! The custom-operator threads: where the frontend callbacks of custom operators run.
 //!
-//! Owns: a job queue and the threads that take jobs from it. Jobs come from engine
-//! operations, which must not wait for the frontend, so they only queue a job. A thread runs
-//! one job at a time and may block inside it for long (the frontend waits for arrays, or for
-//! the result of another custom operator, whose job then needs another thread): a job that
-//! finds no idle thread starts one, up to [`MAX_THREADS`]. Threads hold no lock while they run
-//! a job. `MXNotifyShutdown` stops them ([`shutdown`], after the engine finished what was
-//! pushed); a later job starts new ones. A forked child does not have its parent's threads and
-//! starts its own at its first job.
+//! Owns: a job queue, the threads that take jobs from it, and the monitor that adds threads.
+//! Jobs come from engine operations, which must not wait for the frontend, so they only queue
+//! a job. A thread runs one job at a time and may block inside it for long (the frontend
+//! waits for arrays, or for the result of another custom operator, whose job then needs
+//! another thread). Callbacks hold the GIL, so more threads than blocked jobs only contend:
+//! one thread starts with the first job, the monitor starts another (up to [`MAX_THREADS`])
+//! when jobs are queued, no thread is idle and none took a job for [`STALL`], and a thread
+//! beyond the first that finds no work for [`IDLE_EXIT`] exits. Threads hold no lock while
+//! they run a job. `MXNotifyShutdown` stops them all
+//! ([`shutdown`], after the engine finished what was pushed); a later job starts new ones. A
+//! forked child does not have its parent's threads and starts its own at its first job.
 
 use crate::error::{Error, Result};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -22,16 +25,27 @@ use std::time::{Duration, Instant};
 /// kept it from running (no thread could be started).
 pub type Job = Box<dyn FnOnce(Result<()>) + Send>;
 
-/// Threads beyond this are not started: jobs wait for a busy thread instead. Only nested
-/// waits need more than one thread (the GIL runs one callback at a time anyway).
+/// Threads beyond this are not started: jobs wait for a busy thread instead.
 pub const MAX_THREADS: usize = 32;
+
+/// How long queued jobs wait with every thread busy and none taking a job before the monitor
+/// starts another thread.
+/// Long enough that a callback slowed down by a busy GIL does not count as blocked.
+pub const STALL: Duration = Duration::from_millis(50);
+
+/// How long a thread beyond the first waits for work before it exits.
+pub const IDLE_EXIT: Duration = Duration::from_secs(2);
 
 /// How long [`shutdown`] waits for a thread still inside a callback before leaving it be.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 struct Workers {
     state: Mutex<State>,
+    /// Wakes idle threads (a job was queued, or stop).
     work: Condvar,
+    /// Wakes the monitor (a job was queued, or stop).
+    watch: Condvar,
+    /// A thread or the monitor exited.
     exited: Condvar,
 }
 
@@ -40,6 +54,9 @@ struct State {
     jobs: VecDeque<Job>,
     threads: usize,
     idle: usize,
+    /// Jobs taken from the queue so far (the monitor's measure of progress).
+    taken: u64,
+    monitor_running: bool,
     stop: bool,
     handles: Vec<JoinHandle<()>>,
 }
@@ -66,8 +83,12 @@ fn workers() -> &'static Workers {
         return w;
     }
     register_fork_handler();
-    let w: &'static Workers =
-        Box::leak(Box::new(Workers { state: Mutex::new(State::default()), work: Condvar::new(), exited: Condvar::new() }));
+    let w: &'static Workers = Box::leak(Box::new(Workers {
+        state: Mutex::new(State::default()),
+        work: Condvar::new(),
+        watch: Condvar::new(),
+        exited: Condvar::new(),
+    }));
     WORKERS.store(w as *const Workers as *mut Workers, Ordering::Release);
     w
 }
@@ -92,30 +113,41 @@ pub fn on_custom_thread() -> bool {
     IS_CUSTOM_THREAD.try_with(Cell::get).unwrap_or(false)
 }
 
+fn spawn_thread(w: &'static Workers, s: &mut State) -> std::io::Result<()> {
+    s.handles.retain(|h| !h.is_finished());
+    let h = std::thread::Builder::new().name("custom op worker".into()).spawn(move || run(w))?;
+    s.threads += 1;
+    s.handles.push(h);
+    Ok(())
+}
+
 /// Queue `job`; it runs on a custom-operator thread, or is called with the error if none
 /// exists and none can be started.
 pub fn submit(job: Job) {
     let w = workers();
     let mut s = w.state.lock();
     s.jobs.push_back(job);
-    if s.jobs.len() > s.idle && s.threads < MAX_THREADS {
-        match std::thread::Builder::new().name("custom op worker".into()).spawn(move || run(w)) {
-            Ok(h) => {
-                s.threads += 1;
-                s.handles.push(h);
-            }
-            Err(e) if s.threads == 0 => {
-                let job = s.jobs.pop_back().expect("pushed above");
-                drop(s);
-                job(Err(Error::mxnet(format!("cannot start a custom operator thread: {e}"))));
-                return;
-            }
-            // A running thread will take the job when it is free.
-            Err(_) => {}
+    if s.threads == 0 {
+        if let Err(e) = spawn_thread(w, &mut s) {
+            let job = s.jobs.pop_back().expect("pushed above");
+            drop(s);
+            job(Err(Error::mxnet(format!("cannot start a custom operator thread: {e}"))));
+            return;
         }
     }
+    if !s.monitor_running {
+        // Without a monitor the one thread serves every job (nested waits would stall).
+        if let Ok(h) = std::thread::Builder::new().name("custom op monitor".into()).spawn(move || monitor(w)) {
+            s.monitor_running = true;
+            s.handles.push(h);
+        }
+    }
+    let wake_monitor = s.idle == 0;
     drop(s);
     w.work.notify_one();
+    if wake_monitor {
+        w.watch.notify_one();
+    }
 }
 
 fn run(w: &'static Workers) {
@@ -123,6 +155,7 @@ fn run(w: &'static Workers) {
     let mut s = w.state.lock();
     loop {
         if let Some(job) = s.jobs.pop_front() {
+            s.taken += 1;
             drop(s);
             // A job completes its operation even when it panics (its completion token does).
             let _ = catch_unwind(AssertUnwindSafe(|| job(Ok(()))));
@@ -133,17 +166,49 @@ fn run(w: &'static Workers) {
             break;
         }
         s.idle += 1;
-        w.work.wait(&mut s);
+        let idle_out = w.work.wait_for(&mut s, IDLE_EXIT).timed_out();
         s.idle -= 1;
+        if idle_out && s.jobs.is_empty() && s.threads > 1 {
+            break;
+        }
     }
     s.threads -= 1;
     drop(s);
     w.exited.notify_all();
 }
 
-/// Stop the threads once the queue is empty, and join them; a thread still inside a
-/// callback after [`STOP_TIMEOUT`] is left running. Jobs queued afterwards start new threads.
-/// Does nothing on a custom-operator thread (it would wait for itself).
+/// Whether queued jobs wait with every thread busy.
+fn waiting(s: &State) -> bool {
+    !s.jobs.is_empty() && s.idle == 0
+}
+
+fn monitor(w: &'static Workers) {
+    let mut s: MutexGuard<State> = w.state.lock();
+    while !s.stop {
+        if !waiting(&s) {
+            w.watch.wait(&mut s);
+            continue;
+        }
+        let seen = s.taken;
+        let deadline = Instant::now() + STALL;
+        while !s.stop && Instant::now() < deadline {
+            let _ = w.watch.wait_until(&mut s, deadline);
+        }
+        if !s.stop && waiting(&s) && s.taken == seen && s.threads < MAX_THREADS {
+            // Every thread is blocked inside a job: start one for the queue.
+            let _ = spawn_thread(w, &mut s);
+            w.work.notify_one();
+        }
+    }
+    s.monitor_running = false;
+    drop(s);
+    w.exited.notify_all();
+}
+
+/// Stop the threads and the monitor once the queue is empty, and join them; a thread still
+/// inside a callback after [`STOP_TIMEOUT`] is left running (and keeps serving the queue).
+/// Jobs queued afterwards start new threads. Does nothing on a custom-operator thread (it
+/// would wait for itself).
 pub fn shutdown() {
     let Some(w) = started() else { return };
     if on_custom_thread() {
@@ -153,24 +218,23 @@ pub fn shutdown() {
     let mut s = w.state.lock();
     s.stop = true;
     w.work.notify_all();
-    while s.threads > 0 {
+    w.watch.notify_all();
+    while s.threads > 0 || s.monitor_running {
         if w.exited.wait_until(&mut s, deadline).timed_out() {
             break;
         }
     }
     s.stop = false;
-    let all_gone = s.threads == 0;
+    let all_gone = s.threads == 0 && !s.monitor_running;
     let handles = std::mem::take(&mut s.handles);
     drop(s);
     if all_gone {
         for h in handles {
             let _ = h.join();
         }
-    } else {
-        // Some thread is still busy and keeps serving the queue; its handle is dropped
-        // (detached) with the others, which have exited.
-        drop(handles);
     }
+    // Otherwise the handles are dropped (detached): the exited threads are gone, the busy
+    // one goes on serving the queue.
 }
 
 /// Threads started and not stopped (tests).
