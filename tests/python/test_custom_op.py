@@ -358,9 +358,13 @@ print("OK", os.environ.get("MXNET_ENGINE_TYPE"), len(os.listdir('/proc/self/task
 '''
 
 
-@pytest.mark.parametrize("engine", ["NaiveEngine", "ThreadedEngine", "ThreadedEnginePerDevice"])
-def test_engine_types(engine):
-    env = dict(os.environ, MXNET_ENGINE_TYPE=engine)
+@pytest.mark.parametrize("engine,max_pending", [
+    ("NaiveEngine", 0), ("ThreadedEngine", 0), ("ThreadedEnginePerDevice", 0),
+    # Back-pressure must not make callbacks wait for the operation that waits for them.
+    ("ThreadedEnginePerDevice", 1),
+])
+def test_engine_types(engine, max_pending):
+    env = dict(os.environ, MXNET_ENGINE_TYPE=engine, MXNET_ENGINE_MAX_PENDING_OPS=str(max_pending))
     r = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert ("OK " + engine) in r.stdout

@@ -152,6 +152,7 @@ pub fn submit(job: Job) {
 
 fn run(w: &'static Workers) {
     IS_CUSTOM_THREAD.with(|c| c.set(true));
+    crate::engine::exempt_from_back_pressure();
     let mut s = w.state.lock();
     loop {
         if let Some(job) = s.jobs.pop_front() {
