@@ -8,7 +8,8 @@
 //! mutated inputs written, each variable once), random stream reservation, and the overlap
 //! rule that lets kernels take plain slices: an output that overlaps an input it was not
 //! declared in-place with is computed into a temporary and copied over in the same operation.
-//! Also owns the thread's training flag that kernels see (autograd sets it).
+//! Also owns the thread's training flag that kernels see (autograd sets it). An operator with
+//! its own invocation ([`super::OpDef::invoke_with`], `Custom`) takes over after parsing.
 
 use super::tensor::TBlob;
 use super::{random, Meta, OpCtx, OpDef, Req, Resource};
