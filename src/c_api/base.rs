@@ -47,13 +47,14 @@ pub unsafe extern "C" fn MXLibInfoFeatures(
 }
 
 /// Notify the library that the process is shutting down: waits for pushed operations to
-/// finish. Idempotent; calls that arrive afterwards (frees from garbage collection) still
-/// succeed.
+/// finish, then stops the custom-operator threads and writes the profiler's trace if it ran.
+/// Idempotent; calls that arrive afterwards (frees from garbage collection) still succeed.
 #[no_mangle]
 pub extern "C" fn MXNotifyShutdown() -> c_int {
     ffi::call("MXNotifyShutdown", || {
         runtime().notify_shutdown();
         crate::engine::shutdown();
+        crate::op::custom::worker::shutdown();
         crate::profiler::final_dump();
         Ok(())
     })

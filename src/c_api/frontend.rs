@@ -4,11 +4,10 @@
 //!
 //! Lists we do not have are returned empty (the frontend then generates nothing for them);
 //! asking for an entry of an empty list is an error. Custom operator creators are recorded by
-//! name; running a `Custom` operator is not supported yet and the operator is not registered,
-//! so a call to it fails with a clear error.
+//! name for the `Custom` operator (`op::custom`).
 
 use super::ffi::{self, cstr, out};
-use super::types::{CustomOpPropCreator, DataIterCreator, DataIterHandle, FunctionHandle};
+use super::types::{CustomOpPropCreator, DataIterCreator, DataIterHandle, FunctionHandle, MXCallbackList};
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -193,10 +192,18 @@ pub unsafe extern "C" fn MXNetFuncGetGlobal(name: *const c_char, _out: *mut *mut
     })
 }
 
+type Creator = unsafe extern "C" fn(*const c_char, c_int, *mut *const c_char, *mut *const c_char, *mut MXCallbackList) -> c_int;
+
 /// The custom operator property creators registered so far, by op_type.
-pub fn custom_op_creators() -> &'static Mutex<HashMap<String, usize>> {
-    static M: std::sync::OnceLock<Mutex<HashMap<String, usize>>> = std::sync::OnceLock::new();
+fn custom_op_creators() -> &'static Mutex<HashMap<String, Creator>> {
+    static M: std::sync::OnceLock<Mutex<HashMap<String, Creator>>> = std::sync::OnceLock::new();
     M.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The property creator registered under `op_type` (copied out: callers call it with no lock
+/// held).
+pub fn custom_op_creator(op_type: &str) -> Option<Creator> {
+    custom_op_creators().lock().get(op_type).copied()
 }
 
 /// Record a custom operator's property creator under `op_type` (re-registering replaces it).
@@ -211,7 +218,7 @@ pub unsafe extern "C" fn MXCustomOpRegister(op_type: *const c_char, creator: Cus
         let Some(creator) = creator else {
             return Err(Error::value(format!("creator for custom operator {name} is NULL")));
         };
-        custom_op_creators().lock().insert(name.to_string(), creator as usize);
+        custom_op_creators().lock().insert(name.to_string(), creator);
         Ok(())
     })
 }

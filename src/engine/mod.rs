@@ -204,6 +204,8 @@ pub struct Engine {
 
 thread_local! {
     static IS_WORKER: Cell<bool> = const { Cell::new(false) };
+    /// Pushes from this thread skip back-pressure ([`exempt_from_back_pressure`]).
+    static NO_BACK_PRESSURE: Cell<bool> = const { Cell::new(false) };
     /// Operations made ready while this thread already runs one inline (NaiveEngine).
     static INLINE: RefCell<Option<VecDeque<Arc<Opr>>>> = const { RefCell::new(None) };
     static BULK: RefCell<Bulk> = RefCell::new(Bulk::default());
@@ -211,6 +213,13 @@ thread_local! {
 
 pub(crate) fn mark_worker_thread() {
     IS_WORKER.with(|w| w.set(true));
+}
+
+/// Exempt the calling thread from back-pressure (`MXNET_ENGINE_MAX_PENDING_OPS`): for threads
+/// that push on behalf of a pending operation (custom operators' callbacks), which would
+/// otherwise wait for that operation, and so for themselves.
+pub fn exempt_from_back_pressure() {
+    NO_BACK_PRESSURE.with(|c| c.set(true));
 }
 
 /// Whether the calling thread is one of the engine's workers.
@@ -728,7 +737,11 @@ impl Engine {
 
     fn apply_back_pressure(&self) {
         let max = self.opts.max_pending;
-        if max > 0 && !on_worker_thread() && INLINE.with(|q| q.borrow().is_none()) {
+        if max > 0
+            && !on_worker_thread()
+            && !NO_BACK_PRESSURE.with(Cell::get)
+            && INLINE.with(|q| q.borrow().is_none())
+        {
             self.wait_until(|pending| pending < max);
         }
     }

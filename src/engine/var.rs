@@ -54,6 +54,8 @@ struct VarState {
 pub struct Var {
     state: Mutex<VarState>,
     block: Mutex<Option<Block>>,
+    /// The variable whose block this one stands for ([`Var::alias`]), kept alive by it.
+    alias_of: Option<Arc<Var>>,
     /// Autograd's "fresh gradient" flag of the data (`MXNDArrayGet/SetGradState`).
     pub fresh_grad: std::sync::atomic::AtomicBool,
 }
@@ -73,8 +75,26 @@ impl Var {
         Arc::new(Var::default())
     }
 
+    /// A second variable over `of`'s data block (allocated through `of`, kept alive by the
+    /// alias): operations on one do not wait for operations on the other. For memory that an
+    /// operation already holds and hands to code that schedules its own operations on it
+    /// (custom operators' frontend callbacks).
+    pub fn alias(of: &Arc<Var>) -> Arc<Self> {
+        let root = of.alias_of.as_ref().unwrap_or(of);
+        Arc::new(Var { alias_of: Some(root.clone()), ..Var::default() })
+    }
+
+    /// Whether this variable is an alias ([`Var::alias`]) of `other`'s data block.
+    pub fn is_alias_of(&self, other: &Arc<Var>) -> bool {
+        let root = other.alias_of.as_ref().unwrap_or(other);
+        self.alias_of.as_ref().is_some_and(|a| Arc::ptr_eq(a, root))
+    }
+
     /// The data block's address, allocating `bytes` on `ctx` at the first call.
     pub fn data(&self, bytes: usize, ctx: Context) -> Result<*mut u8> {
+        if let Some(owner) = &self.alias_of {
+            return owner.data(bytes, ctx);
+        }
         let mut b = self.block.lock();
         if b.is_none() {
             *b = Some(Block::alloc(bytes, ctx)?);

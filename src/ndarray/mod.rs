@@ -162,6 +162,15 @@ impl NDArray {
         self.shape.iter().skip(1).product::<usize>() * self.dtype.size()
     }
 
+    /// This view over `alias`, an alias ([`Var::alias`]) of this array's chunk: the same
+    /// memory under another engine variable.
+    pub fn through_alias(&self, alias: &Arc<Chunk>) -> Result<NDArray> {
+        if !alias.is_alias_of(self.chunk()?) {
+            return Err(Error::internal("through_alias: the variable is not an alias of the array's chunk"));
+        }
+        Ok(NDArray { chunk: Some(alias.clone()), ..self.clone() })
+    }
+
     /// Rows `begin..end` of axis 0: a view sharing storage and variable (empty when
     /// `begin == end`, as stock allows: the frontend slices `x[5:9]` of 3 rows as `[0, 0)`).
     pub fn slice(&self, begin: usize, end: usize) -> Result<NDArray> {

@@ -8,7 +8,8 @@
 //! mutated inputs written, each variable once), random stream reservation, and the overlap
 //! rule that lets kernels take plain slices: an output that overlaps an input it was not
 //! declared in-place with is computed into a temporary and copied over in the same operation.
-//! Also owns the thread's training flag that kernels see (autograd sets it).
+//! Also owns the thread's training flag that kernels see (autograd sets it). An operator with
+//! its own invocation ([`super::OpDef::invoke_with`], `Custom`) takes over after parsing.
 
 use super::tensor::TBlob;
 use super::{random, Meta, OpCtx, OpDef, Req, Resource};
@@ -79,6 +80,9 @@ fn invoke_checked<'a>(
     kv: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Result<Vec<NDArray>> {
     let attrs = op.parse_attrs(kv, inputs.len())?;
+    if let Some(own) = op.invoke_with {
+        return own(op, inputs, outputs, attrs);
+    }
     let want = op.num_inputs(&attrs, inputs.len())?;
     if inputs.len() != want {
         return Err(Error::value(format!(
@@ -230,6 +234,7 @@ fn invoke_checked<'a>(
     p.name = Some(op.engine_name());
     if crate::profiler::ops_on(false) {
         p.scope = crate::profiler::scope();
+        p.name = p.name.as_ref().map(crate::profiler::op_name);
     }
     engine::global()?.push(p)?;
     outs.truncate(visible);

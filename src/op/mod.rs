@@ -11,6 +11,7 @@
 //! invocation through the engine), [`random`] (reproducible random streams), [`tune`]
 //! (convolution algorithm selection) and `ops` (the operator families).
 
+pub mod custom;
 pub mod invoke;
 pub mod kernel;
 pub mod param;
@@ -20,7 +21,7 @@ pub mod tune;
 mod ops;
 
 use crate::error::{Error, Result};
-use crate::ndarray::DType;
+use crate::ndarray::{self, DType};
 use param::{Attrs, ParamSpec};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CString};
@@ -76,6 +77,10 @@ pub enum Grad {
     /// the inputs (`inputs`) and/or outputs (`outputs`) of the forward call, in that order,
     /// and produces one gradient per forward input.
     Backward { op: &'static str, inputs: bool, outputs: bool },
+    /// Computed by the backward operator `op` with the forward call's state (`Custom`: the
+    /// frontend's operator object); which forward tensors it reads is decided by that state
+    /// (see `custom::backward`).
+    Stateful { op: &'static str },
 }
 
 /// Which tensor inputs an operator takes.
@@ -92,6 +97,10 @@ pub enum Inputs {
 
 pub type InferFn = Box<dyn Fn(&Attrs, &[Meta]) -> Result<Vec<Meta>> + Send + Sync>;
 pub type ComputeFn = Box<dyn Fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()> + Send + Sync>;
+/// Invocation of an operator that does not fit parse-infer-compute (see [`OpDef::invoke_with`]):
+/// the operator, its inputs, the caller's outputs if any, and the parsed parameters; returns
+/// the visible outputs.
+pub type InvokeFn = fn(&'static OpDef, &[&ndarray::NDArray], Option<&[&ndarray::NDArray]>, Attrs) -> Result<Vec<ndarray::NDArray>>;
 
 /// What a kernel gets besides its tensors.
 pub struct OpCtx<'a> {
@@ -131,6 +140,13 @@ pub struct OpDef {
     /// A stock operator mxnet-rt does not implement: every call fails with
     /// NotImplementedError, whatever its parameters.
     pub not_supported: bool,
+    /// Undeclared parameters are kept for the operator ([`Attrs::extra`]) instead of being
+    /// refused (`Custom`, whose parameters belong to the frontend's operator).
+    pub open_params: bool,
+    /// Takes over imperative invocation once the parameters are parsed: for operators whose
+    /// inference and computation call back into the frontend and complete asynchronously
+    /// (`Custom`). `infer` still serves graph shape inference; `compute` is not used.
+    pub invoke_with: Option<InvokeFn>,
     /// Name interned for the engine and profiler.
     engine_name: OnceLock<Arc<str>>,
     c_info: OnceLock<CInfo>,
@@ -161,6 +177,8 @@ impl OpDef {
             grad: Grad::None,
             any_out_dtype: false,
             not_supported: false,
+            open_params: false,
+            invoke_with: None,
             engine_name: OnceLock::new(),
             c_info: OnceLock::new(),
         }
@@ -210,6 +228,14 @@ impl OpDef {
         self.not_supported = true;
         self
     }
+    pub fn open_params(mut self) -> Self {
+        self.open_params = true;
+        self
+    }
+    pub fn invoke_with(mut self, f: InvokeFn) -> Self {
+        self.invoke_with = Some(f);
+        self
+    }
 
     /// The number of tensor inputs a call with these parameters takes (`given`: the number
     /// the caller passed, which a variadic operator without a count parameter accepts).
@@ -237,6 +263,9 @@ impl OpDef {
     pub fn parse_attrs<'a>(&'static self, kv: impl IntoIterator<Item = (&'a str, &'a str)>, num_inputs: usize) -> Result<Attrs> {
         if self.not_supported {
             return Err(Error::not_supported(format!("operator {}", self.name)));
+        }
+        if self.open_params {
+            return Attrs::parse_open(self.name, self.params, kv);
         }
         if self.key_var_num_args.is_empty() {
             return Attrs::parse(self.name, self.params, kv);

@@ -5,7 +5,9 @@
 //! parsed value per declared parameter). Values arrive as `str()` of Python values: `True`,
 //! `0`, `None`, `(2, 3)`, `(3,)`, `[1, 2, 0]`, `(None, 1)`, `1.5951227848834706`, `inf`,
 //! `cpu(0)`, dtype names. Parsing is strict: an unknown key or a bad value is a `ValueError`
-//! naming the operator, the parameter, the value and what is accepted.
+//! naming the operator, the parameter, the value and what is accepted. The one exception is an
+//! operator declared open ([`Attrs::parse_open`], `Custom`): it keeps unknown keys, in order,
+//! as extra string parameters for its implementation to interpret.
 
 use crate::context::{Context, DevType};
 use crate::error::{Error, Result};
@@ -244,6 +246,8 @@ pub struct Attrs {
     pub op: &'static str,
     specs: &'static [ParamSpec],
     values: Vec<Value>,
+    /// Undeclared keys of an open operator, with their raw values, in the caller's order.
+    extra: Vec<(String, String)>,
 }
 
 impl Attrs {
@@ -254,12 +258,36 @@ impl Attrs {
         specs: &'static [ParamSpec],
         kv: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<Attrs> {
+        Self::parse_with(op, specs, kv, false)
+    }
+
+    /// [`Attrs::parse`] for an open operator: undeclared keys are kept (see [`Attrs::extra`])
+    /// instead of being refused; declared ones are parsed as strictly.
+    pub fn parse_open<'a>(
+        op: &'static str,
+        specs: &'static [ParamSpec],
+        kv: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Attrs> {
+        Self::parse_with(op, specs, kv, true)
+    }
+
+    fn parse_with<'a>(
+        op: &'static str,
+        specs: &'static [ParamSpec],
+        kv: impl IntoIterator<Item = (&'a str, &'a str)>,
+        open: bool,
+    ) -> Result<Attrs> {
         let mut values: Vec<Option<Value>> = vec![None; specs.len()];
+        let mut extra = Vec::new();
         for (k, v) in kv {
             if k.starts_with("__") && k.ends_with("__") && k.len() > 4 {
                 continue;
             }
             let Some(i) = specs.iter().position(|s| s.name == k) else {
+                if open {
+                    extra.push((k.to_string(), v.to_string()));
+                    continue;
+                }
                 let known: Vec<&str> = specs.iter().map(|s| s.name).collect();
                 return Err(Error::value(format!(
                     "operator {op} has no parameter '{k}' (its parameters: {})",
@@ -289,7 +317,13 @@ impl Attrs {
                 },
             });
         }
-        Ok(Attrs { op, specs, values: out })
+        Ok(Attrs { op, specs, values: out, extra })
+    }
+
+    /// The undeclared parameters of an open operator, in the caller's order (empty for every
+    /// other operator).
+    pub fn extra(&self) -> &[(String, String)] {
+        &self.extra
     }
 
     /// Whether `name` is a declared parameter.
@@ -465,6 +499,17 @@ mod tests {
         }
         // Dunder graph attributes are not parameters and are ignored.
         assert!(parse(&[("shape", "(1,)"), ("__layout__", "NCHW")]).is_ok());
+    }
+
+    #[test]
+    fn open_operators_keep_unknown_keys_in_order() {
+        let kv = [("zeta", "1"), ("shape", "(2,)"), ("alpha", "x y"), ("__layout__", "NC")];
+        let a = Attrs::parse_open("open_op", SPECS, kv.iter().copied()).unwrap();
+        assert_eq!(a.shape("shape"), &[2]);
+        assert_eq!(a.extra(), &[("zeta".to_string(), "1".to_string()), ("alpha".to_string(), "x y".to_string())]);
+        // Declared parameters stay strict, and a strict parse keeps nothing extra.
+        assert!(Attrs::parse_open("open_op", SPECS, [("shape", "(2, x)")]).is_err());
+        assert!(parse(&[("shape", "(1,)")]).unwrap().extra().is_empty());
     }
 
     #[test]

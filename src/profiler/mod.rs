@@ -70,6 +70,46 @@ thread_local! {
     static OP_ARGS: RefCell<Option<String>> = const { RefCell::new(None) };
     /// The scope set by `MXSetProfilerScope` on this thread.
     static SCOPE: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
+    /// The custom operator whose callback runs on this thread ([`custom_scope`]).
+    static CUSTOM: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
+}
+
+/// The category of operator events, and of events inside custom operators' callbacks.
+const OPERATOR: &str = "operator";
+const CUSTOM_OPERATOR: &str = "Custom Operator";
+
+/// Run `f`, a frontend callback of the custom operator `op_type`: recorded as
+/// `<op_type>::pure_python` in the `Custom Operator` category, and operators that this thread
+/// pushes meanwhile are named `<op_type>::<operator>` in that category (as stock shows them).
+pub fn custom_scope<R>(op_type: &str, f: impl FnOnce() -> R) -> R {
+    if !ops_on(false) && !ops_on(true) {
+        return f();
+    }
+    let ty: Arc<str> = Arc::from(op_type);
+    let previous = CUSTOM.with(|c| c.borrow_mut().replace(ty.clone()));
+    let start = now_us();
+    let r = f();
+    let end = now_us();
+    CUSTOM.with(|c| *c.borrow_mut() = previous);
+    buffer::record(Event {
+        name: Text::Shared(Arc::from(format!("{ty}::pure_python"))),
+        cat: Text::Static(CUSTOM_OPERATOR),
+        proc: Proc::CustomOp,
+        tid: buffer::current_tid(),
+        ts: start,
+        phase: Phase::Complete { dur: end - start },
+        args: None,
+    });
+    r
+}
+
+/// The name an operator pushed from this thread is profiled under: `<op_type>::<name>` inside
+/// a custom operator's callback, else `name` itself.
+pub fn op_name(name: &Arc<str>) -> Arc<str> {
+    match CUSTOM.try_with(|c| c.borrow().clone()).ok().flatten() {
+        Some(ty) => crate::engine::intern(&format!("{ty}::{name}")),
+        None => name.clone(),
+    }
 }
 
 /// Attach `"key":"value"` to the event of the operation running on this thread (recorded
@@ -127,9 +167,11 @@ pub fn op_end(start: f64, name: Option<&Arc<str>>, ctx: Context, tid: Option<u32
         a.push_str("\"scope\":");
         trace::json_str(a, s);
     }
+    // Only names given by `op_name` inside a custom operator's callback contain "::".
+    let cat = if name.is_some_and(|n| n.contains("::")) { CUSTOM_OPERATOR } else { OPERATOR };
     buffer::record(Event {
         name: name.map_or(Text::Static("<unnamed>"), |n| Text::Shared(n.clone())),
-        cat: Text::Static("operator"),
+        cat: Text::Static(cat),
         proc: Proc::Device(ctx),
         tid: tid.unwrap_or_else(buffer::current_tid),
         ts: start,

@@ -266,3 +266,38 @@ def test_results_are_unchanged_by_profiling(trace_file):
     profiler.set_state("run")
     got = (mx.nd.dot(mx.nd.array(x), mx.nd.array(x)) + 1).asnumpy()
     np.testing.assert_allclose(got, expect, rtol=1e-6)
+
+
+class _Sigmoid(mx.operator.CustomOp):
+    def forward(self, is_train, req, in_data, out_data, aux):
+        z = mx.nd.zeros(in_data[0].shape)
+        self.assign(out_data[0], req[0], mx.nd.sigmoid(in_data[0]) + z)
+
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        pass
+
+
+@mx.operator.register("ProfiledSigmoid")
+class _SigmoidProp(mx.operator.CustomOpProp):
+    def __init__(self):
+        super().__init__(need_top_grad=True)
+
+    def infer_shape(self, in_shape):
+        return in_shape, [in_shape[0]], []
+
+    def create_operator(self, ctx, shapes, dtypes):
+        return _Sigmoid()
+
+
+def test_custom_operator_category(trace_file):
+    profiler.set_config(profile_all=True, aggregate_stats=True, continuous_dump=False, filename=trace_file)
+    profiler.set_state("run")
+    x = mx.nd.array([[-1.0, 0.0, 2.0]])
+    y = mx.nd.Custom(x, op_type="ProfiledSigmoid")
+    np.testing.assert_allclose(y.asnumpy(), 1 / (1 + np.exp(-x.asnumpy())), rtol=1e-6)
+    mx.nd.waitall()
+    profiler.set_state("stop")
+    custom = json.loads(profiler.dumps(format="json"))["Time"]["Custom Operator"]
+    assert custom["ProfiledSigmoid::pure_python"]["Count"] == 1, custom
+    assert custom["ProfiledSigmoid::_zeros"]["Count"] == 1, custom
+    assert custom["ProfiledSigmoid::sigmoid"]["Count"] == 1, custom

@@ -31,6 +31,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     nn::register(ops);
     conv::register(ops);
     reduce::register(ops);
+    super::custom::register(ops);
     unsupported::register(ops);
     // last: stubs for the stock names no family registered
     missing::register(ops);

@@ -4,7 +4,6 @@
 //! `NotImplementedError: operator <name> (mxnet.numpy interface) is not supported yet`.
 
 use crate::error::Error;
-use crate::op::param::{PType, ParamSpec};
 use crate::op::{Inputs, OpDef};
 
 const NAMES: &[&str] = &[
@@ -15,21 +14,7 @@ const NAMES: &[&str] = &[
     "_np_diagflat",
 ];
 
-const CUSTOM_PARAMS: &[ParamSpec] =
-    &[ParamSpec::req("op_type", PType::Str, "Name of the custom operator registered with MXCustomOpRegister")];
-
 pub(super) fn register(ops: &mut Vec<OpDef>) {
-    ops.push(
-        OpDef::new(
-            "Custom",
-            Inputs::Variadic("data"),
-            Box::new(|a, _| Err(Error::not_supported(format!("running custom operator {} (Custom)", a.str("op_type"))))),
-            Box::new(|cx, _, _| Err(Error::not_supported(format!("running custom operator {} (Custom)", cx.attrs.str("op_type"))))),
-        )
-        .alias(&["_npi_Custom"])
-        .params(CUSTOM_PARAMS)
-        .doc("Apply a custom operator implemented in a frontend language. Registration works; running one is not supported by mxnet-rt yet."),
-    );
     for &name in NAMES {
         ops.push(
             OpDef::new(
