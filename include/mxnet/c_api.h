@@ -116,8 +116,8 @@ int MXGetVersion(int *out);
 int MXLibInfoFeatures(const struct LibFeature **lib_features, size_t *size);
 
 // Notify the library that the process is shutting down: waits for pushed operations to
-// finish. Idempotent; calls that arrive afterwards (frees from garbage collection) still
-// succeed.
+// finish, then stops the custom-operator threads and writes the profiler's trace if it ran.
+// Idempotent; calls that arrive afterwards (frees from garbage collection) still succeed.
 int MXNotifyShutdown(void);
 
 // Set the number of threads data-parallel kernels use (>= 1).
