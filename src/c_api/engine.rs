@@ -216,7 +216,8 @@ pub(crate) unsafe fn push_c(
         payload,
         wait: c.wait,
         symbolic: false,
-        scope: crate::profiler::scope(),
+        // Read only while operations are profiled: pushes otherwise skip the thread-local.
+        scope: if crate::profiler::ops_on(false) { crate::profiler::scope() } else { None },
     };
     engine.push_validated(push, pool)
 }

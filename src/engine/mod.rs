@@ -553,15 +553,12 @@ impl Engine {
         }
         self.pending.fetch_add(1, Ordering::SeqCst);
         let rctx = RunContext::for_ctx(ctx, false);
-        let t0 = profiler::op_begin(tag.symbolic);
-        let outcome = match catch_unwind(AssertUnwindSafe(|| f(&rctx))) {
+        let ran = profiler::profiled(tag.symbolic, tag.name, ctx, tag.scope, || catch_unwind(AssertUnwindSafe(|| f(&rctx))));
+        let outcome = match ran {
             Ok(Ok(())) => Outcome::Ok,
             Ok(Err(e)) => Outcome::Failed(e),
             Err(panic) => Outcome::Failed(panic_error(tag.name.map_or("<unnamed>", |n| n), panic.as_ref())),
         };
-        if let Some(t0) = t0 {
-            profiler::op_end(t0, tag.name, ctx, None, tag.scope);
-        }
         self.release(reads, writes, outcome, None);
         Ok(())
     }
@@ -641,12 +638,10 @@ impl Engine {
         let rctx = RunContext::for_ctx(op.ctx, false);
         match func {
             Some(OprFn::Sync(f)) => {
-                let t0 = profiler::op_begin(op.symbolic);
-                let r = catch_unwind(AssertUnwindSafe(|| f(&rctx)))
-                    .unwrap_or_else(|p| Err(panic_error(op.name(), p.as_ref())));
-                if let Some(t0) = t0 {
-                    profiler::op_end(t0, op.name.as_ref(), op.ctx, None, op.scope.as_ref());
-                }
+                let r = profiler::profiled(op.symbolic, op.name.as_ref(), op.ctx, op.scope.as_ref(), || {
+                    catch_unwind(AssertUnwindSafe(|| f(&rctx)))
+                })
+                .unwrap_or_else(|p| Err(panic_error(op.name(), p.as_ref())));
                 self.complete(op, r.map_or_else(Outcome::Failed, |_| Outcome::Ok));
             }
             Some(OprFn::Async(f)) => {

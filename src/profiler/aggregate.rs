@@ -110,7 +110,8 @@ impl Aggregate {
         *self = Aggregate::default();
     }
 
-    /// Count of `name` in `category` (for tests and consistency checks).
+    /// Count of `name` in `category`.
+    #[cfg(test)]
     pub fn count(&self, category: &str, name: &str) -> u64 {
         self.time.get(category).and_then(|c| c.get(name)).map_or(0, |s| s.count)
     }

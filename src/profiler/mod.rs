@@ -155,6 +155,19 @@ pub fn op_begin(symbolic: bool) -> Option<f64> {
     }
 }
 
+/// Run `f`, a synchronous operation, recording it if operations of its kind are recorded.
+#[inline]
+pub fn profiled<R>(symbolic: bool, name: Option<&Arc<str>>, ctx: Context, scope: Option<&Arc<str>>, f: impl FnOnce() -> R) -> R {
+    match op_begin(symbolic) {
+        Some(start) => {
+            let r = f();
+            op_end(start, name, ctx, None, scope);
+            r
+        }
+        None => f(),
+    }
+}
+
 /// End of a recorded operation started at `start` on thread `tid` (None: this thread).
 pub fn op_end(start: f64, name: Option<&Arc<str>>, ctx: Context, tid: Option<u32>, scope: Option<&Arc<str>>) {
     let end = now_us();
@@ -362,11 +375,6 @@ pub fn set_config(pairs: &[(&str, &str)]) -> Result<()> {
     Ok(())
 }
 
-/// The current configuration.
-pub fn config() -> Config {
-    with_state(|st| st.config.clone())
-}
-
 /// `MXSetProcessProfilerState`: run (true) or stop (false).
 pub fn set_state(run: bool) -> Result<()> {
     let stale_dumper = with_state(|st| {
@@ -423,11 +431,6 @@ pub fn pause(paused: bool) {
     });
 }
 
-/// Whether the profiler is running (paused or not).
-pub fn is_running() -> bool {
-    with_state(|st| st.running)
-}
-
 /// Move buffered events into the trace and the statistics.
 fn collect(st: &mut State) {
     let (events, threads) = buffer::drain();
@@ -475,8 +478,9 @@ pub fn dumps(reset: bool, json: bool, sort_by: SortBy, ascending: bool) -> Resul
     })
 }
 
-/// Number of events of `name` in `category` in the statistics (tests).
-pub fn aggregate_count(category: &str, name: &str) -> u64 {
+/// Number of events of `name` in `category` in the statistics.
+#[cfg(test)]
+fn aggregate_count(category: &str, name: &str) -> u64 {
     with_state(|st| {
         collect(st);
         st.aggregate.count(category, name)
