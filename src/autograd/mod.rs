@@ -102,7 +102,84 @@ pub struct Call {
 struct Saved {
     inputs: Vec<NDArray>,
     outputs: Vec<NDArray>,
+    /// A mirrored call (`MXNET_BACKWARD_DO_MIRROR`) keeps neither its inputs nor its outputs
+    /// but these, one per input, and recomputes both in backward.
+    mirror: Option<Vec<Source>>,
     released: bool,
+}
+
+/// Where a mirrored call's input comes from in backward.
+#[derive(Clone)]
+enum Source {
+    /// Kept from the forward pass.
+    Kept(NDArray),
+    /// The output of another mirrored call, recomputed in turn.
+    Recompute(Entry),
+}
+
+/// Operators mirroring never recomputes, as stock (expensive, or not the same when run
+/// twice), besides operators that mutate inputs, draw random numbers, need workspaces or
+/// are not plain kernels.
+const NEVER_MIRRORED: &[&str] = &["Convolution", "Deconvolution", "FullyConnected", "Concat", "SoftmaxOutput", "Dropout", "BatchNorm", "dot", "batch_dot"];
+
+/// Whether a recorded call of `op` that keeps its outputs recomputes them in backward instead
+/// (`MXNET_BACKWARD_DO_MIRROR=1`, read per call).
+fn mirrored(op: &'static OpDef, attrs: &Attrs) -> bool {
+    let Grad::Backward { outputs: true, .. } = op.grad else { return false };
+    if !op.mutate_inputs.is_empty()
+        || !op.resources.is_empty()
+        || op.invoke_with.is_some()
+        || (op.num_outputs)(attrs) != 1
+        || NEVER_MIRRORED.contains(&op.name)
+    {
+        return false;
+    }
+    crate::config::global().get_bool("MXNET_BACKWARD_DO_MIRROR", "autograd recording").ok().flatten().unwrap_or(false)
+}
+
+/// What a recorded call of `op` keeps for its gradient: (inputs, outputs). A mirrored call
+/// keeps its inputs (to recompute from) and not its outputs.
+pub fn keeps(op: &'static OpDef, attrs: &Attrs) -> (bool, bool) {
+    if mirrored(op, attrs) {
+        (true, false)
+    } else {
+        grad::needs(op)
+    }
+}
+
+/// Outputs of mirrored calls recomputed during one backward pass, dropped once the call's
+/// own backward is pushed (its consumers' came before).
+type Memo = HashMap<*const Node, Vec<NDArray>>;
+
+/// The outputs of the mirrored call `node`, recomputed once per backward pass (not recorded).
+fn mirrored_outputs(node: &Arc<Node>, memo: &mut Memo) -> Result<Vec<NDArray>> {
+    if let Some(v) = memo.get(&Arc::as_ptr(node)) {
+        return Ok(v.clone());
+    }
+    let call = node.call().ok_or_else(|| Error::internal("a mirrored value points at a variable"))?;
+    let sources = node.saved.lock().mirror.clone().ok_or_else(|| Error::internal("a mirrored value's call kept no sources"))?;
+    let inputs = mirrored_inputs(&sources, memo)?;
+    let refs: Vec<&NDArray> = inputs.iter().collect();
+    let was = set_recording(false);
+    let outs = crate::op::invoke::invoke_attrs(call.op, &refs, None, call.attrs.clone());
+    set_recording(was);
+    let outs = outs?;
+    memo.insert(Arc::as_ptr(node), outs.clone());
+    Ok(outs)
+}
+
+/// A mirrored call's inputs: kept, or recomputed.
+fn mirrored_inputs(sources: &[Source], memo: &mut Memo) -> Result<Vec<NDArray>> {
+    sources
+        .iter()
+        .map(|s| match s {
+            Source::Kept(x) => Ok(x.clone()),
+            Source::Recompute(e) => mirrored_outputs(&e.node, memo)?
+                .get(e.index)
+                .cloned()
+                .ok_or_else(|| Error::internal("a mirrored value's output index is out of range")),
+        })
+        .collect()
 }
 
 impl Node {
@@ -193,10 +270,20 @@ pub fn record_with(
     let entries: Vec<Option<Entry>> = inputs.iter().map(|x| x.ag.clone().filter(|e| e.node.need_grad)).collect();
     let need_grad = entries.iter().any(|e| e.is_some()) && (op.grad != Grad::None || custom.is_some());
     let (need_in, need_out) = if custom.is_some() { (false, false) } else { grad::needs(op) };
-    let saved = if need_grad {
+    let saved = if need_grad && custom.is_none() && mirrored(op, attrs) {
+        let sources = inputs
+            .iter()
+            .map(|x| match &x.ag {
+                Some(e) if e.node.saved.lock().mirror.is_some() => Source::Recompute(e.clone()),
+                _ => Source::Kept(plain(x)),
+            })
+            .collect();
+        Saved { mirror: Some(sources), ..Saved::default() }
+    } else if need_grad {
         Saved {
             inputs: if need_in { inputs.iter().map(|x| plain(x)).collect() } else { Vec::new() },
             outputs: if need_out { outs.iter().map(plain).collect() } else { Vec::new() },
+            mirror: None,
             released: false,
         }
     } else {
@@ -333,8 +420,12 @@ pub fn backward(args: BackwardArgs) -> Result<Vec<NDArray>> {
             return Err(not_in_graph());
         }
     }
+    let bulk = crate::engine::ExecBulk::from_config(crate::config::global())?.backward_size();
     let prev_train = set_training(args.is_train);
-    let result = run_backward(&args, &heads, &order);
+    let result = crate::engine::global().and_then(|e| {
+        let _bulk = e.bulk_scope(bulk);
+        run_backward(&args, &heads, &order)
+    });
     set_training(prev_train);
     let grads = result?;
     if !args.retain_graph {
@@ -388,6 +479,7 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
         }
     };
     let mut written_direct: HashMap<Key, ()> = HashMap::new();
+    let mut memo = Memo::new();
 
     for n in order.iter().rev() {
         let Some(call) = n.call() else { continue };
@@ -425,7 +517,18 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
         // A custom backward allocates its own gradients; operators may write a variable's.
         let into: Vec<Option<NDArray>> =
             if call.custom.is_some() { vec![None; call.inputs.len()] } else { call.inputs.iter().map(|e| e.as_ref().and_then(direct)).collect() };
-        let saved = n.saved.lock();
+        let mut saved = n.saved.lock();
+        if let Some(sources) = saved.mirror.clone() {
+            // Mirrored: recompute what the gradient reads (the lock is not held meanwhile, so
+            // the recomputation may read other nodes' sources).
+            drop(saved);
+            let inputs = mirrored_inputs(&sources, &mut memo)?;
+            let outputs = mirrored_outputs(n, &mut memo)?;
+            memo.remove(&Arc::as_ptr(n));
+            saved = n.saved.lock();
+            saved.inputs = inputs;
+            saved.outputs = outputs;
+        }
         let in_grads = if let Some(custom) = &call.custom {
             custom.backward(&ograds, &want)?
         } else {

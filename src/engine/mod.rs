@@ -379,7 +379,10 @@ impl Engine {
     /// Push an operation that [`Engine::validate`] accepted (with the pool it returned).
     pub fn push_validated(&'static self, p: Push, pool: Option<&'static Pool>) -> Result<()> {
         if BULK_THREADS.load(Ordering::Relaxed) > 0 {
+            // Bulking is off while the profiler aggregates statistics (as stock's engine), so
+            // the statistics list every operator rather than their bulks.
             if self.opts.kind != EngineKind::Naive
+                && !crate::profiler::aggregate_running()
                 && p.prop == FnProperty::Normal
                 && !p.wait
                 && matches!(p.func, OprFn::Sync(_))
@@ -953,7 +956,6 @@ impl Bulk {
         }
         let engine = self.engine?;
         let funcs = std::mem::take(&mut self.funcs);
-        let count = funcs.len();
         let payloads = std::mem::take(&mut self.payloads);
         let mut push = Push::sync(
             move |outer: &RunContext| {
@@ -973,7 +975,8 @@ impl Bulk {
             std::mem::take(&mut self.mutable_vars),
         );
         push.ctx = self.ctx;
-        push.name = Some(intern(&format!("Bulk({count})")));
+        // Stock's name for a bulk in profiles.
+        push.name = Some(intern("ImperativeBulk"));
         push.payload = (!payloads.is_empty()).then(|| Box::new(payloads) as Payload);
         Some((engine, push))
     }
@@ -1026,12 +1029,48 @@ impl ExecBulk {
         })
     }
 
-    /// The bulk size for a graph of `nodes` operations.
+    /// The bulk size for a graph of `nodes` operations (1: no bulking).
     pub fn segment_size(&self, training: bool, nodes: usize) -> usize {
         match (training, self.train, self.inference) {
             (true, true, _) => self.max_node_train.max(1),
             (false, _, true) => nodes.max(1),
             _ => 1,
+        }
+    }
+
+    /// The bulk size of a backward pass (a training computation: 1 when training bulks nothing).
+    pub fn backward_size(&self) -> usize {
+        if self.train {
+            self.max_node_train.max(1)
+        } else {
+            1
+        }
+    }
+}
+
+/// The calling thread's bulk size for a while (a graph call, a backward pass): restored when
+/// dropped, which also pushes what was batched.
+pub struct BulkScope {
+    engine: &'static Engine,
+    prev: usize,
+    changed: bool,
+}
+
+impl Engine {
+    /// Bulk up to `size` operations per engine task on this thread until the scope ends
+    /// (`size` ≤ 1: none).
+    pub fn bulk_scope(&'static self, size: usize) -> BulkScope {
+        let current = BULK.with(|b| b.borrow().size);
+        let changed = size.max(1) != current.max(1);
+        let prev = if changed { self.set_bulk_size(size) } else { current };
+        BulkScope { engine: self, prev, changed }
+    }
+}
+
+impl Drop for BulkScope {
+    fn drop(&mut self) {
+        if self.changed {
+            self.engine.set_bulk_size(self.prev);
         }
     }
 }

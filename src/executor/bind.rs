@@ -62,14 +62,14 @@ impl Executor {
                 .collect::<Result<_>>()?;
             let prev_rec = autograd::set_recording(true);
             let prev_train = autograd::set_training(true);
-            let r = self.runner.run(&inputs);
+            let r = self.runner.configured_bulk(true).and_then(|b| self.runner.run(&inputs, b));
             autograd::set_recording(prev_rec);
             autograd::set_training(prev_train);
             r?
         } else {
             let prev_rec = autograd::set_recording(false);
             let prev_train = autograd::set_training(false);
-            let r = self.runner.run(&self.inputs);
+            let r = self.runner.configured_bulk(false).and_then(|b| self.runner.run(&self.inputs, b));
             autograd::set_recording(prev_rec);
             autograd::set_training(prev_train);
             r?

@@ -6,7 +6,9 @@
 //! `param_indices`; values are `str()` of Python values), validated strictly (an unknown
 //! flag or a bad value is an error, as stock's parameter parsing makes it), and invocation:
 //! inputs in `list_inputs` order, outputs the symbol's heads. The allocation flags are
-//! accepted; memory here comes from the storage pool either way.
+//! accepted; memory here comes from the storage pool either way. `forward_bulk_size` sets
+//! the forward's bulk size; `backward_bulk_size` is accepted, and the backward pass (autograd
+//! over the recorded operators) bulks as the configuration says.
 
 use super::Runner;
 use crate::error::{Error, Result};
@@ -99,9 +101,14 @@ impl CachedOp {
         self.runner.inputs.len()
     }
 
-    /// Run on `inputs` (in `list_inputs` order); returns the outputs.
+    /// Run on `inputs` (in `list_inputs` order); returns the outputs. Bulking follows the
+    /// `forward_bulk_size` flag when given, the configuration otherwise.
     pub fn invoke(&self, inputs: &[NDArray]) -> Result<Vec<NDArray>> {
-        self.runner.run(inputs)
+        let bulk = match self.flags.forward_bulk_size {
+            Some(n) => n.max(0) as usize,
+            None => self.runner.configured_bulk(crate::autograd::is_training())?,
+        };
+        self.runner.run(inputs, bulk)
     }
 }
 

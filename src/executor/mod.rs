@@ -4,13 +4,16 @@
 //! imperative invocation with parameters parsed once, releasing each intermediate result
 //! after its last use, so autograd records a graph call exactly as it records the same
 //! operators called one by one (the backward of a hybridized block is the backward of its
-//! operators, `_backward_*` names and all); [`cached_op::CachedOp`] (flags, inputs in
+//! operators, `_backward_*` names and all; a run bulks its operators into engine tasks as
+//! `MXNET_EXEC_BULK_EXEC_*` say); [`cached_op::CachedOp`] (flags, inputs in
 //! `list_inputs` order, outputs), and [`bind::Executor`] (bound arrays, forward with
 //! recording in training mode, backward into the bound gradient arrays).
 
 pub mod bind;
 pub mod cached_op;
 
+use crate::config;
+use crate::engine::{self, ExecBulk};
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
 use crate::op::invoke;
@@ -24,6 +27,65 @@ pub struct Runner {
     /// For each node, the index of the last node that reads one of its outputs (or usize::MAX
     /// for nodes whose outputs are heads).
     last_use: Vec<usize>,
+    /// For each node, the input it may overwrite with its output (index into its inputs):
+    /// the operator declares the pair, the input is an intermediate result read by no later
+    /// node and by no head; with the nodes that read it (this one included), which decide
+    /// whether a recorded run may (none of them keeps it for a gradient).
+    inplace: Vec<Option<(usize, Vec<usize>)>>,
+}
+
+/// How a run uses memory, from the configuration.
+struct MemoryPlan {
+    /// `MXNET_EXEC_ENABLE_INPLACE`.
+    inplace: bool,
+    /// `NNVM_EXEC_MATCH_RANGE` > 0: an intermediate result's memory goes back to the pool
+    /// after its last reader, for later nodes to reuse.
+    share: bool,
+}
+
+impl MemoryPlan {
+    fn from_config() -> Result<MemoryPlan> {
+        let reg = config::global();
+        const BY: &str = "graph run";
+        Ok(MemoryPlan {
+            inplace: reg.get_bool("MXNET_EXEC_ENABLE_INPLACE", BY)?.unwrap_or(true),
+            share: reg.get_int("NNVM_EXEC_MATCH_RANGE", BY)?.unwrap_or(16) > 0,
+        })
+    }
+}
+
+/// Which input of node `i` its output may overwrite (see [`Runner::inplace`]).
+fn inplace_candidate(graph: &Graph, i: usize, last_use: &[usize], heads: &[(usize, usize)]) -> Option<(usize, Vec<usize>)> {
+    let n = &graph.nodes[i];
+    let op = n.op?;
+    if (op.num_outputs)(n.attrs.as_ref()?) != 1 {
+        return None;
+    }
+    for &(ii, oi) in op.inplace {
+        let Some(&entry) = n.inputs.get(ii) else { continue };
+        let (src, _) = entry;
+        if graph.nodes[src].op.is_none()
+            || oi != 0
+            || last_use[src] != i
+            || heads.contains(&entry)
+            || n.inputs.iter().filter(|&&e| e == entry).count() != 1
+        {
+            continue;
+        }
+        let readers = (0..graph.nodes.len()).filter(|&r| graph.nodes[r].inputs.contains(&entry)).collect();
+        return Some((ii, readers));
+    }
+    None
+}
+
+/// Whether a recorded run keeps the value `entry` for a gradient: as its producer's output,
+/// or as an input of one of its `readers`.
+fn kept_for_gradient(graph: &Graph, entry: (usize, usize), readers: &[usize]) -> bool {
+    let keeps = |n: usize| match (graph.nodes[n].op, &graph.nodes[n].attrs) {
+        (Some(op), Some(attrs)) => crate::autograd::keeps(op, attrs),
+        _ => (true, true),
+    };
+    keeps(entry.0).1 || readers.iter().any(|&r| keeps(r).0)
 }
 
 impl Runner {
@@ -42,7 +104,8 @@ impl Runner {
         for &(h, _) in &graph.heads {
             last_use[h] = usize::MAX;
         }
-        Ok(Runner { graph, inputs, last_use })
+        let inplace = (0..graph.nodes.len()).map(|i| inplace_candidate(&graph, i, &last_use, &graph.heads)).collect();
+        Ok(Runner { graph, inputs, last_use, inplace })
     }
 
     /// The input names in `list_inputs` order.
@@ -50,8 +113,21 @@ impl Runner {
         self.inputs.iter().map(|&i| self.graph.nodes[i].name.as_str()).collect()
     }
 
-    /// Run with `inputs` in `list_inputs` order; returns the heads.
-    pub fn run(&self, inputs: &[NDArray]) -> Result<Vec<NDArray>> {
+    /// Operator nodes in the graph.
+    pub fn num_ops(&self) -> usize {
+        self.graph.nodes.iter().filter(|n| n.op.is_some()).count()
+    }
+
+    /// The bulk size of a run from the configuration (`MXNET_EXEC_BULK_EXEC_*`): the whole
+    /// graph in inference, segments of `MAX_NODE_TRAIN` operators in training.
+    pub fn configured_bulk(&self, training: bool) -> Result<usize> {
+        Ok(ExecBulk::from_config(config::global())?.segment_size(training, self.num_ops()))
+    }
+
+    /// Run with `inputs` in `list_inputs` order, up to `bulk` operators per engine task;
+    /// returns the heads.
+    pub fn run(&self, inputs: &[NDArray], bulk: usize) -> Result<Vec<NDArray>> {
+        let _bulk = engine::global()?.bulk_scope(bulk);
         if inputs.len() != self.inputs.len() {
             return Err(Error::value(format!(
                 "the graph takes {} inputs ({}), got {}",
@@ -60,6 +136,8 @@ impl Runner {
                 inputs.len()
             )));
         }
+        let plan = MemoryPlan::from_config()?;
+        let recording = crate::autograd::is_recording();
         let mut vals: Vec<Vec<NDArray>> = vec![Vec::new(); self.graph.nodes.len()];
         for (&ni, x) in self.inputs.iter().zip(inputs) {
             vals[ni] = vec![x.clone()];
@@ -73,13 +151,24 @@ impl Runner {
                         Error::value(format!("node {} reads output {idx} of {}, which has none", n.name, self.graph.nodes[src].name))
                     })?);
                 }
-                invoke::invoke_attrs(op, &ins, None, attrs.clone())
+                let target = match &self.inplace[i] {
+                    Some((ii, readers))
+                        if plan.inplace && plan.share && !(recording && kept_for_gradient(&self.graph, n.inputs[*ii], readers)) =>
+                    {
+                        inplace_target(op, attrs, &ins, *ii)
+                    }
+                    _ => None,
+                };
+                let target: Vec<&NDArray> = target.iter().collect();
+                invoke::invoke_attrs(op, &ins, (!target.is_empty()).then_some(&target[..]), attrs.clone())
                     .map_err(|e| Error::new(e.kind(), format!("{} (node {})", e.message(), n.name)))?
             };
             vals[i] = outs;
-            for &(src, _) in &n.inputs {
-                if self.last_use[src] == i && self.graph.nodes[src].op.is_some() {
-                    vals[src] = Vec::new();
+            if plan.share {
+                for &(src, _) in &n.inputs {
+                    if self.last_use[src] == i && self.graph.nodes[src].op.is_some() {
+                        vals[src] = Vec::new();
+                    }
                 }
             }
         }
@@ -89,4 +178,17 @@ impl Runner {
             .map(|&(n, i)| vals[n].get(i).cloned().ok_or_else(|| Error::internal(format!("head {n}:{i} was not computed"))))
             .collect()
     }
+}
+
+/// The output array of an in-place call: input `ii`'s memory with the output's shape, when the
+/// output has the input's dtype and byte size (otherwise the call gets a new array).
+fn inplace_target(op: &'static crate::op::OpDef, attrs: &crate::op::param::Attrs, ins: &[&NDArray], ii: usize) -> Option<NDArray> {
+    let x = ins.get(ii)?;
+    let metas: Vec<crate::op::Meta> = ins.iter().map(|a| crate::op::Meta::new(a.shape.clone(), a.dtype)).collect();
+    let out = (op.infer)(attrs, &metas).ok()?.into_iter().next()?;
+    if out.dtype != x.dtype || out.shape.iter().product::<usize>() != x.size() {
+        return None;
+    }
+    let spec: Vec<i64> = out.shape.iter().map(|&d| d as i64).collect();
+    x.reshape(&spec, false).ok().map(|v| v.detached())
 }

@@ -255,9 +255,16 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
     } else {
         None
     };
+    let temp = if op.resources.contains(&Resource::TempSpace) {
+        let t = super::resource::request(ctx)?;
+        mutable.push(t.var().clone());
+        Some(t)
+    } else {
+        None
+    };
     let is_train = is_training();
     let func = move |_: &engine::RunContext| -> Result<()> {
-        let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train };
+        let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train, temp };
         // Kernels raise IndexError only where stock's do (gather_nd), MXNetError otherwise.
         (op.compute)(&cx, &in_blobs, &out_blobs).map_err(|e| if e.kind() == ErrorKind::Index { e } else { stock_class(e) })?;
         for (oi, block) in &temps {

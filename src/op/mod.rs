@@ -17,6 +17,7 @@ pub mod invoke;
 pub mod kernel;
 pub mod param;
 pub mod random;
+pub mod resource;
 pub mod tensor;
 pub mod tune;
 mod ops;
@@ -112,6 +113,19 @@ pub struct OpCtx<'a> {
     pub rng: Option<random::Stream>,
     /// Training mode (autograd's is_train), e.g. for Dropout and BatchNorm.
     pub is_train: bool,
+    /// Present when the operator declared [`Resource::TempSpace`] and runs through the engine.
+    pub temp: Option<std::sync::Arc<resource::TempSpace>>,
+}
+
+impl OpCtx<'_> {
+    /// `bytes` of scratch memory for this kernel call: the operator's shared workspace, or
+    /// memory of its own when it has none (a kernel called directly, as tests do).
+    pub fn workspace(&self, bytes: usize) -> Result<resource::Scratch<'_>> {
+        match &self.temp {
+            Some(t) => t.get(bytes),
+            None => Ok(resource::Scratch::owned(bytes)),
+        }
+    }
 }
 
 /// An operator.

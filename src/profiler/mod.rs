@@ -37,6 +37,8 @@ pub const MEMORY: u32 = 8;
 pub const ALL: u32 = SYMBOLIC | IMPERATIVE | API | MEMORY;
 /// Set while running and not paused, even when no mode bit is (user objects record then).
 const ON: u32 = 16;
+/// Set with ON when aggregate statistics are collected.
+const AGGREGATE: u32 = 32;
 
 /// What is being recorded right now: mode bits | ON, or 0.
 static FLAGS: AtomicU32 = AtomicU32::new(0);
@@ -63,6 +65,13 @@ pub fn api_on() -> bool {
 #[inline]
 pub fn running() -> bool {
     FLAGS.load(Ordering::Relaxed) & ON != 0
+}
+
+/// Whether the profiler runs with aggregate statistics: the engine then bulks nothing, so
+/// the statistics list every operator (stock's `AggregateRunning`).
+#[inline]
+pub fn aggregate_running() -> bool {
+    FLAGS.load(Ordering::Relaxed) & AGGREGATE != 0
 }
 
 thread_local! {
@@ -332,7 +341,7 @@ fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
 /// Make the recording switches and the storage subscription match the state.
 fn apply_flags(st: &State) {
     let on = st.running && !st.paused;
-    let flags = if on { st.config.mode | ON } else { 0 };
+    let flags = if on { st.config.mode | ON | if st.config.aggregate_stats { AGGREGATE } else { 0 } } else { 0 };
     let memory_was = FLAGS.swap(flags, Ordering::SeqCst) & MEMORY != 0;
     let memory = flags & MEMORY != 0;
     if memory && !memory_was {

@@ -128,6 +128,103 @@ def test_training_step_profile(tmp_path, hybrid):
     assert any("sgd" in line for line in table.splitlines())
 
 
+BULK_OFF = {"MXNET_EXEC_BULK_EXEC_TRAIN": "0", "MXNET_EXEC_BULK_EXEC_INFERENCE": "0"}
+
+
+def profiled_step_ops(tmp_path, hybrid, train, env, monkeypatch, aggregate=False):
+    """Operator events in the trace of one step (trace only, as stock bulks then), and the loss."""
+    for k in ["MXNET_EXEC_BULK_EXEC_TRAIN", "MXNET_EXEC_BULK_EXEC_INFERENCE", "MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN"]:
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    mx.random.seed(3)
+    net = tutorial_net()
+    net.initialize(mx.init.Xavier())
+    if hybrid:
+        net.hybridize()
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    x, y = make_data(64)
+    data, label = mx.nd.array(x), mx.nd.array(y)
+
+    def step():
+        if not train:
+            return net(data).asnumpy()
+        with autograd.record():
+            loss = loss_fn(net(data), label)
+        loss.backward()
+        trainer.step(64)
+        return loss.asnumpy()
+
+    step()
+    mx.nd.waitall()
+    trace = tmp_path / "bulk.json"
+    profiler.set_config(profile_all=True, aggregate_stats=aggregate, filename=str(trace))
+    profiler.set_state("run")
+    out = step()
+    mx.nd.waitall()
+    profiler.set_state("stop")
+    profiler.dump()
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = [e["name"] for e in events if e.get("ph") in ("B", "X") and e.get("cat") == "operator"]
+    return names, out
+
+
+needs_threaded = pytest.mark.skipif(os.environ.get("MXNET_ENGINE_TYPE") == "NaiveEngine",
+                                    reason="NaiveEngine runs every operation at its push: nothing is bulked")
+
+
+@needs_threaded
+def test_bulk_execution_sets_profile_granularity(tmp_path, monkeypatch):
+    # Seed 004: bulk execution hides operators in the profile; MXNET_EXEC_BULK_EXEC_INFERENCE
+    # and _TRAIN = 0 show each one. As stock: a hybridized forward and every backward pass are
+    # bulked by default, an imperative forward is not.
+    hyb, loss_bulk = profiled_step_ops(tmp_path, True, True, {}, monkeypatch)
+    assert "ImperativeBulk" in hyb, hyb
+    for op in ["Convolution", "FullyConnected", "_backward_Convolution", "_backward_FullyConnected"]:
+        assert op not in hyb, (op, hyb)
+    imp, _ = profiled_step_ops(tmp_path, False, True, {}, monkeypatch)
+    assert "Convolution" in imp and "ImperativeBulk" in imp and "_backward_Convolution" not in imp, imp
+    inf, _ = profiled_step_ops(tmp_path, True, False, {}, monkeypatch)
+    assert inf.count("ImperativeBulk") == 1 and "Convolution" not in inf, inf
+
+    off, loss_off = profiled_step_ops(tmp_path, True, True, BULK_OFF, monkeypatch)
+    assert "ImperativeBulk" not in off, off
+    for op in ["Convolution", "Pooling", "FullyConnected", "_backward_Convolution", "_backward_Pooling",
+               "_backward_FullyConnected"]:
+        assert op in off, (op, off)
+    # Bulking changes how operations are scheduled, never what they compute.
+    np.testing.assert_array_equal(loss_bulk, loss_off)
+    inf_off, _ = profiled_step_ops(tmp_path, True, False, BULK_OFF, monkeypatch)
+    assert "ImperativeBulk" not in inf_off and inf_off.count("Convolution") == 2, inf_off
+
+    # MAX_NODE_TRAIN = 0 also turns training bulks off (stock's own switch); small segments
+    # give more bulks.
+    zero, _ = profiled_step_ops(tmp_path, True, True, {"MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN": "0"}, monkeypatch)
+    assert "ImperativeBulk" not in zero and "_backward_Convolution" in zero, zero
+    small, _ = profiled_step_ops(tmp_path, True, True, {"MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN": "3"}, monkeypatch)
+    assert small.count("ImperativeBulk") > hyb.count("ImperativeBulk"), (small, hyb)
+
+
+@needs_threaded
+def test_aggregate_statistics_see_every_operator(tmp_path, monkeypatch):
+    # While the profiler aggregates statistics nothing is bulked (as stock), so dumps() lists
+    # each operator with bulking on.
+    names, _ = profiled_step_ops(tmp_path, True, True, {}, monkeypatch, aggregate=True)
+    assert "ImperativeBulk" not in names and "Convolution" in names and "_backward_Convolution" in names, names
+    profiler.dumps(reset=True)
+
+
+def test_bad_bulk_setting_is_refused(monkeypatch):
+    net = tutorial_net()
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    x, _ = make_data(4)
+    monkeypatch.setenv("MXNET_EXEC_BULK_EXEC_INFERENCE", "sometimes")
+    with pytest.raises((mx.base.MXNetError, ValueError), match="MXNET_EXEC_BULK_EXEC_INFERENCE"):
+        net(mx.nd.array(x)).asnumpy()
+
+
 def test_save_and_load_parameters(tmp_path):
     x = mx.nd.array(make_data(4)[0])
     net = tutorial_net()

@@ -22,7 +22,7 @@ fn forward(op: &OpDef, attrs: &Attrs, ins: &[Vec<f64>], shapes: &[Vec<usize>], o
     let out_vals: Vec<Vec<f64>> = outs.iter().map(|m| vec![0.0; m.size()]).collect();
     let out_blobs: Vec<TBlob> = out_vals.iter().zip(outs).map(|(v, m)| blob(v, &m.shape)).collect();
     let req = vec![Req::Write; outs.len()];
-    let cx = OpCtx { attrs, req: &req, rng, is_train: true };
+    let cx = OpCtx { attrs, req: &req, rng, is_train: true, temp: None };
     (op.compute)(&cx, &in_blobs, &out_blobs).unwrap_or_else(|e| panic!("{} forward: {e}", op.name));
     out_vals
 }
@@ -80,7 +80,7 @@ pub fn check_tol(op_name: &str, params: &[(&str, &str)], inputs: &[(&[usize], Ve
                 }
             })
             .collect();
-        let cx = OpCtx { attrs: &attrs, req, rng, is_train: true };
+        let cx = OpCtx { attrs: &attrs, req, rng, is_train: true, temp: None };
         (bop.compute)(&cx, &args, &gblobs).unwrap_or_else(|e| panic!("{}: {e}", bop.name));
         grads
     };

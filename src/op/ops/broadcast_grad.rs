@@ -488,7 +488,7 @@ mod tests {
         let outs = [blob(dl.as_ptr(), &[1, 4]), blob(dr.as_ptr(), &[3, 4])];
         let attrs = crate::op::lookup("broadcast_sub").unwrap().parse_attrs(std::iter::empty::<(&str, &str)>(), 2).unwrap();
         let req = [Req::Write, Req::Write];
-        let cx = OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true };
+        let cx = OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true, temp: None };
         (crate::op::lookup("_backward_broadcast_sub").unwrap().compute)(&cx, &ins, &outs).unwrap();
         assert_eq!(dl.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), vec![12.0, 15.0, 18.0, 21.0]);
         assert_eq!(dr.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), (0..12).map(|i| -(i as f32)).collect::<Vec<_>>());

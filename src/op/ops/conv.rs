@@ -16,7 +16,7 @@ use crate::op::kernel::par_tasks;
 use crate::op::param::{Attrs, PType, ParamSpec};
 use crate::op::tensor::{Elem, SendPtr, TBlob};
 use crate::op::tune::{self, AlgoInfo, Request};
-use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef};
+use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Resource};
 use half::f16;
 
 pub(super) const CONV_PARAMS: &[ParamSpec] = &[
@@ -284,30 +284,43 @@ pub(super) fn im2col<T: Elem>(p: &Plan, plane0: &[T], col: &mut [T], ld: usize) 
     }
 }
 
-/// im2col + GEMM: one task per (image, group).
-fn im2col_gemm<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T]) {
+/// Parallel slots of im2col + GEMM: one per kernel thread, each with its own column matrix.
+fn im2col_slots(p: &Plan) -> usize {
+    crate::op::kernel::pool_threads().min(p.n * p.g).max(1)
+}
+
+/// im2col + GEMM over (image, group) items, split into [`im2col_slots`] contiguous runs;
+/// `cols` holds one `kdim × osz` column matrix per slot (unused for pointwise kernels).
+fn im2col_gemm<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T], cols: *mut T) {
     let (cg, fg, osz, kdim, isz) = (p.cg(), p.fg(), p.osz(), p.kdim(), p.isz());
     let pointwise = p.is_pointwise();
     let o = SendPtr(out.as_mut_ptr());
-    par_tasks(p.n * p.g, p.flops() * 0.1, T::DTYPE, |t| {
-        let o = o;
-        let (img, gi) = (t / p.g, t % p.g);
-        let src = &x[(img * p.c + gi * cg) * isz..][..cg * isz];
-        // SAFETY: each task writes the fg output planes of its own (image, group).
-        let ob = unsafe { std::slice::from_raw_parts_mut(o.0.add((img * p.f + gi * fg) * osz), fg * osz) };
-        let wg = &w[gi * fg * kdim..][..fg * kdim];
-        if pointwise {
-            gemm(fg, osz, kdim, wg, false, src, false, ob, false);
-        } else {
-            let mut col = vec![T::zero(); kdim * osz];
-            im2col(p, src, &mut col, osz);
-            gemm(fg, osz, kdim, wg, false, &col, false, ob, false);
-        }
-        if let Some(b) = bias {
-            for (fi, plane) in ob.chunks_exact_mut(osz).enumerate() {
-                let bv = R::load(b[gi * fg + fi]);
-                for v in plane {
-                    *v = (R::load(*v) + bv).store();
+    let cb = SendPtr(cols);
+    let (items, slots) = (p.n * p.g, im2col_slots(p));
+    let per = items.div_ceil(slots);
+    par_tasks(slots, p.flops() * 0.1, T::DTYPE, |s| {
+        let (o, cb) = (o, cb);
+        for t in s * per..((s + 1) * per).min(items) {
+            let (img, gi) = (t / p.g, t % p.g);
+            let src = &x[(img * p.c + gi * cg) * isz..][..cg * isz];
+            // SAFETY: each item writes the fg output planes of its own (image, group).
+            let ob = unsafe { std::slice::from_raw_parts_mut(o.0.add((img * p.f + gi * fg) * osz), fg * osz) };
+            let wg = &w[gi * fg * kdim..][..fg * kdim];
+            if pointwise {
+                gemm(fg, osz, kdim, wg, false, src, false, ob, false);
+            } else {
+                // SAFETY: slot s owns the s-th column matrix of the workspace, which holds
+                // `slots` of them; im2col writes every entry before the GEMM reads it.
+                let col = unsafe { std::slice::from_raw_parts_mut(cb.0.add(s * kdim * osz), kdim * osz) };
+                im2col(p, src, col, osz);
+                gemm(fg, osz, kdim, wg, false, col, false, ob, false);
+            }
+            if let Some(b) = bias {
+                for (fi, plane) in ob.chunks_exact_mut(osz).enumerate() {
+                    let bv = R::load(b[gi * fg + fi]);
+                    for v in plane {
+                        *v = (R::load(*v) + bv).store();
+                    }
                 }
             }
         }
@@ -319,15 +332,15 @@ const DIRECT: usize = 0;
 const IM2COL: usize = 1;
 
 fn algos(p: &Plan, elem: usize) -> [AlgoInfo; 2] {
-    let threads = crate::op::kernel::pool_threads().min(p.n * p.g).max(1);
-    let col = if p.is_pointwise() { 0 } else { p.kdim() * p.osz() * elem * threads };
+    let col = if p.is_pointwise() { 0 } else { p.kdim() * p.osz() * elem * im2col_slots(p) };
     [
         AlgoInfo { name: "direct", deterministic: true, workspace: 0 },
         AlgoInfo { name: "im2col_gemm", deterministic: true, workspace: col },
     ]
 }
 
-fn run_algo(op: &str, algo: usize, p: &Plan, ins: &[TBlob], out: &TBlob) -> Result<()> {
+/// Run algorithm `algo`; `ws` is at least the algorithm's declared workspace.
+fn run_algo(op: &str, algo: usize, p: &Plan, ins: &[TBlob], out: &TBlob, ws: *mut u8) -> Result<()> {
     macro_rules! go {
         ($T:ty, $R:ty) => {{
             let (x, w) = (ins[0].as_slice::<$T>(), ins[1].as_slice::<$T>());
@@ -336,7 +349,7 @@ fn run_algo(op: &str, algo: usize, p: &Plan, ins: &[TBlob], out: &TBlob) -> Resu
             if algo == DIRECT {
                 direct::<$T, $R>(p, x, w, b, o)
             } else {
-                im2col_gemm::<$T, $R>(p, x, w, b, o)
+                im2col_gemm::<$T, $R>(p, x, w, b, o, ws.cast())
             }
         }};
     }
@@ -380,7 +393,10 @@ fn convolution(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
         algos: &list,
         heuristic,
     };
-    tune::global().select(crate::config::global(), &req, |i| run_algo(a.op, i, &p, ins, &outs[0]))?;
+    // One workspace serves every candidate: the largest declared (the column matrices).
+    let mut ws = cx.workspace(list.iter().map(|al| al.workspace).max().unwrap_or(0))?;
+    let base = ws.ptr();
+    tune::global().select(crate::config::global(), &req, |i| run_algo(a.op, i, &p, ins, &outs[0], base))?;
     Ok(())
 }
 
@@ -390,6 +406,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .alias(&["_npx_convolution"])
             .params(CONV_PARAMS)
             .grad(Grad::Backward { op: "_backward_Convolution", inputs: true, outputs: false })
+            .resources(&[Resource::TempSpace])
             .doc("Compute N-D convolution on (N+2)-D input (channel-first layouts; algorithms chosen by cudnn_tune / MXNET_CUDNN_AUTOTUNE_DEFAULT)."),
     );
 }
@@ -467,7 +484,8 @@ mod tests {
                 if algo == DIRECT {
                     direct::<f64, f64>(&p, &x, &w, None, &mut out);
                 } else {
-                    im2col_gemm::<f64, f64>(&p, &x, &w, None, &mut out);
+                    let mut cols = vec![0.0f64; p.kdim() * p.osz() * im2col_slots(&p)];
+                    im2col_gemm::<f64, f64>(&p, &x, &w, None, &mut out, cols.as_mut_ptr());
                 }
                 for (a, b) in out.iter().zip(&want) {
                     assert!((a - b).abs() < 1e-9, "algo {algo} c={c} f={f} g={g} k={k} s={s} d={d} p={pd}");
@@ -490,8 +508,9 @@ mod tests {
             let w = vec![0.25f32; f * c * 25];
             let b = vec![0.1f32; f];
             let mut out = vec![0.0f32; n * f * o * o];
+            let mut cols = vec![0.0f32; p.kdim() * p.osz() * im2col_slots(&p)];
             for algo in [DIRECT, IM2COL] {
-                let mut run = || if algo == DIRECT { direct::<f32, f32>(&p, &x, &w, Some(&b), &mut out) } else { im2col_gemm::<f32, f32>(&p, &x, &w, Some(&b), &mut out) };
+                let mut run = || if algo == DIRECT { direct::<f32, f32>(&p, &x, &w, Some(&b), &mut out) } else { im2col_gemm::<f32, f32>(&p, &x, &w, Some(&b), &mut out, cols.as_mut_ptr()) };
                 run();
                 let reps = 20;
                 let t = std::time::Instant::now();

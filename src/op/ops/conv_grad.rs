@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for, par_tasks, pool_threads, Cost};
 use crate::op::tensor::{Elem, SendPtr, TBlob};
-use crate::op::{OpCtx, OpDef, Req};
+use crate::op::{OpCtx, OpDef, Req, Resource};
 use half::f16;
 
 /// Add one image's block of the column matrix `col` (kdim rows of osz entries, `ld` apart)
@@ -51,7 +51,8 @@ fn col2im<T: Elem, R: Real>(p: &Plan, col: &[T], ld: usize, dx: &mut [T]) {
 /// Column-matrix entries per sub-batch of images (bounds the per-thread workspace).
 const COL_BUDGET: usize = 1 << 21;
 
-fn backward<T: GemmElem, R: Real>(p: &Plan, req: &[Req], ins: &[TBlob], outs: &[TBlob]) {
+fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+    let req = cx.req;
     let (dy, x, w) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>(), ins[2].as_slice::<T>());
     let want_dx = req[0] != Req::Null;
     let want_dw = req[1] != Req::Null;
@@ -68,14 +69,23 @@ fn backward<T: GemmElem, R: Real>(p: &Plan, req: &[Req], ins: &[TBlob], outs: &[
     let work = p.flops() * (want_dx as u8 + want_dw as u8) as f64;
     // Images per GEMM: the sub-batch's columns sit side by side (row length `ld`).
     let sub = (COL_BUDGET / (kdim * osz).max(1)).clamp(1, per.max(1));
+    // Per chunk, from the workspace: dY of a sub-batch (fg rows) and its column matrix.
+    let cols = sub * osz;
+    let (dyc_len, col_len) = if want_dw || want_dx { (fg * cols, kdim * cols) } else { (0, 0) };
+    let mut ws = cx.workspace(chunks * (dyc_len + col_len) * std::mem::size_of::<T>())?;
+    let wb = SendPtr(ws.ptr().cast::<T>());
     par_tasks(chunks, work * 0.1, T::DTYPE, |ch| {
-        let (pp, dx) = (pp, dx);
+        let (pp, dx, wb) = (pp, dx, wb);
         // SAFETY: each chunk owns its own partial block.
         let part = unsafe { std::slice::from_raw_parts_mut(pp.0.add(ch * psize), psize) };
         let (pw, pb) = part.split_at_mut(if want_dw { wsize } else { 0 });
-        let cols = sub * osz;
-        let mut dyc = vec![T::zero(); if want_dw || want_dx { fg * cols } else { 0 }];
-        let mut col = vec![T::zero(); if want_dw || want_dx { kdim * cols } else { 0 }];
+        // SAFETY: chunk ch owns the ch-th (dyc, col) pair of the workspace, which holds
+        // `chunks` of them (aligned for T). Every entry read below was written first: dyc
+        // by the copies, col by im2col or by the GEMM that overwrites it.
+        let (dyc, col) = unsafe {
+            let base = wb.0.add(ch * (dyc_len + col_len));
+            (std::slice::from_raw_parts_mut(base, dyc_len), std::slice::from_raw_parts_mut(base.add(dyc_len), col_len))
+        };
         let mut bsum = vec![R::of(0.0); if want_db { p.f } else { 0 }];
         let (first, last) = (ch * per, ((ch + 1) * per).min(p.n));
         let mut i0 = first;
@@ -98,11 +108,11 @@ fn backward<T: GemmElem, R: Real>(p: &Plan, req: &[Req], ins: &[TBlob], outs: &[
                         let src = &x[((i0 + bi) * p.c + gi * cg) * isz..][..cg * isz];
                         im2col(p, src, &mut col[bi * osz..], ld);
                     }
-                    gemm(fg, kdim, ld, &dyc, false, &col, true, &mut pw[gi * fg * kdim..][..fg * kdim], true);
+                    gemm(fg, kdim, ld, dyc, false, col, true, &mut pw[gi * fg * kdim..][..fg * kdim], true);
                 }
                 if let Some(dx) = dx {
                     let wg = &w[gi * fg * kdim..][..fg * kdim];
-                    gemm(kdim, ld, fg, wg, true, &dyc, false, &mut col, false);
+                    gemm(kdim, ld, fg, wg, true, dyc, false, col, false);
                     for bi in 0..b {
                         // SAFETY: each (image, group) is handled by exactly one chunk.
                         let dxg = unsafe { std::slice::from_raw_parts_mut(dx.0.add(((i0 + bi) * p.c + gi * cg) * isz), cg * isz) };
@@ -150,6 +160,7 @@ fn backward<T: GemmElem, R: Real>(p: &Plan, req: &[Req], ins: &[TBlob], outs: &[
     if want_db {
         reduce(&outs[2], if want_dw { wsize } else { 0 }, p.f);
     }
+    Ok(())
 }
 
 fn convolution_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
@@ -164,16 +175,15 @@ fn convolution_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()>
         return Ok(());
     }
     match ins[1].dtype {
-        DType::F32 => backward::<f32, f32>(&p, cx.req, ins, outs),
-        DType::F64 => backward::<f64, f64>(&p, cx.req, ins, outs),
-        DType::F16 => backward::<f16, f32>(&p, cx.req, ins, outs),
-        other => return Err(Error::type_error(format!("operator _backward_Convolution does not support {}", other.name()))),
+        DType::F32 => backward::<f32, f32>(cx, &p, ins, outs),
+        DType::F64 => backward::<f64, f64>(cx, &p, ins, outs),
+        DType::F16 => backward::<f16, f32>(cx, &p, ins, outs),
+        other => Err(Error::type_error(format!("operator _backward_Convolution does not support {}", other.name()))),
     }
-    Ok(())
 }
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
-    ops.push(OpDef::backward("_backward_Convolution", CONV_PARAMS, Box::new(convolution_backward)));
+    ops.push(OpDef::backward("_backward_Convolution", CONV_PARAMS, Box::new(convolution_backward)).resources(&[Resource::TempSpace]));
 }
 
 #[cfg(test)]
@@ -227,7 +237,7 @@ mod tests {
             })
             .collect();
         let req: Vec<Req> = outs.iter().map(|s| if s.is_some() { Req::Write } else { Req::Null }).collect();
-        let cx = OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true };
+        let cx = OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true, temp: None };
         for _ in 0..3 {
             (bop.compute)(&cx, &in_blobs, &out_blobs).unwrap();
         }
@@ -258,7 +268,7 @@ mod tests {
         eprintln!("fc1 backward: {t:.3} ms");
         let t = time_backward("FullyConnected", &[("num_hidden", "10")], 3, &[&[64, 10], &[64, 512], &[10, 512], &[10]], &[Some(&[64, 512]), Some(&[10, 512]), Some(&[10])]);
         eprintln!("fc2 backward: {t:.3} ms");
-        let t = time_backward("Activation", &[("act_type", "relu")], 1, &[&[64, 512], &[64, 512], &[64, 512]], &[Some(&[64, 512])]);
+        let t = time_backward("Activation", &[("act_type", "relu")], 1, &[&[64, 512], &[64, 512]], &[Some(&[64, 512])]);
         eprintln!("relu backward: {t:.3} ms");
         let t = time_backward("log_softmax", &[], 1, &[&[64, 10], &[64, 10], &[64, 10]], &[Some(&[64, 10])]);
         eprintln!("log_softmax backward: {t:.3} ms");

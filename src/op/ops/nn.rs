@@ -956,7 +956,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .alias(&["_npx_activation"])
             .params(ACT_PARAMS)
             .inplace(&[(0, 0)])
-            .grad(Grad::Backward { op: "_backward_Activation", inputs: true, outputs: true })
+            .grad(Grad::Backward { op: "_backward_Activation", inputs: false, outputs: true })
             .doc("Applies an activation function element-wise to the input."),
     );
     ops.push(
@@ -1041,7 +1041,7 @@ mod tests {
     fn run(specs: &'static [ParamSpec], kv: &[(&str, &str)], train: bool, f: fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>, ins: &[TBlob], outs: &[TBlob]) {
         let attrs = Attrs::parse("test", specs, kv.iter().copied()).unwrap();
         let rng = Some(crate::op::random::take(crate::context::Context::CPU, 1 << 20));
-        let cx = OpCtx { attrs: &attrs, req: &[], rng, is_train: train };
+        let cx = OpCtx { attrs: &attrs, req: &[], rng, is_train: train, temp: None };
         f(&cx, ins, outs).unwrap();
     }
 

@@ -48,23 +48,25 @@ fn map3<T: Elem, R: Real>(a: &[T], b: &[T], c: &[T], out: &TBlob, cost: Cost, f:
 // ---------------------------------------------------------------------------------------------
 // Activation, LeakyReLU
 
-/// `_backward_Activation(dy, x, y) -> dx`.
+/// `_backward_Activation(dy, y) -> dx`: every activation's derivative is a function of its
+/// output (softsign's 1/(1+|x|)² is (1-|y|)²), so autograd keeps only the output and the
+/// input can be freed or overwritten in place.
 fn activation_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     if cx.req[0] == Req::Null {
         return Ok(());
     }
     let a = cx.attrs;
     dispatch_real!(ins[0].dtype, a.op, T, R => {
-        let (g, x, y) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>(), ins[2].as_slice::<T>());
+        let (g, y) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>());
         let (zero, one) = (R::of(0.0), R::of(1.0));
         match a.str("act_type") {
             "relu" => map3::<T, R>(g, y, &[], &outs[0], Cost::CHEAP, |g, y, _| if y > zero { g } else { zero }),
             "sigmoid" => map3::<T, R>(g, y, &[], &outs[0], Cost::CHEAP, |g, y, _| g * y * (one - y)),
             "tanh" => map3::<T, R>(g, y, &[], &outs[0], Cost::CHEAP, |g, y, _| g * (one - y * y)),
             "softrelu" => map3::<T, R>(g, y, &[], &outs[0], Cost::MATH, |g, y, _| g * (one - (-y).exp())),
-            _ => map3::<T, R>(g, x, &[], &outs[0], Cost::MEDIUM, |g, x, _| {
-                let d = one + x.abs();
-                g / (d * d)
+            _ => map3::<T, R>(g, y, &[], &outs[0], Cost::CHEAP, |g, y, _| {
+                let d = one - y.abs();
+                g * d * d
             }),
         }
     });
@@ -687,7 +689,7 @@ mod tests {
         let ins = [blob(&mut g, yshape), blob(&mut x, yshape), blob(&mut l, lshape), blob(&mut yv, yshape)];
         let outs = [blob(&mut dx, yshape), blob(&mut dl, lshape)];
         let req = [Req::Write, Req::Write];
-        (bop.compute)(&OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true }, &ins, &outs).unwrap();
+        (bop.compute)(&OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true, temp: None }, &ins, &outs).unwrap();
         assert!(dl.iter().all(|&v| v == 0.0));
         dx
     }

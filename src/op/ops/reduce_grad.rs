@@ -299,7 +299,7 @@ mod large {
                 )
             };
             let req = [Req::Write];
-            let cx = OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true };
+            let cx = OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true, temp: None };
             (op.compute)(&cx, &[xb.clone()], &[yb.clone()]).unwrap();
             (lookup(bwd).unwrap().compute)(&cx, &[gb, xb, yb], &[db]).unwrap();
             for i in 0..n {
