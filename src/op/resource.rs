@@ -44,8 +44,9 @@ pub fn request(ctx: Context) -> Result<Arc<TempSpace>> {
     Ok(space)
 }
 
-/// Bytes held by the workspaces of `ctx` (for tests and statistics).
-pub fn held_bytes(ctx: Context) -> usize {
+/// Bytes held by the workspaces of `ctx`.
+#[cfg(test)]
+fn held_bytes(ctx: Context) -> usize {
     spaces().lock().get(&ctx).map_or(0, |(l, _)| l.iter().map(|s| s.block.lock().as_ref().map_or(0, Block::size)).sum())
 }
 
