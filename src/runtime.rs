@@ -47,6 +47,13 @@ extern "C" fn on_load() {
     });
 }
 
+/// The cores this process may use, read once: `available_parallelism` reads the cgroup and
+/// affinity files at every call, and kernels ask for the thread count per loop.
+pub fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+}
+
 /// The process-wide runtime.
 pub struct Runtime {
     omp_threads: AtomicUsize,
@@ -82,7 +89,7 @@ impl Runtime {
     /// The kernel thread count: the `MXSetNumOMPThreads` value, else the machine's cores.
     pub fn kernel_threads(&self) -> usize {
         match self.omp_threads.load(Ordering::Relaxed) {
-            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            0 => cores(),
             n => n,
         }
     }

@@ -170,17 +170,22 @@ fn decide(max_parts: usize, serial_ns: f64, dtype: DType) -> Option<(Arc<KernelP
     }
 }
 
+/// The most parts a loop of `n` units at `cost` each splits into: a part holds at least the
+/// work of [`MIN_CHUNK`] cheap elements, so coarse units (a plane, a row) split by their count
+/// and cheap elements by thousands.
+fn max_parts(n: usize, cost: Cost) -> usize {
+    let parts = n as f64 * cost.0 / (MIN_CHUNK as f64 * Cost::CHEAP.0);
+    (parts as usize).min(n)
+}
+
 /// How many threads a loop of `n` elements at `cost` per element should use.
 pub fn plan(n: usize, cost: Cost, dtype: DType) -> usize {
-    if n < 2 * MIN_CHUNK {
-        return 1;
-    }
-    decide(n / MIN_CHUNK, n as f64 * cost.0, dtype).map_or(1, |(_, t)| t)
+    decide(max_parts(n, cost), n as f64 * cost.0, dtype).map_or(1, |(_, t)| t)
 }
 
 /// Run `f` over `0..n` split into contiguous ranges, in parallel when [`plan`] says so.
 pub fn par_for(n: usize, cost: Cost, dtype: DType, f: impl Fn(Range<usize>) + Sync + Send) {
-    let split = if n < 2 * MIN_CHUNK { None } else { decide(n / MIN_CHUNK, n as f64 * cost.0, dtype) };
+    let split = decide(max_parts(n, cost), n as f64 * cost.0, dtype);
     let Some((p, threads)) = split else {
         if n > 0 {
             f(0..n);
@@ -248,5 +253,15 @@ mod tests {
     fn small_loops_stay_serial() {
         assert_eq!(plan(10, Cost::MATH, DType::F32), 1);
         assert_eq!(plan(2000, Cost::CHEAP, DType::F32), 1);
+    }
+
+    #[test]
+    fn coarse_units_split_by_their_count() {
+        // Cheap elements: a part per MIN_CHUNK of them.
+        assert_eq!(max_parts(4 * MIN_CHUNK, Cost::CHEAP), 4);
+        assert_eq!(max_parts(MIN_CHUNK, Cost::CHEAP), 1);
+        // Planes of a few hundred cheap elements each: a part per plane.
+        assert_eq!(max_parts(1280, Cost(300.0)), 1280);
+        assert_eq!(max_parts(3, Cost(1e6)), 3);
     }
 }

@@ -24,6 +24,27 @@ use half::f16;
 fn col2im<T: Elem, R: Real>(p: &Plan, col: &[T], ld: usize, dx: &mut [T]) {
     let (isz, osz, sw) = (p.isz(), p.osz(), p.stride[2]);
     dx.fill(T::zero());
+    if p.unpadded_2d() {
+        let ([_, _, iw], [_, oh, ow]) = (p.input, p.output);
+        let mut row = 0;
+        for ci in 0..p.cg() {
+            let plane = &mut dx[ci * isz..][..isz];
+            for ky in 0..p.kernel[1] {
+                for kx in 0..p.kernel[2] {
+                    let crow = &col[row * ld..][..osz];
+                    let base = ky * p.dilate[1] * iw + kx * p.dilate[2];
+                    for (oy, src) in crow.chunks_exact(ow).take(oh).enumerate() {
+                        let dst = &mut plane[base + oy * p.stride[1] * iw..][..ow];
+                        for (d, &s) in dst.iter_mut().zip(src) {
+                            *d = (R::load(*d) + R::load(s)).store();
+                        }
+                    }
+                    row += 1;
+                }
+            }
+        }
+        return;
+    }
     let mut row = 0;
     for ci in 0..p.cg() {
         let plane = &mut dx[ci * isz..][..isz];
@@ -48,8 +69,9 @@ fn col2im<T: Elem, R: Real>(p: &Plan, col: &[T], ld: usize, dx: &mut [T]) {
     }
 }
 
-/// Column-matrix entries per sub-batch of images (bounds the per-thread workspace).
-const COL_BUDGET: usize = 1 << 21;
+/// Bytes of column matrix per sub-batch of images: small enough that a chunk's column
+/// matrix stays in a core's L2 cache between im2col, the GEMMs and col2im.
+const COL_BUDGET_BYTES: usize = 512 << 10;
 
 fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     let req = cx.req;
@@ -68,7 +90,7 @@ fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &[T
     let pp = SendPtr(partial.as_mut_ptr());
     let work = p.flops() * (want_dx as u8 + want_dw as u8) as f64;
     // Images per GEMM: the sub-batch's columns sit side by side (row length `ld`).
-    let sub = (COL_BUDGET / (kdim * osz).max(1)).clamp(1, per.max(1));
+    let sub = (COL_BUDGET_BYTES / std::mem::size_of::<T>() / (kdim * osz).max(1)).clamp(1, per.max(1));
     // Per chunk, from the workspace: dY of a sub-batch (fg rows) and its column matrix.
     let cols = sub * osz;
     let (dyc_len, col_len) = if want_dw || want_dx { (fg * cols, kdim * cols) } else { (0, 0) };
@@ -204,6 +226,8 @@ mod tests {
     #[test]
     fn convolution_2d() {
         conv(&[("kernel", "(3, 3)"), ("num_filter", "4")], &[2, 3, 6, 5], &[4, 3, 3, 3], true);
+        // Unpadded with a row stride and a column dilation (the row-copy path of im2col/col2im).
+        conv(&[("kernel", "(3, 2)"), ("num_filter", "2"), ("stride", "(2, 1)"), ("dilate", "(1, 2)")], &[2, 2, 9, 10], &[2, 2, 3, 2], true);
         conv(&[("kernel", "(3, 2)"), ("num_filter", "2"), ("stride", "(2, 1)"), ("pad", "(1, 1)"), ("no_bias", "True")], &[2, 2, 7, 6], &[2, 2, 3, 2], false);
         conv(&[("kernel", "(2, 2)"), ("num_filter", "4"), ("dilate", "(2, 2)"), ("num_group", "2"), ("stride", "(1, 2)")], &[3, 4, 6, 7], &[4, 2, 2, 2], true);
         // Pointwise (no unfolding).

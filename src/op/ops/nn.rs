@@ -771,6 +771,65 @@ pub(super) struct PoolPlan {
     out_shape: Vec<usize>,
 }
 
+impl PoolPlan {
+    /// Whether this is 2-D pooling whose windows all lie inside the input (no padding, none
+    /// clipped): the case [`max_pool_2d`] and its gradient handle without bounds checks.
+    pub(super) fn unclipped_2d(&self) -> bool {
+        let [id, ih, iw] = self.input;
+        let [_, oh, ow] = self.output;
+        id == 1
+            && self.kernel[0] == 1
+            && self.pad == [0; 3]
+            && (oh - 1) * self.stride[1] + self.kernel[1] <= ih
+            && (ow - 1) * self.stride[2] + self.kernel[2] <= iw
+    }
+}
+
+/// Max pooling of one plane when [`PoolPlan::unclipped_2d`]: `KH`×`KW` windows (0 = the
+/// plan's, at run time), folded in the same order as [`pool_plane`], so results are identical.
+fn max_pool_2d<T: Elem, R: Real, const KH: usize, const KW: usize>(x: &[T], o: &mut [T], p: &PoolPlan) {
+    let ([_, _, iw], [_, oh, ow]) = (p.input, p.output);
+    let (kh, kw) = (if KH > 0 { KH } else { p.kernel[1] }, if KW > 0 { KW } else { p.kernel[2] });
+    let (sh, sw) = (p.stride[1], p.stride[2]);
+    for (y, orow) in o.chunks_exact_mut(ow).take(oh).enumerate() {
+        let base = y * sh * iw;
+        for (xx, ov) in orow.iter_mut().enumerate() {
+            let mut acc = R::of(f64::NEG_INFINITY);
+            for ky in 0..kh {
+                let row = &x[base + ky * iw + xx * sw..][..kw];
+                for &v in row {
+                    acc = acc.max(R::load(v));
+                }
+            }
+            *ov = acc.store();
+        }
+    }
+}
+
+/// [`max_pool_2d`] for tiling 2×2 windows, over zipped chunks (no bounds checks, so the
+/// loop vectorises); the same fold order.
+fn max_pool_2x2<T: Elem, R: Real>(x: &[T], o: &mut [T], p: &PoolPlan) {
+    let ([_, _, iw], [_, oh, ow]) = (p.input, p.output);
+    for (oy, orow) in o.chunks_exact_mut(ow).take(oh).enumerate() {
+        let at = 2 * oy * iw;
+        let (x0, x1) = (&x[at..at + 2 * ow], &x[at + iw..at + iw + 2 * ow]);
+        for (ov, (a, b)) in orow.iter_mut().zip(x0.chunks_exact(2).zip(x1.chunks_exact(2))) {
+            let acc = R::of(f64::NEG_INFINITY).max(R::load(a[0])).max(R::load(a[1]));
+            *ov = acc.max(R::load(b[0])).max(R::load(b[1])).store();
+        }
+    }
+}
+
+/// [`max_pool_2d`] for the kernel sizes worth specialising.
+fn max_pool_2d_any<T: Elem, R: Real>(x: &[T], o: &mut [T], p: &PoolPlan) {
+    match (p.kernel[1], p.kernel[2]) {
+        (2, 2) if p.stride[1..] == [2, 2] => max_pool_2x2::<T, R>(x, o, p),
+        (2, 2) => max_pool_2d::<T, R, 2, 2>(x, o, p),
+        (3, 3) => max_pool_2d::<T, R, 3, 3>(x, o, p),
+        _ => max_pool_2d::<T, R, 0, 0>(x, o, p),
+    }
+}
+
 /// A per-dimension parameter widened to three dimensions (`default` when not given and for
 /// the padded leading dimensions).
 fn tuple3(op: &str, name: &str, v: &[i64], nsp: usize, default: usize) -> Result<[usize; 3]> {
@@ -935,6 +994,7 @@ fn pooling(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     let planes = ins[0].shape[0] * ins[0].shape[1];
     let (isz, osz) = (p.input.iter().product::<usize>(), p.output.iter().product::<usize>());
     let work = (osz * p.kernel.iter().product::<usize>()) as f64 * 0.5 + 1.0;
+    let fast = kind == PoolKind::Max && p.unclipped_2d();
     dispatch_real!(ins[0].dtype, a.op, T, R => {
         let xs = ins[0].as_slice::<T>();
         let op_ = SendPtr(outs[0].as_mut::<T>().as_mut_ptr());
@@ -943,7 +1003,12 @@ fn pooling(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
             for pl in r {
                 // SAFETY: each plane's output block is written by one chunk only.
                 let o = unsafe { std::slice::from_raw_parts_mut(op_.0.add(pl * osz), osz) };
-                pool_plane::<T, R>(&xs[pl * isz..(pl + 1) * isz], o, &p, kind);
+                let x = &xs[pl * isz..(pl + 1) * isz];
+                if fast {
+                    max_pool_2d_any::<T, R>(x, o, &p);
+                } else {
+                    pool_plane::<T, R>(x, o, &p, kind);
+                }
             }
         });
     });
@@ -1030,7 +1095,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn blob(v: &mut [f32], shape: &[usize]) -> TBlob {
@@ -1043,6 +1108,43 @@ mod tests {
         let rng = Some(crate::op::random::take(crate::context::Context::CPU, 1 << 20));
         let cx = OpCtx { attrs: &attrs, req: &[], rng, is_train: train, temp: None };
         f(&cx, ins, outs).unwrap();
+    }
+
+    /// Integer-valued data with many ties, so the max's routing order matters.
+    pub(in crate::op::ops) fn tied(n: usize) -> Vec<f32> {
+        (0..n).map(|i| ((i * 7919) % 13) as f32).collect()
+    }
+
+    /// Unclipped 2-D pooling plans of every specialised kernel size, and one generic.
+    pub(in crate::op::ops) const UNCLIPPED: &[(&str, &str, &[usize])] = &[
+        ("(2, 2)", "(2, 2)", &[2, 3, 8, 10]),
+        ("(3, 3)", "(1, 1)", &[1, 2, 7, 9]),
+        ("(3, 3)", "(2, 2)", &[1, 2, 9, 7]),
+        ("(2, 3)", "(1, 2)", &[2, 1, 6, 9]),
+        // Tiling windows (stride = kernel), with uncovered last rows and columns.
+        ("(2, 2)", "(2, 2)", &[1, 1, 9, 11]),
+        ("(3, 3)", "(3, 3)", &[1, 1, 10, 7]),
+        ("(2, 3)", "(2, 3)", &[1, 1, 7, 10]),
+    ];
+
+    #[test]
+    fn max_pool_fast_path_equals_the_general_one() {
+        for &(k, st, shape) in UNCLIPPED {
+            let attrs = Attrs::parse("Pooling", POOL_PARAMS, [("kernel", k), ("stride", st), ("pool_type", "max")]).unwrap();
+            let p = pool_plan(&attrs, shape).unwrap();
+            assert!(p.unclipped_2d(), "{k} {st} {shape:?}");
+            let (isz, osz) = (p.input.iter().product::<usize>(), p.output.iter().product::<usize>());
+            let x = tied(isz);
+            let (mut fast, mut general) = (vec![0.0f32; osz], vec![1.0f32; osz]);
+            max_pool_2d_any::<f32, f32>(&x, &mut fast, &p);
+            pool_plane::<f32, f32>(&x, &mut general, &p, PoolKind::Max);
+            assert_eq!(fast, general, "{k} {st} {shape:?}");
+        }
+        // Padding or a clipped last window takes the general path.
+        let padded = Attrs::parse("Pooling", POOL_PARAMS, [("kernel", "(2, 2)"), ("pad", "(1, 1)")]).unwrap();
+        assert!(!pool_plan(&padded, &[1, 1, 4, 4]).unwrap().unclipped_2d());
+        let full = Attrs::parse("Pooling", POOL_PARAMS, [("kernel", "(3, 3)"), ("stride", "(2, 2)"), ("pooling_convention", "full")]).unwrap();
+        assert!(!pool_plan(&full, &[1, 1, 6, 6]).unwrap().unclipped_2d());
     }
 
     #[test]

@@ -534,6 +534,141 @@ fn unpool_plane<T: Elem, R: Real>(g: &[T], x: &[T], y: &[T], dx: &mut [T], p: &P
 }
 
 /// `_backward_Pooling(dy, x, y) -> dx`.
+/// The max-pooling gradient of one plane when [`PoolPlan::unclipped_2d`]: each output's
+/// gradient goes to the first position of its window (row-major) equal to the output, as
+/// in [`unpool_plane`]. `KH`×`KW` as in `max_pool_2d` (0 = the plan's).
+fn max_unpool_2d<T: Elem, R: Real, const KH: usize, const KW: usize>(g: &[T], x: &[T], y: &[T], dx: &mut [T], p: &PoolPlan) {
+    let ([_, _, iw], [_, oh, ow]) = (p.input, p.output);
+    let (kh, kw) = (if KH > 0 { KH } else { p.kernel[1] }, if KW > 0 { KW } else { p.kernel[2] });
+    let (sh, sw) = (p.stride[1], p.stride[2]);
+    if (kh, kw) == (sh, sw) {
+        if (kh, kw) == (2, 2) {
+            if T::DTYPE == DType::F32 {
+                // SAFETY: T is f32 (its DTYPE says so), so the slices are f32 slices.
+                let cast = |s: &[T]| unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<f32>(), s.len()) };
+                let d = unsafe { std::slice::from_raw_parts_mut(dx.as_mut_ptr().cast::<f32>(), dx.len()) };
+                return max_unpool_2x2_f32(cast(g), cast(x), cast(y), d, p);
+            }
+            return max_unpool_2x2::<T, R>(g, x, y, dx, p);
+        }
+        return max_unpool_tiled::<T, R, KH, KW>(g, x, y, dx, p);
+    }
+    dx.fill(T::zero());
+    for oy in 0..oh {
+        let base = oy * sh * iw;
+        for ox in 0..ow {
+            let oi = oy * ow + ox;
+            let yv = R::load(y[oi]);
+            'find: for ky in 0..kh {
+                let at = base + ky * iw + ox * sw;
+                for i in at..at + kw {
+                    if R::load(x[i]) == yv {
+                        dx[i] = (R::load(dx[i]) + R::load(g[oi])).store();
+                        break 'find;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`max_unpool_tiled`] for 2×2 windows, written as straight-line selects over the window
+/// (the general loop's data-dependent exits mispredict on about every window).
+fn max_unpool_2x2<T: Elem, R: Real>(g: &[T], x: &[T], y: &[T], dx: &mut [T], p: &PoolPlan) {
+    let ([_, _, iw], [_, oh, ow]) = (p.input, p.output);
+    for oy in 0..oh {
+        let (yr, gr) = (&y[oy * ow..][..ow], &g[oy * ow..][..ow]);
+        let at = 2 * oy * iw;
+        let (x0, x1) = (&x[at..at + 2 * ow], &x[at + iw..at + iw + 2 * ow]);
+        let (d0, d1) = dx[at..at + 2 * iw].split_at_mut(iw);
+        let (d0, d1) = (&mut d0[..2 * ow], &mut d1[..2 * ow]);
+        // Zipped chunks, no indexing: without bounds checks the selects stay branch-free.
+        let xs = x0.chunks_exact(2).zip(x1.chunks_exact(2));
+        let ds = d0.chunks_exact_mut(2).zip(d1.chunks_exact_mut(2));
+        for (((&yv, &gv), (xa, xb)), (da, db)) in yr.iter().zip(gr).zip(xs).zip(ds) {
+            let yv = R::load(yv);
+            let ea = R::load(xa[0]) == yv;
+            let eb = !ea & (R::load(xa[1]) == yv);
+            let ec = !(ea | eb) & (R::load(xb[0]) == yv);
+            let ed = !(ea | eb | ec) & (R::load(xb[1]) == yv);
+            let zero = T::zero();
+            da[0] = if ea { gv } else { zero };
+            da[1] = if eb { gv } else { zero };
+            db[0] = if ec { gv } else { zero };
+            db[1] = if ed { gv } else { zero };
+        }
+        dx[at + 2 * ow..at + iw].fill(T::zero());
+        dx[at + iw + 2 * ow..at + 2 * iw].fill(T::zero());
+    }
+    dx[2 * oh * iw..].fill(T::zero());
+}
+
+/// [`max_unpool_2x2`] for f32 with the selects done on the bits: LLVM turns float selects
+/// in a loop back into branches, which mispredict on about every window.
+fn max_unpool_2x2_f32(g: &[f32], x: &[f32], y: &[f32], dx: &mut [f32], p: &PoolPlan) {
+    let ([_, _, iw], [_, oh, ow]) = (p.input, p.output);
+    let mask = |hit: bool| (hit as u32).wrapping_neg();
+    for oy in 0..oh {
+        let (yr, gr) = (&y[oy * ow..][..ow], &g[oy * ow..][..ow]);
+        let at = 2 * oy * iw;
+        let (x0, x1) = (&x[at..at + 2 * ow], &x[at + iw..at + iw + 2 * ow]);
+        let (d0, d1) = dx[at..at + 2 * iw].split_at_mut(iw);
+        let (d0, d1) = (&mut d0[..2 * ow], &mut d1[..2 * ow]);
+        let xs = x0.chunks_exact(2).zip(x1.chunks_exact(2));
+        let ds = d0.chunks_exact_mut(2).zip(d1.chunks_exact_mut(2));
+        for (((&yv, &gv), (xa, xb)), (da, db)) in yr.iter().zip(gr).zip(xs).zip(ds) {
+            let ea = xa[0] == yv;
+            let eb = !ea & (xa[1] == yv);
+            let ec = !(ea | eb) & (xb[0] == yv);
+            let ed = !(ea | eb | ec) & (xb[1] == yv);
+            let gb = gv.to_bits();
+            da[0] = f32::from_bits(gb & mask(ea));
+            da[1] = f32::from_bits(gb & mask(eb));
+            db[0] = f32::from_bits(gb & mask(ec));
+            db[1] = f32::from_bits(gb & mask(ed));
+        }
+        dx[at + 2 * ow..at + iw].fill(0.0);
+        dx[at + iw + 2 * ow..at + 2 * iw].fill(0.0);
+    }
+    dx[2 * oh * iw..].fill(0.0);
+}
+
+/// [`max_unpool_2d`] when the windows tile the input (stride = kernel): each input position
+/// lies in at most one window, so it is written once, without branching on the data.
+fn max_unpool_tiled<T: Elem, R: Real, const KH: usize, const KW: usize>(g: &[T], x: &[T], y: &[T], dx: &mut [T], p: &PoolPlan) {
+    let ([_, _, iw], [_, oh, ow]) = (p.input, p.output);
+    let (kh, kw) = (if KH > 0 { KH } else { p.kernel[1] }, if KW > 0 { KW } else { p.kernel[2] });
+    // Per window of the current output row: whether an earlier window row held the max.
+    let mut found = vec![false; ow];
+    for oy in 0..oh {
+        found.fill(false);
+        let (yr, gr) = (&y[oy * ow..][..ow], &g[oy * ow..][..ow]);
+        for ky in 0..kh {
+            let at = (oy * kh + ky) * iw;
+            let (xr, dr) = (&x[at..at + iw], &mut dx[at..at + iw]);
+            for (ox, f) in found.iter_mut().enumerate() {
+                let (yv, gv) = (R::load(yr[ox]), gr[ox]);
+                for kx in 0..kw {
+                    let i = ox * kw + kx;
+                    let hit = !*f && R::load(xr[i]) == yv;
+                    dr[i] = if hit { gv } else { T::zero() };
+                    *f |= hit;
+                }
+            }
+            dr[ow * kw..].fill(T::zero());
+        }
+    }
+    dx[oh * kh * iw..].fill(T::zero());
+}
+
+fn max_unpool_2d_any<T: Elem, R: Real>(g: &[T], x: &[T], y: &[T], dx: &mut [T], p: &PoolPlan) {
+    match (p.kernel[1], p.kernel[2]) {
+        (2, 2) => max_unpool_2d::<T, R, 2, 2>(g, x, y, dx, p),
+        (3, 3) => max_unpool_2d::<T, R, 3, 3>(g, x, y, dx, p),
+        _ => max_unpool_2d::<T, R, 0, 0>(g, x, y, dx, p),
+    }
+}
+
 fn pooling_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     if cx.req[0] == Req::Null {
         return Ok(());
@@ -545,6 +680,7 @@ fn pooling_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     let planes = x.shape[0] * x.shape[1];
     let (isz, osz) = (p.input.iter().product::<usize>(), p.output.iter().product::<usize>());
     let work = (osz * p.kernel.iter().product::<usize>()) as f64 * 0.5 + isz as f64 * 0.25 + 1.0;
+    let fast = kind == PoolKind::Max && p.unclipped_2d();
     dispatch_real!(x.dtype, a.op, T, R => {
         let (gs, xs, ys) = (g.as_slice::<T>(), x.as_slice::<T>(), y.as_slice::<T>());
         let op_ = SendPtr(outs[0].as_mut::<T>().as_mut_ptr());
@@ -553,7 +689,12 @@ fn pooling_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
             for pl in r {
                 // SAFETY: each plane's gradient block is written by one chunk only.
                 let d = unsafe { std::slice::from_raw_parts_mut(op_.0.add(pl * isz), isz) };
-                unpool_plane::<T, R>(&gs[pl * osz..(pl + 1) * osz], &xs[pl * isz..(pl + 1) * isz], &ys[pl * osz..(pl + 1) * osz], d, &p, kind);
+                let (g, x, y) = (&gs[pl * osz..(pl + 1) * osz], &xs[pl * isz..(pl + 1) * isz], &ys[pl * osz..(pl + 1) * osz]);
+                if fast {
+                    max_unpool_2d_any::<T, R>(g, x, y, d, &p);
+                } else {
+                    unpool_plane::<T, R>(g, x, y, d, &p, kind);
+                }
             }
         });
     });
@@ -647,6 +788,38 @@ mod tests {
         let s: &[usize] = &[2, 3, 4];
         check("LayerNorm", &[], &[(s, x.clone()), (&[4], values(4, 0.5, 1.5, 9)), (&[4], values(4, -1.0, 1.0, 10))], &[]);
         check("LayerNorm", &[("axis", "1")], &[(s, x), (&[3], values(3, 0.5, 1.5, 11)), (&[3], values(3, -1.0, 1.0, 12))], &[]);
+    }
+
+    #[test]
+    fn max_unpool_fast_path_equals_the_general_one() {
+        use super::super::nn::tests::{tied, UNCLIPPED};
+        use super::super::nn::{pool_plan, PoolKind, POOL_PARAMS};
+        use crate::op::param::Attrs;
+        for &(k, st, shape) in UNCLIPPED {
+            let attrs = Attrs::parse("Pooling", POOL_PARAMS, [("kernel", k), ("stride", st), ("pool_type", "max")]).unwrap();
+            let p = pool_plan(&attrs, shape).unwrap();
+            let (isz, osz) = (p.input.iter().product::<usize>(), p.output.iter().product::<usize>());
+            let x = tied(isz);
+            // The forward's maxima, computed naively, and distinct output gradients.
+            let y: Vec<f32> = (0..osz)
+                .map(|o| {
+                    let (oy, ox) = (o / p.output[2], o % p.output[2]);
+                    let mut m = f32::NEG_INFINITY;
+                    for ky in 0..p.kernel[1] {
+                        for kx in 0..p.kernel[2] {
+                            m = m.max(x[(oy * p.stride[1] + ky) * p.input[2] + ox * p.stride[2] + kx]);
+                        }
+                    }
+                    m
+                })
+                .collect();
+            let g: Vec<f32> = (0..osz).map(|i| i as f32 + 0.5).collect();
+            let (mut fast, mut general) = (vec![9.0f32; isz], vec![7.0f32; isz]);
+            super::max_unpool_2d_any::<f32, f32>(&g, &x, &y, &mut fast, &p);
+            super::unpool_plane::<f32, f32>(&g, &x, &y, &mut general, &p, PoolKind::Max);
+            assert_eq!(fast, general, "{k} {st} {shape:?}");
+            assert!((fast.iter().sum::<f32>() - g.iter().sum::<f32>()).abs() < 1e-3);
+        }
     }
 
     #[test]
