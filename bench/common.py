@@ -15,7 +15,9 @@ def libraries():
     if spec is None:
         sys.exit("the stock mxnet 1.9.1 wheel is not installed (run scripts/test.sh once, or "
                  "pip install mxnet==1.9.1 'numpy<1.24' into .venv)")
-    libs = {"mxnet-rt": ROOT / "target" / "release" / "libmxnet.so",
+    # MXNET_RT_BENCH_LIB: measure another build of ours (say, a non-incremental one).
+    ours = os.environ.get("MXNET_RT_BENCH_LIB")
+    libs = {"mxnet-rt": Path(ours) if ours else ROOT / "target" / "release" / "libmxnet.so",
             "stock 1.9.1": Path(list(spec.submodule_search_locations)[0]) / "libmxnet.so"}
     for name, lib in libs.items():
         if not lib.is_file():

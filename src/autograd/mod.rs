@@ -522,6 +522,16 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
             // Mirrored: recompute what the gradient reads (the lock is not held meanwhile, so
             // the recomputation may read other nodes' sources).
             drop(saved);
+            if !memo.contains_key(&Arc::as_ptr(n)) {
+                // A new recomputation: first let the backward work already pushed finish (it
+                // produced `ograds`), so that what it held is released before the recomputed
+                // values are allocated; otherwise pushing outruns execution and every
+                // recomputed value is alive at once, which is what mirroring is to avoid.
+                for g in &ograds {
+                    // Only pacing: a failed producer reports to whoever reads the gradient.
+                    let _ = g.wait(false);
+                }
+            }
             let inputs = mirrored_inputs(&sources, &mut memo)?;
             let outputs = mirrored_outputs(n, &mut memo)?;
             memo.remove(&Arc::as_ptr(n));

@@ -118,7 +118,7 @@ pub static VARS: &[VarSpec] = &[
         "Use GPU peer-to-peer communication for the device kvstore when available."),
     // --- Memonger ---
     var("MXNET_BACKWARD_DO_MIRROR", VarType::Bool, Some("0"), Dynamic, Active, MEMONGER,
-        "Recorded calls of cheap operators (activations, pooling, element-wise; not Convolution, FullyConnected, Concat, SoftmaxOutput, Dropout, BatchNorm, dot) keep their inputs, not their outputs, and recompute them in backward; chains of such calls keep only the chain's first input. Read at each recorded call. Gradients are exact, but the measured peak is not lower yet (see README)."),
+        "Recorded calls of cheap operators (activations, pooling, element-wise; not Convolution, FullyConnected, Concat, SoftmaxOutput, Dropout, BatchNorm, dot) keep their inputs, not their outputs, and recompute them in backward; chains of such calls keep only the chain's first input. Read at each recorded call. Backward waits for the gradient work already pushed before each recomputation, so the recomputed values replace released memory; gradients are exact."),
     // --- Profiler ---
     var("MXNET_PROFILER_AUTOSTART", VarType::Bool, Some("0"), Once, Active, PROFILER,
         "Start the profiler when the library loads; write profile.json in the working directory."),
