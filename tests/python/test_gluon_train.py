@@ -92,8 +92,9 @@ def test_hybridized_matches_imperative():
         np.testing.assert_allclose(p.grad().asnumpy(), grads[k], rtol=1e-4, atol=1e-6, err_msg=k)
 
 
-@pytest.mark.parametrize("hybrid", [False, True], ids=["imperative", "hybridized"])
-def test_training_step_profile(tmp_path, hybrid):
+def tutorial_step(hybrid, train=True):
+    """One step of the tutorial network on a batch of 64: forward only, or forward, loss,
+    backward and an SGD update. Returns a function running it; it returns the output or loss."""
     net = tutorial_net()
     net.initialize(mx.init.Xavier())
     if hybrid:
@@ -104,11 +105,20 @@ def test_training_step_profile(tmp_path, hybrid):
     data, label = mx.nd.array(x), mx.nd.array(y)
 
     def step():
+        if not train:
+            return net(data)
         with autograd.record():
             loss = loss_fn(net(data), label)
         loss.backward()
         trainer.step(64)
+        return loss
 
+    return step
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["imperative", "hybridized"])
+def test_training_step_profile(tmp_path, hybrid):
+    step = tutorial_step(hybrid)
     step()
     mx.nd.waitall()
     trace = tmp_path / "profile_output.json"
@@ -138,30 +148,13 @@ def profiled_step_ops(tmp_path, hybrid, train, env, monkeypatch, aggregate=False
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     mx.random.seed(3)
-    net = tutorial_net()
-    net.initialize(mx.init.Xavier())
-    if hybrid:
-        net.hybridize()
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    x, y = make_data(64)
-    data, label = mx.nd.array(x), mx.nd.array(y)
-
-    def step():
-        if not train:
-            return net(data).asnumpy()
-        with autograd.record():
-            loss = loss_fn(net(data), label)
-        loss.backward()
-        trainer.step(64)
-        return loss.asnumpy()
-
+    step = tutorial_step(hybrid, train)
     step()
     mx.nd.waitall()
     trace = tmp_path / "bulk.json"
     profiler.set_config(profile_all=True, aggregate_stats=aggregate, filename=str(trace))
     profiler.set_state("run")
-    out = step()
+    out = step().asnumpy()
     mx.nd.waitall()
     profiler.set_state("stop")
     profiler.dump()

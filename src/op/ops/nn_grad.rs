@@ -584,32 +584,41 @@ fn max_unpool_2d<T: Elem, R: Real, const KH: usize, const KW: usize>(g: &[T], x:
 /// on random data (the seed 004 CNN's first pooling gradient: about 3.4 ms here, about
 /// 0.5 ms with SSE2; stock averages 3.1 ms).
 fn max_unpool_2x2<T: Elem, R: Real>(g: &[T], x: &[T], y: &[T], dx: &mut [T], p: &PoolPlan) {
+    tiles_2x2(g, x, y, dx, p, unpool_2x2_row::<T, R>);
+}
+
+/// Run `row(y, g, x_top, x_bottom, dx_top, dx_bottom)` over each output row of a 2×2-tiled
+/// plane (the slices cover the row's windows), then zero what no window covers.
+fn tiles_2x2<T: Elem>(g: &[T], x: &[T], y: &[T], dx: &mut [T], p: &PoolPlan, mut row: impl FnMut(&[T], &[T], &[T], &[T], &mut [T], &mut [T])) {
     let ([_, _, iw], [_, oh, ow]) = (p.input, p.output);
     for oy in 0..oh {
         let (yr, gr) = (&y[oy * ow..][..ow], &g[oy * ow..][..ow]);
         let at = 2 * oy * iw;
         let (x0, x1) = (&x[at..at + 2 * ow], &x[at + iw..at + iw + 2 * ow]);
         let (d0, d1) = dx[at..at + 2 * iw].split_at_mut(iw);
-        let (d0, d1) = (&mut d0[..2 * ow], &mut d1[..2 * ow]);
-        // Zipped chunks, no indexing: no bounds checks in the loop.
-        let xs = x0.chunks_exact(2).zip(x1.chunks_exact(2));
-        let ds = d0.chunks_exact_mut(2).zip(d1.chunks_exact_mut(2));
-        for (((&yv, &gv), (xa, xb)), (da, db)) in yr.iter().zip(gr).zip(xs).zip(ds) {
-            let yv = R::load(yv);
-            let ea = R::load(xa[0]) == yv;
-            let eb = !ea & (R::load(xa[1]) == yv);
-            let ec = !(ea | eb) & (R::load(xb[0]) == yv);
-            let ed = !(ea | eb | ec) & (R::load(xb[1]) == yv);
-            let zero = T::zero();
-            da[0] = if ea { gv } else { zero };
-            da[1] = if eb { gv } else { zero };
-            db[0] = if ec { gv } else { zero };
-            db[1] = if ed { gv } else { zero };
-        }
+        row(yr, gr, x0, x1, &mut d0[..2 * ow], &mut d1[..2 * ow]);
         dx[at + 2 * ow..at + iw].fill(T::zero());
         dx[at + iw + 2 * ow..at + 2 * iw].fill(T::zero());
     }
     dx[2 * oh * iw..].fill(T::zero());
+}
+
+/// One row of 2×2 windows, scalar: zipped chunks, no indexing, so no bounds checks.
+fn unpool_2x2_row<T: Elem, R: Real>(yr: &[T], gr: &[T], x0: &[T], x1: &[T], d0: &mut [T], d1: &mut [T]) {
+    let xs = x0.chunks_exact(2).zip(x1.chunks_exact(2));
+    let ds = d0.chunks_exact_mut(2).zip(d1.chunks_exact_mut(2));
+    for (((&yv, &gv), (xa, xb)), (da, db)) in yr.iter().zip(gr).zip(xs).zip(ds) {
+        let yv = R::load(yv);
+        let ea = R::load(xa[0]) == yv;
+        let eb = !ea & (R::load(xa[1]) == yv);
+        let ec = !(ea | eb) & (R::load(xb[0]) == yv);
+        let ed = !(ea | eb | ec) & (R::load(xb[1]) == yv);
+        let zero = T::zero();
+        da[0] = if ea { gv } else { zero };
+        da[1] = if eb { gv } else { zero };
+        db[0] = if ec { gv } else { zero };
+        db[1] = if ed { gv } else { zero };
+    }
 }
 
 /// [`max_unpool_2x2`] for f32 with SSE2 (part of x86-64's baseline): four windows at a
@@ -619,14 +628,8 @@ fn max_unpool_2x2<T: Elem, R: Real>(g: &[T], x: &[T], y: &[T], dx: &mut [T], p: 
 #[cfg(target_arch = "x86_64")]
 fn max_unpool_2x2_sse2(g: &[f32], x: &[f32], y: &[f32], dx: &mut [f32], p: &PoolPlan) {
     use std::arch::x86_64::*;
-    let ([_, _, iw], [_, oh, ow]) = (p.input, p.output);
-    let vec_ow = ow / 4 * 4;
-    for oy in 0..oh {
-        let (yr, gr) = (&y[oy * ow..][..ow], &g[oy * ow..][..ow]);
-        let at = 2 * oy * iw;
-        let (x0, x1) = (&x[at..at + 2 * ow], &x[at + iw..at + iw + 2 * ow]);
-        let (d0, d1) = dx[at..at + 2 * iw].split_at_mut(iw);
-        let (d0, d1) = (&mut d0[..2 * ow], &mut d1[..2 * ow]);
+    let vec_ow = p.output[2] / 4 * 4;
+    tiles_2x2(g, x, y, dx, p, |yr, gr, x0, x1, d0, d1| {
         for ox in (0..vec_ow).step_by(4) {
             // Bounds: ox + 4 <= ow, so entries 2·ox .. 2·ox + 8 of each row exist; the
             // slices below check it once and the loads/stores stay inside them.
@@ -656,21 +659,10 @@ fn max_unpool_2x2_sse2(g: &[f32], x: &[f32], y: &[f32], dx: &mut [f32], p: &Pool
                 _mm_storeu_ps(w1.as_mut_ptr().add(4), _mm_unpackhi_ps(gc, gd));
             }
         }
-        for ox in vec_ow..ow {
-            let (yv, gv) = (yr[ox], gr[ox]);
-            let ea = x0[2 * ox] == yv;
-            let eb = !ea & (x0[2 * ox + 1] == yv);
-            let ec = !(ea | eb) & (x1[2 * ox] == yv);
-            let ed = !(ea | eb | ec) & (x1[2 * ox + 1] == yv);
-            d0[2 * ox] = if ea { gv } else { 0.0 };
-            d0[2 * ox + 1] = if eb { gv } else { 0.0 };
-            d1[2 * ox] = if ec { gv } else { 0.0 };
-            d1[2 * ox + 1] = if ed { gv } else { 0.0 };
-        }
-        dx[at + 2 * ow..at + iw].fill(0.0);
-        dx[at + iw + 2 * ow..at + 2 * iw].fill(0.0);
-    }
-    dx[2 * oh * iw..].fill(0.0);
+        // The last ow % 4 windows.
+        let v = vec_ow;
+        unpool_2x2_row::<f32, f32>(&yr[v..], &gr[v..], &x0[2 * v..], &x1[2 * v..], &mut d0[2 * v..], &mut d1[2 * v..]);
+    });
 }
 
 /// [`max_unpool_2d`] when the windows tile the input (stride = kernel): each input position
