@@ -3,13 +3,14 @@
 //! Owns: [`HandleTable`], which maps an opaque `void*`-sized handle to an `Arc<T>`. A handle
 //! encodes a table tag, a slot index and the slot's generation, so a NULL handle, a handle of
 //! another kind, a freed handle and a double free are all detected and answered with an
-//! error, never undefined behaviour. Lookups take one uncontended slot lock.
+//! error, never undefined behaviour. Lookups take one uncontended slot lock; freed slots are
+//! reused from a lock-free stack.
 
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::ffi::c_void;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 const CHUNK: usize = 1024;
@@ -19,6 +20,8 @@ const GEN_BITS: u32 = 24;
 struct Slot<T> {
     /// (generation, value); the generation changes at every free.
     inner: Mutex<(u32, Option<Arc<T>>)>,
+    /// While the slot is on the free stack: the stack entry below it (index + 1, 0 for none).
+    next_free: AtomicU32,
 }
 
 /// A table of live handles of one kind.
@@ -26,14 +29,15 @@ pub struct HandleTable<T> {
     tag: u8,
     kind: &'static str,
     chunks: Box<[AtomicPtr<Slot<T>>]>,
-    free: Mutex<FreeList>,
+    /// The free stack's top: (pushes and pops so far, for ABA) << 32 | (index + 1, 0 when
+    /// empty). Lock-free: a create and a free each cost one compare-and-swap here.
+    free_top: AtomicU64,
+    /// Slots never used yet start at this index.
+    next: AtomicU32,
+    /// Held while a chunk of slots is allocated.
+    grow: Mutex<()>,
     /// Send/Sync follow `Arc<T>`'s, not the raw chunk pointers'.
     _owns: PhantomData<Arc<T>>,
-}
-
-struct FreeList {
-    free: Vec<u32>,
-    next: u32,
 }
 
 impl<T> HandleTable<T> {
@@ -44,7 +48,9 @@ impl<T> HandleTable<T> {
             tag,
             kind,
             chunks: (0..MAX_CHUNKS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
-            free: Mutex::new(FreeList { free: Vec::new(), next: 0 }),
+            free_top: AtomicU64::new(0),
+            next: AtomicU32::new(0),
+            grow: Mutex::new(()),
             _owns: PhantomData,
         }
     }
@@ -77,28 +83,57 @@ impl<T> HandleTable<T> {
 
     /// Register a value; returns its handle.
     pub fn insert(&self, value: Arc<T>) -> *mut c_void {
-        let index = {
-            let mut fl = self.free.lock();
-            match fl.free.pop() {
-                Some(i) => i,
-                None => {
-                    let i = fl.next;
-                    let c = i as usize / CHUNK;
-                    assert!(c < MAX_CHUNKS, "{} handle table is full", self.kind);
-                    if self.chunks[c].load(Ordering::Acquire).is_null() {
-                        let chunk: Box<[Slot<T>]> =
-                            (0..CHUNK).map(|_| Slot { inner: Mutex::new((0, None)) }).collect();
-                        self.chunks[c].store(Box::into_raw(chunk) as *mut Slot<T>, Ordering::Release);
-                    }
-                    fl.next += 1;
-                    i
-                }
-            }
-        };
+        let index = self.pop_free().unwrap_or_else(|| self.fresh_index());
         let slot = self.slot(index).expect("slot was just allocated");
         let mut inner = slot.inner.lock();
         inner.1 = Some(value);
         self.encode(index, inner.0)
+    }
+
+    /// The most recently freed index, if any.
+    fn pop_free(&self) -> Option<u32> {
+        let mut top = self.free_top.load(Ordering::Acquire);
+        loop {
+            let index = (top as u32).checked_sub(1)?;
+            // Slots are never deallocated, so reading a stale `next_free` is harmless: the
+            // count in `top` then has moved on and the exchange fails.
+            let below = self.slot(index).expect("freed slots exist").next_free.load(Ordering::Relaxed);
+            let new = (((top >> 32) + 1) << 32) | below as u64;
+            match self.free_top.compare_exchange_weak(top, new, Ordering::Acquire, Ordering::Acquire) {
+                Ok(_) => return Some(index),
+                Err(now) => top = now,
+            }
+        }
+    }
+
+    fn push_free(&self, index: u32) {
+        let slot = self.slot(index).expect("freed slots exist");
+        let mut top = self.free_top.load(Ordering::Relaxed);
+        loop {
+            slot.next_free.store(top as u32, Ordering::Relaxed);
+            let new = (((top >> 32) + 1) << 32) | (index as u64 + 1);
+            match self.free_top.compare_exchange_weak(top, new, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(now) => top = now,
+            }
+        }
+    }
+
+    /// An index never used before, allocating its chunk of slots if it is the first there.
+    fn fresh_index(&self) -> u32 {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        let c = i as usize / CHUNK;
+        assert!(c < MAX_CHUNKS, "{} handle table is full", self.kind);
+        if self.chunks[c].load(Ordering::Acquire).is_null() {
+            let _grow = self.grow.lock();
+            if self.chunks[c].load(Ordering::Acquire).is_null() {
+                let chunk: Box<[Slot<T>]> = (0..CHUNK)
+                    .map(|_| Slot { inner: Mutex::new((0, None)), next_free: AtomicU32::new(0) })
+                    .collect();
+                self.chunks[c].store(Box::into_raw(chunk) as *mut Slot<T>, Ordering::Release);
+            }
+        }
+        i
     }
 
     /// The value behind a live handle.
@@ -150,7 +185,7 @@ impl<T> HandleTable<T> {
             inner.0 = (inner.0 + 1) & ((1 << GEN_BITS) - 1);
             inner.1.take().expect("checked above")
         };
-        self.free.lock().free.push(index);
+        self.push_free(index);
         Ok(value)
     }
 
@@ -194,6 +229,39 @@ mod tests {
         assert!(t.get(a).is_err());
         assert_eq!(*t.get(c).unwrap(), 3);
         assert!(t.get(0x1234 as *const c_void).is_err());
+    }
+
+    #[test]
+    fn concurrent_create_free_cycles_never_share_a_slot() {
+        // Threads churn through the free stack at once; each live value must stay behind its
+        // own handle, and every handle freed must be dead afterwards.
+        let t: Arc<HandleTable<(usize, usize)>> = Arc::new(HandleTable::new(12, "test"));
+        let threads: Vec<_> = (0..4)
+            .map(|k| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    let mut dead = Vec::new();
+                    for i in 0..20_000 {
+                        let a = t.insert(Arc::new((k, i)));
+                        let b = t.insert(Arc::new((k, i + 1)));
+                        assert_ne!(a, b);
+                        assert_eq!(*t.get(a).unwrap(), (k, i));
+                        assert_eq!(*t.remove(b).unwrap(), (k, i + 1));
+                        assert_eq!(*t.remove(a).unwrap(), (k, i));
+                        if i % 1000 == 0 {
+                            dead.push(a as usize);
+                        }
+                    }
+                    dead
+                })
+            })
+            .collect();
+        let dead: Vec<_> = threads.into_iter().flat_map(|th| th.join().unwrap()).collect();
+        for h in dead {
+            assert!(t.get(h as *const c_void).is_err());
+        }
+        // All the churn reused a handful of slots.
+        assert!(t.next.load(Ordering::Relaxed) <= 8, "{} slots used", t.next.load(Ordering::Relaxed));
     }
 
     #[test]

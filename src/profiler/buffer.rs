@@ -1,15 +1,16 @@
 //! Event recording: what an event is and the per-thread buffers that hold events until a dump.
 //!
-//! Owns: [`Event`] and its parts, the thread buffers and their registry, and [`drain`], which
-//! takes every buffered event out. Recording appends to the calling thread's own buffer under
-//! that buffer's lock, which only a dump ever contends for; there is no global lock on the
-//! recording path.
+//! Owns: [`Event`] and its parts, the profiler's clock, the thread buffers and their registry,
+//! and [`drain`], which takes every buffered event out. Recording appends to the calling
+//! thread's own buffer under that buffer's lock, which only a dump ever contends for; there is
+//! no global lock on the recording path.
 
 use crate::context::Context;
 use parking_lot::Mutex;
 use std::cell::OnceCell;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -53,7 +54,7 @@ pub enum Scope {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Phase {
-    /// A duration (`ph: X`), in microseconds.
+    /// A duration (`ph: X`).
     Complete { dur: f64 },
     /// A counter value (`ph: C`).
     Counter { value: i64 },
@@ -64,39 +65,119 @@ pub enum Phase {
     Instant { scope: Scope },
 }
 
-/// One recorded event.
+/// One recorded event. While buffered, its times (`ts` and a duration) are in ticks of the
+/// profiler's clock ([`now`]); [`drain`] gives them back in microseconds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     pub name: Text,
     pub cat: Text,
     pub proc: Proc,
     pub tid: u32,
-    /// Start, in microseconds since the profiler's clock origin.
+    /// Start, since the profiler's clock origin.
     pub ts: f64,
     pub phase: Phase,
     /// Extra `args` members, already JSON (`"key":value,...`), if any.
     pub args: Option<Box<str>>,
 }
 
-/// Microseconds since the clock origin (the first use of the profiler's clock).
-pub fn now_us() -> f64 {
-    static ORIGIN: OnceLock<Instant> = OnceLock::new();
-    ORIGIN.get_or_init(Instant::now).elapsed().as_nanos() as f64 / 1000.0
+/// The profiler's clock. Events are stamped in its ticks, which cost one `rdtsc` where the
+/// kernel itself keeps time with the TSC (x86-64, `current_clocksource` is `tsc`: the counter is
+/// then invariant and synchronised across cores), else one `CLOCK_MONOTONIC` read in
+/// nanoseconds. [`drain`] turns ticks into microseconds, with the TSC's rate measured against
+/// the monotonic clock from the origin to the drain.
+struct Clock {
+    tsc: bool,
+    origin_ticks: u64,
+    origin: Instant,
 }
 
-/// Events per chunk of a thread's buffer.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime only writes the timespec it is given; CLOCK_MONOTONIC exists on
+    // every Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[inline]
+fn raw_ticks(tsc: bool) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if tsc {
+        // SAFETY: rdtsc exists on every x86-64 CPU and only reads the time-stamp counter.
+        return unsafe { std::arch::x86_64::_rdtsc() };
+    }
+    let _ = tsc;
+    monotonic_ns()
+}
+
+fn clock() -> &'static Clock {
+    static CLOCK: OnceLock<Clock> = OnceLock::new();
+    CLOCK.get_or_init(|| {
+        let tsc = cfg!(target_arch = "x86_64")
+            && std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+                .is_ok_and(|s| s.trim() == "tsc");
+        Clock { tsc, origin_ticks: raw_ticks(tsc), origin: Instant::now() }
+    })
+}
+
+/// Now, in the clock's ticks since its origin (the first use of the clock). Events hold
+/// ticks until [`drain`] converts them.
+#[inline]
+pub fn now() -> f64 {
+    let c = clock();
+    raw_ticks(c.tsc).wrapping_sub(c.origin_ticks) as i64 as f64
+}
+
+/// Microseconds per tick of [`now`]. The TSC's rate is measured over at least 20 ms since the
+/// origin (a drain sooner than that waits out the rest, once).
+fn us_per_tick() -> f64 {
+    let c = clock();
+    if !c.tsc {
+        return 1e-3;
+    }
+    const BASELINE: std::time::Duration = std::time::Duration::from_millis(20);
+    if let Some(rest) = BASELINE.checked_sub(c.origin.elapsed()) {
+        std::thread::sleep(rest);
+    }
+    let ticks = raw_ticks(true).wrapping_sub(c.origin_ticks);
+    let us = c.origin.elapsed().as_secs_f64() * 1e6;
+    if ticks == 0 { 1e-3 } else { us / ticks as f64 }
+}
+
+/// What a thread's buffer holds: the two events recorded at every operation (a C API call and
+/// an operation, on the recording thread and without extra args) in a compact form, which
+/// [`drain`] expands; any other event whole. Small records mean fewer pages touched: a
+/// profiled run fills memory with them.
+enum Rec {
+    Api { name: &'static str, ts: f64, dur: f64 },
+    Op { name: Option<Arc<str>>, ctx: Context, ts: f64, dur: f64 },
+    Full(Box<Event>),
+}
+
+impl Rec {
+    fn expand(self, tid: u32) -> Event {
+        match self {
+            Rec::Api { name, ts, dur } => super::api_event(name, tid, ts, dur),
+            Rec::Op { name, ctx, ts, dur } => super::op_event(name, ctx, tid, ts, dur, None),
+            Rec::Full(e) => *e,
+        }
+    }
+}
+
+/// Records per chunk of a thread's buffer.
 const CHUNK: usize = 4096;
 
-/// A thread's events in fixed-size chunks: appending never moves recorded events (a growing
+/// A thread's records in fixed-size chunks: appending never moves recorded ones (a growing
 /// `Vec` would copy them all at every doubling, on the recording thread).
 #[derive(Default)]
 struct Chunks {
-    full: Vec<Vec<Event>>,
-    current: Vec<Event>,
+    full: Vec<Vec<Rec>>,
+    current: Vec<Rec>,
 }
 
 impl Chunks {
-    fn push(&mut self, e: Event) {
+    #[inline]
+    fn push(&mut self, r: Rec) {
         if self.current.len() == self.current.capacity() {
             let next = Vec::with_capacity(CHUNK);
             let done = std::mem::replace(&mut self.current, next);
@@ -104,17 +185,65 @@ impl Chunks {
                 self.full.push(done);
             }
         }
-        self.current.push(e);
+        self.current.push(r);
     }
-    fn take_into(&mut self, out: &mut Vec<Event>) {
-        for mut c in self.full.drain(..) {
-            out.append(&mut c);
+    fn take_into(&mut self, tid: u32, out: &mut Vec<Event>) {
+        for c in self.full.drain(..) {
+            out.extend(c.into_iter().map(|r| r.expand(tid)));
         }
-        out.append(&mut self.current);
+        out.extend(self.current.drain(..).map(|r| r.expand(tid)));
     }
-    fn clear(&mut self) {
-        self.full.clear();
-        self.current.clear();
+}
+
+/// The lock of a thread's buffer. Its owner takes it at every event and a drain only now and
+/// then (briefly: it swaps the records out), so it is almost never contended: one swap takes
+/// it and a plain release store gives it back, where a general mutex needs a second atomic
+/// read-modify-write to unlock.
+struct BufLock {
+    locked: AtomicBool,
+    chunks: UnsafeCell<Chunks>,
+}
+
+// SAFETY: `chunks` is only reached through a `BufGuard`, and `locked` lets one guard exist at a
+// time; `Chunks` itself is `Send`.
+unsafe impl Sync for BufLock {}
+
+struct BufGuard<'a>(&'a BufLock);
+
+impl BufLock {
+    fn new() -> Self {
+        BufLock { locked: AtomicBool::new(false), chunks: UnsafeCell::new(Chunks::default()) }
+    }
+    #[inline]
+    fn lock(&self) -> BufGuard<'_> {
+        while self.locked.swap(true, Ordering::Acquire) {
+            while self.locked.load(Ordering::Relaxed) {
+                std::thread::yield_now();
+            }
+        }
+        BufGuard(self)
+    }
+}
+
+impl Deref for BufGuard<'_> {
+    type Target = Chunks;
+    fn deref(&self) -> &Chunks {
+        // SAFETY: this guard holds the lock (see `BufLock`).
+        unsafe { &*self.0.chunks.get() }
+    }
+}
+
+impl std::ops::DerefMut for BufGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Chunks {
+        // SAFETY: this guard holds the lock (see `BufLock`).
+        unsafe { &mut *self.0.chunks.get() }
+    }
+}
+
+impl Drop for BufGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.locked.store(false, Ordering::Release);
     }
 }
 
@@ -122,7 +251,7 @@ impl Chunks {
 pub(crate) struct ThreadBuf {
     pub tid: u32,
     pub name: String,
-    events: Mutex<Chunks>,
+    events: BufLock,
 }
 
 static NEXT_TID: AtomicU32 = AtomicU32::new(0);
@@ -137,7 +266,7 @@ fn with_buf<R>(f: impl FnOnce(&ThreadBuf) -> R) -> Option<R> {
         let b = b.get_or_init(|| {
             let tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
             let name = std::thread::current().name().map_or_else(|| format!("thread {tid}"), str::to_string);
-            let b = Arc::new(ThreadBuf { tid, name, events: Mutex::new(Chunks::default()) });
+            let b = Arc::new(ThreadBuf { tid, name, events: BufLock::new() });
             BUFFERS.lock().push(b.clone());
             b
         });
@@ -154,22 +283,43 @@ pub fn current_tid() -> u32 {
 /// Append an event to the calling thread's buffer. Events recorded while the thread is being
 /// torn down are dropped.
 pub fn record(event: Event) {
-    with_buf(|b| b.events.lock().push(event));
+    with_buf(|b| b.events.lock().push(Rec::Full(Box::new(event))));
 }
 
-/// Take every buffered event out, ordered by start time; also returns the name of every
-/// thread seen (by tid). Buffers of threads that have exited are dropped once empty.
+/// Record a C API call made on this thread.
+#[inline]
+pub fn record_api(name: &'static str, ts: f64, dur: f64) {
+    with_buf(|b| b.events.lock().push(Rec::Api { name, ts, dur }));
+}
+
+/// Record an operation that ran on this thread, without extra args.
+#[inline]
+pub fn record_op(name: Option<Arc<str>>, ctx: Context, ts: f64, dur: f64) {
+    with_buf(|b| b.events.lock().push(Rec::Op { name, ctx, ts, dur }));
+}
+
+/// Take every buffered event out, ordered by start time, with its times in microseconds; also
+/// returns the name of every thread seen (by tid). Buffers of threads that have exited are
+/// dropped once empty.
 pub(crate) fn drain() -> (Vec<Event>, Vec<(u32, String)>) {
     let mut all = Vec::new();
     let mut names = Vec::new();
     let mut buffers = BUFFERS.lock();
     for b in buffers.iter() {
-        b.events.lock().take_into(&mut all);
+        let mut taken = std::mem::take(&mut *b.events.lock());
+        taken.take_into(b.tid, &mut all);
         names.push((b.tid, b.name.clone()));
     }
     // Only the registry holds the buffer of a thread that has exited.
     buffers.retain(|b| Arc::strong_count(b) > 1);
     drop(buffers);
+    let scale = us_per_tick();
+    for e in &mut all {
+        e.ts *= scale;
+        if let Phase::Complete { dur } = &mut e.phase {
+            *dur *= scale;
+        }
+    }
     all.sort_by(|a, b| a.ts.total_cmp(&b.ts));
     (all, names)
 }
@@ -177,13 +327,20 @@ pub(crate) fn drain() -> (Vec<Event>, Vec<(u32, String)>) {
 /// Drop every buffered event (a new configuration starts empty).
 pub(crate) fn discard() {
     for b in BUFFERS.lock().iter() {
-        b.events.lock().clear();
+        let taken = std::mem::take(&mut *b.events.lock());
+        drop(taken); // outside the lock
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_operation_records_stay_small() {
+        // Two records per profiled operation fill memory: keep them within 48 bytes.
+        assert!(std::mem::size_of::<Rec>() <= 48, "{}", std::mem::size_of::<Rec>());
+    }
 
     #[test]
     fn events_from_threads_are_collected_in_time_order() {
@@ -193,7 +350,7 @@ mod tests {
             cat: Text::Static("buffer-test"),
             proc: Proc::Api,
             tid: current_tid(),
-            ts: now_us(),
+            ts: now(),
             phase: Phase::Complete { dur: 1.0 },
             args: None,
         };

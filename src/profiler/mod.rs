@@ -22,7 +22,7 @@ pub mod trace;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use aggregate::{Aggregate, SortBy};
-use buffer::{now_us, Event, Phase, Proc, Text};
+use buffer::{now, Event, Phase, Proc, Text};
 use parking_lot::{Condvar, Mutex};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -96,9 +96,9 @@ pub fn custom_scope<R>(op_type: &str, f: impl FnOnce() -> R) -> R {
     }
     let ty: Arc<str> = Arc::from(op_type);
     let previous = CUSTOM.with(|c| c.borrow_mut().replace(ty.clone()));
-    let start = now_us();
+    let start = now();
     let r = f();
-    let end = now_us();
+    let end = now();
     CUSTOM.with(|c| *c.borrow_mut() = previous);
     buffer::record(Event {
         name: Text::Shared(Arc::from(format!("{ty}::pure_python"))),
@@ -158,7 +158,7 @@ pub fn scope() -> Option<Arc<str>> {
 pub fn op_begin(symbolic: bool) -> Option<f64> {
     if ops_on(symbolic) {
         let _ = OP_ARGS.try_with(|a| a.borrow_mut().take());
-        Some(now_us())
+        Some(now())
     } else {
         None
     }
@@ -179,7 +179,7 @@ pub fn profiled<R>(symbolic: bool, name: Option<&Arc<str>>, ctx: Context, scope:
 
 /// End of a recorded operation started at `start` on thread `tid` (None: this thread).
 pub fn op_end(start: f64, name: Option<&Arc<str>>, ctx: Context, tid: Option<u32>, scope: Option<&Arc<str>>) {
-    let end = now_us();
+    let end = now();
     let mut args = OP_ARGS.try_with(|a| a.borrow_mut().take()).ok().flatten();
     if let Some(s) = scope {
         let a = args.get_or_insert_with(String::new);
@@ -189,31 +189,35 @@ pub fn op_end(start: f64, name: Option<&Arc<str>>, ctx: Context, tid: Option<u32
         a.push_str("\"scope\":");
         trace::json_str(a, s);
     }
+    match (tid, args) {
+        (None, None) => buffer::record_op(name.cloned(), ctx, start, end - start),
+        (tid, args) => buffer::record(op_event(name.cloned(), ctx, tid.unwrap_or_else(buffer::current_tid), start, end - start, args)),
+    }
+}
+
+/// The event of an operation.
+pub(crate) fn op_event(name: Option<Arc<str>>, ctx: Context, tid: u32, ts: f64, dur: f64, args: Option<String>) -> Event {
     // Only names given by `op_name` inside a custom operator's callback contain "::".
-    let cat = if name.is_some_and(|n| n.contains("::")) { CUSTOM_OPERATOR } else { OPERATOR };
-    buffer::record(Event {
-        name: name.map_or(Text::Static("<unnamed>"), |n| Text::Shared(n.clone())),
+    let cat = if name.as_ref().is_some_and(|n| n.contains("::")) { CUSTOM_OPERATOR } else { OPERATOR };
+    Event {
+        name: name.map_or(Text::Static("<unnamed>"), Text::Shared),
         cat: Text::Static(cat),
         proc: Proc::Device(ctx),
-        tid: tid.unwrap_or_else(buffer::current_tid),
-        ts: start,
-        phase: Phase::Complete { dur: end - start },
+        tid,
+        ts,
+        phase: Phase::Complete { dur },
         args: args.map(String::into_boxed_str),
-    });
+    }
 }
 
 /// Record a C API call that started at `start`.
 pub fn api_call(api: &'static str, start: f64) {
-    let end = now_us();
-    buffer::record(Event {
-        name: Text::Static(api),
-        cat: Text::Static("MXNET_C_API"),
-        proc: Proc::Api,
-        tid: buffer::current_tid(),
-        ts: start,
-        phase: Phase::Complete { dur: end - start },
-        args: None,
-    });
+    buffer::record_api(api, start, now() - start);
+}
+
+/// The event of a C API call.
+pub(crate) fn api_event(api: &'static str, tid: u32, ts: f64, dur: f64) -> Event {
+    Event { name: Text::Static(api), cat: Text::Static("MXNET_C_API"), proc: Proc::Api, tid, ts, phase: Phase::Complete { dur }, args: None }
 }
 
 /// The kvstore process a profiler call addresses (`profile_process`).
@@ -353,7 +357,7 @@ fn apply_flags(st: &State) {
                 cat: Text::Static(aggregate::STORAGE_CATEGORY),
                 proc: Proc::Storage(ctx),
                 tid: buffer::current_tid(),
-                ts: now_us(),
+                ts: now(),
                 phase: Phase::Memory { bytes: stats.bytes_in_use as u64 },
                 args: None,
             });
@@ -587,7 +591,7 @@ mod tests {
         pause(true);
         assert!(op_begin(false).is_none(), "paused: nothing is recorded");
         pause(false);
-        api_call("MXUnitTest", now_us());
+        api_call("MXUnitTest", now());
         dump(false).unwrap();
         let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
         let ops: Vec<_> = doc["traceEvents"].as_array().unwrap().iter().filter(|e| e["name"] == "unit_test_op").collect();

@@ -6,7 +6,7 @@
 //! have no domain) in `event`, markers are instants in `<domain>,instant_marker`, counters are
 //! counter events. Objects record only while the profiler runs.
 
-use super::buffer::{self, now_us, Event, Phase, Proc, Scope, Text};
+use super::buffer::{self, now, Event, Phase, Proc, Scope, Text};
 use super::running;
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
@@ -79,7 +79,7 @@ impl Object {
         let Object::Duration { started, .. } = self else {
             return Err(Error::type_error(format!("a profiler {} has no duration to start", self.kind())));
         };
-        *started.lock() = Some((now_us(), buffer::current_tid()));
+        *started.lock() = Some((now(), buffer::current_tid()));
         Ok(())
     }
 
@@ -100,7 +100,7 @@ impl Object {
                 proc: proc.clone(),
                 tid,
                 ts: t0,
-                phase: Phase::Complete { dur: now_us() - t0 },
+                phase: Phase::Complete { dur: now() - t0 },
                 args: None,
             });
         }
@@ -121,7 +121,7 @@ impl Object {
                 cat: Text::Shared(domain.clone()),
                 proc: Proc::Domain(domain.clone()),
                 tid: buffer::current_tid(),
-                ts: now_us(),
+                ts: now(),
                 phase: Phase::Counter { value },
                 args: None,
             });
@@ -167,7 +167,7 @@ pub fn marker(domain: &Object, name: &str, scope: &str) -> Result<()> {
             cat: Text::Shared(Arc::from(format!("{d},instant_marker"))),
             proc: Proc::Domain(d),
             tid: buffer::current_tid(),
-            ts: now_us(),
+            ts: now(),
             phase: Phase::Instant { scope },
             args: None,
         });

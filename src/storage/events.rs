@@ -29,12 +29,15 @@ pub fn subscribe(sink: Option<Sink>) {
     *s = sink;
 }
 
-pub(crate) fn emit(event: StorageEvent) {
+/// Send the event `make` builds to the subscriber; with none, `make` is not called (so the
+/// pool's figures are not read for nobody).
+#[inline]
+pub(crate) fn emit(make: impl FnOnce() -> StorageEvent) {
     if !ACTIVE.load(Ordering::Relaxed) {
         return;
     }
     if let Some(sink) = SINK.read().as_ref() {
-        sink(&event);
+        sink(&make());
     }
 }
 

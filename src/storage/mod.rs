@@ -44,7 +44,7 @@ impl Block {
         }
         let pool = manager().pool(ctx)?;
         let (ptr, bucket) = pool.alloc(size)?;
-        events::emit(events::StorageEvent::Alloc { ctx, bytes: bucket, stats: pool.stats() });
+        events::emit(|| events::StorageEvent::Alloc { ctx, bytes: bucket, stats: pool.stats() });
         Ok(Block { ptr, size, from: Some((pool, bucket)), ctx })
     }
     pub fn ptr(&self) -> *mut u8 {
@@ -64,7 +64,7 @@ impl Drop for Block {
         if let Some((pool, bucket)) = self.from {
             // SAFETY: allocated from this pool with this bucket, freed once (here).
             unsafe { pool.free(self.ptr, bucket) }
-            events::emit(events::StorageEvent::Free { ctx: self.ctx, bytes: bucket, stats: pool.stats() });
+            events::emit(|| events::StorageEvent::Free { ctx: self.ctx, bytes: bucket, stats: pool.stats() });
         }
     }
 }
@@ -72,12 +72,16 @@ impl Drop for Block {
 /// The per-context pools.
 pub struct Manager {
     pools: Mutex<BTreeMap<Context, &'static Pool>>,
+    /// Host contexts with ids below [`FAST_IDS`], by (kind, id): see [`Manager::fast_slot`].
+    fast: [OnceLock<&'static Pool>; 3 * FAST_IDS],
 }
+
+const FAST_IDS: usize = 8;
 
 /// The process-wide storage manager.
 pub fn manager() -> &'static Manager {
     static M: OnceLock<Manager> = OnceLock::new();
-    M.get_or_init(|| Manager { pools: Mutex::new(BTreeMap::new()) })
+    M.get_or_init(|| Manager { pools: Mutex::new(BTreeMap::new()), fast: std::array::from_fn(|_| OnceLock::new()) })
 }
 
 /// The pool policy for a device type, from the configuration (read once per context).
@@ -99,6 +103,10 @@ fn policy_for(dev: DevType) -> Result<Bucketing> {
 impl Manager {
     /// The pool of `ctx`, created at first use.
     pub fn pool(&self, ctx: Context) -> Result<&'static Pool> {
+        let fast = self.fast_slot(ctx);
+        if let Some(p) = fast.and_then(OnceLock::get) {
+            return Ok(p);
+        }
         let mut pools = self.pools.lock();
         if let Some(p) = pools.get(&ctx) {
             return Ok(p);
@@ -107,7 +115,23 @@ impl Manager {
         let allocator = Box::new(alloc::CpuAllocator { ctx });
         let pool: &'static Pool = Box::leak(Box::new(Pool::new(policy_for(ctx.dev_type)?, allocator)));
         pools.insert(ctx, pool);
+        if let Some(slot) = fast {
+            let _ = slot.set(pool);
+        }
         Ok(pool)
+    }
+
+    /// The lock-free slot of a host context with a small device id (every allocation looks
+    /// its pool up; the map behind the lock holds every context).
+    fn fast_slot(&self, ctx: Context) -> Option<&OnceLock<&'static Pool>> {
+        let kind = match ctx.dev_type {
+            DevType::Cpu => 0,
+            DevType::CpuPinned => 1,
+            DevType::CpuShared => 2,
+            DevType::Gpu => return None,
+        };
+        let id = usize::try_from(ctx.dev_id).ok().filter(|&i| i < FAST_IDS)?;
+        self.fast.get(kind * FAST_IDS + id)
     }
 
     /// `MXStorageEmptyCache`: return the cached blocks of `ctx` to the system; returns the
