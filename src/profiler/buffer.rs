@@ -9,8 +9,7 @@ use crate::context::Context;
 use parking_lot::Mutex;
 use std::cell::OnceCell;
 use std::ops::Deref;
-use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -187,63 +186,11 @@ impl Chunks {
         }
         self.current.push(r);
     }
-    fn take_into(&mut self, tid: u32, out: &mut Vec<Event>) {
-        for c in self.full.drain(..) {
+    /// Expand every record into `out`.
+    fn expand_into(self, tid: u32, out: &mut Vec<Event>) {
+        for c in self.full.into_iter().chain(std::iter::once(self.current)) {
             out.extend(c.into_iter().map(|r| r.expand(tid)));
         }
-        out.extend(self.current.drain(..).map(|r| r.expand(tid)));
-    }
-}
-
-/// The lock of a thread's buffer. Its owner takes it at every event and a drain only now and
-/// then (briefly: it swaps the records out), so it is almost never contended: one swap takes
-/// it and a plain release store gives it back, where a general mutex needs a second atomic
-/// read-modify-write to unlock.
-struct BufLock {
-    locked: AtomicBool,
-    chunks: UnsafeCell<Chunks>,
-}
-
-// SAFETY: `chunks` is only reached through a `BufGuard`, and `locked` lets one guard exist at a
-// time; `Chunks` itself is `Send`.
-unsafe impl Sync for BufLock {}
-
-struct BufGuard<'a>(&'a BufLock);
-
-impl BufLock {
-    fn new() -> Self {
-        BufLock { locked: AtomicBool::new(false), chunks: UnsafeCell::new(Chunks::default()) }
-    }
-    #[inline]
-    fn lock(&self) -> BufGuard<'_> {
-        while self.locked.swap(true, Ordering::Acquire) {
-            while self.locked.load(Ordering::Relaxed) {
-                std::thread::yield_now();
-            }
-        }
-        BufGuard(self)
-    }
-}
-
-impl Deref for BufGuard<'_> {
-    type Target = Chunks;
-    fn deref(&self) -> &Chunks {
-        // SAFETY: this guard holds the lock (see `BufLock`).
-        unsafe { &*self.0.chunks.get() }
-    }
-}
-
-impl std::ops::DerefMut for BufGuard<'_> {
-    fn deref_mut(&mut self) -> &mut Chunks {
-        // SAFETY: this guard holds the lock (see `BufLock`).
-        unsafe { &mut *self.0.chunks.get() }
-    }
-}
-
-impl Drop for BufGuard<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        self.0.locked.store(false, Ordering::Release);
     }
 }
 
@@ -251,7 +198,7 @@ impl Drop for BufGuard<'_> {
 pub(crate) struct ThreadBuf {
     pub tid: u32,
     pub name: String,
-    events: BufLock,
+    events: Mutex<Chunks>,
 }
 
 static NEXT_TID: AtomicU32 = AtomicU32::new(0);
@@ -266,7 +213,7 @@ fn with_buf<R>(f: impl FnOnce(&ThreadBuf) -> R) -> Option<R> {
         let b = b.get_or_init(|| {
             let tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
             let name = std::thread::current().name().map_or_else(|| format!("thread {tid}"), str::to_string);
-            let b = Arc::new(ThreadBuf { tid, name, events: BufLock::new() });
+            let b = Arc::new(ThreadBuf { tid, name, events: Mutex::new(Chunks::default()) });
             BUFFERS.lock().push(b.clone());
             b
         });
@@ -306,8 +253,9 @@ pub(crate) fn drain() -> (Vec<Event>, Vec<(u32, String)>) {
     let mut names = Vec::new();
     let mut buffers = BUFFERS.lock();
     for b in buffers.iter() {
-        let mut taken = std::mem::take(&mut *b.events.lock());
-        taken.take_into(b.tid, &mut all);
+        // Swapped out under the lock, expanded outside it.
+        let taken = std::mem::take(&mut *b.events.lock());
+        taken.expand_into(b.tid, &mut all);
         names.push((b.tid, b.name.clone()));
     }
     // Only the registry holds the buffer of a thread that has exited.
