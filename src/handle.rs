@@ -7,7 +7,7 @@
 //! reused from a lock-free stack.
 
 use crate::error::{Error, Result};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};

@@ -3,7 +3,7 @@
 //!
 //! Layout: [`config`] (every environment variable), [`engine`] (the dependency engine),
 //! [`context`] (devices), [`handle`] (handles given to C), [`runtime`] (process-wide state),
-//! [`error`] (the error kinds the frontend maps), [`profiler`] (traces and statistics),
+//! [`error`] (the error kinds the frontend maps), [`sync`] (locks), [`profiler`] (traces and statistics),
 //! [`symbol`] (symbolic graphs: composition, JSON, inference), [`autograd`] (recording and
 //! gradients), [`executor`] (CachedOp and Executor), [`c_api`] (the exported functions).
 //! This file only wires modules together.
@@ -22,6 +22,7 @@ pub mod profiler;
 pub mod runtime;
 pub mod storage;
 pub mod symbol;
+pub mod sync;
 
 pub use error::{Error, ErrorKind, Result};
 

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
 use crate::op::param::Attrs;
 use crate::op::{self, grad, invoke, Grad, Meta, OpDef};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

@@ -8,7 +8,7 @@ use crate::context::Context;
 use crate::engine::{self, Completion, FnProperty, OprFn, Push, RunContext, Var};
 use crate::error::{Error, ErrorKind, Result};
 use crate::handle::HandleTable;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Arc, OnceLock};
 

@@ -9,7 +9,7 @@
 use super::ffi::{self, cstr, out};
 use super::types::{CustomOpPropCreator, DataIterCreator, DataIterHandle, FunctionHandle, MXCallbackList};
 use crate::error::{Error, Result};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 

@@ -14,7 +14,7 @@ use crate::ndarray::{np_shape, DType};
 use crate::op;
 use crate::symbol::infer::{self, Given, PShape};
 use crate::symbol::{json, InputKind, Symbol};
-use parking_lot::RwLock;
+use crate::sync::RwLock;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CString};
 use std::sync::{Arc, OnceLock};

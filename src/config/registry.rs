@@ -18,7 +18,7 @@
 use super::spec::{Reading, Value, VarSpec};
 use super::suggest;
 use crate::error::{Error, Result};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};

@@ -37,7 +37,7 @@ use crate::context::{Context, DevType};
 use crate::error::{Error, Result};
 use crate::profiler;
 use opr::{Latch, Opr};
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use pool::Pool;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
@@ -728,7 +728,7 @@ impl Engine {
         let mut g = self.idle.lock();
         self.waiters.fetch_add(1, Ordering::SeqCst);
         while !done(self.pending.load(Ordering::SeqCst)) {
-            self.idle_cv.wait(&mut g);
+            g = self.idle_cv.wait(g);
         }
         self.waiters.fetch_sub(1, Ordering::SeqCst);
     }

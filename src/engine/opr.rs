@@ -9,7 +9,7 @@ use super::var::Var;
 use super::Engine;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -82,22 +82,31 @@ pub enum OprFn {
 /// Something to drop when the operation has finished (e.g. a C deleter guard).
 pub type Payload = Box<dyn Send>;
 
-/// A one-shot flag threads can wait on.
+/// A one-shot flag threads can wait on. Setting it makes a system call only when a thread
+/// already sleeps on it (both flags change under the lock).
 #[derive(Default)]
 pub struct Latch {
-    done: Mutex<bool>,
+    /// (set, a thread sleeps on it)
+    state: Mutex<(bool, bool)>,
     cv: Condvar,
 }
 
 impl Latch {
     pub fn set(&self) {
-        *self.done.lock() = true;
-        self.cv.notify_all();
+        let sleeping = {
+            let mut s = self.state.lock();
+            s.0 = true;
+            s.1
+        };
+        if sleeping {
+            self.cv.notify_all();
+        }
     }
     pub fn wait(&self) {
-        let mut done = self.done.lock();
-        while !*done {
-            self.cv.wait(&mut done);
+        let mut s = self.state.lock();
+        while !s.0 {
+            s.1 = true;
+            s = self.cv.wait(s);
         }
     }
 }

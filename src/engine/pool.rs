@@ -13,7 +13,7 @@
 
 use super::opr::Opr;
 use super::Engine;
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -178,7 +178,7 @@ impl Pool {
             engine.pollers().fetch_sub(1, Ordering::SeqCst);
             std::sync::atomic::fence(Ordering::SeqCst);
             while heap.is_empty() && !engine.has_submissions() {
-                self.cv.wait(&mut heap);
+                heap = self.cv.wait(heap);
             }
             engine.pollers().fetch_add(1, Ordering::SeqCst);
             self.sleepers.fetch_sub(1, Ordering::SeqCst);

@@ -16,7 +16,7 @@ use super::opr::Opr;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::storage::Block;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
 

@@ -7,7 +7,7 @@ use crate::autograd::{self, BackwardArgs, GradReq};
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
 use crate::symbol::Symbol;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 /// A bound executor.
 pub struct Executor {

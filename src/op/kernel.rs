@@ -2,7 +2,8 @@
 //! else `OMP_NUM_THREADS`, else the number of cores; and operator tuning (seed 001's
 //! `MXNET_USE_OPERATOR_TUNING`), which decides when a loop is too small to split.
 //!
-//! Owns: the kernel pool (re-created when the thread count changes), [`par_for`] and the
+//! Owns: the kernel pool (re-created when the thread count changes, and in a forked child,
+//! where the parent's pool has no threads), [`par_for`] and the
 //! tuning decision. Tuning: at pool creation the fork-join cost of the pool is measured; a
 //! loop runs on several threads only when its estimated serial time (elements × the
 //! operator's declared cost per element) exceeds a few times that cost. With tuning disabled
@@ -16,8 +17,9 @@ use crate::config;
 use crate::config::spec::Value as CfgValue;
 use crate::ndarray::DType;
 use crate::runtime::runtime;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -39,6 +41,26 @@ struct KernelPool {
     threads: usize,
     /// Measured fork-join cost of one split loop, in nanoseconds.
     overhead_ns: f64,
+    /// [`FORKS`] when the pool was built: a pool built before a `fork` has no threads in
+    /// the child.
+    forks: usize,
+}
+
+/// How many times this process is a forked child of a process that used kernels (counted by
+/// an `atfork` handler registered with the first pool).
+static FORKS: AtomicUsize = AtomicUsize::new(0);
+
+fn register_fork_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn child() {
+        FORKS.fetch_add(1, Ordering::Relaxed);
+    }
+    ONCE.call_once(|| {
+        // SAFETY: registering a plain extern "C" function with no captured state.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(child));
+        }
+    });
 }
 
 /// Threads requested for kernels: MXSetNumOMPThreads, else a valid OMP_NUM_THREADS, else cores.
@@ -68,16 +90,23 @@ fn pool() -> Option<Arc<KernelPool>> {
         return None;
     }
     let mut slot = POOL.lock();
+    let forks = FORKS.load(Ordering::Relaxed);
+    if slot.as_ref().is_some_and(|p| p.forks != forks) {
+        // A forked child: the pool's threads stayed in the parent. Dropping it would signal
+        // threads that do not exist here; leak it and build a new one.
+        std::mem::forget(slot.take());
+    }
     if let Some(p) = slot.as_ref().filter(|p| p.threads == want) {
         return Some(p.clone());
     }
+    register_fork_handler();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(want)
         .thread_name(|i| format!("mxnet-rt kernel {i}"))
         .build()
         .ok()?;
     let overhead_ns = measure_overhead(&pool, want);
-    let p = Arc::new(KernelPool { pool, threads: want, overhead_ns });
+    let p = Arc::new(KernelPool { pool, threads: want, overhead_ns, forks });
     *slot = Some(p.clone());
     Some(p)
 }

@@ -8,7 +8,7 @@
 //! pushes (not the order in which workers run them) decides which numbers each call gets.
 
 use crate::context::Context;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::HashMap;
 
 /// The seed every context starts from until MXRandomSeed is called.

@@ -12,7 +12,7 @@ use crate::context::Context;
 use crate::engine::Var;
 use crate::error::Result;
 use crate::storage::Block;
-use parking_lot::{Mutex, MutexGuard};
+use crate::sync::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 

@@ -19,7 +19,7 @@
 
 use crate::config::{Registry, Source, Value};
 use crate::error::{Error, Result};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

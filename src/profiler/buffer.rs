@@ -6,7 +6,7 @@
 //! no global lock on the recording path.
 
 use crate::context::Context;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::cell::OnceCell;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, Ordering};

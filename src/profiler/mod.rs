@@ -23,7 +23,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use aggregate::{Aggregate, SortBy};
 use buffer::{now, Event, Phase, Proc, Text};
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -427,7 +427,7 @@ pub fn set_state(run: bool) -> Result<()> {
 fn continuous_dump(gen: u64, period: std::time::Duration) {
     let mut g = STATE.lock();
     loop {
-        let _ = DUMPER_CV.wait_for(&mut g, period);
+        g = DUMPER_CV.wait_for(g, period).0;
         let Some(st) = g.as_mut() else { return };
         if st.dumper_gen != gen {
             return;

@@ -9,7 +9,7 @@
 use super::buffer::{self, now, Event, Phase, Proc, Scope, Text};
 use super::running;
 use crate::error::{Error, Result};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 

@@ -6,7 +6,7 @@
 
 use super::pool::PoolStats;
 use crate::context::Context;
-use parking_lot::RwLock;
+use crate::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -45,7 +45,7 @@ pub(crate) fn emit(make: impl FnOnce() -> StorageEvent) {
 mod tests {
     use super::super::Block;
     use super::*;
-    use parking_lot::Mutex;
+    use crate::sync::Mutex;
 
     #[test]
     fn allocations_and_frees_reach_the_subscriber() {

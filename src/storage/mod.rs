@@ -15,7 +15,7 @@ pub use alloc::ALIGN;
 use crate::config;
 use crate::context::{Context, DevType};
 use crate::error::Result;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use pool::{Bucketing, Pool};
 use std::collections::BTreeMap;
 use std::ptr::NonNull;

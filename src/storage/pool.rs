@@ -6,7 +6,7 @@
 
 use super::alloc::Allocator;
 use crate::error::{Error, Result};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

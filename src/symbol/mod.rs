@@ -30,7 +30,7 @@ pub mod json;
 
 use crate::error::{Error, Result};
 use crate::op::{param::Attrs, Inputs, OpDef};
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 

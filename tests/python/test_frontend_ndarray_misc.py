@@ -151,6 +151,49 @@ def test_set_bulk_size_returns_previous():
         mx.engine.set_bulk_size(prev)
 
 
+# ---- fork ----
+
+FORK_SCRIPT = r"""
+import os, sys
+import mxnet as mx
+import numpy as np
+x = np.random.default_rng(0).uniform(size=(600, 700)).astype("float32")
+w = np.random.default_rng(1).uniform(size=(700, 300)).astype("float32")
+def work():
+    a, b = mx.nd.array(x), mx.nd.array(w)
+    e = (a * 0.5 + 1).exp()
+    d = mx.nd.dot(a, b)
+    np.testing.assert_allclose(e.asnumpy(), np.exp(x * 0.5 + 1), rtol=1e-5)
+    np.testing.assert_allclose(d.asnumpy(), x @ w, rtol=1e-3)
+    assert abs(e.sum().asscalar() - np.exp(x * 0.5 + 1).sum()) < 1e-3 * np.exp(x * 0.5 + 1).sum()
+work()  # the kernel pool and the engine's workers exist before the fork
+for i in range(3):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            work()
+            mx.nd.waitall()
+            os._exit(0)
+        except BaseException as e:
+            print("child failed:", repr(e), flush=True)
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+work()  # and the parent goes on
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("engine", ["ThreadedEnginePerDevice", "NaiveEngine"])
+def test_forked_child_runs_kernels(engine):
+    # Like a DataLoader worker: a child forked after the parent ran large (split) kernels and
+    # GEMMs runs them too. The child has none of its parent's threads.
+    env = dict(os.environ, MXNET_ENGINE_TYPE=engine)
+    r = subprocess.run([sys.executable, "-c", FORK_SCRIPT], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
 # ---- error classes, against stock 1.9.1 ----
 
 # Each snippet runs with `mx`, `np` and `a = mx.nd.ones((2, 3))` defined; all end in a sync so

@@ -13,7 +13,7 @@
 //! forked child does not have its parent's threads and starts its own at its first job.
 
 use crate::error::{Error, Result};
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use crate::sync::{Condvar, Mutex, MutexGuard};
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -164,7 +164,8 @@ fn run(w: &'static Workers) {
             break;
         }
         s.idle += 1;
-        let idle_out = w.work.wait_for(&mut s, IDLE_EXIT).timed_out();
+        let idle_out;
+        (s, idle_out) = w.work.wait_for(s, IDLE_EXIT);
         s.idle -= 1;
         if idle_out && s.jobs.is_empty() && s.threads > 1 {
             break;
@@ -186,13 +187,13 @@ fn monitor(w: &'static Workers) {
         // Sleep only while nothing is queued (every submit wakes the monitor); with jobs
         // queued, look every STALL, as a thread may take a job and leave the rest waiting.
         if s.jobs.is_empty() {
-            w.watch.wait(&mut s);
+            s = w.watch.wait(s);
             continue;
         }
         let seen = s.taken;
         let deadline = Instant::now() + STALL;
         while !s.stop && Instant::now() < deadline {
-            let _ = w.watch.wait_until(&mut s, deadline);
+            s = w.watch.wait_for(s, deadline.saturating_duration_since(Instant::now())).0;
         }
         if !s.stop && waiting(&s) && s.taken == seen && s.threads < MAX_THREADS {
             // Every thread is blocked inside a job: start one for the queue.
@@ -220,7 +221,9 @@ pub fn shutdown() {
     w.work.notify_all();
     w.watch.notify_all();
     while s.threads > 0 || s.monitor_running {
-        if w.exited.wait_until(&mut s, deadline).timed_out() {
+        let timed_out;
+        (s, timed_out) = w.exited.wait_for(s, deadline.saturating_duration_since(Instant::now()));
+        if timed_out {
             break;
         }
     }

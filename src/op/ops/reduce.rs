@@ -372,7 +372,7 @@ fn reduce_typed<T: Arith, Rd: Reducer<T>>(rd: Rd, plan: &RPlan, x: &[T], out: &m
             let per = count.div_ceil(tasks);
             for (j, slot) in out.iter_mut().enumerate() {
                 let base = base_of(j);
-                let partial: Vec<parking_lot::Mutex<T::C>> = (0..tasks).map(|_| parking_lot::Mutex::new(rd.init())).collect();
+                let partial: Vec<crate::sync::Mutex<T::C>> = (0..tasks).map(|_| crate::sync::Mutex::new(rd.init())).collect();
                 par_tasks(tasks, est_ns / n_out as f64, T::DTYPE, |t| {
                     let (s, e) = (t * per, ((t + 1) * per).min(count));
                     if s < e {
@@ -425,7 +425,7 @@ fn reduce_typed<T: Arith, Rd: Reducer<T>>(rd: Rd, plan: &RPlan, x: &[T], out: &m
             let tasks = threads.max(1).min(rows.max(1));
             let per = rows.div_ceil(tasks);
             for j in 0..n_outer {
-                let partial: Vec<parking_lot::Mutex<Vec<T::C>>> = (0..tasks).map(|_| parking_lot::Mutex::new(Vec::new())).collect();
+                let partial: Vec<crate::sync::Mutex<Vec<T::C>>> = (0..tasks).map(|_| crate::sync::Mutex::new(Vec::new())).collect();
                 par_tasks(tasks, est_ns / n_outer as f64, T::DTYPE, |t| {
                     let (s, e) = (t * per, ((t + 1) * per).min(rows));
                     let mut acc = vec![rd.init(); l];

@@ -1,0 +1,176 @@
+//! Locks for the whole crate: a mutex, a condition variable and a reader-writer lock.
+//!
+//! Owns: the choice of lock implementation. These wrap std's futex-based locks, whose whole
+//! state lives in the lock itself, and drop poisoning: a panic is caught at the C boundary
+//! and reported, and must not make every later call through the same lock fail.
+//!
+//! Why not parking_lot: it keeps one process-wide table of parked threads. After `fork` the
+//! child inherits entries for threads that do not exist there, and a thread the child
+//! starts can get a dead thread's stack and thread-local block back from glibc; its fresh
+//! per-thread data then cuts the table's queue, and a waiter queued behind the dead thread is
+//! never woken (parking_lot issue #515). The engine's fork test hung 1 run in 20 that way:
+//! the child's `WaitAll` slept with nothing pending.
+//!
+//! Condition variables take the guard by value and give it back (`g = cv.wait(g)`), as std's.
+
+use std::sync::{PoisonError, TryLockError};
+use std::time::{Duration, Instant};
+
+pub use std::sync::{MutexGuard, RwLockReadGuard, RwLockWriteGuard};
+
+/// A mutual-exclusion lock without poisoning.
+#[derive(Default)]
+pub struct Mutex<T: ?Sized>(std::sync::Mutex<T>);
+
+impl<T> Mutex<T> {
+    pub const fn new(value: T) -> Self {
+        Mutex(std::sync::Mutex::new(value))
+    }
+
+    pub fn into_inner(self) -> T {
+        self.0.into_inner().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<T: ?Sized> Mutex<T> {
+    #[inline]
+    pub fn lock(&self) -> MutexGuard<'_, T> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lock if it is free now.
+    #[inline]
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        match self.0.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// The lock if it becomes free within `timeout` (polled every millisecond: for rare
+    /// paths such as process exit, where a holder may never release it).
+    pub fn try_lock_for(&self, timeout: Duration) -> Option<MutexGuard<'_, T>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(g) = self.try_lock() {
+                return Some(g);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    pub fn get_mut(&mut self) -> &mut T {
+        self.0.get_mut().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<T: ?Sized + std::fmt::Debug> std::fmt::Debug for Mutex<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A condition variable for [`Mutex`].
+#[derive(Default)]
+pub struct Condvar(std::sync::Condvar);
+
+impl Condvar {
+    pub const fn new() -> Self {
+        Condvar(std::sync::Condvar::new())
+    }
+
+    /// Release the lock, sleep until notified (or spuriously), take the lock again.
+    #[inline]
+    pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+        self.0.wait(guard).unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// As [`Condvar::wait`], for at most `timeout`; also says whether the time ran out.
+    pub fn wait_for<'a, T>(&self, guard: MutexGuard<'a, T>, timeout: Duration) -> (MutexGuard<'a, T>, bool) {
+        let (g, r) = self.0.wait_timeout(guard, timeout).unwrap_or_else(PoisonError::into_inner);
+        (g, r.timed_out())
+    }
+
+    #[inline]
+    pub fn notify_one(&self) {
+        self.0.notify_one();
+    }
+
+    #[inline]
+    pub fn notify_all(&self) {
+        self.0.notify_all();
+    }
+}
+
+/// A reader-writer lock without poisoning.
+#[derive(Default)]
+pub struct RwLock<T: ?Sized>(std::sync::RwLock<T>);
+
+impl<T> RwLock<T> {
+    pub const fn new(value: T) -> Self {
+        RwLock(std::sync::RwLock::new(value))
+    }
+}
+
+impl<T: ?Sized> RwLock<T> {
+    #[inline]
+    pub fn read(&self) -> RwLockReadGuard<'_, T> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    #[inline]
+    pub fn write(&self) -> RwLockWriteGuard<'_, T> {
+        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_panic_while_locked_does_not_poison() {
+        let m = Arc::new(Mutex::new(1));
+        let m2 = m.clone();
+        let r = std::thread::spawn(move || {
+            let _g = m2.lock();
+            panic!("inside the lock");
+        })
+        .join();
+        assert!(r.is_err());
+        *m.lock() += 1;
+        assert_eq!(*m.lock(), 2);
+        assert!(m.try_lock().is_some());
+    }
+
+    #[test]
+    fn try_lock_for_gives_up_on_a_held_lock() {
+        let m = Mutex::new(());
+        let _g = m.lock();
+        let t = Instant::now();
+        assert!(m.try_lock_for(Duration::from_millis(20)).is_none());
+        assert!(t.elapsed() >= Duration::from_millis(20));
+    }
+
+    #[test]
+    fn condvar_wakes_a_waiter_and_times_out() {
+        let pair = Arc::new((Mutex::new(false), Condvar::new()));
+        let p2 = pair.clone();
+        let t = std::thread::spawn(move || {
+            let mut g = p2.0.lock();
+            while !*g {
+                g = p2.1.wait(g);
+            }
+        });
+        *pair.0.lock() = true;
+        pair.1.notify_all();
+        t.join().unwrap();
+        let (_g, timed_out) = pair.1.wait_for(pair.0.lock(), Duration::from_millis(5));
+        assert!(timed_out);
+    }
+}
