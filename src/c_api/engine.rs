@@ -218,6 +218,8 @@ pub(crate) unsafe fn push_c(
         symbolic: false,
         // Read only while operations are profiled: pushes otherwise skip the thread-local.
         scope: if crate::profiler::ops_on(false) { crate::profiler::scope() } else { None },
+        // A C function's cost is unknown: it goes to a worker.
+        cheap: false,
     };
     engine.push_validated(push, pool)
 }

@@ -142,6 +142,9 @@ pub struct Push {
     pub symbolic: bool,
     /// The profiler scope of the pushing thread, shown with the operation's event.
     pub scope: Option<Arc<str>>,
+    /// Cheaper than handing it to a worker (a kernel on a few elements): a threaded engine
+    /// with nothing pending runs it on the pushing thread.
+    pub cheap: bool,
 }
 
 impl Push {
@@ -163,6 +166,7 @@ impl Push {
             wait: false,
             symbolic: false,
             scope: None,
+            cheap: false,
         }
     }
     /// An asynchronous operation on the CPU with default settings.
@@ -175,12 +179,14 @@ impl Push {
     }
 }
 
-/// How the profiler names an operation that runs without an [`Opr`] (NaiveEngine's fast path).
+/// An operation that may run without an [`Opr`]: how the profiler names it, and whether it is
+/// [`Push::cheap`].
 #[derive(Clone, Copy, Default)]
 pub struct OpTag<'a> {
     pub name: Option<&'a Arc<str>>,
     pub symbolic: bool,
     pub scope: Option<&'a Arc<str>>,
+    pub cheap: bool,
 }
 
 /// A dependency engine.
@@ -506,22 +512,26 @@ impl Engine {
     /// an asynchronous function, a recorded failure to check) is handed back for the general
     /// path.
     fn try_run_now(&'static self, p: Push) -> std::result::Result<(), Push> {
-        let Push { func: OprFn::Sync(f), const_vars, mutable_vars, ctx, prop, priority, name, payload, wait, symbolic, scope } = p
+        let Push { func: OprFn::Sync(f), const_vars, mutable_vars, ctx, prop, priority, name, payload, wait, symbolic, scope, cheap } = p
         else {
             return Err(p);
         };
-        let tag = OpTag { name: name.as_ref(), symbolic, scope: scope.as_ref() };
+        let tag = OpTag { name: name.as_ref(), symbolic, scope: scope.as_ref(), cheap };
         match self.try_run_now_with(&const_vars, &mutable_vars, ctx, tag, f) {
             Ok(()) => {
                 drop(payload);
                 Ok(())
             }
-            Err(f) => Err(Push { func: OprFn::Sync(f), const_vars, mutable_vars, ctx, prop, priority, name, payload, wait, symbolic, scope }),
+            Err(f) => Err(Push { func: OprFn::Sync(f), const_vars, mutable_vars, ctx, prop, priority, name, payload, wait, symbolic, scope, cheap }),
         }
     }
 
-    /// NaiveEngine's fast path for any synchronous function (no boxing): runs `f` now if the
-    /// engine is a NaiveEngine and every variable is free; otherwise gives `f` back.
+    /// Run a synchronous function now, on this thread (no boxing), if every variable is free
+    /// and the engine is a NaiveEngine, or a threaded engine with nothing pending and the
+    /// operation is cheap (`tag.cheap`, from a thread that is not a worker); otherwise give
+    /// `f` back. With nothing pending, every operation pushed before this one has finished, so
+    /// running it at once keeps the push order; one pushed meanwhile by another thread is
+    /// registered behind the variables this one holds.
     pub fn try_run_now_with<F: FnOnce(&RunContext) -> Result<()>>(
         &'static self,
         reads: &[Arc<Var>],
@@ -530,7 +540,9 @@ impl Engine {
         tag: OpTag<'_>,
         f: F,
     ) -> std::result::Result<(), F> {
-        if self.opts.kind != EngineKind::Naive
+        let here = self.opts.kind == EngineKind::Naive
+            || (tag.cheap && ctx.dev_type.is_host() && self.pending.load(Ordering::SeqCst) == 0 && !on_worker_thread());
+        if !here
             || self.live_errors.load(Ordering::Acquire) > 0
             || INLINE.with(|q| q.borrow().is_some())
         {

@@ -106,6 +106,8 @@ fn run_dag(e: &'static Engine, seed: u64, n_ops: usize, n_vars: usize) {
         p.prop = spec.prop;
         p.ctx = spec.ctx;
         p.priority = spec.priority;
+        // Some run on the pushing thread when the engine happens to be idle.
+        p.cheap = i % 3 == 0;
         e.push(p).unwrap();
     }
     e.wait_all().unwrap();
@@ -381,6 +383,59 @@ fn higher_priority_runs_first() {
     let mut want = priorities.to_vec();
     want.sort_by(|a, b| b.cmp(a));
     assert_eq!(*order.lock(), want);
+}
+
+#[test]
+fn idle_threaded_engines_run_cheap_operations_on_the_pushing_thread() {
+    for kind in [EngineKind::Threaded, EngineKind::PerDevice] {
+        let e = engine(kind, 2);
+        let me = std::thread::current().id();
+        let v = Var::new();
+        let (tx, rx) = mpsc::channel();
+        let cheap = |tx: mpsc::Sender<(u32, std::thread::ThreadId)>, tag: u32, v: &Arc<Var>| {
+            let mut p = Push::sync(move |_| Ok(tx.send((tag, std::thread::current().id())).unwrap()), vec![], vec![v.clone()]);
+            p.cheap = true;
+            p
+        };
+        // Nothing pending: done here before push returns.
+        e.push(cheap(tx.clone(), 1, &v)).unwrap();
+        assert_eq!(rx.try_recv().unwrap(), (1, me));
+        // Not cheap: a worker runs it even on an idle engine.
+        let t = tx.clone();
+        e.push(Push::sync(move |_| Ok(t.send((2, std::thread::current().id())).unwrap()), vec![], vec![v.clone()])).unwrap();
+        e.wait_all().unwrap();
+        let (tag, thread) = rx.try_recv().unwrap();
+        assert!(tag == 2 && thread != me);
+        // An operation pending on the variable: the cheap one waits behind it, on a worker.
+        let gate = Arc::new(AtomicBool::new(false));
+        let g = gate.clone();
+        let t = tx.clone();
+        e.push(Push::sync(
+            move |_| {
+                while !g.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Ok(t.send((3, std::thread::current().id())).unwrap())
+            },
+            vec![],
+            vec![v.clone()],
+        ))
+        .unwrap();
+        e.push(cheap(tx.clone(), 4, &v)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(rx.try_recv().is_err(), "ran before the operation it depends on");
+        gate.store(true, Ordering::SeqCst);
+        e.wait_all().unwrap();
+        let got: Vec<_> = rx.try_iter().collect();
+        assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), vec![3, 4]);
+        assert!(got.iter().all(|g| g.1 != me));
+        // A failing cheap operation run here reports at the next wait, as on a worker.
+        let mut p = Push::sync(|_| Err(Error::value("cheap failure")), vec![], vec![v.clone()]);
+        p.cheap = true;
+        e.push(p).unwrap();
+        assert_eq!(e.wait_all().unwrap_err().to_string(), "ValueError: cheap failure");
+        e.wait_all().unwrap();
+    }
 }
 
 #[test]
