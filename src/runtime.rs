@@ -47,6 +47,17 @@ extern "C" fn on_load() {
     });
 }
 
+/// Register `fork` handlers once per `once` (the engine, the kernel pool and the custom
+/// operator threads each keep state that a forked child must not reuse).
+pub fn at_fork(once: &'static std::sync::Once, prepare: Option<extern "C" fn()>, child: Option<extern "C" fn()>) {
+    once.call_once(|| {
+        // SAFETY: plain extern "C" functions with no captured state.
+        unsafe {
+            libc::pthread_atfork(prepare.map(|f| f as unsafe extern "C" fn()), None, child.map(|f| f as unsafe extern "C" fn()));
+        }
+    });
+}
+
 /// The cores this process may use, read once: `available_parallelism` reads the cgroup and
 /// affinity files at every call, and kernels ask for the thread count per loop.
 pub fn cores() -> usize {

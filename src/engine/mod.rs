@@ -1134,12 +1134,7 @@ fn register_fork_handlers() {
     extern "C" fn child() {
         GLOBAL.store(std::ptr::null_mut(), Ordering::Release);
     }
-    ONCE.call_once(|| {
-        // SAFETY: registering plain extern "C" functions with no captured state.
-        unsafe {
-            libc::pthread_atfork(Some(prepare), None, Some(child));
-        }
-    });
+    crate::runtime::at_fork(&ONCE, Some(prepare), Some(child));
 }
 
 /// Process shutdown: finish what was pushed (not from a worker thread, which would wait for

@@ -55,12 +55,7 @@ fn register_fork_handler() {
     extern "C" fn child() {
         FORKS.fetch_add(1, Ordering::Relaxed);
     }
-    ONCE.call_once(|| {
-        // SAFETY: registering a plain extern "C" function with no captured state.
-        unsafe {
-            libc::pthread_atfork(None, None, Some(child));
-        }
-    });
+    crate::runtime::at_fork(&ONCE, None, Some(child));
 }
 
 /// Threads requested for kernels: MXSetNumOMPThreads, else a valid OMP_NUM_THREADS, else cores.

@@ -100,12 +100,7 @@ fn register_fork_handler() {
     extern "C" fn child() {
         WORKERS.store(std::ptr::null_mut(), Ordering::Release);
     }
-    ONCE.call_once(|| {
-        // SAFETY: registering a plain extern "C" function with no captured state.
-        unsafe {
-            libc::pthread_atfork(None, None, Some(child));
-        }
-    });
+    crate::runtime::at_fork(&ONCE, None, Some(child));
 }
 
 /// Whether the calling thread is a custom-operator thread.
