@@ -47,7 +47,7 @@ fn install_panic_hook() {
 /// Nothing unwinds past this point.
 pub fn call(api: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
     install_panic_hook();
-    let start = crate::profiler::api_on().then(crate::profiler::buffer::now);
+    let start = crate::profiler::api_on().then(crate::profiler::api_begin);
     IN_BOUNDARY.with(|d| d.set(d.get() + 1));
     let outcome = catch_unwind(AssertUnwindSafe(body));
     IN_BOUNDARY.with(|d| d.set(d.get() - 1));

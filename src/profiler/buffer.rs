@@ -2,14 +2,16 @@
 //!
 //! Owns: [`Event`] and its parts, the profiler's clock, the thread buffers and their registry,
 //! and [`drain`], which takes every buffered event out. Recording appends to the calling
-//! thread's own buffer under that buffer's lock, which only a dump ever contends for; there is
-//! no global lock on the recording path.
+//! thread's own buffer without a lock or an atomic read-modify-write (a [`Block`]'s
+//! publication protocol); only a dump and a thread retiring a full block take that buffer's
+//! lock. There is no global lock on the recording path.
 
 use crate::context::Context;
 use crate::sync::Mutex;
-use std::cell::OnceCell;
+use std::cell::{Cell, OnceCell, UnsafeCell};
+use std::mem::MaybeUninit;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -143,53 +145,87 @@ fn us_per_tick() -> f64 {
     if ticks == 0 { 1e-3 } else { us / ticks as f64 }
 }
 
-/// What a thread's buffer holds: the two events recorded at every operation (a C API call and
-/// an operation, on the recording thread and without extra args) in a compact form, which
-/// [`drain`] expands; any other event whole. Small records mean fewer pages touched: a
-/// profiled run fills memory with them.
+/// What a thread's buffer holds: the events recorded at every operation in a compact form,
+/// which [`drain`] expands; any other event whole. Small records mean fewer pages touched: a
+/// profiled run fills memory with them. Durations are `f32` ticks (a relative error below
+/// 1e-7); start times keep `f64`.
 enum Rec {
-    Api { name: &'static str, ts: f64, dur: f64 },
-    Op { name: Option<Arc<str>>, ctx: Context, ts: f64, dur: f64 },
+    /// A C API call.
+    Api { name: &'static str, ts: f64, dur: f32 },
+    /// An operation that ran on the recording thread, without extra args.
+    Op { name: Option<Arc<str>>, ctx: Context, ts: f64, dur: f32 },
+    /// A C API call and the operation that ran inside it on the same thread (NaiveEngine, or
+    /// a cheap operation run by the pushing thread): one record instead of two. The
+    /// operation starts `op_offset` ticks after the call.
+    ApiOp { api: &'static str, ts: f64, dur: f32, op_offset: f32, op_dur: f32, name: Option<Arc<str>>, ctx: Context },
     Full(Box<Event>),
 }
 
 impl Rec {
-    fn expand(self, tid: u32) -> Event {
-        match self {
-            Rec::Api { name, ts, dur } => super::api_event(name, tid, ts, dur),
-            Rec::Op { name, ctx, ts, dur } => super::op_event(name, ctx, tid, ts, dur, None),
-            Rec::Full(e) => *e,
-        }
-    }
-}
-
-/// Records per chunk of a thread's buffer.
-const CHUNK: usize = 4096;
-
-/// A thread's records in fixed-size chunks: appending never moves recorded ones (a growing
-/// `Vec` would copy them all at every doubling, on the recording thread).
-#[derive(Default)]
-struct Chunks {
-    full: Vec<Vec<Rec>>,
-    current: Vec<Rec>,
-}
-
-impl Chunks {
-    #[inline]
-    fn push(&mut self, r: Rec) {
-        if self.current.len() == self.current.capacity() {
-            let next = Vec::with_capacity(CHUNK);
-            let done = std::mem::replace(&mut self.current, next);
-            if !done.is_empty() {
-                self.full.push(done);
+    fn expand(self, tid: u32, out: &mut Vec<Event>) {
+        let e = match self {
+            Rec::Api { name, ts, dur } => super::api_event(name, tid, ts, dur as f64),
+            Rec::Op { name, ctx, ts, dur } => super::op_event(name, ctx, tid, ts, dur as f64, None),
+            Rec::ApiOp { api, ts, dur, op_offset, op_dur, name, ctx } => {
+                out.push(super::op_event(name, ctx, tid, ts + op_offset as f64, op_dur as f64, None));
+                super::api_event(api, tid, ts, dur as f64)
             }
-        }
-        self.current.push(r);
+            Rec::Full(e) => *e,
+        };
+        out.push(e);
     }
-    /// Expand every record into `out`.
-    fn expand_into(self, tid: u32, out: &mut Vec<Event>) {
-        for c in self.full.into_iter().chain(std::iter::once(self.current)) {
-            out.extend(c.into_iter().map(|r| r.expand(tid)));
+}
+
+/// Record slots per block of a thread's buffer.
+const BLOCK: usize = 4096;
+
+/// A fixed run of record slots: appending never moves recorded ones (a growing `Vec` would
+/// copy them all at every doubling, on the recording thread) and needs no lock.
+///
+/// The protocol: only the owning thread writes, into slot `len`, and then publishes it by
+/// storing `len + 1` (Release). A dump, holding its buffer's `retired` lock, moves the published
+/// records from `taken` on out and advances `taken`. Slots before `taken` have been moved out;
+/// slots from `len` on were never written.
+struct Block {
+    len: AtomicUsize,
+    taken: AtomicUsize,
+    slots: Box<[UnsafeCell<MaybeUninit<Rec>>]>,
+}
+
+// SAFETY: a block's slots are shared between the one thread that writes unpublished slots and
+// the dump that reads published ones under the buffer's lock (the protocol above); `Rec` is
+// `Send`, so moving records to the dumping thread is sound.
+unsafe impl Sync for Block {}
+
+impl Block {
+    fn new() -> Box<Block> {
+        let slots = (0..BLOCK).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect();
+        Box::new(Block { len: AtomicUsize::new(0), taken: AtomicUsize::new(0), slots })
+    }
+
+    /// Move the published records not yet taken out, to `f`. The caller holds the buffer's
+    /// `retired` lock, or owns the block.
+    fn take(&self, f: &mut impl FnMut(Rec)) {
+        let len = self.len.load(Ordering::Acquire);
+        let from = self.taken.load(Ordering::Relaxed);
+        // Advanced first: should `f` panic, the rest leak rather than drop twice.
+        self.taken.store(len, Ordering::Relaxed);
+        for slot in &self.slots[from..len] {
+            // SAFETY: slots below `len` were written before `len` was published (this Acquire
+            // pairs with the writer's Release) and are never written again; those from `taken`
+            // on have not been moved out, and only the lock holder moves them.
+            f(unsafe { (*slot.get()).assume_init_read() });
+        }
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        let (from, len) = (*self.taken.get_mut(), *self.len.get_mut());
+        for slot in &mut self.slots[from..len] {
+            // SAFETY: written and not moved out (the protocol above); nothing else can reach
+            // the block while it is dropped.
+            unsafe { slot.get_mut().assume_init_drop() };
         }
     }
 }
@@ -198,28 +234,115 @@ impl Chunks {
 pub(crate) struct ThreadBuf {
     pub tid: u32,
     pub name: String,
-    events: Mutex<Chunks>,
+    /// The block the owning thread appends to. Only the owner replaces it, under `retired`;
+    /// it is freed with the buffer.
+    current: AtomicPtr<Block>,
+    /// Full blocks, until a dump takes them.
+    retired: Mutex<Vec<Box<Block>>>,
+}
+
+impl ThreadBuf {
+    fn new(tid: u32, name: String) -> Self {
+        ThreadBuf { tid, name, current: AtomicPtr::new(Box::into_raw(Block::new())), retired: Mutex::new(Vec::new()) }
+    }
+
+    /// Append a record. Only the owning thread calls this (through its [`Local`]).
+    #[inline]
+    fn push(&self, r: Rec) {
+        // SAFETY: `current` always points to a live block: only this thread replaces it, and it
+        // is freed only when the buffer is dropped.
+        let mut block = unsafe { &*self.current.load(Ordering::Relaxed) };
+        let mut n = block.len.load(Ordering::Relaxed);
+        if n == BLOCK {
+            block = self.retire_current();
+            n = 0;
+        }
+        // SAFETY: slot `n` is not published yet, so no dump reads it, and only this thread
+        // writes slots.
+        unsafe { (*block.slots[n].get()).write(r) };
+        block.len.store(n + 1, Ordering::Release);
+    }
+
+    /// Hand the full current block to the dumps and start a fresh one (owner only).
+    #[cold]
+    fn retire_current(&self) -> &Block {
+        let fresh = Box::into_raw(Block::new());
+        let mut retired = self.retired.lock();
+        let full = self.current.swap(fresh, Ordering::AcqRel);
+        // SAFETY: `full` came from `Box::into_raw`; once replaced, only this box refers to it
+        // (dumps reach the current block only under `retired`, held here).
+        retired.push(unsafe { Box::from_raw(full) });
+        drop(retired);
+        // SAFETY: just allocated, and live until the buffer is dropped or it is retired here.
+        unsafe { &*fresh }
+    }
+
+    /// Move every published record not yet taken out, to `f`.
+    fn take(&self, mut f: impl FnMut(Rec)) {
+        let full = {
+            let mut retired = self.retired.lock();
+            // SAFETY: while `retired` is held the owner cannot replace the current block, so
+            // it stays live; `take` follows the block protocol.
+            unsafe { &*self.current.load(Ordering::Acquire) }.take(&mut f);
+            std::mem::take(&mut *retired)
+        };
+        for b in full {
+            b.take(&mut f);
+        }
+    }
+}
+
+impl Drop for ThreadBuf {
+    fn drop(&mut self) {
+        // SAFETY: the current block came from `Box::into_raw` and nothing else refers to it
+        // once the buffer itself is unreachable.
+        drop(unsafe { Box::from_raw(*self.current.get_mut()) });
+    }
 }
 
 static NEXT_TID: AtomicU32 = AtomicU32::new(0);
 static BUFFERS: Mutex<Vec<Arc<ThreadBuf>>> = Mutex::new(Vec::new());
 
+/// An operation that finished inside a timed C API call on this thread, held back so that
+/// the call records both in one [`Rec::ApiOp`].
+struct HeldOp {
+    name: Option<Arc<str>>,
+    ctx: Context,
+    ts: f64,
+    dur: f32,
+}
+
+/// The recording state of a thread.
+struct Local {
+    buf: OnceCell<Arc<ThreadBuf>>,
+    /// Timed C API calls open on this thread ([`api_begin`]; nested calls count).
+    api_depth: Cell<u32>,
+    /// The last operation that finished inside the innermost open call, not yet recorded.
+    held: Cell<Option<HeldOp>>,
+}
+
+impl Local {
+    fn buf(&self) -> &ThreadBuf {
+        self.buf.get_or_init(|| {
+            let tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
+            let name = std::thread::current().name().map_or_else(|| format!("thread {tid}"), str::to_string);
+            let b = Arc::new(ThreadBuf::new(tid, name));
+            BUFFERS.lock().push(b.clone());
+            b
+        })
+    }
+    #[inline]
+    fn push(&self, r: Rec) {
+        self.buf().push(r);
+    }
+}
+
 thread_local! {
-    static BUF: OnceCell<Arc<ThreadBuf>> = const { OnceCell::new() };
+    static LOCAL: Local = const { Local { buf: OnceCell::new(), api_depth: Cell::new(0), held: Cell::new(None) } };
 }
 
 fn with_buf<R>(f: impl FnOnce(&ThreadBuf) -> R) -> Option<R> {
-    BUF.try_with(|b| {
-        let b = b.get_or_init(|| {
-            let tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
-            let name = std::thread::current().name().map_or_else(|| format!("thread {tid}"), str::to_string);
-            let b = Arc::new(ThreadBuf { tid, name, events: Mutex::new(Chunks::default()) });
-            BUFFERS.lock().push(b.clone());
-            b
-        });
-        f(b)
-    })
-    .ok()
+    LOCAL.try_with(|l| f(l.buf())).ok()
 }
 
 /// The calling thread's trace tid (a small integer, assigned at its first event).
@@ -230,19 +353,45 @@ pub fn current_tid() -> u32 {
 /// Append an event to the calling thread's buffer. Events recorded while the thread is being
 /// torn down are dropped.
 pub fn record(event: Event) {
-    with_buf(|b| b.events.lock().push(Rec::Full(Box::new(event))));
+    let _ = LOCAL.try_with(|l| l.push(Rec::Full(Box::new(event))));
 }
 
-/// Record a C API call made on this thread.
+/// Start timing a C API call on this thread: its start time. Every call must be closed by
+/// [`record_api`] with that start.
 #[inline]
-pub fn record_api(name: &'static str, ts: f64, dur: f64) {
-    with_buf(|b| b.events.lock().push(Rec::Api { name, ts, dur }));
+pub fn api_begin() -> f64 {
+    let _ = LOCAL.try_with(|l| l.api_depth.set(l.api_depth.get() + 1));
+    now()
 }
 
-/// Record an operation that ran on this thread, without extra args.
+/// Record the C API call opened by [`api_begin`] at `ts`, which ends now, together with the
+/// operation held back while it was open, if any.
+#[inline]
+pub fn record_api(name: &'static str, ts: f64) {
+    let end = now();
+    let _ = LOCAL.try_with(|l| {
+        l.api_depth.set(l.api_depth.get().saturating_sub(1));
+        let dur = (end - ts) as f32;
+        l.push(match l.held.take() {
+            Some(op) => Rec::ApiOp { api: name, ts, dur, op_offset: (op.ts - ts) as f32, op_dur: op.dur, name: op.name, ctx: op.ctx },
+            None => Rec::Api { name, ts, dur },
+        });
+    });
+}
+
+/// Record an operation that ran on this thread, without extra args. Inside a timed C API call
+/// it is held back and recorded with the call.
 #[inline]
 pub fn record_op(name: Option<Arc<str>>, ctx: Context, ts: f64, dur: f64) {
-    with_buf(|b| b.events.lock().push(Rec::Op { name, ctx, ts, dur }));
+    let _ = LOCAL.try_with(|l| {
+        let op = HeldOp { name, ctx, ts, dur: dur as f32 };
+        if l.api_depth.get() == 0 {
+            l.push(Rec::Op { name: op.name, ctx: op.ctx, ts: op.ts, dur: op.dur });
+        } else if let Some(earlier) = l.held.replace(Some(op)) {
+            // Several operations inside one call: the earlier ones are recorded alone.
+            l.push(Rec::Op { name: earlier.name, ctx: earlier.ctx, ts: earlier.ts, dur: earlier.dur });
+        }
+    });
 }
 
 /// Take every buffered event out, ordered by start time, with its times in microseconds; also
@@ -253,9 +402,7 @@ pub(crate) fn drain() -> (Vec<Event>, Vec<(u32, String)>) {
     let mut names = Vec::new();
     let mut buffers = BUFFERS.lock();
     for b in buffers.iter() {
-        // Swapped out under the lock, expanded outside it.
-        let taken = std::mem::take(&mut *b.events.lock());
-        taken.expand_into(b.tid, &mut all);
+        b.take(|r| r.expand(b.tid, &mut all));
         names.push((b.tid, b.name.clone()));
     }
     // Only the registry holds the buffer of a thread that has exited.
@@ -275,8 +422,7 @@ pub(crate) fn drain() -> (Vec<Event>, Vec<(u32, String)>) {
 /// Drop every buffered event (a new configuration starts empty).
 pub(crate) fn discard() {
     for b in BUFFERS.lock().iter() {
-        let taken = std::mem::take(&mut *b.events.lock());
-        drop(taken); // outside the lock
+        b.take(drop);
     }
 }
 
@@ -286,8 +432,90 @@ mod tests {
 
     #[test]
     fn per_operation_records_stay_small() {
-        // Two records per profiled operation fill memory: keep them within 48 bytes.
-        assert!(std::mem::size_of::<Rec>() <= 48, "{}", std::mem::size_of::<Rec>());
+        // A record per profiled operation fills memory: keep them within 64 bytes.
+        assert!(std::mem::size_of::<Rec>() <= 64, "{}", std::mem::size_of::<Rec>());
+    }
+
+    #[test]
+    fn operations_inside_an_api_call_are_recorded_with_it() {
+        let _g = super::super::TEST_LOCK.lock();
+        let name = |n: &str| Some(Arc::<str>::from(n));
+        let op = |n: &str| {
+            let t = now();
+            record_op(name(n), Context::CPU, t, now() - t);
+        };
+        // One operation in a call, two in another (the first recorded alone), one outside any
+        // call, and one in the inner of two nested calls.
+        let t = api_begin();
+        op("held_a");
+        record_api("MXHeldOne", t);
+        let t = api_begin();
+        op("held_b");
+        op("held_c");
+        record_api("MXHeldTwo", t);
+        op("held_free");
+        let outer = api_begin();
+        let inner = api_begin();
+        op("held_d");
+        record_api("MXHeldInner", inner);
+        record_api("MXHeldOuter", outer);
+        LOCAL.with(|l| {
+            assert_eq!(l.api_depth.get(), 0);
+            assert!(l.held.take().is_none());
+        });
+        let (events, _) = drain();
+        let mine: Vec<_> = events.iter().filter(|e| e.name.starts_with("held_") || e.name.starts_with("MXHeld")).collect();
+        let names: Vec<&str> = mine.iter().map(|e| &*e.name).collect();
+        assert_eq!(names, ["MXHeldOne", "held_a", "MXHeldTwo", "held_b", "held_c", "held_free", "MXHeldOuter", "MXHeldInner", "held_d"]);
+        let tid = current_tid();
+        assert!(mine.iter().all(|e| e.tid == tid));
+        let span = |e: &Event| match e.phase {
+            Phase::Complete { dur } => (e.ts, e.ts + dur),
+            _ => panic!("{e:?}"),
+        };
+        // Each operation lies within its call, in microseconds like every drained event.
+        for (call, ops) in [(0, &[1][..]), (2, &[3, 4]), (7, &[8])] {
+            let (c0, c1) = span(mine[call]);
+            for &o in ops {
+                let (o0, o1) = span(mine[o]);
+                assert!(c0 <= o0 && o1 <= c1 + 1e-3, "{:?} in {:?}", mine[o], mine[call]);
+                assert_eq!(&*mine[o].cat, "operator");
+                assert_eq!(mine[o].proc, Proc::Device(Context::CPU));
+            }
+            assert_eq!(&*mine[call].cat, "MXNET_C_API");
+        }
+        let (f0, _) = span(mine[5]);
+        assert!(f0 >= span(mine[2]).1 - 1e-3, "held_free ran after MXHeldTwo");
+    }
+
+    #[test]
+    fn dumps_while_a_thread_records_take_every_record_once() {
+        let _g = super::super::TEST_LOCK.lock();
+        const N: usize = 3 * BLOCK + 17;
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                for _ in 0..N {
+                    record_api("MXBlockStress", api_begin());
+                }
+                done.store(true, Ordering::Release);
+            })
+        };
+        let mut stamps = Vec::new();
+        let mut take = || {
+            let (events, _) = drain();
+            stamps.extend(events.iter().filter(|e| &*e.name == "MXBlockStress").map(|e| e.ts));
+        };
+        while !done.load(Ordering::Acquire) {
+            take();
+        }
+        writer.join().unwrap();
+        take();
+        assert_eq!(stamps.len(), N, "every record exactly once");
+        stamps.sort_by(f64::total_cmp);
+        stamps.dedup();
+        assert_eq!(stamps.len(), N, "no record twice");
     }
 
     #[test]

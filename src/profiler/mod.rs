@@ -25,7 +25,7 @@ use aggregate::{Aggregate, SortBy};
 use buffer::{now, Event, Phase, Proc, Text};
 use crate::sync::{Condvar, Mutex};
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use trace::Trace;
 
@@ -73,6 +73,11 @@ pub fn running() -> bool {
 pub fn aggregate_running() -> bool {
     FLAGS.load(Ordering::Relaxed) & AGGREGATE != 0
 }
+
+/// Whether [`set_scope`] was ever called: until then, pushes skip the [`SCOPE`] slot.
+static SCOPE_USED: AtomicBool = AtomicBool::new(false);
+/// Whether [`annotate`] was ever called: until then, operations skip the [`OP_ARGS`] slot.
+static ARGS_USED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// Extra `args` for the operation running on this thread (e.g. the convolution algorithm).
@@ -131,6 +136,7 @@ pub fn annotate(key: &str, value: &str) {
     trace::json_str(&mut kv, key);
     kv.push(':');
     trace::json_str(&mut kv, value);
+    ARGS_USED.store(true, Ordering::Relaxed);
     let _ = OP_ARGS.try_with(|a| {
         let mut a = a.borrow_mut();
         match a.as_mut() {
@@ -145,19 +151,31 @@ pub fn annotate(key: &str, value: &str) {
 
 /// `MXSetProfilerScope`: the scope operations pushed from this thread are tagged with.
 pub fn set_scope(scope: &str) {
+    SCOPE_USED.store(true, Ordering::Relaxed);
     let _ = SCOPE.try_with(|s| *s.borrow_mut() = (!scope.is_empty()).then(|| Arc::from(scope)));
 }
 
 /// This thread's profiler scope, if one is set (captured when an operation is pushed).
 pub fn scope() -> Option<Arc<str>> {
+    if !SCOPE_USED.load(Ordering::Relaxed) {
+        return None;
+    }
     SCOPE.try_with(|s| s.borrow().clone()).ok().flatten()
+}
+
+/// The args [`annotate`]d on this thread since the last call.
+fn take_args() -> Option<String> {
+    if !ARGS_USED.load(Ordering::Relaxed) {
+        return None;
+    }
+    OP_ARGS.try_with(|a| a.borrow_mut().take()).ok().flatten()
 }
 
 /// Start of a recorded operation: `Some(start)` when operations of its kind are recorded.
 #[inline]
 pub fn op_begin(symbolic: bool) -> Option<f64> {
     if ops_on(symbolic) {
-        let _ = OP_ARGS.try_with(|a| a.borrow_mut().take());
+        take_args();
         Some(now())
     } else {
         None
@@ -180,7 +198,7 @@ pub fn profiled<R>(symbolic: bool, name: Option<&Arc<str>>, ctx: Context, scope:
 /// End of a recorded operation started at `start` on thread `tid` (None: this thread).
 pub fn op_end(start: f64, name: Option<&Arc<str>>, ctx: Context, tid: Option<u32>, scope: Option<&Arc<str>>) {
     let end = now();
-    let mut args = OP_ARGS.try_with(|a| a.borrow_mut().take()).ok().flatten();
+    let mut args = take_args();
     if let Some(s) = scope {
         let a = args.get_or_insert_with(String::new);
         if !a.is_empty() {
@@ -210,9 +228,16 @@ pub(crate) fn op_event(name: Option<Arc<str>>, ctx: Context, tid: u32, ts: f64, 
     }
 }
 
-/// Record a C API call that started at `start`.
+/// Start timing a C API call (when [`api_on`]); [`api_call`] records it.
+#[inline]
+pub fn api_begin() -> f64 {
+    buffer::api_begin()
+}
+
+/// Record the C API call that [`api_begin`] returned `start` for.
+#[inline]
 pub fn api_call(api: &'static str, start: f64) {
-    buffer::record_api(api, start, now() - start);
+    buffer::record_api(api, start);
 }
 
 /// The event of a C API call.
@@ -591,7 +616,7 @@ mod tests {
         pause(true);
         assert!(op_begin(false).is_none(), "paused: nothing is recorded");
         pause(false);
-        api_call("MXUnitTest", now());
+        api_call("MXUnitTest", api_begin());
         dump(false).unwrap();
         let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
         let ops: Vec<_> = doc["traceEvents"].as_array().unwrap().iter().filter(|e| e["name"] == "unit_test_op").collect();
