@@ -1,10 +1,10 @@
 //! Event recording: what an event is and the per-thread buffers that hold events until a dump.
 //!
 //! Owns: [`Event`] and its parts, the profiler's clock, the thread buffers and their registry,
-//! and [`drain`], which takes every buffered event out. Recording appends to the calling
-//! thread's own buffer without a lock or an atomic read-modify-write (a [`Block`]'s
-//! publication protocol); only a dump and a thread retiring a full block take that buffer's
-//! lock. There is no global lock on the recording path.
+//! and [`drain`], which takes every buffered event out. An append to the calling thread's own
+//! buffer takes no lock and no atomic read-modify-write (a [`Block`]'s publication protocol);
+//! only a dump and a thread retiring a full block take that buffer's lock. A thread's first
+//! event registers its buffer under the global registry lock; later ones never take it.
 
 use crate::context::Context;
 use crate::sync::Mutex;
@@ -156,7 +156,8 @@ enum Rec {
     Op { name: Option<Arc<str>>, ctx: Context, ts: f64, dur: f32 },
     /// A C API call and the operation that ran inside it on the same thread (NaiveEngine, or
     /// a cheap operation run by the pushing thread): one record instead of two. The
-    /// operation starts `op_offset` ticks after the call.
+    /// operation starts `op_offset` ticks after the call (before it, when an operation that
+    /// ended in an outer call is recorded with an inner one).
     ApiOp { api: &'static str, ts: f64, dur: f32, op_offset: f32, op_dur: f32, name: Option<Arc<str>>, ctx: Context },
     Full(Box<Event>),
 }
@@ -167,8 +168,9 @@ impl Rec {
             Rec::Api { name, ts, dur } => super::api_event(name, tid, ts, dur as f64),
             Rec::Op { name, ctx, ts, dur } => super::op_event(name, ctx, tid, ts, dur as f64, None),
             Rec::ApiOp { api, ts, dur, op_offset, op_dur, name, ctx } => {
-                out.push(super::op_event(name, ctx, tid, ts + op_offset as f64, op_dur as f64, None));
-                super::api_event(api, tid, ts, dur as f64)
+                // The call first: a stable sort keeps it before an operation stamped alike.
+                out.push(super::api_event(api, tid, ts, dur as f64));
+                super::op_event(name, ctx, tid, ts + op_offset as f64, op_dur as f64, None)
             }
             Rec::Full(e) => *e,
         };
@@ -192,20 +194,18 @@ struct Block {
     slots: Box<[UnsafeCell<MaybeUninit<Rec>>]>,
 }
 
-// SAFETY: a block's slots are shared between the one thread that writes unpublished slots and
-// the dump that reads published ones under the buffer's lock (the protocol above); `Rec` is
-// `Send`, so moving records to the dumping thread is sound.
-unsafe impl Sync for Block {}
-
 impl Block {
     fn new() -> Box<Block> {
         let slots = (0..BLOCK).map(|_| UnsafeCell::new(MaybeUninit::uninit())).collect();
         Box::new(Block { len: AtomicUsize::new(0), taken: AtomicUsize::new(0), slots })
     }
 
-    /// Move the published records not yet taken out, to `f`. The caller holds the buffer's
-    /// `retired` lock, or owns the block.
-    fn take(&self, f: &mut impl FnMut(Rec)) {
+    /// Move the published records not yet taken out, to `f`.
+    ///
+    /// # Safety
+    /// The caller holds the owning buffer's `retired` lock, or owns the block: no other
+    /// `take` runs on it at the same time.
+    unsafe fn take(&self, f: &mut impl FnMut(Rec)) {
         let len = self.len.load(Ordering::Acquire);
         let from = self.taken.load(Ordering::Relaxed);
         // Advanced first: should `f` panic, the rest leak rather than drop twice.
@@ -246,15 +246,19 @@ impl ThreadBuf {
         ThreadBuf { tid, name, current: AtomicPtr::new(Box::into_raw(Block::new())), retired: Mutex::new(Vec::new()) }
     }
 
-    /// Append a record. Only the owning thread calls this (through its [`Local`]).
+    /// Append a record.
+    ///
+    /// # Safety
+    /// Only the thread that owns the buffer (through its [`Local`]) calls this.
     #[inline]
-    fn push(&self, r: Rec) {
+    unsafe fn push(&self, r: Rec) {
         // SAFETY: `current` always points to a live block: only this thread replaces it, and it
         // is freed only when the buffer is dropped.
         let mut block = unsafe { &*self.current.load(Ordering::Relaxed) };
         let mut n = block.len.load(Ordering::Relaxed);
         if n == BLOCK {
-            block = self.retire_current();
+            // SAFETY: this is the owning thread (this function's contract).
+            block = unsafe { self.retire_current() };
             n = 0;
         }
         // SAFETY: slot `n` is not published yet, so no dump reads it, and only this thread
@@ -263,9 +267,13 @@ impl ThreadBuf {
         block.len.store(n + 1, Ordering::Release);
     }
 
-    /// Hand the full current block to the dumps and start a fresh one (owner only).
+    /// Hand the full current block to the dumps and start a fresh one; returns the fresh one.
+    ///
+    /// # Safety
+    /// Only the owning thread calls this, and it does not use the returned block past its next
+    /// call.
     #[cold]
-    fn retire_current(&self) -> &Block {
+    unsafe fn retire_current(&self) -> &Block {
         let fresh = Box::into_raw(Block::new());
         let mut retired = self.retired.lock();
         let full = self.current.swap(fresh, Ordering::AcqRel);
@@ -277,18 +285,23 @@ impl ThreadBuf {
         unsafe { &*fresh }
     }
 
-    /// Move every published record not yet taken out, to `f`.
+    /// Move every published record not yet taken out, to `f`. Records of the current block
+    /// are moved out under `retired` and handed to `f` after it is released, so that the owner
+    /// never waits on `f` (nor finds the lock held in a child forked meanwhile).
     fn take(&self, mut f: impl FnMut(Rec)) {
+        let mut current = Vec::new();
         let full = {
             let mut retired = self.retired.lock();
             // SAFETY: while `retired` is held the owner cannot replace the current block, so
-            // it stays live; `take` follows the block protocol.
-            unsafe { &*self.current.load(Ordering::Acquire) }.take(&mut f);
+            // it stays live, and no other `take` runs on it.
+            unsafe { (*self.current.load(Ordering::Acquire)).take(&mut |r| current.push(r)) };
             std::mem::take(&mut *retired)
         };
         for b in full {
-            b.take(&mut f);
+            // SAFETY: the retired blocks are owned here.
+            unsafe { b.take(&mut f) };
         }
+        current.into_iter().for_each(f);
     }
 }
 
@@ -317,7 +330,9 @@ struct Local {
     buf: OnceCell<Arc<ThreadBuf>>,
     /// Timed C API calls open on this thread ([`api_begin`]; nested calls count).
     api_depth: Cell<u32>,
-    /// The last operation that finished inside the innermost open call, not yet recorded.
+    /// The last operation that finished inside an open call, not yet recorded; the next call
+    /// to end records it. An operation held here is missed by a dump taken before that call
+    /// ends, and reaches the next one.
     held: Cell<Option<HeldOp>>,
 }
 
@@ -333,7 +348,8 @@ impl Local {
     }
     #[inline]
     fn push(&self, r: Rec) {
-        self.buf().push(r);
+        // SAFETY: a `Local` is its thread's own, and so is the buffer it created.
+        unsafe { self.buf().push(r) };
     }
 }
 
@@ -401,12 +417,17 @@ pub(crate) fn drain() -> (Vec<Event>, Vec<(u32, String)>) {
     let mut all = Vec::new();
     let mut names = Vec::new();
     let mut buffers = BUFFERS.lock();
+    let mut exited = Vec::new();
     for b in buffers.iter() {
+        // Only the registry holds the buffer of a thread that has exited (and only the
+        // registry could add a holder): checked before taking, so that nothing a thread
+        // recorded just before exiting is dropped unread.
+        exited.push(Arc::strong_count(b) == 1);
         b.take(|r| r.expand(b.tid, &mut all));
         names.push((b.tid, b.name.clone()));
     }
-    // Only the registry holds the buffer of a thread that has exited.
-    buffers.retain(|b| Arc::strong_count(b) > 1);
+    let mut gone = exited.into_iter();
+    buffers.retain(|_| !gone.next().unwrap_or(false));
     drop(buffers);
     let scale = us_per_tick();
     for e in &mut all {
@@ -419,7 +440,8 @@ pub(crate) fn drain() -> (Vec<Event>, Vec<(u32, String)>) {
     (all, names)
 }
 
-/// Drop every buffered event (a new configuration starts empty).
+/// Drop every buffered event (a new configuration starts empty; an operation held for a C API
+/// call still open on another thread is recorded with that call, into the new one).
 pub(crate) fn discard() {
     for b in BUFFERS.lock().iter() {
         b.take(drop);
