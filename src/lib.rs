@@ -2,7 +2,7 @@
 //! MXNet 1.9.1's C ABI.
 //!
 //! Layout: [`config`] (every environment variable), [`engine`] (the dependency engine),
-//! [`context`] (devices), [`handle`] (handles given to C), [`runtime`] (process-wide state),
+//! [`context`] (devices), [`handle`] (handles given to C), `heap` (the global allocator), [`runtime`] (process-wide state),
 //! [`error`] (the error kinds the frontend maps), [`sync`] (locks), [`profiler`] (traces and statistics),
 //! [`symbol`] (symbolic graphs: composition, JSON, inference), [`autograd`] (recording and
 //! gradients), [`executor`] (CachedOp and Executor), [`c_api`] (the exported functions).
@@ -16,6 +16,7 @@ pub mod engine;
 pub mod error;
 pub mod executor;
 pub mod handle;
+mod heap;
 pub mod ndarray;
 pub mod op;
 pub mod profiler;
@@ -29,6 +30,6 @@ pub use error::{Error, ErrorKind, Result};
 #[cfg(test)]
 mod header_test;
 
-/// The library's allocator (see Cargo.toml for why).
+/// The library's allocator.
 #[global_allocator]
-static GLOBAL_ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL_ALLOCATOR: heap::Heap = heap::Heap;

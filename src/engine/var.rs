@@ -75,6 +75,12 @@ impl Var {
         Arc::new(Var::default())
     }
 
+    /// A variable whose data block is already allocated (no lock taken, unlike a first
+    /// [`Var::data`]).
+    pub fn with_block(block: Block) -> Arc<Self> {
+        Arc::new(Var { block: Mutex::new(Some(block)), ..Var::default() })
+    }
+
     /// A second variable over `of`'s data block (allocated through `of`, kept alive by the
     /// alias): operations on one do not wait for operations on the other. For memory that an
     /// operation already holds and hands to code that schedules its own operations on it

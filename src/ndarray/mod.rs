@@ -14,6 +14,7 @@ use crate::config;
 use crate::context::Context;
 use crate::engine::{self, Push, Var};
 use crate::error::{Error, Result};
+use crate::storage::Block;
 use std::sync::Arc;
 
 /// Element types with stock's codes.
@@ -135,11 +136,12 @@ impl NDArray {
 
     pub fn new(shape: Vec<usize>, ctx: Context, dtype: DType, delay_alloc: bool) -> Result<Self> {
         let (_, bytes) = byte_size(&shape, dtype)?;
-        ctx.check_available()?;
-        let chunk = Var::new();
-        if !delay_alloc {
-            chunk.data(bytes, ctx)?;
-        }
+        let chunk = if delay_alloc {
+            ctx.check_available()?;
+            Var::new()
+        } else {
+            Var::with_block(Block::alloc(bytes, ctx)?)
+        };
         Ok(NDArray { chunk: Some(chunk), ctx, chunk_bytes: bytes, shape, dtype, offset: 0, ag: None })
     }
 
