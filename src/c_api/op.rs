@@ -220,8 +220,9 @@ unsafe fn invoke_c(
     // SAFETY: per the contract.
     let (n_out, outs_ptr) = unsafe { (out(num_outputs, "num_outputs")?, out(outputs, "outputs")?) };
     let in_handles = unsafe { handles(inputs, num_inputs, "inputs")? };
-    let in_arrays: Vec<Arc<NDArray>> = in_handles.iter().map(|&h| arrays().get(h)).collect::<Result<_>>()?;
-    let in_refs: Vec<&NDArray> = in_arrays.iter().map(|a| &**a).collect();
+    // Inline for the common few inputs: a small call allocates only what it returns.
+    let in_arrays: smallvec::SmallVec<[Arc<NDArray>; 4]> = in_handles.iter().map(|&h| arrays().get(h)).collect::<Result<_>>()?;
+    let in_refs: smallvec::SmallVec<[&NDArray; 4]> = in_arrays.iter().map(|a| &**a).collect();
     if num_params < 0 {
         return Err(Error::value(format!("num_params is negative ({num_params})")));
     }
@@ -229,7 +230,7 @@ unsafe fn invoke_c(
     if np > 0 && (param_keys.is_null() || param_vals.is_null()) {
         return Err(Error::value(format!("param_keys or param_vals is NULL but num_params is {np}")));
     }
-    let mut kv: Vec<(&str, &str)> = Vec::with_capacity(np);
+    let mut kv: smallvec::SmallVec<[(&str, &str); 4]> = smallvec::SmallVec::with_capacity(np);
     for i in 0..np {
         // SAFETY: per the contract, both arrays hold `num_params` strings.
         unsafe { kv.push((cstr(*param_keys.add(i), "param key")?, cstr(*param_vals.add(i), "param value")?)) };

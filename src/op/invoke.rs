@@ -169,8 +169,9 @@ fn invoke_parsed(op: &'static OpDef, inputs: &[&NDArray], outputs: Option<&[&NDA
             outs.push((*o).clone());
         }
     }
-    for m in &out_meta[outs.len()..] {
-        outs.push(NDArray::new(m.shape.clone(), ctx, m.dtype, false)?);
+    let given = outs.len();
+    for m in out_meta.into_iter().skip(given) {
+        outs.push(NDArray::new(m.shape, ctx, m.dtype, false)?);
     }
 
     let req = vec![Req::Write; outs.len()];
@@ -214,19 +215,20 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
     }
 
     // Blobs, with temporaries for undeclared overlaps.
-    let mut in_blobs = Vec::with_capacity(inputs.len());
+    // Inline for the common few operands (moved into the pushed closure, no allocation).
+    let mut in_blobs: smallvec::SmallVec<[TBlob; 3]> = smallvec::SmallVec::with_capacity(inputs.len());
     for x in inputs {
         // SAFETY: the address lies in the chunk, which the pushed operation holds.
-        in_blobs.push(unsafe { TBlob::new(x.data()?, x.shape.clone(), x.dtype) });
+        in_blobs.push(unsafe { TBlob::new(x.data()?, &x.shape, x.dtype) });
     }
-    let mut out_blobs = Vec::with_capacity(outs.len());
+    let mut out_blobs: smallvec::SmallVec<[TBlob; 2]> = smallvec::SmallVec::with_capacity(outs.len());
     let mut temps: Vec<(usize, Block)> = Vec::new();
     
     for (oi, o) in outs.iter().enumerate() {
         if req[oi] == Req::Null {
             // Not computed: the kernel must not touch it (a null address makes any access fail).
             // SAFETY: a null blob is never dereferenced (TBlob's accessors refuse it).
-            out_blobs.push(unsafe { TBlob::new(std::ptr::null_mut(), o.shape.clone(), o.dtype) });
+            out_blobs.push(unsafe { TBlob::new(std::ptr::null_mut(), &o.shape, o.dtype) });
             continue;
         }
         let clash = inputs.iter().enumerate().any(|(ii, x)| overlaps(o, x) && !op.inplace.contains(&(ii, oi)));
@@ -235,12 +237,12 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
             let bytes = o.size() * o.dtype.size();
             let block = Block::alloc(bytes.max(1), ctx)?;
             // SAFETY: the temporary block is owned by the operation and sized for the output.
-            out_blobs.push(unsafe { TBlob::new(block.ptr(), o.shape.clone(), o.dtype) });
+            out_blobs.push(unsafe { TBlob::new(block.ptr(), &o.shape, o.dtype) });
             temps.push((oi, block));
             req[oi] = Req::Write;
         } else {
             // SAFETY: as for inputs.
-            out_blobs.push(unsafe { TBlob::new(o.data()?, o.shape.clone(), o.dtype) });
+            out_blobs.push(unsafe { TBlob::new(o.data()?, &o.shape, o.dtype) });
             if inplace && req[oi] == Req::Write {
                 req[oi] = Req::Inplace;
             }
@@ -251,7 +253,7 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
     } else {
         // SAFETY: as for inputs.
         outs.iter()
-            .map(|o| Ok(unsafe { TBlob::new(if o.chunk.is_some() { o.data()? } else { std::ptr::null_mut() }, o.shape.clone(), o.dtype) }))
+            .map(|o| Ok(unsafe { TBlob::new(if o.chunk.is_some() { o.data()? } else { std::ptr::null_mut() }, &o.shape, o.dtype) }))
             .collect::<Result<_>>()?
     };
 

@@ -145,9 +145,12 @@ macro_rules! dispatch_float {
 #[derive(Debug, Clone)]
 pub struct TBlob {
     ptr: *mut u8,
-    pub shape: Vec<usize>,
+    pub shape: BlobShape,
     pub dtype: DType,
 }
+
+/// A blob's shape, inline up to 6 dimensions (a call's blobs then allocate nothing).
+pub type BlobShape = smallvec::SmallVec<[usize; 6]>;
 
 // SAFETY: a TBlob is an address into a chunk that the engine keeps alive and grants to the
 // running operation; the invocation contract (module doc) rules out conflicting access.
@@ -158,8 +161,8 @@ impl TBlob {
     /// # Safety
     /// `ptr` must address `shape.product()` elements of `dtype`, valid (and granted by the
     /// engine) for as long as the blob is used.
-    pub unsafe fn new(ptr: *mut u8, shape: Vec<usize>, dtype: DType) -> Self {
-        TBlob { ptr, shape, dtype }
+    pub unsafe fn new(ptr: *mut u8, shape: &[usize], dtype: DType) -> Self {
+        TBlob { ptr, shape: BlobShape::from_slice(shape), dtype }
     }
     pub fn size(&self) -> usize {
         self.shape.iter().product()
@@ -202,7 +205,7 @@ impl TBlob {
     /// The same data under another shape of equal size.
     pub fn reshaped(&self, shape: Vec<usize>) -> TBlob {
         assert_eq!(shape.iter().product::<usize>(), self.size());
-        TBlob { ptr: self.ptr, shape, dtype: self.dtype }
+        TBlob { ptr: self.ptr, shape: shape.into(), dtype: self.dtype }
     }
 }
 

@@ -14,7 +14,7 @@ use crate::op::{lookup, random, Meta, OpCtx, OpDef, Req, Resource};
 
 fn blob(v: &[f64], shape: &[usize]) -> TBlob {
     // SAFETY: `v` holds `shape.product()` f64s and outlives the kernel call that uses the blob.
-    unsafe { TBlob::new(v.as_ptr() as *mut u8, shape.to_vec(), DType::F64) }
+    unsafe { TBlob::new(v.as_ptr() as *mut u8, shape, DType::F64) }
 }
 
 fn forward(op: &OpDef, attrs: &Attrs, ins: &[Vec<f64>], shapes: &[Vec<usize>], outs: &[Meta], rng: Option<random::Stream>) -> Vec<Vec<f64>> {
@@ -74,7 +74,7 @@ pub fn check_tol(op_name: &str, params: &[(&str, &str)], inputs: &[(&[usize], Ve
             .map(|((g, m), r)| {
                 if *r == Req::Null {
                     // SAFETY: never dereferenced (the accessors refuse a null blob).
-                    unsafe { TBlob::new(std::ptr::null_mut(), m.shape.clone(), DType::F64) }
+                    unsafe { TBlob::new(std::ptr::null_mut(), &m.shape, DType::F64) }
                 } else {
                     blob(g, &m.shape)
                 }

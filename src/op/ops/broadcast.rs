@@ -17,11 +17,15 @@ use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BPlan {
     /// Collapsed output dimensions (at least one).
-    pub dims: Vec<usize>,
+    pub dims: Dims,
     /// Element strides of lhs and rhs per collapsed dimension (0: broadcast).
-    pub sa: Vec<usize>,
-    pub sb: Vec<usize>,
+    pub sa: Dims,
+    pub sb: Dims,
 }
+
+/// A plan's per-dimension values: inline up to 4 collapsed dimensions (most plans have one or
+/// two), so that planning a small call allocates nothing.
+pub(crate) type Dims = smallvec::SmallVec<[usize; 4]>;
 
 /// The broadcast output shape of `a` and `b` (shapes aligned at the right; each pair of sizes
 /// equal or one of them 1).
@@ -65,7 +69,7 @@ impl BPlan {
             dims.push((1, false, false));
         }
         let strides = |pick: fn(&(usize, bool, bool)) -> bool| {
-            let mut s = vec![0; dims.len()];
+            let mut s = Dims::from_elem(0, dims.len());
             let mut acc = 1;
             for (i, d) in dims.iter().enumerate().rev() {
                 if !pick(d) {
@@ -82,12 +86,12 @@ impl BPlan {
 
     /// A same-shape plan over `n` elements.
     pub fn flat(n: usize) -> BPlan {
-        BPlan { dims: vec![n], sa: vec![1], sb: vec![1] }
+        BPlan { dims: smallvec::smallvec![n], sa: smallvec::smallvec![1], sb: smallvec::smallvec![1] }
     }
 
     /// A plan for an array of `n` elements against one scalar (rhs).
     pub fn scalar(n: usize) -> BPlan {
-        BPlan { dims: vec![n], sa: vec![1], sb: vec![0] }
+        BPlan { dims: smallvec::smallvec![n], sa: smallvec::smallvec![1], sb: smallvec::smallvec![0] }
     }
 
     pub fn size(&self) -> usize {
@@ -219,18 +223,18 @@ mod tests {
     #[test]
     fn plans_collapse_dimensions() {
         // Same pattern everywhere: one dimension.
-        assert_eq!(BPlan::new(&[2, 3, 4], &[2, 3, 4], &[2, 3, 4]), BPlan { dims: vec![24], sa: vec![1], sb: vec![1] });
+        assert_eq!(BPlan::new(&[2, 3, 4], &[2, 3, 4], &[2, 3, 4]), BPlan { dims: smallvec::smallvec![24], sa: smallvec::smallvec![1], sb: smallvec::smallvec![1] });
         // Row vector against a matrix: rows outer, rhs repeats.
         let p = BPlan::new(&[5, 2, 3], &[3], &[5, 2, 3]);
-        assert_eq!(p, BPlan { dims: vec![10, 3], sa: vec![3, 1], sb: vec![0, 1] });
+        assert_eq!(p, BPlan { dims: smallvec::smallvec![10, 3], sa: smallvec::smallvec![3, 1], sb: smallvec::smallvec![0, 1] });
         // Column: rhs constant along the inner run.
         let p = BPlan::new(&[4, 6], &[4, 1], &[4, 6]);
-        assert_eq!(p, BPlan { dims: vec![4, 6], sa: vec![6, 1], sb: vec![1, 0] });
+        assert_eq!(p, BPlan { dims: smallvec::smallvec![4, 6], sa: smallvec::smallvec![6, 1], sb: smallvec::smallvec![1, 0] });
         // Both broadcast (outer product), with size-1 dims dropped.
         let p = BPlan::new(&[3, 1, 1], &[1, 1, 5], &[3, 1, 5]);
-        assert_eq!(p, BPlan { dims: vec![3, 5], sa: vec![1, 0], sb: vec![0, 1] });
+        assert_eq!(p, BPlan { dims: smallvec::smallvec![3, 5], sa: smallvec::smallvec![1, 0], sb: smallvec::smallvec![0, 1] });
         // All ones: a single element.
-        assert_eq!(BPlan::new(&[1, 1], &[1], &[1, 1]).dims, vec![1]);
+        assert_eq!(BPlan::new(&[1, 1], &[1], &[1, 1]).dims.as_slice(), &[1]);
     }
 
     fn naive(a: &[f32], ash: &[usize], b: &[f32], bsh: &[usize], out: &[usize]) -> Vec<f32> {

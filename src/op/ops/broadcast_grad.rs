@@ -483,7 +483,7 @@ mod tests {
         let dl = [half::f16::ZERO; 4];
         let dr = [half::f16::ZERO; 12];
         // SAFETY: the vectors outlive the call and match the shapes.
-        let blob = |p: *const half::f16, s: &[usize]| unsafe { TBlob::new(p as *mut u8, s.to_vec(), DType::F16) };
+        let blob = |p: *const half::f16, s: &[usize]| unsafe { TBlob::new(p as *mut u8, s, DType::F16) };
         let ins = [blob(g.as_ptr(), &[3, 4])];
         let outs = [blob(dl.as_ptr(), &[1, 4]), blob(dr.as_ptr(), &[3, 4])];
         let attrs = crate::op::lookup("broadcast_sub").unwrap().parse_attrs(std::iter::empty::<(&str, &str)>(), 2).unwrap();

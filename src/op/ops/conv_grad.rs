@@ -249,15 +249,15 @@ mod tests {
         let attrs = op.parse_attrs(params.iter().copied(), nin).unwrap();
         let bop = crate::op::grad::backward_op(op).unwrap().unwrap();
         let mut bufs: Vec<Vec<f32>> = ins.iter().map(|s| values(s.iter().product(), -1.0, 1.0, 5).into_iter().map(|v| v as f32).collect()).collect();
-        let in_blobs: Vec<TBlob> = bufs.iter_mut().zip(ins).map(|(b, s)| unsafe { TBlob::new(b.as_mut_ptr() as *mut u8, s.to_vec(), DType::F32) }).collect();
+        let in_blobs: Vec<TBlob> = bufs.iter_mut().zip(ins).map(|(b, s)| unsafe { TBlob::new(b.as_mut_ptr() as *mut u8, s, DType::F32) }).collect();
         let mut obufs: Vec<Vec<f32>> = outs.iter().map(|s| vec![0.0; s.map_or(0, |s| s.iter().product())]).collect();
         let out_blobs: Vec<TBlob> = obufs
             .iter_mut()
             .zip(outs)
             .map(|(b, s)| match s {
                 // SAFETY: the buffers outlive the calls below.
-                Some(s) => unsafe { TBlob::new(b.as_mut_ptr() as *mut u8, s.to_vec(), DType::F32) },
-                None => unsafe { TBlob::new(std::ptr::null_mut(), vec![0], DType::F32) },
+                Some(s) => unsafe { TBlob::new(b.as_mut_ptr() as *mut u8, s, DType::F32) },
+                None => unsafe { TBlob::new(std::ptr::null_mut(), &[0], DType::F32) },
             })
             .collect();
         let req: Vec<Req> = outs.iter().map(|s| if s.is_some() { Req::Write } else { Req::Null }).collect();

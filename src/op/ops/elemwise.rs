@@ -604,7 +604,7 @@ fn scalar_compute(op: Bin, reversed: bool) -> crate::op::ComputeFn {
             let s = [<T as Elem>::from_f64(s)];
             let o = outs[0].as_mut::<T>();
             if reversed {
-                let plan = BPlan { dims: vec![n], sa: vec![0], sb: vec![1] };
+                let plan = BPlan { dims: smallvec::smallvec![n], sa: smallvec::smallvec![0], sb: smallvec::smallvec![1] };
                 bin_typed::<T>(op, &plan, &s, x.as_slice(), o);
             } else {
                 bin_typed::<T>(op, &BPlan::scalar(n), x.as_slice(), &s, o);
@@ -900,7 +900,7 @@ mod tests {
         let mut o = [0f32; 3];
         bin_typed::<f32>(Bin::Sub, &BPlan::scalar(3), &x, &[1.0], &mut o);
         assert_eq!(o, [0.0, 1.0, 3.0]);
-        let plan = BPlan { dims: vec![3], sa: vec![0], sb: vec![1] };
+        let plan = BPlan { dims: smallvec::smallvec![3], sa: smallvec::smallvec![0], sb: smallvec::smallvec![1] };
         bin_typed::<f32>(Bin::Div, &plan, &[8.0], &x, &mut o);
         assert_eq!(o, [8.0, 4.0, 2.0]);
     }

@@ -264,7 +264,7 @@ fn fill_view(out: &TBlob, v: &View, shape: &[usize], value: f64) {
     dispatch_all!(out.dtype, T => {
         let mut one = [T::from_f64(value)];
         // SAFETY: `one` outlives the blob, which is only read by `copy` below.
-        let src = unsafe { TBlob::new(one.as_mut_ptr().cast::<u8>(), vec![1], T::DTYPE) };
+        let src = unsafe { TBlob::new(one.as_mut_ptr().cast::<u8>(), &[1], T::DTYPE) };
         copy(&src, &View { off: 0, strides: vec![0; shape.len()] }, out, v, shape);
     })
 }

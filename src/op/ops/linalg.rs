@@ -61,10 +61,33 @@ macro_rules! native_gemm {
                         gemm::gemm(m, n, k, cp.0, 1, n as isize, accumulate, ap.0, a.2, a.1, bp.0, b.2, b.1, 1.0, 1.0, false, false, false, par)
                     }
                 };
-                if matches!(par, gemm::Parallelism::None) {
-                    run()
-                } else {
-                    kernel::install(run)
+                match par {
+                    gemm::Parallelism::Rayon(threads) if 2 * m <= n => {
+                        // Wide products (FullyConnected's few rows by many outputs): the
+                        // crate's own split leaves one thread idle when m is within one or
+                        // two of its row panels, so each thread takes a block of columns and
+                        // runs the crate serially on it (2x on 64x800 -> 512, see
+                        // `wide_products_split_by_columns`).
+                        let chunk = n.div_ceil(threads).div_ceil(16) * 16;
+                        kernel::install(move || {
+                            use rayon::prelude::*;
+                            (0..threads).into_par_iter().for_each(|t| {
+                                let (ap, bp, cp) = (ap, bp, cp);
+                                let (n0, n1) = (t * chunk, ((t + 1) * chunk).min(n));
+                                if n0 >= n1 {
+                                    return;
+                                }
+                                // SAFETY: as above; block t writes only columns n0..n1 of
+                                // `c` and reads columns n0..n1 of `b` (column stride b.2).
+                                unsafe {
+                                    gemm::gemm(m, n1 - n0, k, cp.0.add(n0), 1, n as isize, accumulate, ap.0, a.2, a.1,
+                                        bp.0.offset(n0 as isize * b.2), b.2, b.1, 1.0, 1.0, false, false, false, gemm::Parallelism::None)
+                                }
+                            });
+                        })
+                    }
+                    gemm::Parallelism::None => run(),
+                    _ => kernel::install(run),
                 }
             }
         }
@@ -402,6 +425,33 @@ mod tests {
                 gemm(m, n, k, &af, ta, &bf, tb, &mut cf, false);
                 for (x, y) in cf.iter().zip(&want) {
                     assert!((x.to_f64() - y).abs() < 0.05);
+                }
+            }
+        }
+    }
+
+    /// Products with twice as many columns as rows and enough work to run in parallel take
+    /// the column-split path; every transpose, accumulation, and a column count that does not
+    /// divide evenly among the threads.
+    #[test]
+    fn wide_products_split_by_columns() {
+        let (m, n, k) = (24, 701, 300);
+        assert!(2.0 * (m * n * k) as f64 >= PAR_FLOPS && 2 * m <= n);
+        let a: Vec<f64> = (0..m * k).map(|i| (i as f64 * 0.37).sin()).collect();
+        let b: Vec<f64> = (0..k * n).map(|i| (i as f64 * 0.11).cos()).collect();
+        for ta in [false, true] {
+            for tb in [false, true] {
+                let want = naive(m, n, k, &a, ta, &b, tb);
+                let mut c = vec![0.0; m * n];
+                gemm(m, n, k, &a, ta, &b, tb, &mut c, false);
+                for (x, y) in c.iter().zip(&want) {
+                    assert!((x - y).abs() < 1e-9, "ta={ta} tb={tb}");
+                }
+                let mut c32 = vec![1.0f32; m * n];
+                let (a32, b32): (Vec<f32>, Vec<f32>) = (a.iter().map(|&v| v as f32).collect(), b.iter().map(|&v| v as f32).collect());
+                gemm(m, n, k, &a32, ta, &b32, tb, &mut c32, true);
+                for (x, y) in c32.iter().zip(&want) {
+                    assert!((*x as f64 - (y + 1.0)).abs() < 1e-3, "accumulate ta={ta} tb={tb}");
                 }
             }
         }

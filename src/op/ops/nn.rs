@@ -1100,7 +1100,7 @@ pub(super) mod tests {
 
     fn blob(v: &mut [f32], shape: &[usize]) -> TBlob {
         // SAFETY: the vector outlives the blob within each test.
-        unsafe { TBlob::new(v.as_mut_ptr() as *mut u8, shape.to_vec(), DType::F32) }
+        unsafe { TBlob::new(v.as_mut_ptr() as *mut u8, shape, DType::F32) }
     }
 
     fn run(specs: &'static [ParamSpec], kv: &[(&str, &str)], train: bool, f: fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>, ins: &[TBlob], outs: &[TBlob]) {

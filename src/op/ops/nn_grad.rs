@@ -882,7 +882,7 @@ mod tests {
 
     fn blob(v: &mut [f64], shape: &[usize]) -> TBlob {
         // SAFETY: the vector outlives the blob within the test.
-        unsafe { TBlob::new(v.as_mut_ptr() as *mut u8, shape.to_vec(), DType::F64) }
+        unsafe { TBlob::new(v.as_mut_ptr() as *mut u8, shape, DType::F64) }
     }
 
     /// Run `_backward_SoftmaxOutput` on softmax outputs `y` (n×k) and labels.

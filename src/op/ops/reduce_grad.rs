@@ -292,10 +292,10 @@ mod large {
             // SAFETY: the vectors outlive the blobs and match their shapes.
             let (xb, yb, gb, db) = unsafe {
                 (
-                    TBlob::new(xs.as_mut_ptr().cast(), shape.to_vec(), DType::F32),
-                    TBlob::new(y.as_mut_ptr().cast(), vec![3, 5], DType::F32),
-                    TBlob::new(g.as_mut_ptr().cast(), vec![3, 5], DType::F32),
-                    TBlob::new(dx.as_mut_ptr().cast(), shape.to_vec(), DType::F32),
+                    TBlob::new(xs.as_mut_ptr().cast(), &shape, DType::F32),
+                    TBlob::new(y.as_mut_ptr().cast(), &[3, 5], DType::F32),
+                    TBlob::new(g.as_mut_ptr().cast(), &[3, 5], DType::F32),
+                    TBlob::new(dx.as_mut_ptr().cast(), &shape, DType::F32),
                 )
             };
             let req = [Req::Write];

@@ -265,7 +265,7 @@ mod tests {
 
     fn blob<T>(v: &mut [T], shape: Vec<usize>, dtype: DType) -> TBlob {
         // SAFETY: the vector outlives the blob in each test.
-        unsafe { TBlob::new(v.as_mut_ptr() as *mut u8, shape, dtype) }
+        unsafe { TBlob::new(v.as_mut_ptr() as *mut u8, &shape, dtype) }
     }
 
     #[test]
