@@ -3,8 +3,8 @@
 //!
 //! Owns: the row-major GEMM entry point over the `gemm` crate (float32/float64 directly,
 //! float16 through float32 buffers; transposes expressed as strides, never copied), its
-//! parallelism decision (the kernel pool for large products, serial for small ones or inside
-//! a parallel task), and the shape rules of the three operators (stock's flattening of N-D
+//! parallelism decision (the kernel pool for large products, with wide ones split by columns
+//! among its threads; serial for small ones or inside a parallel task), and the shape rules of the three operators (stock's flattening of N-D
 //! `dot` operands, `FullyConnected`'s `flatten`).
 
 use crate::dispatch_float;
