@@ -3,11 +3,11 @@
 //! Owns: [`HandleTable`], which maps an opaque `void*`-sized handle to an `Arc<T>`. A handle
 //! encodes a table tag, a slot index and the slot's generation, so a NULL handle, a handle of
 //! another kind, a freed handle and a double free are all detected and answered with an
-//! error, never undefined behaviour. Lookups take one uncontended slot lock; freed slots are
+//! error, never undefined behaviour. Lookups take one uncontended slot spin lock; freed slots are
 //! reused from a lock-free stack.
 
 use crate::error::{Error, Result};
-use crate::sync::Mutex;
+use crate::sync::{Mutex, SpinLock};
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
@@ -19,7 +19,7 @@ const GEN_BITS: u32 = 24;
 
 struct Slot<T> {
     /// (generation, value); the generation changes at every free.
-    inner: Mutex<(u32, Option<Arc<T>>)>,
+    inner: SpinLock<(u32, Option<Arc<T>>)>,
     /// While the slot is on the free stack: the stack entry below it (index + 1, 0 for none).
     next_free: AtomicU32,
 }
@@ -128,7 +128,7 @@ impl<T> HandleTable<T> {
             let _grow = self.grow.lock();
             if self.chunks[c].load(Ordering::Acquire).is_null() {
                 let chunk: Box<[Slot<T>]> = (0..CHUNK)
-                    .map(|_| Slot { inner: Mutex::new((0, None)), next_free: AtomicU32::new(0) })
+                    .map(|_| Slot { inner: SpinLock::new((0, None)), next_free: AtomicU32::new(0) })
                     .collect();
                 self.chunks[c].store(Box::into_raw(chunk) as *mut Slot<T>, Ordering::Release);
             }

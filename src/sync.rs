@@ -1,4 +1,5 @@
-//! Locks for the whole crate: a mutex, a condition variable and a reader-writer lock.
+//! Locks for the whole crate: a mutex, a condition variable, a reader-writer lock, and a spin
+//! lock for the shortest critical sections on hot paths.
 //!
 //! Owns: the choice of lock implementation. These wrap std's futex-based locks, whose whole
 //! state lives in the lock itself, and drop poisoning: a panic is caught at the C boundary
@@ -13,6 +14,8 @@
 //!
 //! Condition variables take the guard by value and give it back (`g = cv.wait(g)`), as std's.
 
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -128,6 +131,91 @@ impl<T: ?Sized> RwLock<T> {
     }
 }
 
+/// A lock for critical sections of a few dozen instructions on hot paths (a storage pool's
+/// free lists, a handle's slot). Unlocking is a plain release store where std's mutex swaps, so
+/// a use costs one atomic read-modify-write instead of two (each about 9 ns on this project's
+/// machine; an NDArray create + free took 14 of them). Waiters spin, then yield, then sleep
+/// 50 µs at a time: they never park, so a holder must not block for long. No poisoning: a
+/// panic while locked releases the lock as the guard drops.
+#[derive(Default)]
+pub struct SpinLock<T: ?Sized> {
+    locked: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the value is reached only through a guard, and one guard exists at a time (the
+// `locked` flag, taken with Acquire and released with Release, orders the accesses).
+unsafe impl<T: ?Sized + Send> Send for SpinLock<T> {}
+// SAFETY: as above.
+unsafe impl<T: ?Sized + Send> Sync for SpinLock<T> {}
+
+impl<T> SpinLock<T> {
+    pub const fn new(value: T) -> Self {
+        SpinLock { locked: AtomicBool::new(false), value: UnsafeCell::new(value) }
+    }
+}
+
+impl<T: ?Sized> SpinLock<T> {
+    #[inline]
+    pub fn lock(&self) -> SpinGuard<'_, T> {
+        if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            self.lock_contended();
+        }
+        SpinGuard { lock: self }
+    }
+
+    #[cold]
+    fn lock_contended(&self) {
+        let mut waits = 0u32;
+        loop {
+            while self.locked.load(Ordering::Relaxed) {
+                if waits < 64 {
+                    std::hint::spin_loop();
+                } else if waits < 128 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                waits = waits.saturating_add(1);
+            }
+            if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                return;
+            }
+        }
+    }
+
+    pub fn get_mut(&mut self) -> &mut T {
+        self.value.get_mut()
+    }
+}
+
+/// Access to a [`SpinLock`]'s value; unlocks when dropped.
+pub struct SpinGuard<'a, T: ?Sized> {
+    lock: &'a SpinLock<T>,
+}
+
+impl<T: ?Sized> std::ops::Deref for SpinGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: this guard holds the lock (see the Sync impl).
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T: ?Sized> std::ops::DerefMut for SpinGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: this guard holds the lock, and `&mut self` makes the borrow unique.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T: ?Sized> Drop for SpinGuard<'_, T> {
+    #[inline]
+    fn drop(&mut self) {
+        self.lock.locked.store(false, Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,5 +260,38 @@ mod tests {
         t.join().unwrap();
         let (_g, timed_out) = pair.1.wait_for(pair.0.lock(), Duration::from_millis(5));
         assert!(timed_out);
+    }
+
+    #[test]
+    fn spin_lock_excludes_and_survives_a_panic() {
+        // Eight threads add to a plain (non-atomic) counter under the lock: any overlap loses
+        // increments.
+        let l = Arc::new(SpinLock::new(0u64));
+        let ts: Vec<_> = (0..8)
+            .map(|_| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        let mut g = l.lock();
+                        let v = *g;
+                        std::hint::black_box(&v);
+                        *g = v + 1;
+                    }
+                })
+            })
+            .collect();
+        for t in ts {
+            t.join().unwrap();
+        }
+        assert_eq!(*l.lock(), 160_000);
+        let l2 = l.clone();
+        let r = std::thread::spawn(move || {
+            let _g = l2.lock();
+            panic!("inside the spin lock");
+        })
+        .join();
+        assert!(r.is_err());
+        *l.lock() += 1;
+        assert_eq!(*l.lock(), 160_001);
     }
 }

@@ -6,7 +6,7 @@
 
 use super::alloc::Allocator;
 use crate::error::{Error, Result};
-use crate::sync::Mutex;
+use crate::sync::SpinLock;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -106,12 +106,12 @@ unsafe impl Send for State {}
 pub struct Pool {
     policy: Bucketing,
     allocator: Box<dyn Allocator>,
-    state: Mutex<State>,
+    state: SpinLock<State>,
 }
 
 impl Pool {
     pub fn new(policy: Bucketing, allocator: Box<dyn Allocator>) -> Self {
-        Pool { policy, allocator, state: Mutex::new(State { free: HashMap::default(), stats: PoolStats::default() }) }
+        Pool { policy, allocator, state: SpinLock::new(State { free: HashMap::default(), stats: PoolStats::default() }) }
     }
 
     pub fn policy(&self) -> Bucketing {
