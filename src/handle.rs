@@ -147,7 +147,9 @@ impl<T> HandleTable<T> {
         }
     }
 
-    /// Run `f` on the value behind a live handle, without cloning the `Arc`.
+    /// Run `f` on the value behind a live handle, without cloning the `Arc`. `f` runs under the
+    /// slot's spin lock: keep it to reading fields (no waiting, no allocation from the OS, no
+    /// foreign code); otherwise [`HandleTable::get`] and work on the clone.
     pub fn with<R>(&self, h: *const c_void, f: impl FnOnce(&T) -> R) -> Result<R> {
         let (index, generation) = self.decode(h)?;
         let slot = self.slot(index).ok_or_else(|| self.stale(h))?;
@@ -164,13 +166,15 @@ impl<T> HandleTable<T> {
         let slot = self.slot(index).ok_or_else(|| self.stale(h))?;
         let mut inner = slot.inner.lock();
         let (gen, v) = &mut *inner;
-        match v {
-            Some(v) if *gen == generation => {
-                *v = value;
-                Ok(())
-            }
-            _ => Err(self.stale(h)),
-        }
+        let old = match v {
+            Some(v) if *gen == generation => std::mem::replace(v, value),
+            _ => return Err(self.stale(h)),
+        };
+        // The old value may be the last reference, and dropping it may run foreign code (an
+        // autograd function's frontend callback): not under the slot's spin lock.
+        drop(inner);
+        drop(old);
+        Ok(())
     }
 
     /// Free a handle; returns its value. A second free of the same handle is an error.

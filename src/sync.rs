@@ -161,7 +161,7 @@ impl<T: ?Sized> SpinLock<T> {
         if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             self.lock_contended();
         }
-        SpinGuard { lock: self }
+        SpinGuard { lock: self, _value: std::marker::PhantomData }
     }
 
     #[cold]
@@ -192,6 +192,9 @@ impl<T: ?Sized> SpinLock<T> {
 /// Access to a [`SpinLock`]'s value; unlocks when dropped.
 pub struct SpinGuard<'a, T: ?Sized> {
     lock: &'a SpinLock<T>,
+    /// Makes the guard `Sync` only where `T` is (as std's `MutexGuard`): a shared guard
+    /// hands out `&T`.
+    _value: std::marker::PhantomData<&'a mut T>,
 }
 
 impl<T: ?Sized> std::ops::Deref for SpinGuard<'_, T> {

@@ -334,7 +334,9 @@ pub unsafe extern "C" fn MXEnginePushSyncND(
 }
 
 fn new_view(handle: NDArrayHandle, make: impl FnOnce(&NDArray) -> Result<NDArray>) -> Result<NDArrayHandle> {
-    let view = arrays().with(handle, make)??;
+    // Made outside the handle's slot lock (a spin lock): recording a view may take a while.
+    let base = arrays().get(handle)?;
+    let view = make(&base)?;
     Ok(arrays().insert(Arc::new(view)))
 }
 
@@ -457,7 +459,7 @@ pub unsafe extern "C" fn MXNDArrayGetShapeEx64(handle: NDArrayHandle, out_dim: *
 #[no_mangle]
 pub unsafe extern "C" fn MXNDArrayGetData(handle: NDArrayHandle, out_pdata: *mut *mut c_void) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXNDArrayGetData", out_pdata, "out_pdata", || Ok(arrays().with(handle, |nd| nd.data())?? as *mut c_void)) }
+    unsafe { ffi::call_out("MXNDArrayGetData", out_pdata, "out_pdata", || Ok(arrays().get(handle)?.data()? as *mut c_void)) }
 }
 
 /// A new handle for the same array (same storage, variable and shape).

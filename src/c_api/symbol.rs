@@ -27,7 +27,10 @@ pub fn symbols() -> &'static HandleTable<RwLock<Symbol>> {
 
 /// The symbol behind a handle (a snapshot of its outputs; nodes are shared).
 pub fn symbol(h: SymbolHandle) -> Result<Symbol> {
-    symbols().with(h, |s| s.read().clone())
+    // Cloned outside the handle's slot lock (a spin lock): the symbol's own lock may wait.
+    let s = symbols().get(h)?;
+    let snapshot = s.read().clone();
+    Ok(snapshot)
 }
 
 fn new_handle(s: Symbol) -> SymbolHandle {

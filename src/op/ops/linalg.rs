@@ -437,6 +437,11 @@ mod tests {
     fn wide_products_split_by_columns() {
         let (m, n, k) = (24, 701, 300);
         assert!(2.0 * (m * n * k) as f64 >= PAR_FLOPS && 2 * m <= n);
+        if kernel::pool_threads() >= 2 {
+            assert!(matches!(parallelism(m, n, k), gemm::Parallelism::Rayon(_)), "the split path is not taken");
+        } else {
+            eprintln!("one kernel thread: the column split is not exercised here");
+        }
         let a: Vec<f64> = (0..m * k).map(|i| (i as f64 * 0.37).sin()).collect();
         let b: Vec<f64> = (0..k * n).map(|i| (i as f64 * 0.11).cos()).collect();
         for ta in [false, true] {
