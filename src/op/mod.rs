@@ -18,6 +18,7 @@ pub mod kernel;
 pub mod param;
 pub mod random;
 pub mod resource;
+pub(crate) mod simd;
 pub mod tensor;
 pub mod tune;
 mod ops;

@@ -18,6 +18,7 @@ use crate::ndarray::DType;
 use crate::op::kernel::{par_tasks, pool_threads};
 use crate::op::param::{PType, ParamSpec};
 use crate::op::tensor::{Elem, SendPtr, TBlob};
+use std::any::TypeId;
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef};
 
 /// Which dimensions of a `ndim`-dimensional input are reduced.
@@ -96,37 +97,10 @@ trait Reducer<T: Arith>: Copy + Send + Sync {
     fn merge(self, a: T::C, b: T::C) -> T::C;
     fn finish(self, a: T::C, count: usize) -> T;
 
-    /// The reduction of a contiguous run: 16 independent accumulators over blocks.
+    /// The reduction of a contiguous run.
     #[inline(always)]
     fn run(self, x: &[T]) -> T::C {
-        const LANES: usize = 16;
-        const BLOCK: usize = 4096;
-        if x.len() < 2 * LANES {
-            return x.iter().fold(self.init(), |a, &v| self.step(a, v));
-        }
-        let mut total = self.init();
-        for block in x.chunks(BLOCK) {
-            let mut acc = [self.init(); LANES];
-            let mut chunks = block.chunks_exact(LANES);
-            for c in &mut chunks {
-                for i in 0..LANES {
-                    acc[i] = self.step(acc[i], c[i]);
-                }
-            }
-            for (i, &v) in chunks.remainder().iter().enumerate() {
-                acc[i] = self.step(acc[i], v);
-            }
-            // Pairwise combination of the lanes.
-            let mut w = LANES;
-            while w > 1 {
-                w /= 2;
-                for i in 0..w {
-                    acc[i] = self.merge(acc[i], acc[i + w]);
-                }
-            }
-            total = self.merge(total, acc[0]);
-        }
-        total
+        run_lanes(self, x)
     }
 
     /// `acc[j] = step(acc[j], x[j])`.
@@ -136,6 +110,39 @@ trait Reducer<T: Arith>: Copy + Send + Sync {
             *a = self.step(*a, v);
         }
     }
+}
+
+/// The reduction of a contiguous run: 16 independent accumulators over blocks.
+#[inline(always)]
+fn run_lanes<T: Arith, Rd: Reducer<T>>(rd: Rd, x: &[T]) -> T::C {
+    const LANES: usize = 16;
+    const BLOCK: usize = 4096;
+    if x.len() < 2 * LANES {
+        return x.iter().fold(rd.init(), |a, &v| rd.step(a, v));
+    }
+    let mut total = rd.init();
+    for block in x.chunks(BLOCK) {
+        let mut acc = [rd.init(); LANES];
+        let mut chunks = block.chunks_exact(LANES);
+        for c in &mut chunks {
+            for i in 0..LANES {
+                acc[i] = rd.step(acc[i], c[i]);
+            }
+        }
+        for (i, &v) in chunks.remainder().iter().enumerate() {
+            acc[i] = rd.step(acc[i], v);
+        }
+        // Pairwise combination of the lanes.
+        let mut w = LANES;
+        while w > 1 {
+            w /= 2;
+            for i in 0..w {
+                acc[i] = rd.merge(acc[i], acc[i + w]);
+            }
+        }
+        total = rd.merge(total, acc[0]);
+    }
+    total
 }
 
 /// The reductions, as const parameters of [`R`] so that each kernel is compiled for one.
@@ -156,6 +163,17 @@ use kind::*;
 struct R<const K: u8>;
 
 impl<T: Arith, const K: u8> Reducer<T> for R<K> {
+    /// Float32 sums and means take the explicitly vectorised loop (`op::simd`); the rest
+    /// (and short runs) the portable lanes. Both branch conditions fold at compile time.
+    #[inline(always)]
+    fn run(self, x: &[T]) -> T::C {
+        if (K == SUM || K == MEAN) && TypeId::of::<T>() == TypeId::of::<f32>() && x.len() >= 64 {
+            // SAFETY: T is f32 (checked above): the same memory, the same element type.
+            let xs = unsafe { std::slice::from_raw_parts(x.as_ptr() as *const f32, x.len()) };
+            return T::C::from_f64(crate::op::simd::sum_f32(xs) as f64);
+        }
+        run_lanes(self, x)
+    }
     #[inline(always)]
     fn init(self) -> T::C {
         match K {
