@@ -298,3 +298,17 @@ mod tests {
         assert_eq!(*l.lock(), 160_001);
     }
 }
+
+/// A value alone on its cache lines (128 bytes: adjacent-line prefetch pairs lines): for
+/// counters and flags that different threads write, so that one thread's writes do not
+/// take the line another thread works on (false sharing).
+#[repr(align(128))]
+#[derive(Default)]
+pub struct Padded<T>(pub T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}

@@ -180,16 +180,15 @@ pub(crate) unsafe fn push_c(
         }
     }
     let (func, payload): (OprFn, Option<engine::Payload>) = match (sync_func, async_func) {
-        // The param (and its deleter) lives in the closure: freed right after the call.
-        (Some(f), None) => (
-            OprFn::Sync(Box::new(move |rctx: &RunContext| {
-                let p = cparam;
-                // SAFETY: the caller's function with the caller's param, as the API promises.
-                unsafe { f(rctx as *const RunContext as *mut c_void, p.param) };
-                Ok(())
-            })),
-            None,
-        ),
+        // The param (and its deleter) goes with the function: freed right after the call.
+        (Some(f), None) => {
+            // The deleter now belongs to the RawFn: the CParam must not call it too.
+            let (param, deleter) = (cparam.param, cparam.deleter);
+            std::mem::forget(cparam);
+            // SAFETY: the caller's function and deleter with the caller's param, callable on
+            // a worker thread as the API promises.
+            (OprFn::Raw(unsafe { engine::RawFn::new(f, param, deleter) }), None)
+        }
         // An async function uses its param until it completes: the engine drops it then.
         (None, Some(f)) => {
             let param = SendPtr(func_param);

@@ -27,9 +27,10 @@
 
 pub mod opr;
 pub mod pool;
+mod queue;
 pub mod var;
 
-pub use opr::{Completion, FnProperty, OprFn, Payload, RunContext, SyncFn};
+pub use opr::{Completion, FnProperty, OprFn, Payload, RawFn, RunContext, SyncFn};
 pub use var::Var;
 
 use crate::config;
@@ -37,12 +38,13 @@ use crate::context::{Context, DevType};
 use crate::error::{Error, Result};
 use crate::profiler;
 use opr::{Latch, Opr};
-use crate::sync::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex, Padded, SpinLock};
+use smallvec::SmallVec;
 use pool::Pool;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use var::{ErrorCell, Granted};
 
@@ -189,6 +191,43 @@ pub struct OpTag<'a> {
     pub cheap: bool,
 }
 
+/// An operation that holds its variables and runs on this thread ([`Engine::acquire_now`]):
+/// [`RunNow::run`] runs it, profiled, and releases the variables. Dropped without running,
+/// it releases them as an operation that did nothing.
+pub struct RunNow<'a> {
+    engine: &'static Engine,
+    reads: &'a [Arc<Var>],
+    writes: &'a [Arc<Var>],
+    ctx: Context,
+    tag: OpTag<'a>,
+    ran: bool,
+}
+
+impl RunNow<'_> {
+    /// Run `f`; a failure (error or panic) marks the written variables, as for a pushed
+    /// operation, and surfaces at the next wait.
+    pub fn run(mut self, f: impl FnOnce(&RunContext) -> Result<()>) {
+        self.ran = true;
+        let (tag, ctx) = (self.tag, self.ctx);
+        let rctx = RunContext::for_ctx(ctx, false);
+        let ran = profiler::profiled(tag.symbolic, tag.name, ctx, tag.scope, || catch_unwind(AssertUnwindSafe(|| f(&rctx))));
+        let outcome = match ran {
+            Ok(Ok(())) => Outcome::Ok,
+            Ok(Err(e)) => Outcome::Failed(e),
+            Err(panic) => Outcome::Failed(panic_error(tag.name.map_or("<unnamed>", |n| n), panic.as_ref())),
+        };
+        self.engine.release(self.reads, self.writes, outcome, None);
+    }
+}
+
+impl Drop for RunNow<'_> {
+    fn drop(&mut self) {
+        if !self.ran {
+            self.engine.release(self.reads, self.writes, Outcome::Ok, None);
+        }
+    }
+}
+
 /// A dependency engine.
 pub struct Engine {
     opts: EngineOptions,
@@ -198,9 +237,16 @@ pub struct Engine {
     create_lock: Mutex<()>,
     register_lock: Mutex<()>,
     /// Pushed operations not yet registered with their variables (threaded engines).
-    submissions: crossbeam_queue::SegQueue<Arc<Opr>>,
-    pollers: AtomicUsize,
-    pending: AtomicUsize,
+    submissions: queue::SubmitQueue,
+    /// Operations pushed so far (written by pushing threads) and finished so far (written
+    /// by the threads that finish them): pending is the difference. Two counters on their
+    /// own lines, so that a pusher and a worker do not pass one line back and forth per
+    /// operation.
+    pushed: Padded<AtomicUsize>,
+    finished: Padded<AtomicUsize>,
+    /// Operations finished on worker threads, for a pushing or waiting thread to drop
+    /// (a stack linked through `Opr::next_dead`; see [`Engine::bury`]).
+    graveyard: Padded<AtomicPtr<Opr>>,
     idle: Mutex<()>,
     idle_cv: Condvar,
     waiters: AtomicUsize,
@@ -243,9 +289,10 @@ impl Engine {
             gpu_pools: Mutex::new(HashMap::new()),
             create_lock: Mutex::new(()),
             register_lock: Mutex::new(()),
-            submissions: crossbeam_queue::SegQueue::new(),
-            pollers: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
+            submissions: queue::SubmitQueue::new(),
+            pushed: Padded(AtomicUsize::new(0)),
+            finished: Padded(AtomicUsize::new(0)),
+            graveyard: Padded(AtomicPtr::new(std::ptr::null_mut())),
             idle: Mutex::new(()),
             idle_cv: Condvar::new(),
             waiters: AtomicUsize::new(0),
@@ -275,7 +322,10 @@ impl Engine {
 
     /// Number of pushed operations that have not finished.
     pub fn pending(&self) -> usize {
-        self.pending.load(Ordering::Acquire)
+        // Finished first: an operation is counted pushed before it is counted finished, so
+        // the difference never goes below the true count (it may be above it, momentarily).
+        let finished = self.finished.load(Ordering::SeqCst);
+        self.pushed.load(Ordering::SeqCst).wrapping_sub(finished)
     }
 
     /// Worker threads started so far, per pool name.
@@ -391,7 +441,7 @@ impl Engine {
                 && !crate::profiler::aggregate_running()
                 && p.prop == FnProperty::Normal
                 && !p.wait
-                && matches!(p.func, OprFn::Sync(_))
+                && matches!(p.func, OprFn::Sync(_) | OprFn::Raw(_))
                 && bulk_accepts(self, &p)
             {
                 return self.bulk_append(p);
@@ -408,21 +458,22 @@ impl Engine {
 
     fn push_to(&'static self, p: Push, pool: Option<&'static Pool>) -> Result<()> {
         self.apply_back_pressure();
+        if pool.is_some() {
+            self.reap_sometimes();
+        }
         let p = match self.try_run_now(p) {
             Ok(()) => return Ok(()),
             Err(p) => p,
         };
         let n_const = p.const_vars.len();
-        let vars = if n_const == 0 {
-            p.mutable_vars
-        } else {
-            let mut v = p.const_vars;
-            v.extend(p.mutable_vars);
-            v
-        };
+        // Moved into the operation; the vectors are freed here, by the thread that made them.
+        let mut vars = SmallVec::with_capacity(n_const + p.mutable_vars.len());
+        vars.extend(p.const_vars);
+        vars.extend(p.mutable_vars);
         let done = (p.wait && pool.is_some()).then(|| Arc::new(Latch::default()));
         let op = Arc::new(Opr {
-            func: Mutex::new(Some(p.func)),
+            link: Default::default(),
+            func: SpinLock::new(Some(p.func)),
             wait: AtomicUsize::new(vars.len() + 1),
             vars,
             n_const,
@@ -432,21 +483,19 @@ impl Engine {
             name: p.name,
             symbolic: p.symbolic,
             scope: p.scope,
-            payload: Mutex::new(p.payload),
+            payload: SpinLock::new(p.payload),
             completed: Default::default(),
             done: done.clone(),
             engine: self,
             pool,
+            next_dead: AtomicPtr::new(std::ptr::null_mut()),
         });
-        self.pending.fetch_add(1, Ordering::SeqCst);
+        self.pushed.fetch_add(1, Ordering::SeqCst);
         if let Some(pool) = pool {
             // Threaded engines: hand the operation to the workers, which register it with its
             // variables in batches; the pushing thread touches no shared variable state.
             self.submissions.push(op);
-            std::sync::atomic::fence(Ordering::SeqCst);
-            if self.pollers.load(Ordering::SeqCst) == 0 {
-                pool.wake_sleeper();
-            }
+            pool.wake_for_submission();
         } else {
             let keep = op.clone();
             self.register(op);
@@ -489,7 +538,8 @@ impl Engine {
         };
         let mut any = false;
         for _ in 0..256 {
-            let Some(op) = self.submissions.pop() else { break };
+            // SAFETY: the registration lock, held here, makes this thread the only consumer.
+            let Some(op) = (unsafe { self.submissions.pop() }) else { break };
             any = true;
             self.register_locked(op);
         }
@@ -499,12 +549,6 @@ impl Engine {
     /// Pushed operations wait to be registered.
     pub(crate) fn has_submissions(&self) -> bool {
         !self.submissions.is_empty()
-    }
-
-    /// Workers looking for work (not running an operation, not asleep): while there is one,
-    /// a push needs to wake nobody.
-    pub(crate) fn pollers(&self) -> &AtomicUsize {
-        &self.pollers
     }
 
     /// NaiveEngine's fast path: a synchronous operation whose variables are all free runs at
@@ -540,13 +584,33 @@ impl Engine {
         tag: OpTag<'_>,
         f: F,
     ) -> std::result::Result<(), F> {
+        match self.acquire_now(reads, writes, ctx, tag) {
+            Some(slot) => {
+                slot.run(f);
+                Ok(())
+            }
+            None => Err(f),
+        }
+    }
+
+    /// The first half of [`Engine::try_run_now_with`]: the variables, taken for an operation
+    /// that runs on this thread through the returned [`RunNow`], or `None` (nothing taken)
+    /// when it must be pushed. Lets a caller build the operation's state only when it is
+    /// pushed, and run it from the stack otherwise.
+    pub fn acquire_now<'a>(
+        &'static self,
+        reads: &'a [Arc<Var>],
+        writes: &'a [Arc<Var>],
+        ctx: Context,
+        tag: OpTag<'a>,
+    ) -> Option<RunNow<'a>> {
         let here = self.opts.kind == EngineKind::Naive
-            || (tag.cheap && ctx.dev_type.is_host() && self.pending.load(Ordering::SeqCst) == 0 && !on_worker_thread());
+            || (tag.cheap && ctx.dev_type.is_host() && self.pending() == 0 && !on_worker_thread());
         if !here
             || self.live_errors.load(Ordering::Acquire) > 0
             || INLINE.with(|q| q.borrow().is_some())
         {
-            return Err(f);
+            return None;
         }
         let n = reads.len() + writes.len();
         {
@@ -563,19 +627,29 @@ impl Engine {
                     }
                 }
                 self.dispatch_granted(granted);
-                return Err(f);
+                return None;
             }
         }
-        self.pending.fetch_add(1, Ordering::SeqCst);
-        let rctx = RunContext::for_ctx(ctx, false);
-        let ran = profiler::profiled(tag.symbolic, tag.name, ctx, tag.scope, || catch_unwind(AssertUnwindSafe(|| f(&rctx))));
-        let outcome = match ran {
-            Ok(Ok(())) => Outcome::Ok,
-            Ok(Err(e)) => Outcome::Failed(e),
-            Err(panic) => Outcome::Failed(panic_error(tag.name.map_or("<unnamed>", |n| n), panic.as_ref())),
-        };
-        self.release(reads, writes, outcome, None);
-        Ok(())
+        self.pushed.fetch_add(1, Ordering::SeqCst);
+        Some(RunNow { engine: self, reads, writes, ctx, tag, ran: false })
+    }
+
+    /// [`Engine::acquire_now`] for an operation whose variables are distinct (as
+    /// [`Engine::push`] requires): on a context that exists, and while no thread batches
+    /// operations into bulks (a bulk not yet pushed may hold earlier operations on the same
+    /// variables). `None` when it must be pushed instead.
+    pub fn acquire_cheap<'a>(
+        &'static self,
+        reads: &'a [Arc<Var>],
+        writes: &'a [Arc<Var>],
+        ctx: Context,
+        tag: OpTag<'a>,
+    ) -> Option<RunNow<'a>> {
+        if BULK_THREADS.load(Ordering::Relaxed) > 0 || (!self.opts.virtual_gpus && ctx.check_available().is_err()) {
+            return None;
+        }
+        debug_assert!(check_distinct(reads, writes).is_ok());
+        self.acquire_now(reads, writes, ctx, tag)
     }
 
     /// NaiveEngine: wait for an operation that could not run at once. Operations queued on
@@ -652,21 +726,29 @@ impl Engine {
         }
         let rctx = RunContext::for_ctx(op.ctx, false);
         match func {
-            Some(OprFn::Sync(f)) => {
-                let r = profiler::profiled(op.symbolic, op.name.as_ref(), op.ctx, op.scope.as_ref(), || {
-                    catch_unwind(AssertUnwindSafe(|| f(&rctx)))
-                })
-                .unwrap_or_else(|p| Err(panic_error(op.name(), p.as_ref())));
-                self.complete(op, r.map_or_else(Outcome::Failed, |_| Outcome::Ok));
-            }
+            Some(OprFn::Sync(f)) => self.run_sync(op, &rctx, f),
+            Some(OprFn::Raw(raw)) => self.run_sync(op, &rctx, |rctx: &RunContext| {
+                raw.call(rctx);
+                Ok(())
+            }),
             Some(OprFn::Async(f)) => {
                 let started = profiler::op_begin(op.symbolic).map(|t| (t, profiler::buffer::current_tid()));
                 let completion = Completion::new(op, started);
                 // A panic drops the completion, which finishes the operation with an error.
+                let _user = pool::UserCode::enter();
                 let _ = catch_unwind(AssertUnwindSafe(|| f(&rctx, completion)));
             }
             None => self.complete(op, Outcome::Failed(Error::internal("operation ran twice"))),
         }
+    }
+
+    fn run_sync(&'static self, op: Arc<Opr>, rctx: &RunContext, f: impl FnOnce(&RunContext) -> Result<()>) {
+        let r = profiler::profiled(op.symbolic, op.name.as_ref(), op.ctx, op.scope.as_ref(), || {
+            let _user = pool::UserCode::enter();
+            catch_unwind(AssertUnwindSafe(|| f(rctx)))
+        })
+        .unwrap_or_else(|p| Err(panic_error(op.name(), p.as_ref())));
+        self.complete(op, r.map_or_else(Outcome::Failed, |_| Outcome::Ok));
     }
 
     /// Finish an operation (called by [`Completion`]).
@@ -682,9 +764,61 @@ impl Engine {
         if let Some(l) = &op.done {
             l.set();
         }
-        drop(op);
+        if op.pool.is_some() && on_worker_thread() {
+            self.bury(op);
+        } else {
+            drop(op);
+        }
         self.dispatch_granted(granted);
         self.finish_one();
+    }
+
+    /// Leave a finished operation for a pushing or waiting thread to drop. The thread that
+    /// pushed it allocated it and holds references to its variables: freeing it there is a
+    /// local free, and the variables' reference counts stay on that thread's cache lines,
+    /// where a worker's drop would pull them over (two cache misses per operation, one on
+    /// each side). Dropping never runs user code: the payload was dropped already.
+    fn bury(&self, op: Arc<Opr>) {
+        let raw = Arc::into_raw(op) as *mut Opr;
+        let mut head = self.graveyard.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: `raw` is a live operation whose reference this stack now owns.
+            unsafe { (*raw).next_dead.store(head, Ordering::Relaxed) };
+            match self.graveyard.compare_exchange_weak(head, raw, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    /// Drop every buried operation (taking the whole stack at once: no ABA problem).
+    pub(crate) fn reap(&self) {
+        if self.graveyard.load(Ordering::Relaxed).is_null() {
+            return;
+        }
+        let mut p = self.graveyard.swap(std::ptr::null_mut(), Ordering::Acquire);
+        while !p.is_null() {
+            // SAFETY: each node was pushed by `bury` with the reference it gave up; the swap
+            // made this thread the only one to see it.
+            let op = unsafe { Arc::from_raw(p) };
+            p = op.next_dead.load(Ordering::Relaxed);
+            drop(op);
+        }
+    }
+
+    /// [`Engine::reap`] every 32nd push of this thread, so the graveyard's line (which the
+    /// workers write) is read once per batch.
+    fn reap_sometimes(&self) {
+        thread_local! {
+            static PUSHES: Cell<u32> = const { Cell::new(0) };
+        }
+        if PUSHES.with(|c| {
+            let n = c.get().wrapping_add(1);
+            c.set(n);
+            n % 32 == 0
+        }) {
+            self.reap();
+        }
     }
 
     /// Release an operation's variables, marking the written ones with its failure.
@@ -713,12 +847,15 @@ impl Engine {
     }
 
     fn finish_one(&self) {
-        let before = self.pending.fetch_sub(1, Ordering::SeqCst);
-        if self.waiters.load(Ordering::SeqCst) > 0
-            && (before == 1 || (self.opts.max_pending > 0 && before <= self.opts.max_pending))
-        {
-            let _g = self.idle.lock();
-            self.idle_cv.notify_all();
+        let finished = self.finished.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            // The finisher that brings the count to a waiter's bound sees it here: finishes
+            // are totally ordered, and the pushes counted so far are read after this one.
+            let left = self.pushed.load(Ordering::SeqCst).wrapping_sub(finished);
+            if left == 0 || (self.opts.max_pending > 0 && left < self.opts.max_pending) {
+                let _g = self.idle.lock();
+                self.idle_cv.notify_all();
+            }
         }
     }
 
@@ -734,12 +871,12 @@ impl Engine {
     }
 
     fn wait_until(&self, done: impl Fn(usize) -> bool) {
-        if done(self.pending.load(Ordering::SeqCst)) {
+        if done(self.pending()) {
             return;
         }
         let mut g = self.idle.lock();
         self.waiters.fetch_add(1, Ordering::SeqCst);
-        while !done(self.pending.load(Ordering::SeqCst)) {
+        while !done(self.pending()) {
             g = self.idle_cv.wait(g);
         }
         self.waiters.fetch_sub(1, Ordering::SeqCst);
@@ -769,6 +906,7 @@ impl Engine {
     pub fn wait_idle(&self) {
         self.flush_bulk();
         self.wait_until(|pending| pending == 0);
+        self.reap();
     }
 
     /// Wait until every pushed operation has finished; report (and clear) the first failure
@@ -807,6 +945,7 @@ impl Engine {
             p.wait = true;
             p.name = Some(intern("WaitForVar"));
             self.push_now(p)?;
+            self.reap();
         }
         match var.take_failure() {
             Some(e) => Err(e),
@@ -819,7 +958,11 @@ impl Engine {
     fn bulk_append(&'static self, p: Push) -> Result<()> {
         let full = BULK.with(|b| {
             let mut b = b.borrow_mut();
-            let OprFn::Sync(f) = p.func else { unreachable!("only sync operations are bulked") };
+            let f = match p.func {
+                OprFn::Sync(f) => f,
+                OprFn::Raw(r) => r.boxed(),
+                OprFn::Async(_) => unreachable!("only sync operations are bulked"),
+            };
             b.ctx = p.ctx;
             b.engine = Some(self);
             b.funcs.push(f);

@@ -9,9 +9,10 @@ use super::var::Var;
 use super::Engine;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::sync::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex, SpinLock};
+use smallvec::SmallVec;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Stock `FnProperty` (engine.h), with its numeric values.
@@ -77,6 +78,58 @@ pub type AsyncFn = Box<dyn FnOnce(&RunContext, Completion) + Send>;
 pub enum OprFn {
     Sync(SyncFn),
     Async(AsyncFn),
+    /// A synchronous C function: no allocation for a closure.
+    Raw(RawFn),
+}
+
+/// A synchronous C function and its argument, called as `f(run_context, param)`; the
+/// deleter (if any) gets `param` exactly once, when this is dropped: after the call, or
+/// without it if the operation is skipped.
+pub struct RawFn {
+    f: unsafe extern "C" fn(*mut c_void, *mut c_void),
+    param: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut c_void)>,
+}
+
+// SAFETY: the C API's contract hands `param` to the engine, which may call the function and
+// the deleter on a worker thread; the caller promises that is allowed (as with stock MXNet).
+unsafe impl Send for RawFn {}
+
+impl RawFn {
+    /// # Safety
+    /// `f(rctx, param)` and then `deleter(param)` must be callable once, from any thread.
+    pub unsafe fn new(
+        f: unsafe extern "C" fn(*mut c_void, *mut c_void),
+        param: *mut c_void,
+        deleter: Option<unsafe extern "C" fn(*mut c_void)>,
+    ) -> Self {
+        RawFn { f, param, deleter }
+    }
+
+    /// Call the function (then the deleter, as this is dropped).
+    pub fn call(self, rctx: &RunContext) {
+        // SAFETY: promised by `RawFn::new`'s caller; the function gets a RunContext that
+        // lives for the call.
+        unsafe { (self.f)(rctx as *const RunContext as *mut c_void, self.param) }
+    }
+
+    /// As a boxed closure (for a bulk, which runs several functions in one operation).
+    pub fn boxed(self) -> SyncFn {
+        Box::new(move |rctx: &RunContext| {
+            self.call(rctx);
+            Ok(())
+        })
+    }
+}
+
+impl Drop for RawFn {
+    fn drop(&mut self) {
+        if let Some(d) = self.deleter {
+            // SAFETY: the caller's deleter for its own param, called exactly once (promised
+            // callable by `RawFn::new`'s caller).
+            unsafe { d(self.param) }
+        }
+    }
 }
 
 /// Something to drop when the operation has finished (e.g. a C deleter guard).
@@ -111,11 +164,14 @@ impl Latch {
     }
 }
 
-/// A pushed operation.
+/// A pushed operation. `repr(C)` with the submission queue's link first (see [`super::queue`]).
+#[repr(C)]
 pub struct Opr {
-    pub(crate) func: Mutex<Option<OprFn>>,
-    /// Variables read (`..n_const`) then written (`n_const..`).
-    pub(crate) vars: Vec<Arc<Var>>,
+    pub(crate) link: super::queue::Link,
+    pub(crate) func: SpinLock<Option<OprFn>>,
+    /// Variables read (`..n_const`) then written (`n_const..`); inline up to four, so that an
+    /// operation is one allocation.
+    pub(crate) vars: SmallVec<[Arc<Var>; 4]>,
     pub(crate) n_const: usize,
     /// Variables still to grant access + 1 (so it cannot fire while being registered).
     pub(crate) wait: AtomicUsize,
@@ -125,12 +181,14 @@ pub struct Opr {
     pub(crate) name: Option<Arc<str>>,
     pub(crate) symbolic: bool,
     pub(crate) scope: Option<Arc<str>>,
-    pub(crate) payload: Mutex<Option<Payload>>,
+    pub(crate) payload: SpinLock<Option<Payload>>,
     pub(crate) completed: AtomicBool,
     pub(crate) done: Option<Arc<Latch>>,
     pub(crate) engine: &'static Engine,
     /// The pool that runs it; `None` runs it inline (NaiveEngine).
     pub(crate) pool: Option<&'static Pool>,
+    /// The next finished operation in the engine's graveyard (see `Engine::bury`).
+    pub(crate) next_dead: AtomicPtr<Opr>,
 }
 
 impl Opr {

@@ -3,21 +3,33 @@
 //! Owns: a pool's ready queue (a heap ordered by priority, then push order), its worker
 //! threads, and how they wait for work: one worker at a time spins briefly, the others sleep
 //! on a condition variable. A pusher wakes a sleeper only when nobody spins, so a busy pool
-//! costs no system call per operation.
+//! costs no system call per operation. Also each worker's hand-off slot: an operation that a
+//! worker makes ready (by finishing or registering another) while its pool has nothing else
+//! ready is kept by that worker and run next, without going through the shared queue.
 //!
-//! Memory ordering: a worker increments `sleepers` and checks the queue under the queue lock
-//! before it sleeps; a pusher adds to the queue under the same lock and reads `spinning` and
-//! `sleepers` after releasing it. A spinner clears `spinning` before it takes that lock to go
-//! to sleep, so either the pusher sees a sleeper and wakes it or the worker sees the work:
-//! a wake-up cannot be lost. A worker that takes work while more is queued wakes another.
+//! Memory ordering: a worker increments `sleepers` and checks the queue and the engine's
+//! submissions under the queue lock before it sleeps; a pusher adds to the queue under the
+//! same lock (or to the submissions), then reads `spinning` and `sleepers` (all SeqCst). A
+//! spinner clears `spinning` before it looks a last time and goes to sleep, so either the
+//! pusher sees a sleeper or a spinner and wakes it or leaves it be, or the worker sees the
+//! work: a wake-up cannot be lost. A worker that takes work while more is queued wakes
+//! another.
 
 use super::opr::Opr;
 use super::Engine;
-use crate::sync::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex, Padded};
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
+
+thread_local! {
+    /// The pool whose worker this thread is (null elsewhere).
+    static CURRENT: Cell<*const Pool> = const { Cell::new(std::ptr::null()) };
+    /// The operation this worker runs next (see the module doc).
+    static HANDOFF: RefCell<Option<Arc<Opr>>> = const { RefCell::new(None) };
+}
 
 struct Ready {
     priority: i32,
@@ -49,9 +61,12 @@ pub struct Pool {
     heap: Mutex<BinaryHeap<Ready>>,
     cv: Condvar,
     len: AtomicUsize,
-    sleepers: AtomicUsize,
+    /// Read by every push to the engine, written only when a worker goes to sleep or wakes:
+    /// on a line of its own, and read before `spinning`, so that a busy pool costs a
+    /// pushing thread no cache miss.
+    sleepers: Padded<AtomicUsize>,
     /// A worker is spinning for work (at most one at a time).
-    spinning: AtomicBool,
+    spinning: Padded<AtomicBool>,
     seq: AtomicU64,
     threads: usize,
 }
@@ -60,6 +75,22 @@ pub struct Pool {
 /// worker costs the pusher a system call and the worker microseconds; spinning this long
 /// covers the gap between pushes of a producer that is a little slower than the workers.
 const SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// While an operation's own function runs on a worker: nothing it makes ready is kept for
+/// this worker (the function might wait for it; another worker can run it meanwhile).
+pub(crate) struct UserCode(*const Pool);
+
+impl UserCode {
+    pub(crate) fn enter() -> Self {
+        UserCode(CURRENT.with(|c| c.replace(std::ptr::null())))
+    }
+}
+
+impl Drop for UserCode {
+    fn drop(&mut self) {
+        CURRENT.with(|c| c.set(self.0));
+    }
+}
 
 impl Pool {
     /// Create the pool and start its `threads` workers (named `"{name} {i}"`). Pools live as
@@ -70,8 +101,8 @@ impl Pool {
             heap: Mutex::new(BinaryHeap::new()),
             cv: Condvar::new(),
             len: AtomicUsize::new(0),
-            sleepers: AtomicUsize::new(0),
-            spinning: AtomicBool::new(false),
+            sleepers: Padded(AtomicUsize::new(0)),
+            spinning: Padded(AtomicBool::new(false)),
             seq: AtomicU64::new(0),
             threads,
         }));
@@ -91,8 +122,29 @@ impl Pool {
         self.threads
     }
 
-    /// Queue a ready operation. A sleeping worker is woken only when none is spinning.
+    /// Queue a ready operation. A sleeping worker is woken only when none is spinning. On a
+    /// worker of this pool with nothing else ready, the worker keeps it and runs it next.
     pub fn push(&self, op: Arc<Opr>) {
+        let op = if self.len.load(Ordering::Acquire) == 0 && CURRENT.with(Cell::get) == self as *const Pool {
+            match HANDOFF.with(|h| {
+                let mut h = h.borrow_mut();
+                if h.is_none() {
+                    *h = Some(op);
+                    None
+                } else {
+                    Some(op)
+                }
+            }) {
+                None => return,
+                Some(op) => op,
+            }
+        } else {
+            op
+        };
+        self.push_shared(op);
+    }
+
+    fn push_shared(&self, op: Arc<Opr>) {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         {
             let mut heap = self.heap.lock();
@@ -102,17 +154,31 @@ impl Pool {
         self.wake_one();
     }
 
-    /// Wake a sleeping worker (pushes call this when no worker polls for submissions). Under
-    /// the queue lock, so it cannot slip between a worker's last check and its sleep.
-    pub fn wake_sleeper(&self) {
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
+    /// After an operation for this pool joined the engine's submissions: wake a sleeping
+    /// worker to register it, unless one spins (it will see it). Workers that run an
+    /// operation look at the submissions when it ends. Notifies under the queue lock, so it
+    /// cannot slip between a worker's last check and its sleep.
+    pub fn wake_for_submission(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 && !self.spinning.load(Ordering::SeqCst) {
             let _heap = self.heap.lock();
             self.cv.notify_one();
         }
     }
 
+    /// The operation this worker kept (see [`Pool::push`]), unless others became ready
+    /// meanwhile: then it joins them and priority decides.
+    fn take_handoff(&self) -> Option<Arc<Opr>> {
+        let op = HANDOFF.with(|h| h.borrow_mut().take())?;
+        if self.len.load(Ordering::Acquire) > 0 {
+            self.push_shared(op);
+            return None;
+        }
+        Some(op)
+    }
+
     fn wake_one(&self) {
-        if !self.spinning.load(Ordering::SeqCst) && self.sleepers.load(Ordering::SeqCst) > 0 {
+        if self.sleepers.load(Ordering::SeqCst) > 0 && !self.spinning.load(Ordering::SeqCst) {
             self.cv.notify_one();
         }
     }
@@ -157,10 +223,12 @@ impl Pool {
     }
 
     /// The next operation to run; meanwhile registers pushed operations, spins (one worker
-    /// per pool) and finally sleeps. Keeps `engine.pollers()` counting this worker while it
-    /// looks for work.
+    /// per pool) and finally sleeps.
     fn next(&self, engine: &'static Engine) -> Arc<Opr> {
         loop {
+            if let Some(op) = self.take_handoff() {
+                return op;
+            }
             if let Some(op) = self.try_pop() {
                 return op;
             }
@@ -175,12 +243,10 @@ impl Pool {
             }
             let mut heap = self.heap.lock();
             self.sleepers.fetch_add(1, Ordering::SeqCst);
-            engine.pollers().fetch_sub(1, Ordering::SeqCst);
             std::sync::atomic::fence(Ordering::SeqCst);
             while heap.is_empty() && !engine.has_submissions() {
                 heap = self.cv.wait(heap);
             }
-            engine.pollers().fetch_add(1, Ordering::SeqCst);
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
             let r = heap.pop();
             self.len.store(heap.len(), Ordering::Release);
@@ -193,16 +259,14 @@ impl Pool {
 
     fn work(&'static self, engine: &'static Engine) {
         super::mark_worker_thread();
-        engine.pollers().fetch_add(1, Ordering::SeqCst);
+        CURRENT.with(|c| c.set(self as *const Pool));
         loop {
             let op = self.next(engine);
             // More work queued: make sure another worker looks at it.
             if self.len.load(Ordering::Acquire) > 0 {
                 self.wake_one();
             }
-            engine.pollers().fetch_sub(1, Ordering::SeqCst);
             engine.execute(op);
-            engine.pollers().fetch_add(1, Ordering::SeqCst);
         }
     }
 }

@@ -643,3 +643,11 @@ fn exec_bulk_settings_follow_the_configuration() {
     let bad = Registry::new(VARS, Box::new(MapEnv::with(&[("MXNET_EXEC_BULK_EXEC_TRAIN", "yes")])));
     assert!(ExecBulk::from_config(&bad).unwrap_err().to_string().contains("MXNET_EXEC_BULK_EXEC_TRAIN"));
 }
+
+/// A variable fills its two aligned lines exactly: its `Arc` allocation is then 256 bytes, a
+/// power of two, the size mimalloc's aligned allocation serves from its fast path.
+#[test]
+fn variable_is_two_cache_lines() {
+    assert_eq!(std::mem::size_of::<Var>(), 128);
+    assert_eq!(std::mem::align_of::<Var>(), 128);
+}

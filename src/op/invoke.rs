@@ -185,6 +185,20 @@ fn invoke_parsed(op: &'static OpDef, inputs: &[&NDArray], outputs: Option<&[&NDA
     Ok(crate::autograd::record(op, &attrs, inputs, outs, visible))
 }
 
+/// The body of an imperative operation: the kernel, then the copies of outputs computed into
+/// temporaries (see [`launch`]).
+fn run_kernel(op: &OpDef, cx: &OpCtx, in_blobs: &[TBlob], out_blobs: &[TBlob], temps: &[(usize, Block)], final_outs: &[TBlob]) -> Result<()> {
+    // Kernels raise IndexError only where stock's do (gather_nd), MXNetError otherwise.
+    (op.compute)(cx, in_blobs, out_blobs).map_err(|e| if e.kind() == ErrorKind::Index { e } else { stock_class(e) })?;
+    for (oi, block) in temps {
+        let dst = &final_outs[*oi];
+        // SAFETY: the temporary holds exactly the output's bytes; the output is written by
+        // this operation only and does not overlap the temporary.
+        unsafe { std::ptr::copy_nonoverlapping(block.ptr(), dst.ptr(), dst.bytes()) };
+    }
+    Ok(())
+}
+
 /// Operations on at most this many elements (inputs and outputs together) are
 /// [`Push::cheap`]: their kernel should take no longer than handing them to a worker thread
 /// (measured at 2-3 µs per tiny call on 2 cores; at the kernels' declared cost of 6 ns per
@@ -272,25 +286,34 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
     };
     let is_train = is_training();
     let elems: usize = inputs.iter().map(|x| x.size()).chain(outs.iter().map(NDArray::size)).sum();
+    let mut name = Some(op.engine_name());
+    let mut scope = None;
+    if crate::profiler::ops_on(false) {
+        scope = crate::profiler::scope();
+        name = name.as_ref().map(crate::profiler::op_name);
+    }
+    let engine = engine::global()?;
+    let cheap = elems <= CHEAP_ELEMENTS;
+    if cheap {
+        // A cheap operation that may run at once runs here, from the stack: nothing is boxed
+        // or moved into an engine operation.
+        let tag = engine::OpTag { name: name.as_ref(), symbolic: false, scope: scope.as_ref(), cheap };
+        if let Some(slot) = engine.acquire_cheap(&constant, &mutable, ctx, tag) {
+            slot.run(|_| {
+                let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train, temp };
+                run_kernel(op, &cx, &in_blobs, &out_blobs, &temps, &final_outs)
+            });
+            return Ok(());
+        }
+    }
     let func = move |_: &engine::RunContext| -> Result<()> {
         let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train, temp };
-        // Kernels raise IndexError only where stock's do (gather_nd), MXNetError otherwise.
-        (op.compute)(&cx, &in_blobs, &out_blobs).map_err(|e| if e.kind() == ErrorKind::Index { e } else { stock_class(e) })?;
-        for (oi, block) in &temps {
-            let dst = &final_outs[*oi];
-            // SAFETY: the temporary holds exactly the output's bytes; the output is written
-            // by this operation only and does not overlap the temporary.
-            unsafe { std::ptr::copy_nonoverlapping(block.ptr(), dst.ptr(), dst.bytes()) };
-        }
-        Ok(())
+        run_kernel(op, &cx, &in_blobs, &out_blobs, &temps, &final_outs)
     };
     let mut p = Push::sync(func, constant, mutable);
     p.ctx = ctx;
-    p.cheap = elems <= CHEAP_ELEMENTS;
-    p.name = Some(op.engine_name());
-    if crate::profiler::ops_on(false) {
-        p.scope = crate::profiler::scope();
-        p.name = p.name.as_ref().map(crate::profiler::op_name);
-    }
-    engine::global()?.push(p)
+    p.cheap = cheap;
+    p.name = name;
+    p.scope = scope;
+    engine.push(p)
 }
