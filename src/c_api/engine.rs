@@ -5,7 +5,7 @@
 use super::ffi::{self, out};
 use super::types::{ContextHandle, EngineFnPropertyHandle, EngineVarHandle};
 use crate::context::Context;
-use crate::engine::{self, Completion, FnProperty, OprFn, Push, RunContext, Var};
+use crate::engine::{self, Completion, FnProperty, OprFn, Push, RunContext, Var, VarList};
 use crate::error::{Error, ErrorKind, Result};
 use crate::handle::HandleTable;
 use crate::sync::Mutex;
@@ -58,12 +58,12 @@ unsafe impl Send for SendPtr {}
 ///
 /// # Safety
 /// `handles` must point to `n` readable handles when `n > 0`.
-unsafe fn var_list(handles: EngineVarHandle, n: c_int, what: &str) -> Result<Vec<Arc<Var>>> {
+unsafe fn var_list(handles: EngineVarHandle, n: c_int, what: &str) -> Result<VarList> {
     if n < 0 {
         return Err(Error::value(format!("{what}: negative count {n}")));
     }
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(VarList::new());
     }
     if handles.is_null() {
         return Err(Error::value(format!("{what} is NULL but its count is {n}")));
@@ -80,7 +80,7 @@ unsafe fn var_lists(
     n_reads: c_int,
     writes: EngineVarHandle,
     n_writes: c_int,
-) -> Result<(Vec<Arc<Var>>, Vec<Arc<Var>>)> {
+) -> Result<(VarList, VarList)> {
     // SAFETY: per this function's contract.
     unsafe {
         Ok((
@@ -120,7 +120,7 @@ pub(crate) unsafe fn push_args(
     prop_handle: EngineFnPropertyHandle,
     priority: c_int,
     name: *const c_char,
-    vars: Result<(Vec<Arc<Var>>, Vec<Arc<Var>>)>,
+    vars: Result<(VarList, VarList)>,
     wait: bool,
 ) -> Result<CPush> {
     let (const_vars, mutable_vars) = vars?;
@@ -144,8 +144,8 @@ pub(crate) struct CPush {
     pub prop: FnProperty,
     pub priority: c_int,
     pub name: Option<Arc<str>>,
-    pub const_vars: Vec<Arc<Var>>,
-    pub mutable_vars: Vec<Arc<Var>>,
+    pub const_vars: VarList,
+    pub mutable_vars: VarList,
     pub wait: bool,
 }
 

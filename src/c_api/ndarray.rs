@@ -5,7 +5,6 @@ use super::engine::{push_args, push_c, EngineAsyncFunc, EngineFuncParamDeleter, 
 use super::ffi::{self, out};
 use super::types::{ContextHandle, EngineFnPropertyHandle, NDArrayHandle};
 use crate::context::Context;
-use crate::engine::Var;
 use crate::error::{Error, Result};
 use crate::handle::HandleTable;
 use crate::ndarray::{np_shape, DType, NDArray};
@@ -232,19 +231,19 @@ pub extern "C" fn MXNDArrayWaitToWrite(handle: NDArrayHandle) -> c_int {
 ///
 /// # Safety
 /// `handles` must point to `n` handles when `n > 0`.
-unsafe fn nd_vars(handles: *const NDArrayHandle, n: c_int, what: &str) -> Result<Vec<Arc<Var>>> {
+unsafe fn nd_vars(handles: *const NDArrayHandle, n: c_int, what: &str) -> Result<crate::engine::VarList> {
     if n < 0 {
         return Err(Error::value(format!("{what}: negative count {n}")));
     }
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(Default::default());
     }
     if handles.is_null() {
         return Err(Error::value(format!("{what} is NULL but its count is {n}")));
     }
     // SAFETY: per this function's contract.
     let hs = unsafe { std::slice::from_raw_parts(handles, n as usize) };
-    let mut vars = Vec::with_capacity(hs.len());
+    let mut vars = crate::engine::VarList::with_capacity(hs.len());
     for &h in hs {
         vars.push(arrays().with(h, |nd| nd.chunk().map(Arc::clone))??);
     }

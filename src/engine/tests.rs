@@ -84,8 +84,8 @@ fn run_dag(e: &'static Engine, seed: u64, n_ops: usize, n_vars: usize) {
     for i in 0..ops.len() {
         let spec = &ops[i];
         let (o, v) = (ops.clone(), values.clone());
-        let const_vars = spec.reads.iter().map(|&r| vars[r].clone()).collect();
-        let mutable_vars = spec.writes.iter().map(|&w| vars[w].clone()).collect();
+        let const_vars: Vec<_> = spec.reads.iter().map(|&r| vars[r].clone()).collect();
+        let mutable_vars: Vec<_> = spec.writes.iter().map(|&w| vars[w].clone()).collect();
         let mut p = if spec.prop == FnProperty::Async {
             // Complete from another thread now and then, as asynchronous work does.
             Push::asynchronous(

@@ -44,7 +44,7 @@ fn overlaps(a: &NDArray, b: &NDArray) -> bool {
     }
 }
 
-fn push_unique(list: &mut Vec<Arc<Var>>, v: &Arc<Var>) {
+fn push_unique(list: &mut engine::VarList, v: &Arc<Var>) {
     if !list.iter().any(|x| Arc::ptr_eq(x, v)) {
         list.push(v.clone());
     }
@@ -210,7 +210,8 @@ const CHEAP_ELEMENTS: usize = 256;
 /// neither written nor listed as written variables.
 pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&NDArray], outs: &[NDArray], mut req: Vec<Req>, ctx: Context) -> Result<()> {
     // Variables: inputs read, outputs and mutated inputs written, each listed once.
-    let mut mutable: Vec<Arc<Var>> = Vec::with_capacity(outs.len() + op.mutate_inputs.len());
+    // Inline for the common few (no allocation unless the operation is pushed with more).
+    let mut mutable = engine::VarList::with_capacity(outs.len() + op.mutate_inputs.len());
     for (o, r) in outs.iter().zip(&req) {
         if *r != Req::Null {
             push_unique(&mut mutable, o.chunk()?);
@@ -220,7 +221,7 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
     for &i in op.mutate_inputs.iter().filter(|&&i| i < inputs.len()) {
         push_unique(&mut mutable, inputs[i].chunk()?);
     }
-    let mut constant: Vec<Arc<Var>> = Vec::with_capacity(inputs.len());
+    let mut constant = engine::VarList::with_capacity(inputs.len());
     for x in inputs {
         let c = x.chunk()?;
         if !mutable.iter().any(|m| Arc::ptr_eq(m, c)) {
