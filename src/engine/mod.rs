@@ -212,7 +212,6 @@ impl RunNow<'_> {
     /// Run `f`; a failure (error or panic) marks the written variables, as for a pushed
     /// operation, and surfaces at the next wait.
     pub fn run(mut self, f: impl FnOnce(&RunContext) -> Result<()>) {
-        self.ran = true;
         let (tag, ctx) = (self.tag, self.ctx);
         let rctx = RunContext::for_ctx(ctx, false);
         let ran = profiler::profiled(tag.symbolic, tag.name, ctx, tag.scope, || catch_unwind(AssertUnwindSafe(|| f(&rctx))));
@@ -221,6 +220,8 @@ impl RunNow<'_> {
             Ok(Err(e)) => Outcome::Failed(e),
             Err(panic) => Outcome::Failed(panic_error(tag.name.map_or("<unnamed>", |n| n), panic.as_ref())),
         };
+        // Set only now: if anything above unwinds, the drop still releases the variables.
+        self.ran = true;
         self.engine.release(self.reads, self.writes, outcome, None);
     }
 }
@@ -764,13 +765,15 @@ impl Engine {
         let granted = self.release_vars(op.const_vars(), op.mutable_vars(), outcome);
         drop(payload);
         op.completed.store(true, Ordering::Release);
-        if let Some(l) = &op.done {
-            l.set();
-        }
+        let done = op.done.clone();
+        // Buried before the latch wakes a waiter, whose reap then finds it.
         if op.pool.is_some() && on_worker_thread() {
             self.bury(op);
         } else {
             drop(op);
+        }
+        if let Some(l) = done {
+            l.set();
         }
         self.dispatch_granted(granted);
         self.finish_one();
@@ -948,8 +951,9 @@ impl Engine {
             p.wait = true;
             p.name = Some(intern("WaitForVar"));
             self.push_now(p)?;
-            self.reap();
         }
+        // The finished operations on it may hold the data's last references.
+        self.reap();
         match var.take_failure() {
             Some(e) => Err(e),
             None => Ok(()),

@@ -235,12 +235,21 @@ impl Pool {
             if engine.drain_submissions() {
                 continue;
             }
+            if engine.has_submissions() {
+                // Another worker registers them, or a push is between its two steps (see
+                // `queue`): let that thread run instead of spinning against it.
+                std::thread::yield_now();
+                continue;
+            }
             if let Some(op) = self.spin(engine) {
                 return op;
             }
             if engine.has_submissions() {
                 continue;
             }
+            // Going idle: drop the finished operations no pushing thread has dropped yet, so
+            // that the memory they hold does not wait for the next push.
+            engine.reap();
             let mut heap = self.heap.lock();
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             std::sync::atomic::fence(Ordering::SeqCst);

@@ -27,8 +27,9 @@ pub(crate) struct SubmitQueue {
     tail: Padded<AtomicPtr<Link>>,
     /// Written by the consumer only; read by anyone asking whether the queue is empty.
     head: Padded<AtomicPtr<Link>>,
-    /// The placeholder node; boxed so that its address stays put.
-    stub: Box<Link>,
+    /// The placeholder node: a leaked box (a raw pointer from the start, so that moving the
+    /// queue moves no `Box` that would invalidate the pointers to it), freed by `Drop`.
+    stub: *mut Link,
 }
 
 // SAFETY: the raw pointers are operations owned by the queue (one `Arc` reference each) and
@@ -40,13 +41,12 @@ unsafe impl Sync for SubmitQueue {}
 
 impl SubmitQueue {
     pub(crate) fn new() -> Self {
-        let stub = Box::new(Link::default());
-        let p = &*stub as *const Link as *mut Link;
-        SubmitQueue { tail: Padded(AtomicPtr::new(p)), head: Padded(AtomicPtr::new(p)), stub }
+        let stub = Box::into_raw(Box::new(Link::default()));
+        SubmitQueue { tail: Padded(AtomicPtr::new(stub)), head: Padded(AtomicPtr::new(stub)), stub }
     }
 
     fn stub(&self) -> *mut Link {
-        &*self.stub as *const Link as *mut Link
+        self.stub
     }
 
     fn push_link(&self, n: *mut Link) {
@@ -107,5 +107,19 @@ impl SubmitQueue {
     pub(crate) fn is_empty(&self) -> bool {
         let stub = self.stub();
         self.tail.load(Ordering::SeqCst) == stub && self.head.load(Ordering::Acquire) == stub
+    }
+}
+
+impl Drop for SubmitQueue {
+    /// Drops what is still queued, then the stub. (The process engine is never dropped;
+    /// engines built by tests are leaked too, but the queue does not rely on it.)
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no producer or other consumer exists any more.
+        while let Some(op) = unsafe { self.pop() } {
+            drop(op);
+        }
+        // SAFETY: the stub came from `Box::into_raw` in `new` and is freed only here; a drained
+        // queue's head and tail point to it and are not used again.
+        drop(unsafe { Box::from_raw(self.stub) });
     }
 }

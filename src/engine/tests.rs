@@ -651,3 +651,18 @@ fn variable_is_two_cache_lines() {
     assert_eq!(std::mem::size_of::<Var>(), 128);
     assert_eq!(std::mem::align_of::<Var>(), 128);
 }
+
+/// An operation finished on a worker is dropped (with its variables, and so their data) once
+/// the workers go idle, without another push or a wait from the pushing thread.
+#[test]
+fn finished_operations_are_dropped_when_workers_go_idle() {
+    let e = engine(EngineKind::PerDevice, 1);
+    let v = Var::new();
+    let weak = Arc::downgrade(&v);
+    e.push(Push::sync(|_| Ok(()), vec![], vec![v])).unwrap();
+    let t0 = std::time::Instant::now();
+    while weak.strong_count() > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the finished operation still holds its variable");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
