@@ -60,7 +60,9 @@ struct VarState {
 #[repr(align(128))]
 pub struct Var {
     state: SpinLock<VarState>,
-    block: Mutex<Option<Block>>,
+    /// Set once: at creation ([`Var::with_block`]) or at the first [`Var::data`]. Reading it
+    /// is one load, no lock (every operation's launch reads it).
+    block: std::sync::OnceLock<Block>,
     /// The variable whose block this one stands for ([`Var::alias`]), kept alive by it.
     alias_of: Option<Arc<Var>>,
     /// Autograd's "fresh gradient" flag of the data (`MXNDArrayGet/SetGradState`).
@@ -82,10 +84,9 @@ impl Var {
         Arc::new(Var::default())
     }
 
-    /// A variable whose data block is already allocated (no lock taken, unlike a first
-    /// [`Var::data`]).
+    /// A variable whose data block is already allocated.
     pub fn with_block(block: Block) -> Arc<Self> {
-        Arc::new(Var { block: Mutex::new(Some(block)), ..Var::default() })
+        Arc::new(Var { block: std::sync::OnceLock::from(block), ..Var::default() })
     }
 
     /// A second variable over `of`'s data block (allocated through `of`, kept alive by the
@@ -108,11 +109,12 @@ impl Var {
         if let Some(owner) = &self.alias_of {
             return owner.data(bytes, ctx);
         }
-        let mut b = self.block.lock();
-        if b.is_none() {
-            *b = Some(Block::alloc(bytes, ctx)?);
+        if let Some(b) = self.block.get() {
+            return Ok(b.ptr());
         }
-        Ok(b.as_ref().expect("allocated above").ptr())
+        // Two threads asking first both allocate; one block is kept, the other freed here.
+        let _ = self.block.set(Block::alloc(bytes, ctx)?);
+        Ok(self.block.get().expect("set above").ptr())
     }
 
     /// Register a read; true when access is granted at once.

@@ -103,6 +103,12 @@ fn invoke_parsed(op: &'static OpDef, inputs: &[&NDArray], outputs: Option<&[&NDA
             inputs.len()
         )));
     }
+    if let Some(ctx) = same_shape_call(op, &attrs, inputs, outputs) {
+        let ctx = ctx.check_available()?;
+        let outs = vec![NDArray::new(inputs[0].shape.clone(), ctx, inputs[0].dtype, false)?];
+        launch(op, attrs, inputs, &outs, vec![Req::Write], ctx)?;
+        return Ok(outs);
+    }
     let mut in_meta = Vec::with_capacity(inputs.len());
     let mut ctx: Option<Context> = None;
     for (i, x) in inputs.iter().enumerate() {
@@ -183,6 +189,20 @@ fn invoke_parsed(op: &'static OpDef, inputs: &[&NDArray], outputs: Option<&[&NDA
     crate::autograd::check_writable(&outs.iter().take(outputs.map_or(0, |g| g.len())).collect::<Vec<_>>())?;
     launch(op, attrs.clone(), inputs, &outs, req, ctx)?;
     Ok(crate::autograd::record(op, &attrs, inputs, outs, visible))
+}
+
+/// Whether this call of a [`OpDef::same_shape`] operator is on inputs of one shape, dtype and
+/// context, into a new output, outside autograd: its inference is then known (one output like
+/// the inputs) and none runs. Returns the inputs' context; `None` sends the call down the
+/// general path (which reports any error).
+fn same_shape_call(op: &OpDef, attrs: &super::param::Attrs, inputs: &[&NDArray], outputs: Option<&[&NDArray]>) -> Option<Context> {
+    let first = inputs.first()?;
+    if !op.same_shape || outputs.is_some() || attrs.has("ctx") || crate::autograd::is_recording() {
+        return None;
+    }
+    let ctx = first.ctx()?;
+    let alike = |x: &&&NDArray| x.ctx() == Some(ctx) && x.dtype == first.dtype && x.shape == first.shape;
+    inputs[1..].iter().all(|x| alike(&x)).then_some(ctx)
 }
 
 /// The body of an imperative operation: the kernel, then the copies of outputs computed into
@@ -287,18 +307,19 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
     };
     let is_train = is_training();
     let elems: usize = inputs.iter().map(|x| x.size()).chain(outs.iter().map(NDArray::size)).sum();
-    let mut name = Some(op.engine_name());
-    let mut scope = None;
-    if crate::profiler::ops_on(false) {
-        scope = crate::profiler::scope();
-        name = name.as_ref().map(crate::profiler::op_name);
-    }
+    // The operator's interned name, borrowed unless the profiler renames it.
+    let (profiled_name, scope) = if crate::profiler::ops_on(false) {
+        (Some(crate::profiler::op_name(op.engine_name_ref())), crate::profiler::scope())
+    } else {
+        (None, None)
+    };
+    let name = profiled_name.as_ref().unwrap_or(op.engine_name_ref());
     let engine = engine::global()?;
     let cheap = elems <= CHEAP_ELEMENTS;
     if cheap {
         // A cheap operation that may run at once runs here, from the stack: nothing is boxed
         // or moved into an engine operation.
-        let tag = engine::OpTag { name: name.as_ref(), symbolic: false, scope: scope.as_ref(), cheap };
+        let tag = engine::OpTag { name: Some(name), symbolic: false, scope: scope.as_ref(), cheap };
         if let Some(slot) = engine.acquire_cheap(&constant, &mutable, ctx, tag) {
             slot.run(|_| {
                 let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train, temp };
@@ -314,7 +335,59 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
     let mut p = Push::sync(func, constant, mutable);
     p.ctx = ctx;
     p.cheap = cheap;
-    p.name = name;
+    p.name = Some(name.clone());
     p.scope = scope;
     engine.push(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ndarray::DType;
+    use crate::op::lookup;
+
+    fn array(v: &[f32], shape: &[usize]) -> NDArray {
+        let a = NDArray::new(shape.to_vec(), Context::CPU, DType::F32, false).unwrap();
+        // SAFETY: `v.len()` f32, the array's size.
+        unsafe { a.copy_from_host(v.as_ptr() as *const u8, v.len()).unwrap() };
+        a
+    }
+    fn host(a: &NDArray) -> Vec<f32> {
+        let mut v = vec![0f32; a.size()];
+        // SAFETY: as above.
+        unsafe { a.copy_to_host(v.as_mut_ptr() as *mut u8, v.len()).unwrap() };
+        v
+    }
+
+    #[test]
+    fn same_shape_calls_match_the_general_path() {
+        let x = array(&[1.0, -2.0, 3.0, 4.0], &[2, 2]);
+        let y = array(&[0.5, 2.0, -1.0, 8.0], &[2, 2]);
+        for (name, kv) in [("elemwise_add", vec![]), ("broadcast_mul", vec![]), ("_plus_scalar", vec![("scalar", "1.5")]), ("relu", vec![]), ("clip", vec![("a_min", "-1"), ("a_max", "2")])] {
+            let op = lookup(name).unwrap();
+            let ins: Vec<&NDArray> = if name.starts_with("elemwise") || name.starts_with("broadcast") { vec![&x, &y] } else { vec![&x] };
+            assert!(op.same_shape, "{name}");
+            let attrs = op.parse_attrs(kv.iter().copied(), ins.len()).unwrap();
+            assert!(same_shape_call(op, &attrs, &ins, None).is_some(), "{name}");
+            let fast = invoke(op, &ins, None, kv.iter().copied()).unwrap();
+            // Into a given output: the general path.
+            let given = NDArray::new(vec![2, 2], Context::CPU, DType::F32, false).unwrap();
+            invoke(op, &ins, Some(&[&given]), kv.iter().copied()).unwrap();
+            assert_eq!(fast.len(), 1);
+            assert_eq!((&fast[0].shape[..], fast[0].dtype), (&[2usize, 2][..], DType::F32));
+            assert_eq!(host(&fast[0]), host(&given), "{name}");
+        }
+        // Anything else takes the general path, with its errors.
+        let add = lookup("elemwise_add").unwrap();
+        let attrs = add.parse_attrs([], 2).unwrap();
+        let z = array(&[1.0, 2.0], &[2]);
+        assert!(same_shape_call(add, &attrs, &[&x, &z], None).is_none());
+        let e = invoke(add, &[&x, &z], None, []).unwrap_err().to_string();
+        assert!(e.contains("shape"), "{e}");
+        let h = NDArray::new(vec![2, 2], Context::CPU, DType::F16, false).unwrap();
+        assert!(same_shape_call(add, &attrs, &[&x, &h], None).is_none());
+        assert!(invoke(add, &[&x, &h], None, []).is_err());
+        assert!(same_shape_call(add, &attrs, &[&x, &y], Some(&[&x])).is_none());
+        assert!(!lookup("dot").unwrap().same_shape);
+    }
 }

@@ -170,6 +170,10 @@ pub struct OpDef {
     /// (stock lists only `data` for log_softmax and softmin, whose optional `length` input is
     /// not a frontend argument, so `log_softmax(x, axis)` passes the axis as a parameter).
     pub listed_inputs: Option<&'static [&'static str]>,
+    /// When every input has one shape and dtype, the output is one array of that shape and
+    /// dtype (element-wise operators, and broadcasting ones on equal shapes): the imperative
+    /// call then skips general inference ([`invoke`]'s same-shape path).
+    pub same_shape: bool,
     /// Name interned for the engine and profiler.
     engine_name: OnceLock<Arc<str>>,
     c_info: OnceLock<CInfo>,
@@ -204,6 +208,7 @@ impl OpDef {
             invoke_with: None,
             is_backward: false,
             listed_inputs: None,
+            same_shape: false,
             engine_name: OnceLock::new(),
             c_info: OnceLock::new(),
         }
@@ -246,6 +251,11 @@ impl OpDef {
     }
     pub fn inplace(mut self, pairs: &'static [(usize, usize)]) -> Self {
         self.inplace = pairs;
+        self
+    }
+    /// See [`OpDef::same_shape`].
+    pub fn same_shape(mut self) -> Self {
+        self.same_shape = true;
         self
     }
     pub fn mutates(mut self, inputs: &'static [usize]) -> Self {
@@ -295,7 +305,11 @@ impl OpDef {
     }
 
     pub fn engine_name(&self) -> Arc<str> {
-        self.engine_name.get_or_init(|| crate::engine::intern(self.name)).clone()
+        self.engine_name_ref().clone()
+    }
+    /// [`OpDef::engine_name`], borrowed.
+    pub fn engine_name_ref(&self) -> &Arc<str> {
+        self.engine_name.get_or_init(|| crate::engine::intern(self.name))
     }
 
     /// Parse the parameters of a call with `num_inputs` inputs, filling in `num_args` for

@@ -67,6 +67,16 @@ def test_dot_large_uses_parallel_gemm():
     close(mx.nd.dot(mx.nd.array(a), mx.nd.array(b)).asnumpy(), a.astype(np.float64) @ b, scale=10)
 
 
+def test_dot_1024_square_float32():
+    # The benchmark's size, through the parallel GEMM; 1027 columns leave edge tiles.
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((1024, 1024)).astype(np.float32)
+    b = rng.standard_normal((1024, 1027)).astype(np.float32)
+    got = mx.nd.dot(mx.nd.array(a), mx.nd.array(b)).asnumpy()
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
+
+
 def test_dot_errors():
     with pytest.raises(mx.base.MXNetError, match="dot"):
         mx.nd.dot(mx.nd.ones((2, 3)), mx.nd.ones((2, 3))).wait_to_read()

@@ -810,6 +810,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ops.push(
             OpDef::new(name, Inputs::Fixed(&["lhs", "rhs"]), all_same(name), elemwise_compute(b.op))
                 .alias(aliases)
+                .same_shape()
                 .inplace(&[(0, 0), (1, 0)])
                 .grad(match b.elemwise_grad {
                     Some(op) => Grad::Backward { op, inputs: b.grad_inputs, outputs: false },
@@ -821,6 +822,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ops.push(
             OpDef::new(name, Inputs::Fixed(&["data"]), same_as_first(), scalar_compute(b.op, false))
                 .alias(aliases)
+                .same_shape()
                 .params(SCALAR_PARAMS)
                 .inplace(&[(0, 0)])
                 .grad(grad_of(b.scalar_grad))
@@ -830,6 +832,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             ops.push(
                 OpDef::new(name, Inputs::Fixed(&["data"]), same_as_first(), scalar_compute(b.op, true))
                     .alias(aliases)
+                    .same_shape()
                     .params(SCALAR_PARAMS)
                     .inplace(&[(0, 0)])
                     .grad(grad_of(b.rscalar_grad))
@@ -841,6 +844,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ops.push(
             OpDef::new(name, Inputs::Fixed(&["data"]), same_as_first(), unary_compute(op))
                 .alias(aliases)
+                .same_shape()
                 .inplace(&[(0, 0)])
                 .grad(grad_of(grad))
                 .doc(doc),
@@ -856,6 +860,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("clip", Inputs::Fixed(&["data"]), same_as_first(), Box::new(clip))
             .alias(&["_sparse_clip"])
+            .same_shape()
             .params(CLIP_PARAMS)
             .inplace(&[(0, 0)])
             .grad(Grad::Backward { op: "_backward_clip", inputs: true, outputs: false })

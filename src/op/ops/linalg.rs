@@ -407,6 +407,31 @@ mod tests {
     }
 
     #[test]
+    fn large_float32_products_match_a_float64_reference() {
+        // Large enough for the parallel paths, with edge tiles in every direction. Checked on
+        // a sample of entries (the full reference would take seconds).
+        let (m, n, k) = (515, 1027, 520);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 104729) % 997) as f32 / 498.0 - 1.0).collect();
+        for (ta, tb) in [(false, false), (true, false), (false, true)] {
+            for accumulate in [false, true] {
+                let mut c: Vec<f32> = (0..m * n).map(|i| (i % 5) as f32).collect();
+                gemm(m, n, k, &a, ta, &b, tb, &mut c, accumulate);
+                for idx in (0..m * n).step_by(997).chain([0, m * n - 1, n - 1, (m - 1) * n]) {
+                    let (i, j) = (idx / n, idx % n);
+                    let mut want = if accumulate { (idx % 5) as f64 } else { 0.0 };
+                    for p in 0..k {
+                        let av = if ta { a[p * m + i] } else { a[i * k + p] };
+                        let bv = if tb { b[j * k + p] } else { b[p * n + j] };
+                        want += av as f64 * bv as f64;
+                    }
+                    assert!((c[idx] as f64 - want).abs() < 1e-3, "ta={ta} tb={tb} acc={accumulate} ({i},{j}): {} vs {want}", c[idx]);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn gemm_matches_naive_for_all_transposes() {
         let (m, n, k) = (7, 5, 9);
         let a: Vec<f64> = (0..m * k).map(|i| (i as f64 * 0.37).sin()).collect();
