@@ -236,19 +236,7 @@ fn read_dims(r: &mut Reader, ndim: usize, wide: bool) -> Result<Vec<usize>> {
 mod tests {
     use super::*;
 
-    fn array_f32(shape: &[usize], values: &[f32]) -> NDArray {
-        let a = NDArray::new(shape.to_vec(), Context::CPU, DType::F32, false).unwrap();
-        // SAFETY: `values` holds the array's elements.
-        unsafe { a.copy_from_host(values.as_ptr() as *const u8, values.len()).unwrap() };
-        a
-    }
-
-    fn values(a: &NDArray) -> Vec<f32> {
-        let mut v = vec![0f32; a.size()];
-        // SAFETY: `v` has room for the array's elements.
-        unsafe { a.copy_to_host(v.as_mut_ptr() as *mut u8, v.len()).unwrap() };
-        v
-    }
+    use crate::ndarray::testing::{array_f32, values};
 
     /// Bytes of `mx.nd.save('list.nd', [nd.array([[1,2,3],[4,5,6]]), nd.array([7], dtype='int64')])`
     /// written by stock MXNet 1.9.1.

@@ -10,6 +10,28 @@
 
 pub mod io;
 
+/// Float32 arrays from and to host values, for tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::{DType, NDArray};
+    use crate::context::Context;
+
+    pub fn array_f32(shape: &[usize], values: &[f32]) -> NDArray {
+        let a = NDArray::new(shape.to_vec(), Context::CPU, DType::F32, false).unwrap();
+        assert_eq!(a.size(), values.len());
+        // SAFETY: `values` holds the array's elements (checked above).
+        unsafe { a.copy_from_host(values.as_ptr() as *const u8, values.len()).unwrap() };
+        a
+    }
+
+    pub fn values(a: &NDArray) -> Vec<f32> {
+        let mut v = vec![0f32; a.size()];
+        // SAFETY: `v` has room for the array's elements.
+        unsafe { a.copy_to_host(v.as_mut_ptr() as *mut u8, v.len()).unwrap() };
+        v
+    }
+}
+
 use crate::config;
 use crate::context::Context;
 use crate::engine::{self, Push, Var};

@@ -309,11 +309,11 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
     let elems: usize = inputs.iter().map(|x| x.size()).chain(outs.iter().map(NDArray::size)).sum();
     // The operator's interned name, borrowed unless the profiler renames it.
     let (profiled_name, scope) = if crate::profiler::ops_on(false) {
-        (Some(crate::profiler::op_name(op.engine_name_ref())), crate::profiler::scope())
+        (Some(crate::profiler::op_name(op.engine_name())), crate::profiler::scope())
     } else {
         (None, None)
     };
-    let name = profiled_name.as_ref().unwrap_or(op.engine_name_ref());
+    let name = profiled_name.as_ref().unwrap_or(op.engine_name());
     let engine = engine::global()?;
     let cheap = elems <= CHEAP_ELEMENTS;
     if cheap {
@@ -344,25 +344,13 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
 mod tests {
     use super::*;
     use crate::ndarray::DType;
+    use crate::ndarray::testing::{array_f32, values};
     use crate::op::lookup;
-
-    fn array(v: &[f32], shape: &[usize]) -> NDArray {
-        let a = NDArray::new(shape.to_vec(), Context::CPU, DType::F32, false).unwrap();
-        // SAFETY: `v.len()` f32, the array's size.
-        unsafe { a.copy_from_host(v.as_ptr() as *const u8, v.len()).unwrap() };
-        a
-    }
-    fn host(a: &NDArray) -> Vec<f32> {
-        let mut v = vec![0f32; a.size()];
-        // SAFETY: as above.
-        unsafe { a.copy_to_host(v.as_mut_ptr() as *mut u8, v.len()).unwrap() };
-        v
-    }
 
     #[test]
     fn same_shape_calls_match_the_general_path() {
-        let x = array(&[1.0, -2.0, 3.0, 4.0], &[2, 2]);
-        let y = array(&[0.5, 2.0, -1.0, 8.0], &[2, 2]);
+        let x = array_f32(&[2, 2], &[1.0, -2.0, 3.0, 4.0]);
+        let y = array_f32(&[2, 2], &[0.5, 2.0, -1.0, 8.0]);
         for (name, kv) in [("elemwise_add", vec![]), ("broadcast_mul", vec![]), ("_plus_scalar", vec![("scalar", "1.5")]), ("relu", vec![]), ("clip", vec![("a_min", "-1"), ("a_max", "2")])] {
             let op = lookup(name).unwrap();
             let ins: Vec<&NDArray> = if name.starts_with("elemwise") || name.starts_with("broadcast") { vec![&x, &y] } else { vec![&x] };
@@ -375,12 +363,12 @@ mod tests {
             invoke(op, &ins, Some(&[&given]), kv.iter().copied()).unwrap();
             assert_eq!(fast.len(), 1);
             assert_eq!((&fast[0].shape[..], fast[0].dtype), (&[2usize, 2][..], DType::F32));
-            assert_eq!(host(&fast[0]), host(&given), "{name}");
+            assert_eq!(values(&fast[0]), values(&given), "{name}");
         }
         // Anything else takes the general path, with its errors.
         let add = lookup("elemwise_add").unwrap();
         let attrs = add.parse_attrs([], 2).unwrap();
-        let z = array(&[1.0, 2.0], &[2]);
+        let z = array_f32(&[2], &[1.0, 2.0]);
         assert!(same_shape_call(add, &attrs, &[&x, &z], None).is_none());
         let e = invoke(add, &[&x, &z], None, []).unwrap_err().to_string();
         assert!(e.contains("shape"), "{e}");

@@ -202,12 +202,6 @@ fn max_parts(n: usize, cost: Cost) -> usize {
     (parts as usize).min(n)
 }
 
-/// Whether a loop of `n` elements at `cost` is too small to split, whatever the pool (the
-/// first test [`par_for`] makes): callers may then run it directly.
-pub fn too_small_to_split(n: usize, cost: Cost) -> bool {
-    max_parts(n, cost) < 2
-}
-
 /// How many threads a loop of `n` elements at `cost` per element should use.
 pub fn plan(n: usize, cost: Cost, dtype: DType) -> usize {
     decide(max_parts(n, cost), n as f64 * cost.0, dtype).map_or(1, |(_, t)| t)

@@ -304,11 +304,8 @@ impl OpDef {
         })
     }
 
-    pub fn engine_name(&self) -> Arc<str> {
-        self.engine_name_ref().clone()
-    }
-    /// [`OpDef::engine_name`], borrowed.
-    pub fn engine_name_ref(&self) -> &Arc<str> {
+    /// The operator's name, interned for the engine and profiler.
+    pub fn engine_name(&self) -> &Arc<str> {
         self.engine_name.get_or_init(|| crate::engine::intern(self.name))
     }
 

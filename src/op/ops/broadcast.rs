@@ -109,17 +109,6 @@ pub(crate) fn run_bin<T: Elem, U: Elem>(plan: &BPlan, a: &[T], b: &[T], out: &mu
     let k = plan.dims.len();
     let inner = plan.dims[k - 1];
     let (ia, ib) = (plan.sa[k - 1], plan.sb[k - 1]);
-    if k == 1 && crate::op::kernel::too_small_to_split(total, cost) {
-        // A small one-dimensional plan (a tiny call): one loop here, as `par_for` would run
-        // it, without its bookkeeping.
-        match (ia, ib) {
-            (1, 1) => out.iter_mut().zip(&a[..total]).zip(&b[..total]).for_each(|((o, &x), &y)| *o = f(x, y)),
-            (1, 0) => out.iter_mut().zip(&a[..total]).for_each(|(o, &x)| *o = f(x, b[0])),
-            (0, 1) => out.iter_mut().zip(&b[..total]).for_each(|(o, &y)| *o = f(a[0], y)),
-            _ => out.iter_mut().enumerate().for_each(|(i, o)| *o = f(a[i * ia], b[i * ib])),
-        }
-        return;
-    }
     let o = SendPtr(out.as_mut_ptr());
     par_for(total, cost, T::DTYPE, |r| {
         let o = o;
