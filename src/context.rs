@@ -60,6 +60,7 @@ impl Context {
         }
         Ok(Context { dev_type, dev_id })
     }
+    #[inline]
     pub fn from_codes(dev_type: i32, dev_id: i32) -> Result<Self> {
         Self::new(DevType::from_code(dev_type)?, dev_id)
     }
@@ -67,6 +68,7 @@ impl Context {
         Context { dev_type: DevType::Gpu, dev_id }
     }
     /// Fails for a device this build cannot use (any GPU without CUDA).
+    #[inline]
     pub fn check_available(self) -> Result<Self> {
         if self.dev_type == DevType::Gpu {
             return Err(Error::mxnet(format!(

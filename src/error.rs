@@ -47,21 +47,28 @@ impl ErrorKind {
 }
 
 /// An error with its kind and a message a user can act on.
+///
+/// Boxed: one pointer, so that `Result<(), Error>` is one register and `Result<&T, Error>`
+/// two, returned without a trip through memory on the hot paths that almost never fail.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct Error {
+pub struct Error(Box<Inner>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Inner {
     kind: ErrorKind,
     message: String,
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.kind.name(), self.message)
+        write!(f, "{}: {}", self.0.kind.name(), self.0.message)
     }
 }
 
 impl Error {
+    #[cold]
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error { kind, message: message.into() }
+        Error(Box::new(Inner { kind, message: message.into() }))
     }
     pub fn value(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Value, message)
@@ -83,10 +90,10 @@ impl Error {
         Self::new(ErrorKind::MXNet, message)
     }
     pub fn kind(&self) -> ErrorKind {
-        self.kind
+        self.0.kind
     }
     pub fn message(&self) -> &str {
-        &self.message
+        &self.0.message
     }
 }
 
@@ -103,5 +110,11 @@ mod tests {
         );
         assert_eq!(Error::mxnet("x").to_string(), "MXNetError: x");
         assert_eq!(Error::internal("p").kind(), ErrorKind::Internal);
+    }
+
+    #[test]
+    fn results_stay_small() {
+        assert_eq!(std::mem::size_of::<Result<()>>(), std::mem::size_of::<usize>());
+        assert_eq!(std::mem::size_of::<Result<&u8>>(), 2 * std::mem::size_of::<usize>());
     }
 }

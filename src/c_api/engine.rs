@@ -10,6 +10,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::handle::HandleTable;
 use crate::sync::Mutex;
 use std::ffi::{c_char, c_int, c_void};
+use smallvec::SmallVec;
 use std::sync::{Arc, OnceLock};
 
 /// An asynchronous function: `(RunContext* rctx, void* on_complete, void* param)`. It must
@@ -54,40 +55,59 @@ struct SendPtr(*mut c_void);
 // SAFETY: as for CParam.
 unsafe impl Send for SendPtr {}
 
-/// Read an array of `n` var handles.
-///
-/// # Safety
-/// `handles` must point to `n` readable handles when `n > 0`.
-unsafe fn var_list(handles: EngineVarHandle, n: c_int, what: &str) -> Result<VarList> {
-    if n < 0 {
-        return Err(Error::value(format!("{what}: negative count {n}")));
-    }
-    if n == 0 {
-        return Ok(VarList::new());
-    }
-    if handles.is_null() {
-        return Err(Error::value(format!("{what} is NULL but its count is {n}")));
-    }
-    // SAFETY: per this function's contract.
-    let hs = unsafe { std::slice::from_raw_parts(handles as *const EngineVarHandle, n as usize) };
-    hs.iter().map(|&h| vars().get(h)).collect()
+/// Where a push's variables come from: engine variable handles or NDArray handles.
+pub(crate) trait VarHandles {
+    /// The variable behind a handle, by address only: for checks, not to be dereferenced
+    /// (no reference is taken).
+    fn var_ptr(&self, h: *mut c_void) -> Result<*const Var>;
+    /// The variable behind a handle.
+    fn var(&self, h: *mut c_void) -> Result<Arc<Var>>;
 }
 
-/// # Safety
-/// As for [`var_list`], for both lists.
-unsafe fn var_lists(
-    reads: EngineVarHandle,
-    n_reads: c_int,
-    writes: EngineVarHandle,
-    n_writes: c_int,
-) -> Result<(VarList, VarList)> {
-    // SAFETY: per this function's contract.
-    unsafe {
-        Ok((
-            var_list(reads, n_reads, "const_vars_handle")?,
-            var_list(writes, n_writes, "mutable_vars_handle")?,
-        ))
+/// Engine variable handles (MXEngineNewVar).
+pub(crate) struct EngineVars;
+
+impl VarHandles for EngineVars {
+    fn var_ptr(&self, h: *mut c_void) -> Result<*const Var> {
+        vars().with(h, |v| v as *const Var)
     }
+    fn var(&self, h: *mut c_void) -> Result<Arc<Var>> {
+        vars().get(h)
+    }
+}
+
+/// A C array of `n` handles, checked on use.
+#[derive(Clone, Copy)]
+pub(crate) struct HandleList {
+    pub ptr: *const *mut c_void,
+    pub n: c_int,
+    pub what: &'static str,
+}
+
+impl HandleList {
+    /// # Safety
+    /// `ptr` must point to `n` readable handles when `n > 0`.
+    unsafe fn slice<'a>(self) -> Result<&'a [*mut c_void]> {
+        if self.n == 0 {
+            return Ok(&[]);
+        }
+        if self.n < 0 {
+            return Err(Error::value(format!("{}: negative count {}", self.what, self.n)));
+        }
+        if self.ptr.is_null() {
+            return Err(Error::value(format!("{} is NULL but its count is {}", self.what, self.n)));
+        }
+        // SAFETY: per this function's contract.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr, self.n as usize) })
+    }
+}
+
+fn var_list(table: &impl VarHandles, hs: &[*mut c_void]) -> Result<VarList> {
+    let mut list = VarList::with_capacity(hs.len());
+    for &h in hs {
+        list.push(table.var(h)?);
+    }
+    Ok(list)
 }
 
 /// # Safety
@@ -111,74 +131,97 @@ unsafe fn read_prop(prop: EngineFnPropertyHandle) -> Result<FnProperty> {
     FnProperty::from_code(unsafe { *(prop as *const i32) })
 }
 
-/// Decode the arguments every push function shares.
-///
-/// # Safety
-/// `ctx_handle`, `prop_handle` and `name` as described for MXEnginePushAsync.
-pub(crate) unsafe fn push_args(
-    ctx_handle: ContextHandle,
-    prop_handle: EngineFnPropertyHandle,
-    priority: c_int,
-    name: *const c_char,
-    vars: Result<(VarList, VarList)>,
-    wait: bool,
-) -> Result<CPush> {
-    let (const_vars, mutable_vars) = vars?;
-    // SAFETY: per this function's contract.
-    unsafe {
-        Ok(CPush {
-            ctx: read_context(ctx_handle)?,
-            prop: read_prop(prop_handle)?,
-            priority,
-            name: opr_name(name)?,
-            const_vars,
-            mutable_vars,
-            wait,
-        })
-    }
-}
-
-/// The shared part of the four push functions.
-pub(crate) struct CPush {
-    pub ctx: Context,
-    pub prop: FnProperty,
+/// The arguments every push function shares besides its variables and its function, as C
+/// passed them.
+pub(crate) struct CArgs {
+    pub ctx: ContextHandle,
+    pub prop: EngineFnPropertyHandle,
     pub priority: c_int,
-    pub name: Option<Arc<str>>,
-    pub const_vars: VarList,
-    pub mutable_vars: VarList,
+    pub name: *const c_char,
     pub wait: bool,
 }
 
+/// The caller's function (exactly one of the two), its param and the param's deleter.
+pub(crate) struct CFunc {
+    pub sync_func: EngineSyncFunc,
+    pub async_func: EngineAsyncFunc,
+    pub param: *mut c_void,
+    pub deleter: EngineFuncParamDeleter,
+}
+
+/// The shared part of the four push functions.
+///
 /// # Safety
-/// As for MXEnginePushAsync.
-pub(crate) unsafe fn push_c(
-    c: CPush,
-    sync_func: EngineSyncFunc,
-    async_func: EngineAsyncFunc,
-    func_param: *mut c_void,
-    deleter: EngineFuncParamDeleter,
-) -> Result<()> {
-    if sync_func.is_none() == async_func.is_none() {
+/// As for MXEnginePushAsync: the handle lists as [`HandleList`] requires, `args.ctx` NULL or
+/// pointing to `{int dev_type; int dev_id;}`, `args.prop` NULL or pointing to an int,
+/// `args.name` NULL or a NUL-terminated string.
+#[inline]
+pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: HandleList, args: CArgs, func: CFunc) -> Result<()> {
+    // SAFETY: per this function's contract.
+    let (reads, writes) = unsafe { (reads.slice()?, writes.slice()?) };
+    // SAFETY: per this function's contract.
+    let (ctx, prop) = unsafe { (read_context(args.ctx)?, read_prop(args.prop)?) };
+    if func.sync_func.is_none() == func.async_func.is_none() {
         return Err(Error::value("the operation's function must not be NULL"));
     }
     let engine = engine::global()?;
-    // Validate before taking over the param: on failure it stays the caller's.
-    let pool = engine.validate(&c.const_vars, &c.mutable_vars, c.ctx, c.prop)?;
-    let cparam = CParam { param: func_param, deleter };
-    // NaiveEngine: a synchronous function whose variables are free runs right here.
-    if let (Some(f), engine::EngineKind::Naive) = (sync_func, engine.kind()) {
-        let param = SendPtr(func_param);
-        let run = move |rctx: &RunContext| {
-            let p = param;
-            // SAFETY: the caller's function with the caller's param, as the API promises.
-            unsafe { f(rctx as *const RunContext as *mut c_void, p.0) };
-            Ok(())
-        };
-        if engine.try_run_now_with(&c.const_vars, &c.mutable_vars, c.ctx, engine::OpTag { name: c.name.as_ref(), ..Default::default() }, run).is_ok() {
+    // NaiveEngine, while this thread is the only one pushing: a synchronous function runs
+    // right here (which also satisfies `wait`), its variables untracked (see engine::solo).
+    // The handles are looked up only to check them; no reference is taken.
+    if let (Some(f), engine::EngineKind::Naive) = (func.sync_func, engine.kind()) {
+        if let Some(guard) = engine.enter_solo() {
+            let mut ptrs = SmallVec::<[*const Var; 8]>::with_capacity(reads.len() + writes.len());
+            for &h in reads.iter().chain(writes) {
+                ptrs.push(table.var_ptr(h)?);
+            }
+            engine::check_distinct_ptrs(&ptrs)?;
+            engine.check_context(ctx)?;
+            // SAFETY: per this function's contract.
+            let name = unsafe { profiled_name(args.name) }?;
+            let tag = engine::OpTag { name: name.as_ref(), ..Default::default() };
+            let cparam = CParam { param: func.param, deleter: func.deleter };
+            let param = func.param;
+            let run = |rctx: &RunContext| {
+                // SAFETY: the caller's function with the caller's param, as the API promises.
+                unsafe { f(rctx as *const RunContext as *mut c_void, param) };
+                Ok(())
+            };
+            // A failure (only a panic can fail a C function) marks the written variables
+            // that still exist.
+            let mark_writes = |mark: &mut dyn FnMut(&Var)| {
+                for v in writes.iter().filter_map(|&h| table.var(h).ok()) {
+                    mark(&v);
+                }
+            };
+            engine.run_solo(guard, ctx, tag, run, mark_writes);
             drop(cparam); // the deleter, after the operation ran
             return Ok(());
         }
     }
+    let (const_vars, mutable_vars) = (var_list(table, reads)?, var_list(table, writes)?);
+    let CFunc { sync_func, async_func, param: func_param, deleter } = func;
+    // NaiveEngine: a synchronous function whose variables are free runs right here.
+    if let (Some(f), engine::EngineKind::Naive) = (sync_func, engine.kind()) {
+        engine.validate_here(&const_vars, &mutable_vars, ctx)?;
+        // SAFETY: per this function's contract.
+        let name = unsafe { profiled_name(args.name) }?;
+        let tag = engine::OpTag { name: name.as_ref(), ..Default::default() };
+        if let Some(slot) = engine.acquire_now(&const_vars, &mutable_vars, ctx, tag) {
+            let cparam = CParam { param: func_param, deleter };
+            slot.run(|rctx: &RunContext| {
+                // SAFETY: the caller's function with the caller's param, as the API promises.
+                unsafe { f(rctx as *const RunContext as *mut c_void, func_param) };
+                Ok(())
+            });
+            drop(cparam); // the deleter, after the operation ran
+            return Ok(());
+        };
+    }
+    // SAFETY: per this function's contract.
+    let name = unsafe { opr_name(args.name) }?;
+    // Validate before taking over the param: on failure it stays the caller's.
+    let pool = engine.validate(&const_vars, &mutable_vars, ctx, prop)?;
+    let cparam = CParam { param: func_param, deleter };
     let (func, payload): (OprFn, Option<engine::Payload>) = match (sync_func, async_func) {
         // The param (and its deleter) goes with the function: freed right after the call.
         (Some(f), None) => {
@@ -206,14 +249,14 @@ pub(crate) unsafe fn push_c(
     };
     let push = Push {
         func,
-        const_vars: c.const_vars,
-        mutable_vars: c.mutable_vars,
-        ctx: c.ctx,
-        prop: c.prop,
-        priority: c.priority,
-        name: c.name,
+        const_vars,
+        mutable_vars,
+        ctx,
+        prop,
+        priority: args.priority,
+        name,
         payload,
-        wait: c.wait,
+        wait: args.wait,
         symbolic: false,
         // Read only while operations are profiled: pushes otherwise skip the thread-local.
         scope: if crate::profiler::ops_on(false) { crate::profiler::scope() } else { None },
@@ -223,11 +266,35 @@ pub(crate) unsafe fn push_c(
     engine.push_validated(push, pool)
 }
 
+/// The name of an operation that runs at once: checked, but interned only when the profiler
+/// will record it.
+///
+/// # Safety
+/// As for [`opr_name`].
+unsafe fn profiled_name(name: *const c_char) -> Result<Option<Arc<str>>> {
+    if crate::profiler::ops_on(false) {
+        // SAFETY: per this function's contract.
+        unsafe { opr_name(name) }
+    } else {
+        // SAFETY: per this function's contract.
+        unsafe { ffi::opt_cstr(name, "opr_name") }?;
+        Ok(None)
+    }
+}
+
 /// # Safety
 /// `name` must be NULL or a NUL-terminated string.
 unsafe fn opr_name(name: *const c_char) -> Result<Option<Arc<str>>> {
     // SAFETY: per this function's contract.
     Ok(unsafe { ffi::opt_cstr(name, "opr_name") }?.map(engine::intern))
+}
+
+/// The two handle lists of MXEnginePushAsync and MXEnginePushSync.
+fn engine_var_lists(reads: EngineVarHandle, n_reads: c_int, writes: EngineVarHandle, n_writes: c_int) -> (HandleList, HandleList) {
+    (
+        HandleList { ptr: reads as *const *mut c_void, n: n_reads, what: "const_vars_handle" },
+        HandleList { ptr: writes as *const *mut c_void, n: n_writes, what: "mutable_vars_handle" },
+    )
 }
 
 /// Push an asynchronous operation that reads `const_vars_handle[0..num_const_vars]` and
@@ -257,9 +324,9 @@ pub unsafe extern "C" fn MXEnginePushAsync(
     ffi::call("MXEnginePushAsync", || {
         // SAFETY: per this function's contract.
         unsafe {
-            let vars = var_lists(const_vars_handle, num_const_vars, mutable_vars_handle, num_mutable_vars);
-            let c = push_args(ctx_handle, prop_handle, priority, opr_name, vars, wait)?;
-            push_c(c, None, async_func, func_param, deleter)
+            let (reads, writes) = engine_var_lists(const_vars_handle, num_const_vars, mutable_vars_handle, num_mutable_vars);
+            let args = CArgs { ctx: ctx_handle, prop: prop_handle, priority, name: opr_name, wait };
+            push_c(&EngineVars, reads, writes, args, CFunc { sync_func: None, async_func, param: func_param, deleter })
         }
     })
 }
@@ -286,9 +353,9 @@ pub unsafe extern "C" fn MXEnginePushSync(
     ffi::call("MXEnginePushSync", || {
         // SAFETY: per this function's contract.
         unsafe {
-            let vars = var_lists(const_vars_handle, num_const_vars, mutable_vars_handle, num_mutable_vars);
-            let c = push_args(ctx_handle, prop_handle, priority, opr_name, vars, false)?;
-            push_c(c, sync_func, None, func_param, deleter)
+            let (reads, writes) = engine_var_lists(const_vars_handle, num_const_vars, mutable_vars_handle, num_mutable_vars);
+            let args = CArgs { ctx: ctx_handle, prop: prop_handle, priority, name: opr_name, wait: false };
+            push_c(&EngineVars, reads, writes, args, CFunc { sync_func, async_func: None, param: func_param, deleter })
         }
     })
 }

@@ -137,6 +137,7 @@ pub unsafe fn cstr<'a>(p: *const c_char, what: &str) -> Result<&'a str> {
 ///
 /// # Safety
 /// As [`cstr`].
+#[inline]
 pub unsafe fn opt_cstr<'a>(p: *const c_char, what: &str) -> Result<Option<&'a str>> {
     if p.is_null() {
         Ok(None)

@@ -1,7 +1,8 @@
 //! C API: NDArray handles (creation, free, shape, dtype, context, synchronous copies, waits)
 //! and the engine's NDArray push variants.
 
-use super::engine::{push_args, push_c, EngineAsyncFunc, EngineFuncParamDeleter, EngineSyncFunc};
+use super::engine::{push_c, CArgs, CFunc, EngineAsyncFunc, EngineFuncParamDeleter, EngineSyncFunc, HandleList, VarHandles};
+use crate::engine::Var;
 use super::ffi::{self, out};
 use super::types::{ContextHandle, EngineFnPropertyHandle, NDArrayHandle};
 use crate::context::Context;
@@ -227,27 +228,17 @@ pub extern "C" fn MXNDArrayWaitToWrite(handle: NDArrayHandle) -> c_int {
     ffi::call("MXNDArrayWaitToWrite", || arrays().get(handle)?.wait(true))
 }
 
-/// The engine variables of `n` NDArray handles (their data lives as long as the variable).
-///
-/// # Safety
-/// `handles` must point to `n` handles when `n > 0`.
-unsafe fn nd_vars(handles: *const NDArrayHandle, n: c_int, what: &str) -> Result<crate::engine::VarList> {
-    if n < 0 {
-        return Err(Error::value(format!("{what}: negative count {n}")));
+/// NDArray handles as a push's variables: each array's chunk variable (its data lives as
+/// long as the variable).
+struct NdVars;
+
+impl VarHandles for NdVars {
+    fn var_ptr(&self, h: *mut c_void) -> Result<*const Var> {
+        arrays().with(h, |nd| nd.chunk().map(Arc::as_ptr))?
     }
-    if n == 0 {
-        return Ok(Default::default());
+    fn var(&self, h: *mut c_void) -> Result<Arc<Var>> {
+        arrays().with(h, |nd| nd.chunk().map(Arc::clone))?
     }
-    if handles.is_null() {
-        return Err(Error::value(format!("{what} is NULL but its count is {n}")));
-    }
-    // SAFETY: per this function's contract.
-    let hs = unsafe { std::slice::from_raw_parts(handles, n as usize) };
-    let mut vars = crate::engine::VarList::with_capacity(hs.len());
-    for &h in hs {
-        vars.push(arrays().with(h, |nd| nd.chunk().map(Arc::clone))??);
-    }
-    Ok(vars)
 }
 
 /// # Safety
@@ -268,13 +259,11 @@ unsafe fn push_nd(
     name: *const c_char,
     wait: bool,
 ) -> Result<()> {
+    let reads = HandleList { ptr: const_nds, n: num_const, what: "const_nds_handle" };
+    let writes = HandleList { ptr: mutable_nds, n: num_mutable, what: "mutable_nds_handle" };
+    let args = CArgs { ctx: ctx_handle, prop: prop_handle, priority, name, wait };
     // SAFETY: per this function's contract.
-    unsafe {
-        let vars = nd_vars(const_nds, num_const, "const_nds_handle")
-            .and_then(|r| Ok((r, nd_vars(mutable_nds, num_mutable, "mutable_nds_handle")?)));
-        let c = push_args(ctx_handle, prop_handle, priority, name, vars, wait)?;
-        push_c(c, sync_func, async_func, func_param, deleter)
-    }
+    unsafe { push_c(&NdVars, reads, writes, args, CFunc { sync_func, async_func, param: func_param, deleter }) }
 }
 
 /// MXEnginePushAsync with the variables of NDArrays.

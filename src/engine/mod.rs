@@ -30,9 +30,11 @@
 pub mod opr;
 pub mod pool;
 mod queue;
+mod solo;
 pub mod var;
 
 pub use opr::{Completion, FnProperty, OprFn, Payload, RawFn, RunContext, SyncFn};
+pub use solo::SoloGuard;
 pub use var::Var;
 
 use crate::config;
@@ -206,31 +208,41 @@ pub struct RunNow<'a> {
     ctx: Context,
     tag: OpTag<'a>,
     ran: bool,
+    /// Solo mode ([`solo`]): the variables were not taken.
+    solo: Option<SoloGuard<'static>>,
 }
 
 impl RunNow<'_> {
     /// Run `f`; a failure (error or panic) marks the written variables, as for a pushed
     /// operation, and surfaces at the next wait.
     pub fn run(mut self, f: impl FnOnce(&RunContext) -> Result<()>) {
-        let (tag, ctx) = (self.tag, self.ctx);
-        let rctx = RunContext::for_ctx(ctx, false);
-        let ran = profiler::profiled(tag.symbolic, tag.name, ctx, tag.scope, || catch_unwind(AssertUnwindSafe(|| f(&rctx))));
-        let outcome = match ran {
-            Ok(Ok(())) => Outcome::Ok,
-            Ok(Err(e)) => Outcome::Failed(e),
-            Err(panic) => Outcome::Failed(panic_error(tag.name.map_or("<unnamed>", |n| n), panic.as_ref())),
-        };
+        let outcome = run_here(self.tag, self.ctx, f);
         // Set only now: if anything above unwinds, the drop still releases the variables.
         self.ran = true;
-        self.engine.release(self.reads, self.writes, outcome, None);
+        match self.solo.take() {
+            Some(guard) => self.engine.end_solo(guard, outcome, |mark| self.writes.iter().for_each(|v| mark(v))),
+            None => self.engine.release_now(self.reads, self.writes, outcome),
+        }
     }
 }
 
 impl Drop for RunNow<'_> {
     fn drop(&mut self) {
-        if !self.ran {
-            self.engine.release(self.reads, self.writes, Outcome::Ok, None);
+        if !self.ran && self.solo.take().is_none() {
+            self.engine.release_now(self.reads, self.writes, Outcome::Ok);
         }
+    }
+}
+
+/// Run an operation's function on this thread, profiled, catching a panic.
+#[inline]
+fn run_here(tag: OpTag<'_>, ctx: Context, f: impl FnOnce(&RunContext) -> Result<()>) -> Outcome {
+    let rctx = RunContext::for_ctx(ctx, false);
+    let ran = profiler::profiled(tag.symbolic, tag.name, ctx, tag.scope, || catch_unwind(AssertUnwindSafe(|| f(&rctx))));
+    match ran {
+        Ok(Ok(())) => Outcome::Ok,
+        Ok(Err(e)) => Outcome::Failed(e),
+        Err(panic) => Outcome::Failed(panic_error(tag.name.map_or("<unnamed>", |n| n), panic.as_ref())),
     }
 }
 
@@ -258,6 +270,7 @@ pub struct Engine {
     waiters: AtomicUsize,
     errors: Mutex<Vec<Arc<ErrorCell>>>,
     live_errors: AtomicUsize,
+    solo: solo::Solo,
 }
 
 thread_local! {
@@ -304,6 +317,7 @@ impl Engine {
             waiters: AtomicUsize::new(0),
             errors: Mutex::new(Vec::new()),
             live_errors: AtomicUsize::new(0),
+            solo: solo::Solo::default(),
         }))
     }
 
@@ -438,6 +452,21 @@ impl Engine {
         self.pool_for(ctx, prop)
     }
 
+    /// [`Engine::validate`] for an operation that will run on this thread, with no pool.
+    pub fn validate_here(&self, const_vars: &[Arc<Var>], mutable_vars: &[Arc<Var>], ctx: Context) -> Result<()> {
+        check_distinct(const_vars, mutable_vars)?;
+        self.check_context(ctx)
+    }
+
+    /// Fails for a context whose device this engine cannot run operations on.
+    #[inline]
+    pub fn check_context(&self, ctx: Context) -> Result<()> {
+        if !self.opts.virtual_gpus {
+            ctx.check_available()?;
+        }
+        Ok(())
+    }
+
     /// Push an operation that [`Engine::validate`] accepted (with the pool it returned).
     pub fn push_validated(&'static self, p: Push, pool: Option<&'static Pool>) -> Result<()> {
         if BULK_THREADS.load(Ordering::Relaxed) > 0 {
@@ -463,6 +492,7 @@ impl Engine {
     }
 
     fn push_to(&'static self, p: Push, pool: Option<&'static Pool>) -> Result<()> {
+        self.solo.note_pusher();
         self.apply_back_pressure();
         if pool.is_some() {
             self.reap_sometimes();
@@ -616,26 +646,70 @@ impl Engine {
         {
             return None;
         }
-        let n = reads.len() + writes.len();
-        {
-            let _order = (n > 1).then(|| self.register_lock.lock());
-            let all = || reads.iter().map(|v| (v, false)).chain(writes.iter().map(|v| (v, true)));
-            let taken = all().take_while(|(v, write)| v.try_acquire(*write)).count();
-            if taken < n {
-                let mut granted = Granted::default();
-                for (v, write) in all().take(taken) {
-                    if write {
-                        v.complete_write(None, &mut granted);
-                    } else {
-                        v.complete_read(&mut granted);
-                    }
-                }
-                self.dispatch_granted(granted);
+        if let Some(guard) = self.solo.enter() {
+            return Some(RunNow { engine: self, reads, writes, ctx, tag, ran: false, solo: Some(guard) });
+        }
+        // All or nothing, without the registration lock: an operation that takes every
+        // variable at once never waits in a queue, so it cannot close a cycle with one that
+        // registers; one that finds a variable held or waited for gives back what it took
+        // and is pushed, behind whatever it found.
+        for (i, v) in reads.iter().enumerate() {
+            if !v.try_acquire(false) {
+                self.give_back(&reads[..i], &[]);
                 return None;
             }
         }
+        for (i, v) in writes.iter().enumerate() {
+            if !v.try_acquire(true) {
+                self.give_back(reads, &writes[..i]);
+                return None;
+            }
+        }
+        // Counted pending while it holds its variables: a fork from another thread waits
+        // for it (the child would otherwise inherit variables held for good).
         self.pushed.fetch_add(1, Ordering::SeqCst);
-        Some(RunNow { engine: self, reads, writes, ctx, tag, ran: false })
+        Some(RunNow { engine: self, reads, writes, ctx, tag, ran: false, solo: None })
+    }
+
+    /// A solo operation ([`solo`]) for this thread, if it may run one now: NaiveEngine (or a
+    /// threaded engine's cheap operation with nothing pending, checked by the caller) when
+    /// no failure is recorded and no inline queue runs. The caller checks what it must before
+    /// it runs the operation through [`Engine::run_solo`].
+    pub fn enter_solo(&'static self) -> Option<SoloGuard<'static>> {
+        if self.live_errors.load(Ordering::Acquire) > 0 || INLINE.with(|q| q.borrow().is_some()) {
+            return None;
+        }
+        self.solo.enter()
+    }
+
+    /// Run a solo operation. On failure `writes` lists the variables it writes, which are
+    /// marked with the failure (as a tracked operation's would be).
+    pub fn run_solo(
+        &'static self,
+        guard: SoloGuard<'static>,
+        ctx: Context,
+        tag: OpTag<'_>,
+        f: impl FnOnce(&RunContext) -> Result<()>,
+        writes: impl FnOnce(&mut dyn FnMut(&Var)),
+    ) {
+        let outcome = run_here(tag, ctx, f);
+        self.end_solo(guard, outcome, writes);
+    }
+
+    /// Mark the written variables of a failed solo operation, then end it.
+    fn end_solo(&'static self, guard: SoloGuard<'static>, outcome: Outcome, writes: impl FnOnce(&mut dyn FnMut(&Var))) {
+        if let Outcome::Failed(e) = outcome {
+            let cell = self.record_failure(e);
+            writes(&mut |v| v.mark_failed(&cell));
+        }
+        drop(guard);
+    }
+
+    /// Release variables taken by [`Engine::acquire_now`] for an operation that will not run
+    /// here after all.
+    fn give_back(&'static self, reads: &[Arc<Var>], writes: &[Arc<Var>]) {
+        let granted = self.release_vars(reads, writes, Outcome::Ok);
+        self.dispatch_granted(granted);
     }
 
     /// [`Engine::acquire_now`] for an operation whose variables are distinct (as
@@ -844,11 +918,12 @@ impl Engine {
         granted
     }
 
-    /// The end of an operation that ran without an `Opr` (NaiveEngine's fast path).
-    fn release(&'static self, reads: &[Arc<Var>], writes: &[Arc<Var>], outcome: Outcome, payload: Option<Payload>) {
+    /// The end of a tracked operation that ran without an `Opr` ([`RunNow`]).
+    fn release_now(&'static self, reads: &[Arc<Var>], writes: &[Arc<Var>], outcome: Outcome) {
         let granted = self.release_vars(reads, writes, outcome);
-        drop(payload);
-        self.dispatch_granted(granted);
+        if !granted.is_empty() {
+            self.dispatch_granted(granted);
+        }
         self.finish_one();
     }
 
@@ -1048,23 +1123,35 @@ fn thread_error(e: std::io::Error) -> Error {
 }
 
 /// A variable may appear once in an operation's lists.
+#[inline]
 fn check_distinct(const_vars: &[Arc<Var>], mutable_vars: &[Arc<Var>]) -> Result<()> {
-    let n = const_vars.len() + mutable_vars.len();
+    if const_vars.len() + mutable_vars.len() < 2 {
+        return Ok(());
+    }
+    check_distinct_slow(const_vars, mutable_vars)
+}
+
+fn check_distinct_slow(const_vars: &[Arc<Var>], mutable_vars: &[Arc<Var>]) -> Result<()> {
+    let ptrs: SmallVec<[*const Var; 16]> = const_vars.iter().chain(mutable_vars).map(Arc::as_ptr).collect();
+    check_distinct_ptrs(&ptrs)
+}
+
+/// [`check_distinct`] for an operation's variables by address (reads, then writes).
+pub fn check_distinct_ptrs(ptrs: &[*const Var]) -> Result<()> {
     let dup = || {
         Error::value(
             "an engine variable appears twice in the operation's variables (twice in one list, \
              or both read and written); list it once, as mutable if the operation writes it",
         )
     };
-    if n <= 8 {
-        let at = |i: usize| Arc::as_ptr(if i < const_vars.len() { &const_vars[i] } else { &mutable_vars[i - const_vars.len()] });
-        for i in 0..n {
-            if (i + 1..n).any(|j| at(j) == at(i)) {
+    if ptrs.len() <= 8 {
+        for (i, p) in ptrs.iter().enumerate() {
+            if ptrs[i + 1..].contains(p) {
                 return Err(dup());
             }
         }
     } else {
-        let mut all: Vec<usize> = const_vars.iter().chain(mutable_vars).map(|v| Arc::as_ptr(v) as usize).collect();
+        let mut all: SmallVec<[*const Var; 64]> = SmallVec::from_slice(ptrs);
         all.sort_unstable();
         if all.windows(2).any(|w| w[0] == w[1]) {
             return Err(dup());
@@ -1244,12 +1331,18 @@ static GLOBAL_INIT: Mutex<()> = Mutex::new(());
 
 /// The process-wide engine, started at first use from the configuration. A bad engine
 /// setting fails this call (and every later one until it is corrected).
+#[inline]
 pub fn global() -> Result<&'static Engine> {
     let p = GLOBAL.load(Ordering::Acquire);
     if !p.is_null() {
         // SAFETY: engines are leaked, never freed; a non-null pointer is a live engine.
         return Ok(unsafe { &*p });
     }
+    start_global()
+}
+
+#[cold]
+fn start_global() -> Result<&'static Engine> {
     let _g = GLOBAL_INIT.lock();
     let p = GLOBAL.load(Ordering::Acquire);
     if !p.is_null() {

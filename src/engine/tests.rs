@@ -469,6 +469,51 @@ fn naive_engine_runs_on_the_pushing_thread() {
 }
 
 #[test]
+fn solo_mode_leaves_variables_untouched_until_a_second_thread_pushes() {
+    let e = engine(EngineKind::Naive, 1);
+    let v = Var::new();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    // The only pusher: its operation runs solo, the variable is not taken.
+    let v_seen = v.clone();
+    e.push(Push::sync(move |_| Ok(assert!(v_seen.is_idle(), "solo: untracked")), vec![], vec![v.clone()])).unwrap();
+    assert!(!e.solo.is_shared());
+    // A solo operation that starts a second pusher on the same variable: that push waits for
+    // the operation to end, then ends solo mode for good.
+    let second = Arc::new(Mutex::new(None));
+    let (l, v2, s2) = (log.clone(), v.clone(), second.clone());
+    e.push(Push::sync(
+        move |_| {
+            let l2 = l.clone();
+            *s2.lock() = Some(std::thread::spawn(move || {
+                e.push(Push::sync(move |_| Ok(l2.lock().push("second")), vec![], vec![v2])).unwrap();
+            }));
+            std::thread::sleep(Duration::from_millis(50));
+            l.lock().push("solo");
+            Ok(())
+        },
+        vec![],
+        vec![v.clone()],
+    ))
+    .unwrap();
+    second.lock().take().unwrap().join().unwrap();
+    assert_eq!(*log.lock(), ["solo", "second"]);
+    assert!(e.solo.is_shared());
+    // Tracked from now on: a running operation holds its variable.
+    let v_seen = v.clone();
+    e.push(Push::sync(move |_| Ok(assert!(!v_seen.is_idle(), "tracked")), vec![], vec![v.clone()])).unwrap();
+    // A failure in a solo operation marks what it wrote, as a tracked one does.
+    let e = engine(EngineKind::Naive, 1);
+    let (a, b) = (Var::new(), Var::new());
+    e.push(Push::sync(|_| Err(Error::value("solo failure")), vec![], vec![a.clone()])).unwrap();
+    assert!(!e.solo.is_shared());
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    e.push(Push::sync(move |_| Ok(r.store(true, Ordering::SeqCst)), vec![a.clone()], vec![b.clone()])).unwrap();
+    assert!(!ran.load(Ordering::SeqCst), "skipped: it reads the failed variable");
+    assert_eq!(e.wait_for_var(&b, false).unwrap_err().to_string(), "ValueError: solo failure");
+}
+
+#[test]
 fn bulk_batches_and_keeps_order() {
     let e = engine(EngineKind::PerDevice, 2);
     assert_eq!(e.set_bulk_size(8), 0);

@@ -74,6 +74,9 @@ pub struct Var {
 pub struct Granted(Vec<Arc<Opr>>);
 
 impl Granted {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
     pub fn into_vec(self) -> Vec<Arc<Opr>> {
         self.0
     }
@@ -189,6 +192,11 @@ impl Var {
                 granted.0.push(op);
             }
         }
+    }
+
+    /// Leave `error` as the variable's failure mark (a solo operation that wrote it failed).
+    pub(crate) fn mark_failed(&self, error: &Arc<ErrorCell>) {
+        self.state.lock().error = Some(error.clone());
     }
 
     /// The failure mark, if it is still set.
