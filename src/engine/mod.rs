@@ -23,6 +23,11 @@
 //! the memory and reference counts the pushing thread made stay on its cache lines. NaiveEngine registers on the pushing thread, and
 //! runs an operation whose variables are all free at once, without allocating.
 //!
+//! Solo mode ([`solo`]): while one thread is the only one that has pushed, the operations it
+//! runs on the spot (NaiveEngine's, and a threaded engine's cheap ones with nothing pending)
+//! skip the variables altogether; the first push from a second thread waits for a running
+//! solo operation and ends solo mode for good.
+//!
 //! Errors: an operation that fails marks the variables it writes; operations that read or
 //! write a marked variable are skipped and pass the same failure on. A wait on a marked
 //! variable, or `wait_all`, reports the failure once and clears it everywhere it travelled.
