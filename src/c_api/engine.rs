@@ -112,6 +112,7 @@ fn var_list(table: &impl VarHandles, hs: &[*mut c_void]) -> Result<VarList> {
 
 /// # Safety
 /// `ctx` must be NULL or point to `{int dev_type; int dev_id;}`.
+#[inline]
 pub(crate) unsafe fn read_context(ctx: ContextHandle) -> Result<Context> {
     if ctx.is_null() {
         return Err(Error::value("ctx_handle must not be NULL"));
@@ -123,6 +124,7 @@ pub(crate) unsafe fn read_context(ctx: ContextHandle) -> Result<Context> {
 
 /// # Safety
 /// `prop` must be NULL or point to an int.
+#[inline]
 unsafe fn read_prop(prop: EngineFnPropertyHandle) -> Result<FnProperty> {
     if prop.is_null() {
         return Ok(FnProperty::Normal);
@@ -271,6 +273,7 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
 ///
 /// # Safety
 /// As for [`opr_name`].
+#[inline]
 unsafe fn profiled_name(name: *const c_char) -> Result<Option<Arc<str>>> {
     if crate::profiler::ops_on(false) {
         // SAFETY: per this function's contract.

@@ -276,6 +276,9 @@ pub struct Engine {
     errors: Mutex<Vec<Arc<ErrorCell>>>,
     live_errors: AtomicUsize,
     solo: solo::Solo,
+    /// Threads running an inline queue ([`Engine::run_inline`]): while none does, the
+    /// run-at-once paths skip the thread-local check.
+    inline_threads: AtomicUsize,
 }
 
 thread_local! {
@@ -323,6 +326,7 @@ impl Engine {
             errors: Mutex::new(Vec::new()),
             live_errors: AtomicUsize::new(0),
             solo: solo::Solo::default(),
+            inline_threads: AtomicUsize::new(0),
         }))
     }
 
@@ -645,10 +649,7 @@ impl Engine {
     ) -> Option<RunNow<'a>> {
         let here = self.opts.kind == EngineKind::Naive
             || (tag.cheap && ctx.dev_type.is_host() && self.pending() == 0 && !on_worker_thread());
-        if !here
-            || self.live_errors.load(Ordering::Acquire) > 0
-            || INLINE.with(|q| q.borrow().is_some())
-        {
+        if !here || self.live_errors.load(Ordering::Acquire) > 0 || self.in_inline_queue() {
             return None;
         }
         if let Some(guard) = self.solo.enter() {
@@ -680,15 +681,25 @@ impl Engine {
     /// threaded engine's cheap operation with nothing pending, checked by the caller) when
     /// no failure is recorded and no inline queue runs. The caller checks what it must before
     /// it runs the operation through [`Engine::run_solo`].
+    #[inline]
     pub fn enter_solo(&'static self) -> Option<SoloGuard<'static>> {
-        if self.live_errors.load(Ordering::Acquire) > 0 || INLINE.with(|q| q.borrow().is_some()) {
+        if self.live_errors.load(Ordering::Acquire) > 0 || self.in_inline_queue() {
             return None;
         }
         self.solo.enter()
     }
 
+    /// Whether this thread runs an inline queue (NaiveEngine, [`Engine::run_inline`]). Only
+    /// this thread changes its own part of the count, so a relaxed load sees it.
+    #[inline]
+    fn in_inline_queue(&self) -> bool {
+        self.inline_threads.load(Ordering::Relaxed) > 0 && INLINE.with(|q| q.borrow().is_some())
+    }
+
     /// Run a solo operation. On failure `writes` lists the variables it writes, which are
-    /// marked with the failure (as a tracked operation's would be).
+    /// marked with the failure (as a tracked operation's would be). Always inlined: a call
+    /// here costs as much as the rest of a solo C push's bookkeeping.
+    #[inline(always)]
     pub fn run_solo(
         &'static self,
         guard: SoloGuard<'static>,
@@ -786,12 +797,14 @@ impl Engine {
             return;
         }
         INLINE.with(|q| *q.borrow_mut() = Some(VecDeque::new()));
+        self.inline_threads.fetch_add(1, Ordering::Relaxed);
         let mut next = Some(op);
         while let Some(op) = next {
             self.execute(op);
             next = INLINE.with(|q| q.borrow_mut().as_mut().and_then(|q| q.pop_front()));
         }
         INLINE.with(|q| *q.borrow_mut() = None);
+        self.inline_threads.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Run a ready operation (on a worker, or inline for NaiveEngine).
@@ -973,14 +986,14 @@ impl Engine {
         if max > 0
             && !on_worker_thread()
             && !NO_BACK_PRESSURE.with(Cell::get)
-            && INLINE.with(|q| q.borrow().is_none())
+            && !self.in_inline_queue()
         {
             self.wait_until(|pending| pending < max);
         }
     }
 
     fn refuse_on_worker(&self, what: &str) -> Result<()> {
-        if on_worker_thread() || INLINE.with(|q| q.borrow().is_some()) {
+        if on_worker_thread() || self.in_inline_queue() {
             return Err(Error::mxnet(format!(
                 "{what} was called from inside an engine operation; it would wait for itself"
             )));
@@ -999,6 +1012,9 @@ impl Engine {
     /// that no wait has reported yet.
     pub fn wait_all(&self) -> Result<()> {
         self.refuse_on_worker("WaitAll")?;
+        // A thread that waits takes part like one that pushes: it must not miss another
+        // thread's solo operation in progress.
+        self.solo.note_pusher();
         self.wait_idle();
         let cells = std::mem::take(&mut *self.errors.lock());
         self.live_errors.store(0, Ordering::Release);
@@ -1015,6 +1031,7 @@ impl Engine {
     /// pending operations done); report (and clear) a failure it carries.
     pub fn wait_for_var(&'static self, var: &Arc<Var>, write: bool) -> Result<()> {
         self.refuse_on_worker("WaitForVar")?;
+        self.solo.note_pusher();
         self.flush_bulk();
         // With deferred registration (threaded engines) a variable can look idle while an
         // operation on it still waits to be registered: only the pending count is a safe

@@ -11,7 +11,7 @@
 //!
 //! The word is 0 (no pusher yet), the owner thread's id (even) with bit 0 set while it runs
 //! a solo operation, or `SHARED`. The first thread to push claims it. Any other thread, before
-//! it pushes anything, turns it to `SHARED` for good; if the owner is inside a solo operation
+//! it pushes anything or waits (for a variable or for all), turns it to `SHARED` for good; if the owner is inside a solo operation
 //! it waits for that operation to end (the owner's release store and its compare-and-swap
 //! order the operation before everything the new pusher does). From then on every operation
 //! is tracked. The owner clears bit 0 with a plain store: only the owner sets it, and no other

@@ -511,6 +511,14 @@ fn solo_mode_leaves_variables_untouched_until_a_second_thread_pushes() {
     e.push(Push::sync(move |_| Ok(r.store(true, Ordering::SeqCst)), vec![a.clone()], vec![b.clone()])).unwrap();
     assert!(!ran.load(Ordering::SeqCst), "skipped: it reads the failed variable");
     assert_eq!(e.wait_for_var(&b, false).unwrap_err().to_string(), "ValueError: solo failure");
+    // A thread that only waits ends solo mode too (it must not miss a solo operation).
+    let e = engine(EngineKind::Naive, 1);
+    e.push(Push::sync(|_| Ok(()), vec![], vec![Var::new()])).unwrap();
+    assert!(!e.solo.is_shared());
+    std::thread::scope(|t| {
+        t.spawn(|| e.wait_all().unwrap());
+    });
+    assert!(e.solo.is_shared());
 }
 
 #[test]
