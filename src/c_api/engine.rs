@@ -167,54 +167,54 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
         return Err(Error::value("the operation's function must not be NULL"));
     }
     let engine = engine::global()?;
-    // NaiveEngine, while this thread is the only one pushing: a synchronous function runs
-    // right here (which also satisfies `wait`), its variables untracked (see engine::solo).
-    // The handles are looked up only to check them; no reference is taken.
-    if let (Some(f), engine::EngineKind::Naive) = (func.sync_func, engine.kind()) {
-        if let Some(guard) = engine.enter_solo() {
-            let mut ptrs = SmallVec::<[*const Var; 8]>::with_capacity(reads.len() + writes.len());
-            for &h in reads.iter().chain(writes) {
-                ptrs.push(table.var_ptr(h)?);
-            }
-            engine::check_distinct_ptrs(&ptrs)?;
-            engine.check_context(ctx)?;
-            // SAFETY: per this function's contract.
-            let name = unsafe { profiled_name(args.name) }?;
-            let tag = engine::OpTag { name: name.as_ref(), ..Default::default() };
-            let cparam = CParam { param: func.param, deleter: func.deleter };
+    // NaiveEngine runs a synchronous function right here (which also satisfies `wait`) when
+    // it can: `run` calls it, and is copied into whichever of the two paths below runs it.
+    let run = match (func.sync_func, engine.kind()) {
+        (Some(f), engine::EngineKind::Naive) => {
             let param = func.param;
-            let run = |rctx: &RunContext| {
+            Some(move |rctx: &RunContext| {
                 // SAFETY: the caller's function with the caller's param, as the API promises.
                 unsafe { f(rctx as *const RunContext as *mut c_void, param) };
                 Ok(())
-            };
-            // A failure (only a panic can fail a C function) marks the written variables
-            // that still exist.
-            let mark_writes = |mark: &mut dyn FnMut(&Var)| {
-                for v in writes.iter().filter_map(|&h| table.var(h).ok()) {
-                    mark(&v);
-                }
-            };
-            engine.run_solo(guard, ctx, tag, run, mark_writes);
-            drop(cparam); // the deleter, after the operation ran
-            return Ok(());
+            })
         }
+        _ => None,
+    };
+    // While this thread is the only one pushing, its variables stay untracked (see
+    // engine::solo): the handles are looked up only to check them; no reference is taken.
+    if let Some((run, guard)) = run.and_then(|run| Some((run, engine.enter_solo()?))) {
+        let mut ptrs = SmallVec::<[*const Var; 8]>::with_capacity(reads.len() + writes.len());
+        for &h in reads.iter().chain(writes) {
+            ptrs.push(table.var_ptr(h)?);
+        }
+        engine::check_distinct_ptrs(&ptrs)?;
+        engine.check_context(ctx)?;
+        // SAFETY: per this function's contract.
+        let name = unsafe { profiled_name(args.name) }?;
+        let tag = engine::OpTag { name: name.as_ref(), ..Default::default() };
+        let cparam = CParam { param: func.param, deleter: func.deleter };
+        // A failure (only a panic can fail a C function) marks the written variables that
+        // still exist.
+        let mark_writes = |mark: &mut dyn FnMut(&Var)| {
+            for v in writes.iter().filter_map(|&h| table.var(h).ok()) {
+                mark(&v);
+            }
+        };
+        engine.run_solo(guard, ctx, tag, run, mark_writes);
+        drop(cparam); // the deleter, after the operation ran
+        return Ok(());
     }
     let (const_vars, mutable_vars) = (var_list(table, reads)?, var_list(table, writes)?);
     let CFunc { sync_func, async_func, param: func_param, deleter } = func;
-    // NaiveEngine: a synchronous function whose variables are free runs right here.
-    if let (Some(f), engine::EngineKind::Naive) = (sync_func, engine.kind()) {
+    // Otherwise it runs here if its variables are free.
+    if let Some(run) = run {
         engine.validate_here(&const_vars, &mutable_vars, ctx)?;
         // SAFETY: per this function's contract.
         let name = unsafe { profiled_name(args.name) }?;
         let tag = engine::OpTag { name: name.as_ref(), ..Default::default() };
         if let Some(slot) = engine.acquire_now(&const_vars, &mutable_vars, ctx, tag) {
             let cparam = CParam { param: func_param, deleter };
-            slot.run(|rctx: &RunContext| {
-                // SAFETY: the caller's function with the caller's param, as the API promises.
-                unsafe { f(rctx as *const RunContext as *mut c_void, func_param) };
-                Ok(())
-            });
+            slot.run(run);
             drop(cparam); // the deleter, after the operation ran
             return Ok(());
         };

@@ -454,10 +454,7 @@ impl Engine {
         ctx: Context,
         prop: FnProperty,
     ) -> Result<Option<&'static Pool>> {
-        check_distinct(const_vars, mutable_vars)?;
-        if !self.opts.virtual_gpus {
-            ctx.check_available()?;
-        }
+        self.validate_here(const_vars, mutable_vars, ctx)?;
         self.pool_for(ctx, prop)
     }
 
@@ -649,7 +646,7 @@ impl Engine {
     ) -> Option<RunNow<'a>> {
         let here = self.opts.kind == EngineKind::Naive
             || (tag.cheap && ctx.dev_type.is_host() && self.pending() == 0 && !on_worker_thread());
-        if !here || self.live_errors.load(Ordering::Acquire) > 0 || self.in_inline_queue() {
+        if !here || !self.may_run_here() {
             return None;
         }
         if let Some(guard) = self.solo.enter() {
@@ -683,10 +680,17 @@ impl Engine {
     /// it runs the operation through [`Engine::run_solo`].
     #[inline]
     pub fn enter_solo(&'static self) -> Option<SoloGuard<'static>> {
-        if self.live_errors.load(Ordering::Acquire) > 0 || self.in_inline_queue() {
+        if !self.may_run_here() {
             return None;
         }
         self.solo.enter()
+    }
+
+    /// What every run-at-once path requires: no failure recorded (it must check the
+    /// variables' marks) and no inline queue running on this thread (it must keep its order).
+    #[inline]
+    fn may_run_here(&self) -> bool {
+        self.live_errors.load(Ordering::Acquire) == 0 && !self.in_inline_queue()
     }
 
     /// Whether this thread runs an inline queue (NaiveEngine, [`Engine::run_inline`]). Only
