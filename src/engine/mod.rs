@@ -503,9 +503,15 @@ impl Engine {
         if pool.is_some() {
             self.reap_sometimes();
         }
-        let p = match self.try_run_now(p) {
-            Ok(()) => return Ok(()),
-            Err(p) => p,
+        // Only NaiveEngine and cheap operations may run here (see `acquire_now`); for others,
+        // trying would move the whole `Push` twice for nothing.
+        let p = if pool.is_none() || p.cheap {
+            match self.try_run_now(p) {
+                Ok(()) => return Ok(()),
+                Err(p) => p,
+            }
+        } else {
+            p
         };
         let n_const = p.const_vars.len();
         let mut vars = p.const_vars;

@@ -99,6 +99,10 @@ impl BPlan {
     }
 }
 
+/// Outputs of at most this many elements never split across threads (far below any split
+/// point), so [`run_bin`] runs them in one plain loop.
+const TINY: usize = 64;
+
 /// `out = f(a, b)` elementwise under `plan`, over the kernel pool.
 pub(crate) fn run_bin<T: Elem, U: Elem>(plan: &BPlan, a: &[T], b: &[T], out: &mut [U], cost: Cost, f: impl Fn(T, T) -> U + Sync + Send) {
     let total = plan.size();
@@ -109,6 +113,14 @@ pub(crate) fn run_bin<T: Elem, U: Elem>(plan: &BPlan, a: &[T], b: &[T], out: &mu
     let k = plan.dims.len();
     let inner = plan.dims[k - 1];
     let (ia, ib) = (plan.sa[k - 1], plan.sb[k - 1]);
+    if k == 1 && ia == 1 && ib == 1 && total <= TINY {
+        // Same shape and a few elements: one plain loop (no odometer, no split to consider),
+        // the common case of small imperative calls.
+        for ((o, &x), &y) in out.iter_mut().zip(&a[..total]).zip(&b[..total]) {
+            *o = f(x, y);
+        }
+        return;
+    }
     let o = SendPtr(out.as_mut_ptr());
     par_for(total, cost, T::DTYPE, |r| {
         let o = o;
