@@ -99,8 +99,9 @@ impl BPlan {
     }
 }
 
-/// Outputs of at most this many elements never split across threads (far below any split
-/// point), so [`run_bin`] runs them in one plain loop.
+/// Outputs of at most this many elements never split across threads: at the dearest
+/// per-element cost (`Cost::MATH`, 24 times `Cost::CHEAP`) they make 1.5 of the 2 minimum chunks
+/// a split needs (see `kernel::max_parts`), so [`run_bin`] runs them in one plain loop.
 const TINY: usize = 64;
 
 /// `out = f(a, b)` elementwise under `plan`, over the kernel pool.
