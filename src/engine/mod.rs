@@ -503,9 +503,9 @@ impl Engine {
         if pool.is_some() {
             self.reap_sometimes();
         }
-        // Only NaiveEngine and cheap operations may run here (see `acquire_now`); for others,
-        // trying would move the whole `Push` twice for nothing.
-        let p = if pool.is_none() || p.cheap {
+        // For an operation that may not run here, trying would move the whole `Push` twice
+        // for nothing.
+        let p = if self.may_try_here(p.cheap) {
             match self.try_run_now(p) {
                 Ok(()) => return Ok(()),
                 Err(p) => p,
@@ -650,9 +650,7 @@ impl Engine {
         ctx: Context,
         tag: OpTag<'a>,
     ) -> Option<RunNow<'a>> {
-        let here = self.opts.kind == EngineKind::Naive
-            || (tag.cheap && ctx.dev_type.is_host() && self.pending() == 0 && !on_worker_thread());
-        if !here || !self.may_run_here() {
+        if !self.runs_here(ctx, tag.cheap) {
             return None;
         }
         if let Some(guard) = self.solo.enter() {
@@ -678,6 +676,39 @@ impl Engine {
         // for it (the child would otherwise inherit variables held for good).
         self.pushed.fetch_add(1, Ordering::SeqCst);
         Some(RunNow { engine: self, reads, writes, ctx, tag, ran: false, solo: None })
+    }
+
+    /// Whether an operation may be tried on the pushing thread at all: NaiveEngine runs
+    /// everything there, a threaded engine only cheap operations.
+    #[inline]
+    fn may_try_here(&self, cheap: bool) -> bool {
+        self.opts.kind == EngineKind::Naive || cheap
+    }
+
+    /// Whether an operation may run on this thread now (its variables aside): one that may be
+    /// tried here ([`Engine::may_try_here`]) and, in a threaded engine, is on a host context
+    /// with nothing pending, pushed from a thread that is not a worker; and nothing this
+    /// thread must keep in order ([`Engine::may_run_here`]).
+    #[inline]
+    fn runs_here(&self, ctx: Context, cheap: bool) -> bool {
+        self.may_try_here(cheap)
+            && (self.opts.kind == EngineKind::Naive || (ctx.dev_type.is_host() && self.pending() == 0 && !on_worker_thread()))
+            && self.may_run_here()
+    }
+
+    /// A solo operation ([`solo`]) for a cheap operation of this thread, if one may run now:
+    /// the checks of [`Engine::acquire_cheap`], without the variables (a solo operation takes
+    /// none, so its caller need not list them). The caller runs it through
+    /// [`Engine::run_solo`], naming the variables it writes for a failure to mark.
+    #[inline]
+    pub fn enter_solo_cheap(&'static self, ctx: Context) -> Option<SoloGuard<'static>> {
+        if BULK_THREADS.load(Ordering::Relaxed) > 0
+            || !self.runs_here(ctx, true)
+            || (!self.opts.virtual_gpus && ctx.check_available().is_err())
+        {
+            return None;
+        }
+        self.solo.enter()
     }
 
     /// A solo operation ([`solo`]) for this thread, if it may run one now: NaiveEngine (or a

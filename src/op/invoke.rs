@@ -225,14 +225,12 @@ fn run_kernel(op: &OpDef, cx: &OpCtx, in_blobs: &[TBlob], out_blobs: &[TBlob], t
 /// element for transcendental functions, 256 elements are about 1.5 µs).
 const CHEAP_ELEMENTS: usize = 256;
 
-/// Push `op`'s kernel on `inputs` writing `outs` (allocated, checked against inference) as
-/// one engine operation. `req[i]` is how output `i` is written; [`Req::Null`] outputs are
-/// neither written nor listed as written variables.
-pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&NDArray], outs: &[NDArray], mut req: Vec<Req>, ctx: Context) -> Result<()> {
-    // Variables: inputs read, outputs and mutated inputs written, each listed once.
-    // Inline for the common few (no allocation unless the operation is pushed with more).
+/// An operation's variables: inputs read, outputs (unless [`Req::Null`]), mutated inputs and
+/// the temporary space written, each listed once.
+fn var_lists(op: &OpDef, inputs: &[&NDArray], outs: &[NDArray], req: &[Req], temp: Option<&Arc<super::resource::TempSpace>>) -> Result<(engine::VarList, engine::VarList)> {
+    // Inline for the common few (no allocation unless the operation has more).
     let mut mutable = engine::VarList::with_capacity(outs.len() + op.mutate_inputs.len());
-    for (o, r) in outs.iter().zip(&req) {
+    for (o, r) in outs.iter().zip(req) {
         if *r != Req::Null {
             push_unique(&mut mutable, o.chunk()?);
         }
@@ -248,7 +246,16 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
             push_unique(&mut constant, c);
         }
     }
+    if let Some(t) = temp {
+        mutable.push(t.var().clone());
+    }
+    Ok((constant, mutable))
+}
 
+/// Push `op`'s kernel on `inputs` writing `outs` (allocated, checked against inference) as
+/// one engine operation. `req[i]` is how output `i` is written; [`Req::Null`] outputs are
+/// neither written nor listed as written variables.
+pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&NDArray], outs: &[NDArray], mut req: Vec<Req>, ctx: Context) -> Result<()> {
     // Blobs, with temporaries for undeclared overlaps.
     // Inline for the common few operands (moved into the pushed closure, no allocation).
     let mut in_blobs: smallvec::SmallVec<[TBlob; 3]> = smallvec::SmallVec::with_capacity(inputs.len());
@@ -298,13 +305,7 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
     } else {
         None
     };
-    let temp = if op.resources.contains(&Resource::TempSpace) {
-        let t = super::resource::request(ctx)?;
-        mutable.push(t.var().clone());
-        Some(t)
-    } else {
-        None
-    };
+    let temp = if op.resources.contains(&Resource::TempSpace) { Some(super::resource::request(ctx)?) } else { None };
     let is_train = is_training();
     let elems: usize = inputs.iter().map(|x| x.size()).chain(outs.iter().map(NDArray::size)).sum();
     // The operator's interned name, borrowed unless the profiler renames it.
@@ -316,6 +317,31 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
     let name = profiled_name.as_ref().unwrap_or(op.engine_name());
     let engine = engine::global()?;
     let cheap = elems <= CHEAP_ELEMENTS;
+    if cheap {
+        let tag = engine::OpTag { name: Some(name), symbolic: false, scope: scope.as_ref(), cheap };
+        // Solo (see engine::solo): no variable is taken, so none is listed; on a failure the
+        // written ones are marked.
+        if let Some(guard) = engine.enter_solo_cheap(ctx) {
+            let temp_var = temp.as_ref().map(|t| t.var().clone());
+            let mark_writes = |mark: &mut dyn FnMut(&Var)| {
+                let outs = outs.iter().zip(&req).filter(|(_, r)| **r != Req::Null).map(|(o, _)| o);
+                let mutated = op.mutate_inputs.iter().filter(|&&i| i < inputs.len()).map(|&i| inputs[i]);
+                for c in outs.chain(mutated).filter_map(|a| a.chunk().ok()) {
+                    mark(c);
+                }
+                if let Some(v) = &temp_var {
+                    mark(v);
+                }
+            };
+            let kernel = |_: &engine::RunContext| {
+                let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train, temp };
+                run_kernel(op, &cx, &in_blobs, &out_blobs, &temps, &final_outs)
+            };
+            engine.run_solo(guard, ctx, tag, kernel, mark_writes);
+            return Ok(());
+        }
+    }
+    let (constant, mutable) = var_lists(op, inputs, outs, &req, temp.as_ref())?;
     if cheap {
         // A cheap operation that may run at once runs here, from the stack: nothing is boxed
         // or moved into an engine operation.

@@ -235,6 +235,18 @@ def test_take(mode):
         check(mx.nd.take(nd(x), nd(bad), mode=mode), np.take(x, bad, axis=0, mode=mode))
 
 
+
+def test_tiny_kernel_failure_marks_what_it_writes():
+    # Tiny arrays: the kernel runs on the calling thread. Its failure is kept on the output,
+    # passed on by an operation reading it, reported at the wait on that one; then the
+    # engine goes on working.
+    x = nd(np.arange(12, dtype="float32").reshape(3, 4))
+    bad = mx.nd.pick(x, nd(np.array([0, 3, 5], "float32")), axis=1, mode="raise")
+    dependent = bad + 1
+    with pytest.raises(mx.base.MXNetError, match="out of bounds"):
+        dependent.asnumpy()
+    check(x + 1, np.arange(12, dtype="float32").reshape(3, 4) + 1)
+
 def test_pick_one_hot_where():
     x = arr((3, 4))
     idx = np.array([0, 3, 5], "float32")
