@@ -205,12 +205,19 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
         return Ok(());
     }
     let (const_vars, mutable_vars) = (var_list(table, reads)?, var_list(table, writes)?);
+    // SAFETY: per this function's contract.
+    let name_text = unsafe { ffi::opt_cstr(args.name, "opr_name") }?;
+    // Everything that can fail is checked before the param is taken over: on failure it stays
+    // the caller's.
+    let pool = engine.validate(&const_vars, &mutable_vars, ctx, prop)?;
     let CFunc { sync_func, async_func, param: func_param, deleter } = func;
+    // The name is interned once at most: here only if the profiler records the operation.
+    let mut name = None;
     // Otherwise it runs here if its variables are free.
     if let Some(run) = run {
-        engine.validate_here(&const_vars, &mutable_vars, ctx)?;
-        // SAFETY: per this function's contract.
-        let name = unsafe { profiled_name(args.name) }?;
+        if crate::profiler::ops_on(false) {
+            name = name_text.map(engine::intern);
+        }
         let tag = engine::OpTag { name: name.as_ref(), ..Default::default() };
         if let Some(slot) = engine.acquire_now(&const_vars, &mutable_vars, ctx, tag) {
             let cparam = CParam { param: func_param, deleter };
@@ -219,10 +226,7 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
             return Ok(());
         };
     }
-    // SAFETY: per this function's contract.
-    let name = unsafe { opr_name(args.name) }?;
-    // Validate before taking over the param: on failure it stays the caller's.
-    let pool = engine.validate(&const_vars, &mutable_vars, ctx, prop)?;
+    let name = name.or_else(|| name_text.map(engine::intern));
     let cparam = CParam { param: func_param, deleter };
     let (func, payload): (OprFn, Option<engine::Payload>) = match (sync_func, async_func) {
         // The param (and its deleter) goes with the function: freed right after the call.

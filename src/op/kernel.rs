@@ -197,7 +197,7 @@ fn decide(max_parts: usize, serial_ns: f64, dtype: DType) -> Option<(Arc<KernelP
 /// The most parts a loop of `n` units at `cost` each splits into: a part holds at least the
 /// work of [`MIN_CHUNK`] cheap elements, so coarse units (a plane, a row) split by their count
 /// and cheap elements by thousands.
-fn max_parts(n: usize, cost: Cost) -> usize {
+pub(crate) fn max_parts(n: usize, cost: Cost) -> usize {
     let parts = n as f64 * cost.0 / (MIN_CHUNK as f64 * Cost::CHEAP.0);
     (parts as usize).min(n)
 }

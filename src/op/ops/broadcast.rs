@@ -101,7 +101,8 @@ impl BPlan {
 
 /// Outputs of at most this many elements never split across threads: at the dearest
 /// per-element cost (`Cost::MATH`, 24 times `Cost::CHEAP`) they make 1.5 of the 2 minimum chunks
-/// a split needs (see `kernel::max_parts`), so [`run_bin`] runs them in one plain loop.
+/// a split needs (see `kernel::max_parts`; a test below pins this), so [`run_bin`] runs them
+/// in one plain loop.
 const TINY: usize = 64;
 
 /// `out = f(a, b)` elementwise under `plan`, over the kernel pool.
@@ -224,6 +225,16 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::op::kernel::max_parts;
+
+    #[test]
+    fn tiny_outputs_would_not_split_at_any_binary_cost() {
+        // `run_bin` runs same-shape outputs of at most TINY elements in one plain loop, which
+        // changes nothing only while even the dearest binary function would run them serially.
+        for cost in [Cost::CHEAP, Cost::MEDIUM, Cost::MATH] {
+            assert!(max_parts(TINY, cost) < 2, "{TINY} elements at {} ns split", cost.0);
+        }
+    }
 
     #[test]
     fn shapes_broadcast_numpy_style() {
@@ -294,3 +305,4 @@ mod tests {
         }
     }
 }
+
