@@ -317,8 +317,8 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
     let name = profiled_name.as_ref().unwrap_or(op.engine_name());
     let engine = engine::global()?;
     let cheap = elems <= CHEAP_ELEMENTS;
+    let tag = engine::OpTag { name: Some(name), symbolic: false, scope: scope.as_ref(), cheap };
     if cheap {
-        let tag = engine::OpTag { name: Some(name), symbolic: false, scope: scope.as_ref(), cheap };
         // Solo (see engine::solo): no variable is taken, so none is listed; on a failure the
         // written ones are marked.
         if let Some(guard) = engine.enter_solo_cheap(ctx) {
@@ -345,7 +345,6 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
     if cheap {
         // A cheap operation that may run at once runs here, from the stack: nothing is boxed
         // or moved into an engine operation.
-        let tag = engine::OpTag { name: Some(name), symbolic: false, scope: scope.as_ref(), cheap };
         if let Some(slot) = engine.acquire_cheap(&constant, &mutable, ctx, tag) {
             slot.run(|_| {
                 let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train, temp };
