@@ -190,7 +190,7 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
         engine::check_distinct_ptrs(&ptrs)?;
         engine.check_context(ctx)?;
         // SAFETY: per this function's contract.
-        let name = unsafe { profiled_name(args.name) }?;
+        let name = profiled(unsafe { ffi::opt_cstr(args.name, "opr_name") }?);
         let tag = engine::OpTag { name: name.as_ref(), ..Default::default() };
         let cparam = CParam { param: func.param, deleter: func.deleter };
         // A failure (only a panic can fail a C function) marks the written variables that
@@ -215,9 +215,7 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
     let mut name = None;
     // Otherwise it runs here if its variables are free.
     if let Some(run) = run {
-        if crate::profiler::ops_on(false) {
-            name = name_text.map(engine::intern);
-        }
+        name = profiled(name_text);
         let tag = engine::OpTag { name: name.as_ref(), ..Default::default() };
         if let Some(slot) = engine.acquire_now(&const_vars, &mutable_vars, ctx, tag) {
             let cparam = CParam { param: func_param, deleter };
@@ -272,28 +270,13 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
     engine.push_validated(push, pool)
 }
 
-/// The name of an operation that runs at once: checked, but interned only when the profiler
-/// will record it.
-///
-/// # Safety
-/// As for [`opr_name`].
-#[inline]
-unsafe fn profiled_name(name: *const c_char) -> Result<Option<Arc<str>>> {
+/// The name of an operation that runs at once: interned only when the profiler will record it.
+fn profiled(name: Option<&str>) -> Option<Arc<str>> {
     if crate::profiler::ops_on(false) {
-        // SAFETY: per this function's contract.
-        unsafe { opr_name(name) }
+        name.map(engine::intern)
     } else {
-        // SAFETY: per this function's contract.
-        unsafe { ffi::opt_cstr(name, "opr_name") }?;
-        Ok(None)
+        None
     }
-}
-
-/// # Safety
-/// `name` must be NULL or a NUL-terminated string.
-unsafe fn opr_name(name: *const c_char) -> Result<Option<Arc<str>>> {
-    // SAFETY: per this function's contract.
-    Ok(unsafe { ffi::opt_cstr(name, "opr_name") }?.map(engine::intern))
 }
 
 /// The two handle lists of MXEnginePushAsync and MXEnginePushSync.

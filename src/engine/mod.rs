@@ -702,13 +702,18 @@ impl Engine {
     /// [`Engine::run_solo`], naming the variables it writes for a failure to mark.
     #[inline]
     pub fn enter_solo_cheap(&'static self, ctx: Context) -> Option<SoloGuard<'static>> {
-        if BULK_THREADS.load(Ordering::Relaxed) > 0
-            || !self.runs_here(ctx, true)
-            || (!self.opts.virtual_gpus && ctx.check_available().is_err())
-        {
+        if !self.cheap_may_skip_push(ctx) || !self.runs_here(ctx, true) {
             return None;
         }
         self.solo.enter()
+    }
+
+    /// What a cheap operation needs besides [`Engine::runs_here`] to run without being
+    /// pushed: a context that exists, and no thread batching operations into bulks (a bulk
+    /// not yet pushed may hold earlier operations on the same variables).
+    #[inline]
+    fn cheap_may_skip_push(&self, ctx: Context) -> bool {
+        BULK_THREADS.load(Ordering::Relaxed) == 0 && (self.opts.virtual_gpus || ctx.check_available().is_ok())
     }
 
     /// A solo operation ([`solo`]) for this thread, if it may run one now: NaiveEngine (or a
@@ -769,10 +774,9 @@ impl Engine {
         self.dispatch_granted(granted);
     }
 
-    /// [`Engine::acquire_now`] for an operation whose variables are distinct (as
-    /// [`Engine::push`] requires): on a context that exists, and while no thread batches
-    /// operations into bulks (a bulk not yet pushed may hold earlier operations on the same
-    /// variables). `None` when it must be pushed instead.
+    /// [`Engine::acquire_now`] for a cheap operation whose variables are distinct (as
+    /// [`Engine::push`] requires), when [`Engine::cheap_may_skip_push`]. `None` when it must
+    /// be pushed instead.
     pub fn acquire_cheap<'a>(
         &'static self,
         reads: &'a [Arc<Var>],
@@ -780,7 +784,7 @@ impl Engine {
         ctx: Context,
         tag: OpTag<'a>,
     ) -> Option<RunNow<'a>> {
-        if BULK_THREADS.load(Ordering::Relaxed) > 0 || (!self.opts.virtual_gpus && ctx.check_available().is_err()) {
+        if !self.cheap_may_skip_push(ctx) {
             return None;
         }
         debug_assert!(check_distinct(reads, writes).is_ok());
