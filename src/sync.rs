@@ -1,5 +1,6 @@
-//! Locks for the whole crate: a mutex, a condition variable, a reader-writer lock, and a spin
-//! lock for the shortest critical sections on hot paths.
+//! Locks for the whole crate: a mutex, a condition variable, a reader-writer lock, a spin
+//! lock for the shortest critical sections on hot paths, and a set-once cell ([`SetOnce`])
+//! that can be built already set without an atomic operation.
 //!
 //! Owns: the choice of lock implementation. These wrap std's futex-based locks, whose whole
 //! state lives in the lock itself, and drop poisoning: a panic is caught at the C boundary
@@ -219,10 +220,138 @@ impl<T: ?Sized> Drop for SpinGuard<'_, T> {
     }
 }
 
+/// A value set at most once and then read with one acquire load: std's `OnceLock` reads as
+/// cheaply, but building one that already holds its value goes through `Once` (a
+/// compare-and-swap and a closure), which every new NDArray's variable paid. Here
+/// [`SetOnce::with`] is a plain store. Setting later ([`SetOnce::get_or_try_init`]) takes the
+/// cell with one compare-and-swap; a thread that finds another one setting it waits (spins,
+/// then yields) for that value.
+pub struct SetOnce<T> {
+    /// `EMPTY`, `BUSY` (being set) or `READY`.
+    state: std::sync::atomic::AtomicU8,
+    value: UnsafeCell<std::mem::MaybeUninit<T>>,
+}
+
+const EMPTY: u8 = 0;
+const BUSY: u8 = 1;
+const READY: u8 = 2;
+
+// SAFETY: the value is written once, by the thread that moved `state` from EMPTY to BUSY, and
+// read only after `state` is READY (Release store, Acquire loads); it moves with the cell.
+unsafe impl<T: Send + Sync> Sync for SetOnce<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Send for SetOnce<T> {}
+
+impl<T> Default for SetOnce<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> SetOnce<T> {
+    pub const fn new() -> Self {
+        SetOnce { state: std::sync::atomic::AtomicU8::new(EMPTY), value: UnsafeCell::new(std::mem::MaybeUninit::uninit()) }
+    }
+
+    /// A cell that already holds `value` (no atomic operation).
+    pub const fn with(value: T) -> Self {
+        SetOnce { state: std::sync::atomic::AtomicU8::new(READY), value: UnsafeCell::new(std::mem::MaybeUninit::new(value)) }
+    }
+
+    #[inline]
+    pub fn get(&self) -> Option<&T> {
+        if self.state.load(Ordering::Acquire) == READY {
+            // SAFETY: READY is stored (Release) only after the value was written, and the
+            // value is never written again.
+            Some(unsafe { (*self.value.get()).assume_init_ref() })
+        } else {
+            None
+        }
+    }
+
+    /// The value, setting it with `init` first if nobody has. An error (or a panic) in `init`
+    /// leaves the cell empty for the next caller.
+    pub fn get_or_try_init<E>(&self, init: impl FnOnce() -> Result<T, E>) -> Result<&T, E> {
+        let mut waits = 0u32;
+        loop {
+            if let Some(v) = self.get() {
+                return Ok(v);
+            }
+            if self.state.compare_exchange(EMPTY, BUSY, Ordering::Acquire, Ordering::Acquire).is_ok() {
+                /// Puts the cell back to EMPTY unless the value was stored.
+                struct Reset<'a>(&'a std::sync::atomic::AtomicU8);
+                impl Drop for Reset<'_> {
+                    fn drop(&mut self) {
+                        if self.0.load(Ordering::Relaxed) == BUSY {
+                            self.0.store(EMPTY, Ordering::Release);
+                        }
+                    }
+                }
+                let _reset = Reset(&self.state);
+                let value = init()?;
+                // SAFETY: BUSY makes this thread the only writer, and no reader looks before
+                // READY.
+                unsafe { (*self.value.get()).write(value) };
+                self.state.store(READY, Ordering::Release);
+                return Ok(self.get().expect("stored above"));
+            }
+            if waits < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+            waits = waits.saturating_add(1);
+        }
+    }
+}
+
+impl<T> Drop for SetOnce<T> {
+    fn drop(&mut self) {
+        if *self.state.get_mut() == READY {
+            // SAFETY: READY means the value was written, and it is dropped only here.
+            unsafe { self.value.get_mut().assume_init_drop() };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn set_once_is_set_by_one_thread_and_survives_failed_inits() {
+        let built = SetOnce::with(vec![1]);
+        assert_eq!(built.get(), Some(&vec![1]));
+        let cell: Arc<SetOnce<Vec<usize>>> = Arc::new(SetOnce::new());
+        assert!(cell.get().is_none());
+        // An error, then a panic, in `init` leave it empty.
+        assert_eq!(cell.get_or_try_init(|| Err::<Vec<usize>, _>("no")), Err("no"));
+        let c2 = cell.clone();
+        assert!(std::thread::spawn(move || c2.get_or_try_init::<()>(|| panic!("in init")).map(|v| v.len())).join().is_err());
+        assert!(cell.get().is_none());
+        // Racing threads all see the one value that won.
+        let inits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen: Vec<Vec<usize>> = (0..4)
+            .map(|k| {
+                let (cell, inits) = (cell.clone(), inits.clone());
+                std::thread::spawn(move || {
+                    cell.get_or_try_init::<()>(|| {
+                        inits.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(5));
+                        Ok(vec![k])
+                    })
+                    .unwrap()
+                    .clone()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect();
+        assert_eq!(inits.load(Ordering::SeqCst), 1);
+        assert!(seen.iter().all(|v| v == &seen[0]), "{seen:?}");
+    }
 
     #[test]
     fn a_panic_while_locked_does_not_poison() {

@@ -243,7 +243,8 @@ unsafe fn invoke_c(
     };
     let given = given_handles.map(|hs| hs.iter().map(|&h| arrays().get(h)).collect::<Result<Vec<_>>>()).transpose()?;
     let given_refs: Option<Vec<&NDArray>> = given.as_ref().map(|g| g.iter().map(|a| &**a).collect());
-    let produced = invoke::invoke(op, &in_refs, given_refs.as_deref(), kv)?;
+    // An iterator of two pointers, not the list moved through three calls.
+    let produced = invoke::invoke(op, &in_refs, given_refs.as_deref(), kv.iter().copied())?;
     INVOKE_OUT.with(|slot| -> Result<()> {
         let mut slot = slot.borrow_mut();
         let (hs, st) = &mut *slot;

@@ -697,12 +697,15 @@ fn exec_bulk_settings_follow_the_configuration() {
     assert!(ExecBulk::from_config(&bad).unwrap_err().to_string().contains("MXNET_EXEC_BULK_EXEC_TRAIN"));
 }
 
-/// A variable fills its two aligned lines exactly: its `Arc` allocation is then 256 bytes, a
-/// power of two, the size mimalloc's aligned allocation serves from its fast path.
+/// A variable's scheduling state sits 128 bytes after its `Arc`'s reference counts (see
+/// `Var`), and the `Arc`'s allocation is 256 bytes, word-aligned (mimalloc's plain fast path).
 #[test]
-fn variable_is_two_cache_lines() {
-    assert_eq!(std::mem::size_of::<Var>(), 128);
-    assert_eq!(std::mem::align_of::<Var>(), 128);
+fn variable_state_is_two_cache_lines_from_its_counts() {
+    let v = Var::new();
+    let arc_start = Arc::as_ptr(&v) as usize - 2 * std::mem::size_of::<usize>();
+    assert_eq!(v.state_addr() - arc_start, 128);
+    assert_eq!(std::mem::size_of::<Var>() + 2 * std::mem::size_of::<usize>(), 256);
+    assert_eq!(std::mem::align_of::<Var>(), std::mem::size_of::<usize>());
 }
 
 /// An operation finished on a worker is dropped (with its variables, and so their data) once

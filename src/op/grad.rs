@@ -83,7 +83,7 @@ pub fn backward(
         }
         req.push(if w { Req::Write } else { Req::Null });
     }
-    invoke::launch(bop, attrs.clone(), &args, &outs, req, ctx).map_err(invoke::stock_class)?;
+    invoke::launch(bop, attrs.clone(), &args, &outs, req.into(), ctx).map_err(invoke::stock_class)?;
     Ok(outs.into_iter().zip(want.iter().chain(std::iter::repeat(&false))).map(|(o, &w)| w.then_some(o)).collect())
 }
 

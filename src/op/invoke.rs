@@ -106,7 +106,7 @@ fn invoke_parsed(op: &'static OpDef, inputs: &[&NDArray], outputs: Option<&[&NDA
     if let Some(ctx) = same_shape_call(op, &attrs, inputs, outputs) {
         let ctx = ctx.check_available()?;
         let outs = vec![NDArray::new(inputs[0].shape.clone(), ctx, inputs[0].dtype, false)?];
-        launch(op, attrs, inputs, &outs, vec![Req::Write], ctx)?;
+        launch(op, attrs, inputs, &outs, ReqList::from_buf_and_len([Req::Write; 4], 1), ctx)?;
         return Ok(outs);
     }
     let mut in_meta = Vec::with_capacity(inputs.len());
@@ -180,7 +180,7 @@ fn invoke_parsed(op: &'static OpDef, inputs: &[&NDArray], outputs: Option<&[&NDA
         outs.push(NDArray::new(m.shape, ctx, m.dtype, false)?);
     }
 
-    let req = vec![Req::Write; outs.len()];
+    let req: ReqList = smallvec::smallvec![Req::Write; outs.len()];
     if !crate::autograd::is_recording() {
         launch(op, attrs, inputs, &outs, req, ctx)?;
         outs.truncate(visible);
@@ -225,6 +225,9 @@ fn run_kernel(op: &OpDef, cx: &OpCtx, in_blobs: &[TBlob], out_blobs: &[TBlob], t
 /// element for transcendental functions, 256 elements are about 1.5 µs).
 const CHEAP_ELEMENTS: usize = 256;
 
+/// How each output of a launch is written (inline for the common few: no allocation).
+pub(crate) type ReqList = smallvec::SmallVec<[Req; 4]>;
+
 /// An operation's variables: inputs read, outputs (unless [`Req::Null`]), mutated inputs and
 /// the temporary space written, each listed once.
 fn var_lists(op: &OpDef, inputs: &[&NDArray], outs: &[NDArray], req: &[Req], temp: Option<&Arc<super::resource::TempSpace>>) -> Result<(engine::VarList, engine::VarList)> {
@@ -255,7 +258,7 @@ fn var_lists(op: &OpDef, inputs: &[&NDArray], outs: &[NDArray], req: &[Req], tem
 /// Push `op`'s kernel on `inputs` writing `outs` (allocated, checked against inference) as
 /// one engine operation. `req[i]` is how output `i` is written; [`Req::Null`] outputs are
 /// neither written nor listed as written variables.
-pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&NDArray], outs: &[NDArray], mut req: Vec<Req>, ctx: Context) -> Result<()> {
+pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&NDArray], outs: &[NDArray], mut req: ReqList, ctx: Context) -> Result<()> {
     // Blobs, with temporaries for undeclared overlaps.
     // Inline for the common few operands (moved into the pushed closure, no allocation).
     let mut in_blobs: smallvec::SmallVec<[TBlob; 3]> = smallvec::SmallVec::with_capacity(inputs.len());

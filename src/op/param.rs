@@ -277,10 +277,25 @@ impl Attrs {
         kv: impl IntoIterator<Item = (&'a str, &'a str)>,
         open: bool,
     ) -> Result<Attrs> {
+        let is_graph_attr = |k: &str| k.starts_with("__") && k.ends_with("__") && k.len() > 4;
+        let unknown = |k: &str| {
+            let known: Vec<&str> = specs.iter().map(|s| s.name).collect();
+            Error::value(format!(
+                "operator {op} has no parameter '{k}' (its parameters: {})",
+                if known.is_empty() { "none".to_string() } else { known.join(", ") }
+            ))
+        };
+        if specs.is_empty() && !open {
+            // An operator without parameters (most element-wise ones): nothing to fill in.
+            if let Some((k, _)) = kv.into_iter().find(|(k, _)| !is_graph_attr(k)) {
+                return Err(unknown(k));
+            }
+            return Ok(Attrs { op, specs, values: Vec::new(), extra: Vec::new() });
+        }
         let mut values: Vec<Option<Value>> = vec![None; specs.len()];
         let mut extra = Vec::new();
         for (k, v) in kv {
-            if k.starts_with("__") && k.ends_with("__") && k.len() > 4 {
+            if is_graph_attr(k) {
                 continue;
             }
             let Some(i) = specs.iter().position(|s| s.name == k) else {
@@ -288,11 +303,7 @@ impl Attrs {
                     extra.push((k.to_string(), v.to_string()));
                     continue;
                 }
-                let known: Vec<&str> = specs.iter().map(|s| s.name).collect();
-                return Err(Error::value(format!(
-                    "operator {op} has no parameter '{k}' (its parameters: {})",
-                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
-                )));
+                return Err(unknown(k));
             };
             let value = specs[i].parse(v).map_err(|why| {
                 Error::value(format!("invalid value '{v}' for parameter '{k}' of operator {op}: {why}"))
@@ -499,6 +510,17 @@ mod tests {
         }
         // Dunder graph attributes are not parameters and are ignored.
         assert!(parse(&[("shape", "(1,)"), ("__layout__", "NCHW")]).is_ok());
+    }
+
+    #[test]
+    fn an_operator_without_parameters_refuses_keys_but_not_graph_attributes() {
+        let a = Attrs::parse("no_params", &[], [("__layout__", "NC"), ("__ctx_group__", "g")]).unwrap();
+        assert!(!a.has("scalar") && a.extra().is_empty());
+        let e = Attrs::parse("no_params", &[], [("__layout__", "NC"), ("scalar", "1")]).unwrap_err().to_string();
+        assert_eq!(e, "ValueError: operator no_params has no parameter 'scalar' (its parameters: none)");
+        // An open operator without declared parameters keeps them instead.
+        let a = Attrs::parse_open("open_none", &[], [("scalar", "1")]).unwrap();
+        assert_eq!(a.extra(), &[("scalar".to_string(), "1".to_string())]);
     }
 
     #[test]
