@@ -230,7 +230,7 @@ pub(crate) type ReqList = smallvec::SmallVec<[Req; 4]>;
 
 /// An operation's variables: inputs read, outputs (unless [`Req::Null`]), mutated inputs and
 /// the temporary space written, each listed once.
-fn var_lists(op: &OpDef, inputs: &[&NDArray], outs: &[NDArray], req: &[Req], temp: Option<&Arc<super::resource::TempSpace>>) -> Result<(engine::VarList, engine::VarList)> {
+fn var_lists(op: &OpDef, inputs: &[&NDArray], outs: &[NDArray], req: &[Req], temp: Option<&Arc<Var>>) -> Result<(engine::VarList, engine::VarList)> {
     // Inline for the common few (no allocation unless the operation has more).
     let mut mutable = engine::VarList::with_capacity(outs.len() + op.mutate_inputs.len());
     for (o, r) in outs.iter().zip(req) {
@@ -250,7 +250,7 @@ fn var_lists(op: &OpDef, inputs: &[&NDArray], outs: &[NDArray], req: &[Req], tem
         }
     }
     if let Some(t) = temp {
-        mutable.push(t.var().clone());
+        mutable.push(t.clone());
     }
     Ok((constant, mutable))
 }
@@ -325,15 +325,13 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
         // Solo (see engine::solo): no variable is taken, so none is listed; on a failure the
         // written ones are marked.
         if let Some(guard) = engine.enter_solo_cheap(ctx) {
+            // The kernel takes `temp`; its variable stays here for a failure to mark. The
+            // written variables are listed only on a failure (every chunk was checked when the
+            // blobs were made).
             let temp_var = temp.as_ref().map(|t| t.var().clone());
             let mark_writes = |mark: &mut dyn FnMut(&Var)| {
-                let outs = outs.iter().zip(&req).filter(|(_, r)| **r != Req::Null).map(|(o, _)| o);
-                let mutated = op.mutate_inputs.iter().filter(|&&i| i < inputs.len()).map(|&i| inputs[i]);
-                for c in outs.chain(mutated).filter_map(|a| a.chunk().ok()) {
-                    mark(c);
-                }
-                if let Some(v) = &temp_var {
-                    mark(v);
+                if let Ok((_, written)) = var_lists(op, inputs, outs, &req, temp_var.as_ref()) {
+                    written.iter().for_each(|v| mark(v));
                 }
             };
             let kernel = |_: &engine::RunContext| {
@@ -344,7 +342,7 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
             return Ok(());
         }
     }
-    let (constant, mutable) = var_lists(op, inputs, outs, &req, temp.as_ref())?;
+    let (constant, mutable) = var_lists(op, inputs, outs, &req, temp.as_ref().map(|t| t.var()))?;
     if cheap {
         // A cheap operation that may run at once runs here, from the stack: nothing is boxed
         // or moved into an engine operation.
