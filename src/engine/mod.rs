@@ -35,6 +35,7 @@
 pub mod opr;
 pub mod pool;
 mod queue;
+mod ring;
 mod solo;
 pub mod var;
 
@@ -258,9 +259,13 @@ pub struct Engine {
     cpu_priority: OnceLock<&'static Pool>,
     gpu_pools: Mutex<HashMap<(PoolClass, i32), &'static Pool>>,
     create_lock: Mutex<()>,
-    register_lock: Mutex<()>,
+    /// Taken by the worker that registers (or takes from the ring) for every operation: on
+    /// lines of its own, away from the fields a pushing thread reads per push.
+    register_lock: Padded<Mutex<()>>,
     /// Pushed operations not yet registered with their variables (threaded engines).
     submissions: queue::SubmitQueue,
+    /// The solo owner's pushes to the CPU worker pool ([`ring`]).
+    ring: ring::Ring,
     /// Operations pushed so far (written by pushing threads) and finished so far (written
     /// by the threads that finish them): pending is the difference. Two counters on their
     /// own lines, so that a pusher and a worker do not pass one line back and forth per
@@ -275,7 +280,7 @@ pub struct Engine {
     waiters: AtomicUsize,
     errors: Mutex<Vec<Arc<ErrorCell>>>,
     live_errors: AtomicUsize,
-    solo: solo::Solo,
+    solo: Padded<solo::Solo>,
     /// Threads running an inline queue ([`Engine::run_inline`]): while none does, the
     /// run-at-once paths skip the thread-local check.
     inline_threads: AtomicUsize,
@@ -309,14 +314,19 @@ pub fn on_worker_thread() -> bool {
 impl Engine {
     /// Build an engine; it lives for the rest of the process (operations refer to it).
     pub fn start(opts: EngineOptions) -> &'static Engine {
+        let threaded = opts.kind != EngineKind::Naive;
+        if threaded {
+            pool::membarrier::register();
+        }
         Box::leak(Box::new(Engine {
             opts,
             cpu_worker: OnceLock::new(),
             cpu_priority: OnceLock::new(),
             gpu_pools: Mutex::new(HashMap::new()),
             create_lock: Mutex::new(()),
-            register_lock: Mutex::new(()),
+            register_lock: Padded(Mutex::new(())),
             submissions: queue::SubmitQueue::new(),
+            ring: ring::Ring::new(threaded),
             pushed: Padded(AtomicUsize::new(0)),
             finished: Padded(AtomicUsize::new(0)),
             graveyard: Padded(AtomicPtr::new(std::ptr::null_mut())),
@@ -325,7 +335,7 @@ impl Engine {
             waiters: AtomicUsize::new(0),
             errors: Mutex::new(Vec::new()),
             live_errors: AtomicUsize::new(0),
-            solo: solo::Solo::default(),
+            solo: Padded(solo::Solo::default()),
             inline_threads: AtomicUsize::new(0),
         }))
     }
@@ -354,7 +364,13 @@ impl Engine {
         // Finished first: an operation is counted pushed before it is counted finished, so
         // the difference never goes below the true count (it may be above it, momentarily).
         let finished = self.finished.load(Ordering::SeqCst);
-        self.pushed.load(Ordering::SeqCst).wrapping_sub(finished)
+        self.pushed_total().wrapping_sub(finished)
+    }
+
+    /// Operations pushed so far: through the queue or run at once, and through the ring.
+    #[inline]
+    fn pushed_total(&self) -> usize {
+        self.pushed.load(Ordering::SeqCst).wrapping_add(self.ring.published())
     }
 
     /// Worker threads started so far, per pool name.
@@ -513,6 +529,40 @@ impl Engine {
         } else {
             p
         };
+        if let Some(pool) = pool {
+            if self.ring_takes(&p, pool) {
+                // SAFETY: `ring_takes` checked that this thread is the ring's producer, and a
+                // threaded engine's ring has slots.
+                match unsafe { self.ring.publish(p) } {
+                    Ok(()) => {
+                        pool.wake_for_ring();
+                        return Ok(());
+                    }
+                    Err(back) => return self.push_opr(back, Some(pool)),
+                }
+            }
+        }
+        self.push_opr(p, pool)
+    }
+
+    /// Whether a push goes to the owner's ring ([`ring`]): a synchronous operation for the
+    /// CPU worker pool, of normal property and priority and not waited for, from the solo
+    /// owner while no submission waits in the queue (which would have to be registered
+    /// first). Operations with a priority are registered, where the ready queue orders them.
+    #[inline]
+    fn ring_takes(&self, p: &Push, pool: &'static Pool) -> bool {
+        !p.wait
+            && p.prop == FnProperty::Normal
+            && p.priority == 0
+            && matches!(p.func, OprFn::Sync(_) | OprFn::Raw(_))
+            && self.is_cpu_worker_pool(pool)
+            && self.solo.is_owner(solo::my_id())
+            && self.submissions.is_empty()
+    }
+
+    /// The operation for a push, not yet registered, and the latch to wait on if it is waited
+    /// for.
+    fn make_opr(&'static self, p: Push, pool: Option<&'static Pool>) -> (Arc<Opr>, Option<Arc<Latch>>) {
         let n_const = p.const_vars.len();
         let mut vars = p.const_vars;
         vars.extend(p.mutable_vars);
@@ -536,6 +586,11 @@ impl Engine {
             pool,
             next_dead: AtomicPtr::new(std::ptr::null_mut()),
         });
+        (op, done)
+    }
+
+    fn push_opr(&'static self, p: Push, pool: Option<&'static Pool>) -> Result<()> {
+        let (op, done) = self.make_opr(p, pool);
         self.pushed.fetch_add(1, Ordering::SeqCst);
         if let Some(pool) = pool {
             // Threaded engines: hand the operation to the workers, which register it with its
@@ -584,6 +639,9 @@ impl Engine {
         };
         let mut any = false;
         for _ in 0..256 {
+            // Whatever the owner published to its ring before it queued this submission
+            // comes first (the pop's Acquire makes those slots visible here).
+            any |= self.convert_ring();
             // SAFETY: the registration lock, held here, makes this thread the only consumer.
             let Some(op) = (unsafe { self.submissions.pop() }) else { break };
             any = true;
@@ -592,9 +650,103 @@ impl Engine {
         any
     }
 
+    /// Register every operation published to the owner's ring as an ordinary operation.
+    /// The caller holds the registration lock.
+    fn convert_ring(&'static self) -> bool {
+        let mut any = false;
+        // SAFETY: the caller holds the registration lock; each slot is finished (taken)
+        // before the next is looked at.
+        while let Some((slot, _)) = unsafe { self.ring.peek() } {
+            // SAFETY: as above.
+            if let Some(p) = unsafe { self.ring.take(slot) } {
+                let pool = self.cpu_worker.get().copied();
+                let (op, _) = self.make_opr(p, pool);
+                self.register_locked(op);
+            }
+            any = true;
+        }
+        any
+    }
+
+    /// CPU workers: run the oldest operation of the owner's ring on this thread if it can take
+    /// all of its variables now (no allocation, no registration); otherwise register it as an
+    /// ordinary operation. Returns whether there was one.
+    pub(crate) fn run_from_ring(&'static self) -> bool {
+        // Queued submissions come after the ring's operations but may have priorities that
+        // put them first: then everything is registered ([`Engine::drain_submissions`]).
+        if !self.ring.has_records() || !self.submissions.is_empty() {
+            return false;
+        }
+        let Some(order) = self.register_lock.try_lock() else {
+            return false;
+        };
+        // SAFETY: the registration lock is held; the slot is finished below (taken, or given
+        // back after it ran) before this thread looks at another.
+        let Some((slot, p)) = (unsafe { self.ring.peek() }) else {
+            return false;
+        };
+        if self.live_errors.load(Ordering::Acquire) > 0 || !self.take_all(&p.const_vars, &p.mutable_vars) {
+            // A failure to pass on, or a variable in use: the ordinary way, in push order.
+            // SAFETY: as above.
+            if let Some(p) = unsafe { self.ring.take(slot) } {
+                let (op, _) = self.make_opr(p, self.cpu_worker.get().copied());
+                self.register_locked(op);
+            }
+            return true;
+        }
+        // SAFETY: as above; the slot stays this thread's until `give_back`.
+        unsafe { self.ring.advance() };
+        drop(order);
+        // The slot keeps its variables, name and scope for the owner to drop; the function
+        // is moved out (the placeholder is a zero-sized closure: no allocation).
+        let func = std::mem::replace(&mut p.func, OprFn::Sync(Box::new(|_: &RunContext| Ok(()))));
+        let tag = OpTag { name: p.name.as_ref(), symbolic: p.symbolic, scope: p.scope.as_ref(), cheap: false };
+        let outcome = {
+            let _user = pool::UserCode::enter();
+            match func {
+                OprFn::Raw(raw) => run_here(tag, p.ctx, |rctx: &RunContext| {
+                    raw.call(rctx);
+                    Ok(())
+                }),
+                OprFn::Sync(f) => run_here(tag, p.ctx, f),
+                OprFn::Async(_) => Outcome::Failed(Error::internal("an asynchronous operation in the ring")),
+            }
+        };
+        let granted = self.release_vars(&p.const_vars, &p.mutable_vars, outcome);
+        drop(p.payload.take());
+        slot.give_back();
+        self.dispatch_granted(granted);
+        self.finish_one();
+        true
+    }
+
+    /// Take every variable of an operation at once, or none: one that finds a variable held
+    /// or waited for gives back what it took.
+    fn take_all(&'static self, reads: &[Arc<Var>], writes: &[Arc<Var>]) -> bool {
+        for (i, v) in reads.iter().enumerate() {
+            if !v.try_acquire(false) {
+                self.give_back(&reads[..i], &[]);
+                return false;
+            }
+        }
+        for (i, v) in writes.iter().enumerate() {
+            if !v.try_acquire(true) {
+                self.give_back(reads, &writes[..i]);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Whether `pool` is the CPU worker pool (the one the owner's ring feeds).
+    #[inline]
+    pub(crate) fn is_cpu_worker_pool(&self, pool: &Pool) -> bool {
+        self.cpu_worker.get().is_some_and(|w| std::ptr::eq(*w, pool))
+    }
+
     /// Pushed operations wait to be registered.
     pub(crate) fn has_submissions(&self) -> bool {
-        !self.submissions.is_empty()
+        !self.submissions.is_empty() || self.ring.has_records()
     }
 
     /// NaiveEngine's fast path: a synchronous operation whose variables are all free runs at
@@ -660,17 +812,8 @@ impl Engine {
         // variable at once never waits in a queue, so it cannot close a cycle with one that
         // registers; one that finds a variable held or waited for gives back what it took
         // and is pushed, behind whatever it found.
-        for (i, v) in reads.iter().enumerate() {
-            if !v.try_acquire(false) {
-                self.give_back(&reads[..i], &[]);
-                return None;
-            }
-        }
-        for (i, v) in writes.iter().enumerate() {
-            if !v.try_acquire(true) {
-                self.give_back(reads, &writes[..i]);
-                return None;
-            }
+        if !self.take_all(reads, writes) {
+            return None;
         }
         // Counted pending while it holds its variables: a fork from another thread waits
         // for it (the child would otherwise inherit variables held for good).
@@ -934,6 +1077,12 @@ impl Engine {
         }
     }
 
+    /// Empty the ring's slots that the workers gave back (see [`ring`]): for a worker about
+    /// to sleep, so that what they hold does not wait for the next push.
+    pub(crate) fn reclaim_ring(&self) {
+        self.ring.reclaim_all();
+    }
+
     /// Drop every buried operation (taking the whole stack at once: no ABA problem).
     pub(crate) fn reap(&self) {
         if self.graveyard.load(Ordering::Relaxed).is_null() {
@@ -995,7 +1144,7 @@ impl Engine {
         if self.waiters.load(Ordering::SeqCst) > 0 {
             // The finisher that brings the count to a waiter's bound sees it here: finishes
             // are totally ordered, and the pushes counted so far are read after this one.
-            let left = self.pushed.load(Ordering::SeqCst).wrapping_sub(finished);
+            let left = self.pushed_total().wrapping_sub(finished);
             if left == 0 || (self.opts.max_pending > 0 && left < self.opts.max_pending) {
                 let _g = self.idle.lock();
                 self.idle_cv.notify_all();
@@ -1051,6 +1200,7 @@ impl Engine {
         self.flush_bulk();
         self.wait_until(|pending| pending == 0);
         self.reap();
+        self.ring.reclaim_all();
     }
 
     /// Wait until every pushed operation has finished; report (and clear) the first failure
@@ -1096,6 +1246,7 @@ impl Engine {
         }
         // The finished operations on it may hold the data's last references.
         self.reap();
+        self.ring.reclaim_all();
         match var.take_failure() {
             Some(e) => Err(e),
             None => Ok(()),

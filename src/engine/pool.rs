@@ -14,6 +14,12 @@
 //! pusher sees a sleeper or a spinner and wakes it or leaves it be, or the worker sees the
 //! work: a wake-up cannot be lost. A worker that takes work while more is queued wakes
 //! another.
+//!
+//! A push to the owner's ring ([`super::ring`]) publishes with a plain store and reads
+//! `sleepers` and `spinning` without a fence: there the worker about to sleep runs a
+//! process-wide memory barrier (`membarrier`) after it counted itself a sleeper, before its
+//! last look, which orders the pusher's publication against that look as a fence on the
+//! pushing side would. Where `membarrier` is unavailable ring pushes fence as other pushes do.
 
 use super::opr::Opr;
 use super::Engine;
@@ -166,6 +172,21 @@ impl Pool {
         }
     }
 
+    /// After an operation joined the owner's ring ([`super::ring`]): as
+    /// [`Pool::wake_for_submission`], without the fence where a worker about to sleep runs
+    /// `membarrier` instead (see [`membarrier`]): the pushing thread runs no locked
+    /// instruction.
+    #[inline]
+    pub fn wake_for_ring(&self) {
+        if !membarrier::available() {
+            return self.wake_for_submission();
+        }
+        if self.sleepers.load(Ordering::Relaxed) > 0 && !self.spinning.load(Ordering::Relaxed) {
+            let _heap = self.heap.lock();
+            self.cv.notify_one();
+        }
+    }
+
     /// The operation this worker kept (see [`Pool::push`]), unless others became ready
     /// meanwhile: then it joins them and priority decides.
     fn take_handoff(&self) -> Option<Arc<Opr>> {
@@ -232,6 +253,9 @@ impl Pool {
             if let Some(op) = self.try_pop() {
                 return op;
             }
+            if engine.is_cpu_worker_pool(self) && engine.run_from_ring() {
+                continue;
+            }
             if engine.drain_submissions() {
                 continue;
             }
@@ -250,9 +274,13 @@ impl Pool {
             // Going idle: drop the finished operations no pushing thread has dropped yet, so
             // that the memory they hold does not wait for the next push.
             engine.reap();
+            engine.reclaim_ring();
             let mut heap = self.heap.lock();
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             std::sync::atomic::fence(Ordering::SeqCst);
+            // A ring push runs no fence: make every thread's earlier stores visible here
+            // before the last look, or see the push announce itself to a sleeper.
+            membarrier::barrier();
             while heap.is_empty() && !engine.has_submissions() {
                 heap = self.cv.wait(heap);
             }
@@ -276,6 +304,45 @@ impl Pool {
                 self.wake_one();
             }
             engine.execute(op);
+        }
+    }
+}
+
+/// `membarrier(2)`: a memory barrier run on every thread of the process on behalf of the
+/// caller (the expedited private command, registered once per process).
+pub(crate) mod membarrier {
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    const CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+    const CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+    /// 0: not asked yet; 1: available; 2: not.
+    static STATE: AtomicU8 = AtomicU8::new(0);
+
+    /// Register the process (idempotent, also right after `fork`); true when the barrier
+    /// can be used. Called before the first worker starts.
+    pub(crate) fn register() -> bool {
+        // SAFETY: the membarrier system call with a registration command and no pointers.
+        let ok = unsafe { libc::syscall(libc::SYS_membarrier, CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) } == 0;
+        STATE.store(if ok { 1 } else { 2 }, Ordering::SeqCst);
+        ok
+    }
+
+    /// Whether pushes may rely on [`barrier`].
+    #[inline]
+    pub(crate) fn available() -> bool {
+        STATE.load(Ordering::Relaxed) == 1
+    }
+
+    /// The barrier on every thread; a no-op where unavailable (pushes fence then).
+    pub(crate) fn barrier() {
+        if available() {
+            // SAFETY: as in `register`.
+            let r = unsafe { libc::syscall(libc::SYS_membarrier, CMD_PRIVATE_EXPEDITED, 0, 0) };
+            // Once registered the command cannot fail (the kernel refuses only unregistered
+            // processes); were it to, later pushes fence.
+            if r != 0 {
+                STATE.store(2, Ordering::SeqCst);
+            }
         }
     }
 }

@@ -33,7 +33,9 @@ thread_local! {
     static ID: Cell<u64> = const { Cell::new(0) };
 }
 
-fn my_id() -> u64 {
+/// The calling thread's id in the owner word (even, never 0).
+#[inline]
+pub(crate) fn my_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     ID.with(|c| match c.get() {
         0 => {
@@ -111,6 +113,14 @@ impl Solo {
                 std::thread::yield_now();
             }
         }
+    }
+
+    /// Whether the thread with id `id` ([`my_id`]) owns solo mode and is not inside a solo
+    /// operation. Another thread may end solo mode right after: callers rely on this only
+    /// for what stays correct either way (the ring's producer, see [`super::ring`]).
+    #[inline]
+    pub fn is_owner(&self, id: u64) -> bool {
+        self.word.load(Ordering::Relaxed) == id
     }
 
     /// Whether solo mode has ended.

@@ -722,3 +722,80 @@ fn finished_operations_are_dropped_when_workers_go_idle() {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// The owner's ring (`ring.rs`): more operations than it has slots while the only worker is
+/// held up, so that pushes spill to the submission queue and come back to the ring; the
+/// order of a chain on one variable holds throughout.
+#[test]
+fn a_full_ring_spills_to_the_queue_in_push_order() {
+    let e = engine(EngineKind::PerDevice, 1);
+    let (gate_tx, gate_rx) = mpsc::channel::<()>();
+    let gate_rx = Mutex::new(gate_rx);
+    let (started_tx, started_rx) = mpsc::channel::<()>();
+    let started_tx = Mutex::new(started_tx);
+    e.push(Push::sync(
+        move |_| {
+            started_tx.lock().send(()).unwrap();
+            Ok(gate_rx.lock().recv().unwrap())
+        },
+        vec![],
+        vec![Var::new()],
+    ))
+    .unwrap();
+    started_rx.recv().unwrap();
+    let n = 3 * ring::SLOTS;
+    let v = Var::new();
+    let order: Arc<Mutex<Vec<usize>>> = Default::default();
+    let push_n = |range: std::ops::Range<usize>| {
+        for i in range {
+            let o = order.clone();
+            e.push(Push::sync(move |_| Ok(o.lock().push(i)), vec![], vec![v.clone()])).unwrap();
+        }
+    };
+    push_n(0..n);
+    gate_tx.send(()).unwrap();
+    // And more while the worker works through the spilled ones.
+    push_n(n..2 * n);
+    e.wait_all().unwrap();
+    assert_eq!(*order.lock(), (0..2 * n).collect::<Vec<_>>());
+}
+
+/// A push from a second thread that happens after the owner's ring pushes runs after them.
+#[test]
+fn a_second_pusher_comes_after_the_owners_ring_pushes() {
+    for workers in [1, 2] {
+        let e = engine(EngineKind::PerDevice, workers);
+        let v = Var::new();
+        let order: Arc<Mutex<Vec<usize>>> = Default::default();
+        let n = 2000;
+        for i in 0..n {
+            let o = order.clone();
+            e.push(Push::sync(move |_| Ok(o.lock().push(i)), vec![], vec![v.clone()])).unwrap();
+        }
+        let (o, v2) = (order.clone(), v.clone());
+        std::thread::spawn(move || {
+            e.push(Push::sync(move |_| Ok(o.lock().push(n)), vec![v2], vec![])).unwrap();
+        })
+        .join()
+        .unwrap();
+        e.wait_all().unwrap();
+        assert_eq!(*order.lock(), (0..=n).collect::<Vec<_>>());
+    }
+}
+
+/// The ring's slots hold their operations' variables until they are emptied: a wait empties
+/// them, so the last reference to freed data does not outlive the wait.
+#[test]
+fn a_wait_releases_the_variables_the_ring_held() {
+    let e = engine(EngineKind::PerDevice, 1);
+    let v = Var::new();
+    let weak = Arc::downgrade(&v);
+    for _ in 0..10 {
+        e.push(Push::sync(|_| Ok(()), vec![], vec![v.clone()])).unwrap();
+    }
+    drop(v);
+    // Every slot is given back before its operation counts as finished, so the wait finds
+    // them all given back.
+    e.wait_all().unwrap();
+    assert_eq!(weak.strong_count(), 0, "a ring slot still holds the variable after the wait");
+}
