@@ -121,9 +121,6 @@ impl Ring {
         unsafe { *slot.push.get() = Some(p) };
         slot.done.store(false, Ordering::Relaxed);
         self.tail.store(t + 1, Ordering::Release);
-        // The next push writes the next slot: ask for its lines now, for writing, so that
-        // those stores do not wait for a worker's copy then.
-        self.slots[(t + 1) % SLOTS].prefetch_for_write();
         Ok(())
     }
 
@@ -205,22 +202,6 @@ impl Ring {
 }
 
 impl Slot {
-    /// Prefetch the slot's cache lines with intent to write (`prefetchw`; a no-op where the
-    /// CPU lacks it or off x86-64).
-    #[inline]
-    fn prefetch_for_write(&self) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
-            let base = self as *const Slot as *const i8;
-            for line in 0..std::mem::size_of::<Slot>() / 64 {
-                // SAFETY: a prefetch is a hint: it reads nothing and cannot fault; the address
-                // is inside this slot.
-                unsafe { _mm_prefetch::<_MM_HINT_ET0>(base.add(line * 64)) };
-            }
-        }
-    }
-
     /// Consumer: hand the slot back to the producer (after [`Ring::advance`]).
     #[inline]
     pub(crate) fn give_back(&self) {
