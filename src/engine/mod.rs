@@ -23,6 +23,12 @@
 //! the memory and reference counts the pushing thread made stay on its cache lines. NaiveEngine registers on the pushing thread, and
 //! runs an operation whose variables are all free at once, without allocating.
 //!
+//! The ring ([`ring`]): the solo thread's plain pushes to the CPU worker pool skip the queue
+//! and the allocation: they are written into a slot of a single-producer ring, which a CPU
+//! worker runs from (taking all the variables at once) or registers from. Registration takes
+//! everything published to the ring before any queued submission, and the ring is used again
+//! only when the queue is empty, so push order holds across the two.
+//!
 //! Solo mode ([`solo`]): while one thread is the only one that has pushed, the operations it
 //! runs on the spot (NaiveEngine's, and a threaded engine's cheap ones with nothing pending)
 //! skip the variables altogether; the first push from a second thread waits for a running
