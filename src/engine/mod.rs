@@ -568,7 +568,7 @@ impl Engine {
 
     /// The operation for a push, not yet registered, and the latch to wait on if it is waited
     /// for.
-    fn make_opr(&'static self, p: Push, pool: Option<&'static Pool>) -> (Arc<Opr>, Option<Arc<Latch>>) {
+    fn make_opr(&'static self, p: Push, pool: Option<&'static Pool>, ring_mark: usize) -> (Arc<Opr>, Option<Arc<Latch>>) {
         let n_const = p.const_vars.len();
         let mut vars = p.const_vars;
         vars.extend(p.mutable_vars);
@@ -591,12 +591,15 @@ impl Engine {
             engine: self,
             pool,
             next_dead: AtomicPtr::new(std::ptr::null_mut()),
+            ring_mark,
         });
         (op, done)
     }
 
     fn push_opr(&'static self, p: Push, pool: Option<&'static Pool>) -> Result<()> {
-        let (op, done) = self.make_opr(p, pool);
+        // The ring's operations published before this one (by any thread: a push that
+        // happens after another thread's sees it) are registered before it.
+        let (op, done) = self.make_opr(p, pool, self.ring.published());
         self.pushed.fetch_add(1, Ordering::SeqCst);
         if let Some(pool) = pool {
             // Threaded engines: hand the operation to the workers, which register it with its
@@ -645,33 +648,30 @@ impl Engine {
         };
         let mut any = false;
         for _ in 0..256 {
-            // Whatever the owner published to its ring before it queued this submission
-            // comes first (the pop's Acquire makes those slots visible here).
-            any |= self.convert_ring();
             // SAFETY: the registration lock, held here, makes this thread the only consumer.
             let Some(op) = (unsafe { self.submissions.pop() }) else { break };
             any = true;
+            // What the ring published before this submission was pushed comes first (the
+            // pop's Acquire makes those slots visible here); what it published since comes
+            // after.
+            self.convert_ring_upto(op.ring_mark);
             self.register_locked(op);
         }
         any
     }
 
-    /// Register every operation published to the owner's ring as an ordinary operation.
-    /// The caller holds the registration lock.
-    fn convert_ring(&'static self) -> bool {
-        let mut any = false;
+    /// Register the ring's operations below slot `mark` that no worker has taken yet as
+    /// ordinary operations. The caller holds the registration lock.
+    fn convert_ring_upto(&'static self, mark: usize) {
         // SAFETY: the caller holds the registration lock; each slot is finished (taken)
         // before the next is looked at.
-        while let Some((slot, _)) = unsafe { self.ring.peek() } {
+        while let Some((slot, _)) = unsafe { self.ring.peek_below(mark) } {
             // SAFETY: as above.
             if let Some(p) = unsafe { self.ring.take(slot) } {
-                let pool = self.cpu_worker.get().copied();
-                let (op, _) = self.make_opr(p, pool);
+                let (op, _) = self.make_opr(p, self.cpu_worker.get().copied(), 0);
                 self.register_locked(op);
             }
-            any = true;
         }
-        any
     }
 
     /// CPU workers: run the oldest operation of the owner's ring on this thread if it can take
@@ -691,11 +691,13 @@ impl Engine {
         let Some((slot, p)) = (unsafe { self.ring.peek() }) else {
             return false;
         };
-        if self.live_errors.load(Ordering::Acquire) > 0 || !self.take_all(&p.const_vars, &p.mutable_vars) {
-            // A failure to pass on, or a variable in use: the ordinary way, in push order.
+        // A failure to pass on, or a variable in use: the ordinary way, in push order. The
+        // failures are looked at after the variables were taken: a failed operation marks
+        // what it writes before it releases it.
+        if !self.take_all(&p.const_vars, &p.mutable_vars) || self.failure_recorded(&p.const_vars, &p.mutable_vars) {
             // SAFETY: as above.
             if let Some(p) = unsafe { self.ring.take(slot) } {
-                let (op, _) = self.make_opr(p, self.cpu_worker.get().copied());
+                let (op, _) = self.make_opr(p, self.cpu_worker.get().copied(), 0);
                 self.register_locked(op);
             }
             return true;
@@ -703,6 +705,12 @@ impl Engine {
         // SAFETY: as above; the slot stays this thread's until `give_back`.
         unsafe { self.ring.advance() };
         drop(order);
+        // More to run: let another worker (if any) take it meanwhile.
+        if self.ring.has_records() {
+            if let Some(pool) = self.cpu_worker.get() {
+                pool.wake_another();
+            }
+        }
         // The slot keeps its variables, name and scope for the owner to drop; the function
         // is moved out (the placeholder is a zero-sized closure: no allocation).
         let func = std::mem::replace(&mut p.func, OprFn::Sync(Box::new(|_: &RunContext| Ok(()))));
@@ -723,6 +731,16 @@ impl Engine {
         slot.give_back();
         self.dispatch_granted(granted);
         self.finish_one();
+        true
+    }
+
+    /// After [`Engine::take_all`]: whether a failure is recorded anywhere, in which case the
+    /// variables are given back (the operation must go the way that checks their marks).
+    fn failure_recorded(&'static self, reads: &[Arc<Var>], writes: &[Arc<Var>]) -> bool {
+        if self.live_errors.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        self.give_back(reads, writes);
         true
     }
 
@@ -750,9 +768,10 @@ impl Engine {
         self.cpu_worker.get().is_some_and(|w| std::ptr::eq(*w, pool))
     }
 
-    /// Pushed operations wait to be registered.
-    pub(crate) fn has_submissions(&self) -> bool {
-        !self.submissions.is_empty() || self.ring.has_records()
+    /// Pushed operations wait for `pool`'s workers: queued submissions (any pool's workers
+    /// register them), or the ring's (the CPU worker pool's).
+    pub(crate) fn has_submissions(&self, pool: &Pool) -> bool {
+        !self.submissions.is_empty() || (self.ring.has_records() && self.is_cpu_worker_pool(pool))
     }
 
     /// NaiveEngine's fast path: a synchronous operation whose variables are all free runs at
@@ -818,7 +837,7 @@ impl Engine {
         // variable at once never waits in a queue, so it cannot close a cycle with one that
         // registers; one that finds a variable held or waited for gives back what it took
         // and is pushed, behind whatever it found.
-        if !self.take_all(reads, writes) {
+        if !self.take_all(reads, writes) || self.failure_recorded(reads, writes) {
             return None;
         }
         // Counted pending while it holds its variables: a fork from another thread waits

@@ -189,6 +189,9 @@ pub struct Opr {
     pub(crate) pool: Option<&'static Pool>,
     /// The next finished operation in the engine's graveyard (see `Engine::bury`).
     pub(crate) next_dead: AtomicPtr<Opr>,
+    /// For a queued submission: the ring's slots published before it was pushed, which are
+    /// registered before it (see `Engine::drain_submissions`).
+    pub(crate) ring_mark: usize,
 }
 
 impl Opr {

@@ -181,6 +181,9 @@ impl Pool {
         if !membarrier::available() {
             return self.wake_for_submission();
         }
+        // The compiler must not move the loads below above the publishing store; the CPU
+        // may, which the sleeper's `membarrier` covers.
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
         if self.sleepers.load(Ordering::Relaxed) > 0 && !self.spinning.load(Ordering::Relaxed) {
             let _heap = self.heap.lock();
             self.cv.notify_one();
@@ -196,6 +199,14 @@ impl Pool {
             return None;
         }
         Some(op)
+    }
+
+    /// Wake a sleeping worker, if this pool has another and none spins.
+    #[inline]
+    pub(crate) fn wake_another(&self) {
+        if self.threads > 1 {
+            self.wake_one();
+        }
     }
 
     fn wake_one(&self) {
@@ -230,7 +241,7 @@ impl Pool {
                         break 'outer;
                     }
                 }
-                if engine.has_submissions() {
+                if engine.has_submissions(self) {
                     break 'outer;
                 }
                 std::hint::spin_loop();
@@ -259,7 +270,7 @@ impl Pool {
             if engine.drain_submissions() {
                 continue;
             }
-            if engine.has_submissions() {
+            if engine.has_submissions(self) {
                 // Another worker registers them, or a push is between its two steps (see
                 // `queue`): let that thread run instead of spinning against it.
                 std::thread::yield_now();
@@ -268,7 +279,7 @@ impl Pool {
             if let Some(op) = self.spin(engine) {
                 return op;
             }
-            if engine.has_submissions() {
+            if engine.has_submissions(self) {
                 continue;
             }
             // Going idle: drop the finished operations no pushing thread has dropped yet, so
@@ -278,10 +289,13 @@ impl Pool {
             let mut heap = self.heap.lock();
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             std::sync::atomic::fence(Ordering::SeqCst);
-            // A ring push runs no fence: make every thread's earlier stores visible here
-            // before the last look, or see the push announce itself to a sleeper.
-            membarrier::barrier();
-            while heap.is_empty() && !engine.has_submissions() {
+            // A ring push (CPU worker pool only) runs no fence: make every thread's earlier
+            // stores visible here before the last look, or see the push announce itself to a
+            // sleeper.
+            if engine.is_cpu_worker_pool(self) {
+                membarrier::barrier();
+            }
+            while heap.is_empty() && !engine.has_submissions(self) {
                 heap = self.cv.wait(heap);
             }
             self.sleepers.fetch_sub(1, Ordering::SeqCst);

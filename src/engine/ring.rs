@@ -19,8 +19,9 @@
 //!   producer reclaims in batches, every [`RECLAIM_BATCH`] pushes, the slots older than
 //!   [`RECLAIM_LAG`] (whose lines the workers are done with): the references are then taken
 //!   and dropped on the producer, so their counts' cache lines stay there, at one lock per
-//!   batch. A thread that waits, and a worker about to sleep, reclaim everything given back,
-//!   so that references to data the caller freed do not outlive its operations.
+//!   batch. A thread that waits, and a worker about to sleep, reclaim everything given back
+//!   (also behind a slot still in use, without advancing past it), so that references to
+//!   data the caller freed do not outlive its operations.
 //! - The producer writes slot `t` only once `reclaimed` (Acquire) is past `t - SLOTS`. A
 //!   full ring (that slot still busy) sends the push the ordinary way (the submission queue).
 //!   The engine registers every published slot before any queued submission and uses the
@@ -148,6 +149,18 @@ impl Ring {
             r += 1;
         }
         self.reclaimed.store(r, Ordering::Release);
+        if wait {
+            // Behind an operation still running, empty the slots given back without moving
+            // `reclaimed` past it (the slots stay given back, empty): a long operation does
+            // not keep what later, finished ones held.
+            for i in r + 1..upto {
+                let slot = &self.slots[i % SLOTS];
+                if slot.done.load(Ordering::Acquire) {
+                    // SAFETY: as above (given back, not reclaimed, the reclaim lock held).
+                    drop(unsafe { (*slot.push.get()).take() });
+                }
+            }
+        }
     }
 
     /// Empty every slot given back so far (a thread that waits, a worker about to sleep):
@@ -166,8 +179,18 @@ impl Ring {
     /// [`Ring::take`] or [`Ring::give_back`]) before it takes another.
     #[inline]
     pub(crate) unsafe fn peek(&self) -> Option<(&Slot, &mut Push)> {
+        // SAFETY: per the caller's contract.
+        unsafe { self.peek_below(usize::MAX) }
+    }
+
+    /// Consumer: [`Ring::peek`], for a slot below `mark` only.
+    ///
+    /// # Safety
+    /// As for [`Ring::peek`].
+    #[inline]
+    pub(crate) unsafe fn peek_below(&self, mark: usize) -> Option<(&Slot, &mut Push)> {
         let h = self.head.load(Ordering::Relaxed);
-        if h == self.tail.load(Ordering::Acquire) {
+        if h >= mark || h == self.tail.load(Ordering::Acquire) {
             return None;
         }
         let slot = &self.slots[h % SLOTS];

@@ -757,7 +757,13 @@ fn a_full_ring_spills_to_the_queue_in_push_order() {
     // And more while the worker works through the spilled ones.
     push_n(n..2 * n);
     e.wait_all().unwrap();
-    assert_eq!(*order.lock(), (0..2 * n).collect::<Vec<_>>());
+    assert!(e.pushed.load(Ordering::SeqCst) > 0, "nothing spilled to the queue");
+    // Once the queue has drained, the ring takes pushes again.
+    let published = e.ring.published();
+    push_n(2 * n..2 * n + 10);
+    e.wait_all().unwrap();
+    assert_eq!(e.ring.published(), published + 10, "the ring was not used after the spill");
+    assert_eq!(*order.lock(), (0..2 * n + 10).collect::<Vec<_>>());
 }
 
 /// A push from a second thread that happens after the owner's ring pushes runs after them.
@@ -780,6 +786,7 @@ fn a_second_pusher_comes_after_the_owners_ring_pushes() {
         .unwrap();
         e.wait_all().unwrap();
         assert_eq!(*order.lock(), (0..=n).collect::<Vec<_>>());
+        assert!(e.ring.published() > 0, "the owner's pushes did not go through the ring");
     }
 }
 
@@ -797,5 +804,40 @@ fn a_wait_releases_the_variables_the_ring_held() {
     // Every slot is given back before its operation counts as finished, so the wait finds
     // them all given back.
     e.wait_all().unwrap();
+    assert_eq!(e.ring.published(), 10, "the pushes did not go through the ring");
     assert_eq!(weak.strong_count(), 0, "a ring slot still holds the variable after the wait");
+}
+
+/// Behind an operation still running, a wait empties the slots of the finished ones.
+#[test]
+fn a_long_operation_does_not_hold_what_later_ring_slots_held() {
+    let e = engine(EngineKind::PerDevice, 2);
+    let (gate_tx, gate_rx) = mpsc::channel::<()>();
+    let gate_rx = Mutex::new(gate_rx);
+    let (started_tx, started_rx) = mpsc::channel::<()>();
+    let started_tx = Mutex::new(started_tx);
+    let blocker = Var::new();
+    e.push(Push::sync(
+        move |_| {
+            started_tx.lock().send(()).unwrap();
+            Ok(gate_rx.lock().recv().unwrap())
+        },
+        vec![],
+        vec![blocker.clone()],
+    ))
+    .unwrap();
+    started_rx.recv().unwrap();
+    let v = Var::new();
+    let weak = Arc::downgrade(&v);
+    for _ in 0..10 {
+        e.push(Push::sync(|_| Ok(()), vec![], vec![v.clone()])).unwrap();
+    }
+    e.wait_for_var(&v, true).unwrap();
+    drop(v);
+    assert_eq!(e.ring.published(), 11, "the pushes did not go through the ring");
+    // The ten finished (on the second worker) and gave their slots back; the wait for them
+    // emptied those slots although the first slot's operation still runs.
+    assert_eq!(weak.strong_count(), 0, "ring slots behind the running operation still hold the variable");
+    gate_tx.send(()).unwrap();
+    e.wait_all().unwrap();
 }
