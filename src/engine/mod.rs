@@ -711,8 +711,8 @@ impl Engine {
                 pool.wake_another();
             }
         }
-        // The slot keeps its variables, name and scope for the owner to drop; the function
-        // is moved out (the placeholder is a zero-sized closure: no allocation).
+        // The slot keeps its variables, name and scope for a reclaimer to drop (see `ring`);
+        // the function is moved out (the placeholder is a zero-sized closure: no allocation).
         let func = std::mem::replace(&mut p.func, OprFn::Sync(Box::new(|_: &RunContext| Ok(()))));
         let tag = OpTag { name: p.name.as_ref(), symbolic: p.symbolic, scope: p.scope.as_ref(), cheap: false };
         let outcome = {
