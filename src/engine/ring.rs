@@ -24,8 +24,10 @@
 //!   data the caller freed do not outlive its operations.
 //! - The producer writes slot `t` only once `reclaimed` (Acquire) is past `t - SLOTS`. A
 //!   full ring (that slot still busy) sends the push the ordinary way (the submission queue).
-//!   The engine registers every published slot before any queued submission and uses the
-//!   ring again only once the queue is empty, so that push order holds across the two.
+//!   A queued submission carries how many slots were published before it was pushed; the
+//!   engine registers those before it, takes nothing from the ring directly while the queue
+//!   holds anything, and the producer uses the ring again only once the queue is empty, so
+//!   that push order holds across the two.
 
 use super::Push;
 use crate::sync::{Mutex, Padded};
@@ -47,7 +49,8 @@ const RECLAIM_BATCH: usize = 32;
 /// One pushed operation, on cache lines of its own.
 #[repr(align(64))]
 pub(crate) struct Slot {
-    /// The consumer is done with the slot: the producer may drop what it holds and reuse it.
+    /// The consumer is done with the slot: a reclaimer may drop what it holds, and the
+    /// producer then reuse it.
     done: AtomicBool,
     push: UnsafeCell<Option<Push>>,
 }
