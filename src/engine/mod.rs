@@ -667,10 +667,20 @@ impl Engine {
         // before the next is looked at.
         while let Some((slot, _)) = unsafe { self.ring.peek_below(mark) } {
             // SAFETY: as above.
-            if let Some(p) = unsafe { self.ring.take(slot) } {
-                let (op, _) = self.make_opr(p, self.cpu_worker.get().copied(), 0);
-                self.register_locked(op);
-            }
+            unsafe { self.register_slot(slot) };
+        }
+    }
+
+    /// Move the operation out of the ring slot just peeked and register it as an ordinary
+    /// operation of the CPU worker pool.
+    ///
+    /// # Safety
+    /// The caller holds the registration lock and got `slot` from the ring's last peek.
+    unsafe fn register_slot(&'static self, slot: &ring::Slot) {
+        // SAFETY: per this function's contract.
+        if let Some(p) = unsafe { self.ring.take(slot) } {
+            let (op, _) = self.make_opr(p, self.cpu_worker.get().copied(), 0);
+            self.register_locked(op);
         }
     }
 
@@ -696,10 +706,7 @@ impl Engine {
         // what it writes before it releases it.
         if !self.take_all(&p.const_vars, &p.mutable_vars) || self.failure_recorded(&p.const_vars, &p.mutable_vars) {
             // SAFETY: as above.
-            if let Some(p) = unsafe { self.ring.take(slot) } {
-                let (op, _) = self.make_opr(p, self.cpu_worker.get().copied(), 0);
-                self.register_locked(op);
-            }
+            unsafe { self.register_slot(slot) };
             return true;
         }
         // SAFETY: as above; the slot stays this thread's until `give_back`.

@@ -166,6 +166,12 @@ impl Pool {
     /// cannot slip between a worker's last check and its sleep.
     pub fn wake_for_submission(&self) {
         std::sync::atomic::fence(Ordering::SeqCst);
+        self.wake_sleeper_locked();
+    }
+
+    /// Wake a sleeping worker unless one spins, notifying under the queue lock.
+    #[inline]
+    fn wake_sleeper_locked(&self) {
         if self.sleepers.load(Ordering::SeqCst) > 0 && !self.spinning.load(Ordering::SeqCst) {
             let _heap = self.heap.lock();
             self.cv.notify_one();
@@ -184,10 +190,7 @@ impl Pool {
         // The compiler must not move the loads below above the publishing store; the CPU
         // may, which the sleeper's `membarrier` covers.
         std::sync::atomic::compiler_fence(Ordering::SeqCst);
-        if self.sleepers.load(Ordering::Relaxed) > 0 && !self.spinning.load(Ordering::Relaxed) {
-            let _heap = self.heap.lock();
-            self.cv.notify_one();
-        }
+        self.wake_sleeper_locked();
     }
 
     /// The operation this worker kept (see [`Pool::push`]), unless others became ready

@@ -16,6 +16,27 @@ fn engine(kind: EngineKind, workers: usize) -> &'static Engine {
     Engine::start(o)
 }
 
+/// Push an operation (on a variable of its own) that holds a worker until the returned
+/// sender sends; returns once a worker runs it (on a loaded machine the worker may not have
+/// picked it up before the caller's next pushes otherwise).
+fn hold_a_worker(e: &'static Engine) -> mpsc::Sender<()> {
+    let (gate_tx, gate_rx) = mpsc::channel::<()>();
+    let gate_rx = Mutex::new(gate_rx);
+    let (started_tx, started_rx) = mpsc::channel::<()>();
+    let started_tx = Mutex::new(started_tx);
+    e.push(Push::sync(
+        move |_| {
+            started_tx.lock().send(()).unwrap();
+            Ok(gate_rx.lock().recv().unwrap())
+        },
+        vec![],
+        vec![Var::new()],
+    ))
+    .unwrap();
+    started_rx.recv().unwrap();
+    gate_tx
+}
+
 /// A small deterministic generator (xorshift), so failures reproduce.
 struct Rng(u64);
 impl Rng {
@@ -353,22 +374,8 @@ fn no_skip_operations_run_despite_failures() {
 #[test]
 fn higher_priority_runs_first() {
     let e = engine(EngineKind::PerDevice, 1);
-    let (gate_tx, gate_rx) = mpsc::channel::<()>();
-    let gate_rx = Mutex::new(gate_rx);
-    // Occupy the only worker until all others are queued: wait until it runs the gate op (on a
-    // loaded machine the worker may not have picked it up before the next pushes).
-    let (started_tx, started_rx) = mpsc::channel::<()>();
-    let started_tx = Mutex::new(started_tx);
-    e.push(Push::sync(
-        move |_| {
-            started_tx.lock().send(()).unwrap();
-            Ok(gate_rx.lock().recv().unwrap())
-        },
-        vec![],
-        vec![Var::new()],
-    ))
-    .unwrap();
-    started_rx.recv().unwrap();
+    // Occupy the only worker until all others are queued.
+    let gate_tx = hold_a_worker(e);
     let order: Arc<Mutex<Vec<i32>>> = Default::default();
     let priorities = [0, 5, -1, 5, 3, 0, 10, -7, 3];
     for &prio in &priorities {
@@ -729,20 +736,7 @@ fn finished_operations_are_dropped_when_workers_go_idle() {
 #[test]
 fn a_full_ring_spills_to_the_queue_in_push_order() {
     let e = engine(EngineKind::PerDevice, 1);
-    let (gate_tx, gate_rx) = mpsc::channel::<()>();
-    let gate_rx = Mutex::new(gate_rx);
-    let (started_tx, started_rx) = mpsc::channel::<()>();
-    let started_tx = Mutex::new(started_tx);
-    e.push(Push::sync(
-        move |_| {
-            started_tx.lock().send(()).unwrap();
-            Ok(gate_rx.lock().recv().unwrap())
-        },
-        vec![],
-        vec![Var::new()],
-    ))
-    .unwrap();
-    started_rx.recv().unwrap();
+    let gate_tx = hold_a_worker(e);
     let n = 3 * ring::SLOTS;
     let v = Var::new();
     let order: Arc<Mutex<Vec<usize>>> = Default::default();
@@ -812,21 +806,7 @@ fn a_wait_releases_the_variables_the_ring_held() {
 #[test]
 fn a_long_operation_does_not_hold_what_later_ring_slots_held() {
     let e = engine(EngineKind::PerDevice, 2);
-    let (gate_tx, gate_rx) = mpsc::channel::<()>();
-    let gate_rx = Mutex::new(gate_rx);
-    let (started_tx, started_rx) = mpsc::channel::<()>();
-    let started_tx = Mutex::new(started_tx);
-    let blocker = Var::new();
-    e.push(Push::sync(
-        move |_| {
-            started_tx.lock().send(()).unwrap();
-            Ok(gate_rx.lock().recv().unwrap())
-        },
-        vec![],
-        vec![blocker.clone()],
-    ))
-    .unwrap();
-    started_rx.recv().unwrap();
+    let gate_tx = hold_a_worker(e);
     let v = Var::new();
     let weak = Arc::downgrade(&v);
     for _ in 0..10 {
