@@ -397,8 +397,38 @@ fn bin_typed<T: Arith>(op: Bin, plan: &BPlan, a: &[T], b: &[T], o: &mut [T]) {
 
 /// `out = op(a, b)` under `plan` for the dtype of the blobs (equal dtypes checked by inference).
 pub(crate) fn bin_dispatch(name: &str, op: Bin, plan: &BPlan, a: &TBlob, b: &TBlob, out: &TBlob) -> Result<()> {
+    if a.dtype == DType::F32 && out.size() >= crate::op::simd::STREAM_MIN && stream_bin(op, plan, a.as_slice(), b.as_slice(), out.as_mut()) {
+        return Ok(());
+    }
     dispatch_arith!(a.dtype, name, T => bin_typed::<T>(op, plan, a.as_slice(), b.as_slice(), out.as_mut()));
     Ok(())
+}
+
+/// Same-shape float32 add, subtract, multiply and divide of outputs larger than the cache,
+/// with streaming stores (see `simd::stream_bin_f32`). False: not such a call, or no AVX2;
+/// nothing was written and the caller runs the general loop.
+fn stream_bin(op: Bin, plan: &BPlan, a: &[f32], b: &[f32], out: &mut [f32]) -> bool {
+    use crate::op::simd::{stream_available, stream_bin_f32, StreamOp, STREAM_MIN};
+    let sop = match op {
+        Bin::Add => StreamOp::Add,
+        Bin::Sub => StreamOp::Sub,
+        Bin::Mul => StreamOp::Mul,
+        Bin::Div => StreamOp::Div,
+        _ => return false,
+    };
+    let flat = plan.dims.len() == 1 && plan.sa[0] == 1 && plan.sb[0] == 1;
+    let n = out.len();
+    if !flat || n < STREAM_MIN || !stream_available() {
+        return false;
+    }
+    let p = SendPtr(out.as_mut_ptr());
+    par_for(n, Cost::CHEAP, DType::F32, |r| {
+        let p = p;
+        // SAFETY: par_for ranges are disjoint and within the output.
+        let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+        stream_bin_f32(sop, &a[r.clone()], &b[r], o);
+    });
+    true
 }
 
 /// One binary function under its stock names: same-shape, scalar, reversed scalar and broadcast.
@@ -871,6 +901,29 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Large same-shape float32 arithmetic takes the streaming path (where the CPU has AVX2)
+    /// and gives what the scalar operation gives, chunk borders included; other operations
+    /// and broadcasts are left to the general loop.
+    #[test]
+    fn large_flat_f32_arithmetic_streams() {
+        use crate::op::simd::{stream_available, STREAM_MIN};
+        let n = STREAM_MIN + 37;
+        let a: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.5 - 7.0).collect();
+        let b: Vec<f32> = (0..n).map(|i| (i % 97) as f32 + 1.0).collect();
+        let mut out = vec![0f32; n];
+        for (op, f) in [(Bin::Add, (|x, y| x + y) as fn(f32, f32) -> f32), (Bin::Div, |x, y| x / y)] {
+            assert_eq!(stream_bin(op, &BPlan::flat(n), &a, &b, &mut out), stream_available());
+            if stream_available() {
+                for i in (0..n).step_by(4099).chain(n - 40..n) {
+                    assert_eq!(out[i], f(a[i], b[i]), "{op:?} at {i}");
+                }
+            }
+        }
+        assert!(!stream_bin(Bin::Max, &BPlan::flat(n), &a, &b, &mut out));
+        assert!(!stream_bin(Bin::Add, &BPlan::scalar(n), &a, &b, &mut out));
+        assert!(!stream_bin(Bin::Add, &BPlan::flat(1000), &a[..1000], &b[..1000], &mut out[..1000]));
+    }
 
     #[test]
     fn integer_semantics() {
