@@ -204,6 +204,20 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
         drop(cparam); // the deleter, after the operation ran
         return Ok(());
     }
+    // A synchronous function with few variables and no name, pushed by the engine's solo
+    // owner: a compact record in the owner's ring (see engine::ring), without a `Push`.
+    if run.is_none()
+        && func.sync_func.is_some()
+        && args.name.is_null()
+        && !args.wait
+        && prop == engine::FnProperty::Normal
+        && args.priority == 0
+        && reads.len() + writes.len() <= engine::COMPACT_VARS
+        && !crate::profiler::ops_on(false)
+    {
+        // SAFETY: per this function's contract.
+        return unsafe { push_compact(table, reads, writes, ctx, func) };
+    }
     let (const_vars, mutable_vars) = (var_list(table, reads)?, var_list(table, writes)?);
     // SAFETY: per this function's contract.
     let name_text = unsafe { ffi::opt_cstr(args.name, "opr_name") }?;
@@ -265,6 +279,47 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
         // Read only while operations are profiled: pushes otherwise skip the thread-local.
         scope: if crate::profiler::ops_on(false) { crate::profiler::scope() } else { None },
         // A C function's cost is unknown: it goes to a worker.
+        cheap: false,
+    };
+    engine.push_validated(push, pool)
+}
+
+/// [`push_c`] for a compact record: a synchronous function of normal property and priority,
+/// with no name, not waited for, on a threaded engine. On failure nothing was taken over.
+///
+/// # Safety
+/// As for [`push_c`].
+unsafe fn push_compact(table: &impl VarHandles, reads: &[*mut c_void], writes: &[*mut c_void], ctx: Context, func: CFunc) -> Result<()> {
+    let engine = engine::global()?;
+    let mut vars = engine::CompactVars::new();
+    for &h in reads.iter().chain(writes) {
+        vars.push(table.var(h)?);
+    }
+    let nr = reads.len();
+    let pool = engine.validate(&vars[..nr], &vars[nr..], ctx, engine::FnProperty::Normal)?;
+    let f = func.sync_func.ok_or_else(|| Error::internal("push_compact without a synchronous function"))?;
+    // SAFETY: the caller's function and deleter with the caller's param, callable on a
+    // worker thread as the API promises; from here the deleter is the RawFn's.
+    let raw = unsafe { engine::RawFn::new(f, func.param, func.deleter) };
+    let (raw, mut vars) = match engine.push_compact(raw, ctx, nr, vars, pool) {
+        Ok(()) => return Ok(()),
+        Err(back) => back,
+    };
+    // Not for the ring now (another thread pushes, the ring is full, ...): the ordinary way.
+    let mutable_vars: VarList = vars.drain(nr..).collect();
+    let const_vars: VarList = vars.into_iter().collect();
+    let push = Push {
+        func: OprFn::Raw(raw),
+        const_vars,
+        mutable_vars,
+        ctx,
+        prop: engine::FnProperty::Normal,
+        priority: 0,
+        name: None,
+        payload: None,
+        wait: false,
+        symbolic: false,
+        scope: None,
         cheap: false,
     };
     engine.push_validated(push, pool)

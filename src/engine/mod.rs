@@ -46,6 +46,7 @@ mod solo;
 pub mod var;
 
 pub use opr::{Completion, FnProperty, OprFn, Payload, RawFn, RunContext, SyncFn};
+pub(crate) use ring::{CompactVars, COMPACT_VARS};
 pub use solo::SoloGuard;
 pub use var::Var;
 
@@ -551,6 +552,40 @@ impl Engine {
         self.push_opr(p, pool)
     }
 
+    /// The owner's fast push of a synchronous C function that reads `vars[..n_const]` and
+    /// writes the rest (at most `ring::COMPACT_VARS`, validated by [`Engine::validate`], which
+    /// gave `pool`), with normal property and priority, no name and no wait: a compact record
+    /// in the ring (see `ring::Slot`) when [`Engine::push_validated`] would put it in the ring
+    /// at all. Otherwise, or when the ring is full, the function and the variables come back
+    /// for the ordinary push.
+    pub(crate) fn push_compact(
+        &'static self,
+        raw: RawFn,
+        ctx: Context,
+        n_const: usize,
+        vars: ring::CompactVars,
+        pool: Option<&'static Pool>,
+    ) -> std::result::Result<(), (RawFn, ring::CompactVars)> {
+        let Some(pool) = pool else {
+            return Err((raw, vars));
+        };
+        if BULK_THREADS.load(Ordering::Relaxed) > 0 || !self.is_cpu_worker_pool(pool) || vars.len() > ring::COMPACT_VARS {
+            return Err((raw, vars));
+        }
+        // As `push_to`, up to the ring.
+        self.solo.note_pusher();
+        self.apply_back_pressure();
+        self.reap_sometimes();
+        if !self.solo.is_owner(solo::my_id()) || !self.submissions.is_empty() {
+            return Err((raw, vars));
+        }
+        // SAFETY: this thread is the ring's producer (the solo owner, checked above), and a
+        // threaded engine's ring has slots (its CPU worker pool exists).
+        unsafe { self.ring.publish_compact(raw, ctx, n_const, vars) }?;
+        pool.wake_for_ring();
+        Ok(())
+    }
+
     /// Whether a push goes to the owner's ring ([`ring`]): a synchronous operation for the
     /// CPU worker pool, of normal property and priority and not waited for, from the solo
     /// owner while no submission waits in the queue (which would have to be registered
@@ -698,8 +733,15 @@ impl Engine {
         };
         // SAFETY: the registration lock is held; the slot is finished below (taken, or given
         // back after it ran) before this thread looks at another.
-        let Some((slot, p)) = (unsafe { self.ring.peek() }) else {
+        let Some((slot, rec)) = (unsafe { self.ring.peek() }) else {
             return false;
+        };
+        let p = match rec {
+            ring::Rec::Full(p) => p,
+            ring::Rec::Compact { ctx, reads, writes } => {
+                // SAFETY: as above.
+                return unsafe { self.run_compact(order, slot, ctx, reads, writes) };
+            }
         };
         // A failure to pass on, or a variable in use: the ordinary way, in push order. The
         // failures are looked at after the variables were taken: a failed operation marks
@@ -735,7 +777,52 @@ impl Engine {
         };
         let granted = self.release_vars(&p.const_vars, &p.mutable_vars, outcome);
         drop(p.payload.take());
-        slot.give_back();
+        self.ring.give_back(slot);
+        self.dispatch_granted(granted);
+        self.finish_one();
+        true
+    }
+
+    /// [`Engine::run_from_ring`] for a compact record (see `ring::Slot`): its variables are
+    /// read in place and stay in the slot for a reclaimer.
+    ///
+    /// # Safety
+    /// `order` is the registration lock; `slot` is the ring's last peek, a compact record
+    /// with these parts.
+    unsafe fn run_compact(
+        &'static self,
+        order: crate::sync::MutexGuard<'_, ()>,
+        slot: &ring::Slot,
+        ctx: Context,
+        reads: &[Arc<Var>],
+        writes: &[Arc<Var>],
+    ) -> bool {
+        if !self.take_all(reads, writes) || self.failure_recorded(reads, writes) {
+            // SAFETY: per this function's contract.
+            unsafe { self.register_slot(slot) };
+            return true;
+        }
+        // SAFETY: per this function's contract; the slot stays this thread's until
+        // `give_back`, and its function is moved out once.
+        let raw = unsafe {
+            self.ring.advance();
+            self.ring.take_raw(slot)
+        };
+        drop(order);
+        if self.ring.has_records() {
+            if let Some(pool) = self.cpu_worker.get() {
+                pool.wake_another();
+            }
+        }
+        let outcome = {
+            let _user = pool::UserCode::enter();
+            run_here(OpTag::default(), ctx, |rctx: &RunContext| {
+                raw.call(rctx);
+                Ok(())
+            })
+        };
+        let granted = self.release_vars(reads, writes, outcome);
+        self.ring.give_back(slot);
         self.dispatch_granted(granted);
         self.finish_one();
         true

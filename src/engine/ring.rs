@@ -2,14 +2,15 @@
 //! [`super::solo`]) to the CPU worker pool of a threaded engine, without a locked instruction
 //! and without allocating.
 //!
-//! Owns: a single-producer ring of slots that hold the pushed operation itself ([`Push`]),
+//! Owns: a single-producer ring of slots that hold the pushed operation itself (a compact
+//! record of one cache line for a plain C function, see [`Slot`], else a whole [`Push`]),
 //! the index the producer publishes, the consumer's index, and each slot's way back to the
-//! producer.
+//! producer (a `done` flag, kept apart from the slots).
 //!
 //! Protocol:
 //! - The producer (the solo owner) writes a free slot and publishes it by storing the new
 //!   `tail` (Release). A slot is free when it was never used, or when it was given back by
-//!   the consumer (`done`, Release) and then emptied by a reclaimer.
+//!   the consumer (`done`, Release) and then emptied by a reclaimer (which clears `done`).
 //! - The consumer is whichever worker holds the engine's registration lock; it takes slots
 //!   in order (`head`). It either runs the operation on the spot, having taken all of its
 //!   variables at once, and sets `done` after it finished; or it moves the operation out into
@@ -29,10 +30,14 @@
 //!   holds anything, and the producer uses the ring again only once the queue is empty, so
 //!   that push order holds across the two.
 
-use super::Push;
+use super::{FnProperty, OprFn, Push, RawFn, Var};
+use crate::context::Context;
 use crate::sync::{Mutex, Padded};
+use smallvec::SmallVec;
 use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Slots in a ring: operations the owner may have published and not yet got back.
 pub(crate) const SLOTS: usize = 1024;
@@ -46,16 +51,52 @@ const RECLAIM_LAG: usize = 64;
 /// Pushes between two of the producer's reclaims (see the protocol above).
 const RECLAIM_BATCH: usize = 32;
 
-/// One pushed operation, on cache lines of its own.
-#[repr(align(64))]
+/// Variables a compact record holds (its reads, then its writes).
+pub(crate) const COMPACT_VARS: usize = 3;
+
+/// The variables of a compact push, reads first.
+pub(crate) type CompactVars = SmallVec<[Arc<Var>; COMPACT_VARS]>;
+
+/// One pushed operation, on cache lines of its own. A compact record (a synchronous C
+/// function of normal property and priority, with no name and at most [`COMPACT_VARS`]
+/// variables: what `MXEnginePushSync` usually pushes) lives in the slot's first cache line,
+/// so that a push writes, and the consumer reads, one line; any other push is a whole
+/// [`Push`] in the following lines (four of them).
+#[repr(C, align(64))]
 pub(crate) struct Slot {
-    /// The consumer is done with the slot: a reclaimer may drop what it holds, and the
-    /// producer then reuse it.
-    done: AtomicBool,
+    /// The slot holds a compact record (`ctx`, `raw`, `vars`), not `push`.
+    compact: UnsafeCell<bool>,
+    /// Of the compact record's variables, how many are read (the first ones) and how many in
+    /// all.
+    n_const: UnsafeCell<u8>,
+    n_vars: UnsafeCell<u8>,
+    ctx: UnsafeCell<Context>,
+    /// The compact record's function, moved out by the consumer (never by a reclaimer).
+    raw: UnsafeCell<MaybeUninit<RawFn>>,
+    /// The compact record's variables, `n_vars` of them initialised; dropped by a reclaimer.
+    vars: UnsafeCell<[MaybeUninit<Arc<Var>>; COMPACT_VARS]>,
     push: UnsafeCell<Option<Push>>,
 }
 
+// The compact record fills the first cache line and no more.
+const _: () = assert!(std::mem::offset_of!(Slot, push) == 64);
+
+/// What the consumer finds in a slot.
+pub(crate) enum Rec<'a> {
+    Full(&'a mut Push),
+    /// A compact record's context and variables (they stay in the slot).
+    Compact { ctx: Context, reads: &'a [Arc<Var>], writes: &'a [Arc<Var>] },
+}
+
 pub(crate) struct Ring {
+    /// Per slot: the consumer is done with it, a reclaimer may drop what it holds (and the
+    /// producer then reuse it). Apart from the slots, 64 flags to a cache line: the consumer
+    /// writes only here, never to a slot, so a slot's line goes from the producer to the
+    /// consumer and back without the consumer taking it over (and the flags' line moves
+    /// once per reclaimed batch, not once per operation). Cleared by the reclaimer.
+    done: Box<[AtomicBool]>,
+    /// The CPU has PREFETCHW (see [`prefetch_write`]).
+    prefetchw: bool,
     /// Slots published (written by the producer only).
     tail: Padded<AtomicUsize>,
     /// Slots taken by the consumer (written under the registration lock only).
@@ -66,7 +107,7 @@ pub(crate) struct Ring {
     slots: Box<[Slot]>,
 }
 
-// SAFETY: a slot's `push` is reached by one thread at a time: the producer from the
+// SAFETY: a slot's contents are reached by one thread at a time: the producer from the
 // `reclaimed` store past its previous use (Acquire) to the publishing `tail` store, the
 // consumer from there to its `done` store, a reclaimer (one at a time: the reclaim lock)
 // from `done` (Acquire) to the `reclaimed` store past it (Release). The consumer is one
@@ -84,7 +125,19 @@ impl Ring {
             head: Padded(AtomicUsize::new(0)),
             reclaimed: Padded(AtomicUsize::new(0)),
             reclaim: Mutex::new(()),
-            slots: (0..n).map(|_| Slot { done: AtomicBool::new(false), push: UnsafeCell::new(None) }).collect(),
+            done: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            prefetchw: has_prefetchw(),
+            slots: (0..n)
+                .map(|_| Slot {
+                    compact: UnsafeCell::new(false),
+                    n_const: UnsafeCell::new(0),
+                    n_vars: UnsafeCell::new(0),
+                    ctx: UnsafeCell::new(Context::CPU),
+                    raw: UnsafeCell::new(MaybeUninit::uninit()),
+                    vars: UnsafeCell::new([const { MaybeUninit::uninit() }; COMPACT_VARS]),
+                    push: UnsafeCell::new(None),
+                })
+                .collect(),
         }
     }
 
@@ -107,6 +160,55 @@ impl Ring {
     /// slots.
     #[inline]
     pub(crate) unsafe fn publish(&self, p: Push) -> Result<(), Push> {
+        let Some(t) = self.claim() else {
+            return Err(p);
+        };
+        let slot = &self.slots[t % SLOTS];
+        // SAFETY: the slot is the producer's: never published, or reclaimed (`claim`).
+        unsafe { *slot.push.get() = Some(p) };
+        self.tail.store(t + 1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Producer: publish a compact record (see [`Slot`]): `raw` on `ctx`, reading
+    /// `vars[..n_const]` and writing the rest. Gives both back when the ring is full.
+    ///
+    /// # Safety
+    /// As for [`Ring::publish`].
+    #[inline]
+    pub(crate) unsafe fn publish_compact(
+        &self,
+        raw: RawFn,
+        ctx: Context,
+        n_const: usize,
+        vars: CompactVars,
+    ) -> Result<(), (RawFn, CompactVars)> {
+        debug_assert!(n_const <= vars.len() && vars.len() <= COMPACT_VARS && !vars.spilled());
+        let Some(t) = self.claim() else {
+            return Err((raw, vars));
+        };
+        let slot = &self.slots[t % SLOTS];
+        // SAFETY: the slot is the producer's (`claim`); a reclaimed slot's `vars` and `raw`
+        // hold nothing (moved out or dropped), so writing over them leaks nothing.
+        unsafe {
+            *slot.compact.get() = true;
+            *slot.n_const.get() = n_const as u8;
+            *slot.n_vars.get() = vars.len() as u8;
+            *slot.ctx.get() = ctx;
+            (*slot.raw.get()).write(raw);
+            let dst = &mut *slot.vars.get();
+            for (d, v) in dst.iter_mut().zip(vars) {
+                d.write(v);
+            }
+        }
+        self.tail.store(t + 1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Producer: the next slot's index if that slot is free, reclaiming first (every
+    /// [`RECLAIM_BATCH`] pushes, and when the slot is still busy).
+    #[inline]
+    fn claim(&self) -> Option<usize> {
         let t = self.tail.load(Ordering::Relaxed);
         if t % RECLAIM_BATCH == 0 && t >= RECLAIM_LAG {
             self.reclaim_upto(t - RECLAIM_LAG, false);
@@ -116,16 +218,14 @@ impl Ring {
             // back, once more.
             self.reclaim_upto(t, false);
             if self.reclaimed.load(Ordering::Acquire) <= t - SLOTS {
-                return Err(p);
+                return None;
             }
         }
-        let slot = &self.slots[t % SLOTS];
-        // SAFETY: the slot is the producer's: never published, or reclaimed (the Acquire
-        // loads above).
-        unsafe { *slot.push.get() = Some(p) };
-        slot.done.store(false, Ordering::Relaxed);
-        self.tail.store(t + 1, Ordering::Release);
-        Ok(())
+        // The slot a few pushes on: its line is probably shared with the consumer, which
+        // read it a ring ago; ask for it now, so that the stores that publish it do not
+        // wait (x86 commits stores in order: one waiting store holds up all later ones).
+        self.prefetch_slot(t + PREFETCH_AHEAD);
+        Some(t)
     }
 
     /// Empty the given-back slots below `upto`, in order, stopping at the first not given
@@ -141,14 +241,15 @@ impl Ring {
         };
         let mut r = self.reclaimed.load(Ordering::Relaxed);
         while r < upto {
-            let slot = &self.slots[r % SLOTS];
-            if !slot.done.load(Ordering::Acquire) {
+            let (slot, done) = (&self.slots[r % SLOTS], &self.done[r % SLOTS]);
+            if !done.load(Ordering::Acquire) {
                 break;
             }
+            self.prefetch_slot(r + 2);
             // SAFETY: given back (`done`, Acquire) and not reclaimed: the reclaimer's, and
             // this thread holds the reclaim lock.
-            let old = unsafe { (*slot.push.get()).take() };
-            drop(old);
+            unsafe { slot.empty() };
+            done.store(false, Ordering::Relaxed);
             r += 1;
         }
         self.reclaimed.store(r, Ordering::Release);
@@ -158,9 +259,9 @@ impl Ring {
             // not keep what later, finished ones held.
             for i in r + 1..upto {
                 let slot = &self.slots[i % SLOTS];
-                if slot.done.load(Ordering::Acquire) {
+                if self.done[i % SLOTS].load(Ordering::Acquire) {
                     // SAFETY: as above (given back, not reclaimed, the reclaim lock held).
-                    drop(unsafe { (*slot.push.get()).take() });
+                    unsafe { slot.empty() };
                 }
             }
         }
@@ -181,7 +282,7 @@ impl Ring {
     /// The caller holds the engine's registration lock, and finishes with the slot (through
     /// [`Ring::take`] or [`Ring::give_back`]) before it takes another.
     #[inline]
-    pub(crate) unsafe fn peek(&self) -> Option<(&Slot, &mut Push)> {
+    pub(crate) unsafe fn peek(&self) -> Option<(&Slot, Rec<'_>)> {
         // SAFETY: per the caller's contract.
         unsafe { self.peek_below(usize::MAX) }
     }
@@ -191,15 +292,33 @@ impl Ring {
     /// # Safety
     /// As for [`Ring::peek`].
     #[inline]
-    pub(crate) unsafe fn peek_below(&self, mark: usize) -> Option<(&Slot, &mut Push)> {
+    pub(crate) unsafe fn peek_below(&self, mark: usize) -> Option<(&Slot, Rec<'_>)> {
         let h = self.head.load(Ordering::Relaxed);
         if h >= mark || h == self.tail.load(Ordering::Acquire) {
             return None;
         }
         let slot = &self.slots[h % SLOTS];
         // SAFETY: published (the Acquire load above) and not given back: the consumer's.
-        let p = unsafe { (*slot.push.get()).as_mut() }?;
-        Some((slot, p))
+        unsafe {
+            if *slot.compact.get() {
+                let (ctx, reads, writes) = slot.compact_parts();
+                return Some((slot, Rec::Compact { ctx, reads, writes }));
+            }
+            let p = (*slot.push.get()).as_mut()?;
+            Some((slot, Rec::Full(p)))
+        }
+    }
+
+    /// Consumer: move the function out of the compact record [`Ring::peek`] returned (its
+    /// variables stay, for a reclaimer).
+    ///
+    /// # Safety
+    /// As for [`Ring::peek`], for a compact record, once.
+    #[inline]
+    pub(crate) unsafe fn take_raw(&self, slot: &Slot) -> RawFn {
+        // SAFETY: per the caller's contract, the slot is the consumer's and its `raw` was
+        // written by `publish_compact` and not moved out yet.
+        unsafe { (*slot.raw.get()).assume_init_read() }
     }
 
     /// Consumer: move past the slot [`Ring::peek`] returned (it stays the consumer's until
@@ -219,19 +338,126 @@ impl Ring {
     /// As for [`Ring::peek`].
     pub(crate) unsafe fn take(&self, slot: &Slot) -> Option<Push> {
         // SAFETY: per the caller's contract, the slot is the consumer's.
-        let p = unsafe { (*slot.push.get()).take() };
+        let p = unsafe {
+            if *slot.compact.get() {
+                // As an ordinary push: the variables are shared with the slot (which keeps
+                // its references for a reclaimer); the function moves.
+                let (ctx, reads, writes) = slot.compact_parts();
+                let (const_vars, mutable_vars) = (reads.iter().cloned().collect(), writes.iter().cloned().collect());
+                let func = OprFn::Raw(self.take_raw(slot));
+                Some(Push {
+                    func,
+                    const_vars,
+                    mutable_vars,
+                    ctx,
+                    prop: FnProperty::Normal,
+                    priority: 0,
+                    name: None,
+                    payload: None,
+                    wait: false,
+                    symbolic: false,
+                    scope: None,
+                    cheap: false,
+                })
+            } else {
+                (*slot.push.get()).take()
+            }
+        };
         // SAFETY: as above.
         unsafe { self.advance() };
-        slot.done.store(true, Ordering::Release);
+        self.give_back(slot);
         p
     }
 }
 
-impl Slot {
-    /// Consumer: hand the slot back to the producer (after [`Ring::advance`]).
+impl Ring {
+    /// Consumer: hand a slot back to the producer (after [`Ring::advance`]).
     #[inline]
-    pub(crate) fn give_back(&self) {
-        self.done.store(true, Ordering::Release);
+    pub(crate) fn give_back(&self, slot: &Slot) {
+        let i = (slot as *const Slot as usize - self.slots.as_ptr() as usize) / std::mem::size_of::<Slot>();
+        self.done[i].store(true, Ordering::Release);
+    }
+
+    /// Prefetch slot `i`'s first line for writing (the line a compact record fills).
+    #[inline(always)]
+    fn prefetch_slot(&self, i: usize) {
+        if self.prefetchw {
+            prefetch_write(&self.slots[i % SLOTS] as *const Slot as *const u8);
+        }
+    }
+}
+
+/// Pushes between the slot being published and the one prefetched for writing.
+const PREFETCH_AHEAD: usize = 8;
+
+fn has_prefetchw() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 0x8000_0001, ECX bit 8: PREFETCHW (Linux calls it 3dnowprefetch).
+        #[allow(unused_unsafe)]
+        // SAFETY: CPUID exists on every x86-64 CPU; the extended leaf is checked first.
+        unsafe {
+            use std::arch::x86_64::__cpuid;
+            __cpuid(0x8000_0000).eax >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// PREFETCHW: fetch the line at `p` in a state that a store can write without waiting.
+/// Only where the CPU has it ([`has_prefetchw`]); it never faults and changes no memory.
+#[inline(always)]
+fn prefetch_write(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing architecturally and cannot fault; the instruction
+    // exists on this CPU (the caller checked `has_prefetchw`).
+    unsafe {
+        std::arch::asm!("prefetchw [{0}]", in(reg) p, options(nostack, preserves_flags, readonly));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+impl Slot {
+    /// A compact record's context, reads and writes.
+    ///
+    /// # Safety
+    /// The caller may read the slot (its consumer or reclaimer), which holds a compact record.
+    #[inline]
+    unsafe fn compact_parts(&self) -> (Context, &[Arc<Var>], &[Arc<Var>]) {
+        // SAFETY: per the caller's contract; the first `n_vars` variables are initialised,
+        // and `MaybeUninit<T>` has `T`'s layout.
+        unsafe {
+            let (nc, n) = (*self.n_const.get() as usize, *self.n_vars.get() as usize);
+            let all = std::slice::from_raw_parts((*self.vars.get()).as_ptr() as *const Arc<Var>, n);
+            let (reads, writes) = all.split_at(nc);
+            (*self.ctx.get(), reads, writes)
+        }
+    }
+
+    /// Reclaimer: drop what a given-back slot holds.
+    ///
+    /// # Safety
+    /// The caller is the slot's reclaimer (given back, not reclaimed, the reclaim lock held).
+    unsafe fn empty(&self) {
+        // SAFETY: per the caller's contract. A compact record's function was moved out by
+        // the consumer; its variables are dropped here, once (`compact` is cleared).
+        unsafe {
+            if *self.compact.get() {
+                let n = *self.n_vars.get() as usize;
+                *self.compact.get() = false;
+                *self.n_vars.get() = 0;
+                let vars = &mut *self.vars.get();
+                for v in &mut vars[..n] {
+                    v.assume_init_drop();
+                }
+            } else {
+                drop((*self.push.get()).take());
+            }
+        }
     }
 }
 

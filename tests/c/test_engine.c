@@ -95,6 +95,76 @@ static void slow(void *rctx, void *param) {
   usleep(1000);
 }
 
+/* A random DAG of C pushes: each operation mixes the values of the variables it reads into
+ * those it writes (plain longs: a write that ran beside a conflicting operation, or out of
+ * push order, changes the final values). Mostly one to three variables (the owner's compact
+ * ring records), some with four or five, some named, some with a priority (other paths). */
+#define DAG_VARS 8
+#define DAG_OPS 20000
+typedef struct {
+  int vars[5];
+  int n_reads, n_writes;
+  long idx;
+} dag_op;
+static long dag_values[DAG_VARS];
+static int dag_deleted = 0;
+static void dag_apply(long *values, const dag_op *op) {
+  long h = op->idx;
+  int k;
+  for (k = 0; k < op->n_reads; k++) h = h * 31 + values[op->vars[k]];
+  for (k = op->n_reads; k < op->n_reads + op->n_writes; k++) {
+    values[op->vars[k]] = values[op->vars[k]] * 17 + h;
+  }
+}
+static void dag_fn(void *rctx, void *param) {
+  (void)rctx;
+  dag_apply(dag_values, (const dag_op *)param);
+}
+static void dag_delete(void *param) {
+  (void)param;
+  __atomic_fetch_add(&dag_deleted, 1, __ATOMIC_RELAXED);
+}
+static void random_dag(void) {
+  static dag_op ops[DAG_OPS];
+  long expect[DAG_VARS];
+  EngineVarHandle vars[DAG_VARS], reads[5], writes[5];
+  unsigned seed = 12345;
+  int i, k;
+  for (k = 0; k < DAG_VARS; k++) {
+    CHECK(MXEngineNewVar(&vars[k]) == 0);
+    dag_values[k] = expect[k] = k;
+  }
+  for (i = 0; i < DAG_OPS; i++) {
+    dag_op *op = &ops[i];
+    int n = 1 + (int)((seed = seed * 1103515245u + 12345u) >> 16) % 3;
+    int used = 0;
+    if (i % 50 == 0) n = 4 + i % 2;
+    op->idx = i;
+    op->n_writes = 1 + (int)((seed = seed * 1103515245u + 12345u) >> 16) % n;
+    op->n_reads = n - op->n_writes;
+    /* n distinct variables. */
+    for (k = 0; k < n; k++) {
+      int v;
+      do {
+        v = (int)((seed = seed * 1103515245u + 12345u) >> 16) % DAG_VARS;
+      } while (used & (1 << v));
+      used |= 1 << v;
+      op->vars[k] = v;
+    }
+    for (k = 0; k < op->n_reads; k++) reads[k] = vars[op->vars[k]];
+    for (k = 0; k < op->n_writes; k++) writes[k] = vars[op->vars[op->n_reads + k]];
+    CHECK(MXEnginePushSync(dag_fn, op, dag_delete, cpu_ctx, reads, op->n_reads, writes, op->n_writes,
+                           NULL, i % 97 == 0 ? 1 : 0, i % 89 == 0 ? "named" : NULL) == 0);
+    dag_apply(expect, op);
+  }
+  CHECK(MXNDArrayWaitAll() == 0);
+  for (k = 0; k < DAG_VARS; k++) {
+    CHECK(dag_values[k] == expect[k]);
+    CHECK(MXEngineDeleteVar(vars[k]) == 0);
+  }
+  CHECK(__atomic_load_n(&dag_deleted, __ATOMIC_RELAXED) == DAG_OPS);
+}
+
 int main(void) {
   EngineVarHandle a = NULL, b = NULL, c = NULL;
   counter cnt = {0, 0};
@@ -104,6 +174,8 @@ int main(void) {
   EngineVarHandle pair[2];
 
   CHECK(MXEngineNewVar(&a) == 0 && MXEngineNewVar(&b) == 0 && MXEngineNewVar(&c) == 0);
+
+  random_dag();
 
   /* 1000 increments on one var, each with a deleter: run in order, deleter once each. */
   for (i = 0; i < 1000; i++) {
