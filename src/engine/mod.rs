@@ -740,7 +740,14 @@ impl Engine {
             ring::Rec::Full(p) => p,
             ring::Rec::Compact { ctx, reads, writes } => {
                 // SAFETY: as above.
-                return unsafe { self.run_compact(order, slot, ctx, reads, writes) };
+                if let Some(granted) = unsafe { self.run_compact(order, slot, ctx, reads, writes) } {
+                    // After the slices into the slot are no longer used: once given back, a
+                    // reclaimer may drop what they point to.
+                    self.ring.give_back(slot);
+                    self.dispatch_granted(granted);
+                    self.finish_one();
+                }
+                return true;
             }
         };
         // A failure to pass on, or a variable in use: the ordinary way, in push order. The
@@ -784,7 +791,9 @@ impl Engine {
     }
 
     /// [`Engine::run_from_ring`] for a compact record (see `ring::Slot`): its variables are
-    /// read in place and stay in the slot for a reclaimer.
+    /// read in place and stay in the slot for a reclaimer. Returns what releasing them made
+    /// ready after running it (the caller then gives the slot back), or None when it was
+    /// registered instead.
     ///
     /// # Safety
     /// `order` is the registration lock; `slot` is the ring's last peek, a compact record
@@ -796,11 +805,11 @@ impl Engine {
         ctx: Context,
         reads: &[Arc<Var>],
         writes: &[Arc<Var>],
-    ) -> bool {
+    ) -> Option<Granted> {
         if !self.take_all(reads, writes) || self.failure_recorded(reads, writes) {
             // SAFETY: per this function's contract.
             unsafe { self.register_slot(slot) };
-            return true;
+            return None;
         }
         // SAFETY: per this function's contract; the slot stays this thread's until
         // `give_back`, and its function is moved out once.
@@ -821,11 +830,7 @@ impl Engine {
                 Ok(())
             })
         };
-        let granted = self.release_vars(reads, writes, outcome);
-        self.ring.give_back(slot);
-        self.dispatch_granted(granted);
-        self.finish_one();
-        true
+        Some(self.release_vars(reads, writes, outcome))
     }
 
     /// After [`Engine::take_all`]: whether a failure is recorded anywhere, in which case the

@@ -14,7 +14,8 @@
 //! - The consumer is whichever worker holds the engine's registration lock; it takes slots
 //!   in order (`head`). It either runs the operation on the spot, having taken all of its
 //!   variables at once, and sets `done` after it finished; or it moves the operation out into
-//!   an ordinary registered operation and sets `done` at once.
+//!   an ordinary registered operation (a compact record's variables are cloned into it and
+//!   stay in the slot) and sets `done` at once.
 //! - Reclaiming drops what a given-back slot still holds (the operation's variables, name and
 //!   scope) and advances `reclaimed` (Release) past it; it runs under the reclaim lock. The
 //!   producer reclaims in batches, every [`RECLAIM_BATCH`] pushes, the slots older than
@@ -90,10 +91,13 @@ pub(crate) enum Rec<'a> {
 
 pub(crate) struct Ring {
     /// Per slot: the consumer is done with it, a reclaimer may drop what it holds (and the
-    /// producer then reuse it). Apart from the slots, 64 flags to a cache line: the consumer
-    /// writes only here, never to a slot, so a slot's line goes from the producer to the
-    /// consumer and back without the consumer taking it over (and the flags' line moves
-    /// once per reclaimed batch, not once per operation). Cleared by the reclaimer.
+    /// producer then reuse it). Apart from the slots, 64 flags to a cache line: for a compact
+    /// record the consumer writes only here, never to the slot, so the slot's line goes from
+    /// the producer to the consumer and back without the consumer taking it over (a whole
+    /// `Push` is still written: its function and payload are moved out). The flags' line is
+    /// written by the workers and read by the reclaimer once per batch. Cleared by the
+    /// reclaimer. Ring and slots are never dropped (engines live for the process); a
+    /// dropped ring would leak its unconsumed compact records.
     done: Box<[AtomicBool]>,
     /// The CPU has PREFETCHW (see [`prefetch_write`]).
     prefetchw: bool,
@@ -113,7 +117,7 @@ pub(crate) struct Ring {
 // from `done` (Acquire) to the `reclaimed` store past it (Release). The consumer is one
 // thread at a time (callers of the consumer side hold the engine's registration lock).
 unsafe impl Sync for Ring {}
-// SAFETY: as above; what the slots hold (`Push`) is `Send`.
+// SAFETY: as above; what the slots hold (`Push`, `RawFn`, `Arc<Var>`, `Context`) is `Send`.
 unsafe impl Send for Ring {}
 
 impl Ring {
@@ -375,6 +379,7 @@ impl Ring {
     #[inline]
     pub(crate) fn give_back(&self, slot: &Slot) {
         let i = (slot as *const Slot as usize - self.slots.as_ptr() as usize) / std::mem::size_of::<Slot>();
+        debug_assert!(i < self.slots.len());
         self.done[i].store(true, Ordering::Release);
     }
 

@@ -821,3 +821,56 @@ fn a_long_operation_does_not_hold_what_later_ring_slots_held() {
     gate_tx.send(()).unwrap();
     e.wait_all().unwrap();
 }
+
+/// Compact records (plain C functions, [`Engine::push_compact`]): a chain of more than the
+/// ring holds, while the only worker is held up, keeps push order (the records that come
+/// back go the ordinary way, as the C API sends them), every deleter runs once, and a wait
+/// releases the variables compact slots held.
+#[test]
+fn compact_records_keep_order_run_deleters_once_and_release_their_variables() {
+    use std::ffi::c_void;
+    static ORDER: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+    static DELETED: AtomicUsize = AtomicUsize::new(0);
+    extern "C" fn record(_rctx: *mut c_void, param: *mut c_void) {
+        ORDER.lock().unwrap().push(param as usize);
+    }
+    extern "C" fn deleted(_param: *mut c_void) {
+        DELETED.fetch_add(1, Ordering::SeqCst);
+    }
+    let e = engine(EngineKind::PerDevice, 1);
+    let push = |i: usize, v: &Arc<Var>| -> bool {
+        let pool = e.validate(&[], std::slice::from_ref(v), Context::CPU, FnProperty::Normal).unwrap();
+        // SAFETY: `record` and `deleted` may be called once each, from any thread.
+        let raw = unsafe { RawFn::new(record, i as *mut c_void, Some(deleted)) };
+        let mut vars = CompactVars::new();
+        vars.push(v.clone());
+        match e.push_compact(raw, Context::CPU, 0, vars, pool) {
+            Ok(()) => false,
+            Err((raw, vars)) => {
+                let mut p = Push::sync(|_| Ok(()), vec![], vars.into_vec());
+                p.func = OprFn::Raw(raw);
+                e.push_validated(p, pool).unwrap();
+                true
+            }
+        }
+    };
+    let gate_tx = hold_a_worker(e);
+    let v = Var::new();
+    let n = 3 * ring::SLOTS;
+    let spilled = (0..n).filter(|&i| push(i, &v)).count();
+    gate_tx.send(()).unwrap();
+    e.wait_all().unwrap();
+    assert!(spilled > 0 && spilled < n, "{spilled} of {n} pushes came back from the ring");
+    assert_eq!(*ORDER.lock().unwrap(), (0..n).collect::<Vec<_>>());
+    assert_eq!(DELETED.load(Ordering::SeqCst), n, "deleters run");
+    // Once the queue has drained, compact records again; a wait empties their slots.
+    let published = e.ring.published();
+    let w = Var::new();
+    let weak = Arc::downgrade(&w);
+    assert_eq!((n..n + 10).filter(|&i| push(i, &w)).count(), 0, "the ring was not used after the spill");
+    drop(w);
+    e.wait_all().unwrap();
+    assert_eq!(e.ring.published(), published + 10);
+    assert_eq!(weak.strong_count(), 0, "a compact slot still holds the variable after the wait");
+    assert_eq!(DELETED.load(Ordering::SeqCst), n + 10);
+}
