@@ -308,21 +308,7 @@ unsafe fn push_compact(table: &impl VarHandles, reads: &[*mut c_void], writes: &
     // Not for the ring now (another thread pushes, the ring is full, ...): the ordinary way.
     let mutable_vars: VarList = vars.drain(nr..).collect();
     let const_vars: VarList = vars.into_iter().collect();
-    let push = Push {
-        func: OprFn::Raw(raw),
-        const_vars,
-        mutable_vars,
-        ctx,
-        prop: engine::FnProperty::Normal,
-        priority: 0,
-        name: None,
-        payload: None,
-        wait: false,
-        symbolic: false,
-        scope: None,
-        cheap: false,
-    };
-    engine.push_validated(push, pool)
+    engine.push_validated(Push::raw(raw, const_vars, mutable_vars, ctx), pool)
 }
 
 /// The name of an operation that runs at once: interned only when the profiler will record it.

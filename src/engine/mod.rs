@@ -191,6 +191,11 @@ impl Push {
             cheap: false,
         }
     }
+    /// A synchronous C function on `ctx` with default settings (a compact ring record's, or
+    /// one that could not be one).
+    pub fn raw(raw: RawFn, const_vars: impl Into<VarList>, mutable_vars: impl Into<VarList>, ctx: Context) -> Self {
+        Push { func: OprFn::Raw(raw), ctx, ..Push::sync(|_| Ok(()), const_vars, mutable_vars) }
+    }
     /// An asynchronous operation on the CPU with default settings.
     pub fn asynchronous(
         f: impl FnOnce(&RunContext, Completion) + Send + 'static,

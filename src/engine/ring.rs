@@ -31,7 +31,7 @@
 //!   holds anything, and the producer uses the ring again only once the queue is empty, so
 //!   that push order holds across the two.
 
-use super::{FnProperty, OprFn, Push, RawFn, Var};
+use super::{Push, RawFn, Var, VarList};
 use crate::context::Context;
 use crate::sync::{Mutex, Padded};
 use smallvec::SmallVec;
@@ -347,22 +347,9 @@ impl Ring {
                 // As an ordinary push: the variables are shared with the slot (which keeps
                 // its references for a reclaimer); the function moves.
                 let (ctx, reads, writes) = slot.compact_parts();
-                let (const_vars, mutable_vars) = (reads.iter().cloned().collect(), writes.iter().cloned().collect());
-                let func = OprFn::Raw(self.take_raw(slot));
-                Some(Push {
-                    func,
-                    const_vars,
-                    mutable_vars,
-                    ctx,
-                    prop: FnProperty::Normal,
-                    priority: 0,
-                    name: None,
-                    payload: None,
-                    wait: false,
-                    symbolic: false,
-                    scope: None,
-                    cheap: false,
-                })
+                let (const_vars, mutable_vars): (VarList, VarList) =
+                    (reads.iter().cloned().collect(), writes.iter().cloned().collect());
+                Some(Push::raw(self.take_raw(slot), const_vars, mutable_vars, ctx))
             } else {
                 (*slot.push.get()).take()
             }

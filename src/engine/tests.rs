@@ -847,9 +847,7 @@ fn compact_records_keep_order_run_deleters_once_and_release_their_variables() {
         match e.push_compact(raw, Context::CPU, 0, vars, pool) {
             Ok(()) => false,
             Err((raw, vars)) => {
-                let mut p = Push::sync(|_| Ok(()), vec![], vars.into_vec());
-                p.func = OprFn::Raw(raw);
-                e.push_validated(p, pool).unwrap();
+                e.push_validated(Push::raw(raw, vec![], vars.into_vec(), Context::CPU), pool).unwrap();
                 true
             }
         }
