@@ -9,7 +9,9 @@
 //!
 //! Protocol:
 //! - The producer (the solo owner) writes a free slot and publishes it by storing the new
-//!   `tail` (Release). A slot is free when it was never used, or when it was given back by
+//!   `tail` (Release, counting it pushed) and then the slot's lap mark (Release), which is
+//!   what the consumer polls: the `tail` line is not read on the hot path, so it stays
+//!   with the producer and only the slot's own line travels. A slot is free when it was never used, or when it was given back by
 //!   the consumer (`done`, Release) and then emptied by a reclaimer (which clears `done`).
 //! - The consumer is whichever worker holds the engine's registration lock; it takes slots
 //!   in order (`head`). It either runs the operation on the spot, having taken all of its
@@ -37,7 +39,7 @@ use crate::sync::{Mutex, Padded};
 use smallvec::SmallVec;
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Slots in a ring: operations the owner may have published and not yet got back.
@@ -71,6 +73,10 @@ pub(crate) struct Slot {
     /// all.
     n_const: UnsafeCell<u8>,
     n_vars: UnsafeCell<u8>,
+    /// Which lap of the ring the slot was last published in ([`lap_mark`]): the consumer
+    /// polls this byte, in the line it reads next anyway, instead of `tail`, so that the
+    /// producer's `tail` line stays with the producer.
+    lap: AtomicU8,
     ctx: UnsafeCell<Context>,
     /// The compact record's function, moved out by the consumer (never by a reclaimer).
     raw: UnsafeCell<MaybeUninit<RawFn>>,
@@ -112,7 +118,7 @@ pub(crate) struct Ring {
 }
 
 // SAFETY: a slot's contents are reached by one thread at a time: the producer from the
-// `reclaimed` store past its previous use (Acquire) to the publishing `tail` store, the
+// `reclaimed` store past its previous use (Acquire) to the publishing lap-mark store, the
 // consumer from there to its `done` store, a reclaimer (one at a time: the reclaim lock)
 // from `done` (Acquire) to the `reclaimed` store past it (Release). The consumer is one
 // thread at a time (callers of the consumer side hold the engine's registration lock).
@@ -136,6 +142,7 @@ impl Ring {
                     compact: UnsafeCell::new(false),
                     n_const: UnsafeCell::new(0),
                     n_vars: UnsafeCell::new(0),
+                    lap: AtomicU8::new(0),
                     ctx: UnsafeCell::new(Context::CPU),
                     raw: UnsafeCell::new(MaybeUninit::uninit()),
                     vars: UnsafeCell::new([const { MaybeUninit::uninit() }; COMPACT_VARS]),
@@ -154,7 +161,23 @@ impl Ring {
     /// Published slots that the consumer has not taken yet.
     #[inline]
     pub(crate) fn has_records(&self) -> bool {
-        self.head.load(Ordering::Acquire) != self.tail.load(Ordering::Acquire)
+        !self.slots.is_empty() && self.is_published(self.head.load(Ordering::Acquire))
+    }
+
+    /// Whether slot index `i` (not yet taken) has been published: its lap mark is this lap's.
+    /// Acquire: what the producer wrote into the slot, and `tail` past it, are visible then.
+    #[inline]
+    fn is_published(&self, i: usize) -> bool {
+        self.slots[i % SLOTS].lap.load(Ordering::Acquire) == lap_mark(i)
+    }
+
+    /// Producer: publish slot index `t`, which it has just written: `tail` first, so that an
+    /// operation is counted pushed before a consumer can see it (and count it finished), then
+    /// the slot's lap mark, which is what consumers poll.
+    #[inline]
+    fn publish_slot(&self, t: usize) {
+        self.tail.store(t + 1, Ordering::Release);
+        self.slots[t % SLOTS].lap.store(lap_mark(t), Ordering::Release);
     }
 
     /// Producer: publish `p`, or give it back when the ring is full.
@@ -170,7 +193,7 @@ impl Ring {
         let slot = &self.slots[t % SLOTS];
         // SAFETY: the slot is the producer's: never published, or reclaimed (`claim`).
         unsafe { *slot.push.get() = Some(p) };
-        self.tail.store(t + 1, Ordering::Release);
+        self.publish_slot(t);
         Ok(())
     }
 
@@ -205,7 +228,7 @@ impl Ring {
                 d.write(v);
             }
         }
-        self.tail.store(t + 1, Ordering::Release);
+        self.publish_slot(t);
         Ok(())
     }
 
@@ -298,11 +321,12 @@ impl Ring {
     #[inline]
     pub(crate) unsafe fn peek_below(&self, mark: usize) -> Option<(&Slot, Rec<'_>)> {
         let h = self.head.load(Ordering::Relaxed);
-        if h >= mark || h == self.tail.load(Ordering::Acquire) {
+        if h >= mark || !self.is_published(h) {
             return None;
         }
         let slot = &self.slots[h % SLOTS];
-        // SAFETY: published (the Acquire load above) and not given back: the consumer's.
+        // SAFETY: published (the Acquire load of its lap mark) and not given back: the
+        // consumer's.
         unsafe {
             if *slot.compact.get() {
                 let (ctx, reads, writes) = slot.compact_parts();
@@ -377,6 +401,14 @@ impl Ring {
             prefetch_write(&self.slots[i % SLOTS] as *const Slot as *const u8);
         }
     }
+}
+
+/// The lap mark of slot index `i`: 1 + the lap number, modulo 256 (0 is "never published").
+/// The producer is at most one lap ahead of the consumer, so the mark a consumer finds in
+/// a slot is either the one it expects or the previous lap's, never another that matches.
+#[inline(always)]
+fn lap_mark(i: usize) -> u8 {
+    ((i / SLOTS) as u8).wrapping_add(1)
 }
 
 /// Pushes between the slot being published and the one prefetched for writing.

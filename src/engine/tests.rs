@@ -760,6 +760,38 @@ fn a_full_ring_spills_to_the_queue_in_push_order() {
     assert_eq!(*order.lock(), (0..2 * n + 10).collect::<Vec<_>>());
 }
 
+/// The ring's lap marks (`ring::lap_mark`, one byte) wrap around after 256 laps: a chain of
+/// more operations than that runs every one of them once, in push order, through the ring.
+#[test]
+fn ring_lap_marks_wrap_around_without_losing_or_reordering_operations() {
+    let e = engine(EngineKind::PerDevice, 1);
+    let v = Var::new();
+    let next = Arc::new(AtomicUsize::new(0));
+    let out_of_order = Arc::new(AtomicUsize::new(0));
+    // Pushes that find the ring full go through the queue instead: push until the ring has
+    // gone round more than 256 times (or give up far beyond that).
+    let mut n = 0;
+    while e.ring.published() <= 257 * ring::SLOTS {
+        assert!(n < 2000 * ring::SLOTS, "the ring took only {} of {n} pushes", e.ring.published());
+        let (next, bad, i) = (next.clone(), out_of_order.clone(), n);
+        e.push(Push::sync(
+            move |_| {
+                if next.fetch_add(1, Ordering::SeqCst) != i {
+                    bad.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok(())
+            },
+            vec![],
+            vec![v.clone()],
+        ))
+        .unwrap();
+        n += 1;
+    }
+    e.wait_all().unwrap();
+    assert_eq!(next.load(Ordering::SeqCst), n, "operations were lost or run twice");
+    assert_eq!(out_of_order.load(Ordering::SeqCst), 0, "operations ran out of push order");
+}
+
 /// A push from a second thread that happens after the owner's ring pushes runs after them.
 #[test]
 fn a_second_pusher_comes_after_the_owners_ring_pushes() {
