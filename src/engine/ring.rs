@@ -11,8 +11,9 @@
 //! - The producer (the solo owner) writes a free slot and publishes it by storing the new
 //!   `tail` (Release, counting it pushed) and then the slot's lap mark (Release), which is
 //!   what the consumer polls: the `tail` line is not read on the hot path, so it stays
-//!   with the producer and only the slot's own line travels. A slot is free when it was never used, or when it was given back by
-//!   the consumer (`done`, Release) and then emptied by a reclaimer (which clears `done`).
+//!   with the producer and only the slot's own line travels. A slot is free when it was
+//!   never used, or when it was given back by the consumer (`done`, Release) and then
+//!   emptied by a reclaimer (which clears `done`).
 //! - The consumer is whichever worker holds the engine's registration lock; it takes slots
 //!   in order (`head`). It either runs the operation on the spot, having taken all of its
 //!   variables at once, and sets `done` after it finished; or it moves the operation out into
