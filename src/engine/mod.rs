@@ -875,7 +875,8 @@ impl Engine {
     /// Pushed operations wait for `pool`'s workers: queued submissions (any pool's workers
     /// register them), or the ring's (the CPU worker pool's).
     pub(crate) fn has_submissions(&self, pool: &Pool) -> bool {
-        !self.submissions.is_empty() || (self.ring.has_records() && self.is_cpu_worker_pool(pool))
+        // The pool first: other pools' spinners must not poll the slot line the owner writes.
+        !self.submissions.is_empty() || (self.is_cpu_worker_pool(pool) && self.ring.has_records())
     }
 
     /// NaiveEngine's fast path: a synchronous operation whose variables are all free runs at

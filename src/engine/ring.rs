@@ -315,19 +315,23 @@ impl Ring {
         unsafe { self.peek_below(usize::MAX) }
     }
 
-    /// Consumer: [`Ring::peek`], for a slot below `mark` only.
+    /// Consumer: [`Ring::peek`], for a slot below `mark` only. A finite `mark` is a value of
+    /// [`Ring::published`] that reached the caller from the thread that read it (through the
+    /// submission queue): the slots below it are published, and their contents visible here
+    /// through that chain, even where the producer has stored `tail` but not yet the slot's
+    /// lap mark; only an open-ended peek looks at the lap mark.
     ///
     /// # Safety
-    /// As for [`Ring::peek`].
+    /// As for [`Ring::peek`]; a finite `mark` as described.
     #[inline]
     pub(crate) unsafe fn peek_below(&self, mark: usize) -> Option<(&Slot, Rec<'_>)> {
         let h = self.head.load(Ordering::Relaxed);
-        if h >= mark || !self.is_published(h) {
+        if h >= mark || (mark == usize::MAX && !self.is_published(h)) {
             return None;
         }
         let slot = &self.slots[h % SLOTS];
-        // SAFETY: published (the Acquire load of its lap mark) and not given back: the
-        // consumer's.
+        // SAFETY: published (the Acquire load of its lap mark, or of `tail` by the thread
+        // that took `mark`) and not given back: the consumer's.
         unsafe {
             if *slot.compact.get() {
                 let (ctx, reads, writes) = slot.compact_parts();
@@ -405,8 +409,11 @@ impl Ring {
 }
 
 /// The lap mark of slot index `i`: 1 + the lap number, modulo 256 (0 is "never published").
-/// The producer is at most one lap ahead of the consumer, so the mark a consumer finds in
-/// a slot is either the one it expects or the previous lap's, never another that matches.
+/// The producer is at most one lap ahead of the consumer, so the mark the consumer (the
+/// registration lock's holder, with the current `head`) finds in a slot is either the one it
+/// expects or the previous lap's, never another that matches. A thread without the lock may
+/// read a stale `head` in [`Ring::has_records`] and get a wrong answer either way; that only
+/// makes it look again or leave the slot to the consumer, which is awake (it moved `head`).
 #[inline(always)]
 fn lap_mark(i: usize) -> u8 {
     ((i / SLOTS) as u8).wrapping_add(1)
@@ -486,3 +493,28 @@ impl Slot {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slot looks published exactly from its publishing on, lap after lap, past the wrap of
+    /// the one-byte lap marks (256 laps): never before (a stale mark that matches), always
+    /// after.
+    #[test]
+    fn lap_marks_show_exactly_the_published_slots_past_256_laps() {
+        let ring = Ring::new(true);
+        for i in 0..258 * SLOTS + 3 {
+            assert!(!ring.has_records(), "slot index {i} looks published before it is");
+            // SAFETY: this thread is the ring's only producer and only consumer, and finishes
+            // with each slot (`take`) before it looks at the next.
+            unsafe {
+                assert!(ring.publish(Push::sync(|_| Ok(()), vec![], vec![])).is_ok(), "no room at slot index {i}");
+                assert!(ring.has_records(), "slot index {i} does not look published");
+                let (slot, _) = ring.peek().expect("a published slot");
+                assert!(ring.take(slot).is_some(), "slot index {i} held no operation");
+            }
+        }
+        assert_eq!(ring.published(), 258 * SLOTS + 3);
+    }
+}
