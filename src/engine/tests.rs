@@ -768,11 +768,16 @@ fn ring_lap_marks_wrap_around_without_losing_or_reordering_operations() {
     let v = Var::new();
     let next = Arc::new(AtomicUsize::new(0));
     let out_of_order = Arc::new(AtomicUsize::new(0));
-    // Pushes that find the ring full go through the queue instead: push until the ring has
-    // gone round more than 256 times (or give up far beyond that).
+    // Pushes that find the ring full go through the queue instead, and stay there until it
+    // drains (a worker that a loaded machine holds up can starve the ring): a wait every half
+    // ring keeps the pushes on the ring. Push until it has gone round more than 256 times (or
+    // give up far beyond that).
     let mut n = 0;
     while e.ring.published() <= 257 * ring::SLOTS {
         assert!(n < 2000 * ring::SLOTS, "the ring took only {} of {n} pushes", e.ring.published());
+        if n % (ring::SLOTS / 2) == 0 {
+            e.wait_all().unwrap();
+        }
         let (next, bad, i) = (next.clone(), out_of_order.clone(), n);
         e.push(Push::sync(
             move |_| {
