@@ -172,13 +172,13 @@ impl Ring {
         self.slots[i % SLOTS].lap.load(Ordering::Acquire) == lap_mark(i)
     }
 
-    /// Producer: publish slot index `t`, which it has just written: `tail` first, so that an
-    /// operation is counted pushed before a consumer can see it (and count it finished), then
-    /// the slot's lap mark, which is what consumers poll.
+    /// Producer: publish `slot` (index `t`), which it has just written: `tail` first, so that
+    /// an operation is counted pushed before a consumer can see it (and count it finished),
+    /// then the slot's lap mark, which is what consumers poll.
     #[inline]
-    fn publish_slot(&self, t: usize) {
+    fn publish_slot(&self, slot: &Slot, t: usize) {
         self.tail.store(t + 1, Ordering::Release);
-        self.slots[t % SLOTS].lap.store(lap_mark(t), Ordering::Release);
+        slot.lap.store(lap_mark(t), Ordering::Release);
     }
 
     /// Producer: publish `p`, or give it back when the ring is full.
@@ -194,7 +194,7 @@ impl Ring {
         let slot = &self.slots[t % SLOTS];
         // SAFETY: the slot is the producer's: never published, or reclaimed (`claim`).
         unsafe { *slot.push.get() = Some(p) };
-        self.publish_slot(t);
+        self.publish_slot(slot, t);
         Ok(())
     }
 
@@ -229,7 +229,7 @@ impl Ring {
                 d.write(v);
             }
         }
-        self.publish_slot(t);
+        self.publish_slot(slot, t);
         Ok(())
     }
 
@@ -492,7 +492,6 @@ impl Slot {
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {
