@@ -745,10 +745,10 @@ impl Engine {
             ring::Rec::Full(p) => p,
             ring::Rec::Compact { ctx, reads, writes } => {
                 // SAFETY: as above.
-                if let Some(granted) = unsafe { self.run_compact(order, slot, ctx, reads, writes) } {
+                if let Some((index, granted)) = unsafe { self.run_compact(order, slot, ctx, reads, writes) } {
                     // After the slices into the slot are no longer used: once given back, a
                     // reclaimer may drop what they point to.
-                    self.ring.give_back(slot);
+                    self.ring.give_back(index);
                     self.dispatch_granted(granted);
                     self.finish_one();
                 }
@@ -764,7 +764,7 @@ impl Engine {
             return true;
         }
         // SAFETY: as above; the slot stays this thread's until `give_back`.
-        unsafe { self.ring.advance() };
+        let index = unsafe { self.ring.advance() };
         drop(order);
         // More to run: let another worker (if any) take it meanwhile.
         if self.ring.has_records() {
@@ -789,16 +789,16 @@ impl Engine {
         };
         let granted = self.release_vars(&p.const_vars, &p.mutable_vars, outcome);
         drop(p.payload.take());
-        self.ring.give_back(slot);
+        self.ring.give_back(index);
         self.dispatch_granted(granted);
         self.finish_one();
         true
     }
 
     /// [`Engine::run_from_ring`] for a compact record (see `ring::Slot`): its variables are
-    /// read in place and stay in the slot for a reclaimer. Returns what releasing them made
-    /// ready after running it (the caller then gives the slot back), or None when it was
-    /// registered instead.
+    /// read in place and stay in the slot for a reclaimer. Returns the slot's index and what
+    /// releasing them made ready after running it (the caller then gives the slot back), or
+    /// None when it was registered instead.
     ///
     /// # Safety
     /// `order` is the registration lock; `slot` is the ring's last peek, a compact record
@@ -810,7 +810,7 @@ impl Engine {
         ctx: Context,
         reads: &[Arc<Var>],
         writes: &[Arc<Var>],
-    ) -> Option<Granted> {
+    ) -> Option<(usize, Granted)> {
         if !self.take_all(reads, writes) || self.failure_recorded(reads, writes) {
             // SAFETY: per this function's contract.
             unsafe { self.register_slot(slot) };
@@ -818,10 +818,7 @@ impl Engine {
         }
         // SAFETY: per this function's contract; the slot stays this thread's until
         // `give_back`, and its function is moved out once.
-        let raw = unsafe {
-            self.ring.advance();
-            self.ring.take_raw(slot)
-        };
+        let (index, raw) = unsafe { (self.ring.advance(), self.ring.take_raw(slot)) };
         drop(order);
         if self.ring.has_records() {
             if let Some(pool) = self.cpu_worker.get() {
@@ -835,7 +832,7 @@ impl Engine {
                 Ok(())
             })
         };
-        Some(self.release_vars(reads, writes, outcome))
+        Some((index, self.release_vars(reads, writes, outcome)))
     }
 
     /// After [`Engine::take_all`]: whether a failure is recorded anywhere, in which case the

@@ -5,15 +5,16 @@
 //! Owns: a single-producer ring of slots that hold the pushed operation itself (a compact
 //! record of one cache line for a plain C function, see [`Slot`], else a whole [`Push`]),
 //! the index the producer publishes, the consumer's index, and each slot's way back to the
-//! producer (a `done` flag, kept apart from the slots).
+//! producer (a `done` lap mark, kept apart from the slots).
 //!
 //! Protocol:
 //! - The producer (the solo owner) writes a free slot and publishes it by storing the new
 //!   `tail` (Release, counting it pushed) and then the slot's lap mark (Release), which is
 //!   what the consumer polls: the `tail` line is not read on the hot path, so it stays
 //!   with the producer and only the slot's own line travels. A slot is free when it was
-//!   never used, or when it was given back by the consumer (`done`, Release) and then
-//!   emptied by a reclaimer (which clears `done`).
+//!   never used, or when it was given back by the consumer (its `done` entry set to the
+//!   slot's lap mark, Release) and then emptied by a reclaimer, which writes neither the
+//!   slot nor `done`.
 //! - The consumer is whichever worker holds the engine's registration lock; it takes slots
 //!   in order (`head`). It either runs the operation on the spot, having taken all of its
 //!   variables at once, and sets `done` after it finished; or it moves the operation out into
@@ -40,7 +41,7 @@ use crate::sync::{Mutex, Padded};
 use smallvec::SmallVec;
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Slots in a ring: operations the owner may have published and not yet got back.
@@ -97,15 +98,17 @@ pub(crate) enum Rec<'a> {
 }
 
 pub(crate) struct Ring {
-    /// Per slot: the consumer is done with it, a reclaimer may drop what it holds (and the
-    /// producer then reuse it). Apart from the slots, 64 flags to a cache line: for a compact
-    /// record the consumer writes only here, never to the slot, so the slot's line goes from
-    /// the producer to the consumer and back without the consumer taking it over (a whole
-    /// `Push` is still written: its function and payload are moved out). The flags' line is
-    /// written by the workers and read by the reclaimer once per batch. Cleared by the
-    /// reclaimer. Ring and slots are never dropped (engines live for the process); a
-    /// dropped ring would leak its unconsumed compact records.
-    done: Box<[AtomicBool]>,
+    /// Per slot: the lap mark ([`lap_mark`]) of the slot's last give-back. A slot whose entry
+    /// is its current lap's mark is given back: the consumer is done with it, a reclaimer may
+    /// drop what it holds (and the producer then reuse it). Apart from the slots, 64 entries
+    /// to a cache line: for a compact record the consumer writes only here, never to the
+    /// slot, so the slot's line goes from the producer to the consumer and back without the
+    /// consumer taking it over (a whole `Push` is still written: its function and payload are
+    /// moved out). Only the consumer writes these lines; a reclaimer reads them once per
+    /// batch (a mark needs no clearing: the next lap expects another). Ring and slots are
+    /// never dropped (engines live for the process); a dropped ring would leak its
+    /// unconsumed compact records.
+    done: Box<[AtomicU8]>,
     /// The CPU has PREFETCHW (see [`prefetch_write`]).
     prefetchw: bool,
     /// Slots published (written by the producer only).
@@ -136,7 +139,7 @@ impl Ring {
             head: Padded(AtomicUsize::new(0)),
             reclaimed: Padded(AtomicUsize::new(0)),
             reclaim: Mutex::new(()),
-            done: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            done: (0..n).map(|_| AtomicU8::new(0)).collect(),
             prefetchw: has_prefetchw(),
             slots: (0..n)
                 .map(|_| Slot {
@@ -192,8 +195,12 @@ impl Ring {
             return Err(p);
         };
         let slot = &self.slots[t % SLOTS];
-        // SAFETY: the slot is the producer's: never published, or reclaimed (`claim`).
-        unsafe { *slot.push.get() = Some(p) };
+        // SAFETY: the slot is the producer's: never published, or reclaimed (`claim`), which
+        // left `push` empty (a reclaimed compact record's fields are stale: overwritten).
+        unsafe {
+            *slot.compact.get() = false;
+            *slot.push.get() = Some(p);
+        }
         self.publish_slot(slot, t);
         Ok(())
     }
@@ -217,7 +224,8 @@ impl Ring {
         };
         let slot = &self.slots[t % SLOTS];
         // SAFETY: the slot is the producer's (`claim`); a reclaimed slot's `vars` and `raw`
-        // hold nothing (moved out or dropped), so writing over them leaks nothing.
+        // hold nothing (moved out or dropped; the stale bits stay), so writing over them
+        // leaks nothing.
         unsafe {
             *slot.compact.get() = true;
             *slot.n_const.get() = n_const as u8;
@@ -269,15 +277,12 @@ impl Ring {
         };
         let mut r = self.reclaimed.load(Ordering::Relaxed);
         while r < upto {
-            let (slot, done) = (&self.slots[r % SLOTS], &self.done[r % SLOTS]);
-            if !done.load(Ordering::Acquire) {
+            if !self.is_given_back(r) {
                 break;
             }
-            self.prefetch_slot(r + 2);
-            // SAFETY: given back (`done`, Acquire) and not reclaimed: the reclaimer's, and
-            // this thread holds the reclaim lock.
-            unsafe { slot.empty() };
-            done.store(false, Ordering::Relaxed);
+            // SAFETY: given back (Acquire) and not reclaimed: the reclaimer's, and this
+            // thread holds the reclaim lock; `reclaimed` moves past it right after.
+            unsafe { self.slots[r % SLOTS].release() };
             r += 1;
         }
         self.reclaimed.store(r, Ordering::Release);
@@ -287,7 +292,7 @@ impl Ring {
             // not keep what later, finished ones held.
             for i in r + 1..upto {
                 let slot = &self.slots[i % SLOTS];
-                if self.done[i % SLOTS].load(Ordering::Acquire) {
+                if self.is_given_back(i) {
                     // SAFETY: as above (given back, not reclaimed, the reclaim lock held).
                     unsafe { slot.empty() };
                 }
@@ -360,8 +365,10 @@ impl Ring {
     /// # Safety
     /// As for [`Ring::peek`].
     #[inline]
-    pub(crate) unsafe fn advance(&self) {
-        self.head.store(self.head.load(Ordering::Relaxed) + 1, Ordering::Release);
+    pub(crate) unsafe fn advance(&self) -> usize {
+        let h = self.head.load(Ordering::Relaxed);
+        self.head.store(h + 1, Ordering::Release);
+        h
     }
 
     /// Consumer: move the operation out of the slot [`Ring::peek`] returned, move past it
@@ -384,19 +391,24 @@ impl Ring {
             }
         };
         // SAFETY: as above.
-        unsafe { self.advance() };
-        self.give_back(slot);
+        let i = unsafe { self.advance() };
+        self.give_back(i);
         p
     }
 }
 
 impl Ring {
-    /// Consumer: hand a slot back to the producer (after [`Ring::advance`]).
+    /// Consumer: hand slot index `i` back to the producer (after [`Ring::advance`]).
     #[inline]
-    pub(crate) fn give_back(&self, slot: &Slot) {
-        let i = (slot as *const Slot as usize - self.slots.as_ptr() as usize) / std::mem::size_of::<Slot>();
-        debug_assert!(i < self.slots.len());
-        self.done[i].store(true, Ordering::Release);
+    pub(crate) fn give_back(&self, i: usize) {
+        self.done[i % SLOTS].store(lap_mark(i), Ordering::Release);
+    }
+
+    /// Whether slot index `i` (published, not reclaimed) has been given back. Acquire: what
+    /// the consumer did with the slot is visible then.
+    #[inline]
+    fn is_given_back(&self, i: usize) -> bool {
+        self.done[i % SLOTS].load(Ordering::Acquire) == lap_mark(i)
     }
 
     /// Prefetch slot `i`'s first line for writing (the line a compact record fills).
@@ -470,7 +482,35 @@ impl Slot {
         }
     }
 
-    /// Reclaimer: drop what a given-back slot holds.
+    /// Reclaimer: drop what a given-back slot holds, right before `reclaimed` moves past it,
+    /// without writing to the slot (its line stays shared with the consumer, and the
+    /// producer's stores that publish it next are the only ones): a compact record's fields
+    /// stay as they were, stale, until the producer overwrites them. A slot [`Slot::empty`]
+    /// emptied already holds nothing.
+    ///
+    /// # Safety
+    /// The caller is the slot's reclaimer (given back, not reclaimed, the reclaim lock held)
+    /// and moves `reclaimed` past it before it releases the lock.
+    #[inline]
+    unsafe fn release(&self) {
+        // SAFETY: per the caller's contract. A compact record's function was moved out by
+        // the consumer; its variables are dropped here, once: the slot is not looked at again
+        // before the producer writes it.
+        unsafe {
+            if *self.compact.get() {
+                let n = *self.n_vars.get() as usize;
+                let vars = &*self.vars.get();
+                for v in &vars[..n] {
+                    drop(v.assume_init_read());
+                }
+            } else if (*self.push.get()).is_some() {
+                drop((*self.push.get()).take());
+            }
+        }
+    }
+
+    /// Reclaimer: drop what a given-back slot holds, behind a slot still in use (`reclaimed`
+    /// does not move past it yet): marked empty, so that [`Slot::release`] finds nothing.
     ///
     /// # Safety
     /// The caller is the slot's reclaimer (given back, not reclaimed, the reclaim lock held).
@@ -515,5 +555,66 @@ mod tests {
             }
         }
         assert_eq!(ring.published(), 258 * SLOTS + 3);
+    }
+
+    unsafe extern "C" fn nothing(_: *mut std::ffi::c_void, _: *mut std::ffi::c_void) {}
+
+    /// Compact records' variable references are dropped exactly once, lap after lap: in order
+    /// by the producer's batches (which write nothing to the slot), and behind a slot still
+    /// in use by a waiting thread's reclaim (which empties slots it cannot move past); a
+    /// reclaimed slot's stale fields are neither dropped again nor taken for a record.
+    #[test]
+    fn compact_records_drop_their_variables_exactly_once() {
+        let ring = Ring::new(true);
+        let (a, b) = (Var::new(), Var::new());
+        let compact = |vars: CompactVars| {
+            // SAFETY: an empty C function without param or deleter; the test is the ring's
+            // only producer.
+            unsafe { ring.publish_compact(RawFn::new(nothing, std::ptr::null_mut(), None), Context::CPU, 1, vars) }
+                .map_err(|_| "the ring is full")
+        };
+        let mut held = None;
+        for i in 0..3 * SLOTS {
+            if i % 7 == 3 {
+                assert!(unsafe { ring.publish(Push::sync(|_| Ok(()), vec![b.clone()], vec![])) }.is_ok());
+            } else {
+                compact(CompactVars::from_iter([a.clone(), b.clone()])).unwrap();
+            }
+            // SAFETY: the test is the only consumer and finishes with each slot before the
+            // next (the held one is finished below, before it peeks again after a wait).
+            unsafe {
+                let (slot, rec) = ring.peek().expect("published");
+                match rec {
+                    Rec::Compact { reads, writes, .. } => {
+                        assert!(i % 7 != 3, "slot index {i}: a whole push read as a compact record");
+                        assert_eq!((reads.len(), writes.len()), (1, 1), "slot index {i}: a stale or torn record");
+                        drop(ring.take_raw(slot));
+                        let index = ring.advance();
+                        // Every 500th slot stays in use over the next ten pushes, which a
+                        // wait's reclaim empties behind it.
+                        if i % 500 == 0 {
+                            held = Some(index);
+                        } else {
+                            ring.give_back(index);
+                        }
+                    }
+                    Rec::Full(_) => {
+                        assert!(i % 7 == 3, "slot index {i}: a compact record read as a whole push");
+                        assert!(ring.take(slot).is_some());
+                    }
+                }
+            }
+            if let Some(h) = held {
+                if i == h + 10 {
+                    ring.reclaim_all();
+                    // The ten behind the held slot are emptied; the held one keeps its two.
+                    assert_eq!(Arc::strong_count(&a), 2, "at slot index {i}");
+                    ring.give_back(h);
+                    held = None;
+                }
+            }
+        }
+        ring.reclaim_all();
+        assert_eq!((Arc::strong_count(&a), Arc::strong_count(&b)), (1, 1), "every reference dropped, once");
     }
 }
