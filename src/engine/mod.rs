@@ -577,11 +577,15 @@ impl Engine {
         if BULK_THREADS.load(Ordering::Relaxed) > 0 || !self.is_cpu_worker_pool(pool) || vars.len() > ring::COMPACT_VARS {
             return Err((raw, vars));
         }
-        // As `push_to`, up to the ring.
-        self.solo.note_pusher();
+        // As `push_to`, up to the ring, with this thread's id looked up once, and the ring's
+        // count of pushes instead of the per-thread one that times `reap_sometimes`.
+        let id = solo::my_id();
+        self.solo.note_pusher_as(id);
         self.apply_back_pressure();
-        self.reap_sometimes();
-        if !self.solo.is_owner(solo::my_id()) || !self.submissions.is_empty() {
+        if self.ring.published() % REAP_EVERY == 0 {
+            self.reap();
+        }
+        if !self.solo.is_owner(id) || !self.submissions.is_empty() {
             return Err((raw, vars));
         }
         // SAFETY: this thread is the ring's producer (the solo owner, checked above), and a
@@ -1225,16 +1229,16 @@ impl Engine {
         }
     }
 
-    /// [`Engine::reap`] every 32nd push of this thread, so the graveyard's line (which the
-    /// workers write) is read once per batch.
+    /// [`Engine::reap`] every [`REAP_EVERY`]th push of this thread, so the graveyard's line
+    /// (which the workers write) is read once per batch.
     fn reap_sometimes(&self) {
         thread_local! {
-            static PUSHES: Cell<u32> = const { Cell::new(0) };
+            static PUSHES: Cell<usize> = const { Cell::new(0) };
         }
         if PUSHES.with(|c| {
             let n = c.get().wrapping_add(1);
             c.set(n);
-            n % 32 == 0
+            n % REAP_EVERY == 0
         }) {
             self.reap();
         }
@@ -1504,6 +1508,9 @@ pub fn check_distinct_ptrs(ptrs: &[*const Var]) -> Result<()> {
     }
     Ok(())
 }
+
+/// Pushes between two of a pushing thread's [`Engine::reap`]s.
+const REAP_EVERY: usize = 32;
 
 /// Threads whose bulk size is above 1; while none is, pushes skip the thread-local bulk.
 static BULK_THREADS: AtomicUsize = AtomicUsize::new(0);
