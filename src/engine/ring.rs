@@ -590,8 +590,8 @@ mod tests {
                         assert_eq!((reads.len(), writes.len()), (1, 1), "slot index {i}: a stale or torn record");
                         drop(ring.take_raw(slot));
                         let index = ring.advance();
-                        // Every 500th slot stays in use over the next ten pushes, which a
-                        // wait's reclaim empties behind it.
+                        // Every 500th slot (when it holds a compact record) stays in use
+                        // over the next ten pushes, which a wait's reclaim empties behind it.
                         if i % 500 == 0 {
                             held = Some(index);
                         } else {
@@ -607,7 +607,8 @@ mod tests {
             if let Some(h) = held {
                 if i == h + 10 {
                     ring.reclaim_all();
-                    // The ten behind the held slot are emptied; the held one keeps its two.
+                    // The ten behind the held slot are emptied; the held one still holds
+                    // its reference to `a` (the test's own is the other).
                     assert_eq!(Arc::strong_count(&a), 2, "at slot index {i}");
                     ring.give_back(h);
                     held = None;

@@ -163,6 +163,22 @@ mod tests {
     }
 
     #[test]
+    fn note_pusher_as_claims_keeps_and_ends_solo_mode_as_note_pusher_does() {
+        let s = Solo::default();
+        let me = my_id();
+        s.note_pusher_as(me);
+        assert!(s.is_owner(me), "the first pusher claims");
+        s.note_pusher_as(me);
+        assert!(s.is_owner(me), "the owner's own pushes keep solo mode");
+        std::thread::scope(|t| {
+            t.spawn(|| s.note_pusher_as(my_id()));
+        });
+        assert!(s.is_shared(), "another thread's push ends it");
+        s.note_pusher_as(me);
+        assert!(!s.is_owner(me), "shared for good");
+    }
+
+    #[test]
     fn another_pusher_waits_for_the_solo_operation() {
         let s = Arc::new(Solo::default());
         let running = Arc::new(AtomicBool::new(false));
