@@ -37,6 +37,15 @@ fn hold_a_worker(e: &'static Engine) -> mpsc::Sender<()> {
     gate_tx
 }
 
+/// Bulking anywhere in the process (a thread with a bulk size above 1) sends every push the
+/// ordinary way, past the ring: tests that check what goes through the ring hold this for
+/// reading, the bulk test for writing, so that the two never run at once.
+static BULK_OFF: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn bulk_off() -> std::sync::RwLockReadGuard<'static, ()> {
+    BULK_OFF.read().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A small deterministic generator (xorshift), so failures reproduce.
 struct Rng(u64);
 impl Rng {
@@ -530,6 +539,7 @@ fn solo_mode_leaves_variables_untouched_until_a_second_thread_pushes() {
 
 #[test]
 fn bulk_batches_and_keeps_order() {
+    let _bulking = BULK_OFF.write().unwrap_or_else(|e| e.into_inner());
     let e = engine(EngineKind::PerDevice, 2);
     assert_eq!(e.set_bulk_size(8), 0);
     let v = Var::new();
@@ -735,6 +745,7 @@ fn finished_operations_are_dropped_when_workers_go_idle() {
 /// order of a chain on one variable holds throughout.
 #[test]
 fn a_full_ring_spills_to_the_queue_in_push_order() {
+    let _bulk_off = bulk_off();
     let e = engine(EngineKind::PerDevice, 1);
     let gate_tx = hold_a_worker(e);
     let n = 3 * ring::SLOTS;
@@ -764,6 +775,7 @@ fn a_full_ring_spills_to_the_queue_in_push_order() {
 /// more operations than that runs every one of them once, in push order, through the ring.
 #[test]
 fn ring_lap_marks_wrap_around_without_losing_or_reordering_operations() {
+    let _bulk_off = bulk_off();
     let e = engine(EngineKind::PerDevice, 1);
     let v = Var::new();
     let next = Arc::new(AtomicUsize::new(0));
@@ -800,6 +812,7 @@ fn ring_lap_marks_wrap_around_without_losing_or_reordering_operations() {
 /// A push from a second thread that happens after the owner's ring pushes runs after them.
 #[test]
 fn a_second_pusher_comes_after_the_owners_ring_pushes() {
+    let _bulk_off = bulk_off();
     for workers in [1, 2] {
         let e = engine(EngineKind::PerDevice, workers);
         let v = Var::new();
@@ -825,6 +838,7 @@ fn a_second_pusher_comes_after_the_owners_ring_pushes() {
 /// them, so the last reference to freed data does not outlive the wait.
 #[test]
 fn a_wait_releases_the_variables_the_ring_held() {
+    let _bulk_off = bulk_off();
     let e = engine(EngineKind::PerDevice, 1);
     let v = Var::new();
     let weak = Arc::downgrade(&v);
@@ -842,6 +856,7 @@ fn a_wait_releases_the_variables_the_ring_held() {
 /// Behind an operation still running, a wait empties the slots of the finished ones.
 #[test]
 fn a_long_operation_does_not_hold_what_later_ring_slots_held() {
+    let _bulk_off = bulk_off();
     let e = engine(EngineKind::PerDevice, 2);
     let gate_tx = hold_a_worker(e);
     let v = Var::new();
@@ -865,6 +880,7 @@ fn a_long_operation_does_not_hold_what_later_ring_slots_held() {
 /// releases the variables compact slots held.
 #[test]
 fn compact_records_keep_order_run_deleters_once_and_release_their_variables() {
+    let _bulk_off = bulk_off();
     use std::ffi::c_void;
     static ORDER: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
     static DELETED: AtomicUsize = AtomicUsize::new(0);
