@@ -577,14 +577,10 @@ impl Engine {
         if BULK_THREADS.load(Ordering::Relaxed) > 0 || !self.is_cpu_worker_pool(pool) || vars.len() > ring::COMPACT_VARS {
             return Err((raw, vars));
         }
-        // As `push_to`, up to the ring, with this thread's id looked up once, and the ring's
-        // count of pushes instead of the per-thread one that times `reap_sometimes`.
+        // As `push_to`, up to the ring, with this thread's id looked up once.
         let id = solo::my_id();
         self.solo.note_pusher_as(id);
         self.apply_back_pressure();
-        if self.ring.published() % REAP_EVERY == 0 {
-            self.reap();
-        }
         if !self.solo.is_owner(id) || !self.submissions.is_empty() {
             return Err((raw, vars));
         }
@@ -592,6 +588,11 @@ impl Engine {
         // threaded engine's ring has slots (its CPU worker pool exists).
         unsafe { self.ring.publish_compact(raw, ctx, n_const, vars) }?;
         pool.wake_for_ring();
+        // Timed by the ring's count instead of `reap_sometimes`' thread-local; a push the
+        // ring gave back reaps on the ordinary path instead.
+        if self.ring.published() % REAP_EVERY == 0 {
+            self.reap();
+        }
         Ok(())
     }
 

@@ -490,7 +490,8 @@ impl Slot {
     ///
     /// # Safety
     /// The caller is the slot's reclaimer (given back, not reclaimed, the reclaim lock held)
-    /// and moves `reclaimed` past it before it releases the lock.
+    /// and, before it releases the lock, moves `reclaimed` past it or marks it empty (as
+    /// [`Slot::empty`] does).
     #[inline]
     unsafe fn release(&self) {
         // SAFETY: per the caller's contract. A compact record's function was moved out by
@@ -515,20 +516,13 @@ impl Slot {
     /// # Safety
     /// The caller is the slot's reclaimer (given back, not reclaimed, the reclaim lock held).
     unsafe fn empty(&self) {
-        // SAFETY: per the caller's contract. A compact record's function was moved out by
-        // the consumer; its variables are dropped here, once (`compact` is cleared).
+        // SAFETY: per the caller's contract; `release` drops a compact record's variables
+        // once, and clearing `compact` and `n_vars` keeps a later `release` from dropping
+        // them again.
         unsafe {
-            if *self.compact.get() {
-                let n = *self.n_vars.get() as usize;
-                *self.compact.get() = false;
-                *self.n_vars.get() = 0;
-                let vars = &mut *self.vars.get();
-                for v in &mut vars[..n] {
-                    v.assume_init_drop();
-                }
-            } else {
-                drop((*self.push.get()).take());
-            }
+            self.release();
+            *self.compact.get() = false;
+            *self.n_vars.get() = 0;
         }
     }
 }

@@ -87,7 +87,7 @@ impl Solo {
     #[inline]
     pub fn note_pusher(&self) {
         if self.word.load(Ordering::Relaxed) != SHARED {
-            self.note(my_id());
+            self.note_pusher_as(my_id());
         }
     }
 
