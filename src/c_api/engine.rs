@@ -285,29 +285,28 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
 }
 
 /// [`push_c`] for a compact record: a synchronous function of normal property and priority,
-/// with no name, not waited for, on a threaded engine. On failure nothing was taken over.
+/// with no name, not waited for, on a threaded engine; the handles are looked up straight
+/// into the ring's slot. On failure nothing was taken over.
 ///
 /// # Safety
 /// As for [`push_c`].
 unsafe fn push_compact(table: &impl VarHandles, reads: &[*mut c_void], writes: &[*mut c_void], ctx: Context, func: CFunc) -> Result<()> {
     let engine = engine::global()?;
-    let mut vars = engine::CompactVars::new();
-    for &h in reads.iter().chain(writes) {
-        vars.push(table.var(h)?);
-    }
-    let nr = reads.len();
-    let pool = engine.validate(&vars[..nr], &vars[nr..], ctx, engine::FnProperty::Normal)?;
     let f = func.sync_func.ok_or_else(|| Error::internal("push_compact without a synchronous function"))?;
+    let nr = reads.len();
+    let var = |i: usize| table.var(if i < nr { reads[i] } else { writes[i - nr] });
     // SAFETY: the caller's function and deleter with the caller's param, callable on a
-    // worker thread as the API promises; from here the deleter is the RawFn's.
-    let raw = unsafe { engine::RawFn::new(f, func.param, func.deleter) };
-    let (raw, mut vars) = match engine.push_compact(raw, ctx, nr, vars, pool) {
-        Ok(()) => return Ok(()),
-        Err(back) => back,
-    };
+    // worker thread as the API promises; made only once the push is accepted, from when on
+    // the deleter is the RawFn's.
+    let raw = || unsafe { engine::RawFn::new(f, func.param, func.deleter) };
+    if engine.push_compact(ctx, nr, nr + writes.len(), var, raw)? {
+        return Ok(());
+    }
     // Not for the ring now (another thread pushes, the ring is full, ...): the ordinary way.
-    let mutable_vars: VarList = vars.drain(nr..).collect();
-    let const_vars: VarList = vars.into_iter().collect();
+    let (const_vars, mutable_vars) = (var_list(table, reads)?, var_list(table, writes)?);
+    let pool = engine.validate(&const_vars, &mutable_vars, ctx, engine::FnProperty::Normal)?;
+    // SAFETY: as above.
+    let raw = unsafe { engine::RawFn::new(f, func.param, func.deleter) };
     engine.push_validated(Push::raw(raw, const_vars, mutable_vars, ctx), pool)
 }
 

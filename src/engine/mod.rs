@@ -46,7 +46,7 @@ mod solo;
 pub mod var;
 
 pub use opr::{Completion, FnProperty, OprFn, Payload, RawFn, RunContext, SyncFn};
-pub(crate) use ring::{CompactVars, COMPACT_VARS};
+pub(crate) use ring::COMPACT_VARS;
 pub use solo::SoloGuard;
 pub use var::Var;
 
@@ -557,43 +557,50 @@ impl Engine {
         self.push_opr(p, pool)
     }
 
-    /// The owner's fast push of a synchronous C function that reads `vars[..n_const]` and
-    /// writes the rest (at most `ring::COMPACT_VARS`, validated by [`Engine::validate`], which
-    /// gave `pool`), with normal property and priority, no name and no wait: a compact record
-    /// in the ring (see `ring::Slot`) when [`Engine::push_validated`] would put it in the ring
-    /// at all. Otherwise, or when the ring is full, the function and the variables come back
-    /// for the ordinary push.
+    /// The owner's fast push of a synchronous C function on the CPU `ctx`, of normal property
+    /// and priority, with no name and no wait, reading the first `n_const` of its `n`
+    /// variables (at most `ring::COMPACT_VARS`) and writing the rest: a compact record in the
+    /// ring (see `ring::Slot`), the variables looked up by `var(i)` straight into its slot,
+    /// when [`Engine::push_validated`] would put the push in the ring at all. `Ok(false)`:
+    /// not for the ring now (another thread pushes, the ring is full, a bulk is on, ...),
+    /// nothing looked up or taken; the caller pushes the ordinary way. An error (a `var`
+    /// failure, a variable listed twice) leaves nothing pushed and `raw` not made.
     pub(crate) fn push_compact(
         &'static self,
-        raw: RawFn,
         ctx: Context,
         n_const: usize,
-        vars: ring::CompactVars,
-        pool: Option<&'static Pool>,
-    ) -> std::result::Result<(), (RawFn, ring::CompactVars)> {
-        let Some(pool) = pool else {
-            return Err((raw, vars));
-        };
-        if BULK_THREADS.load(Ordering::Relaxed) > 0 || !self.is_cpu_worker_pool(pool) || vars.len() > ring::COMPACT_VARS {
-            return Err((raw, vars));
+        n: usize,
+        var: impl FnMut(usize) -> Result<Arc<Var>>,
+        raw: impl FnOnce() -> RawFn,
+    ) -> Result<bool> {
+        // A CPU context needs no device check, and its normal operations go to the CPU worker
+        // pool in every threaded engine (none exists yet before the first ordinary push).
+        if ctx.dev_type != DevType::Cpu || n > ring::COMPACT_VARS || BULK_THREADS.load(Ordering::Relaxed) > 0 {
+            return Ok(false);
         }
+        let Some(&pool) = self.cpu_worker.get() else {
+            return Ok(false);
+        };
         // As `push_to`, up to the ring, with this thread's id looked up once.
         let id = solo::my_id();
         self.solo.note_pusher_as(id);
         self.apply_back_pressure();
         if !self.solo.is_owner(id) || !self.submissions.is_empty() {
-            return Err((raw, vars));
+            return Ok(false);
         }
         // SAFETY: this thread is the ring's producer (the solo owner, checked above), and a
-        // threaded engine's ring has slots (its CPU worker pool exists).
-        unsafe { self.ring.publish_compact(raw, ctx, n_const, vars) }?;
+        // threaded engine's ring has slots (its CPU worker pool exists); `n` is checked above.
+        match unsafe { self.ring.publish_compact_with(ctx, n_const, n, var, check_distinct, raw) } {
+            None => return Ok(false),
+            Some(r) => r?,
+        }
         pool.wake_for_ring();
         // Timed by the ring's count instead of `reap_sometimes`' thread-local; a push the
         // ring gave back reaps on the ordinary path instead.
         if self.ring.published() % REAP_EVERY == 0 {
             self.reap();
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Whether a push goes to the owner's ring ([`ring`]): a synchronous operation for the

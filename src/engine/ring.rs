@@ -38,7 +38,6 @@
 use super::{Push, RawFn, Var, VarList};
 use crate::context::Context;
 use crate::sync::{Mutex, Padded};
-use smallvec::SmallVec;
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -58,9 +57,6 @@ const RECLAIM_BATCH: usize = 32;
 
 /// Variables a compact record holds (its reads, then its writes).
 pub(crate) const COMPACT_VARS: usize = 3;
-
-/// The variables of a compact push, reads first.
-pub(crate) type CompactVars = SmallVec<[Arc<Var>; COMPACT_VARS]>;
 
 /// One pushed operation, on cache lines of its own. A compact record (a synchronous C
 /// function of normal property and priority, with no name and at most [`COMPACT_VARS`]
@@ -205,40 +201,59 @@ impl Ring {
         Ok(())
     }
 
-    /// Producer: publish a compact record (see [`Slot`]): `raw` on `ctx`, reading
-    /// `vars[..n_const]` and writing the rest. Gives both back when the ring is full.
+    /// Producer: publish a compact record (see [`Slot`]) on `ctx` whose `n` variables
+    /// (`n_const` reads first, then writes) `var(i)` gives straight into the slot, without a
+    /// list in between. Once all are there, `check(reads, writes)` accepts them and `raw()`
+    /// makes the function. A failure of `var` or `check` drops the variables written so far
+    /// and comes back as `Some(Err)`, the slot left unpublished; `None` means the ring is
+    /// full (nothing was looked up).
     ///
     /// # Safety
-    /// As for [`Ring::publish`].
+    /// As for [`Ring::publish`]; `n_const <= n <= COMPACT_VARS`.
     #[inline]
-    pub(crate) unsafe fn publish_compact(
+    pub(crate) unsafe fn publish_compact_with<E>(
         &self,
-        raw: RawFn,
         ctx: Context,
         n_const: usize,
-        vars: CompactVars,
-    ) -> Result<(), (RawFn, CompactVars)> {
-        debug_assert!(n_const <= vars.len() && vars.len() <= COMPACT_VARS && !vars.spilled());
-        let Some(t) = self.claim() else {
-            return Err((raw, vars));
-        };
+        n: usize,
+        mut var: impl FnMut(usize) -> Result<Arc<Var>, E>,
+        check: impl FnOnce(&[Arc<Var>], &[Arc<Var>]) -> Result<(), E>,
+        raw: impl FnOnce() -> RawFn,
+    ) -> Option<Result<(), E>> {
+        debug_assert!(n_const <= n && n <= COMPACT_VARS);
+        let t = self.claim()?;
         let slot = &self.slots[t % SLOTS];
-        // SAFETY: the slot is the producer's (`claim`); a reclaimed slot's `vars` and `raw`
-        // hold nothing (moved out or dropped; the stale bits stay), so writing over them
-        // leaks nothing.
+        // SAFETY: the slot is the producer's (`claim`) and stays unpublished until the
+        // lap-mark store: a reclaimed slot's `vars` and `raw` hold nothing (moved out or
+        // dropped; the stale bits stay), so writing over them leaks nothing, and on failure
+        // the variables written here are dropped here, once (the slot's stale fields are
+        // overwritten by its next publication, as after any reclaim).
         unsafe {
+            let dst = &mut *slot.vars.get();
+            for i in 0..n {
+                match var(i) {
+                    Ok(v) => {
+                        dst[i].write(v);
+                    }
+                    Err(e) => {
+                        drop_written(&mut dst[..i]);
+                        return Some(Err(e));
+                    }
+                }
+            }
+            let all = std::slice::from_raw_parts(dst.as_ptr() as *const Arc<Var>, n);
+            if let Err(e) = check(&all[..n_const], &all[n_const..]) {
+                drop_written(&mut dst[..n]);
+                return Some(Err(e));
+            }
             *slot.compact.get() = true;
             *slot.n_const.get() = n_const as u8;
-            *slot.n_vars.get() = vars.len() as u8;
+            *slot.n_vars.get() = n as u8;
             *slot.ctx.get() = ctx;
-            (*slot.raw.get()).write(raw);
-            let dst = &mut *slot.vars.get();
-            for (d, v) in dst.iter_mut().zip(vars) {
-                d.write(v);
-            }
+            (*slot.raw.get()).write(raw());
         }
         self.publish_slot(slot, t);
-        Ok(())
+        Some(Ok(()))
     }
 
     /// Producer: the next slot's index if that slot is free, reclaiming first (every
@@ -420,6 +435,17 @@ impl Ring {
     }
 }
 
+/// Drop the variables a failed [`Ring::publish_compact_with`] wrote into a slot.
+///
+/// # Safety
+/// Every element is initialised and not dropped or moved out elsewhere.
+unsafe fn drop_written(vars: &mut [MaybeUninit<Arc<Var>>]) {
+    for v in vars {
+        // SAFETY: per this function's contract.
+        unsafe { v.assume_init_drop() };
+    }
+}
+
 /// The lap mark of slot index `i`: 1 + the lap number, modulo 256 (0 is "never published").
 /// The producer is at most one lap ahead of the consumer, so the mark the consumer (the
 /// registration lock's holder, with the current `head`) finds in a slot is either the one it
@@ -561,18 +587,19 @@ mod tests {
     fn compact_records_drop_their_variables_exactly_once() {
         let ring = Ring::new(true);
         let (a, b) = (Var::new(), Var::new());
-        let compact = |vars: CompactVars| {
+        let compact = |vars: [&Arc<Var>; 2]| {
+            let raw = || unsafe { RawFn::new(nothing, std::ptr::null_mut(), None) };
             // SAFETY: an empty C function without param or deleter; the test is the ring's
             // only producer.
-            unsafe { ring.publish_compact(RawFn::new(nothing, std::ptr::null_mut(), None), Context::CPU, 1, vars) }
-                .map_err(|_| "the ring is full")
+            unsafe { ring.publish_compact_with(Context::CPU, 1, 2, |i| Ok::<_, ()>(vars[i].clone()), |_, _| Ok(()), raw) }
+                .ok_or("the ring is full")
         };
         let mut held = None;
         for i in 0..3 * SLOTS {
             if i % 7 == 3 {
                 assert!(unsafe { ring.publish(Push::sync(|_| Ok(()), vec![b.clone()], vec![])) }.is_ok());
             } else {
-                compact(CompactVars::from_iter([a.clone(), b.clone()])).unwrap();
+                compact([&a, &b]).unwrap().unwrap();
             }
             // SAFETY: the test is the only consumer and finishes with each slot before the
             // next (the held one is finished below, before it peeks again after a wait).
@@ -611,5 +638,62 @@ mod tests {
         }
         ring.reclaim_all();
         assert_eq!((Arc::strong_count(&a), Arc::strong_count(&b)), (1, 1), "every reference dropped, once");
+    }
+
+    /// A compact push whose lookup or check fails drops exactly the variables it wrote into
+    /// the slot, makes no function and publishes nothing; the slot serves the next push.
+    #[test]
+    fn a_failed_compact_push_drops_what_it_wrote_and_publishes_nothing() {
+        let ring = Ring::new(true);
+        let (a, b, c) = (Var::new(), Var::new(), Var::new());
+        let vars = [&a, &b, &c];
+        let made = std::cell::Cell::new(0);
+        let raw = || {
+            made.set(made.get() + 1);
+            // SAFETY: an empty C function without param or deleter.
+            unsafe { RawFn::new(nothing, std::ptr::null_mut(), None) }
+        };
+        // SAFETY (the three pushes): the test is the ring's only producer and consumer.
+        // The third lookup fails: the first two are dropped again.
+        let r = unsafe {
+            ring.publish_compact_with(Context::CPU, 1, 3, |i| if i < 2 { Ok(vars[i].clone()) } else { Err("bad handle") }, |_, _| Ok(()), raw)
+        };
+        assert_eq!(r, Some(Err("bad handle")));
+        // The check refuses what the lookups gave: all three are dropped.
+        let r = unsafe { ring.publish_compact_with(Context::CPU, 1, 3, |i| Ok(vars[i].clone()), |_, _| Err("twice"), raw) };
+        assert_eq!(r, Some(Err("twice")));
+        assert_eq!((Arc::strong_count(&a), Arc::strong_count(&b), Arc::strong_count(&c)), (1, 1, 1));
+        assert_eq!(made.get(), 0, "a function was made for a refused push");
+        assert!(!ring.has_records(), "a refused push was published");
+        // The slot then takes a push as usual, with what the check saw.
+        let r = unsafe {
+            ring.publish_compact_with(
+                Context::CPU,
+                1,
+                2,
+                |i| Ok::<_, ()>(vars[2 - i].clone()),
+                |reads, writes| {
+                    assert!(Arc::ptr_eq(&reads[0], &c) && Arc::ptr_eq(&writes[0], &b));
+                    Ok(())
+                },
+                raw,
+            )
+        };
+        assert_eq!(r, Some(Ok(())));
+        assert_eq!(made.get(), 1);
+        unsafe {
+            let (slot, rec) = ring.peek().expect("published");
+            match rec {
+                Rec::Compact { reads, writes, .. } => {
+                    assert!(reads.len() == 1 && writes.len() == 1 && Arc::ptr_eq(&reads[0], &c) && Arc::ptr_eq(&writes[0], &b));
+                }
+                Rec::Full(_) => panic!("a compact record read as a whole push"),
+            }
+            drop(ring.take_raw(slot));
+            let i = ring.advance();
+            ring.give_back(i);
+        }
+        ring.reclaim_all();
+        assert_eq!((Arc::strong_count(&a), Arc::strong_count(&b), Arc::strong_count(&c)), (1, 1, 1));
     }
 }

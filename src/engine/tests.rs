@@ -892,18 +892,15 @@ fn compact_records_keep_order_run_deleters_once_and_release_their_variables() {
     }
     let e = engine(EngineKind::PerDevice, 1);
     let push = |i: usize, v: &Arc<Var>| -> bool {
-        let pool = e.validate(&[], std::slice::from_ref(v), Context::CPU, FnProperty::Normal).unwrap();
-        // SAFETY: `record` and `deleted` may be called once each, from any thread.
-        let raw = unsafe { RawFn::new(record, i as *mut c_void, Some(deleted)) };
-        let mut vars = CompactVars::new();
-        vars.push(v.clone());
-        match e.push_compact(raw, Context::CPU, 0, vars, pool) {
-            Ok(()) => false,
-            Err((raw, vars)) => {
-                e.push_validated(Push::raw(raw, vec![], vars.into_vec(), Context::CPU), pool).unwrap();
-                true
-            }
+        // SAFETY: `record` and `deleted` may be called once each, from any thread (the
+        // function is made once: by the compact push that takes it, or below).
+        let raw = move || unsafe { RawFn::new(record, i as *mut c_void, Some(deleted)) };
+        if e.push_compact(Context::CPU, 0, 1, |_| Ok(v.clone()), raw).unwrap() {
+            return false;
         }
+        let pool = e.validate(&[], std::slice::from_ref(v), Context::CPU, FnProperty::Normal).unwrap();
+        e.push_validated(Push::raw(raw(), vec![], vec![v.clone()], Context::CPU), pool).unwrap();
+        true
     };
     let gate_tx = hold_a_worker(e);
     let v = Var::new();
