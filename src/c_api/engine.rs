@@ -151,13 +151,15 @@ pub(crate) struct CFunc {
     pub deleter: EngineFuncParamDeleter,
 }
 
-/// The shared part of the four push functions.
+/// The shared part of the four push functions. The owner's plain synchronous pushes to a
+/// threaded engine (what a C caller mostly pushes) go to [`push_compact`] from here; the
+/// rest is out of line, so that this path stays short.
 ///
 /// # Safety
 /// As for MXEnginePushAsync: the handle lists as [`HandleList`] requires, `args.ctx` NULL or
 /// pointing to `{int dev_type; int dev_id;}`, `args.prop` NULL or pointing to an int,
 /// `args.name` NULL or a NUL-terminated string.
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: HandleList, args: CArgs, func: CFunc) -> Result<()> {
     // SAFETY: per this function's contract.
     let (reads, writes) = unsafe { (reads.slice()?, writes.slice()?) };
@@ -166,6 +168,39 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
     if func.sync_func.is_none() == func.async_func.is_none() {
         return Err(Error::value("the operation's function must not be NULL"));
     }
+    let engine = engine::global()?;
+    // A synchronous function with few variables and no name on a threaded engine: a compact
+    // record in the owner's ring (see engine::ring), without a `Push`, if this thread owns it.
+    if func.sync_func.is_some()
+        && engine.kind() != engine::EngineKind::Naive
+        && args.name.is_null()
+        && !args.wait
+        && prop == engine::FnProperty::Normal
+        && args.priority == 0
+        && reads.len() + writes.len() <= engine::COMPACT_VARS
+        && !crate::profiler::ops_on(false)
+    {
+        // SAFETY: per this function's contract.
+        return unsafe { push_compact(table, reads, writes, ctx, func) };
+    }
+    // SAFETY: per this function's contract.
+    unsafe { push_other(table, reads, writes, args, ctx, prop, func) }
+}
+
+/// [`push_c`] for everything but a compact record.
+///
+/// # Safety
+/// As for [`push_c`].
+#[inline(never)]
+unsafe fn push_other(
+    table: &impl VarHandles,
+    reads: &[*mut c_void],
+    writes: &[*mut c_void],
+    args: CArgs,
+    ctx: Context,
+    prop: FnProperty,
+    func: CFunc,
+) -> Result<()> {
     let engine = engine::global()?;
     // NaiveEngine runs a synchronous function right here (which also satisfies `wait`) when
     // it can: `run` calls it, and is copied into whichever of the two paths below runs it.
@@ -203,20 +238,6 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
         engine.run_solo(guard, ctx, tag, run, mark_writes);
         drop(cparam); // the deleter, after the operation ran
         return Ok(());
-    }
-    // A synchronous function with few variables and no name, pushed by the engine's solo
-    // owner: a compact record in the owner's ring (see engine::ring), without a `Push`.
-    if run.is_none()
-        && func.sync_func.is_some()
-        && args.name.is_null()
-        && !args.wait
-        && prop == engine::FnProperty::Normal
-        && args.priority == 0
-        && reads.len() + writes.len() <= engine::COMPACT_VARS
-        && !crate::profiler::ops_on(false)
-    {
-        // SAFETY: per this function's contract.
-        return unsafe { push_compact(table, reads, writes, ctx, func) };
     }
     let (const_vars, mutable_vars) = (var_list(table, reads)?, var_list(table, writes)?);
     // SAFETY: per this function's contract.
@@ -290,6 +311,7 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
 ///
 /// # Safety
 /// As for [`push_c`].
+#[inline]
 unsafe fn push_compact(table: &impl VarHandles, reads: &[*mut c_void], writes: &[*mut c_void], ctx: Context, func: CFunc) -> Result<()> {
     let engine = engine::global()?;
     let f = func.sync_func.ok_or_else(|| Error::internal("push_compact without a synchronous function"))?;

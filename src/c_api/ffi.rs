@@ -28,6 +28,7 @@ thread_local! {
 
 /// Panics inside [`call`] become the error text (with their location) instead of a message on
 /// the host's stderr; panics elsewhere go to the previous hook unchanged.
+#[inline]
 fn install_panic_hook() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -44,7 +45,9 @@ fn install_panic_hook() {
 }
 
 /// Run an exported function's body: `Ok` → 0; `Err` or a panic → -1 with the last error set.
-/// Nothing unwinds past this point.
+/// Nothing unwinds past this point. Inlined into each exported function (an engine push
+/// passes a dozen arguments through it); the failure handling is out of line.
+#[inline(always)]
 pub fn call(api: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
     install_panic_hook();
     let start = crate::profiler::api_on().then(crate::profiler::api_begin);
@@ -56,20 +59,27 @@ pub fn call(api: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
     }
     match outcome {
         Ok(Ok(())) => 0,
-        Ok(Err(e)) => {
-            set_last_error(&e);
-            -1
-        }
-        Err(payload) => {
-            let msg = panic_message(payload.as_ref());
-            let at = PANIC_AT.with(|p| p.borrow_mut().take()).map(|l| format!(" (at {l})"));
-            set_last_error(&Error::internal(format!(
-                "panic in {api}: {msg}{}",
-                at.unwrap_or_default()
-            )));
-            -1
-        }
+        Ok(Err(e)) => failed(&e),
+        Err(payload) => panicked(api, payload),
     }
+}
+
+/// [`call`]'s body failed: record the error; -1.
+#[cold]
+#[inline(never)]
+fn failed(e: &Error) -> c_int {
+    set_last_error(e);
+    -1
+}
+
+/// [`call`]'s body panicked: record the panic (with where it happened) as the error; -1.
+#[cold]
+#[inline(never)]
+fn panicked(api: &'static str, payload: Box<dyn Any + Send>) -> c_int {
+    let msg = panic_message(payload.as_ref());
+    let at = PANIC_AT.with(|p| p.borrow_mut().take()).map(|l| format!(" (at {l})"));
+    set_last_error(&Error::internal(format!("panic in {api}: {msg}{}", at.unwrap_or_default())));
+    -1
 }
 
 /// [`call`] for the most common shape of an exported function: compute one value and write

@@ -244,6 +244,7 @@ impl VarHandles for NdVars {
 /// # Safety
 /// As for MXEnginePushAsyncND.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 unsafe fn push_nd(
     sync_func: EngineSyncFunc,
     async_func: EngineAsyncFunc,
