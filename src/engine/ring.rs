@@ -206,7 +206,8 @@ impl Ring {
     /// list in between. Once all are there, `check(reads, writes)` accepts them and `raw()`
     /// makes the function. A failure of `var` or `check` drops the variables written so far
     /// and comes back as `Some(Err)`, the slot left unpublished; `None` means the ring is
-    /// full (nothing was looked up).
+    /// full (nothing was looked up). A panic in `var` or `check` leaks the references written
+    /// so far (the slot is overwritten at its next publication), nothing worse.
     ///
     /// # Safety
     /// As for [`Ring::publish`]; `n_const <= n <= COMPACT_VARS`.
