@@ -181,10 +181,10 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
         && !crate::profiler::ops_on(false)
     {
         // SAFETY: per this function's contract.
-        return unsafe { push_compact(table, reads, writes, ctx, func) };
+        return unsafe { push_compact(engine, table, reads, writes, ctx, func) };
     }
     // SAFETY: per this function's contract.
-    unsafe { push_other(table, reads, writes, args, ctx, prop, func) }
+    unsafe { push_other(engine, table, reads, writes, args, ctx, prop, func) }
 }
 
 /// [`push_c`] for everything but a compact record.
@@ -192,7 +192,9 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
 /// # Safety
 /// As for [`push_c`].
 #[inline(never)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn push_other(
+    engine: &'static engine::Engine,
     table: &impl VarHandles,
     reads: &[*mut c_void],
     writes: &[*mut c_void],
@@ -201,7 +203,6 @@ unsafe fn push_other(
     prop: FnProperty,
     func: CFunc,
 ) -> Result<()> {
-    let engine = engine::global()?;
     // NaiveEngine runs a synchronous function right here (which also satisfies `wait`) when
     // it can: `run` calls it, and is copied into whichever of the two paths below runs it.
     let run = match (func.sync_func, engine.kind()) {
@@ -312,8 +313,14 @@ unsafe fn push_other(
 /// # Safety
 /// As for [`push_c`].
 #[inline]
-unsafe fn push_compact(table: &impl VarHandles, reads: &[*mut c_void], writes: &[*mut c_void], ctx: Context, func: CFunc) -> Result<()> {
-    let engine = engine::global()?;
+unsafe fn push_compact(
+    engine: &'static engine::Engine,
+    table: &impl VarHandles,
+    reads: &[*mut c_void],
+    writes: &[*mut c_void],
+    ctx: Context,
+    func: CFunc,
+) -> Result<()> {
     let f = func.sync_func.ok_or_else(|| Error::internal("push_compact without a synchronous function"))?;
     let nr = reads.len();
     let var = |i: usize| table.var(if i < nr { reads[i] } else { writes[i - nr] });

@@ -242,15 +242,17 @@ impl Ring {
                     }
                 }
             }
-            let all = std::slice::from_raw_parts(dst.as_ptr() as *const Arc<Var>, n);
-            if let Err(e) = check(&all[..n_const], &all[n_const..]) {
-                drop_written(&mut dst[..n]);
-                return Some(Err(e));
-            }
+            // The record's fields, so that the check sees the slot's own slices (nothing
+            // reads them before the publication, which a failure skips).
             *slot.compact.get() = true;
             *slot.n_const.get() = n_const as u8;
             *slot.n_vars.get() = n as u8;
             *slot.ctx.get() = ctx;
+            let (_, reads, writes) = slot.compact_parts();
+            if let Err(e) = check(reads, writes) {
+                drop_written(&mut (&mut *slot.vars.get())[..n]);
+                return Some(Err(e));
+            }
             (*slot.raw.get()).write(raw());
         }
         self.publish_slot(slot, t);
@@ -496,7 +498,8 @@ impl Slot {
     /// A compact record's context, reads and writes.
     ///
     /// # Safety
-    /// The caller may read the slot (its consumer or reclaimer), which holds a compact record.
+    /// The caller may read the slot (its producer before publishing it, its consumer or
+    /// reclaimer), which holds a compact record.
     #[inline]
     unsafe fn compact_parts(&self) -> (Context, &[Arc<Var>], &[Arc<Var>]) {
         // SAFETY: per the caller's contract; the first `n_vars` variables are initialised,
