@@ -717,9 +717,9 @@ impl Engine {
     fn convert_ring_upto(&'static self, mark: usize) {
         // SAFETY: the caller holds the registration lock; each slot is finished (taken)
         // before the next is looked at.
-        while let Some((slot, _)) = unsafe { self.ring.peek_below(mark) } {
+        while let Some((index, _)) = unsafe { self.ring.peek_below(mark) } {
             // SAFETY: as above.
-            unsafe { self.register_slot(slot) };
+            unsafe { self.register_slot(index) };
         }
     }
 
@@ -727,10 +727,11 @@ impl Engine {
     /// operation of the CPU worker pool.
     ///
     /// # Safety
-    /// The caller holds the registration lock and got `slot` from the ring's last peek.
-    unsafe fn register_slot(&'static self, slot: &ring::Slot) {
+    /// The caller holds the registration lock and got slot index `index` from the ring's
+    /// last peek.
+    unsafe fn register_slot(&'static self, index: usize) {
         // SAFETY: per this function's contract.
-        if let Some(p) = unsafe { self.ring.take(slot) } {
+        if let Some(p) = unsafe { self.ring.take(index) } {
             let (op, _) = self.make_opr(p, self.cpu_worker.get().copied(), 0);
             self.register_locked(op);
         }
@@ -750,14 +751,14 @@ impl Engine {
         };
         // SAFETY: the registration lock is held; the slot is finished below (taken, or given
         // back after it ran) before this thread looks at another.
-        let Some((slot, rec)) = (unsafe { self.ring.peek() }) else {
+        let Some((at, rec)) = (unsafe { self.ring.peek() }) else {
             return false;
         };
         let p = match rec {
             ring::Rec::Full(p) => p,
             ring::Rec::Compact { ctx, reads, writes } => {
                 // SAFETY: as above.
-                if let Some((index, granted)) = unsafe { self.run_compact(order, slot, ctx, reads, writes) } {
+                if let Some((index, granted)) = unsafe { self.run_compact(order, at, ctx, reads, writes) } {
                     // After the slices into the slot are no longer used: once given back, a
                     // reclaimer may drop what they point to.
                     self.ring.give_back(index);
@@ -772,7 +773,7 @@ impl Engine {
         // what it writes before it releases it.
         if !self.take_all(&p.const_vars, &p.mutable_vars) || self.failure_recorded(&p.const_vars, &p.mutable_vars) {
             // SAFETY: as above.
-            unsafe { self.register_slot(slot) };
+            unsafe { self.register_slot(at) };
             return true;
         }
         // SAFETY: as above; the slot stays this thread's until `give_back`.
@@ -813,24 +814,24 @@ impl Engine {
     /// None when it was registered instead.
     ///
     /// # Safety
-    /// `order` is the registration lock; `slot` is the ring's last peek, a compact record
-    /// with these parts.
+    /// `order` is the registration lock; `at` is the slot index of the ring's last peek, a
+    /// compact record with these parts.
     unsafe fn run_compact(
         &'static self,
         order: crate::sync::MutexGuard<'_, ()>,
-        slot: &ring::Slot,
+        at: usize,
         ctx: Context,
         reads: &[Arc<Var>],
         writes: &[Arc<Var>],
     ) -> Option<(usize, Granted)> {
         if !self.take_all(reads, writes) || self.failure_recorded(reads, writes) {
             // SAFETY: per this function's contract.
-            unsafe { self.register_slot(slot) };
+            unsafe { self.register_slot(at) };
             return None;
         }
         // SAFETY: per this function's contract; the slot stays this thread's until
         // `give_back`, and its function is moved out once.
-        let (index, raw) = unsafe { (self.ring.advance(), self.ring.take_raw(slot)) };
+        let (index, raw) = unsafe { (self.ring.advance(), self.ring.take_raw(at)) };
         drop(order);
         if self.ring.has_records() {
             if let Some(pool) = self.cpu_worker.get() {

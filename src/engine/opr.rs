@@ -86,10 +86,15 @@ pub enum OprFn {
 /// deleter (if any) gets `param` exactly once, when this is dropped: after the call, or
 /// without it if the operation is skipped.
 pub struct RawFn {
-    f: unsafe extern "C" fn(*mut c_void, *mut c_void),
+    f: CFn,
     param: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut c_void)>,
+    deleter: Option<CDeleter>,
 }
+
+/// A C operation's function: `f(run_context, param)`.
+pub type CFn = unsafe extern "C" fn(*mut c_void, *mut c_void);
+/// A C operation's param deleter.
+pub type CDeleter = unsafe extern "C" fn(*mut c_void);
 
 // SAFETY: the C API's contract hands `param` to the engine, which may call the function and
 // the deleter on a worker thread; the caller promises that is allowed (as with stock MXNet).
@@ -104,6 +109,13 @@ impl RawFn {
         deleter: Option<unsafe extern "C" fn(*mut c_void)>,
     ) -> Self {
         RawFn { f, param, deleter }
+    }
+
+    /// The function, param and deleter, which no longer run on their own: whoever takes
+    /// them makes a `RawFn` of them again (exactly once, for the deleter to run once).
+    pub(crate) fn into_parts(self) -> (CFn, *mut c_void, Option<CDeleter>) {
+        let this = std::mem::ManuallyDrop::new(self);
+        (this.f, this.param, this.deleter)
     }
 
     /// Call the function (then the deleter, as this is dropped).

@@ -2,8 +2,9 @@
 //! [`super::solo`]) to the CPU worker pool of a threaded engine, without a locked instruction
 //! and without allocating.
 //!
-//! Owns: a single-producer ring of slots that hold the pushed operation itself (a compact
-//! record of one cache line for a plain C function, see [`Slot`], else a whole [`Push`]),
+//! Owns: a single-producer ring of slots, two to a cache line, that hold the pushed operation
+//! (a compact record of a plain C function in the slot itself, see [`Slot`], with what does
+//! not fit in the slot's [`Extra`]; else a whole [`Push`] in the slot's entry of `pushes`),
 //! the index the producer publishes, the consumer's index, and each slot's way back to the
 //! producer (a `done` lap mark, kept apart from the slots).
 //!
@@ -11,7 +12,7 @@
 //! - The producer (the solo owner) writes a free slot and publishes it by storing the new
 //!   `tail` (Release, counting it pushed) and then the slot's lap mark (Release), which is
 //!   what the consumer polls: the `tail` line is not read on the hot path, so it stays
-//!   with the producer and only the slot's own line travels. A slot is free when it was
+//!   with the producer and only the slots' lines travel. A slot is free when it was
 //!   never used, or when it was given back by the consumer (its `done` entry set to the
 //!   slot's lap mark, Release) and then emptied by a reclaimer, which writes neither the
 //!   slot nor `done`.
@@ -34,23 +35,31 @@
 //!   engine registers those before it, takes nothing from the ring directly while the queue
 //!   holds anything, and the producer uses the ring again only once the queue is empty, so
 //!   that push order holds across the two.
+//!
+//! Why half a line per slot: each cache line the producer writes and the consumer reads
+//! crosses between their cores twice (to the consumer, and back when the producer writes it
+//! again a lap later), and those transfers, not the instructions, are most of what a push
+//! costs the pushing thread. Two slots to a line halve them for the pushes that fit a slot
+//! (one variable, no deleter: see [`Slot`]).
 
+use super::opr::{CDeleter, CFn};
 use super::{Push, RawFn, Var, VarList};
-use crate::context::Context;
+use crate::context::{Context, DevType};
 use crate::sync::{Mutex, Padded};
 use std::cell::UnsafeCell;
+use std::ffi::c_void;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Slots in a ring: operations the owner may have published and not yet got back.
-pub(crate) const SLOTS: usize = 1024;
+pub(crate) const SLOTS: usize = 2048;
 
 /// How far behind the newest slot the producer empties slots: far enough that the workers
 /// are done with their cache lines (emptying the one a worker just gave back would take its
 /// lines while it still works next to them), near enough that data the caller freed goes
 /// soon.
-const RECLAIM_LAG: usize = 64;
+const RECLAIM_LAG: usize = 128;
 
 /// Pushes between two of the producer's reclaims (see the protocol above).
 const RECLAIM_BATCH: usize = 32;
@@ -58,33 +67,51 @@ const RECLAIM_BATCH: usize = 32;
 /// Variables a compact record holds (its reads, then its writes).
 pub(crate) const COMPACT_VARS: usize = 3;
 
-/// One pushed operation, on cache lines of its own. A compact record (a synchronous C
-/// function of normal property and priority, with no name and at most [`COMPACT_VARS`]
-/// variables: what `MXEnginePushSync` usually pushes) lives in the slot's first cache line,
-/// so that a push writes, and the consumer reads, one line; any other push is a whole
-/// [`Push`] in the following lines (four of them).
-#[repr(C, align(64))]
+/// [`Slot::kind`]: the slot holds a compact record (else a whole `Push`, in `pushes`).
+const COMPACT: u8 = 1;
+/// [`Slot::kind`]: the compact record's deleter is in the slot's [`Extra`].
+const DELETER: u8 = 2;
+
+/// One pushed operation, on half a cache line. A compact record (a synchronous C function on
+/// a CPU context, of normal property and priority, with no name and at most
+/// [`COMPACT_VARS`] variables: what `MXEnginePushSync` usually pushes) lives here; with one
+/// variable and no deleter (the usual case) it fits here entirely, so that a push writes,
+/// and the consumer reads, half a line. Its deleter, and its variables when it has more
+/// than one, are in the slot's [`Extra`]. Any other push is a whole [`Push`] in the slot's
+/// entry of `pushes`.
+#[repr(C, align(32))]
 pub(crate) struct Slot {
-    /// The slot holds a compact record (`ctx`, `raw`, `vars`), not `push`.
-    compact: UnsafeCell<bool>,
-    /// Of the compact record's variables, how many are read (the first ones) and how many in
-    /// all.
-    n_const: UnsafeCell<u8>,
-    n_vars: UnsafeCell<u8>,
     /// Which lap of the ring the slot was last published in ([`lap_mark`]): the consumer
     /// polls this byte, in the line it reads next anyway, instead of `tail`, so that the
     /// producer's `tail` line stays with the producer.
     lap: AtomicU8,
-    ctx: UnsafeCell<Context>,
-    /// The compact record's function, moved out by the consumer (never by a reclaimer).
-    raw: UnsafeCell<MaybeUninit<RawFn>>,
-    /// The compact record's variables, `n_vars` of them initialised; dropped by a reclaimer.
-    vars: UnsafeCell<[MaybeUninit<Arc<Var>>; COMPACT_VARS]>,
-    push: UnsafeCell<Option<Push>>,
+    /// [`COMPACT`] and [`DELETER`] bits.
+    kind: UnsafeCell<u8>,
+    /// Of the compact record's variables, how many are read (the first ones) and how many in
+    /// all.
+    n_const: UnsafeCell<u8>,
+    n_vars: UnsafeCell<u8>,
+    /// The compact record's CPU device.
+    dev_id: UnsafeCell<i32>,
+    /// The compact record's function and param (Copy: the consumer reads them, never moves
+    /// them; the function the record owns is made from them once, when it is taken).
+    f: UnsafeCell<MaybeUninit<CFn>>,
+    param: UnsafeCell<*mut c_void>,
+    /// The compact record's variable when it has one, dropped by a reclaimer.
+    var: UnsafeCell<MaybeUninit<Arc<Var>>>,
 }
 
-// The compact record fills the first cache line and no more.
-const _: () = assert!(std::mem::offset_of!(Slot, push) == 64);
+// A compact record of one variable fills half a line and no more.
+const _: () = assert!(std::mem::size_of::<Slot>() == 32);
+
+/// What a compact record holds beyond its slot: its deleter, and its variables when it has
+/// more than one (`n_vars` of them initialised, dropped by a reclaimer). Apart from the
+/// slots: written only by pushes that need it.
+#[repr(C, align(32))]
+struct Extra {
+    deleter: UnsafeCell<Option<CDeleter>>,
+    vars: UnsafeCell<[MaybeUninit<Arc<Var>>; COMPACT_VARS]>,
+}
 
 /// What the consumer finds in a slot.
 pub(crate) enum Rec<'a> {
@@ -100,9 +127,9 @@ pub(crate) struct Ring {
     /// to a cache line: for a compact record the consumer writes only here, never to the
     /// slot, so the slot's line goes from the producer to the consumer and back without the
     /// consumer taking it over (a whole `Push` is still written: its function and payload are
-    /// moved out). Only the consumer writes these lines; a reclaimer reads them once per
-    /// batch (a mark needs no clearing: the next lap expects another). Ring and slots are
-    /// never dropped (engines live for the process); a dropped ring would leak its
+    /// moved out, from `pushes`). Only the consumer writes these lines; a reclaimer reads
+    /// them once per batch (a mark needs no clearing: the next lap expects another). Ring and
+    /// slots are never dropped (engines live for the process); a dropped ring would leak its
     /// unconsumed compact records.
     done: Box<[AtomicU8]>,
     /// The CPU has PREFETCHW (see [`prefetch_write`]).
@@ -115,15 +142,21 @@ pub(crate) struct Ring {
     reclaimed: Padded<AtomicUsize>,
     reclaim: Mutex<()>,
     slots: Box<[Slot]>,
+    /// Per slot: what a compact record holds beyond the slot.
+    extras: Box<[Extra]>,
+    /// Per slot: a whole push (a slot whose kind is not [`COMPACT`]).
+    pushes: Box<[UnsafeCell<Option<Push>>]>,
 }
 
-// SAFETY: a slot's contents are reached by one thread at a time: the producer from the
-// `reclaimed` store past its previous use (Acquire) to the publishing lap-mark store, the
-// consumer from there to its `done` store, a reclaimer (one at a time: the reclaim lock)
-// from `done` (Acquire) to the `reclaimed` store past it (Release). The consumer is one
-// thread at a time (callers of the consumer side hold the engine's registration lock).
+// SAFETY: a slot's contents (its `Slot`, `Extra` and `pushes` entry) are reached by one thread
+// at a time: the producer from the `reclaimed` store past its previous use (Acquire) to the
+// publishing lap-mark store, the consumer from there to its `done` store, a reclaimer (one at
+// a time: the reclaim lock) from `done` (Acquire) to the `reclaimed` store past it (Release).
+// The consumer is one thread at a time (callers of the consumer side hold the engine's
+// registration lock).
 unsafe impl Sync for Ring {}
-// SAFETY: as above; what the slots hold (`Push`, `RawFn`, `Arc<Var>`, `Context`) is `Send`.
+// SAFETY: as above; what the slots hold (`Push`, C function pointers and params the C API
+// lets run on any thread, `Arc<Var>`) is `Send`.
 unsafe impl Send for Ring {}
 
 impl Ring {
@@ -139,16 +172,23 @@ impl Ring {
             prefetchw: has_prefetchw(),
             slots: (0..n)
                 .map(|_| Slot {
-                    compact: UnsafeCell::new(false),
+                    lap: AtomicU8::new(0),
+                    kind: UnsafeCell::new(0),
                     n_const: UnsafeCell::new(0),
                     n_vars: UnsafeCell::new(0),
-                    lap: AtomicU8::new(0),
-                    ctx: UnsafeCell::new(Context::CPU),
-                    raw: UnsafeCell::new(MaybeUninit::uninit()),
-                    vars: UnsafeCell::new([const { MaybeUninit::uninit() }; COMPACT_VARS]),
-                    push: UnsafeCell::new(None),
+                    dev_id: UnsafeCell::new(0),
+                    f: UnsafeCell::new(MaybeUninit::uninit()),
+                    param: UnsafeCell::new(std::ptr::null_mut()),
+                    var: UnsafeCell::new(MaybeUninit::uninit()),
                 })
                 .collect(),
+            extras: (0..n)
+                .map(|_| Extra {
+                    deleter: UnsafeCell::new(None),
+                    vars: UnsafeCell::new([const { MaybeUninit::uninit() }; COMPACT_VARS]),
+                })
+                .collect(),
+            pushes: (0..n).map(|_| UnsafeCell::new(None)).collect(),
         }
     }
 
@@ -192,22 +232,25 @@ impl Ring {
         };
         let slot = &self.slots[t % SLOTS];
         // SAFETY: the slot is the producer's: never published, or reclaimed (`claim`), which
-        // left `push` empty (a reclaimed compact record's fields are stale: overwritten).
+        // left its `pushes` entry empty (a reclaimed compact record's fields are stale:
+        // overwritten).
         unsafe {
-            *slot.compact.get() = false;
-            *slot.push.get() = Some(p);
+            *slot.kind.get() = 0;
+            *self.pushes[t % SLOTS].get() = Some(p);
         }
         self.publish_slot(slot, t);
         Ok(())
     }
 
-    /// Producer: publish a compact record (see [`Slot`]) on `ctx` whose `n` variables
-    /// (`n_const` reads first, then writes) `var(i)` gives straight into the slot, without a
-    /// list in between. Once all are there, `check(reads, writes)` accepts them and `raw()`
-    /// makes the function. A failure of `var` or `check` drops the variables written so far
-    /// and comes back as `Some(Err)`, the slot left unpublished; `None` means the ring is
-    /// full (nothing was looked up). A panic in `var` or `check` leaks the references written
-    /// so far (the slot is overwritten at its next publication), nothing worse.
+    /// Producer: publish a compact record (see [`Slot`]) on the CPU context `ctx` whose `n`
+    /// variables (`n_const` reads first, then writes) `var(i)` gives straight into the slot
+    /// (or its [`Extra`]), without a list in between. Once all are there, `check(reads,
+    /// writes)` accepts them and `raw()` makes the function, whose parts the slot keeps. A
+    /// failure of `var` or `check` drops the variables written so far and comes back as
+    /// `Some(Err)`, the slot left unpublished; `None` means the ring is full or `ctx` is not
+    /// a CPU context (nothing was looked up). A panic in `var` or `check` leaks the
+    /// references written so far (the slot is overwritten at its next publication), nothing
+    /// worse.
     ///
     /// # Safety
     /// As for [`Ring::publish`]; `n_const <= n <= COMPACT_VARS`.
@@ -222,15 +265,18 @@ impl Ring {
         raw: impl FnOnce() -> RawFn,
     ) -> Option<Result<(), E>> {
         debug_assert!(n_const <= n && n <= COMPACT_VARS);
+        if ctx.dev_type != DevType::Cpu {
+            return None;
+        }
         let t = self.claim()?;
         let slot = &self.slots[t % SLOTS];
-        // SAFETY: the slot is the producer's (`claim`) and stays unpublished until the
-        // lap-mark store: a reclaimed slot's `vars` and `raw` hold nothing (moved out or
-        // dropped; the stale bits stay), so writing over them leaks nothing, and on failure
+        // SAFETY: the slot (with its `Extra`) is the producer's (`claim`) and stays
+        // unpublished until the lap-mark store: a reclaimed slot's variables hold nothing
+        // (dropped; the stale bits stay), so writing over them leaks nothing, and on failure
         // the variables written here are dropped here, once (the slot's stale fields are
         // overwritten by its next publication, as after any reclaim).
         unsafe {
-            let dst = &mut *slot.vars.get();
+            let dst = self.var_cells(t % SLOTS, n);
             for i in 0..n {
                 match var(i) {
                     Ok(v) => {
@@ -244,19 +290,65 @@ impl Ring {
             }
             // The record's fields, so that the check sees the slot's own slices (nothing
             // reads them before the publication, which a failure skips).
-            *slot.compact.get() = true;
             *slot.n_const.get() = n_const as u8;
             *slot.n_vars.get() = n as u8;
-            *slot.ctx.get() = ctx;
-            let (_, reads, writes) = slot.compact_parts();
+            *slot.dev_id.get() = ctx.dev_id;
+            let (_, reads, writes) = self.compact_parts(t % SLOTS);
             if let Err(e) = check(reads, writes) {
-                drop_written(&mut (&mut *slot.vars.get())[..n]);
+                drop_written(self.var_cells(t % SLOTS, n));
                 return Some(Err(e));
             }
-            (*slot.raw.get()).write(raw());
+            let (f, param, deleter) = raw().into_parts();
+            (*slot.f.get()).write(f);
+            *slot.param.get() = param;
+            *slot.kind.get() = match deleter {
+                None => COMPACT,
+                Some(d) => {
+                    *self.extras[t % SLOTS].deleter.get() = Some(d);
+                    COMPACT | DELETER
+                }
+            };
         }
         self.publish_slot(slot, t);
         Some(Ok(()))
+    }
+
+    /// The cells of slot `s`'s compact record's `n` variables: the slot's own for one, its
+    /// [`Extra`]'s for more.
+    ///
+    /// # Safety
+    /// The caller may write slot `s` (its producer before publishing it, its reclaimer), and
+    /// holds no other reference into these cells.
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn var_cells(&self, s: usize, n: usize) -> &mut [MaybeUninit<Arc<Var>>] {
+        // SAFETY: per the caller's contract.
+        unsafe {
+            if n <= 1 {
+                std::slice::from_raw_parts_mut(self.slots[s].var.get(), n)
+            } else {
+                &mut (&mut *self.extras[s].vars.get())[..n]
+            }
+        }
+    }
+
+    /// Slot `s`'s compact record's context, reads and writes.
+    ///
+    /// # Safety
+    /// The caller may read slot `s` (its producer before publishing it, its consumer or
+    /// reclaimer), which holds a compact record, or is being written as one with its
+    /// variables and counts in place.
+    #[inline]
+    unsafe fn compact_parts(&self, s: usize) -> (Context, &[Arc<Var>], &[Arc<Var>]) {
+        let slot = &self.slots[s];
+        // SAFETY: per the caller's contract; the first `n_vars` variables are initialised,
+        // and `MaybeUninit<T>` has `T`'s layout.
+        unsafe {
+            let (nc, n) = (*slot.n_const.get() as usize, *slot.n_vars.get() as usize);
+            let first = if n <= 1 { slot.var.get() as *const Arc<Var> } else { (*self.extras[s].vars.get()).as_ptr() as *const Arc<Var> };
+            let (reads, writes) = std::slice::from_raw_parts(first, n).split_at(nc);
+            (Context { dev_type: DevType::Cpu, dev_id: *slot.dev_id.get() }, reads, writes)
+        }
     }
 
     /// Producer: the next slot's index if that slot is free, reclaiming first (every
@@ -275,10 +367,12 @@ impl Ring {
                 return None;
             }
         }
-        // The slot a few pushes on: its line is probably shared with the consumer, which
-        // read it a ring ago; ask for it now, so that the stores that publish it do not
+        // The slots a few lines on: their line is probably shared with the consumer, which
+        // read it a ring ago; ask for it now, so that the stores that publish them do not
         // wait (x86 commits stores in order: one waiting store holds up all later ones).
-        self.prefetch_slot(t + PREFETCH_AHEAD);
+        if t % 2 == 0 {
+            self.prefetch_slot(t + PREFETCH_AHEAD);
+        }
         Some(t)
     }
 
@@ -300,7 +394,7 @@ impl Ring {
             }
             // SAFETY: given back (Acquire) and not reclaimed: the reclaimer's, and this
             // thread holds the reclaim lock; `reclaimed` moves past it right after.
-            unsafe { self.slots[r % SLOTS].release() };
+            unsafe { self.release(r % SLOTS) };
             r += 1;
         }
         self.reclaimed.store(r, Ordering::Release);
@@ -309,10 +403,9 @@ impl Ring {
             // `reclaimed` past it (the slots stay given back, empty): a long operation does
             // not keep what later, finished ones held.
             for i in r + 1..upto {
-                let slot = &self.slots[i % SLOTS];
                 if self.is_given_back(i) {
                     // SAFETY: as above (given back, not reclaimed, the reclaim lock held).
-                    unsafe { slot.empty() };
+                    unsafe { self.empty(i % SLOTS) };
                 }
             }
         }
@@ -327,13 +420,13 @@ impl Ring {
         self.reclaim_upto(self.tail.load(Ordering::Acquire), true);
     }
 
-    /// Consumer: the next published slot's operation, if any.
+    /// Consumer: the next published slot's index and operation, if any.
     ///
     /// # Safety
     /// The caller holds the engine's registration lock, and finishes with the slot (through
     /// [`Ring::take`] or [`Ring::give_back`]) before it takes another.
     #[inline]
-    pub(crate) unsafe fn peek(&self) -> Option<(&Slot, Rec<'_>)> {
+    pub(crate) unsafe fn peek(&self) -> Option<(usize, Rec<'_>)> {
         // SAFETY: per the caller's contract.
         unsafe { self.peek_below(usize::MAX) }
     }
@@ -347,34 +440,41 @@ impl Ring {
     /// # Safety
     /// As for [`Ring::peek`]; a finite `mark` as described.
     #[inline]
-    pub(crate) unsafe fn peek_below(&self, mark: usize) -> Option<(&Slot, Rec<'_>)> {
+    pub(crate) unsafe fn peek_below(&self, mark: usize) -> Option<(usize, Rec<'_>)> {
         let h = self.head.load(Ordering::Relaxed);
         if h >= mark || (mark == usize::MAX && !self.is_published(h)) {
             return None;
         }
-        let slot = &self.slots[h % SLOTS];
+        let s = h % SLOTS;
         // SAFETY: published (the Acquire load of its lap mark, or of `tail` by the thread
         // that took `mark`) and not given back: the consumer's.
         unsafe {
-            if *slot.compact.get() {
-                let (ctx, reads, writes) = slot.compact_parts();
-                return Some((slot, Rec::Compact { ctx, reads, writes }));
+            if *self.slots[s].kind.get() & COMPACT != 0 {
+                let (ctx, reads, writes) = self.compact_parts(s);
+                return Some((h, Rec::Compact { ctx, reads, writes }));
             }
-            let p = (*slot.push.get()).as_mut()?;
-            Some((slot, Rec::Full(p)))
+            let p = (*self.pushes[s].get()).as_mut()?;
+            Some((h, Rec::Full(p)))
         }
     }
 
-    /// Consumer: move the function out of the compact record [`Ring::peek`] returned (its
-    /// variables stay, for a reclaimer).
+    /// Consumer: the function of the compact record at index `i`, which [`Ring::peek`]
+    /// returned (its variables stay, for a reclaimer).
     ///
     /// # Safety
-    /// As for [`Ring::peek`], for a compact record, once.
+    /// As for [`Ring::peek`], for a compact record, once: the function made here owns the
+    /// record's deleter.
     #[inline]
-    pub(crate) unsafe fn take_raw(&self, slot: &Slot) -> RawFn {
-        // SAFETY: per the caller's contract, the slot is the consumer's and its `raw` was
-        // written by `publish_compact` and not moved out yet.
-        unsafe { (*slot.raw.get()).assume_init_read() }
+    pub(crate) unsafe fn take_raw(&self, i: usize) -> RawFn {
+        let (slot, s) = (&self.slots[i % SLOTS], i % SLOTS);
+        // SAFETY: per the caller's contract, the slot is the consumer's and holds a compact
+        // record, whose function and param `publish_compact_with` wrote (and its deleter,
+        // with the `DELETER` bit), callable once from any thread as `RawFn::new` requires:
+        // this is that once.
+        unsafe {
+            let deleter = if *slot.kind.get() & DELETER != 0 { *self.extras[s].deleter.get() } else { None };
+            RawFn::new((*slot.f.get()).assume_init(), *slot.param.get(), deleter)
+        }
     }
 
     /// Consumer: move past the slot [`Ring::peek`] returned (it stays the consumer's until
@@ -389,23 +489,24 @@ impl Ring {
         h
     }
 
-    /// Consumer: move the operation out of the slot [`Ring::peek`] returned, move past it
-    /// and give it back.
+    /// Consumer: move the operation out of the slot at index `i`, which [`Ring::peek`]
+    /// returned, move past it and give it back.
     ///
     /// # Safety
     /// As for [`Ring::peek`].
-    pub(crate) unsafe fn take(&self, slot: &Slot) -> Option<Push> {
+    pub(crate) unsafe fn take(&self, i: usize) -> Option<Push> {
+        let s = i % SLOTS;
         // SAFETY: per the caller's contract, the slot is the consumer's.
         let p = unsafe {
-            if *slot.compact.get() {
+            if *self.slots[s].kind.get() & COMPACT != 0 {
                 // As an ordinary push: the variables are shared with the slot (which keeps
-                // its references for a reclaimer); the function moves.
-                let (ctx, reads, writes) = slot.compact_parts();
+                // its references for a reclaimer); the function is made here, once.
+                let (ctx, reads, writes) = self.compact_parts(s);
                 let (const_vars, mutable_vars): (VarList, VarList) =
                     (reads.iter().cloned().collect(), writes.iter().cloned().collect());
-                Some(Push::raw(self.take_raw(slot), const_vars, mutable_vars, ctx))
+                Some(Push::raw(self.take_raw(i), const_vars, mutable_vars, ctx))
             } else {
-                (*slot.push.get()).take()
+                (*self.pushes[s].get()).take()
             }
         };
         // SAFETY: as above.
@@ -429,11 +530,54 @@ impl Ring {
         self.done[i % SLOTS].load(Ordering::Acquire) == lap_mark(i)
     }
 
-    /// Prefetch slot `i`'s first line for writing (the line a compact record fills).
+    /// Prefetch slot `i`'s line for writing.
     #[inline(always)]
     fn prefetch_slot(&self, i: usize) {
         if self.prefetchw {
             prefetch_write(&self.slots[i % SLOTS] as *const Slot as *const u8);
+        }
+    }
+
+    /// Reclaimer: drop what given-back slot `s` holds, right before `reclaimed` moves past
+    /// it, without writing to the slot (its line stays shared with the consumer, and the
+    /// producer's stores that publish it next are the only ones): a compact record's fields
+    /// stay as they were, stale, until the producer overwrites them. A slot
+    /// [`Ring::empty`] emptied already holds nothing.
+    ///
+    /// # Safety
+    /// The caller is the slot's reclaimer (given back, not reclaimed, the reclaim lock held)
+    /// and, before it releases the lock, moves `reclaimed` past it or marks it empty (as
+    /// [`Ring::empty`] does).
+    #[inline]
+    unsafe fn release(&self, s: usize) {
+        // SAFETY: per the caller's contract. A compact record's function was taken by the
+        // consumer; its variables are dropped here, once: the slot is not looked at again
+        // before the producer writes it.
+        unsafe {
+            if *self.slots[s].kind.get() & COMPACT != 0 {
+                let n = *self.slots[s].n_vars.get() as usize;
+                for v in self.var_cells(s, n) {
+                    v.assume_init_drop();
+                }
+            } else if (*self.pushes[s].get()).is_some() {
+                drop((*self.pushes[s].get()).take());
+            }
+        }
+    }
+
+    /// Reclaimer: drop what given-back slot `s` holds, behind a slot still in use
+    /// (`reclaimed` does not move past it yet): marked empty, so that [`Ring::release`]
+    /// finds nothing.
+    ///
+    /// # Safety
+    /// The caller is the slot's reclaimer (given back, not reclaimed, the reclaim lock held).
+    unsafe fn empty(&self, s: usize) {
+        // SAFETY: per the caller's contract; `release` drops a compact record's variables
+        // once, and clearing its kind keeps a later `release` from dropping them again (the
+        // whole push's entry is empty then).
+        unsafe {
+            self.release(s);
+            *self.slots[s].kind.get() = 0;
         }
     }
 }
@@ -460,8 +604,9 @@ fn lap_mark(i: usize) -> u8 {
     ((i / SLOTS) as u8).wrapping_add(1)
 }
 
-/// Pushes between the slot being published and the one prefetched for writing.
-const PREFETCH_AHEAD: usize = 8;
+/// Slots between the one being published and the one prefetched for writing (a multiple of
+/// the two slots to a line).
+const PREFETCH_AHEAD: usize = 16;
 
 fn has_prefetchw() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -494,69 +639,6 @@ fn prefetch_write(p: *const u8) {
     let _ = p;
 }
 
-impl Slot {
-    /// A compact record's context, reads and writes.
-    ///
-    /// # Safety
-    /// The caller may read the slot (its producer before publishing it, its consumer or
-    /// reclaimer), which holds a compact record.
-    #[inline]
-    unsafe fn compact_parts(&self) -> (Context, &[Arc<Var>], &[Arc<Var>]) {
-        // SAFETY: per the caller's contract; the first `n_vars` variables are initialised,
-        // and `MaybeUninit<T>` has `T`'s layout.
-        unsafe {
-            let (nc, n) = (*self.n_const.get() as usize, *self.n_vars.get() as usize);
-            let all = std::slice::from_raw_parts((*self.vars.get()).as_ptr() as *const Arc<Var>, n);
-            let (reads, writes) = all.split_at(nc);
-            (*self.ctx.get(), reads, writes)
-        }
-    }
-
-    /// Reclaimer: drop what a given-back slot holds, right before `reclaimed` moves past it,
-    /// without writing to the slot (its line stays shared with the consumer, and the
-    /// producer's stores that publish it next are the only ones): a compact record's fields
-    /// stay as they were, stale, until the producer overwrites them. A slot [`Slot::empty`]
-    /// emptied already holds nothing.
-    ///
-    /// # Safety
-    /// The caller is the slot's reclaimer (given back, not reclaimed, the reclaim lock held)
-    /// and, before it releases the lock, moves `reclaimed` past it or marks it empty (as
-    /// [`Slot::empty`] does).
-    #[inline]
-    unsafe fn release(&self) {
-        // SAFETY: per the caller's contract. A compact record's function was moved out by
-        // the consumer; its variables are dropped here, once: the slot is not looked at again
-        // before the producer writes it.
-        unsafe {
-            if *self.compact.get() {
-                let n = *self.n_vars.get() as usize;
-                let vars = &*self.vars.get();
-                for v in &vars[..n] {
-                    drop(v.assume_init_read());
-                }
-            } else if (*self.push.get()).is_some() {
-                drop((*self.push.get()).take());
-            }
-        }
-    }
-
-    /// Reclaimer: drop what a given-back slot holds, behind a slot still in use (`reclaimed`
-    /// does not move past it yet): marked empty, so that [`Slot::release`] finds nothing.
-    ///
-    /// # Safety
-    /// The caller is the slot's reclaimer (given back, not reclaimed, the reclaim lock held).
-    unsafe fn empty(&self) {
-        // SAFETY: per the caller's contract; `release` drops a compact record's variables
-        // once, and clearing `compact` and `n_vars` keeps a later `release` from dropping
-        // them again.
-        unsafe {
-            self.release();
-            *self.compact.get() = false;
-            *self.n_vars.get() = 0;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -574,8 +656,9 @@ mod tests {
             unsafe {
                 assert!(ring.publish(Push::sync(|_| Ok(()), vec![], vec![])).is_ok(), "no room at slot index {i}");
                 assert!(ring.has_records(), "slot index {i} does not look published");
-                let (slot, _) = ring.peek().expect("a published slot");
-                assert!(ring.take(slot).is_some(), "slot index {i} held no operation");
+                let (at, _) = ring.peek().expect("a published slot");
+                assert_eq!(at, i, "the slot index peeked");
+                assert!(ring.take(at).is_some(), "slot index {i} held no operation");
             }
         }
         assert_eq!(ring.published(), 258 * SLOTS + 3);
@@ -608,12 +691,12 @@ mod tests {
             // SAFETY: the test is the only consumer and finishes with each slot before the
             // next (the held one is finished below, before it peeks again after a wait).
             unsafe {
-                let (slot, rec) = ring.peek().expect("published");
+                let (at, rec) = ring.peek().expect("published");
                 match rec {
                     Rec::Compact { reads, writes, .. } => {
                         assert!(i % 7 != 3, "slot index {i}: a whole push read as a compact record");
                         assert_eq!((reads.len(), writes.len()), (1, 1), "slot index {i}: a stale or torn record");
-                        drop(ring.take_raw(slot));
+                        drop(ring.take_raw(at));
                         let index = ring.advance();
                         // Every 500th slot (when it holds a compact record) stays in use
                         // over the next ten pushes, which a wait's reclaim empties behind it.
@@ -625,7 +708,7 @@ mod tests {
                     }
                     Rec::Full(_) => {
                         assert!(i % 7 == 3, "slot index {i}: a compact record read as a whole push");
-                        assert!(ring.take(slot).is_some());
+                        assert!(ring.take(at).is_some());
                     }
                 }
             }
@@ -642,6 +725,53 @@ mod tests {
         }
         ring.reclaim_all();
         assert_eq!((Arc::strong_count(&a), Arc::strong_count(&b)), (1, 1), "every reference dropped, once");
+    }
+
+    /// Compact records of every shape (no variable, one read or one write in the slot alone,
+    /// several in its `Extra`; with and without a deleter) come back with their own parts, lap
+    /// after lap, next to each other on shared lines: the right variables, function, param
+    /// and deleter, which runs once; every reference is dropped once.
+    #[test]
+    fn compact_records_of_every_shape_come_back_whole() {
+        static DELETED: AtomicUsize = AtomicUsize::new(0);
+        unsafe extern "C" fn deleted(_: *mut std::ffi::c_void) {
+            DELETED.fetch_add(1, Ordering::SeqCst);
+        }
+        let ring = Ring::new(true);
+        let vars: Vec<Arc<Var>> = (0..5).map(|_| Var::new()).collect();
+        // (reads, variables in all, with a deleter)
+        let shapes = [(0, 1, false), (1, 1, false), (0, 1, true), (1, 3, true), (0, 0, false), (2, 2, false), (0, 0, true)];
+        let mut with_deleter = 0;
+        for i in 0..3 * SLOTS + 5 {
+            let (nc, n, del) = shapes[i % shapes.len()];
+            let pick = |k: usize| &vars[(i + k) % vars.len()];
+            let raw = || unsafe { RawFn::new(nothing, i as *mut std::ffi::c_void, del.then_some(deleted as CDeleter)) };
+            // SAFETY: the test is the ring's only producer and consumer; the function does
+            // nothing, the deleter only counts.
+            unsafe {
+                ring.publish_compact_with(Context { dev_type: DevType::Cpu, dev_id: i as i32 % 3 }, nc, n, |k| Ok::<_, ()>(pick(k).clone()), |_, _| Ok(()), raw)
+                    .expect("room: every slot is given back at once")
+                    .unwrap();
+                let (at, rec) = ring.peek().expect("published");
+                assert_eq!(at, i);
+                let Rec::Compact { ctx, reads, writes } = rec else { panic!("slot index {i}: not a compact record") };
+                assert_eq!(ctx, Context { dev_type: DevType::Cpu, dev_id: i as i32 % 3 });
+                assert_eq!((reads.len(), writes.len()), (nc, n - nc), "slot index {i}");
+                for (k, v) in reads.iter().chain(writes).enumerate() {
+                    assert!(Arc::ptr_eq(v, pick(k)), "slot index {i}: variable {k}");
+                }
+                let (f, param, deleter) = ring.take_raw(at).into_parts();
+                assert_eq!((f as usize, param as usize, deleter.is_some()), (nothing as CFn as usize, i, del), "slot index {i}");
+                with_deleter += usize::from(del);
+                // Made again once, as the consumer's function is: its drop runs the deleter.
+                drop(RawFn::new(f, param, deleter));
+                let index = ring.advance();
+                ring.give_back(index);
+            }
+        }
+        assert_eq!(DELETED.load(Ordering::SeqCst), with_deleter, "each deleter ran once");
+        ring.reclaim_all();
+        assert!(vars.iter().all(|v| Arc::strong_count(v) == 1), "every reference dropped, once");
     }
 
     /// A compact push whose lookup or check fails drops exactly the variables it wrote into
@@ -686,14 +816,14 @@ mod tests {
         assert_eq!(r, Some(Ok(())));
         assert_eq!(made.get(), 1);
         unsafe {
-            let (slot, rec) = ring.peek().expect("published");
+            let (at, rec) = ring.peek().expect("published");
             match rec {
                 Rec::Compact { reads, writes, .. } => {
                     assert!(reads.len() == 1 && writes.len() == 1 && Arc::ptr_eq(&reads[0], &c) && Arc::ptr_eq(&writes[0], &b));
                 }
                 Rec::Full(_) => panic!("a compact record read as a whole push"),
             }
-            drop(ring.take_raw(slot));
+            drop(ring.take_raw(at));
             let i = ring.advance();
             ring.give_back(i);
         }
