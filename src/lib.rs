@@ -24,6 +24,7 @@ pub mod runtime;
 pub mod storage;
 pub mod symbol;
 pub mod sync;
+mod this_thread;
 
 pub use error::{Error, ErrorKind, Result};
 

@@ -180,8 +180,11 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
         && reads.len() + writes.len() <= engine::COMPACT_VARS
         && !crate::profiler::ops_on(false)
     {
+        // The thread's id is looked up here, in the exported function, from the thread-local
+        // block the C boundary has just looked up (see `crate::this_thread`).
+        let id = crate::this_thread::solo_id();
         // SAFETY: per this function's contract.
-        return unsafe { push_compact(engine, table, reads, writes, ctx, func) };
+        return unsafe { push_compact(engine, id, table, reads, writes, ctx, func) };
     }
     // SAFETY: per this function's contract.
     unsafe { push_other(engine, table, reads, writes, args, ctx, prop, func) }
@@ -315,6 +318,7 @@ unsafe fn push_other(
 #[inline]
 unsafe fn push_compact(
     engine: &'static engine::Engine,
+    id: u64,
     table: &impl VarHandles,
     reads: &[*mut c_void],
     writes: &[*mut c_void],
@@ -328,7 +332,7 @@ unsafe fn push_compact(
     // worker thread as the API promises; made only once the push is accepted, from when on
     // the deleter is the RawFn's.
     let raw = || unsafe { engine::RawFn::new(f, func.param, func.deleter) };
-    if engine.push_compact(ctx, nr, nr + writes.len(), var, raw)? {
+    if engine.push_compact(id, ctx, nr, nr + writes.len(), var, raw)? {
         return Ok(());
     }
     // Not for the ring now (another thread pushes, the ring is full, ...): the ordinary way.

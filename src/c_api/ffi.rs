@@ -11,8 +11,9 @@
 //! a string.
 
 use crate::error::{Error, Result};
+use crate::this_thread::WORDS;
 use std::any::Any;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
@@ -20,8 +21,6 @@ use std::sync::Once;
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
     static RET_STR: RefCell<CString> = RefCell::new(CString::default());
-    /// Depth of [`call`]s on this thread; a panic inside one is reported, not printed.
-    static IN_BOUNDARY: Cell<u32> = const { Cell::new(0) };
     /// Where the last contained panic happened, recorded by the panic hook.
     static PANIC_AT: RefCell<Option<String>> = const { RefCell::new(None) };
 }
@@ -34,7 +33,8 @@ fn install_panic_hook() {
     ONCE.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            if IN_BOUNDARY.try_with(|d| d.get() > 0).unwrap_or(false) {
+            // Depth of `call`s on this thread: a panic inside one is reported, not printed.
+            if WORDS.try_with(|w| w.call_depth.get() > 0).unwrap_or(false) {
                 let at = info.location().map(|l| format!("{}:{}", l.file(), l.line()));
                 let _ = PANIC_AT.try_with(|p| *p.borrow_mut() = at);
             } else {
@@ -51,9 +51,9 @@ fn install_panic_hook() {
 pub fn call(api: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
     install_panic_hook();
     let start = crate::profiler::api_on().then(crate::profiler::api_begin);
-    IN_BOUNDARY.with(|d| d.set(d.get() + 1));
+    WORDS.with(|w| w.call_depth.set(w.call_depth.get() + 1));
     let outcome = catch_unwind(AssertUnwindSafe(body));
-    IN_BOUNDARY.with(|d| d.set(d.get() - 1));
+    WORDS.with(|w| w.call_depth.set(w.call_depth.get() - 1));
     if let Some(t) = start {
         crate::profiler::api_call(api, t);
     }

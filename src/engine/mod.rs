@@ -567,6 +567,7 @@ impl Engine {
     /// failure, a variable listed twice) leaves nothing pushed and `raw` not made.
     pub(crate) fn push_compact(
         &'static self,
+        id: u64,
         ctx: Context,
         n_const: usize,
         n: usize,
@@ -581,8 +582,9 @@ impl Engine {
         let Some(&pool) = self.cpu_worker.get() else {
             return Ok(false);
         };
-        // As `push_to`, up to the ring, with this thread's id looked up once.
-        let id = solo::my_id();
+        // As `push_to`, up to the ring, with this thread's id (`solo::my_id`) looked up once,
+        // by the caller.
+        debug_assert_eq!(id, solo::my_id());
         self.solo.note_pusher_as(id);
         self.apply_back_pressure();
         if !self.solo.is_owner(id) || !self.submissions.is_empty() {
@@ -1315,10 +1317,18 @@ impl Engine {
         self.waiters.fetch_sub(1, Ordering::SeqCst);
     }
 
+    #[inline(always)]
     fn apply_back_pressure(&self) {
+        if self.opts.max_pending > 0 {
+            self.apply_back_pressure_bound();
+        }
+    }
+
+    /// [`Engine::apply_back_pressure`] with a bound set.
+    #[inline(never)]
+    fn apply_back_pressure_bound(&self) {
         let max = self.opts.max_pending;
-        if max > 0
-            && !on_worker_thread()
+        if !on_worker_thread()
             && !NO_BACK_PRESSURE.with(Cell::get)
             && !self.in_inline_queue()
         {

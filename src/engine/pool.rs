@@ -170,9 +170,18 @@ impl Pool {
     }
 
     /// Wake a sleeping worker unless one spins, notifying under the queue lock.
-    #[inline]
+    #[inline(always)]
     fn wake_sleeper_locked(&self) {
-        if self.sleepers.load(Ordering::SeqCst) > 0 && !self.spinning.load(Ordering::SeqCst) {
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            self.wake_sleeper_unless_spinning();
+        }
+    }
+
+    /// [`Pool::wake_sleeper_locked`] once a worker sleeps.
+    #[cold]
+    #[inline(never)]
+    fn wake_sleeper_unless_spinning(&self) {
+        if !self.spinning.load(Ordering::SeqCst) {
             let _heap = self.heap.lock();
             self.cv.notify_one();
         }
@@ -182,7 +191,7 @@ impl Pool {
     /// [`Pool::wake_for_submission`], without the fence where a worker about to sleep runs
     /// `membarrier` instead (see [`membarrier`]): the pushing thread runs no locked
     /// instruction.
-    #[inline]
+    #[inline(always)]
     pub fn wake_for_ring(&self) {
         if !membarrier::available() {
             return self.wake_for_submission();

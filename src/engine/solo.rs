@@ -22,29 +22,16 @@
 //! an operation that hands work to another thread (custom operators, asynchronous functions)
 //! is pushed, never run solo, so its helper threads only wait for an owner between operations.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const SHARED: u64 = u64::MAX;
 const BUSY: u64 = 1;
 
-thread_local! {
-    /// This thread's id, shifted left by one; 0 until first asked for.
-    static ID: Cell<u64> = const { Cell::new(0) };
-}
-
-/// The calling thread's id in the owner word (even, never 0).
+/// The calling thread's id in the owner word (even, never 0; kept in
+/// [`crate::this_thread`]).
 #[inline]
 pub(crate) fn my_id() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    ID.with(|c| match c.get() {
-        0 => {
-            let id = NEXT.fetch_add(1, Ordering::Relaxed) << 1;
-            c.set(id);
-            id
-        }
-        id => id,
-    })
+    crate::this_thread::solo_id()
 }
 
 /// The owner word (see the module documentation).

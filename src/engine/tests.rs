@@ -895,7 +895,7 @@ fn compact_records_keep_order_run_deleters_once_and_release_their_variables() {
         // SAFETY: `record` and `deleted` may be called once each, from any thread (the
         // function is made once: by the compact push that takes it, or below).
         let raw = move || unsafe { RawFn::new(record, i as *mut c_void, Some(deleted)) };
-        if e.push_compact(Context::CPU, 0, 1, |_| Ok(v.clone()), raw).unwrap() {
+        if e.push_compact(solo::my_id(), Context::CPU, 0, 1, |_| Ok(v.clone()), raw).unwrap() {
             return false;
         }
         let pool = e.validate(&[], std::slice::from_ref(v), Context::CPU, FnProperty::Normal).unwrap();
