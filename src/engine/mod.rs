@@ -1309,6 +1309,20 @@ impl Engine {
         if done(self.pending()) {
             return;
         }
+        // Look for a while before sleeping: work that ends within [`WAIT_SPIN`] (what a
+        // producer that keeps up with the workers leaves) costs no wake-up, and a thread
+        // woken from sleep by a worker is often placed on that worker's CPU, where it and the
+        // worker then take turns until the scheduler moves one of them (milliseconds during
+        // which every push waits for the worker's time slice).
+        let start = std::time::Instant::now();
+        while start.elapsed() < WAIT_SPIN {
+            for _ in 0..16 {
+                std::hint::spin_loop();
+            }
+            if done(self.pending()) {
+                return;
+            }
+        }
         let mut g = self.idle.lock();
         self.waiters.fetch_add(1, Ordering::SeqCst);
         while !done(self.pending()) {
@@ -1530,6 +1544,10 @@ pub fn check_distinct_ptrs(ptrs: &[*const Var]) -> Result<()> {
 
 /// Pushes between two of a pushing thread's [`Engine::reap`]s.
 const REAP_EVERY: usize = 32;
+
+/// How long a thread that waits for pushed operations to finish looks before it sleeps (see
+/// [`Engine::wait_until`]).
+const WAIT_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// Threads whose bulk size is above 1; while none is, pushes skip the thread-local bulk.
 static BULK_THREADS: AtomicUsize = AtomicUsize::new(0);

@@ -82,6 +82,13 @@ pub struct Pool {
 /// covers the gap between pushes of a producer that is a little slower than the workers.
 const SPIN: std::time::Duration = std::time::Duration::from_micros(100);
 
+/// How long a spinning worker looks before it yields its CPU, and again after each yield. A
+/// worker woken by the thread that pushes is often placed on that thread's CPU, and stays
+/// there until the scheduler moves one of them (milliseconds): spinning there would hold
+/// up the very pushes it waits for, then sleep and be woken again, over and over. A pusher
+/// that keeps the worker busy from another CPU leaves it no gap this long.
+const SPIN_YIELD: std::time::Duration = std::time::Duration::from_micros(10);
+
 /// While an operation's own function runs on a worker: nothing it makes ready is kept for
 /// this worker (the function might wait for it; another worker can run it meanwhile).
 pub(crate) struct UserCode(*const Pool);
@@ -244,6 +251,7 @@ impl Pool {
             return None;
         }
         let start = std::time::Instant::now();
+        let mut yield_at = SPIN_YIELD;
         let mut found = None;
         'outer: loop {
             for _ in 0..64 {
@@ -258,8 +266,14 @@ impl Pool {
                 }
                 std::hint::spin_loop();
             }
-            if start.elapsed() > SPIN {
+            let spun = start.elapsed();
+            if spun > SPIN {
                 break;
+            }
+            if spun > yield_at {
+                // Nothing for a while: the thread that pushes may be waiting for this CPU.
+                std::thread::yield_now();
+                yield_at = spun + SPIN_YIELD;
             }
         }
         self.spinning.store(false, Ordering::SeqCst);

@@ -61,6 +61,10 @@ pub(crate) const SLOTS: usize = 2048;
 /// soon.
 const RECLAIM_LAG: usize = 128;
 
+/// How long a producer that finds the ring full waits for the consumer before it pushes
+/// the ordinary way (see [`Ring::make_room`]).
+const FULL_WAIT: std::time::Duration = std::time::Duration::from_micros(200);
+
 /// Pushes between two of the producer's reclaims (see the protocol above).
 const RECLAIM_BATCH: usize = 32;
 
@@ -363,7 +367,7 @@ impl Ring {
             // The slot's previous operation is not back yet, or not emptied: empty what is
             // back, once more.
             self.reclaim_upto(t, false);
-            if self.reclaimed.load(Ordering::Acquire) <= t - SLOTS {
+            if self.reclaimed.load(Ordering::Acquire) <= t - SLOTS && !self.make_room(t) {
                 return None;
             }
         }
@@ -374,6 +378,28 @@ impl Ring {
             self.prefetch_slot(t + PREFETCH_AHEAD);
         }
         Some(t)
+    }
+
+    /// Producer, with the ring full at slot index `t`: give the consumer a moment to catch
+    /// up, yielding this thread's CPU (which the consumer may be waiting for: a worker woken
+    /// by this thread is often placed on its CPU until the scheduler moves one of them),
+    /// reclaiming as slots come back. Whether `t`'s slot is free now; after [`FULL_WAIT`]
+    /// the caller gives up (the push goes the ordinary way: a consumer busy with a long
+    /// operation, or one waiting for this thread, holds the ring up for no longer).
+    #[cold]
+    #[inline(never)]
+    fn make_room(&self, t: usize) -> bool {
+        let start = std::time::Instant::now();
+        loop {
+            std::thread::yield_now();
+            self.reclaim_upto(t, false);
+            if self.reclaimed.load(Ordering::Acquire) > t - SLOTS {
+                return true;
+            }
+            if start.elapsed() > FULL_WAIT {
+                return false;
+            }
+        }
     }
 
     /// Empty the given-back slots below `upto`, in order, stopping at the first not given
