@@ -832,7 +832,7 @@ impl Engine {
             return None;
         }
         // SAFETY: per this function's contract; the slot stays this thread's until
-        // `give_back`, and its function is moved out once.
+        // `give_back`, and its function is made from the slot once (`take_raw`).
         let (index, raw) = unsafe { (self.ring.advance(), self.ring.take_raw(at)) };
         drop(order);
         if self.ring.has_records() {
