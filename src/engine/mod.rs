@@ -591,7 +591,8 @@ impl Engine {
             return Ok(false);
         }
         // SAFETY: this thread is the ring's producer (the solo owner, checked above), and a
-        // threaded engine's ring has slots (its CPU worker pool exists); `n` is checked above.
+        // threaded engine's ring has slots (its CPU worker pool exists); `n` and the CPU context
+        // are checked above.
         match unsafe { self.ring.publish_compact_with(ctx, n_const, n, var, check_distinct, raw) } {
             None => return Ok(false),
             Some(r) => r?,

@@ -251,13 +251,14 @@ impl Ring {
     /// (or its [`Extra`]), without a list in between. Once all are there, `check(reads,
     /// writes)` accepts them and `raw()` makes the function, whose parts the slot keeps. A
     /// failure of `var` or `check` drops the variables written so far and comes back as
-    /// `Some(Err)`, the slot left unpublished; `None` means the ring is full or `ctx` is not
-    /// a CPU context (nothing was looked up). A panic in `var` or `check` leaks the
+    /// `Some(Err)`, the slot left unpublished; `None` means the ring is full (nothing was
+    /// looked up). A panic in `var` or `check` leaks the
     /// references written so far (the slot is overwritten at its next publication), nothing
     /// worse.
     ///
     /// # Safety
-    /// As for [`Ring::publish`]; `n_const <= n <= COMPACT_VARS`.
+    /// As for [`Ring::publish`]; `n_const <= n <= COMPACT_VARS`; `ctx` is a CPU context (the
+    /// record keeps its device id only).
     #[inline]
     pub(crate) unsafe fn publish_compact_with<E>(
         &self,
@@ -268,10 +269,7 @@ impl Ring {
         check: impl FnOnce(&[Arc<Var>], &[Arc<Var>]) -> Result<(), E>,
         raw: impl FnOnce() -> RawFn,
     ) -> Option<Result<(), E>> {
-        debug_assert!(n_const <= n && n <= COMPACT_VARS);
-        if ctx.dev_type != DevType::Cpu {
-            return None;
-        }
+        debug_assert!(n_const <= n && n <= COMPACT_VARS && ctx.dev_type == DevType::Cpu);
         let t = self.claim()?;
         let slot = &self.slots[t % SLOTS];
         // SAFETY: the slot (with its `Extra`) is the producer's (`claim`) and stays
@@ -326,13 +324,18 @@ impl Ring {
     #[inline(always)]
     #[allow(clippy::mut_from_ref)]
     unsafe fn var_cells(&self, s: usize, n: usize) -> &mut [MaybeUninit<Arc<Var>>] {
-        // SAFETY: per the caller's contract.
-        unsafe {
-            if n <= 1 {
-                std::slice::from_raw_parts_mut(self.slots[s].var.get(), n)
-            } else {
-                &mut (&mut *self.extras[s].vars.get())[..n]
-            }
+        // SAFETY: per the caller's contract; `first_var` points to at least `n` cells.
+        unsafe { std::slice::from_raw_parts_mut(self.first_var(s, n), n) }
+    }
+
+    /// Where slot `s`'s compact record of `n` variables keeps the first: the slot's own cell
+    /// for one (or none), its [`Extra`]'s array for more.
+    #[inline(always)]
+    fn first_var(&self, s: usize, n: usize) -> *mut MaybeUninit<Arc<Var>> {
+        if n <= 1 {
+            self.slots[s].var.get()
+        } else {
+            self.extras[s].vars.get().cast()
         }
     }
 
@@ -349,8 +352,7 @@ impl Ring {
         // and `MaybeUninit<T>` has `T`'s layout.
         unsafe {
             let (nc, n) = (*slot.n_const.get() as usize, *slot.n_vars.get() as usize);
-            let first = if n <= 1 { slot.var.get() as *const Arc<Var> } else { (*self.extras[s].vars.get()).as_ptr() as *const Arc<Var> };
-            let (reads, writes) = std::slice::from_raw_parts(first, n).split_at(nc);
+            let (reads, writes) = std::slice::from_raw_parts(self.first_var(s, n) as *const Arc<Var>, n).split_at(nc);
             (Context { dev_type: DevType::Cpu, dev_id: *slot.dev_id.get() }, reads, writes)
         }
     }
