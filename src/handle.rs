@@ -3,14 +3,35 @@
 //! Owns: [`HandleTable`], which maps an opaque `void*`-sized handle to an `Arc<T>`. A handle
 //! encodes a table tag, a slot index and the slot's generation, so a NULL handle, a handle of
 //! another kind, a freed handle and a double free are all detected and answered with an
-//! error, never undefined behaviour. Lookups take one uncontended slot spin lock; freed slots are
-//! reused from a lock-free stack.
+//! error, never undefined behaviour. Lookups take one uncontended slot spin lock; freed slots
+//! are reused from a lock-free stack. Also the owner reader (below) and its handshake with
+//! frees.
+//!
+//! **Owner reads.** In a table made with [`HandleTable::with_owner_reads`] (NDArrays, engine
+//! variables: what pushes look up), one thread, the *owner reader*, looks handles up without
+//! the slot lock ([`HandleTable::with_as`], [`HandleTable::get_as`]): a push of 65 arrays
+//! otherwise takes 65 locked compare-and-swaps on top of the 65 reference counts it must
+//! take. The first thread to look up that way claims the role until it exits (in practice
+//! the thread that pushes: the frontend's main thread). Its lookup marks itself in
+//! `OwnerReader::epoch` (odd while inside, with plain stores: only the owner writes it),
+//! loads the slot's value, then the generation, and uses the value only if the generation is
+//! the handle's.
+//!
+//! A value taken out of such a table (freed or replaced) is dropped only once no owner lookup
+//! can still be using it ([`OwnerReader::quiesce`]): by the owner itself at once (it is not
+//! inside a lookup); by any other thread after a `membarrier` (which orders the owner's epoch
+//! store before its value load, the barrier the owner skips) and after the owner's epoch
+//! shows it outside the lookup that may have seen the value. The claim itself is followed by
+//! a `membarrier`, so a thread that still read "no owner" has its value out of the slot
+//! before the new owner's first load. Without `membarrier` (old kernels, seccomp) nobody
+//! claims the role and every lookup takes the lock. A forked child, whose owner may be a
+//! thread that does not exist there, starts without one.
 
 use crate::error::{Error, Result};
-use crate::sync::{Mutex, SpinLock};
+use crate::sync::{Mutex, Padded, SpinLock};
 use std::ffi::c_void;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{compiler_fence, fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 const CHUNK: usize = 1024;
@@ -18,16 +39,192 @@ const MAX_CHUNKS: usize = 16384; // 16M live handles per table
 const GEN_BITS: u32 = 24;
 
 struct Slot<T> {
-    /// (generation, value); the generation changes at every free.
-    inner: SpinLock<(u32, Option<Arc<T>>)>,
+    /// Held by every writer (insert, replace, free) and by lookups other than the owner
+    /// reader's.
+    lock: SpinLock<()>,
+    /// The generation; changes at every free (under the lock).
+    generation: AtomicU32,
+    /// The value (`Arc::into_raw`), or null; changed under the lock, read by the owner
+    /// reader without it.
+    value: AtomicPtr<T>,
     /// While the slot is on the free stack: the stack entry below it (index + 1, 0 for none).
     next_free: AtomicU32,
+}
+
+impl<T> Slot<T> {
+    fn new() -> Self {
+        Slot {
+            lock: SpinLock::new(()),
+            generation: AtomicU32::new(0),
+            value: AtomicPtr::new(std::ptr::null_mut()),
+            next_free: AtomicU32::new(0),
+        }
+    }
+}
+
+impl<T> Drop for Slot<T> {
+    fn drop(&mut self) {
+        let p = *self.value.get_mut();
+        if !p.is_null() {
+            // SAFETY: a non-null value is a reference the slot owns (`Arc::into_raw`).
+            drop(unsafe { Arc::from_raw(p) });
+        }
+    }
+}
+
+/// The owner reader (see the module documentation): one for every table with owner reads
+/// (tests make their own).
+pub(crate) struct OwnerReader {
+    /// 0 before a claim; the owner's id (`this_thread::solo_id`: even, never 0, never reused);
+    /// or [`NO_OWNER_READS`].
+    id: AtomicU64,
+    /// Odd while the owner is inside a lookup; written by the owner only.
+    epoch: Padded<AtomicU64>,
+}
+
+/// `OwnerReader::id` when `membarrier` is unavailable: no thread reads without the lock.
+const NO_OWNER_READS: u64 = 1;
+
+/// The owner reader of the process's tables (NDArrays, engine variables).
+pub(crate) static OWNER: OwnerReader = OwnerReader::new();
+
+/// In a forked child: no owner reader yet (the parent's may not exist here, and may have
+/// been inside a lookup).
+extern "C" fn owner_reader_after_fork() {
+    OWNER.id.store(0, Ordering::Relaxed);
+    OWNER.epoch.store(0, Ordering::Relaxed);
+}
+
+impl OwnerReader {
+    pub(crate) const fn new() -> Self {
+        OwnerReader { id: AtomicU64::new(0), epoch: Padded(AtomicU64::new(0)) }
+    }
+
+    /// Whether thread `id` (the calling thread) is the owner reader, claiming the role if
+    /// nobody has.
+    #[inline]
+    fn is(&'static self, id: u64) -> bool {
+        match self.id.load(Ordering::Relaxed) {
+            0 => id != 0 && self.claim(id),
+            o => o == id,
+        }
+    }
+
+    #[cold]
+    fn claim(&'static self, id: u64) -> bool {
+        static FORK: std::sync::Once = std::sync::Once::new();
+        crate::runtime::at_fork(&FORK, None, Some(owner_reader_after_fork));
+        if !membarrier::register() {
+            let _ = self.id.compare_exchange(0, NO_OWNER_READS, Ordering::SeqCst, Ordering::Relaxed);
+            return false;
+        }
+        match self.id.compare_exchange(0, id, Ordering::SeqCst, Ordering::Relaxed) {
+            Ok(_) => {
+                // Given back when this thread exits (it is outside any lookup then).
+                let _ = GIVE_BACK_AT_EXIT.try_with(|g| g.0.set(Some((self, id))));
+                // Every other thread passes a full barrier before this thread's first
+                // lock-free load: one that read 0 before the claim has stored its slot's new
+                // value by then.
+                membarrier::run()
+            }
+            Err(other) => other == id,
+        }
+    }
+
+    /// Make sure no owner lookup still uses a value just taken out of a slot of a table
+    /// with owner reads. False when that cannot be known (`membarrier` failed): the caller
+    /// must then keep the value alive for good.
+    fn quiesce(&self) -> bool {
+        fence(Ordering::SeqCst);
+        let owner = self.id.load(Ordering::Relaxed);
+        if owner == 0 || owner == NO_OWNER_READS || owner == crate::this_thread::solo_id() {
+            return true;
+        }
+        if !membarrier::run() {
+            return false;
+        }
+        let e = self.epoch.load(Ordering::Acquire);
+        if e % 2 == 1 {
+            // Inside a lookup (a few loads): wait for its end, or for any later epoch.
+            let mut spins = 0u32;
+            while self.epoch.load(Ordering::Acquire) == e {
+                if spins < 1000 {
+                    std::hint::spin_loop();
+                    spins += 1;
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        true
+    }
+}
+
+/// Gives the owner reader role back when its thread exits, so that another thread can claim
+/// it (and frees stop waiting for a thread that is gone).
+struct GiveBackAtExit(std::cell::Cell<Option<(&'static OwnerReader, u64)>>);
+
+impl Drop for GiveBackAtExit {
+    fn drop(&mut self) {
+        if let Some((owner, id)) = self.0.get() {
+            let _ = owner.id.compare_exchange(id, 0, Ordering::SeqCst, Ordering::Relaxed);
+        }
+    }
+}
+
+thread_local! {
+    static GIVE_BACK_AT_EXIT: GiveBackAtExit = const { GiveBackAtExit(std::cell::Cell::new(None)) };
+}
+
+/// The process-wide memory barrier that owner reads rely on.
+mod membarrier {
+    const CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+    const CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+    /// Register the process for [`run`]; false if the kernel cannot.
+    pub(super) fn register() -> bool {
+        // SAFETY: a plain system call without pointers.
+        unsafe { libc::syscall(libc::SYS_membarrier, CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 }
+    }
+
+    /// A full memory barrier on every running thread of the process; false on failure.
+    pub(super) fn run() -> bool {
+        // SAFETY: as above.
+        let ok = unsafe { libc::syscall(libc::SYS_membarrier, CMD_PRIVATE_EXPEDITED, 0, 0) == 0 };
+        // Not registered (a forked child of a process that was): register, then retry.
+        ok || (register() && unsafe { libc::syscall(libc::SYS_membarrier, CMD_PRIVATE_EXPEDITED, 0, 0) == 0 })
+    }
+}
+
+/// Marks the owner reader inside a lookup while it lives.
+struct OwnerLookup<'a>(&'a OwnerReader, u64);
+
+impl<'a> OwnerLookup<'a> {
+    #[inline]
+    fn enter(owner: &'a OwnerReader) -> Self {
+        let e = owner.epoch.load(Ordering::Relaxed);
+        owner.epoch.store(e + 1, Ordering::Relaxed);
+        // No hardware barrier: a thread that frees runs `membarrier` instead (see
+        // `OwnerReader::quiesce`).
+        compiler_fence(Ordering::SeqCst);
+        OwnerLookup(owner, e + 2)
+    }
+}
+
+impl Drop for OwnerLookup<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.epoch.store(self.1, Ordering::Release);
+    }
 }
 
 /// A table of live handles of one kind.
 pub struct HandleTable<T> {
     tag: u8,
     kind: &'static str,
+    /// The owner reader that may look up without the lock, if any (see the module
+    /// documentation).
+    owner: Option<&'static OwnerReader>,
     chunks: Box<[AtomicPtr<Slot<T>>]>,
     /// The free stack's top: (pushes and pops so far, for ABA) << 32 | (index + 1, 0 when
     /// empty). Lock-free: a create and a free each cost one compare-and-swap here.
@@ -36,7 +233,7 @@ pub struct HandleTable<T> {
     next: AtomicU32,
     /// Held while a chunk of slots is allocated.
     grow: Mutex<()>,
-    /// Send/Sync follow `Arc<T>`'s, not the raw chunk pointers'.
+    /// Send/Sync follow `Arc<T>`'s, not the raw pointers'.
     _owns: PhantomData<Arc<T>>,
 }
 
@@ -47,12 +244,27 @@ impl<T> HandleTable<T> {
         HandleTable {
             tag,
             kind,
+            owner: None,
             chunks: (0..MAX_CHUNKS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
             free_top: AtomicU64::new(0),
             next: AtomicU32::new(0),
             grow: Mutex::new(()),
             _owns: PhantomData,
         }
+    }
+
+    /// A table whose owner reader looks up without the slot lock ([`HandleTable::with_as`]);
+    /// its frees and replacements then wait for that reader where needed (see the module
+    /// documentation).
+    pub fn with_owner_reads(tag: u8, kind: &'static str) -> Self {
+        Self::with_owner(tag, kind, &OWNER)
+    }
+
+    /// [`HandleTable::with_owner_reads`] with its own owner reader (tests).
+    pub(crate) fn with_owner(tag: u8, kind: &'static str, owner: &'static OwnerReader) -> Self {
+        let mut t = Self::new(tag, kind);
+        t.owner = Some(owner);
+        t
     }
 
     fn slot(&self, index: u32) -> Option<&Slot<T>> {
@@ -85,9 +297,9 @@ impl<T> HandleTable<T> {
     pub fn insert(&self, value: Arc<T>) -> *mut c_void {
         let index = self.pop_free().unwrap_or_else(|| self.fresh_index());
         let slot = self.slot(index).expect("slot was just allocated");
-        let mut inner = slot.inner.lock();
-        inner.1 = Some(value);
-        self.encode(index, inner.0)
+        let _g = slot.lock.lock();
+        slot.value.store(Arc::into_raw(value) as *mut T, Ordering::Release);
+        self.encode(index, slot.generation.load(Ordering::Relaxed))
     }
 
     /// The most recently freed index, if any.
@@ -127,9 +339,7 @@ impl<T> HandleTable<T> {
         if self.chunks[c].load(Ordering::Acquire).is_null() {
             let _grow = self.grow.lock();
             if self.chunks[c].load(Ordering::Acquire).is_null() {
-                let chunk: Box<[Slot<T>]> = (0..CHUNK)
-                    .map(|_| Slot { inner: SpinLock::new((0, None)), next_free: AtomicU32::new(0) })
-                    .collect();
+                let chunk: Box<[Slot<T>]> = (0..CHUNK).map(|_| Slot::new()).collect();
                 self.chunks[c].store(Box::into_raw(chunk) as *mut Slot<T>, Ordering::Release);
             }
         }
@@ -138,42 +348,84 @@ impl<T> HandleTable<T> {
 
     /// The value behind a live handle.
     pub fn get(&self, h: *const c_void) -> Result<Arc<T>> {
-        let (index, generation) = self.decode(h)?;
-        let slot = self.slot(index).ok_or_else(|| self.stale(h))?;
-        let inner = slot.inner.lock();
-        match &inner.1 {
-            Some(v) if inner.0 == generation => Ok(v.clone()),
-            _ => Err(self.stale(h)),
-        }
+        // SAFETY: `p` is a live value of the slot (see `with_ptr`), so its count is positive.
+        self.with_ptr(h, |p| unsafe {
+            Arc::increment_strong_count(p);
+            Arc::from_raw(p)
+        })
     }
 
     /// Run `f` on the value behind a live handle, without cloning the `Arc`. `f` runs under the
     /// slot's spin lock: keep it to reading fields (no waiting, no allocation from the OS, no
     /// foreign code); otherwise [`HandleTable::get`] and work on the clone.
     pub fn with<R>(&self, h: *const c_void, f: impl FnOnce(&T) -> R) -> Result<R> {
+        // SAFETY: as in `get`: `p` stays alive while `f` runs.
+        self.with_ptr(h, |p| f(unsafe { &*p }))
+    }
+
+    /// `f` on the live value's pointer, under the slot's lock.
+    #[inline]
+    fn with_ptr<R>(&self, h: *const c_void, f: impl FnOnce(*const T) -> R) -> Result<R> {
         let (index, generation) = self.decode(h)?;
         let slot = self.slot(index).ok_or_else(|| self.stale(h))?;
-        let inner = slot.inner.lock();
-        match &inner.1 {
-            Some(v) if inner.0 == generation => Ok(f(v)),
-            _ => Err(self.stale(h)),
+        let _g = slot.lock.lock();
+        let p = slot.value.load(Ordering::Relaxed);
+        if p.is_null() || slot.generation.load(Ordering::Relaxed) != generation {
+            return Err(self.stale(h));
         }
+        Ok(f(p))
+    }
+
+    /// [`HandleTable::with`] for the thread whose `this_thread::solo_id` is `id`: without
+    /// the slot lock if that thread is the owner reader (see the module documentation). `f`
+    /// must not panic or wait (it reads fields); the locked way is taken for everyone else,
+    /// and for any handle that is not plainly live.
+    #[inline]
+    pub fn with_as<R>(&self, h: *const c_void, id: u64, f: impl FnOnce(&T) -> R) -> Result<R> {
+        if let Some(owner) = self.owner.filter(|o| o.is(id)) {
+            let (index, generation) = self.decode(h)?;
+            if let Some(slot) = self.slot(index) {
+                let _inside = OwnerLookup::enter(owner);
+                let p = slot.value.load(Ordering::Acquire);
+                if !p.is_null() && slot.generation.load(Ordering::Acquire) == generation {
+                    // SAFETY: the value was the handle's when loaded (the generation, loaded
+                    // after it, did not change), and whoever takes it out of the slot drops
+                    // it only after this lookup ends (`OwnerReader::quiesce`).
+                    return Ok(f(unsafe { &*p }));
+                }
+            }
+        }
+        self.with(h, f)
+    }
+
+    /// [`HandleTable::get`] the way [`HandleTable::with_as`] looks up.
+    #[inline]
+    pub fn get_as(&self, h: *const c_void, id: u64) -> Result<Arc<T>> {
+        // SAFETY: `with_as` hands out a live value's reference; cloning the `Arc` around it
+        // takes one more count of that allocation.
+        self.with_as(h, id, |v| unsafe {
+            let p = v as *const T;
+            Arc::increment_strong_count(p);
+            Arc::from_raw(p)
+        })
     }
 
     /// Replace the value behind a live handle (the handle stays the same).
     pub fn replace(&self, h: *const c_void, value: Arc<T>) -> Result<()> {
         let (index, generation) = self.decode(h)?;
         let slot = self.slot(index).ok_or_else(|| self.stale(h))?;
-        let mut inner = slot.inner.lock();
-        let (gen, v) = &mut *inner;
-        let old = match v {
-            Some(v) if *gen == generation => std::mem::replace(v, value),
-            _ => return Err(self.stale(h)),
+        let old = {
+            let _g = slot.lock.lock();
+            let p = slot.value.load(Ordering::Relaxed);
+            if p.is_null() || slot.generation.load(Ordering::Relaxed) != generation {
+                return Err(self.stale(h));
+            }
+            slot.value.swap(Arc::into_raw(value) as *mut T, Ordering::AcqRel)
         };
         // The old value may be the last reference, and dropping it may run foreign code (an
         // autograd function's frontend callback): not under the slot's spin lock.
-        drop(inner);
-        drop(old);
+        // SAFETY: the slot's reference, taken out of it above.
+        drop(self.retire(unsafe { Arc::from_raw(old) }));
         Ok(())
     }
 
@@ -181,16 +433,28 @@ impl<T> HandleTable<T> {
     pub fn remove(&self, h: *const c_void) -> Result<Arc<T>> {
         let (index, generation) = self.decode(h)?;
         let slot = self.slot(index).ok_or_else(|| self.stale(h))?;
-        let value = {
-            let mut inner = slot.inner.lock();
-            if inner.0 != generation || inner.1.is_none() {
+        let old = {
+            let _g = slot.lock.lock();
+            let p = slot.value.load(Ordering::Relaxed);
+            if p.is_null() || slot.generation.load(Ordering::Relaxed) != generation {
                 return Err(self.stale(h));
             }
-            inner.0 = (inner.0 + 1) & ((1 << GEN_BITS) - 1);
-            inner.1.take().expect("checked above")
+            slot.generation.store((generation + 1) & ((1 << GEN_BITS) - 1), Ordering::Relaxed);
+            slot.value.swap(std::ptr::null_mut(), Ordering::AcqRel)
         };
         self.push_free(index);
-        Ok(value)
+        // SAFETY: the slot's reference, taken out of it above.
+        Ok(self.retire(unsafe { Arc::from_raw(old) }))
+    }
+
+    /// A value just taken out of a slot, once the owner reader cannot be using it (see
+    /// [`OwnerReader::quiesce`]). If that cannot be known, one reference is kept for good: a
+    /// leak, not a use after free.
+    fn retire(&self, old: Arc<T>) -> Arc<T> {
+        if self.owner.is_some_and(|o| !o.quiesce()) {
+            std::mem::forget(old.clone());
+        }
+        old
     }
 
     fn stale(&self, h: *const c_void) -> Error {
@@ -288,5 +552,173 @@ mod tests {
         for th in threads {
             th.join().unwrap();
         }
+    }
+
+    /// A value that counts its drops and notices a second one.
+    struct Canary {
+        magic: AtomicU64,
+        drops: Arc<AtomicU32>,
+    }
+
+    const LIVE: u64 = 0x5eed_cafe_f00d_beef;
+
+    impl Canary {
+        fn new(drops: &Arc<AtomicU32>) -> Arc<Self> {
+            Arc::new(Canary { magic: AtomicU64::new(LIVE), drops: drops.clone() })
+        }
+    }
+
+    impl Drop for Canary {
+        fn drop(&mut self) {
+            assert_eq!(self.magic.swap(0, Ordering::SeqCst), LIVE, "a canary dropped twice");
+            self.drops.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn owner_reads_never_see_a_value_that_another_thread_dropped() {
+        static READER: OwnerReader = OwnerReader::new();
+        let t: Arc<HandleTable<Canary>> = Arc::new(HandleTable::with_owner(13, "test", &READER));
+        let drops = Arc::new(AtomicU32::new(0));
+        let made = Arc::new(AtomicU32::new(0));
+        let cells: Arc<Vec<AtomicU64>> = Arc::new(
+            (0..64)
+                .map(|_| {
+                    made.fetch_add(1, Ordering::SeqCst);
+                    AtomicU64::new(t.insert(Canary::new(&drops)) as u64)
+                })
+                .collect(),
+        );
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Two threads free, re-create and replace the values behind the cells.
+        let writers: Vec<_> = (0..2u64)
+            .map(|w| {
+                let (t, cells, stop, drops, made) = (t.clone(), cells.clone(), stop.clone(), drops.clone(), made.clone());
+                std::thread::spawn(move || {
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(w + 1);
+                    while !stop.load(Ordering::Relaxed) {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let cell = &cells[(x % 64) as usize];
+                        let h = cell.load(Ordering::Acquire) as *const c_void;
+                        made.fetch_add(1, Ordering::SeqCst);
+                        let fresh = Canary::new(&drops);
+                        // A replacement or free of a handle the other writer freed fails
+                        // (and `fresh` is dropped unused).
+                        if x & 1 == 0 {
+                            let _ = t.replace(h, fresh);
+                        } else if t.remove(h).is_ok() {
+                            cell.store(t.insert(fresh) as u64, Ordering::Release);
+                        }
+                    }
+                })
+            })
+            .collect();
+        let id = crate::this_thread::solo_id();
+        let (mut seen, start) = (0u64, std::time::Instant::now());
+        while start.elapsed() < std::time::Duration::from_millis(400) {
+            for cell in cells.iter() {
+                let h = cell.load(Ordering::Acquire) as *const c_void;
+                // A freed handle is an error; a live one shows a value not yet dropped.
+                if let Ok(m) = t.with_as(h, id, |c| c.magic.load(Ordering::SeqCst)) {
+                    assert_eq!(m, LIVE, "an owner lookup saw a dropped value");
+                    seen += 1;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert!(seen > 1000, "only {seen} lookups succeeded");
+        match READER.id.load(Ordering::SeqCst) {
+            NO_OWNER_READS => eprintln!("membarrier unavailable: the lookups took the lock"),
+            o => assert_eq!(o, id, "the first thread to look up owns the reads"),
+        }
+        for cell in cells.iter() {
+            t.remove(cell.load(Ordering::Acquire) as *const c_void).unwrap();
+        }
+        assert_eq!(drops.load(Ordering::SeqCst), made.load(Ordering::SeqCst), "every value dropped exactly once");
+    }
+
+    #[test]
+    fn a_free_on_another_thread_waits_for_the_owner_lookup_in_progress() {
+        static READER: OwnerReader = OwnerReader::new();
+        struct Probe(Arc<std::sync::atomic::AtomicBool>, Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Probe {
+            fn drop(&mut self) {
+                // Records whether the lookup had finished when the value was dropped.
+                self.1.store(self.0.load(Ordering::SeqCst), Ordering::SeqCst);
+            }
+        }
+        let t: Arc<HandleTable<Probe>> = Arc::new(HandleTable::with_owner(14, "test", &READER));
+        let lookup_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done_at_drop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let h = t.insert(Arc::new(Probe(lookup_done.clone(), done_at_drop.clone()))) as usize;
+        let id = crate::this_thread::solo_id();
+        let remover = t
+            .with_as(h as *const c_void, id, |_| {
+                let t2 = t.clone();
+                let remover = std::thread::spawn(move || t2.remove(h as *const c_void).map(drop).map_err(|e| e.to_string()));
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                assert!(!remover.is_finished(), "the free did not wait for the lookup");
+                lookup_done.store(true, Ordering::SeqCst);
+                remover
+            })
+            .unwrap();
+        remover.join().unwrap().unwrap();
+        assert!(done_at_drop.load(Ordering::SeqCst), "the value was dropped during the lookup");
+        // The owner reads a freed handle as an error, as everyone else.
+        let e = t.with_as(h as *const c_void, id, |_| ()).unwrap_err().to_string();
+        assert!(e.contains("already freed"), "{e}");
+        assert!(t.get_as(std::ptr::null(), id).err().unwrap().to_string().contains("NULL"));
+    }
+
+    #[test]
+    fn an_owner_reader_that_exits_gives_the_role_back() {
+        static READER: OwnerReader = OwnerReader::new();
+        let t: Arc<HandleTable<i32>> = Arc::new(HandleTable::with_owner(16, "test", &READER));
+        let a = t.insert(Arc::new(1)) as usize;
+        let t2 = t.clone();
+        let first = std::thread::spawn(move || {
+            let id = crate::this_thread::solo_id();
+            assert_eq!(t2.with_as(a as *const c_void, id, |v| *v).unwrap(), 1);
+            id
+        })
+        .join()
+        .unwrap();
+        let now = READER.id.load(Ordering::SeqCst);
+        if now == NO_OWNER_READS {
+            eprintln!("membarrier unavailable: no owner reader");
+            return;
+        }
+        assert_ne!(now, first, "the exited thread still owns the reads");
+        let id = crate::this_thread::solo_id();
+        assert_eq!(t.with_as(a as *const c_void, id, |v| *v).unwrap(), 1);
+        assert_eq!(READER.id.load(Ordering::SeqCst), id, "the next thread to look up claims the role");
+    }
+
+    #[test]
+    fn the_owner_frees_at_once_and_other_threads_read_the_locked_way() {
+        static READER: OwnerReader = OwnerReader::new();
+        let t: Arc<HandleTable<i32>> = Arc::new(HandleTable::with_owner(15, "test", &READER));
+        let id = crate::this_thread::solo_id();
+        let a = t.insert(Arc::new(5)) as usize;
+        assert_eq!(*t.get_as(a as *const c_void, id).unwrap(), 5);
+        let t2 = t.clone();
+        // Another thread: not the owner reader; its lookups and frees are correct all the same.
+        std::thread::spawn(move || {
+            let other = crate::this_thread::solo_id();
+            assert_eq!(t2.with_as(a as *const c_void, other, |v| *v).unwrap(), 5);
+            let b = t2.insert(Arc::new(6));
+            assert_eq!(*t2.remove(b).unwrap(), 6);
+        })
+        .join()
+        .unwrap();
+        t.replace(a as *const c_void, Arc::new(7)).unwrap();
+        assert_eq!(t.with_as(a as *const c_void, id, |v| *v).unwrap(), 7);
+        assert_eq!(*t.remove(a as *const c_void).unwrap(), 7);
+        assert!(t.get_as(a as *const c_void, id).is_err());
     }
 }

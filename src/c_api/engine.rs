@@ -23,7 +23,7 @@ pub type EngineFuncParamDeleter = Option<unsafe extern "C" fn(*mut c_void)>;
 
 pub(crate) fn vars() -> &'static HandleTable<Var> {
     static T: OnceLock<HandleTable<Var>> = OnceLock::new();
-    T.get_or_init(|| HandleTable::new(2, "EngineVar"))
+    T.get_or_init(|| HandleTable::with_owner_reads(2, "EngineVar"))
 }
 
 fn completions() -> &'static HandleTable<Mutex<Option<Completion>>> {
@@ -60,8 +60,10 @@ pub(crate) trait VarHandles {
     /// The variable behind a handle, by address only: for checks, not to be dereferenced
     /// (no reference is taken).
     fn var_ptr(&self, h: *mut c_void) -> Result<*const Var>;
-    /// The variable behind a handle.
-    fn var(&self, h: *mut c_void) -> Result<Arc<Var>>;
+    /// The variable behind a handle, looked up by the thread whose
+    /// `this_thread::solo_id` is `id` (without the handle's lock if it is the tables' owner
+    /// reader: see `crate::handle`).
+    fn var(&self, h: *mut c_void, id: u64) -> Result<Arc<Var>>;
 }
 
 /// Engine variable handles (MXEngineNewVar).
@@ -71,8 +73,8 @@ impl VarHandles for EngineVars {
     fn var_ptr(&self, h: *mut c_void) -> Result<*const Var> {
         vars().with(h, |v| v as *const Var)
     }
-    fn var(&self, h: *mut c_void) -> Result<Arc<Var>> {
-        vars().get(h)
+    fn var(&self, h: *mut c_void, id: u64) -> Result<Arc<Var>> {
+        vars().get_as(h, id)
     }
 }
 
@@ -102,10 +104,10 @@ impl HandleList {
     }
 }
 
-fn var_list(table: &impl VarHandles, hs: &[*mut c_void]) -> Result<VarList> {
+fn var_list(table: &impl VarHandles, hs: &[*mut c_void], id: u64) -> Result<VarList> {
     let mut list = VarList::with_capacity(hs.len());
     for &h in hs {
-        list.push(table.var(h)?);
+        list.push(table.var(h, id)?);
     }
     Ok(list)
 }
@@ -233,9 +235,9 @@ unsafe fn push_other(
         let tag = engine::OpTag { name: name.as_ref(), ..Default::default() };
         let cparam = CParam { param: func.param, deleter: func.deleter };
         // A failure (only a panic can fail a C function) marks the written variables that
-        // still exist.
+        // still exist (looked up the locked way: id 0 is nobody's).
         let mark_writes = |mark: &mut dyn FnMut(&Var)| {
-            for v in writes.iter().filter_map(|&h| table.var(h).ok()) {
+            for v in writes.iter().filter_map(|&h| table.var(h, 0).ok()) {
                 mark(&v);
             }
         };
@@ -243,7 +245,8 @@ unsafe fn push_other(
         drop(cparam); // the deleter, after the operation ran
         return Ok(());
     }
-    let (const_vars, mutable_vars) = (var_list(table, reads)?, var_list(table, writes)?);
+    let id = crate::this_thread::solo_id();
+    let (const_vars, mutable_vars) = (var_list(table, reads, id)?, var_list(table, writes, id)?);
     // SAFETY: per this function's contract.
     let name_text = unsafe { ffi::opt_cstr(args.name, "opr_name") }?;
     // Everything that can fail is checked before the param is taken over: on failure it stays
@@ -327,7 +330,7 @@ unsafe fn push_compact(
 ) -> Result<()> {
     let f = func.sync_func.ok_or_else(|| Error::internal("push_compact without a synchronous function"))?;
     let nr = reads.len();
-    let var = |i: usize| table.var(if i < nr { reads[i] } else { writes[i - nr] });
+    let var = |i: usize| table.var(if i < nr { reads[i] } else { writes[i - nr] }, id);
     // SAFETY: the caller's function and deleter with the caller's param, callable on a
     // worker thread as the API promises; made only once the push is accepted, from when on
     // the deleter is the RawFn's.
@@ -336,7 +339,7 @@ unsafe fn push_compact(
         return Ok(());
     }
     // Not for the ring now (another thread pushes, the ring is full, ...): the ordinary way.
-    let (const_vars, mutable_vars) = (var_list(table, reads)?, var_list(table, writes)?);
+    let (const_vars, mutable_vars) = (var_list(table, reads, id)?, var_list(table, writes, id)?);
     let pool = engine.validate(&const_vars, &mutable_vars, ctx, engine::FnProperty::Normal)?;
     // SAFETY: as above.
     let raw = unsafe { engine::RawFn::new(f, func.param, func.deleter) };
