@@ -28,7 +28,7 @@
 //! thread that does not exist there, starts without one.
 
 use crate::error::{Error, Result};
-use crate::sync::{Mutex, Padded, SpinLock};
+use crate::sync::{membarrier, Mutex, Padded, SpinLock};
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::atomic::{compiler_fence, fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
@@ -125,7 +125,7 @@ impl OwnerReader {
                 // Every other thread passes a full barrier before this thread's first
                 // lock-free load: one that read 0 before the claim has stored its slot's new
                 // value by then.
-                membarrier::run()
+                membarrier::barrier()
             }
             Err(other) => other == id,
         }
@@ -140,7 +140,7 @@ impl OwnerReader {
         if owner == 0 || owner == NO_OWNER_READS || owner == crate::this_thread::solo_id() {
             return true;
         }
-        if !membarrier::run() {
+        if !membarrier::barrier() {
             return false;
         }
         let e = self.epoch.load(Ordering::Acquire);
@@ -174,26 +174,6 @@ impl Drop for GiveBackAtExit {
 
 thread_local! {
     static GIVE_BACK_AT_EXIT: GiveBackAtExit = const { GiveBackAtExit(std::cell::Cell::new(None)) };
-}
-
-/// The process-wide memory barrier that owner reads rely on.
-mod membarrier {
-    const CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
-    const CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
-
-    /// Register the process for [`run`]; false if the kernel cannot.
-    pub(super) fn register() -> bool {
-        // SAFETY: a plain system call without pointers.
-        unsafe { libc::syscall(libc::SYS_membarrier, CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0 }
-    }
-
-    /// A full memory barrier on every running thread of the process; false on failure.
-    pub(super) fn run() -> bool {
-        // SAFETY: as above.
-        let ok = unsafe { libc::syscall(libc::SYS_membarrier, CMD_PRIVATE_EXPEDITED, 0, 0) == 0 };
-        // Not registered (a forked child of a process that was): register, then retry.
-        ok || (register() && unsafe { libc::syscall(libc::SYS_membarrier, CMD_PRIVATE_EXPEDITED, 0, 0) == 0 })
-    }
 }
 
 /// Marks the owner reader inside a lookup while it lives.

@@ -318,7 +318,7 @@ unsafe fn push_other(
 ///
 /// # Safety
 /// As for [`push_c`].
-#[inline]
+#[inline(always)]
 unsafe fn push_compact(
     engine: &'static engine::Engine,
     id: u64,

@@ -328,7 +328,7 @@ impl Engine {
     pub fn start(opts: EngineOptions) -> &'static Engine {
         let threaded = opts.kind != EngineKind::Naive;
         if threaded {
-            pool::membarrier::register();
+            crate::sync::membarrier::register();
         }
         Box::leak(Box::new(Engine {
             opts,

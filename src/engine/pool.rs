@@ -23,7 +23,7 @@
 
 use super::opr::Opr;
 use super::Engine;
-use crate::sync::{Condvar, Mutex, Padded};
+use crate::sync::{membarrier, Condvar, Mutex, Padded};
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -344,45 +344,6 @@ impl Pool {
                 self.wake_one();
             }
             engine.execute(op);
-        }
-    }
-}
-
-/// `membarrier(2)`: a memory barrier run on every thread of the process on behalf of the
-/// caller (the expedited private command, registered once per process).
-pub(crate) mod membarrier {
-    use std::sync::atomic::{AtomicU8, Ordering};
-
-    const CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
-    const CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
-    /// 0: not asked yet; 1: available; 2: not.
-    static STATE: AtomicU8 = AtomicU8::new(0);
-
-    /// Register the process (idempotent, also right after `fork`); true when the barrier
-    /// can be used. Called before the first worker starts.
-    pub(crate) fn register() -> bool {
-        // SAFETY: the membarrier system call with a registration command and no pointers.
-        let ok = unsafe { libc::syscall(libc::SYS_membarrier, CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) } == 0;
-        STATE.store(if ok { 1 } else { 2 }, Ordering::SeqCst);
-        ok
-    }
-
-    /// Whether pushes may rely on [`barrier`].
-    #[inline]
-    pub(crate) fn available() -> bool {
-        STATE.load(Ordering::Relaxed) == 1
-    }
-
-    /// The barrier on every thread; a no-op where unavailable (pushes fence then).
-    pub(crate) fn barrier() {
-        if available() {
-            // SAFETY: as in `register`.
-            let r = unsafe { libc::syscall(libc::SYS_membarrier, CMD_PRIVATE_EXPEDITED, 0, 0) };
-            // Once registered the command cannot fail (the kernel refuses only unregistered
-            // processes); were it to, later pushes fence.
-            if r != 0 {
-                STATE.store(2, Ordering::SeqCst);
-            }
         }
     }
 }
