@@ -9,6 +9,7 @@ use crate::engine::{self, Completion, FnProperty, OprFn, Push, RunContext, Var, 
 use crate::error::{Error, ErrorKind, Result};
 use crate::handle::HandleTable;
 use crate::sync::Mutex;
+use crate::this_thread::Words;
 use std::ffi::{c_char, c_int, c_void};
 use smallvec::SmallVec;
 use std::sync::{Arc, OnceLock};
@@ -162,7 +163,7 @@ pub(crate) struct CFunc {
 /// pointing to `{int dev_type; int dev_id;}`, `args.prop` NULL or pointing to an int,
 /// `args.name` NULL or a NUL-terminated string.
 #[inline(always)]
-pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: HandleList, args: CArgs, func: CFunc) -> Result<()> {
+pub(crate) unsafe fn push_c(thread: &Words, table: &impl VarHandles, reads: HandleList, writes: HandleList, args: CArgs, func: CFunc) -> Result<()> {
     // SAFETY: per this function's contract.
     let (reads, writes) = unsafe { (reads.slice()?, writes.slice()?) };
     // SAFETY: per this function's contract.
@@ -182,14 +183,14 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
         && reads.len() + writes.len() <= engine::COMPACT_VARS
         && !crate::profiler::ops_on(false)
     {
-        // The thread's id is looked up here, in the exported function, from the thread-local
-        // block the C boundary has just looked up (see `crate::this_thread`).
-        let id = crate::this_thread::solo_id();
+        // The thread's id comes from the thread-local block the C boundary has looked up
+        // (see `ffi::call_on_thread`).
+        let id = thread.solo_id();
         // SAFETY: per this function's contract.
         return unsafe { push_compact(engine, id, table, reads, writes, ctx, func) };
     }
     // SAFETY: per this function's contract.
-    unsafe { push_other(engine, table, reads, writes, args, ctx, prop, func) }
+    unsafe { push_other(engine, thread.solo_id(), table, reads, writes, args, ctx, prop, func) }
 }
 
 /// [`push_c`] for everything but a compact record.
@@ -200,6 +201,7 @@ pub(crate) unsafe fn push_c(table: &impl VarHandles, reads: HandleList, writes: 
 #[allow(clippy::too_many_arguments)]
 unsafe fn push_other(
     engine: &'static engine::Engine,
+    id: u64,
     table: &impl VarHandles,
     reads: &[*mut c_void],
     writes: &[*mut c_void],
@@ -245,7 +247,6 @@ unsafe fn push_other(
         drop(cparam); // the deleter, after the operation ran
         return Ok(());
     }
-    let id = crate::this_thread::solo_id();
     let (const_vars, mutable_vars) = (var_list(table, reads, id)?, var_list(table, writes, id)?);
     // SAFETY: per this function's contract.
     let name_text = unsafe { ffi::opt_cstr(args.name, "opr_name") }?;
@@ -387,12 +388,12 @@ pub unsafe extern "C" fn MXEnginePushAsync(
     opr_name: *const c_char,
     wait: bool,
 ) -> c_int {
-    ffi::call("MXEnginePushAsync", || {
+    ffi::call_on_thread("MXEnginePushAsync", |thread| {
         // SAFETY: per this function's contract.
         unsafe {
             let (reads, writes) = engine_var_lists(const_vars_handle, num_const_vars, mutable_vars_handle, num_mutable_vars);
             let args = CArgs { ctx: ctx_handle, prop: prop_handle, priority, name: opr_name, wait };
-            push_c(&EngineVars, reads, writes, args, CFunc { sync_func: None, async_func, param: func_param, deleter })
+            push_c(thread, &EngineVars, reads, writes, args, CFunc { sync_func: None, async_func, param: func_param, deleter })
         }
     })
 }
@@ -416,12 +417,12 @@ pub unsafe extern "C" fn MXEnginePushSync(
     priority: c_int,
     opr_name: *const c_char,
 ) -> c_int {
-    ffi::call("MXEnginePushSync", || {
+    ffi::call_on_thread("MXEnginePushSync", |thread| {
         // SAFETY: per this function's contract.
         unsafe {
             let (reads, writes) = engine_var_lists(const_vars_handle, num_const_vars, mutable_vars_handle, num_mutable_vars);
             let args = CArgs { ctx: ctx_handle, prop: prop_handle, priority, name: opr_name, wait: false };
-            push_c(&EngineVars, reads, writes, args, CFunc { sync_func, async_func: None, param: func_param, deleter })
+            push_c(thread, &EngineVars, reads, writes, args, CFunc { sync_func, async_func: None, param: func_param, deleter })
         }
     })
 }

@@ -11,7 +11,7 @@
 //! a string.
 
 use crate::error::{Error, Result};
-use crate::this_thread::WORDS;
+use crate::this_thread::{Words, WORDS};
 use std::any::Any;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr, CString};
@@ -49,11 +49,21 @@ fn install_panic_hook() {
 /// passes a dozen arguments through it); the failure handling is out of line.
 #[inline(always)]
 pub fn call(api: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
+    call_on_thread(api, |_| body())
+}
+
+/// [`call`] whose body gets the calling thread's block of words (`crate::this_thread`), looked
+/// up once here: the engine's push functions read their solo id from it, and a second
+/// lookup is a second `__tls_get_addr` call (unless the compiler happens to merge the two).
+#[inline(always)]
+pub(crate) fn call_on_thread(api: &'static str, body: impl FnOnce(&Words) -> Result<()>) -> c_int {
     install_panic_hook();
     let start = crate::profiler::api_on().then(crate::profiler::api_begin);
-    WORDS.with(|w| w.call_depth.set(w.call_depth.get() + 1));
-    let outcome = catch_unwind(AssertUnwindSafe(body));
-    WORDS.with(|w| w.call_depth.set(w.call_depth.get() - 1));
+    // Not inside `WORDS.with(..)`: the body would be compiled into that closure, out of line.
+    let w = crate::this_thread::words();
+    w.call_depth.set(w.call_depth.get() + 1);
+    let outcome = catch_unwind(AssertUnwindSafe(|| body(w)));
+    w.call_depth.set(w.call_depth.get() - 1);
     if let Some(t) = start {
         crate::profiler::api_call(api, t);
     }

@@ -9,6 +9,7 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::handle::HandleTable;
 use crate::ndarray::{np_shape, DType, NDArray};
+use crate::this_thread::Words;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::Ordering;
@@ -246,6 +247,7 @@ impl VarHandles for NdVars {
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn push_nd(
+    thread: &Words,
     sync_func: EngineSyncFunc,
     async_func: EngineAsyncFunc,
     func_param: *mut c_void,
@@ -264,7 +266,7 @@ unsafe fn push_nd(
     let writes = HandleList { ptr: mutable_nds, n: num_mutable, what: "mutable_nds_handle" };
     let args = CArgs { ctx: ctx_handle, prop: prop_handle, priority, name, wait };
     // SAFETY: per this function's contract.
-    unsafe { push_c(&NdVars, reads, writes, args, CFunc { sync_func, async_func, param: func_param, deleter }) }
+    unsafe { push_c(thread, &NdVars, reads, writes, args, CFunc { sync_func, async_func, param: func_param, deleter }) }
 }
 
 /// MXEnginePushAsync with the variables of NDArrays.
@@ -286,10 +288,10 @@ pub unsafe extern "C" fn MXEnginePushAsyncND(
     opr_name: *const c_char,
     wait: bool,
 ) -> c_int {
-    ffi::call("MXEnginePushAsyncND", || {
+    ffi::call_on_thread("MXEnginePushAsyncND", |thread| {
         // SAFETY: per this function's contract.
         unsafe {
-            push_nd(None, async_func, func_param, deleter, ctx_handle, const_nds_handle, num_const_nds,
+            push_nd(thread, None, async_func, func_param, deleter, ctx_handle, const_nds_handle, num_const_nds,
                 mutable_nds_handle, num_mutable_nds, prop_handle, priority, opr_name, wait)
         }
     })
@@ -313,10 +315,10 @@ pub unsafe extern "C" fn MXEnginePushSyncND(
     priority: c_int,
     opr_name: *const c_char,
 ) -> c_int {
-    ffi::call("MXEnginePushSyncND", || {
+    ffi::call_on_thread("MXEnginePushSyncND", |thread| {
         // SAFETY: per this function's contract.
         unsafe {
-            push_nd(sync_func, None, func_param, deleter, ctx_handle, const_nds_handle, num_const_nds,
+            push_nd(thread, sync_func, None, func_param, deleter, ctx_handle, const_nds_handle, num_const_nds,
                 mutable_nds_handle, num_mutable_nds, prop_handle, priority, opr_name, false)
         }
     })
