@@ -27,7 +27,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer ops and repetitions")
     args = ap.parse_args()
-    n, reps, rounds = (50_000, 3, 2) if args.quick else (200_000, 5, 3)
+    n, reps, rounds = (50_000, 3, 2) if args.quick else (200_000, 5, 5)
     exe = build("engine_bench.c")
     libs = libraries()
     rows = []
