@@ -13,13 +13,14 @@
 //! otherwise takes 65 locked compare-and-swaps on top of the 65 reference counts it must
 //! take. The first thread to look up that way claims the role until it exits (in practice
 //! the thread that pushes: the frontend's main thread). Its lookup marks itself in
-//! `OwnerReader::epoch` (odd while inside, with plain stores: only the owner writes it),
-//! loads the slot's value, then the generation, and uses the value only if the generation is
-//! the handle's.
+//! `OwnerReader::epoch` (odd while inside, with plain stores, no fence: only the owner
+//! writes it), loads the slot's value, then the generation, and uses the value only if the
+//! generation is the handle's. Only the crate looks up this way, with the caller's block of
+//! thread words (which cannot leave its thread) standing for its identity.
 //!
 //! A value taken out of such a table (freed or replaced) is dropped only once no owner lookup
-//! can still be using it ([`OwnerReader::quiesce`]): by the owner itself at once (it is not
-//! inside a lookup); by any other thread after a `membarrier` (which orders the owner's epoch
+//! can still be using it ([`OwnerReader::quiesce`]): by the owner itself at once (outside its
+//! lookups; from inside one, the value is kept for good); by any other thread after a `membarrier` (which orders the owner's epoch
 //! store before its value load, the barrier the owner skips) and after the owner's epoch
 //! shows it outside the lookup that may have seen the value. The claim itself is followed by
 //! a `membarrier`, so a thread that still read "no owner" has its value out of the slot
@@ -29,6 +30,7 @@
 
 use crate::error::{Error, Result};
 use crate::sync::{membarrier, Mutex, Padded, SpinLock};
+use crate::this_thread::Words;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::sync::atomic::{compiler_fence, fence, AtomicPtr, AtomicU32, AtomicU64, Ordering};
@@ -78,7 +80,8 @@ pub(crate) struct OwnerReader {
     /// 0 before a claim; the owner's id (`this_thread::solo_id`: even, never 0, never reused);
     /// or [`NO_OWNER_READS`].
     id: AtomicU64,
-    /// Odd while the owner is inside a lookup; written by the owner only.
+    /// Odd while the owner is inside a lookup. Written by the owner only (successive owners
+    /// in turn; reset in a forked child).
     epoch: Padded<AtomicU64>,
 }
 
@@ -120,25 +123,41 @@ impl OwnerReader {
         }
         match self.id.compare_exchange(0, id, Ordering::SeqCst, Ordering::Relaxed) {
             Ok(_) => {
-                // Given back when this thread exits (it is outside any lookup then).
-                let _ = GIVE_BACK_AT_EXIT.try_with(|g| g.0.set(Some((self, id))));
+                // Given back when this thread exits (it is outside any lookup then); a thread
+                // whose thread-locals are being torn down does not keep the role.
+                let noted = GIVE_BACK_AT_EXIT.try_with(|g| g.0.get().is_none() && {
+                    g.0.set(Some((self, id)));
+                    true
+                });
+                if noted != Ok(true) {
+                    self.id.store(0, Ordering::SeqCst);
+                    return false;
+                }
                 // Every other thread passes a full barrier before this thread's first
                 // lock-free load: one that read 0 before the claim has stored its slot's new
-                // value by then.
-                membarrier::barrier()
+                // value by then. Without it, nobody reads without the lock.
+                if !membarrier::barrier() {
+                    self.id.store(NO_OWNER_READS, Ordering::SeqCst);
+                    return false;
+                }
+                true
             }
             Err(other) => other == id,
         }
     }
 
     /// Make sure no owner lookup still uses a value just taken out of a slot of a table
-    /// with owner reads. False when that cannot be known (`membarrier` failed): the caller
-    /// must then keep the value alive for good.
+    /// with owner reads. False when that cannot be known (`membarrier` failed, or the owner
+    /// frees from inside one of its own lookups): the caller must then keep the value alive
+    /// for good.
     fn quiesce(&self) -> bool {
         fence(Ordering::SeqCst);
-        let owner = self.id.load(Ordering::Relaxed);
-        if owner == 0 || owner == NO_OWNER_READS || owner == crate::this_thread::solo_id() {
+        let owner = self.id.load(Ordering::Acquire);
+        if owner == 0 || owner == NO_OWNER_READS {
             return true;
+        }
+        if owner == crate::this_thread::solo_id() {
+            return self.epoch.load(Ordering::Relaxed) % 2 == 0;
         }
         if !membarrier::barrier() {
             return false;
@@ -183,7 +202,13 @@ impl<'a> OwnerLookup<'a> {
     #[inline]
     fn enter(owner: &'a OwnerReader) -> Self {
         let e = owner.epoch.load(Ordering::Relaxed);
-        owner.epoch.store(e + 1, Ordering::Relaxed);
+        if e % 2 == 1 {
+            // A lookup inside a lookup (from `f`): the outer one's mark covers it.
+            return OwnerLookup(owner, e);
+        }
+        // Release: a free that sees this epoch (and not the previous lookup's end) still
+        // sees everything before it.
+        owner.epoch.store(e + 1, Ordering::Release);
         // No hardware barrier: a thread that frees runs `membarrier` instead (see
         // `OwnerReader::quiesce`).
         compiler_fence(Ordering::SeqCst);
@@ -356,13 +381,15 @@ impl<T> HandleTable<T> {
         Ok(f(p))
     }
 
-    /// [`HandleTable::with`] for the thread whose `this_thread::solo_id` is `id`: without
-    /// the slot lock if that thread is the owner reader (see the module documentation). `f`
-    /// must not panic or wait (it reads fields); the locked way is taken for everyone else,
-    /// and for any handle that is not plainly live.
+    /// [`HandleTable::with`] for the calling thread (`thread` is its block of words, which
+    /// cannot leave it): without the slot lock if it is the owner reader (see the module
+    /// documentation). As for `with`, `f` only reads fields: it must not wait (a free on
+    /// another thread waits for it), and a value it frees or replaces in an owner table is
+    /// kept for good. The locked way is taken for everyone else, and for any handle that is
+    /// not plainly live.
     #[inline]
-    pub fn with_as<R>(&self, h: *const c_void, id: u64, f: impl FnOnce(&T) -> R) -> Result<R> {
-        if let Some(owner) = self.owner.filter(|o| o.is(id)) {
+    pub(crate) fn with_as<R>(&self, h: *const c_void, thread: &Words, f: impl FnOnce(&T) -> R) -> Result<R> {
+        if let Some(owner) = self.owner.filter(|o| o.is(thread.solo_id())) {
             let (index, generation) = self.decode(h)?;
             if let Some(slot) = self.slot(index) {
                 let _inside = OwnerLookup::enter(owner);
@@ -380,10 +407,10 @@ impl<T> HandleTable<T> {
 
     /// [`HandleTable::get`] the way [`HandleTable::with_as`] looks up.
     #[inline]
-    pub fn get_as(&self, h: *const c_void, id: u64) -> Result<Arc<T>> {
+    pub(crate) fn get_as(&self, h: *const c_void, thread: &Words) -> Result<Arc<T>> {
         // SAFETY: `with_as` hands out a live value's reference; cloning the `Arc` around it
         // takes one more count of that allocation.
-        self.with_as(h, id, |v| unsafe {
+        self.with_as(h, thread, |v| unsafe {
             let p = v as *const T;
             Arc::increment_strong_count(p);
             Arc::from_raw(p)
@@ -595,14 +622,22 @@ mod tests {
                 })
             })
             .collect();
-        let id = crate::this_thread::solo_id();
+        let me = crate::this_thread::words();
         let (mut seen, start) = (0u64, std::time::Instant::now());
         while start.elapsed() < std::time::Duration::from_millis(400) {
             for cell in cells.iter() {
                 let h = cell.load(Ordering::Acquire) as *const c_void;
-                // A freed handle is an error; a live one shows a value not yet dropped.
-                if let Ok(m) = t.with_as(h, id, |c| c.magic.load(Ordering::SeqCst)) {
-                    assert_eq!(m, LIVE, "an owner lookup saw a dropped value");
+                // A freed handle is an error; a live one shows a value not yet dropped, at the
+                // start of the lookup and after a while in it.
+                let looked = t.with_as(h, me, |c| {
+                    let first = c.magic.load(Ordering::SeqCst);
+                    for _ in 0..64 {
+                        std::hint::spin_loop();
+                    }
+                    (first, c.magic.load(Ordering::SeqCst))
+                });
+                if let Ok(m) = looked {
+                    assert_eq!(m, (LIVE, LIVE), "an owner lookup saw a dropped value");
                     seen += 1;
                 }
             }
@@ -614,7 +649,7 @@ mod tests {
         assert!(seen > 1000, "only {seen} lookups succeeded");
         match READER.id.load(Ordering::SeqCst) {
             NO_OWNER_READS => eprintln!("membarrier unavailable: the lookups took the lock"),
-            o => assert_eq!(o, id, "the first thread to look up owns the reads"),
+            o => assert_eq!(o, me.solo_id(), "the first thread to look up owns the reads"),
         }
         for cell in cells.iter() {
             t.remove(cell.load(Ordering::Acquire) as *const c_void).unwrap();
@@ -636,12 +671,23 @@ mod tests {
         let lookup_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let done_at_drop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let h = t.insert(Arc::new(Probe(lookup_done.clone(), done_at_drop.clone()))) as usize;
-        let id = crate::this_thread::solo_id();
+        let me = crate::this_thread::words();
         let remover = t
-            .with_as(h as *const c_void, id, |_| {
+            .with_as(h as *const c_void, me, |_| {
                 let t2 = t.clone();
                 let remover = std::thread::spawn(move || t2.remove(h as *const c_void).map(drop).map_err(|e| e.to_string()));
-                std::thread::sleep(std::time::Duration::from_millis(200));
+                if READER.id.load(Ordering::SeqCst) == NO_OWNER_READS {
+                    // This lookup holds the slot lock: the free waits for it on the lock.
+                    eprintln!("membarrier unavailable: the lookup took the lock");
+                } else {
+                    // Until the free has taken the value out of the slot (it then waits).
+                    let start = std::time::Instant::now();
+                    while t.with(h as *const c_void, |_| ()).is_ok() {
+                        assert!(start.elapsed().as_secs() < 10, "the free never started");
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
                 assert!(!remover.is_finished(), "the free did not wait for the lookup");
                 lookup_done.store(true, Ordering::SeqCst);
                 remover
@@ -650,9 +696,9 @@ mod tests {
         remover.join().unwrap().unwrap();
         assert!(done_at_drop.load(Ordering::SeqCst), "the value was dropped during the lookup");
         // The owner reads a freed handle as an error, as everyone else.
-        let e = t.with_as(h as *const c_void, id, |_| ()).unwrap_err().to_string();
+        let e = t.with_as(h as *const c_void, me, |_| ()).unwrap_err().to_string();
         assert!(e.contains("already freed"), "{e}");
-        assert!(t.get_as(std::ptr::null(), id).err().unwrap().to_string().contains("NULL"));
+        assert!(t.get_as(std::ptr::null(), me).err().unwrap().to_string().contains("NULL"));
     }
 
     #[test]
@@ -662,9 +708,9 @@ mod tests {
         let a = t.insert(Arc::new(1)) as usize;
         let t2 = t.clone();
         let first = std::thread::spawn(move || {
-            let id = crate::this_thread::solo_id();
-            assert_eq!(t2.with_as(a as *const c_void, id, |v| *v).unwrap(), 1);
-            id
+            let me = crate::this_thread::words();
+            assert_eq!(t2.with_as(a as *const c_void, me, |v| *v).unwrap(), 1);
+            me.solo_id()
         })
         .join()
         .unwrap();
@@ -674,31 +720,46 @@ mod tests {
             return;
         }
         assert_ne!(now, first, "the exited thread still owns the reads");
-        let id = crate::this_thread::solo_id();
-        assert_eq!(t.with_as(a as *const c_void, id, |v| *v).unwrap(), 1);
-        assert_eq!(READER.id.load(Ordering::SeqCst), id, "the next thread to look up claims the role");
+        let me = crate::this_thread::words();
+        assert_eq!(t.with_as(a as *const c_void, me, |v| *v).unwrap(), 1);
+        assert_eq!(READER.id.load(Ordering::SeqCst), me.solo_id(), "the next thread to look up claims the role");
     }
 
     #[test]
     fn the_owner_frees_at_once_and_other_threads_read_the_locked_way() {
         static READER: OwnerReader = OwnerReader::new();
         let t: Arc<HandleTable<i32>> = Arc::new(HandleTable::with_owner(15, "test", &READER));
-        let id = crate::this_thread::solo_id();
+        let me = crate::this_thread::words();
         let a = t.insert(Arc::new(5)) as usize;
-        assert_eq!(*t.get_as(a as *const c_void, id).unwrap(), 5);
+        assert_eq!(*t.get_as(a as *const c_void, me).unwrap(), 5);
         let t2 = t.clone();
-        // Another thread: not the owner reader; its lookups and frees are correct all the same.
+        // Another thread: not the owner reader (its lookups leave the owner's epoch alone);
+        // its lookups and frees are correct all the same.
+        let epoch = READER.epoch.load(Ordering::SeqCst);
         std::thread::spawn(move || {
-            let other = crate::this_thread::solo_id();
+            let other = crate::this_thread::words();
             assert_eq!(t2.with_as(a as *const c_void, other, |v| *v).unwrap(), 5);
             let b = t2.insert(Arc::new(6));
             assert_eq!(*t2.remove(b).unwrap(), 6);
         })
         .join()
         .unwrap();
+        assert_eq!(READER.epoch.load(Ordering::SeqCst), epoch, "another thread read the owner's way");
         t.replace(a as *const c_void, Arc::new(7)).unwrap();
-        assert_eq!(t.with_as(a as *const c_void, id, |v| *v).unwrap(), 7);
-        assert_eq!(*t.remove(a as *const c_void).unwrap(), 7);
-        assert!(t.get_as(a as *const c_void, id).is_err());
+        assert_eq!(t.with_as(a as *const c_void, me, |v| *v).unwrap(), 7);
+        // The owner's free hands the value back at once, the table keeping no reference.
+        let v = t.remove(a as *const c_void).unwrap();
+        assert_eq!((*v, Arc::strong_count(&v)), (7, 1));
+        assert!(t.get_as(a as *const c_void, me).is_err());
+        // A value the owner frees from inside its own lookup is kept (not dropped under it).
+        // (Without owner reads the lookup holds the slot lock, which the free would wait for.)
+        if READER.id.load(Ordering::SeqCst) != NO_OWNER_READS {
+            let c = t.insert(Arc::new(8)) as usize;
+            let kept = t.with_as(c as *const c_void, me, |v| {
+                let out = t.remove(c as *const c_void).unwrap();
+                (*v, Arc::strong_count(&out))
+            });
+            assert_eq!(kept.unwrap(), (8, 2), "the value freed inside the lookup was not kept");
+        }
     }
 }

@@ -3,7 +3,8 @@
 //! that can be built already set without an atomic operation; also the process-wide memory
 //! barrier ([`membarrier`]) that lets a hot path skip its own fence.
 //!
-//! Owns: the choice of lock implementation. These wrap std's futex-based locks, whose whole
+//! Owns: the choice of lock implementation, and the `membarrier` registration state. The
+//! locks wrap std's futex-based locks, whose whole
 //! state lives in the lock itself, and drop poisoning: a panic is caught at the C boundary
 //! and reported, and must not make every later call through the same lock fail.
 //!
@@ -455,8 +456,12 @@ pub(crate) mod membarrier {
 
     /// Register the process (idempotent, also right after `fork`); true when the barrier
     /// can be used. Called before the first engine worker starts, and by the handle tables'
-    /// owner reader (`crate::handle`) when it claims the role.
+    /// owner reader (`crate::handle`) when it claims the role. Once found unavailable it
+    /// stays so: a thread that skipped a barrier must not meet one that relies on it.
     pub(crate) fn register() -> bool {
+        if STATE.load(Ordering::SeqCst) == 2 {
+            return false;
+        }
         // SAFETY: the membarrier system call with a registration command and no pointers.
         let ok = unsafe { libc::syscall(libc::SYS_membarrier, CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) } == 0;
         STATE.store(if ok { 1 } else { 2 }, Ordering::SeqCst);
@@ -478,7 +483,8 @@ pub(crate) mod membarrier {
         // SAFETY: as in `register`.
         let r = unsafe { libc::syscall(libc::SYS_membarrier, CMD_PRIVATE_EXPEDITED, 0, 0) };
         // Once registered the command cannot fail (the kernel refuses only unregistered
-        // processes); were it to, later pushes fence.
+        // processes); were it to, later pushes fence, and values freed on another thread than
+        // a handle table's owner reader are kept for good (see `crate::handle`).
         if r != 0 {
             STATE.store(2, Ordering::SeqCst);
         }

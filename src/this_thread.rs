@@ -24,9 +24,10 @@ thread_local! {
 /// The calling thread's block, looked up once (one `__tls_get_addr` call).
 #[inline(always)]
 pub(crate) fn words() -> &'static Words {
-    // SAFETY: a `const` thread-local without a destructor is never torn down while its thread
-    // runs (its storage goes with the thread), and `Words` is not `Sync`, so the reference
-    // cannot reach another thread.
+    // SAFETY: a `const` thread-local without a destructor, on a target with native
+    // thread-locals (Linux, which `membarrier` and the rest of the crate assume), lives in
+    // the thread's static TLS block, never torn down while the thread runs; and `Words` is
+    // not `Sync`, so the reference cannot reach another thread.
     unsafe { &*WORDS.with(|w| w as *const Words) }
 }
 

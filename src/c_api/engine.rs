@@ -61,10 +61,10 @@ pub(crate) trait VarHandles {
     /// The variable behind a handle, by address only: for checks, not to be dereferenced
     /// (no reference is taken).
     fn var_ptr(&self, h: *mut c_void) -> Result<*const Var>;
-    /// The variable behind a handle, looked up by the thread whose
-    /// `this_thread::solo_id` is `id` (without the handle's lock if it is the tables' owner
-    /// reader: see `crate::handle`).
-    fn var(&self, h: *mut c_void, id: u64) -> Result<Arc<Var>>;
+    /// The variable behind a handle, looked up by the calling thread, whose block of words
+    /// `thread` is (without the handle's lock if it is the tables' owner reader: see
+    /// `crate::handle`).
+    fn var(&self, h: *mut c_void, thread: &Words) -> Result<Arc<Var>>;
 }
 
 /// Engine variable handles (MXEngineNewVar).
@@ -74,8 +74,8 @@ impl VarHandles for EngineVars {
     fn var_ptr(&self, h: *mut c_void) -> Result<*const Var> {
         vars().with(h, |v| v as *const Var)
     }
-    fn var(&self, h: *mut c_void, id: u64) -> Result<Arc<Var>> {
-        vars().get_as(h, id)
+    fn var(&self, h: *mut c_void, thread: &Words) -> Result<Arc<Var>> {
+        vars().get_as(h, thread)
     }
 }
 
@@ -105,10 +105,10 @@ impl HandleList {
     }
 }
 
-fn var_list(table: &impl VarHandles, hs: &[*mut c_void], id: u64) -> Result<VarList> {
+fn var_list(table: &impl VarHandles, hs: &[*mut c_void], thread: &Words) -> Result<VarList> {
     let mut list = VarList::with_capacity(hs.len());
     for &h in hs {
-        list.push(table.var(h, id)?);
+        list.push(table.var(h, thread)?);
     }
     Ok(list)
 }
@@ -187,10 +187,10 @@ pub(crate) unsafe fn push_c(thread: &Words, table: &impl VarHandles, reads: Hand
         // (see `ffi::call_on_thread`).
         let id = thread.solo_id();
         // SAFETY: per this function's contract.
-        return unsafe { push_compact(engine, id, table, reads, writes, ctx, func) };
+        return unsafe { push_compact(engine, thread, id, table, reads, writes, ctx, func) };
     }
     // SAFETY: per this function's contract.
-    unsafe { push_other(engine, thread.solo_id(), table, reads, writes, args, ctx, prop, func) }
+    unsafe { push_other(engine, thread, table, reads, writes, args, ctx, prop, func) }
 }
 
 /// [`push_c`] for everything but a compact record.
@@ -201,7 +201,7 @@ pub(crate) unsafe fn push_c(thread: &Words, table: &impl VarHandles, reads: Hand
 #[allow(clippy::too_many_arguments)]
 unsafe fn push_other(
     engine: &'static engine::Engine,
-    id: u64,
+    thread: &Words,
     table: &impl VarHandles,
     reads: &[*mut c_void],
     writes: &[*mut c_void],
@@ -237,9 +237,9 @@ unsafe fn push_other(
         let tag = engine::OpTag { name: name.as_ref(), ..Default::default() };
         let cparam = CParam { param: func.param, deleter: func.deleter };
         // A failure (only a panic can fail a C function) marks the written variables that
-        // still exist (looked up the locked way: id 0 is nobody's).
+        // still exist.
         let mark_writes = |mark: &mut dyn FnMut(&Var)| {
-            for v in writes.iter().filter_map(|&h| table.var(h, 0).ok()) {
+            for v in writes.iter().filter_map(|&h| table.var(h, thread).ok()) {
                 mark(&v);
             }
         };
@@ -247,7 +247,7 @@ unsafe fn push_other(
         drop(cparam); // the deleter, after the operation ran
         return Ok(());
     }
-    let (const_vars, mutable_vars) = (var_list(table, reads, id)?, var_list(table, writes, id)?);
+    let (const_vars, mutable_vars) = (var_list(table, reads, thread)?, var_list(table, writes, thread)?);
     // SAFETY: per this function's contract.
     let name_text = unsafe { ffi::opt_cstr(args.name, "opr_name") }?;
     // Everything that can fail is checked before the param is taken over: on failure it stays
@@ -320,8 +320,10 @@ unsafe fn push_other(
 /// # Safety
 /// As for [`push_c`].
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn push_compact(
     engine: &'static engine::Engine,
+    thread: &Words,
     id: u64,
     table: &impl VarHandles,
     reads: &[*mut c_void],
@@ -331,7 +333,7 @@ unsafe fn push_compact(
 ) -> Result<()> {
     let f = func.sync_func.ok_or_else(|| Error::internal("push_compact without a synchronous function"))?;
     let nr = reads.len();
-    let var = |i: usize| table.var(if i < nr { reads[i] } else { writes[i - nr] }, id);
+    let var = |i: usize| table.var(if i < nr { reads[i] } else { writes[i - nr] }, thread);
     // SAFETY: the caller's function and deleter with the caller's param, callable on a
     // worker thread as the API promises; made only once the push is accepted, from when on
     // the deleter is the RawFn's.
@@ -340,7 +342,7 @@ unsafe fn push_compact(
         return Ok(());
     }
     // Not for the ring now (another thread pushes, the ring is full, ...): the ordinary way.
-    let (const_vars, mutable_vars) = (var_list(table, reads, id)?, var_list(table, writes, id)?);
+    let (const_vars, mutable_vars) = (var_list(table, reads, thread)?, var_list(table, writes, thread)?);
     let pool = engine.validate(&const_vars, &mutable_vars, ctx, engine::FnProperty::Normal)?;
     // SAFETY: as above.
     let raw = unsafe { engine::RawFn::new(f, func.param, func.deleter) };

@@ -237,8 +237,8 @@ impl VarHandles for NdVars {
     fn var_ptr(&self, h: *mut c_void) -> Result<*const Var> {
         arrays().with(h, |nd| nd.chunk().map(Arc::as_ptr))?
     }
-    fn var(&self, h: *mut c_void, id: u64) -> Result<Arc<Var>> {
-        arrays().with_as(h, id, |nd| nd.chunk().map(Arc::clone))?
+    fn var(&self, h: *mut c_void, thread: &Words) -> Result<Arc<Var>> {
+        arrays().with_as(h, thread, |nd| nd.chunk().map(Arc::clone))?
     }
 }
 
