@@ -124,10 +124,14 @@ impl OwnerReader {
         match self.id.compare_exchange(0, id, Ordering::SeqCst, Ordering::Relaxed) {
             Ok(_) => {
                 // Given back when this thread exits (it is outside any lookup then); a thread
-                // whose thread-locals are being torn down does not keep the role.
-                let noted = GIVE_BACK_AT_EXIT.try_with(|g| g.0.get().is_none() && {
-                    g.0.set(Some((self, id)));
-                    true
+                // whose thread-locals are being torn down does not keep the role. (Noted
+                // already: the same claim again, in a forked child.)
+                let noted = GIVE_BACK_AT_EXIT.try_with(|g| match g.0.get() {
+                    None => {
+                        g.0.set(Some((self, id)));
+                        true
+                    }
+                    Some((owner, noted_id)) => std::ptr::eq(owner, self) && noted_id == id,
                 });
                 if noted != Ok(true) {
                     self.id.store(0, Ordering::SeqCst);
