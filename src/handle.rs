@@ -357,32 +357,38 @@ impl<T> HandleTable<T> {
 
     /// The value behind a live handle.
     pub fn get(&self, h: *const c_void) -> Result<Arc<T>> {
-        // SAFETY: `p` is a live value of the slot (see `with_ptr`), so its count is positive.
-        self.with_ptr(h, |p| unsafe {
-            Arc::increment_strong_count(p);
-            Arc::from_raw(p)
-        })
+        self.with(h, Self::clone_held)
     }
 
     /// Run `f` on the value behind a live handle, without cloning the `Arc`. `f` runs under the
     /// slot's spin lock: keep it to reading fields (no waiting, no allocation from the OS, no
     /// foreign code); otherwise [`HandleTable::get`] and work on the clone.
     pub fn with<R>(&self, h: *const c_void, f: impl FnOnce(&T) -> R) -> Result<R> {
-        // SAFETY: as in `get`: `p` stays alive while `f` runs.
-        self.with_ptr(h, |p| f(unsafe { &*p }))
+        // SAFETY: a live slot's value (checked by `locked`) stays alive while its lock is held.
+        self.locked(h, |slot, _, _| f(unsafe { &*slot.value.load(Ordering::Relaxed) }))
     }
 
-    /// `f` on the live value's pointer, under the slot's lock.
+    /// `f` on a live handle's slot (its value not null), index and generation, under the
+    /// slot's lock; an error for any other handle.
     #[inline]
-    fn with_ptr<R>(&self, h: *const c_void, f: impl FnOnce(*const T) -> R) -> Result<R> {
+    fn locked<R>(&self, h: *const c_void, f: impl FnOnce(&Slot<T>, u32, u32) -> R) -> Result<R> {
         let (index, generation) = self.decode(h)?;
         let slot = self.slot(index).ok_or_else(|| self.stale(h))?;
         let _g = slot.lock.lock();
-        let p = slot.value.load(Ordering::Relaxed);
-        if p.is_null() || slot.generation.load(Ordering::Relaxed) != generation {
+        if slot.value.load(Ordering::Relaxed).is_null() || slot.generation.load(Ordering::Relaxed) != generation {
             return Err(self.stale(h));
         }
-        Ok(f(p))
+        Ok(f(slot, index, generation))
+    }
+
+    /// One more `Arc` of a value a lookup lent.
+    fn clone_held(v: &T) -> Arc<T> {
+        // SAFETY: every value a slot holds came from `Arc::into_raw`, and the lookup that lent
+        // `v` keeps that reference alive meanwhile: its count is positive.
+        unsafe {
+            Arc::increment_strong_count(v);
+            Arc::from_raw(v)
+        }
     }
 
     /// [`HandleTable::with`] for the calling thread (`thread` is its block of words, which
@@ -412,27 +418,12 @@ impl<T> HandleTable<T> {
     /// [`HandleTable::get`] the way [`HandleTable::with_as`] looks up.
     #[inline]
     pub(crate) fn get_as(&self, h: *const c_void, thread: &Words) -> Result<Arc<T>> {
-        // SAFETY: `with_as` hands out a live value's reference; cloning the `Arc` around it
-        // takes one more count of that allocation.
-        self.with_as(h, thread, |v| unsafe {
-            let p = v as *const T;
-            Arc::increment_strong_count(p);
-            Arc::from_raw(p)
-        })
+        self.with_as(h, thread, Self::clone_held)
     }
 
     /// Replace the value behind a live handle (the handle stays the same).
     pub fn replace(&self, h: *const c_void, value: Arc<T>) -> Result<()> {
-        let (index, generation) = self.decode(h)?;
-        let slot = self.slot(index).ok_or_else(|| self.stale(h))?;
-        let old = {
-            let _g = slot.lock.lock();
-            let p = slot.value.load(Ordering::Relaxed);
-            if p.is_null() || slot.generation.load(Ordering::Relaxed) != generation {
-                return Err(self.stale(h));
-            }
-            slot.value.swap(Arc::into_raw(value) as *mut T, Ordering::AcqRel)
-        };
+        let old = self.locked(h, |slot, _, _| slot.value.swap(Arc::into_raw(value) as *mut T, Ordering::AcqRel))?;
         // The old value may be the last reference, and dropping it may run foreign code (an
         // autograd function's frontend callback): not under the slot's spin lock.
         // SAFETY: the slot's reference, taken out of it above.
@@ -442,17 +433,10 @@ impl<T> HandleTable<T> {
 
     /// Free a handle; returns its value. A second free of the same handle is an error.
     pub fn remove(&self, h: *const c_void) -> Result<Arc<T>> {
-        let (index, generation) = self.decode(h)?;
-        let slot = self.slot(index).ok_or_else(|| self.stale(h))?;
-        let old = {
-            let _g = slot.lock.lock();
-            let p = slot.value.load(Ordering::Relaxed);
-            if p.is_null() || slot.generation.load(Ordering::Relaxed) != generation {
-                return Err(self.stale(h));
-            }
+        let (index, old) = self.locked(h, |slot, index, generation| {
             slot.generation.store((generation + 1) & ((1 << GEN_BITS) - 1), Ordering::Relaxed);
-            slot.value.swap(std::ptr::null_mut(), Ordering::AcqRel)
-        };
+            (index, slot.value.swap(std::ptr::null_mut(), Ordering::AcqRel))
+        })?;
         self.push_free(index);
         // SAFETY: the slot's reference, taken out of it above.
         Ok(self.retire(unsafe { Arc::from_raw(old) }))

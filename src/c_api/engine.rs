@@ -183,11 +183,8 @@ pub(crate) unsafe fn push_c(thread: &Words, table: &impl VarHandles, reads: Hand
         && reads.len() + writes.len() <= engine::COMPACT_VARS
         && !crate::profiler::ops_on(false)
     {
-        // The thread's id comes from the thread-local block the C boundary has looked up
-        // (see `ffi::call_on_thread`).
-        let id = thread.solo_id();
         // SAFETY: per this function's contract.
-        return unsafe { push_compact(engine, thread, id, table, reads, writes, ctx, func) };
+        return unsafe { push_compact(engine, thread, table, reads, writes, ctx, func) };
     }
     // SAFETY: per this function's contract.
     unsafe { push_other(engine, thread, table, reads, writes, args, ctx, prop, func) }
@@ -320,11 +317,9 @@ unsafe fn push_other(
 /// # Safety
 /// As for [`push_c`].
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn push_compact(
     engine: &'static engine::Engine,
     thread: &Words,
-    id: u64,
     table: &impl VarHandles,
     reads: &[*mut c_void],
     writes: &[*mut c_void],
@@ -338,7 +333,9 @@ unsafe fn push_compact(
     // worker thread as the API promises; made only once the push is accepted, from when on
     // the deleter is the RawFn's.
     let raw = || unsafe { engine::RawFn::new(f, func.param, func.deleter) };
-    if engine.push_compact(id, ctx, nr, nr + writes.len(), var, raw)? {
+    // The thread's id, from the thread-local block the C boundary has looked up (see
+    // `ffi::call_on_thread`).
+    if engine.push_compact(thread.solo_id(), ctx, nr, nr + writes.len(), var, raw)? {
         return Ok(());
     }
     // Not for the ring now (another thread pushes, the ring is full, ...): the ordinary way.
