@@ -10,8 +10,7 @@ fn main() {
     // cbindgen parses the whole crate, so any source change may change the header.
     println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-changed=cbindgen.toml");
-    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml"))
-        .expect("cbindgen.toml must parse");
+    let config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("cbindgen.toml must parse");
     match cbindgen::generate_with_config(&crate_dir, config) {
         Ok(bindings) => {
             bindings.write_to_file(&out);

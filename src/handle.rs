@@ -588,7 +588,8 @@ mod tests {
         // Two threads free, re-create and replace the values behind the cells.
         let writers: Vec<_> = (0..2u64)
             .map(|w| {
-                let (t, cells, stop, drops, made) = (t.clone(), cells.clone(), stop.clone(), drops.clone(), made.clone());
+                let (t, cells, stop, drops, made) =
+                    (t.clone(), cells.clone(), stop.clone(), drops.clone(), made.clone());
                 std::thread::spawn(move || {
                     let mut x = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(w + 1);
                     while !stop.load(Ordering::Relaxed) {
@@ -663,7 +664,8 @@ mod tests {
         let remover = t
             .with_as(h as *const c_void, me, |_| {
                 let t2 = t.clone();
-                let remover = std::thread::spawn(move || t2.remove(h as *const c_void).map(drop).map_err(|e| e.to_string()));
+                let remover =
+                    std::thread::spawn(move || t2.remove(h as *const c_void).map(drop).map_err(|e| e.to_string()));
                 if READER.id.load(Ordering::SeqCst) == NO_OWNER_READS {
                     // This lookup holds the slot lock: the free waits for it on the lock.
                     eprintln!("membarrier unavailable: the lookup took the lock");

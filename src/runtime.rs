@@ -53,7 +53,11 @@ pub fn at_fork(once: &'static std::sync::Once, prepare: Option<extern "C" fn()>,
     once.call_once(|| {
         // SAFETY: plain extern "C" functions with no captured state.
         unsafe {
-            libc::pthread_atfork(prepare.map(|f| f as unsafe extern "C" fn()), None, child.map(|f| f as unsafe extern "C" fn()));
+            libc::pthread_atfork(
+                prepare.map(|f| f as unsafe extern "C" fn()),
+                None,
+                child.map(|f| f as unsafe extern "C" fn()),
+            );
         }
     });
 }

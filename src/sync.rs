@@ -252,12 +252,18 @@ impl<T> Default for SetOnce<T> {
 
 impl<T> SetOnce<T> {
     pub const fn new() -> Self {
-        SetOnce { state: std::sync::atomic::AtomicU8::new(EMPTY), value: UnsafeCell::new(std::mem::MaybeUninit::uninit()) }
+        SetOnce {
+            state: std::sync::atomic::AtomicU8::new(EMPTY),
+            value: UnsafeCell::new(std::mem::MaybeUninit::uninit()),
+        }
     }
 
     /// A cell that already holds `value` (no atomic operation).
     pub const fn with(value: T) -> Self {
-        SetOnce { state: std::sync::atomic::AtomicU8::new(READY), value: UnsafeCell::new(std::mem::MaybeUninit::new(value)) }
+        SetOnce {
+            state: std::sync::atomic::AtomicU8::new(READY),
+            value: UnsafeCell::new(std::mem::MaybeUninit::new(value)),
+        }
     }
 
     #[inline]
@@ -330,7 +336,9 @@ mod tests {
         // An error, then a panic, in `init` leave it empty.
         assert_eq!(cell.get_or_try_init(|| Err::<Vec<usize>, _>("no")), Err("no"));
         let c2 = cell.clone();
-        assert!(std::thread::spawn(move || c2.get_or_try_init::<()>(|| panic!("in init")).map(|v| v.len())).join().is_err());
+        assert!(std::thread::spawn(move || c2.get_or_try_init::<()>(|| panic!("in init")).map(|v| v.len()))
+            .join()
+            .is_err());
         assert!(cell.get().is_none());
         // Racing threads all see the one value that won.
         let inits = Arc::new(std::sync::atomic::AtomicUsize::new(0));

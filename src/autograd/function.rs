@@ -47,13 +47,17 @@ impl Function {
         }
         // SAFETY: `num_callbacks` entries are readable (contract); contexts may be NULL.
         let (cb, ctx) = unsafe {
-            let get = |i: usize| (*l.callbacks.add(i), if l.contexts.is_null() { std::ptr::null_mut() } else { *l.contexts.add(i) });
+            let get = |i: usize| {
+                (*l.callbacks.add(i), if l.contexts.is_null() { std::ptr::null_mut() } else { *l.contexts.add(i) })
+            };
             (get(0), if l.num_callbacks > 1 { Some(get(1)) } else { None })
         };
         let bwd = cb.0.ok_or_else(|| Error::value("the backward callback is NULL"))?;
         // SAFETY: stock's callback signatures (contract).
         let bwd = unsafe { std::mem::transmute::<unsafe extern "C" fn() -> c_int, BwdFn>(bwd) };
-        let del = ctx.and_then(|(f, c)| f.map(|f| (unsafe { std::mem::transmute::<unsafe extern "C" fn() -> c_int, DelFn>(f) }, c)));
+        let del = ctx.and_then(|(f, c)| {
+            f.map(|f| (unsafe { std::mem::transmute::<unsafe extern "C" fn() -> c_int, DelFn>(f) }, c))
+        });
         Ok(Function { bwd: (bwd, cb.1), del, inputs: inputs.iter().map(|x| x.detached()).collect() })
     }
 }
@@ -74,11 +78,21 @@ impl CustomBackward for Function {
             grads.push(NDArray::new(x.shape.clone(), x.ctx().unwrap_or(crate::context::Context::CPU), x.dtype, false)?);
         }
         // Fresh handles: the frontend wraps each in an NDArray and frees it.
-        let mut handles: Vec<NDArrayHandle> = ograds.iter().chain(&grads).map(|a| arrays().insert(Arc::new(a.detached()))).collect();
+        let mut handles: Vec<NDArrayHandle> =
+            ograds.iter().chain(&grads).map(|a| arrays().insert(Arc::new(a.detached()))).collect();
         let reqs: Vec<c_int> = (0..grads.len()).map(|i| c_int::from(want.get(i).copied().unwrap_or(false))).collect();
         let is_train = c_int::from(crate::op::invoke::is_training());
         // SAFETY: the frontend's backward callback with its state; the arrays outlive the call.
-        let ok = unsafe { (self.bwd.0)(ograds.len() as c_int, grads.len() as c_int, handles.as_mut_ptr(), reqs.as_ptr(), is_train, self.bwd.1) };
+        let ok = unsafe {
+            (self.bwd.0)(
+                ograds.len() as c_int,
+                grads.len() as c_int,
+                handles.as_mut_ptr(),
+                reqs.as_ptr(),
+                is_train,
+                self.bwd.1,
+            )
+        };
         if ok == 0 {
             return Err(Error::mxnet("autograd.Function's backward failed (its traceback was printed above)"));
         }

@@ -51,7 +51,9 @@ impl GradReq {
             0 => Ok(GradReq::Null),
             1 | 2 => Ok(GradReq::Write),
             3 => Ok(GradReq::Add),
-            _ => Err(Error::value(format!("grad_req code {code} is not one of 0 (null), 1 (write), 2 (inplace), 3 (add)"))),
+            _ => Err(Error::value(format!(
+                "grad_req code {code} is not one of 0 (null), 1 (write), 2 (inplace), 3 (add)"
+            ))),
         }
     }
 }
@@ -120,7 +122,17 @@ enum Source {
 /// Operators mirroring never recomputes, as stock (expensive, or not the same when run
 /// twice), besides operators that mutate inputs, draw random numbers, need workspaces or
 /// are not plain kernels.
-const NEVER_MIRRORED: &[&str] = &["Convolution", "Deconvolution", "FullyConnected", "Concat", "SoftmaxOutput", "Dropout", "BatchNorm", "dot", "batch_dot"];
+const NEVER_MIRRORED: &[&str] = &[
+    "Convolution",
+    "Deconvolution",
+    "FullyConnected",
+    "Concat",
+    "SoftmaxOutput",
+    "Dropout",
+    "BatchNorm",
+    "dot",
+    "batch_dot",
+];
 
 /// Whether a recorded call of `op` that keeps its outputs recomputes them in backward instead
 /// (`MXNET_BACKWARD_DO_MIRROR=1`, read per call).
@@ -157,7 +169,8 @@ fn mirrored_outputs(node: &Arc<Node>, memo: &mut Memo) -> Result<Vec<NDArray>> {
         return Ok(v.clone());
     }
     let call = node.call().ok_or_else(|| Error::internal("a mirrored value points at a variable"))?;
-    let sources = node.saved.lock().mirror.clone().ok_or_else(|| Error::internal("a mirrored value's call kept no sources"))?;
+    let sources =
+        node.saved.lock().mirror.clone().ok_or_else(|| Error::internal("a mirrored value's call kept no sources"))?;
     let inputs = mirrored_inputs(&sources, memo)?;
     let refs: Vec<&NDArray> = inputs.iter().collect();
     let was = set_recording(false);
@@ -209,9 +222,14 @@ fn plain(x: &NDArray) -> NDArray {
 /// `x` as a marked variable with gradient array `grad` (None for req null).
 pub fn mark_variable(x: &NDArray, req: GradReq, grad: Option<NDArray>) -> Result<NDArray> {
     if req != GradReq::Null {
-        let g = grad.as_ref().ok_or_else(|| Error::value("MXAutogradMarkVariables: a gradient array is required unless grad_req is null"))?;
+        let g = grad.as_ref().ok_or_else(|| {
+            Error::value("MXAutogradMarkVariables: a gradient array is required unless grad_req is null")
+        })?;
         if g.shape != x.shape {
-            return Err(Error::value(format!("gradient array of shape {:?} does not match the variable's {:?}", g.shape, x.shape)));
+            return Err(Error::value(format!(
+                "gradient array of shape {:?} does not match the variable's {:?}",
+                g.shape, x.shape
+            )));
         }
     }
     let node = Arc::new(Node {
@@ -250,7 +268,13 @@ pub fn check_writable(outs: &[&NDArray]) -> Result<()> {
 
 /// Record a call of `op` (when recording): `outs` are all its outputs, hidden ones included;
 /// returns the visible outputs with their graph entries.
-pub fn record(op: &'static OpDef, attrs: &Attrs, inputs: &[&NDArray], outs: Vec<NDArray>, visible: usize) -> Vec<NDArray> {
+pub fn record(
+    op: &'static OpDef,
+    attrs: &Attrs,
+    inputs: &[&NDArray],
+    outs: Vec<NDArray>,
+    visible: usize,
+) -> Vec<NDArray> {
     record_with(op, attrs, inputs, outs, visible, None)
 }
 
@@ -341,11 +365,14 @@ fn sum_into(parts: &[NDArray], out: Option<&NDArray>) -> Result<NDArray> {
     if parts.len() == 1 {
         return match out {
             None => Ok(parts[0].clone()),
-            Some(o) => invoke::invoke(op::lookup("_copy")?, &refs, Some(&[o]), std::iter::empty()).map(|mut v| v.remove(0)),
+            Some(o) => {
+                invoke::invoke(op::lookup("_copy")?, &refs, Some(&[o]), std::iter::empty()).map(|mut v| v.remove(0))
+            }
         };
     }
     let outs = out.map(|o| [o]);
-    invoke::invoke(op::lookup("add_n")?, &refs, outs.as_ref().map(|o| &o[..]), std::iter::empty()).map(|mut v| v.remove(0))
+    invoke::invoke(op::lookup("add_n")?, &refs, outs.as_ref().map(|o| &o[..]), std::iter::empty())
+        .map(|mut v| v.remove(0))
 }
 
 type Key = (*const Node, usize);
@@ -366,9 +393,10 @@ fn topo(heads: &[Entry]) -> Vec<Arc<Node>> {
         stack.push((h.node.clone(), 0));
         while let Some((n, i)) = stack.pop() {
             let inputs: &[Option<Entry>] = n.call().map(|c| &c.inputs[..]).unwrap_or(&[]);
-            if let Some(next) = inputs[i.min(inputs.len())..].iter().position(|e| {
-                e.as_ref().is_some_and(|e| e.node.need_grad && !seen.contains_key(&Arc::as_ptr(&e.node)))
-            }) {
+            if let Some(next) = inputs[i.min(inputs.len())..]
+                .iter()
+                .position(|e| e.as_ref().is_some_and(|e| e.node.need_grad && !seen.contains_key(&Arc::as_ptr(&e.node))))
+            {
                 let j = i + next;
                 let child = inputs[j].as_ref().expect("checked").node.clone();
                 seen.insert(Arc::as_ptr(&child), ());
@@ -446,7 +474,10 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
         let g = match args.head_grads.get(i).and_then(|g| g.clone()) {
             Some(g) => {
                 if g.shape != h.shape {
-                    return Err(Error::value(format!("head gradient {i} has shape {:?}, the head has {:?}", g.shape, h.shape)));
+                    return Err(Error::value(format!(
+                        "head gradient {i} has shape {:?}, the head has {:?}",
+                        g.shape, h.shape
+                    )));
                 }
                 g
             }
@@ -455,7 +486,17 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
         grads.entry(key(e)).or_default().push(plain(&g));
     }
     // Gradients asked for explicitly (autograd.grad) are returned, not written.
-    let wanted: Vec<Key> = args.variables.iter().map(|v| v.ag.as_ref().map(key).ok_or_else(|| Error::value("a variable of autograd.grad is not in the graph (call attach_grad or record its computation)"))).collect::<Result<_>>()?;
+    let wanted: Vec<Key> = args
+        .variables
+        .iter()
+        .map(|v| {
+            v.ag.as_ref().map(key).ok_or_else(|| {
+                Error::value(
+                    "a variable of autograd.grad is not in the graph (call attach_grad or record its computation)",
+                )
+            })
+        })
+        .collect::<Result<_>>()?;
     // Consumers per entry, to write a lone contribution straight into a variable's gradient.
     let mut consumers: HashMap<Key, usize> = HashMap::new();
     for n in order {
@@ -515,8 +556,11 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
             .collect::<Result<_>>()?;
         let want: Vec<bool> = call.inputs.iter().map(|e| e.is_some()).collect();
         // A custom backward allocates its own gradients; operators may write a variable's.
-        let into: Vec<Option<NDArray>> =
-            if call.custom.is_some() { vec![None; call.inputs.len()] } else { call.inputs.iter().map(|e| e.as_ref().and_then(direct)).collect() };
+        let into: Vec<Option<NDArray>> = if call.custom.is_some() {
+            vec![None; call.inputs.len()]
+        } else {
+            call.inputs.iter().map(|e| e.as_ref().and_then(direct)).collect()
+        };
         let mut saved = n.saved.lock();
         if let Some(sources) = saved.mirror.clone() {
             // Mirrored: recompute what the gradient reads (the lock is not held meanwhile, so

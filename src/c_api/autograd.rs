@@ -24,7 +24,11 @@ thread_local! {
 #[no_mangle]
 pub unsafe extern "C" fn MXAutogradSetIsRecording(is_recording: c_int, prev: *mut c_int) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXAutogradSetIsRecording", prev, "prev", || Ok(autograd::set_recording(is_recording != 0) as c_int)) }
+    unsafe {
+        ffi::call_out("MXAutogradSetIsRecording", prev, "prev", || {
+            Ok(autograd::set_recording(is_recording != 0) as c_int)
+        })
+    }
 }
 
 /// Set this thread's training flag; `*prev` receives the previous value.
@@ -34,7 +38,9 @@ pub unsafe extern "C" fn MXAutogradSetIsRecording(is_recording: c_int, prev: *mu
 #[no_mangle]
 pub unsafe extern "C" fn MXAutogradSetIsTraining(is_training: c_int, prev: *mut c_int) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXAutogradSetIsTraining", prev, "prev", || Ok(autograd::set_training(is_training != 0) as c_int)) }
+    unsafe {
+        ffi::call_out("MXAutogradSetIsTraining", prev, "prev", || Ok(autograd::set_training(is_training != 0) as c_int))
+    }
 }
 
 /// Whether this thread is recording (a 1-byte C bool).
@@ -84,7 +90,9 @@ pub unsafe extern "C" fn MXAutogradMarkVariables(
 ) -> c_int {
     ffi::call("MXAutogradMarkVariables", || {
         // SAFETY: per this function's contract.
-        let (vars, grads) = unsafe { (handle_list(var_handles, num_var, "var_handles")?, handle_list(grad_handles, num_var, "grad_handles")?) };
+        let (vars, grads) = unsafe {
+            (handle_list(var_handles, num_var, "var_handles")?, handle_list(grad_handles, num_var, "grad_handles")?)
+        };
         if num_var > 0 && reqs_array.is_null() {
             return Err(Error::value("reqs_array is NULL"));
         }
@@ -127,7 +135,9 @@ unsafe fn backward_c(
     } else {
         // SAFETY: per the contract, one entry (possibly NULL) per head.
         let hs = unsafe { std::slice::from_raw_parts(ograd_handles, heads.len()) };
-        hs.iter().map(|&h| if h.is_null() { Ok(None) } else { arrays().get(h).map(|a| Some((*a).clone())) }).collect::<Result<_>>()?
+        hs.iter()
+            .map(|&h| if h.is_null() { Ok(None) } else { arrays().get(h).map(|a| Some((*a).clone())) })
+            .collect::<Result<_>>()?
     };
     // SAFETY: per the contract.
     let vars = unsafe { handle_list(var_handles, num_variables, "var_handles")? };
@@ -186,7 +196,18 @@ pub unsafe extern "C" fn MXAutogradBackwardEx(
     ffi::call("MXAutogradBackwardEx", || {
         // SAFETY: per this function's contract.
         unsafe {
-            backward_c(num_output, output_handles, ograd_handles, num_variables, var_handles, retain_graph, create_graph, is_train, grad_handles, grad_stypes)
+            backward_c(
+                num_output,
+                output_handles,
+                ograd_handles,
+                num_variables,
+                var_handles,
+                retain_graph,
+                create_graph,
+                is_train,
+                grad_handles,
+                grad_stypes,
+            )
         }
     })
 }
@@ -196,10 +217,28 @@ pub unsafe extern "C" fn MXAutogradBackwardEx(
 /// # Safety
 /// As for [`MXAutogradBackwardEx`].
 #[no_mangle]
-pub unsafe extern "C" fn MXAutogradBackward(num_output: u32, output_handles: *mut NDArrayHandle, ograd_handles: *mut NDArrayHandle, retain_graph: c_int) -> c_int {
+pub unsafe extern "C" fn MXAutogradBackward(
+    num_output: u32,
+    output_handles: *mut NDArrayHandle,
+    ograd_handles: *mut NDArrayHandle,
+    retain_graph: c_int,
+) -> c_int {
     ffi::call("MXAutogradBackward", || {
         // SAFETY: per this function's contract.
-        unsafe { backward_c(num_output, output_handles, ograd_handles, 0, std::ptr::null_mut(), retain_graph, 0, 1, std::ptr::null_mut(), std::ptr::null_mut()) }
+        unsafe {
+            backward_c(
+                num_output,
+                output_handles,
+                ograd_handles,
+                0,
+                std::ptr::null_mut(),
+                retain_graph,
+                0,
+                1,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }
     })
 }
 
@@ -211,7 +250,20 @@ pub unsafe extern "C" fn MXAutogradBackward(num_output: u32, output_handles: *mu
 pub unsafe extern "C" fn MXAutogradComputeGradient(num_output: u32, output_handles: *mut NDArrayHandle) -> c_int {
     ffi::call("MXAutogradComputeGradient", || {
         // SAFETY: per this function's contract.
-        unsafe { backward_c(num_output, output_handles, std::ptr::null_mut(), 0, std::ptr::null_mut(), 0, 0, 1, std::ptr::null_mut(), std::ptr::null_mut()) }
+        unsafe {
+            backward_c(
+                num_output,
+                output_handles,
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+                0,
+                0,
+                1,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        }
     })
 }
 
@@ -278,16 +330,21 @@ pub unsafe extern "C" fn MXCustomFunctionRecord(
 ) -> c_int {
     ffi::call("MXCustomFunctionRecord", || {
         if !autograd::is_recording() {
-            return Err(Error::mxnet("autograd.Function can only be called while recording (inside autograd.record())"));
+            return Err(Error::mxnet(
+                "autograd.Function can only be called while recording (inside autograd.record())",
+            ));
         }
         if num_inputs < 0 || num_outputs < 0 {
             return Err(Error::value("negative input or output count"));
         }
         // SAFETY: per this function's contract.
-        let (ins, outs) = unsafe { (handle_list(inputs, num_inputs as u32, "inputs")?, handle_list(outputs, num_outputs as u32, "outputs")?) };
+        let (ins, outs) = unsafe {
+            (handle_list(inputs, num_inputs as u32, "inputs")?, handle_list(outputs, num_outputs as u32, "outputs")?)
+        };
         let in_arrays: Vec<Arc<NDArray>> = ins.iter().map(|&h| arrays().get(h)).collect::<Result<_>>()?;
         let in_refs: Vec<&NDArray> = in_arrays.iter().map(|a| &**a).collect();
-        let out_arrays: Vec<NDArray> = outs.iter().map(|&h| arrays().get(h).map(|a| (*a).clone())).collect::<Result<_>>()?;
+        let out_arrays: Vec<NDArray> =
+            outs.iter().map(|&h| arrays().get(h).map(|a| (*a).clone())).collect::<Result<_>>()?;
         autograd::check_writable(&out_arrays.iter().collect::<Vec<_>>())?;
         // SAFETY: per this function's contract.
         let f = unsafe { autograd::function::Function::from_callbacks(callbacks, &in_refs)? };

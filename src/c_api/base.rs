@@ -32,10 +32,7 @@ pub unsafe extern "C" fn MXGetVersion(out: *mut c_int) -> c_int {
 /// # Safety
 /// `lib_features` and `size` must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXLibInfoFeatures(
-    lib_features: *mut *const LibFeature,
-    size: *mut usize,
-) -> c_int {
+pub unsafe extern "C" fn MXLibInfoFeatures(lib_features: *mut *const LibFeature, size: *mut usize) -> c_int {
     ffi::call("MXLibInfoFeatures", || {
         // SAFETY: per this function's contract.
         let (p, n) = unsafe { (out(lib_features, "libFeature")?, out(size, "size")?) };
@@ -74,7 +71,11 @@ pub extern "C" fn MXSetNumOMPThreads(thread_num: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn MXGetNumOMPThreads(out: *mut c_int) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXGetNumOMPThreads", out, "out", || Ok(runtime().kernel_threads().min(c_int::MAX as usize) as c_int)) }
+    unsafe {
+        ffi::call_out("MXGetNumOMPThreads", out, "out", || {
+            Ok(runtime().kernel_threads().min(c_int::MAX as usize) as c_int)
+        })
+    }
 }
 
 /// Number of GPUs: 0 in a build without CUDA (success, as stock without GPUs).
@@ -99,11 +100,7 @@ fn no_gpu(dev: c_int) -> Error {
 /// # Safety
 /// `free_mem` and `total_mem` must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXGetGPUMemoryInformation64(
-    dev: c_int,
-    free_mem: *mut u64,
-    total_mem: *mut u64,
-) -> c_int {
+pub unsafe extern "C" fn MXGetGPUMemoryInformation64(dev: c_int, free_mem: *mut u64, total_mem: *mut u64) -> c_int {
     ffi::call("MXGetGPUMemoryInformation64", || {
         // SAFETY: per this function's contract.
         unsafe { (out(free_mem, "free_mem")?, out(total_mem, "total_mem")?) };
@@ -116,11 +113,7 @@ pub unsafe extern "C" fn MXGetGPUMemoryInformation64(
 /// # Safety
 /// `free_mem` and `total_mem` must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXGetGPUMemoryInformation(
-    dev: c_int,
-    free_mem: *mut c_int,
-    total_mem: *mut c_int,
-) -> c_int {
+pub unsafe extern "C" fn MXGetGPUMemoryInformation(dev: c_int, free_mem: *mut c_int, total_mem: *mut c_int) -> c_int {
     ffi::call("MXGetGPUMemoryInformation", || {
         // SAFETY: per this function's contract.
         unsafe { (out(free_mem, "free_mem")?, out(total_mem, "total_mem")?) };

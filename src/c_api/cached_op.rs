@@ -25,7 +25,12 @@ thread_local! {
 
 /// # Safety
 /// `keys`/`vals` must hold `num_flags` strings.
-unsafe fn create(handle: SymbolHandle, num_flags: c_int, keys: *const *const c_char, vals: *const *const c_char) -> Result<CachedOpHandle> {
+unsafe fn create(
+    handle: SymbolHandle,
+    num_flags: c_int,
+    keys: *const *const c_char,
+    vals: *const *const c_char,
+) -> Result<CachedOpHandle> {
     let sym = super::symbol::symbol(handle)?;
     if num_flags < 0 {
         return Err(Error::value(format!("num_flags is negative ({num_flags})")));
@@ -47,7 +52,13 @@ unsafe fn create(handle: SymbolHandle, num_flags: c_int, keys: *const *const c_c
 /// # Safety
 /// `keys`/`vals` must hold `num_flags` strings; `out` NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXCreateCachedOpEx(handle: SymbolHandle, num_flags: c_int, keys: *mut *const c_char, vals: *mut *const c_char, out: *mut CachedOpHandle) -> c_int {
+pub unsafe extern "C" fn MXCreateCachedOpEx(
+    handle: SymbolHandle,
+    num_flags: c_int,
+    keys: *mut *const c_char,
+    vals: *mut *const c_char,
+    out: *mut CachedOpHandle,
+) -> c_int {
     // SAFETY: per this function's contract.
     unsafe { ffi::call_out("MXCreateCachedOpEx", out, "out", || create(handle, num_flags, keys, vals)) }
 }
@@ -70,7 +81,14 @@ pub extern "C" fn MXFreeCachedOp(handle: CachedOpHandle) -> c_int {
 
 /// # Safety
 /// As for [`MXInvokeCachedOpEx`].
-unsafe fn invoke_c(handle: CachedOpHandle, num_inputs: c_int, inputs: *mut NDArrayHandle, num_outputs: *mut c_int, outputs: *mut *mut NDArrayHandle, out_stypes: *mut *const c_int) -> Result<()> {
+unsafe fn invoke_c(
+    handle: CachedOpHandle,
+    num_inputs: c_int,
+    inputs: *mut NDArrayHandle,
+    num_outputs: *mut c_int,
+    outputs: *mut *mut NDArrayHandle,
+    out_stypes: *mut *const c_int,
+) -> Result<()> {
     let cop = cached_ops().get(handle)?;
     // SAFETY: per the contract.
     let (n_out, outs_ptr) = unsafe { (out(num_outputs, "num_outputs")?, out(outputs, "outputs")?) };
@@ -89,7 +107,11 @@ unsafe fn invoke_c(handle: CachedOpHandle, num_inputs: c_int, inputs: *mut NDArr
             // SAFETY: per the contract, `*outputs` holds `*num_outputs` handles.
             let given = unsafe { std::slice::from_raw_parts(*outs_ptr, *n_out as usize) };
             if given.len() != produced.len() {
-                return Err(Error::value(format!("the CachedOp has {} outputs, {} given", produced.len(), given.len())));
+                return Err(Error::value(format!(
+                    "the CachedOp has {} outputs, {} given",
+                    produced.len(),
+                    given.len()
+                )));
             }
             for (&h, p) in given.iter().zip(&produced) {
                 let o = arrays().get(h)?;
@@ -127,7 +149,9 @@ pub unsafe extern "C" fn MXInvokeCachedOpEx(
     out_stypes: *mut *const c_int,
 ) -> c_int {
     // SAFETY: per this function's contract.
-    ffi::call("MXInvokeCachedOpEx", || unsafe { invoke_c(handle, num_inputs, inputs, num_outputs, outputs, out_stypes) })
+    ffi::call("MXInvokeCachedOpEx", || unsafe {
+        invoke_c(handle, num_inputs, inputs, num_outputs, outputs, out_stypes)
+    })
 }
 
 /// [`MXInvokeCachedOpEx`] without storage types.
@@ -135,7 +159,15 @@ pub unsafe extern "C" fn MXInvokeCachedOpEx(
 /// # Safety
 /// As for [`MXInvokeCachedOpEx`].
 #[no_mangle]
-pub unsafe extern "C" fn MXInvokeCachedOp(handle: CachedOpHandle, num_inputs: c_int, inputs: *mut NDArrayHandle, num_outputs: *mut c_int, outputs: *mut *mut NDArrayHandle) -> c_int {
+pub unsafe extern "C" fn MXInvokeCachedOp(
+    handle: CachedOpHandle,
+    num_inputs: c_int,
+    inputs: *mut NDArrayHandle,
+    num_outputs: *mut c_int,
+    outputs: *mut *mut NDArrayHandle,
+) -> c_int {
     // SAFETY: per this function's contract.
-    ffi::call("MXInvokeCachedOp", || unsafe { invoke_c(handle, num_inputs, inputs, num_outputs, outputs, std::ptr::null_mut()) })
+    ffi::call("MXInvokeCachedOp", || unsafe {
+        invoke_c(handle, num_inputs, inputs, num_outputs, outputs, std::ptr::null_mut())
+    })
 }

@@ -10,8 +10,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::handle::HandleTable;
 use crate::sync::Mutex;
 use crate::this_thread::Words;
-use std::ffi::{c_char, c_int, c_void};
 use smallvec::SmallVec;
+use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Arc, OnceLock};
 
 /// An asynchronous function: `(RunContext* rctx, void* on_complete, void* param)`. It must
@@ -163,7 +163,14 @@ pub(crate) struct CFunc {
 /// pointing to `{int dev_type; int dev_id;}`, `args.prop` NULL or pointing to an int,
 /// `args.name` NULL or a NUL-terminated string.
 #[inline(always)]
-pub(crate) unsafe fn push_c(thread: &Words, table: &impl VarHandles, reads: HandleList, writes: HandleList, args: CArgs, func: CFunc) -> Result<()> {
+pub(crate) unsafe fn push_c(
+    thread: &Words,
+    table: &impl VarHandles,
+    reads: HandleList,
+    writes: HandleList,
+    args: CArgs,
+    func: CFunc,
+) -> Result<()> {
     // SAFETY: per this function's contract.
     let (reads, writes) = unsafe { (reads.slice()?, writes.slice()?) };
     // SAFETY: per this function's contract.
@@ -356,7 +363,12 @@ fn profiled(name: Option<&str>) -> Option<Arc<str>> {
 }
 
 /// The two handle lists of MXEnginePushAsync and MXEnginePushSync.
-fn engine_var_lists(reads: EngineVarHandle, n_reads: c_int, writes: EngineVarHandle, n_writes: c_int) -> (HandleList, HandleList) {
+fn engine_var_lists(
+    reads: EngineVarHandle,
+    n_reads: c_int,
+    writes: EngineVarHandle,
+    n_writes: c_int,
+) -> (HandleList, HandleList) {
     (
         HandleList { ptr: reads as *const *mut c_void, n: n_reads, what: "const_vars_handle" },
         HandleList { ptr: writes as *const *mut c_void, n: n_writes, what: "mutable_vars_handle" },
@@ -390,9 +402,17 @@ pub unsafe extern "C" fn MXEnginePushAsync(
     ffi::call_on_thread("MXEnginePushAsync", |thread| {
         // SAFETY: per this function's contract.
         unsafe {
-            let (reads, writes) = engine_var_lists(const_vars_handle, num_const_vars, mutable_vars_handle, num_mutable_vars);
+            let (reads, writes) =
+                engine_var_lists(const_vars_handle, num_const_vars, mutable_vars_handle, num_mutable_vars);
             let args = CArgs { ctx: ctx_handle, prop: prop_handle, priority, name: opr_name, wait };
-            push_c(thread, &EngineVars, reads, writes, args, CFunc { sync_func: None, async_func, param: func_param, deleter })
+            push_c(
+                thread,
+                &EngineVars,
+                reads,
+                writes,
+                args,
+                CFunc { sync_func: None, async_func, param: func_param, deleter },
+            )
         }
     })
 }
@@ -419,9 +439,17 @@ pub unsafe extern "C" fn MXEnginePushSync(
     ffi::call_on_thread("MXEnginePushSync", |thread| {
         // SAFETY: per this function's contract.
         unsafe {
-            let (reads, writes) = engine_var_lists(const_vars_handle, num_const_vars, mutable_vars_handle, num_mutable_vars);
+            let (reads, writes) =
+                engine_var_lists(const_vars_handle, num_const_vars, mutable_vars_handle, num_mutable_vars);
             let args = CArgs { ctx: ctx_handle, prop: prop_handle, priority, name: opr_name, wait: false };
-            push_c(thread, &EngineVars, reads, writes, args, CFunc { sync_func, async_func: None, param: func_param, deleter })
+            push_c(
+                thread,
+                &EngineVars,
+                reads,
+                writes,
+                args,
+                CFunc { sync_func, async_func: None, param: func_param, deleter },
+            )
         }
     })
 }

@@ -82,14 +82,27 @@ pub unsafe extern "C" fn MXExecutorBindEX(
                 return Err(Error::not_supported("group2ctx device maps in bind"));
             }
             let sym = super::symbol::symbol(symbol_handle)?;
-            let args = list(in_args, len, "in_args")?.iter().map(|&h| array(h)?.ok_or_else(|| Error::value("in_args holds a NULL handle"))).collect::<Result<Vec<_>>>()?;
-            let grads = if arg_grad_store.is_null() { vec![None; len as usize] } else { list(arg_grad_store, len, "arg_grad_store")?.iter().map(|&h| array(h)).collect::<Result<Vec<_>>>()? };
+            let args = list(in_args, len, "in_args")?
+                .iter()
+                .map(|&h| array(h)?.ok_or_else(|| Error::value("in_args holds a NULL handle")))
+                .collect::<Result<Vec<_>>>()?;
+            let grads = if arg_grad_store.is_null() {
+                vec![None; len as usize]
+            } else {
+                list(arg_grad_store, len, "arg_grad_store")?.iter().map(|&h| array(h)).collect::<Result<Vec<_>>>()?
+            };
             let reqs = if grad_req_type.is_null() {
                 vec![GradReq::Null; len as usize]
             } else {
-                list(grad_req_type, len, "grad_req_type")?.iter().map(|&r| GradReq::from_code(r)).collect::<Result<Vec<_>>>()?
+                list(grad_req_type, len, "grad_req_type")?
+                    .iter()
+                    .map(|&r| GradReq::from_code(r))
+                    .collect::<Result<Vec<_>>>()?
             };
-            let aux = list(aux_states, aux_states_len, "aux_states")?.iter().map(|&h| array(h)?.ok_or_else(|| Error::value("aux_states holds a NULL handle"))).collect::<Result<Vec<_>>>()?;
+            let aux = list(aux_states, aux_states_len, "aux_states")?
+                .iter()
+                .map(|&h| array(h)?.ok_or_else(|| Error::value("aux_states holds a NULL handle")))
+                .collect::<Result<Vec<_>>>()?;
             Ok(executors().insert(Arc::new(Executor::bind(&sym, args, grads, reqs, aux)?)))
         })
     }
@@ -147,13 +160,26 @@ pub unsafe extern "C" fn MXExecutorSimpleBindEx(
     shared_exec_handle: ExecutorHandle,
     out: *mut ExecutorHandle,
 ) -> c_int {
-    let _ = (g2c_keys, g2c_dev_types, g2c_dev_ids, provided_arg_stype_names, shared_arg_name_list, shared_buffer_name_list, shared_buffer_handle_list, updated_shared_buffer_name_list, updated_shared_buffer_handle_list);
+    let _ = (
+        g2c_keys,
+        g2c_dev_types,
+        g2c_dev_ids,
+        provided_arg_stype_names,
+        shared_arg_name_list,
+        shared_buffer_name_list,
+        shared_buffer_handle_list,
+        updated_shared_buffer_name_list,
+        updated_shared_buffer_handle_list,
+    );
     ffi::call("MXExecutorSimpleBindEx", || {
         let ctx = Context::from_codes(dev_type, dev_id)?.check_available()?;
         if num_g2c_keys > 0 {
             return Err(Error::not_supported("group2ctx device maps in simple_bind"));
         }
-        if num_shared_arg_names > 0 || !shared_exec_handle.is_null() || (!shared_buffer_len.is_null() && unsafe { *shared_buffer_len } > 0) {
+        if num_shared_arg_names > 0
+            || !shared_exec_handle.is_null()
+            || (!shared_buffer_len.is_null() && unsafe { *shared_buffer_len } > 0)
+        {
             return Err(Error::not_supported("shared arguments, buffers or executors in simple_bind"));
         }
         // SAFETY: per this function's contract.
@@ -175,7 +201,11 @@ pub unsafe extern "C" fn MXExecutorSimpleBindEx(
             }
             let dnames = list(provided_arg_dtype_names, num_provided_arg_dtypes, "provided_arg_dtype_names")?;
             let dcodes = list(provided_arg_dtypes, num_provided_arg_dtypes, "provided_arg_dtypes")?;
-            let dtypes = dnames.iter().zip(dcodes).map(|(&n, &c)| Ok((cstr(n, "dtype name")?.to_string(), Some(DType::from_code(c)?)))).collect::<Result<Vec<_>>>()?;
+            let dtypes = dnames
+                .iter()
+                .zip(dcodes)
+                .map(|(&n, &c)| Ok((cstr(n, "dtype name")?.to_string(), Some(DType::from_code(c)?))))
+                .collect::<Result<Vec<_>>>()?;
             let s = infer::infer_shapes(&sym, Given::Keyword(shapes), crate::ndarray::np_shape::get() != 0)?;
             if !s.complete {
                 return Err(Error::mxnet("simple_bind: the given shapes do not determine every argument's shape"));
@@ -192,7 +222,10 @@ pub unsafe extern "C" fn MXExecutorSimpleBindEx(
             } else if provided_grad_req_list_len > 0 {
                 for (&n, &r) in rnames.iter().zip(rtypes) {
                     let (n, r) = (cstr(n, "grad req name")?, req_from_name(cstr(r, "grad req")?)?);
-                    let k = arg_names.iter().position(|a| a == n).ok_or_else(|| Error::value(format!("grad_req names unknown argument {n}")))?;
+                    let k = arg_names
+                        .iter()
+                        .position(|a| a == n)
+                        .ok_or_else(|| Error::value(format!("grad_req names unknown argument {n}")))?;
                     reqs[k] = r;
                 }
             }
@@ -203,14 +236,23 @@ pub unsafe extern "C" fn MXExecutorSimpleBindEx(
                 Ok(a)
             };
             let args: Vec<NDArray> = s.args.iter().zip(&t.args).map(|(sh, dt)| alloc(sh, dt)).collect::<Result<_>>()?;
-            let grads: Vec<Option<NDArray>> = s.args.iter().zip(&t.args).zip(&reqs).map(|((sh, dt), r)| if *r == GradReq::Null { Ok(None) } else { alloc(sh, dt).map(Some) }).collect::<Result<_>>()?;
+            let grads: Vec<Option<NDArray>> = s
+                .args
+                .iter()
+                .zip(&t.args)
+                .zip(&reqs)
+                .map(|((sh, dt), r)| if *r == GradReq::Null { Ok(None) } else { alloc(sh, dt).map(Some) })
+                .collect::<Result<_>>()?;
             let aux: Vec<NDArray> = s.aux.iter().zip(&t.aux).map(|(sh, dt)| alloc(sh, dt)).collect::<Result<_>>()?;
             let exec = Executor::bind(&sym, args.clone(), grads.clone(), reqs, aux.clone())?;
             BIND_OUT.with(|slot| -> Result<()> {
                 let mut slot = slot.borrow_mut();
                 let (a, g, x) = &mut **slot;
                 *a = args.into_iter().map(|v| arrays().insert(Arc::new(v))).collect();
-                *g = grads.into_iter().map(|v| v.map_or(std::ptr::null_mut(), |v| arrays().insert(Arc::new(v)))).collect();
+                *g = grads
+                    .into_iter()
+                    .map(|v| v.map_or(std::ptr::null_mut(), |v| arrays().insert(Arc::new(v))))
+                    .collect();
                 *x = aux.into_iter().map(|v| arrays().insert(Arc::new(v))).collect();
                 *ffi::out(num_in_args, "num_in_args")? = a.len() as u32;
                 *ffi::out(in_args, "in_args")? = a.as_mut_ptr();
@@ -245,7 +287,12 @@ unsafe fn backward(handle: ExecutorHandle, len: u32, head_grads: *mut NDArrayHan
 /// # Safety
 /// `head_grads` must hold `len` handles when `len > 0`.
 #[no_mangle]
-pub unsafe extern "C" fn MXExecutorBackwardEx(handle: ExecutorHandle, len: u32, head_grads: *mut NDArrayHandle, is_train: c_int) -> c_int {
+pub unsafe extern "C" fn MXExecutorBackwardEx(
+    handle: ExecutorHandle,
+    len: u32,
+    head_grads: *mut NDArrayHandle,
+    is_train: c_int,
+) -> c_int {
     // SAFETY: per this function's contract.
     ffi::call("MXExecutorBackwardEx", || unsafe { backward(handle, len, head_grads, is_train != 0) })
 }
@@ -265,7 +312,11 @@ pub unsafe extern "C" fn MXExecutorBackward(handle: ExecutorHandle, len: u32, he
 /// # Safety
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXExecutorOutputs(handle: ExecutorHandle, out_size: *mut u32, out_arr: *mut *mut NDArrayHandle) -> c_int {
+pub unsafe extern "C" fn MXExecutorOutputs(
+    handle: ExecutorHandle,
+    out_size: *mut u32,
+    out_arr: *mut *mut NDArrayHandle,
+) -> c_int {
     ffi::call("MXExecutorOutputs", || {
         let e = executors().get(handle)?;
         let outs = e.outputs();

@@ -148,9 +148,7 @@ pub unsafe fn cstr<'a>(p: *const c_char, what: &str) -> Result<&'a str> {
         return Err(Error::value(format!("{what} must not be NULL")));
     }
     // SAFETY: non-null and NUL-terminated per the caller's contract.
-    unsafe { CStr::from_ptr(p) }
-        .to_str()
-        .map_err(|_| Error::value(format!("{what} is not valid UTF-8")))
+    unsafe { CStr::from_ptr(p) }.to_str().map_err(|_| Error::value(format!("{what} is not valid UTF-8")))
 }
 
 /// An optional C string argument (NULL → `None`).

@@ -102,7 +102,8 @@ pub unsafe extern "C" fn MXDataIterGetIterInfo(
         // SAFETY: per this function's contract.
         unsafe {
             *out(name, "name")? = n.as_ptr();
-            *out(description, "description")? = c"Not supported by mxnet-rt yet: creating this iterator fails with NotImplementedError.".as_ptr();
+            *out(description, "description")? =
+                c"Not supported by mxnet-rt yet: creating this iterator fails with NotImplementedError.".as_ptr();
             *out(num_args, "num_args")? = 0;
             *out(arg_names, "arg_names")? = std::ptr::null_mut();
             *out(arg_type_infos, "arg_type_infos")? = std::ptr::null_mut();
@@ -192,7 +193,8 @@ pub unsafe extern "C" fn MXNetFuncGetGlobal(name: *const c_char, _out: *mut *mut
     })
 }
 
-type Creator = unsafe extern "C" fn(*const c_char, c_int, *mut *const c_char, *mut *const c_char, *mut MXCallbackList) -> c_int;
+type Creator =
+    unsafe extern "C" fn(*const c_char, c_int, *mut *const c_char, *mut *const c_char, *mut MXCallbackList) -> c_int;
 
 /// The custom operator property creators registered so far, by op_type.
 fn custom_op_creators() -> &'static Mutex<HashMap<String, Creator>> {

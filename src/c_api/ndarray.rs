@@ -1,11 +1,13 @@
 //! C API: NDArray handles (creation, free, shape, dtype, context, synchronous copies, waits)
 //! and the engine's NDArray push variants.
 
-use super::engine::{push_c, CArgs, CFunc, EngineAsyncFunc, EngineFuncParamDeleter, EngineSyncFunc, HandleList, VarHandles};
-use crate::engine::Var;
+use super::engine::{
+    push_c, CArgs, CFunc, EngineAsyncFunc, EngineFuncParamDeleter, EngineSyncFunc, HandleList, VarHandles,
+};
 use super::ffi::{self, out};
 use super::types::{ContextHandle, EngineFnPropertyHandle, NDArrayHandle};
 use crate::context::Context;
+use crate::engine::Var;
 use crate::error::{Error, Result};
 use crate::handle::HandleTable;
 use crate::ndarray::{np_shape, DType, NDArray};
@@ -41,7 +43,13 @@ unsafe fn read_shape(shape: *const u32, ndim: u32) -> Result<Vec<usize>> {
     Ok(unsafe { std::slice::from_raw_parts(shape, ndim as usize) }.iter().map(|&d| d as usize).collect())
 }
 
-fn create(shape: Vec<usize>, dev_type: c_int, dev_id: c_int, delay_alloc: c_int, dtype: c_int) -> Result<NDArrayHandle> {
+fn create(
+    shape: Vec<usize>,
+    dev_type: c_int,
+    dev_id: c_int,
+    delay_alloc: c_int,
+    dtype: c_int,
+) -> Result<NDArrayHandle> {
     let ctx = Context::from_codes(dev_type, dev_id)?;
     let nd = NDArray::new(shape, ctx, DType::from_code(dtype)?, delay_alloc != 0)?;
     Ok(arrays().insert(Arc::new(nd)))
@@ -140,7 +148,11 @@ unsafe fn shape_out<T: TryFrom<usize> + Copy + 'static, D: TryFrom<i64>>(
 /// # Safety
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXNDArrayGetShape(handle: NDArrayHandle, out_dim: *mut u32, out_pdata: *mut *const u32) -> c_int {
+pub unsafe extern "C" fn MXNDArrayGetShape(
+    handle: NDArrayHandle,
+    out_dim: *mut u32,
+    out_pdata: *mut *const u32,
+) -> c_int {
     // SAFETY: per this function's contract.
     ffi::call("MXNDArrayGetShape", || unsafe { shape_out(&SHAPE_U32, handle, out_dim, out_pdata) })
 }
@@ -150,7 +162,11 @@ pub unsafe extern "C" fn MXNDArrayGetShape(handle: NDArrayHandle, out_dim: *mut 
 /// # Safety
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXNDArrayGetShapeEx(handle: NDArrayHandle, out_dim: *mut c_int, out_pdata: *mut *const c_int) -> c_int {
+pub unsafe extern "C" fn MXNDArrayGetShapeEx(
+    handle: NDArrayHandle,
+    out_dim: *mut c_int,
+    out_pdata: *mut *const c_int,
+) -> c_int {
     // SAFETY: per this function's contract.
     ffi::call("MXNDArrayGetShapeEx", || unsafe { shape_out(&SHAPE_I32, handle, out_dim, out_pdata) })
 }
@@ -175,7 +191,11 @@ pub unsafe extern "C" fn MXNDArrayGetDType(handle: NDArrayHandle, out_dtype: *mu
 /// # Safety
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXNDArrayGetContext(handle: NDArrayHandle, out_dev_type: *mut c_int, out_dev_id: *mut c_int) -> c_int {
+pub unsafe extern "C" fn MXNDArrayGetContext(
+    handle: NDArrayHandle,
+    out_dev_type: *mut c_int,
+    out_dev_id: *mut c_int,
+) -> c_int {
     ffi::call("MXNDArrayGetContext", || {
         // SAFETY: per this function's contract.
         let (t, id) = unsafe { (out(out_dev_type, "out_dev_type")?, out(out_dev_id, "out_dev_id")?) };
@@ -291,8 +311,22 @@ pub unsafe extern "C" fn MXEnginePushAsyncND(
     ffi::call_on_thread("MXEnginePushAsyncND", |thread| {
         // SAFETY: per this function's contract.
         unsafe {
-            push_nd(thread, None, async_func, func_param, deleter, ctx_handle, const_nds_handle, num_const_nds,
-                mutable_nds_handle, num_mutable_nds, prop_handle, priority, opr_name, wait)
+            push_nd(
+                thread,
+                None,
+                async_func,
+                func_param,
+                deleter,
+                ctx_handle,
+                const_nds_handle,
+                num_const_nds,
+                mutable_nds_handle,
+                num_mutable_nds,
+                prop_handle,
+                priority,
+                opr_name,
+                wait,
+            )
         }
     })
 }
@@ -318,8 +352,22 @@ pub unsafe extern "C" fn MXEnginePushSyncND(
     ffi::call_on_thread("MXEnginePushSyncND", |thread| {
         // SAFETY: per this function's contract.
         unsafe {
-            push_nd(thread, sync_func, None, func_param, deleter, ctx_handle, const_nds_handle, num_const_nds,
-                mutable_nds_handle, num_mutable_nds, prop_handle, priority, opr_name, false)
+            push_nd(
+                thread,
+                sync_func,
+                None,
+                func_param,
+                deleter,
+                ctx_handle,
+                const_nds_handle,
+                num_const_nds,
+                mutable_nds_handle,
+                num_mutable_nds,
+                prop_handle,
+                priority,
+                opr_name,
+                false,
+            )
         }
     })
 }
@@ -336,9 +384,18 @@ fn new_view(handle: NDArrayHandle, make: impl FnOnce(&NDArray) -> Result<NDArray
 /// # Safety
 /// `out` must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXNDArraySlice(handle: NDArrayHandle, slice_begin: u32, slice_end: u32, out: *mut NDArrayHandle) -> c_int {
+pub unsafe extern "C" fn MXNDArraySlice(
+    handle: NDArrayHandle,
+    slice_begin: u32,
+    slice_end: u32,
+    out: *mut NDArrayHandle,
+) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXNDArraySlice", out, "out", || Ok(new_view(handle, |nd| crate::autograd::slice_view(nd, slice_begin as usize, slice_end as usize))?)) }
+    unsafe {
+        ffi::call_out("MXNDArraySlice", out, "out", || {
+            Ok(new_view(handle, |nd| crate::autograd::slice_view(nd, slice_begin as usize, slice_end as usize))?)
+        })
+    }
 }
 
 /// A view of row `idx` of axis 0 without that axis, sharing memory with `handle`.
@@ -348,7 +405,11 @@ pub unsafe extern "C" fn MXNDArraySlice(handle: NDArrayHandle, slice_begin: u32,
 #[no_mangle]
 pub unsafe extern "C" fn MXNDArrayAt(handle: NDArrayHandle, idx: u32, out: *mut NDArrayHandle) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXNDArrayAt", out, "out", || Ok(new_view(handle, |nd| crate::autograd::at_view(nd, idx as usize))?)) }
+    unsafe {
+        ffi::call_out("MXNDArrayAt", out, "out", || {
+            Ok(new_view(handle, |nd| crate::autograd::at_view(nd, idx as usize))?)
+        })
+    }
 }
 
 /// # Safety
@@ -372,11 +433,18 @@ unsafe fn read_dims<T: Copy + Into<i64>>(dims: *const T, ndim: c_int) -> Result<
 /// # Safety
 /// `dims` must point to `ndim` ints; `out` must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXNDArrayReshape(handle: NDArrayHandle, ndim: c_int, dims: *mut c_int, out: *mut NDArrayHandle) -> c_int {
+pub unsafe extern "C" fn MXNDArrayReshape(
+    handle: NDArrayHandle,
+    ndim: c_int,
+    dims: *mut c_int,
+    out: *mut NDArrayHandle,
+) -> c_int {
     ffi::call("MXNDArrayReshape", || {
         // SAFETY: per this function's contract.
         let (spec, o) = unsafe { (read_dims(dims as *const c_int, ndim)?, ffi::out(out, "out")?) };
-        *o = new_view(handle, |nd| crate::autograd::reshape_view(nd, &spec, false).map_err(crate::op::invoke::stock_class))?;
+        *o = new_view(handle, |nd| {
+            crate::autograd::reshape_view(nd, &spec, false).map_err(crate::op::invoke::stock_class)
+        })?;
         Ok(())
     })
 }
@@ -397,7 +465,9 @@ pub unsafe extern "C" fn MXNDArrayReshape64(
         // SAFETY: per this function's contract.
         let (spec, o) = unsafe { (read_dims(dims as *const i64, ndim)?, ffi::out(out, "out")?) };
         // A shape the array cannot take is an MXNetError, as stock's shape check raises.
-        *o = new_view(handle, |nd| crate::autograd::reshape_view(nd, &spec, reverse).map_err(crate::op::invoke::stock_class))?;
+        *o = new_view(handle, |nd| {
+            crate::autograd::reshape_view(nd, &spec, reverse).map_err(crate::op::invoke::stock_class)
+        })?;
         Ok(())
     })
 }
@@ -437,7 +507,11 @@ thread_local! {
 /// # Safety
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXNDArrayGetShapeEx64(handle: NDArrayHandle, out_dim: *mut c_int, out_pdata: *mut *const i64) -> c_int {
+pub unsafe extern "C" fn MXNDArrayGetShapeEx64(
+    handle: NDArrayHandle,
+    out_dim: *mut c_int,
+    out_pdata: *mut *const i64,
+) -> c_int {
     // SAFETY: per this function's contract.
     ffi::call("MXNDArrayGetShapeEx64", || unsafe { shape_out(&SHAPE_I64, handle, out_dim, out_pdata) })
 }
@@ -450,7 +524,9 @@ pub unsafe extern "C" fn MXNDArrayGetShapeEx64(handle: NDArrayHandle, out_dim: *
 #[no_mangle]
 pub unsafe extern "C" fn MXNDArrayGetData(handle: NDArrayHandle, out_pdata: *mut *mut c_void) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXNDArrayGetData", out_pdata, "out_pdata", || Ok(arrays().get(handle)?.data()? as *mut c_void)) }
+    unsafe {
+        ffi::call_out("MXNDArrayGetData", out_pdata, "out_pdata", || Ok(arrays().get(handle)?.data()? as *mut c_void))
+    }
 }
 
 /// A new handle for the same array (same storage, variable and shape).
@@ -471,7 +547,11 @@ pub unsafe extern "C" fn MXShallowCopyNDArray(src: NDArrayHandle, out: *mut NDAr
 #[no_mangle]
 pub unsafe extern "C" fn MXNDArrayGetStorageType(handle: NDArrayHandle, out_storage_type: *mut c_int) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXNDArrayGetStorageType", out_storage_type, "out_storage_type", || Ok(arrays().with(handle, |nd| if nd.chunk.is_none() { -1 } else { 0 })?)) }
+    unsafe {
+        ffi::call_out("MXNDArrayGetStorageType", out_storage_type, "out_storage_type", || {
+            Ok(arrays().with(handle, |nd| if nd.chunk.is_none() { -1 } else { 0 })?)
+        })
+    }
 }
 
 /// Autograd's fresh-gradient flag of the array.
@@ -481,7 +561,12 @@ pub unsafe extern "C" fn MXNDArrayGetStorageType(handle: NDArrayHandle, out_stor
 #[no_mangle]
 pub unsafe extern "C" fn MXNDArrayGetGradState(handle: NDArrayHandle, out: *mut c_int) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXNDArrayGetGradState", out, "out", || Ok(arrays().with(handle, |nd| nd.chunk.as_ref().is_some_and(|c| c.fresh_grad.load(Ordering::Acquire)))? as c_int)) }
+    unsafe {
+        ffi::call_out("MXNDArrayGetGradState", out, "out", || {
+            Ok(arrays().with(handle, |nd| nd.chunk.as_ref().is_some_and(|c| c.fresh_grad.load(Ordering::Acquire)))?
+                as c_int)
+        })
+    }
 }
 
 /// Set autograd's fresh-gradient flag of the array.
@@ -495,7 +580,11 @@ pub extern "C" fn MXNDArraySetGradState(handle: NDArrayHandle, state: c_int) -> 
 /// Copy `handle_src` into `handle_dst` (same shape and dtype); `i` must be -1 (the data;
 /// other values address sparse auxiliary arrays, not supported yet). Blocking.
 #[no_mangle]
-pub extern "C" fn MXNDArraySyncCopyFromNDArray(handle_dst: NDArrayHandle, handle_src: NDArrayHandle, i: c_int) -> c_int {
+pub extern "C" fn MXNDArraySyncCopyFromNDArray(
+    handle_dst: NDArrayHandle,
+    handle_src: NDArrayHandle,
+    i: c_int,
+) -> c_int {
     ffi::call("MXNDArraySyncCopyFromNDArray", || {
         if i != -1 {
             return Err(Error::not_supported(format!("copying sparse auxiliary array {i}")));
@@ -562,7 +651,12 @@ pub unsafe extern "C" fn MXNDArrayCreateSparseEx(
 /// # Safety
 /// `out` must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXNDArraySlice64(handle: NDArrayHandle, slice_begin: i64, slice_end: i64, out: *mut NDArrayHandle) -> c_int {
+pub unsafe extern "C" fn MXNDArraySlice64(
+    handle: NDArrayHandle,
+    slice_begin: i64,
+    slice_end: i64,
+    out: *mut NDArrayHandle,
+) -> c_int {
     ffi::call("MXNDArraySlice64", || {
         // SAFETY: per this function's contract.
         let o = unsafe { ffi::out(out, "out") }?;

@@ -18,7 +18,11 @@ thread_local! {
 
 /// # Safety
 /// `args` must point to `n` handles; `keys` NULL or to `n` strings.
-unsafe fn collect(n: u32, args: *mut NDArrayHandle, keys: *const *const c_char) -> Result<(Vec<NDArray>, Option<Vec<String>>)> {
+unsafe fn collect(
+    n: u32,
+    args: *mut NDArrayHandle,
+    keys: *const *const c_char,
+) -> Result<(Vec<NDArray>, Option<Vec<String>>)> {
     if n > 0 && args.is_null() {
         return Err(Error::value(format!("args is NULL but num_args is {n}")));
     }
@@ -47,10 +51,18 @@ unsafe fn hand_out(
 ) -> Result<()> {
     // SAFETY: per this function's contract.
     let (size, arr, name_size, names_out) = unsafe {
-        (out(out_size, "out_size")?, out(out_arr, "out_arr")?, out(out_name_size, "out_name_size")?, out(out_names, "out_names")?)
+        (
+            out(out_size, "out_size")?,
+            out(out_arr, "out_arr")?,
+            out(out_name_size, "out_name_size")?,
+            out(out_names, "out_names")?,
+        )
     };
     let (list, names) = loaded;
-    let cnames = names.into_iter().map(|n| CString::new(n).map_err(|_| Error::mxnet("invalid NDArray file: a name contains NUL"))).collect::<Result<Vec<_>>>()?;
+    let cnames = names
+        .into_iter()
+        .map(|n| CString::new(n).map_err(|_| Error::mxnet("invalid NDArray file: a name contains NUL")))
+        .collect::<Result<Vec<_>>>()?;
     LOADED.with(|l| {
         let mut l = l.borrow_mut();
         l.0 = list.into_iter().map(|a| arrays().insert(Arc::new(a))).collect();
@@ -69,19 +81,22 @@ unsafe fn hand_out(
 /// # Safety
 /// `fname` must be a string, `args` `num_args` handles, `keys` NULL or `num_args` strings.
 #[no_mangle]
-pub unsafe extern "C" fn MXNDArraySave(fname: *const c_char, num_args: u32, args: *mut NDArrayHandle, keys: *mut *const c_char) -> c_int {
+pub unsafe extern "C" fn MXNDArraySave(
+    fname: *const c_char,
+    num_args: u32,
+    args: *mut NDArrayHandle,
+    keys: *mut *const c_char,
+) -> c_int {
     ffi::call("MXNDArraySave", || {
         // SAFETY: per this function's contract.
         let (path, (list, names)) = unsafe { (cstr(fname, "fname")?, collect(num_args, args, keys)?) };
         let bytes = io::save_list(&list, names.as_deref(), np_shape::get() != 0)?;
         // Write then rename, so that a crash never leaves a half-written file behind.
         let tmp = format!("{path}.tmp{}", std::process::id());
-        std::fs::write(&tmp, &bytes)
-            .and_then(|_| std::fs::rename(&tmp, path))
-            .map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                Error::mxnet(format!("cannot write {path}: {e}"))
-            })
+        std::fs::write(&tmp, &bytes).and_then(|_| std::fs::rename(&tmp, path)).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            Error::mxnet(format!("cannot write {path}: {e}"))
+        })
     })
 }
 
@@ -146,7 +161,11 @@ unsafe fn bytes_in<'a>(buf: *const c_void, size: usize) -> Result<&'a [u8]> {
 /// # Safety
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXNDArraySaveRawBytes(handle: NDArrayHandle, out_size: *mut usize, out_buf: *mut *const c_char) -> c_int {
+pub unsafe extern "C" fn MXNDArraySaveRawBytes(
+    handle: NDArrayHandle,
+    out_size: *mut usize,
+    out_buf: *mut *const c_char,
+) -> c_int {
     ffi::call("MXNDArraySaveRawBytes", || {
         // SAFETY: per this function's contract.
         let (size, buf) = unsafe { (out(out_size, "out_size")?, out(out_buf, "out_buf")?) };
@@ -176,6 +195,3 @@ pub unsafe extern "C" fn MXNDArrayLoadFromRawBytes(buf: *const c_void, size: usi
         Ok(())
     })
 }
-
-
-

@@ -69,7 +69,10 @@ pub unsafe extern "C" fn NNGetOpHandle(op_name: *const c_char, op_out: *mut OpHa
 /// # Safety
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXSymbolListAtomicSymbolCreators(out_size: *mut u32, out_array: *mut *mut AtomicSymbolCreator) -> c_int {
+pub unsafe extern "C" fn MXSymbolListAtomicSymbolCreators(
+    out_size: *mut u32,
+    out_array: *mut *mut AtomicSymbolCreator,
+) -> c_int {
     ffi::call("MXSymbolListAtomicSymbolCreators", || {
         // SAFETY: per this function's contract.
         let (size, arr) = unsafe { (out(out_size, "out_size")?, out(out_array, "out_array")?) };
@@ -156,7 +159,17 @@ pub unsafe extern "C" fn MXSymbolGetAtomicSymbolInfo(
     ffi::call("MXSymbolGetAtomicSymbolInfo", || {
         // SAFETY: per this function's contract.
         unsafe {
-            op_info(creator, name, description, num_args, arg_names, arg_type_infos, arg_descriptions, key_var_num_args, return_type)
+            op_info(
+                creator,
+                name,
+                description,
+                num_args,
+                arg_names,
+                arg_type_infos,
+                arg_descriptions,
+                key_var_num_args,
+                return_type,
+            )
         }
     })
 }
@@ -179,7 +192,17 @@ pub unsafe extern "C" fn NNGetOpInfo(
     ffi::call("NNGetOpInfo", || {
         // SAFETY: per this function's contract.
         unsafe {
-            op_info(op, real_name, description, num_doc_args, arg_names, arg_type_infos, arg_descriptions, std::ptr::null_mut(), return_type)
+            op_info(
+                op,
+                real_name,
+                description,
+                num_doc_args,
+                arg_names,
+                arg_type_infos,
+                arg_descriptions,
+                std::ptr::null_mut(),
+                return_type,
+            )
         }
     })
 }
@@ -221,7 +244,8 @@ unsafe fn invoke_c(
     let (n_out, outs_ptr) = unsafe { (out(num_outputs, "num_outputs")?, out(outputs, "outputs")?) };
     let in_handles = unsafe { handles(inputs, num_inputs, "inputs")? };
     // Inline for the common few inputs: a small call allocates only what it returns.
-    let in_arrays: smallvec::SmallVec<[Arc<NDArray>; 4]> = in_handles.iter().map(|&h| arrays().get(h)).collect::<Result<_>>()?;
+    let in_arrays: smallvec::SmallVec<[Arc<NDArray>; 4]> =
+        in_handles.iter().map(|&h| arrays().get(h)).collect::<Result<_>>()?;
     let in_refs: smallvec::SmallVec<[&NDArray; 4]> = in_arrays.iter().map(|a| &**a).collect();
     if num_params < 0 {
         return Err(Error::value(format!("num_params is negative ({num_params})")));
@@ -295,7 +319,9 @@ pub unsafe extern "C" fn MXImperativeInvokeEx(
             return Err(Error::value("out_stypes must not be NULL"));
         }
         // SAFETY: per this function's contract.
-        unsafe { invoke_c(creator, num_inputs, inputs, num_outputs, outputs, num_params, param_keys, param_vals, out_stypes) }
+        unsafe {
+            invoke_c(creator, num_inputs, inputs, num_outputs, outputs, num_params, param_keys, param_vals, out_stypes)
+        }
     })
 }
 
@@ -317,7 +343,17 @@ pub unsafe extern "C" fn MXImperativeInvoke(
     ffi::call("MXImperativeInvoke", || {
         // SAFETY: per this function's contract.
         unsafe {
-            invoke_c(creator, num_inputs, inputs, num_outputs, outputs, num_params, param_keys, param_vals, std::ptr::null_mut())
+            invoke_c(
+                creator,
+                num_inputs,
+                inputs,
+                num_outputs,
+                outputs,
+                num_params,
+                param_keys,
+                param_vals,
+                std::ptr::null_mut(),
+            )
         }
     })
 }

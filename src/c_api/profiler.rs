@@ -57,7 +57,11 @@ pub unsafe extern "C" fn MXSetProcessProfilerConfig(
 /// # Safety
 /// As [`MXSetProcessProfilerConfig`].
 #[no_mangle]
-pub unsafe extern "C" fn MXSetProfilerConfig(num_params: c_int, keys: *const *const c_char, vals: *const *const c_char) -> c_int {
+pub unsafe extern "C" fn MXSetProfilerConfig(
+    num_params: c_int,
+    keys: *const *const c_char,
+    vals: *const *const c_char,
+) -> c_int {
     // SAFETY: per this function's contract.
     ffi::call("MXSetProfilerConfig", || unsafe { set_config(num_params, keys, vals) })
 }
@@ -74,7 +78,11 @@ fn set_state(state: c_int, process: c_int) -> Result<()> {
 /// Start (1) or stop (0) the profiler; `profile_process` 0 is this process (1, a kvstore
 /// server, is not supported).
 #[no_mangle]
-pub extern "C" fn MXSetProcessProfilerState(state: c_int, profile_process: c_int, _kvstore_handle: KVStoreHandle) -> c_int {
+pub extern "C" fn MXSetProcessProfilerState(
+    state: c_int,
+    profile_process: c_int,
+    _kvstore_handle: KVStoreHandle,
+) -> c_int {
     ffi::call("MXSetProcessProfilerState", || set_state(state, profile_process))
 }
 
@@ -88,7 +96,11 @@ pub extern "C" fn MXSetProfilerState(state: c_int) -> c_int {
 /// renamed). `finished` ends it: the next dump needs the profiler to run again. An error if
 /// the profiler has not run since it was configured.
 #[no_mangle]
-pub extern "C" fn MXDumpProcessProfile(finished: c_int, profile_process: c_int, _kvstore_handle: KVStoreHandle) -> c_int {
+pub extern "C" fn MXDumpProcessProfile(
+    finished: c_int,
+    profile_process: c_int,
+    _kvstore_handle: KVStoreHandle,
+) -> c_int {
     ffi::call("MXDumpProcessProfile", || {
         ProcessKind::from_code(profile_process)?;
         profiler::dump(finished != 0)
@@ -103,7 +115,11 @@ pub extern "C" fn MXDumpProfile(finished: c_int) -> c_int {
 
 /// Pause (1) or resume (0) recording.
 #[no_mangle]
-pub extern "C" fn MXProcessProfilePause(paused: c_int, profile_process: c_int, _kvstore_handle: KVStoreHandle) -> c_int {
+pub extern "C" fn MXProcessProfilePause(
+    paused: c_int,
+    profile_process: c_int,
+    _kvstore_handle: KVStoreHandle,
+) -> c_int {
     ffi::call("MXProcessProfilePause", || {
         ProcessKind::from_code(profile_process)?;
         profiler::pause(paused != 0);
@@ -200,7 +216,11 @@ pub unsafe extern "C" fn MXProfileCreateDomain(domain: *const c_char, out: *mut 
 /// # Safety
 /// `task_name` must be a NUL-terminated string; `out` valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXProfileCreateTask(domain: ProfileHandle, task_name: *const c_char, out: *mut ProfileHandle) -> c_int {
+pub unsafe extern "C" fn MXProfileCreateTask(
+    domain: ProfileHandle,
+    task_name: *const c_char,
+    out: *mut ProfileHandle,
+) -> c_int {
     // SAFETY: per this function's contract.
     unsafe {
         create("MXProfileCreateTask", out, || {
@@ -215,7 +235,11 @@ pub unsafe extern "C" fn MXProfileCreateTask(domain: ProfileHandle, task_name: *
 /// # Safety
 /// `frame_name` must be a NUL-terminated string; `out` valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXProfileCreateFrame(domain: ProfileHandle, frame_name: *const c_char, out: *mut ProfileHandle) -> c_int {
+pub unsafe extern "C" fn MXProfileCreateFrame(
+    domain: ProfileHandle,
+    frame_name: *const c_char,
+    out: *mut ProfileHandle,
+) -> c_int {
     // SAFETY: per this function's contract.
     unsafe {
         create("MXProfileCreateFrame", out, || {
@@ -240,7 +264,11 @@ pub unsafe extern "C" fn MXProfileCreateEvent(event_name: *const c_char, out: *m
 /// # Safety
 /// `counter_name` must be a NUL-terminated string; `out` valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXProfileCreateCounter(domain: ProfileHandle, counter_name: *const c_char, out: *mut ProfileHandle) -> c_int {
+pub unsafe extern "C" fn MXProfileCreateCounter(
+    domain: ProfileHandle,
+    counter_name: *const c_char,
+    out: *mut ProfileHandle,
+) -> c_int {
     // SAFETY: per this function's contract.
     unsafe {
         create("MXProfileCreateCounter", out, || {
@@ -285,7 +313,11 @@ pub extern "C" fn MXProfileAdjustCounter(counter_handle: ProfileHandle, value: i
 /// # Safety
 /// `instant_marker_name` and `scope` must be NUL-terminated strings.
 #[no_mangle]
-pub unsafe extern "C" fn MXProfileSetMarker(domain: ProfileHandle, instant_marker_name: *const c_char, scope: *const c_char) -> c_int {
+pub unsafe extern "C" fn MXProfileSetMarker(
+    domain: ProfileHandle,
+    instant_marker_name: *const c_char,
+    scope: *const c_char,
+) -> c_int {
     ffi::call("MXProfileSetMarker", || {
         let d = objects().get(domain)?;
         // SAFETY: per this function's contract.

@@ -23,5 +23,9 @@ pub extern "C" fn MXStorageEmptyCache(dev_type: c_int, dev_id: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn MXStorageGetStats(out_json: *mut *const c_char) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXStorageGetStats", out_json, "out_json", || Ok(ffi::return_str(&storage::manager().stats_json().to_string())?)) }
+    unsafe {
+        ffi::call_out("MXStorageGetStats", out_json, "out_json", || {
+            Ok(ffi::return_str(&storage::manager().stats_json().to_string())?)
+        })
+    }
 }

@@ -64,7 +64,10 @@ thread_local! {
 unsafe fn return_strs(items: Vec<String>, out_size: *mut u32, out_array: *mut *mut *const c_char) -> Result<()> {
     // SAFETY: per this function's contract.
     let (n, a) = unsafe { (out(out_size, "out_size")?, out(out_array, "out_str_array")?) };
-    let cs: Vec<CString> = items.into_iter().map(|s| CString::new(s).map_err(|_| Error::value("string contains a NUL byte"))).collect::<Result<_>>()?;
+    let cs: Vec<CString> = items
+        .into_iter()
+        .map(|s| CString::new(s).map_err(|_| Error::value("string contains a NUL byte")))
+        .collect::<Result<_>>()?;
     STRS.with(|slot| {
         let mut slot = slot.borrow_mut();
         slot.1 = cs.iter().map(|c| c.as_ptr()).collect();
@@ -77,7 +80,11 @@ unsafe fn return_strs(items: Vec<String>, out_size: *mut u32, out_array: *mut *m
 
 /// # Safety
 /// Out-params must be NULL or valid for writes.
-unsafe fn return_pairs(pairs: Vec<(String, String)>, out_size: *mut u32, out_array: *mut *mut *const c_char) -> Result<()> {
+unsafe fn return_pairs(
+    pairs: Vec<(String, String)>,
+    out_size: *mut u32,
+    out_array: *mut *mut *const c_char,
+) -> Result<()> {
     let n = pairs.len();
     let flat: Vec<String> = pairs.into_iter().flat_map(|(k, v)| [k, v]).collect();
     // SAFETY: forwarded contract.
@@ -120,7 +127,9 @@ unsafe fn strings<'a>(p: *const *const c_char, n: usize, what: &str) -> Result<V
 #[no_mangle]
 pub unsafe extern "C" fn MXSymbolCreateVariable(name: *const c_char, out: *mut SymbolHandle) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXSymbolCreateVariable", out, "out", || Ok(new_handle(Symbol::variable(cstr(name, "name")?)))) }
+    unsafe {
+        ffi::call_out("MXSymbolCreateVariable", out, "out", || Ok(new_handle(Symbol::variable(cstr(name, "name")?))))
+    }
 }
 
 /// An operator node without inputs; the parameters are validated and kept as sent.
@@ -153,7 +162,13 @@ pub unsafe extern "C" fn MXSymbolCreateAtomicSymbol(
 /// # Safety
 /// `args` (and `keys` when not NULL) must hold `num_args` entries; `name` NULL or a string.
 #[no_mangle]
-pub unsafe extern "C" fn MXSymbolCompose(sym: SymbolHandle, name: *const c_char, num_args: u32, keys: *mut *const c_char, args: *mut SymbolHandle) -> c_int {
+pub unsafe extern "C" fn MXSymbolCompose(
+    sym: SymbolHandle,
+    name: *const c_char,
+    num_args: u32,
+    keys: *mut *const c_char,
+    args: *mut SymbolHandle,
+) -> c_int {
     ffi::call("MXSymbolCompose", || {
         // SAFETY: per this function's contract.
         let (name, argv) = unsafe { (opt_cstr(name, "name")?, symbol_args(args, num_args as usize, "args")?) };
@@ -173,7 +188,12 @@ pub unsafe extern "C" fn MXSymbolCompose(sym: SymbolHandle, name: *const c_char,
     })
 }
 
-fn unary(api: &'static str, sym: SymbolHandle, out: *mut SymbolHandle, f: impl FnOnce(Symbol) -> Result<Symbol>) -> c_int {
+fn unary(
+    api: &'static str,
+    sym: SymbolHandle,
+    out: *mut SymbolHandle,
+    f: impl FnOnce(Symbol) -> Result<Symbol>,
+) -> c_int {
     // SAFETY: the callers' contracts make `out` NULL or valid for writes.
     unsafe { ffi::call_out(api, out, "out", || Ok(new_handle(f(symbol(sym)?)?))) }
 }
@@ -228,7 +248,11 @@ pub unsafe extern "C" fn MXSymbolGetOutput(symbol: SymbolHandle, index: u32, out
 /// # Safety
 /// `symbols` must hold `num_symbols` handles; `out` NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXSymbolCreateGroup(num_symbols: u32, symbols: *mut SymbolHandle, out: *mut SymbolHandle) -> c_int {
+pub unsafe extern "C" fn MXSymbolCreateGroup(
+    num_symbols: u32,
+    symbols: *mut SymbolHandle,
+    out: *mut SymbolHandle,
+) -> c_int {
     // SAFETY: per this function's contract.
     unsafe {
         ffi::call_out("MXSymbolCreateGroup", out, "out", || {
@@ -253,7 +277,13 @@ pub extern "C" fn NNSymbolFree(symbol: SymbolHandle) -> c_int {
 
 /// # Safety
 /// `out` and `success` must be NULL or valid for writes.
-unsafe fn get_attr(api: &'static str, symbol: SymbolHandle, key: Result<&str>, out: *mut *const c_char, success: *mut c_int) -> c_int {
+unsafe fn get_attr(
+    api: &'static str,
+    symbol: SymbolHandle,
+    key: Result<&str>,
+    out: *mut *const c_char,
+    success: *mut c_int,
+) -> c_int {
     ffi::call(api, || {
         // SAFETY: per this function's contract.
         let (o, ok) = unsafe { (self::out(out, "out")?, self::out(success, "success")?) };
@@ -286,7 +316,12 @@ pub unsafe extern "C" fn MXSymbolGetName(symbol: SymbolHandle, out: *mut *const 
 /// # Safety
 /// `key` must be a string; `out` and `success` NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXSymbolGetAttr(symbol: SymbolHandle, key: *const c_char, out: *mut *const c_char, success: *mut c_int) -> c_int {
+pub unsafe extern "C" fn MXSymbolGetAttr(
+    symbol: SymbolHandle,
+    key: *const c_char,
+    out: *mut *const c_char,
+    success: *mut c_int,
+) -> c_int {
     // SAFETY: per this function's contract.
     unsafe { get_attr("MXSymbolGetAttr", symbol, cstr(key, "key"), out, success) }
 }
@@ -309,9 +344,15 @@ pub unsafe extern "C" fn MXSymbolSetAttr(symbol: SymbolHandle, key: *const c_cha
 /// # Safety
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXSymbolListAttr(symbol: SymbolHandle, out_size: *mut u32, out: *mut *mut *const c_char) -> c_int {
+pub unsafe extern "C" fn MXSymbolListAttr(
+    symbol: SymbolHandle,
+    out_size: *mut u32,
+    out: *mut *mut *const c_char,
+) -> c_int {
     // SAFETY: per this function's contract.
-    ffi::call("MXSymbolListAttr", || unsafe { return_pairs(self::symbol(symbol)?.list_attr_recursive(), out_size, out) })
+    ffi::call("MXSymbolListAttr", || unsafe {
+        return_pairs(self::symbol(symbol)?.list_attr_recursive(), out_size, out)
+    })
 }
 
 /// The output node's attributes as key, value pairs.
@@ -319,14 +360,26 @@ pub unsafe extern "C" fn MXSymbolListAttr(symbol: SymbolHandle, out_size: *mut u
 /// # Safety
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXSymbolListAttrShallow(symbol: SymbolHandle, out_size: *mut u32, out: *mut *mut *const c_char) -> c_int {
+pub unsafe extern "C" fn MXSymbolListAttrShallow(
+    symbol: SymbolHandle,
+    out_size: *mut u32,
+    out: *mut *mut *const c_char,
+) -> c_int {
     // SAFETY: per this function's contract.
-    ffi::call("MXSymbolListAttrShallow", || unsafe { return_pairs(self::symbol(symbol)?.list_attr_shallow(), out_size, out) })
+    ffi::call("MXSymbolListAttrShallow", || unsafe {
+        return_pairs(self::symbol(symbol)?.list_attr_shallow(), out_size, out)
+    })
 }
 
 /// # Safety
 /// Out-params must be NULL or valid for writes.
-unsafe fn list_inputs(api: &'static str, symbol: SymbolHandle, kind: Result<InputKind>, out_size: *mut u32, out_array: *mut *mut *const c_char) -> c_int {
+unsafe fn list_inputs(
+    api: &'static str,
+    symbol: SymbolHandle,
+    kind: Result<InputKind>,
+    out_size: *mut u32,
+    out_array: *mut *mut *const c_char,
+) -> c_int {
     // SAFETY: per this function's contract.
     ffi::call(api, || unsafe { return_strs(self::symbol(symbol)?.list_input_names(kind?), out_size, out_array) })
 }
@@ -336,7 +389,11 @@ unsafe fn list_inputs(api: &'static str, symbol: SymbolHandle, kind: Result<Inpu
 /// # Safety
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXSymbolListArguments(symbol: SymbolHandle, out_size: *mut u32, out_str_array: *mut *mut *const c_char) -> c_int {
+pub unsafe extern "C" fn MXSymbolListArguments(
+    symbol: SymbolHandle,
+    out_size: *mut u32,
+    out_str_array: *mut *mut *const c_char,
+) -> c_int {
     // SAFETY: per this function's contract.
     unsafe { list_inputs("MXSymbolListArguments", symbol, Ok(InputKind::Args), out_size, out_str_array) }
 }
@@ -346,7 +403,11 @@ pub unsafe extern "C" fn MXSymbolListArguments(symbol: SymbolHandle, out_size: *
 /// # Safety
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXSymbolListAuxiliaryStates(symbol: SymbolHandle, out_size: *mut u32, out_str_array: *mut *mut *const c_char) -> c_int {
+pub unsafe extern "C" fn MXSymbolListAuxiliaryStates(
+    symbol: SymbolHandle,
+    out_size: *mut u32,
+    out_str_array: *mut *mut *const c_char,
+) -> c_int {
     // SAFETY: per this function's contract.
     unsafe { list_inputs("MXSymbolListAuxiliaryStates", symbol, Ok(InputKind::Aux), out_size, out_str_array) }
 }
@@ -356,7 +417,12 @@ pub unsafe extern "C" fn MXSymbolListAuxiliaryStates(symbol: SymbolHandle, out_s
 /// # Safety
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn NNSymbolListInputNames(symbol: SymbolHandle, option: c_int, out_size: *mut u32, out_str_array: *mut *mut *const c_char) -> c_int {
+pub unsafe extern "C" fn NNSymbolListInputNames(
+    symbol: SymbolHandle,
+    option: c_int,
+    out_size: *mut u32,
+    out_str_array: *mut *mut *const c_char,
+) -> c_int {
     // SAFETY: per this function's contract.
     unsafe { list_inputs("NNSymbolListInputNames", symbol, InputKind::from_code(option), out_size, out_str_array) }
 }
@@ -366,9 +432,15 @@ pub unsafe extern "C" fn NNSymbolListInputNames(symbol: SymbolHandle, option: c_
 /// # Safety
 /// Out-params must be NULL or valid for writes.
 #[no_mangle]
-pub unsafe extern "C" fn MXSymbolListOutputs(symbol: SymbolHandle, out_size: *mut u32, out_str_array: *mut *mut *const c_char) -> c_int {
+pub unsafe extern "C" fn MXSymbolListOutputs(
+    symbol: SymbolHandle,
+    out_size: *mut u32,
+    out_str_array: *mut *mut *const c_char,
+) -> c_int {
     // SAFETY: per this function's contract.
-    ffi::call("MXSymbolListOutputs", || unsafe { return_strs(self::symbol(symbol)?.list_outputs(), out_size, out_str_array) })
+    ffi::call("MXSymbolListOutputs", || unsafe {
+        return_strs(self::symbol(symbol)?.list_outputs(), out_size, out_str_array)
+    })
 }
 
 /// The number of outputs.
@@ -378,7 +450,11 @@ pub unsafe extern "C" fn MXSymbolListOutputs(symbol: SymbolHandle, out_size: *mu
 #[no_mangle]
 pub unsafe extern "C" fn MXSymbolGetNumOutputs(symbol: SymbolHandle, output_count: *mut u32) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXSymbolGetNumOutputs", output_count, "output_count", || Ok(self::symbol(symbol)?.outputs.len() as u32)) }
+    unsafe {
+        ffi::call_out("MXSymbolGetNumOutputs", output_count, "output_count", || {
+            Ok(self::symbol(symbol)?.outputs.len() as u32)
+        })
+    }
 }
 
 fn to_json(symbol: SymbolHandle) -> Result<String> {
@@ -414,7 +490,8 @@ pub unsafe extern "C" fn MXSymbolSaveToFile(symbol: SymbolHandle, fname: *const 
     ffi::call("MXSymbolSaveToFile", || {
         // SAFETY: per this function's contract.
         let path = unsafe { cstr(fname, "fname")? };
-        std::fs::write(path, to_json(symbol)?).map_err(|e| Error::mxnet(format!("cannot write symbol file {path}: {e}")))
+        std::fs::write(path, to_json(symbol)?)
+            .map_err(|e| Error::mxnet(format!("cannot write symbol file {path}: {e}")))
     })
 }
 
@@ -428,7 +505,8 @@ pub unsafe extern "C" fn MXSymbolCreateFromFile(fname: *const c_char, out: *mut 
     unsafe {
         ffi::call_out("MXSymbolCreateFromFile", out, "out", || {
             let path = cstr(fname, "fname")?;
-            let text = std::fs::read_to_string(path).map_err(|e| Error::mxnet(format!("cannot read symbol file {path}: {e}")))?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Error::mxnet(format!("cannot read symbol file {path}: {e}")))?;
             Ok(new_handle(json::load(&text)?))
         })
     }
@@ -458,7 +536,12 @@ unsafe fn positional(keys: *const *const c_char, n: usize) -> bool {
 ///
 /// # Safety
 /// `keys` NULL or `num_args` strings; `ind_ptr` `num_args + 1` offsets into `data`.
-unsafe fn given_shapes<I: Copy + TryInto<usize>, D: Copy + Into<i64>>(num_args: usize, keys: *const *const c_char, ind_ptr: *const I, data: *const D) -> Result<Given<PShape>> {
+unsafe fn given_shapes<I: Copy + TryInto<usize>, D: Copy + Into<i64>>(
+    num_args: usize,
+    keys: *const *const c_char,
+    ind_ptr: *const I,
+    data: *const D,
+) -> Result<Given<PShape>> {
     let np = np_shape::get() != 0;
     let mut shapes = Vec::with_capacity(num_args);
     if num_args > 0 {
@@ -467,7 +550,9 @@ unsafe fn given_shapes<I: Copy + TryInto<usize>, D: Copy + Into<i64>>(num_args: 
         }
         // SAFETY: per this function's contract.
         let ptrs = unsafe { std::slice::from_raw_parts(ind_ptr, num_args + 1) };
-        let at = |i: usize| -> Result<usize> { ptrs[i].try_into().map_err(|_| Error::value("arg_ind_ptr holds a negative offset")) };
+        let at = |i: usize| -> Result<usize> {
+            ptrs[i].try_into().map_err(|_| Error::value("arg_ind_ptr holds a negative offset"))
+        };
         for i in 0..num_args {
             let (b, e) = (at(i)?, at(i + 1)?);
             if e < b {
@@ -509,7 +594,14 @@ fn fill<T: ShapeTls>(ret: &mut ShapeRet<T>, shapes: &[PShape]) {
             Some(v) => {
                 ret.ndim.push(v.len() as c_int);
                 let unknown = if np { -1 } else { 0 };
-                ret.data.push(v.iter().map(|&d| T::try_from(if d < 0 { unknown } else { d }).unwrap_or_else(|_| T::try_from(0).ok().expect("0 fits"))).collect());
+                ret.data.push(
+                    v.iter()
+                        .map(|&d| {
+                            T::try_from(if d < 0 { unknown } else { d })
+                                .unwrap_or_else(|_| T::try_from(0).ok().expect("0 fits"))
+                        })
+                        .collect(),
+                );
             }
         }
     }
@@ -758,7 +850,8 @@ unsafe fn infer_type_c(
         return Err(Error::value("arg_type_data must not be NULL"));
     }
     let codes: &[c_int] = if n == 0 { &[] } else { unsafe { std::slice::from_raw_parts(arg_type_data, n) } };
-    let types: Vec<Option<DType>> = codes.iter().map(|&c| if c < 0 { Ok(None) } else { DType::from_code(c).map(Some) }).collect::<Result<_>>()?;
+    let types: Vec<Option<DType>> =
+        codes.iter().map(|&c| if c < 0 { Ok(None) } else { DType::from_code(c).map(Some) }).collect::<Result<_>>()?;
     let given = if unsafe { positional(keys, n) } {
         Given::Positional(types)
     } else {
@@ -767,13 +860,17 @@ unsafe fn infer_type_c(
         Given::Keyword(k.into_iter().map(String::from).zip(types).collect())
     };
     // SAFETY: per the contract.
-    let (s0, s1, s2) = unsafe { (out(sizes[0], "in_type_size")?, out(sizes[1], "out_type_size")?, out(sizes[2], "aux_type_size")?) };
-    let (d0, d1, d2) = unsafe { (out(datas[0], "in_type_data")?, out(datas[1], "out_type_data")?, out(datas[2], "aux_type_data")?) };
+    let (s0, s1, s2) =
+        unsafe { (out(sizes[0], "in_type_size")?, out(sizes[1], "out_type_size")?, out(sizes[2], "aux_type_size")?) };
+    let (d0, d1, d2) =
+        unsafe { (out(datas[0], "in_type_data")?, out(datas[1], "out_type_data")?, out(datas[2], "aux_type_data")?) };
     let done = unsafe { out(complete, "complete")? };
     let r = infer::infer_types(&symbol(sym)?, given)?;
     TYPES.with(|slot| {
         let mut slot = slot.borrow_mut();
-        for (k, (types, (size, data))) in [&r.args, &r.outs, &r.aux].into_iter().zip([(s0, d0), (s1, d1), (s2, d2)]).enumerate() {
+        for (k, (types, (size, data))) in
+            [&r.args, &r.outs, &r.aux].into_iter().zip([(s0, d0), (s1, d1), (s2, d2)]).enumerate()
+        {
             slot[k] = types.iter().map(|t| t.map_or(-1, |d| d as c_int)).collect();
             *size = types.len() as u32;
             *data = slot[k].as_ptr();
@@ -804,7 +901,16 @@ pub unsafe extern "C" fn MXSymbolInferType(
     ffi::call("MXSymbolInferType", || {
         // SAFETY: per this function's contract.
         unsafe {
-            infer_type_c(false, sym, num_args, keys, arg_type_data, [in_type_size, out_type_size, aux_type_size], [in_type_data, out_type_data, aux_type_data], complete)
+            infer_type_c(
+                false,
+                sym,
+                num_args,
+                keys,
+                arg_type_data,
+                [in_type_size, out_type_size, aux_type_size],
+                [in_type_data, out_type_data, aux_type_data],
+                complete,
+            )
         }
     })
 }
@@ -830,7 +936,16 @@ pub unsafe extern "C" fn MXSymbolInferTypePartial(
     ffi::call("MXSymbolInferTypePartial", || {
         // SAFETY: per this function's contract.
         unsafe {
-            infer_type_c(true, sym, num_args, keys, arg_type_data, [in_type_size, out_type_size, aux_type_size], [in_type_data, out_type_data, aux_type_data], complete)
+            infer_type_c(
+                true,
+                sym,
+                num_args,
+                keys,
+                arg_type_data,
+                [in_type_size, out_type_size, aux_type_size],
+                [in_type_data, out_type_data, aux_type_data],
+                complete,
+            )
         }
     })
 }

@@ -203,9 +203,11 @@ impl Registry {
         let spec = &self.specs[i];
         let (raw, source) = self.effective_raw(i, st);
         let value = match &raw {
-            Some(text) => Some(spec.ty.parse(spec.name, text).map_err(|e| {
-                Error::value(format!("{} (value from {})", e.message(), source.name()))
-            })?),
+            Some(text) => Some(
+                spec.ty
+                    .parse(spec.name, text)
+                    .map_err(|e| Error::value(format!("{} (value from {})", e.message(), source.name())))?,
+            ),
             None => None,
         };
         Ok(Resolved { value, raw, source })
@@ -221,11 +223,7 @@ impl Registry {
         }
         let resolved = self.parse_effective(i, &st)?;
         if self.specs[i].reading == Reading::Once {
-            st.fixed = Some(Fixed {
-                resolved: resolved.clone(),
-                consumer,
-                after_load: self.created.elapsed(),
-            });
+            st.fixed = Some(Fixed { resolved: resolved.clone(), consumer, after_load: self.created.elapsed() });
         }
         Ok(resolved)
     }
@@ -265,17 +263,12 @@ impl Registry {
         self.typed(name, consumer, |v| v.as_str().map(str::to_string))
     }
 
-    fn typed<T>(
-        &self,
-        name: &str,
-        consumer: &'static str,
-        pick: impl Fn(&Value) -> Option<T>,
-    ) -> Result<Option<T>> {
+    fn typed<T>(&self, name: &str, consumer: &'static str, pick: impl Fn(&Value) -> Option<T>) -> Result<Option<T>> {
         match self.get(name, consumer)?.value {
             None => Ok(None),
-            Some(v) => pick(&v).map(Some).ok_or_else(|| {
-                Error::internal(format!("{consumer} read {name} as the wrong type ({v:?})"))
-            }),
+            Some(v) => pick(&v)
+                .map(Some)
+                .ok_or_else(|| Error::internal(format!("{consumer} read {name} as the wrong type ({v:?})"))),
         }
     }
 
@@ -299,9 +292,11 @@ impl Registry {
         let spec = &self.specs[i];
         let mut st = self.state[i].lock();
         let parsed = match value {
-            Some(v) => Some(spec.ty.parse(name, v).map_err(|e| {
-                Error::value(format!("{} (value from {})", e.message(), Source::SetEnv.name()))
-            })?),
+            Some(v) => Some(
+                spec.ty
+                    .parse(name, v)
+                    .map_err(|e| Error::value(format!("{} (value from {})", e.message(), Source::SetEnv.name())))?,
+            ),
             None => None,
         };
         if let Some(f) = &st.fixed {
@@ -334,8 +329,7 @@ impl Registry {
 
     /// The warning for an `MXNET_*`/`NNVM_*` name the registry does not know, if it is one.
     pub fn unknown_warning(&self, name: &str) -> Option<String> {
-        if !(name.starts_with("MXNET_") || name.starts_with("NNVM_")) || self.index.contains_key(name)
-        {
+        if !(name.starts_with("MXNET_") || name.starts_with("NNVM_")) || self.index.contains_key(name) {
             return None;
         }
         let hint = match suggest::closest(name, self.specs.iter().map(|s| s.name)) {

@@ -62,8 +62,7 @@ pub enum VarType {
 }
 
 /// Dtype names accepted by [`VarType::DTypeList`].
-pub const TUNING_DTYPES: &[&str] =
-    &["float32", "float64", "float16", "uint8", "int8", "int32", "int64", "bool"];
+pub const TUNING_DTYPES: &[&str] = &["float32", "float64", "float16", "uint8", "int8", "int32", "int64", "bool"];
 
 /// A parsed value.
 #[derive(Debug, Clone, PartialEq)]
@@ -173,10 +172,7 @@ impl VarType {
     /// Parse `raw` strictly. The error names `name`, the value and what is accepted.
     pub fn parse(&self, name: &str, raw: &str) -> Result<Value> {
         let bad = |why: Option<String>| {
-            let mut msg = format!(
-                "environment variable {name}={raw:?} is not valid: expected {}",
-                self.accepted()
-            );
+            let mut msg = format!("environment variable {name}={raw:?} is not valid: expected {}", self.accepted());
             if let Some(why) = why {
                 msg.push_str(&format!(" ({why})"));
             }

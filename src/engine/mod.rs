@@ -54,10 +54,10 @@ use crate::config;
 use crate::context::{Context, DevType};
 use crate::error::{Error, Result};
 use crate::profiler;
-use opr::{Latch, Opr};
 use crate::sync::{Condvar, Mutex, Padded, SpinLock};
-use smallvec::SmallVec;
+use opr::{Latch, Opr};
 use pool::Pool;
+use smallvec::SmallVec;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -256,7 +256,8 @@ impl Drop for RunNow<'_> {
 #[inline]
 fn run_here(tag: OpTag<'_>, ctx: Context, f: impl FnOnce(&RunContext) -> Result<()>) -> Outcome {
     let rctx = RunContext::for_ctx(ctx, false);
-    let ran = profiler::profiled(tag.symbolic, tag.name, ctx, tag.scope, || catch_unwind(AssertUnwindSafe(|| f(&rctx))));
+    let ran =
+        profiler::profiled(tag.symbolic, tag.name, ctx, tag.scope, || catch_unwind(AssertUnwindSafe(|| f(&rctx))));
     match ran {
         Ok(Ok(())) => Outcome::Ok,
         Ok(Err(e)) => Outcome::Failed(e),
@@ -405,11 +406,9 @@ impl Engine {
         };
         match (self.opts.kind, class) {
             (_, CpuWorker) => from_config("MXNET_CPU_WORKER_NTHREADS", "CPU worker pool start", self.opts.cpu_workers),
-            (_, CpuPriority) => from_config(
-                "MXNET_CPU_PRIORITY_NTHREADS",
-                "CPU priority pool start",
-                self.opts.cpu_priority_workers,
-            ),
+            (_, CpuPriority) => {
+                from_config("MXNET_CPU_PRIORITY_NTHREADS", "CPU priority pool start", self.opts.cpu_priority_workers)
+            }
             (_, GpuCompute) => from_config("MXNET_GPU_WORKER_NTHREADS", "GPU worker pool start", self.opts.gpu_workers),
             (_, GpuCopy) => from_config("MXNET_GPU_COPY_NTHREADS", "GPU copy pool start", self.opts.gpu_copy_workers),
             (_, GpuPriority) => Ok(1),
@@ -623,7 +622,12 @@ impl Engine {
 
     /// The operation for a push, not yet registered, and the latch to wait on if it is waited
     /// for.
-    fn make_opr(&'static self, p: Push, pool: Option<&'static Pool>, ring_mark: usize) -> (Arc<Opr>, Option<Arc<Latch>>) {
+    fn make_opr(
+        &'static self,
+        p: Push,
+        pool: Option<&'static Pool>,
+        ring_mark: usize,
+    ) -> (Arc<Opr>, Option<Arc<Latch>>) {
         let n_const = p.const_vars.len();
         let mut vars = p.const_vars;
         vars.extend(p.mutable_vars);
@@ -897,7 +901,20 @@ impl Engine {
     /// an asynchronous function, a recorded failure to check) is handed back for the general
     /// path.
     fn try_run_now(&'static self, p: Push) -> std::result::Result<(), Push> {
-        let Push { func: OprFn::Sync(f), const_vars, mutable_vars, ctx, prop, priority, name, payload, wait, symbolic, scope, cheap } = p
+        let Push {
+            func: OprFn::Sync(f),
+            const_vars,
+            mutable_vars,
+            ctx,
+            prop,
+            priority,
+            name,
+            payload,
+            wait,
+            symbolic,
+            scope,
+            cheap,
+        } = p
         else {
             return Err(p);
         };
@@ -907,7 +924,20 @@ impl Engine {
                 drop(payload);
                 Ok(())
             }
-            Err(f) => Err(Push { func: OprFn::Sync(f), const_vars, mutable_vars, ctx, prop, priority, name, payload, wait, symbolic, scope, cheap }),
+            Err(f) => Err(Push {
+                func: OprFn::Sync(f),
+                const_vars,
+                mutable_vars,
+                ctx,
+                prop,
+                priority,
+                name,
+                payload,
+                wait,
+                symbolic,
+                scope,
+                cheap,
+            }),
         }
     }
 
@@ -978,7 +1008,8 @@ impl Engine {
     #[inline]
     fn runs_here(&self, ctx: Context, cheap: bool) -> bool {
         self.may_try_here(cheap)
-            && (self.opts.kind == EngineKind::Naive || (ctx.dev_type.is_host() && self.pending() == 0 && !on_worker_thread()))
+            && (self.opts.kind == EngineKind::Naive
+                || (ctx.dev_type.is_host() && self.pending() == 0 && !on_worker_thread()))
             && self.may_run_here()
     }
 
@@ -1343,10 +1374,7 @@ impl Engine {
     #[inline(never)]
     fn apply_back_pressure_bound(&self) {
         let max = self.opts.max_pending;
-        if !on_worker_thread()
-            && !NO_BACK_PRESSURE.with(Cell::get)
-            && !self.in_inline_queue()
-        {
+        if !on_worker_thread() && !NO_BACK_PRESSURE.with(Cell::get) && !self.in_inline_queue() {
             self.wait_until(|pending| pending < max);
         }
     }
@@ -1397,7 +1425,11 @@ impl Engine {
         // operation on it still waits to be registered: only the pending count is a safe
         // shortcut there.
         let ready = if self.opts.kind == EngineKind::Naive {
-            if write { var.is_idle() } else { var.is_readable() }
+            if write {
+                var.is_idle()
+            } else {
+                var.is_readable()
+            }
         } else {
             self.pending() == 0
         };
@@ -1581,9 +1613,7 @@ impl Default for Bulk {
 fn bulk_accepts(engine: &'static Engine, p: &Push) -> bool {
     BULK.try_with(|b| {
         let b = b.borrow();
-        b.size > 1
-            && (b.funcs.is_empty()
-                || (b.ctx == p.ctx && b.engine.is_some_and(|e| std::ptr::eq(e, engine))))
+        b.size > 1 && (b.funcs.is_empty() || (b.ctx == p.ctx && b.engine.is_some_and(|e| std::ptr::eq(e, engine))))
     })
     .unwrap_or(false)
 }

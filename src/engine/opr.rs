@@ -40,9 +40,11 @@ impl FnProperty {
         FnProperty::NoSkip,
     ];
     pub fn from_code(code: i32) -> Result<Self> {
-        Self::ALL.get(code as usize).copied().filter(|_| code >= 0).ok_or_else(|| {
-            Error::value(format!("unknown FnProperty {code} (expected 0..=7)"))
-        })
+        Self::ALL
+            .get(code as usize)
+            .copied()
+            .filter(|_| code >= 0)
+            .ok_or_else(|| Error::value(format!("unknown FnProperty {code} (expected 0..=7)")))
     }
 }
 

@@ -24,10 +24,10 @@
 use super::opr::Opr;
 use super::Engine;
 use crate::sync::{membarrier, Condvar, Mutex, Padded};
+use std::cell::{Cell, RefCell};
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 thread_local! {
@@ -121,9 +121,7 @@ impl Pool {
         }));
         for i in 0..threads {
             let p = pool;
-            std::thread::Builder::new()
-                .name(format!("{name} {i}"))
-                .spawn(move || p.work(engine))?;
+            std::thread::Builder::new().name(format!("{name} {i}")).spawn(move || p.work(engine))?;
         }
         Ok(pool)
     }

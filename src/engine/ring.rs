@@ -121,7 +121,11 @@ struct Extra {
 pub(crate) enum Rec<'a> {
     Full(&'a mut Push),
     /// A compact record's context and variables (they stay in the slot).
-    Compact { ctx: Context, reads: &'a [Arc<Var>], writes: &'a [Arc<Var>] },
+    Compact {
+        ctx: Context,
+        reads: &'a [Arc<Var>],
+        writes: &'a [Arc<Var>],
+    },
 }
 
 pub(crate) struct Ring {
@@ -706,8 +710,10 @@ mod tests {
             let raw = || unsafe { RawFn::new(nothing, std::ptr::null_mut(), None) };
             // SAFETY: an empty C function without param or deleter; the test is the ring's
             // only producer.
-            unsafe { ring.publish_compact_with(Context::CPU, 1, 2, |i| Ok::<_, ()>(vars[i].clone()), |_, _| Ok(()), raw) }
-                .ok_or("the ring is full")
+            unsafe {
+                ring.publish_compact_with(Context::CPU, 1, 2, |i| Ok::<_, ()>(vars[i].clone()), |_, _| Ok(()), raw)
+            }
+            .ok_or("the ring is full")
         };
         let mut held = None;
         for i in 0..3 * SLOTS {
@@ -768,7 +774,8 @@ mod tests {
         let ring = Ring::new(true);
         let vars: Vec<Arc<Var>> = (0..5).map(|_| Var::new()).collect();
         // (reads, variables in all, with a deleter)
-        let shapes = [(0, 1, false), (1, 1, false), (0, 1, true), (1, 3, true), (0, 0, false), (2, 2, false), (0, 0, true)];
+        let shapes =
+            [(0, 1, false), (1, 1, false), (0, 1, true), (1, 3, true), (0, 0, false), (2, 2, false), (0, 0, true)];
         let mut with_deleter = 0;
         for i in 0..3 * SLOTS + 5 {
             let (nc, n, del) = shapes[i % shapes.len()];
@@ -777,9 +784,16 @@ mod tests {
             // SAFETY: the test is the ring's only producer and consumer; the function does
             // nothing, the deleter only counts.
             unsafe {
-                ring.publish_compact_with(Context { dev_type: DevType::Cpu, dev_id: i as i32 % 3 }, nc, n, |k| Ok::<_, ()>(pick(k).clone()), |_, _| Ok(()), raw)
-                    .expect("room: every slot is given back at once")
-                    .unwrap();
+                ring.publish_compact_with(
+                    Context { dev_type: DevType::Cpu, dev_id: i as i32 % 3 },
+                    nc,
+                    n,
+                    |k| Ok::<_, ()>(pick(k).clone()),
+                    |_, _| Ok(()),
+                    raw,
+                )
+                .expect("room: every slot is given back at once")
+                .unwrap();
                 let (at, rec) = ring.peek().expect("published");
                 assert_eq!(at, i);
                 let Rec::Compact { ctx, reads, writes } = rec else { panic!("slot index {i}: not a compact record") };
@@ -789,7 +803,11 @@ mod tests {
                     assert!(Arc::ptr_eq(v, pick(k)), "slot index {i}: variable {k}");
                 }
                 let (f, param, deleter) = ring.take_raw(at).into_parts();
-                assert_eq!((f as usize, param as usize, deleter.is_some()), (nothing as CFn as usize, i, del), "slot index {i}");
+                assert_eq!(
+                    (f as usize, param as usize, deleter.is_some()),
+                    (nothing as CFn as usize, i, del),
+                    "slot index {i}"
+                );
                 with_deleter += usize::from(del);
                 // Made again once, as the consumer's function is: its drop runs the deleter.
                 drop(RawFn::new(f, param, deleter));
@@ -818,11 +836,19 @@ mod tests {
         // SAFETY (the three pushes): the test is the ring's only producer and consumer.
         // The third lookup fails: the first two are dropped again.
         let r = unsafe {
-            ring.publish_compact_with(Context::CPU, 1, 3, |i| if i < 2 { Ok(vars[i].clone()) } else { Err("bad handle") }, |_, _| Ok(()), raw)
+            ring.publish_compact_with(
+                Context::CPU,
+                1,
+                3,
+                |i| if i < 2 { Ok(vars[i].clone()) } else { Err("bad handle") },
+                |_, _| Ok(()),
+                raw,
+            )
         };
         assert_eq!(r, Some(Err("bad handle")));
         // The check refuses what the lookups gave: all three are dropped.
-        let r = unsafe { ring.publish_compact_with(Context::CPU, 1, 3, |i| Ok(vars[i].clone()), |_, _| Err("twice"), raw) };
+        let r =
+            unsafe { ring.publish_compact_with(Context::CPU, 1, 3, |i| Ok(vars[i].clone()), |_, _| Err("twice"), raw) };
         assert_eq!(r, Some(Err("twice")));
         assert_eq!((Arc::strong_count(&a), Arc::strong_count(&b), Arc::strong_count(&c)), (1, 1, 1));
         assert_eq!(made.get(), 0, "a function was made for a refused push");
@@ -847,7 +873,12 @@ mod tests {
             let (at, rec) = ring.peek().expect("published");
             match rec {
                 Rec::Compact { reads, writes, .. } => {
-                    assert!(reads.len() == 1 && writes.len() == 1 && Arc::ptr_eq(&reads[0], &c) && Arc::ptr_eq(&writes[0], &b));
+                    assert!(
+                        reads.len() == 1
+                            && writes.len() == 1
+                            && Arc::ptr_eq(&reads[0], &c)
+                            && Arc::ptr_eq(&writes[0], &b)
+                    );
                 }
                 Rec::Full(_) => panic!("a compact record read as a whole push"),
             }

@@ -61,7 +61,8 @@ impl Solo {
     pub fn enter(&self) -> Option<SoloGuard<'_>> {
         let id = my_id();
         let s = self.word.load(Ordering::Relaxed);
-        if (s == id || s == 0) && self.word.compare_exchange(s, id | BUSY, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+        if (s == id || s == 0) && self.word.compare_exchange(s, id | BUSY, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        {
             return Some(SoloGuard { solo: self, id });
         }
         self.note(id);

@@ -295,9 +295,8 @@ fn duplicate_variables_are_refused() {
     let v = Var::new();
     let ran = Arc::new(AtomicBool::new(false));
     let r = ran.clone();
-    let err = e
-        .push(Push::sync(move |_| Ok(r.store(true, Ordering::SeqCst)), vec![v.clone()], vec![v.clone()]))
-        .unwrap_err();
+    let err =
+        e.push(Push::sync(move |_| Ok(r.store(true, Ordering::SeqCst)), vec![v.clone()], vec![v.clone()])).unwrap_err();
     assert!(err.to_string().starts_with("ValueError:") && err.to_string().contains("twice"));
     assert!(e.push(Push::sync(|_| Ok(()), vec![v.clone(), v.clone()], vec![])).is_err());
     let many: Vec<_> = (0..20).map(|_| Var::new()).chain([v.clone()]).collect();
@@ -346,7 +345,15 @@ fn failures_propagate_report_once_and_clear() {
         // The engine keeps working, also on the vars that failed.
         let n = Arc::new(AtomicUsize::new(0));
         let n2 = n.clone();
-        e.push(Push::sync(move |_| { n2.fetch_add(1, Ordering::SeqCst); Ok(()) }, vec![a.clone()], vec![b.clone()])).unwrap();
+        e.push(Push::sync(
+            move |_| {
+                n2.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            },
+            vec![a.clone()],
+            vec![b.clone()],
+        ))
+        .unwrap();
         e.wait_for_var(&b, false).unwrap();
         assert_eq!(n.load(Ordering::SeqCst), 1);
 
@@ -409,7 +416,8 @@ fn idle_threaded_engines_run_cheap_operations_on_the_pushing_thread() {
         let v = Var::new();
         let (tx, rx) = mpsc::channel();
         let cheap = |tx: mpsc::Sender<(u32, std::thread::ThreadId)>, tag: u32, v: &Arc<Var>| {
-            let mut p = Push::sync(move |_| Ok(tx.send((tag, std::thread::current().id())).unwrap()), vec![], vec![v.clone()]);
+            let mut p =
+                Push::sync(move |_| Ok(tx.send((tag, std::thread::current().id())).unwrap()), vec![], vec![v.clone()]);
             p.cheap = true;
             p
         };
@@ -418,7 +426,8 @@ fn idle_threaded_engines_run_cheap_operations_on_the_pushing_thread() {
         assert_eq!(rx.try_recv().unwrap(), (1, me));
         // Not cheap: a worker runs it even on an idle engine.
         let t = tx.clone();
-        e.push(Push::sync(move |_| Ok(t.send((2, std::thread::current().id())).unwrap()), vec![], vec![v.clone()])).unwrap();
+        e.push(Push::sync(move |_| Ok(t.send((2, std::thread::current().id())).unwrap()), vec![], vec![v.clone()]))
+            .unwrap();
         e.wait_all().unwrap();
         let (tag, thread) = rx.try_recv().unwrap();
         assert!(tag == 2 && thread != me);
@@ -460,8 +469,12 @@ fn naive_engine_runs_on_the_pushing_thread() {
     let me = std::thread::current().id();
     let same = Arc::new(AtomicBool::new(false));
     let s = same.clone();
-    e.push(Push::sync(move |_| Ok(s.store(std::thread::current().id() == me, Ordering::SeqCst)), vec![], vec![Var::new()]))
-        .unwrap();
+    e.push(Push::sync(
+        move |_| Ok(s.store(std::thread::current().id() == me, Ordering::SeqCst)),
+        vec![],
+        vec![Var::new()],
+    ))
+    .unwrap();
     // Push returned: the operation is done.
     assert!(same.load(Ordering::SeqCst));
     assert_eq!(e.pending(), 0);
@@ -629,7 +642,6 @@ fn waiting_from_inside_an_operation_is_refused() {
     assert!(result.lock().as_deref().unwrap_or("").contains("would wait for itself"));
 }
 
-
 #[test]
 fn multi_variable_pushes_from_many_threads_do_not_deadlock() {
     for kind in [EngineKind::Naive, EngineKind::Threaded, EngineKind::PerDevice] {
@@ -646,7 +658,11 @@ fn multi_variable_pushes_from_many_threads_do_not_deadlock() {
                         let a = rng.below(4);
                         let b = (a + 1 + rng.below(3)) % 4;
                         // Opposite orders from different threads: the classic lock-order cycle.
-                        let w = if t % 2 == 0 { vec![vars[a].clone(), vars[b].clone()] } else { vec![vars[b].clone(), vars[a].clone()] };
+                        let w = if t % 2 == 0 {
+                            vec![vars[a].clone(), vars[b].clone()]
+                        } else {
+                            vec![vars[b].clone(), vars[a].clone()]
+                        };
                         expected[a].fetch_add(1, Ordering::Relaxed);
                         expected[b].fetch_add(1, Ordering::Relaxed);
                         let c = counts.clone();

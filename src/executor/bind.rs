@@ -21,7 +21,13 @@ pub struct Executor {
 impl Executor {
     /// `args`/`grads`/`reqs` in `list_arguments` order, `aux` in `list_auxiliary_states`
     /// order.
-    pub fn bind(sym: &Symbol, args: Vec<NDArray>, grads: Vec<Option<NDArray>>, reqs: Vec<GradReq>, aux: Vec<NDArray>) -> Result<Executor> {
+    pub fn bind(
+        sym: &Symbol,
+        args: Vec<NDArray>,
+        grads: Vec<Option<NDArray>>,
+        reqs: Vec<GradReq>,
+        aux: Vec<NDArray>,
+    ) -> Result<Executor> {
         let runner = Runner::new(sym)?;
         let (arg_nodes, aux_nodes) = (runner.graph.arg_nodes(), runner.graph.aux_nodes());
         if args.len() != arg_nodes.len() || grads.len() != args.len() || reqs.len() != args.len() {
@@ -34,7 +40,11 @@ impl Executor {
             )));
         }
         if aux.len() != aux_nodes.len() {
-            return Err(Error::value(format!("bind: the symbol has {} auxiliary states, got {} arrays", aux_nodes.len(), aux.len())));
+            return Err(Error::value(format!(
+                "bind: the symbol has {} auxiliary states, got {} arrays",
+                aux_nodes.len(),
+                aux.len()
+            )));
         }
         let mut inputs = vec![NDArray::none(); runner.inputs.len()];
         let mut gr = vec![(GradReq::Null, None); runner.inputs.len()];
@@ -53,27 +63,34 @@ impl Executor {
 
     /// Run forward; in training mode the run is recorded for [`Executor::backward`].
     pub fn forward(&self, is_train: bool) -> Result<()> {
-        let outs = if is_train {
-            let inputs: Vec<NDArray> = self
-                .inputs
-                .iter()
-                .zip(&self.grads)
-                .map(|(x, (r, g))| if *r == GradReq::Null { Ok(x.detached()) } else { autograd::mark_variable(x, *r, g.clone()) })
-                .collect::<Result<_>>()?;
-            let prev_rec = autograd::set_recording(true);
-            let prev_train = autograd::set_training(true);
-            let r = self.runner.configured_bulk(true).and_then(|b| self.runner.run(&inputs, b));
-            autograd::set_recording(prev_rec);
-            autograd::set_training(prev_train);
-            r?
-        } else {
-            let prev_rec = autograd::set_recording(false);
-            let prev_train = autograd::set_training(false);
-            let r = self.runner.configured_bulk(false).and_then(|b| self.runner.run(&self.inputs, b));
-            autograd::set_recording(prev_rec);
-            autograd::set_training(prev_train);
-            r?
-        };
+        let outs =
+            if is_train {
+                let inputs: Vec<NDArray> =
+                    self.inputs
+                        .iter()
+                        .zip(&self.grads)
+                        .map(|(x, (r, g))| {
+                            if *r == GradReq::Null {
+                                Ok(x.detached())
+                            } else {
+                                autograd::mark_variable(x, *r, g.clone())
+                            }
+                        })
+                        .collect::<Result<_>>()?;
+                let prev_rec = autograd::set_recording(true);
+                let prev_train = autograd::set_training(true);
+                let r = self.runner.configured_bulk(true).and_then(|b| self.runner.run(&inputs, b));
+                autograd::set_recording(prev_rec);
+                autograd::set_training(prev_train);
+                r?
+            } else {
+                let prev_rec = autograd::set_recording(false);
+                let prev_train = autograd::set_training(false);
+                let r = self.runner.configured_bulk(false).and_then(|b| self.runner.run(&self.inputs, b));
+                autograd::set_recording(prev_rec);
+                autograd::set_training(prev_train);
+                r?
+            };
         *self.outputs.lock() = outs;
         Ok(())
     }
@@ -86,7 +103,14 @@ impl Executor {
         }
         let mut hg = head_grads.to_vec();
         hg.resize(heads.len(), None);
-        autograd::backward(BackwardArgs { heads: &heads, head_grads: &hg, variables: &[], retain_graph: false, create_graph: false, is_train })?;
+        autograd::backward(BackwardArgs {
+            heads: &heads,
+            head_grads: &hg,
+            variables: &[],
+            retain_graph: false,
+            create_graph: false,
+            is_train,
+        })?;
         Ok(())
     }
 

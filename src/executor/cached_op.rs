@@ -51,7 +51,9 @@ fn parse_indices(k: &str, v: &str) -> Result<Vec<usize>> {
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().map_err(|_| Error::mxnet(format!("CachedOp flag {k}: invalid index '{s}' in '{v}'"))))
+        .map(|s| {
+            s.parse::<usize>().map_err(|_| Error::mxnet(format!("CachedOp flag {k}: invalid index '{s}' in '{v}'")))
+        })
         .collect()
 }
 
@@ -118,7 +120,13 @@ mod tests {
 
     #[test]
     fn flags_parse_strictly() {
-        let f = Flags::parse([("static_alloc", "True"), ("data_indices", "[0]"), ("param_indices", "[1, 2, 3]"), ("forward_bulk_size", "15")]).unwrap();
+        let f = Flags::parse([
+            ("static_alloc", "True"),
+            ("data_indices", "[0]"),
+            ("param_indices", "[1, 2, 3]"),
+            ("forward_bulk_size", "15"),
+        ])
+        .unwrap();
         assert!(f.static_alloc && !f.static_shape);
         assert_eq!(f.data_indices, vec![0]);
         assert_eq!(f.param_indices, vec![1, 2, 3]);

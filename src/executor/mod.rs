@@ -55,7 +55,12 @@ impl MemoryPlan {
 }
 
 /// Which input of node `i` its output may overwrite (see [`Runner::inplace`]).
-fn inplace_candidate(graph: &Graph, i: usize, last_use: &[usize], heads: &[(usize, usize)]) -> Option<(usize, Vec<usize>)> {
+fn inplace_candidate(
+    graph: &Graph,
+    i: usize,
+    last_use: &[usize],
+    heads: &[(usize, usize)],
+) -> Option<(usize, Vec<usize>)> {
     let n = &graph.nodes[i];
     let op = n.op?;
     if (op.num_outputs)(n.attrs.as_ref()?) != 1 {
@@ -148,12 +153,17 @@ impl Runner {
                 let mut ins: Vec<&NDArray> = Vec::with_capacity(n.inputs.len());
                 for &(src, idx) in &n.inputs {
                     ins.push(vals[src].get(idx).ok_or_else(|| {
-                        Error::value(format!("node {} reads output {idx} of {}, which has none", n.name, self.graph.nodes[src].name))
+                        Error::value(format!(
+                            "node {} reads output {idx} of {}, which has none",
+                            n.name, self.graph.nodes[src].name
+                        ))
                     })?);
                 }
                 let target = match &self.inplace[i] {
                     Some((ii, readers))
-                        if plan.inplace && plan.share && !(recording && kept_for_gradient(&self.graph, n.inputs[*ii], readers)) =>
+                        if plan.inplace
+                            && plan.share
+                            && !(recording && kept_for_gradient(&self.graph, n.inputs[*ii], readers)) =>
                     {
                         inplace_target(op, attrs, &ins, *ii)
                     }
@@ -175,14 +185,21 @@ impl Runner {
         self.graph
             .heads
             .iter()
-            .map(|&(n, i)| vals[n].get(i).cloned().ok_or_else(|| Error::internal(format!("head {n}:{i} was not computed"))))
+            .map(|&(n, i)| {
+                vals[n].get(i).cloned().ok_or_else(|| Error::internal(format!("head {n}:{i} was not computed")))
+            })
             .collect()
     }
 }
 
 /// The output array of an in-place call: input `ii`'s memory with the output's shape, when the
 /// output has the input's dtype and byte size (otherwise the call gets a new array).
-fn inplace_target(op: &'static crate::op::OpDef, attrs: &crate::op::param::Attrs, ins: &[&NDArray], ii: usize) -> Option<NDArray> {
+fn inplace_target(
+    op: &'static crate::op::OpDef,
+    attrs: &crate::op::param::Attrs,
+    ins: &[&NDArray],
+    ii: usize,
+) -> Option<NDArray> {
     let x = ins.get(ii)?;
     let metas: Vec<crate::op::Meta> = ins.iter().map(|a| crate::op::Meta::new(a.shape.clone(), a.dtype)).collect();
     let out = (op.infer)(attrs, &metas).ok()?.into_iter().next()?;

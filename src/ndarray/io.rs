@@ -135,7 +135,10 @@ pub fn load_list(buf: &[u8], np_shape: bool) -> Result<(Vec<NDArray>, Vec<String
     let n = r.count(12, "array count")?;
     let mut arrays = Vec::with_capacity(n);
     for i in 0..n {
-        arrays.push(load_array_from(&mut r, np_shape).map_err(|e| Error::new(e.kind(), format!("array {i}: {}", e.message())))?);
+        arrays.push(
+            load_array_from(&mut r, np_shape)
+                .map_err(|e| Error::new(e.kind(), format!("array {i}: {}", e.message())))?,
+        );
     }
     let m = r.count(8, "name count")?;
     if m != 0 && m != n {
@@ -325,7 +328,8 @@ mod tests {
         };
         let valid = STOCK_LIST.to_vec();
         for round in 0..20_000 {
-            let mut buf = if round % 2 == 0 { valid.clone() } else { (0..(next() % 200)).map(|_| next() as u8).collect() };
+            let mut buf =
+                if round % 2 == 0 { valid.clone() } else { (0..(next() % 200)).map(|_| next() as u8).collect() };
             for _ in 0..(next() % 6) {
                 if !buf.is_empty() {
                     let i = (next() as usize) % buf.len();

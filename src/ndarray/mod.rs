@@ -136,7 +136,15 @@ pub fn byte_size(shape: &[usize], dtype: DType) -> Result<(usize, usize)> {
 
 impl NDArray {
     pub fn none() -> Self {
-        NDArray { chunk: None, ctx: Context::CPU, chunk_bytes: 0, shape: Vec::new(), dtype: DType::F32, offset: 0, ag: None }
+        NDArray {
+            chunk: None,
+            ctx: Context::CPU,
+            chunk_bytes: 0,
+            shape: Vec::new(),
+            dtype: DType::F32,
+            offset: 0,
+            ag: None,
+        }
     }
 
     /// A placeholder with `like`'s shape and dtype but no storage (an output not computed).
@@ -176,7 +184,6 @@ impl NDArray {
     pub fn ctx(&self) -> Option<Context> {
         self.chunk.as_ref().map(|_| self.ctx)
     }
-
 
     /// Wait until pending writes (or, with `write`, all pending operations) are done.
     pub fn wait(&self, write: bool) -> Result<()> {

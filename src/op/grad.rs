@@ -28,7 +28,10 @@ pub fn backward_op(op: &OpDef) -> Result<Option<&'static OpDef>> {
         Grad::Backward { op: name, .. } | Grad::Stateful { op: name } => {
             let b = lookup(name).map_err(|_| Error::not_supported(format!("the gradient of {} ({name})", op.name)))?;
             if !b.is_backward && !matches!(op.grad, Grad::Stateful { .. }) {
-                return Err(Error::internal(format!("{name}, the gradient of {}, is not a backward operator", op.name)));
+                return Err(Error::internal(format!(
+                    "{name}, the gradient of {}, is not a backward operator",
+                    op.name
+                )));
             }
             Ok(Some(b))
         }

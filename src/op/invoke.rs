@@ -87,11 +87,21 @@ fn invoke_checked<'a>(
 }
 
 /// [`invoke`] with parameters already parsed (graph executors parse once per node).
-pub fn invoke_attrs(op: &'static OpDef, inputs: &[&NDArray], outputs: Option<&[&NDArray]>, attrs: super::param::Attrs) -> Result<Vec<NDArray>> {
+pub fn invoke_attrs(
+    op: &'static OpDef,
+    inputs: &[&NDArray],
+    outputs: Option<&[&NDArray]>,
+    attrs: super::param::Attrs,
+) -> Result<Vec<NDArray>> {
     invoke_parsed(op, inputs, outputs, attrs).map_err(stock_class)
 }
 
-fn invoke_parsed(op: &'static OpDef, inputs: &[&NDArray], outputs: Option<&[&NDArray]>, attrs: super::param::Attrs) -> Result<Vec<NDArray>> {
+fn invoke_parsed(
+    op: &'static OpDef,
+    inputs: &[&NDArray],
+    outputs: Option<&[&NDArray]>,
+    attrs: super::param::Attrs,
+) -> Result<Vec<NDArray>> {
     if let Some(own) = op.invoke_with {
         return own(op, inputs, outputs, attrs);
     }
@@ -112,7 +122,8 @@ fn invoke_parsed(op: &'static OpDef, inputs: &[&NDArray], outputs: Option<&[&NDA
     let mut in_meta = Vec::with_capacity(inputs.len());
     let mut ctx: Option<Context> = None;
     for (i, x) in inputs.iter().enumerate() {
-        let c = x.ctx().ok_or_else(|| Error::value(format!("input {i} of operator {} is an empty NDArray", op.name)))?;
+        let c =
+            x.ctx().ok_or_else(|| Error::value(format!("input {i} of operator {} is an empty NDArray", op.name)))?;
         if let Some(prev) = ctx {
             if prev != c {
                 return Err(Error::value(format!(
@@ -134,18 +145,18 @@ fn invoke_parsed(op: &'static OpDef, inputs: &[&NDArray], outputs: Option<&[&NDA
     let total = (op.num_outputs)(&attrs);
     let visible = (op.num_visible_outputs)(&attrs);
     if out_meta.len() != total {
-        return Err(Error::internal(format!("operator {} inferred {} outputs, declared {total}", op.name, out_meta.len())));
+        return Err(Error::internal(format!(
+            "operator {} inferred {} outputs, declared {total}",
+            op.name,
+            out_meta.len()
+        )));
     }
 
     // Outputs: the caller's (checked against inference) or new arrays.
     let mut outs: Vec<NDArray> = Vec::with_capacity(total);
     if let Some(given) = outputs {
         if given.len() != total && given.len() != visible {
-            return Err(Error::value(format!(
-                "operator {} has {visible} outputs, {} given",
-                op.name,
-                given.len()
-            )));
+            return Err(Error::value(format!("operator {} has {visible} outputs, {} given", op.name, given.len())));
         }
         for (i, o) in given.iter().enumerate() {
             let m = &out_meta[i];
@@ -195,7 +206,12 @@ fn invoke_parsed(op: &'static OpDef, inputs: &[&NDArray], outputs: Option<&[&NDA
 /// context, into a new output, outside autograd: its inference is then known (one output like
 /// the inputs) and none runs. Returns the inputs' context; `None` sends the call down the
 /// general path (which reports any error).
-fn same_shape_call(op: &OpDef, attrs: &super::param::Attrs, inputs: &[&NDArray], outputs: Option<&[&NDArray]>) -> Option<Context> {
+fn same_shape_call(
+    op: &OpDef,
+    attrs: &super::param::Attrs,
+    inputs: &[&NDArray],
+    outputs: Option<&[&NDArray]>,
+) -> Option<Context> {
     let first = inputs.first()?;
     if !op.same_shape || outputs.is_some() || attrs.has("ctx") || crate::autograd::is_recording() {
         return None;
@@ -207,7 +223,14 @@ fn same_shape_call(op: &OpDef, attrs: &super::param::Attrs, inputs: &[&NDArray],
 
 /// The body of an imperative operation: the kernel, then the copies of outputs computed into
 /// temporaries (see [`launch`]).
-fn run_kernel(op: &OpDef, cx: &OpCtx, in_blobs: &[TBlob], out_blobs: &[TBlob], temps: &[(usize, Block)], final_outs: &[TBlob]) -> Result<()> {
+fn run_kernel(
+    op: &OpDef,
+    cx: &OpCtx,
+    in_blobs: &[TBlob],
+    out_blobs: &[TBlob],
+    temps: &[(usize, Block)],
+    final_outs: &[TBlob],
+) -> Result<()> {
     // Kernels raise IndexError only where stock's do (gather_nd), MXNetError otherwise.
     (op.compute)(cx, in_blobs, out_blobs).map_err(|e| if e.kind() == ErrorKind::Index { e } else { stock_class(e) })?;
     for (oi, block) in temps {
@@ -230,7 +253,13 @@ pub(crate) type ReqList = smallvec::SmallVec<[Req; 4]>;
 
 /// An operation's variables: inputs read, outputs (unless [`Req::Null`]), mutated inputs and
 /// the temporary space written, each listed once.
-fn var_lists(op: &OpDef, inputs: &[&NDArray], outs: &[NDArray], req: &[Req], temp: Option<&Arc<Var>>) -> Result<(engine::VarList, engine::VarList)> {
+fn var_lists(
+    op: &OpDef,
+    inputs: &[&NDArray],
+    outs: &[NDArray],
+    req: &[Req],
+    temp: Option<&Arc<Var>>,
+) -> Result<(engine::VarList, engine::VarList)> {
     // Inline for the common few (no allocation unless the operation has more).
     let mut mutable = engine::VarList::with_capacity(outs.len() + op.mutate_inputs.len());
     for (o, r) in outs.iter().zip(req) {
@@ -258,7 +287,14 @@ fn var_lists(op: &OpDef, inputs: &[&NDArray], outs: &[NDArray], req: &[Req], tem
 /// Push `op`'s kernel on `inputs` writing `outs` (allocated, checked against inference) as
 /// one engine operation. `req[i]` is how output `i` is written; [`Req::Null`] outputs are
 /// neither written nor listed as written variables.
-pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&NDArray], outs: &[NDArray], mut req: ReqList, ctx: Context) -> Result<()> {
+pub(crate) fn launch(
+    op: &'static OpDef,
+    attrs: super::param::Attrs,
+    inputs: &[&NDArray],
+    outs: &[NDArray],
+    mut req: ReqList,
+    ctx: Context,
+) -> Result<()> {
     // Blobs, with temporaries for undeclared overlaps.
     // Inline for the common few operands (moved into the pushed closure, no allocation).
     let mut in_blobs: smallvec::SmallVec<[TBlob; 3]> = smallvec::SmallVec::with_capacity(inputs.len());
@@ -268,7 +304,7 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
     }
     let mut out_blobs: smallvec::SmallVec<[TBlob; 2]> = smallvec::SmallVec::with_capacity(outs.len());
     let mut temps: Vec<(usize, Block)> = Vec::new();
-    
+
     for (oi, o) in outs.iter().enumerate() {
         if req[oi] == Req::Null {
             // Not computed: the kernel must not touch it (a null address makes any access fail).
@@ -298,7 +334,11 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
     } else {
         // SAFETY: as for inputs.
         outs.iter()
-            .map(|o| Ok(unsafe { TBlob::new(if o.chunk.is_some() { o.data()? } else { std::ptr::null_mut() }, &o.shape, o.dtype) }))
+            .map(|o| {
+                Ok(unsafe {
+                    TBlob::new(if o.chunk.is_some() { o.data()? } else { std::ptr::null_mut() }, &o.shape, o.dtype)
+                })
+            })
             .collect::<Result<_>>()?
     };
 
@@ -369,17 +409,24 @@ pub(crate) fn launch(op: &'static OpDef, attrs: super::param::Attrs, inputs: &[&
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ndarray::DType;
     use crate::ndarray::testing::{array_f32, values};
+    use crate::ndarray::DType;
     use crate::op::lookup;
 
     #[test]
     fn same_shape_calls_match_the_general_path() {
         let x = array_f32(&[2, 2], &[1.0, -2.0, 3.0, 4.0]);
         let y = array_f32(&[2, 2], &[0.5, 2.0, -1.0, 8.0]);
-        for (name, kv) in [("elemwise_add", vec![]), ("broadcast_mul", vec![]), ("_plus_scalar", vec![("scalar", "1.5")]), ("relu", vec![]), ("clip", vec![("a_min", "-1"), ("a_max", "2")])] {
+        for (name, kv) in [
+            ("elemwise_add", vec![]),
+            ("broadcast_mul", vec![]),
+            ("_plus_scalar", vec![("scalar", "1.5")]),
+            ("relu", vec![]),
+            ("clip", vec![("a_min", "-1"), ("a_max", "2")]),
+        ] {
             let op = lookup(name).unwrap();
-            let ins: Vec<&NDArray> = if name.starts_with("elemwise") || name.starts_with("broadcast") { vec![&x, &y] } else { vec![&x] };
+            let ins: Vec<&NDArray> =
+                if name.starts_with("elemwise") || name.starts_with("broadcast") { vec![&x, &y] } else { vec![&x] };
             assert!(op.same_shape, "{name}");
             let attrs = op.parse_attrs(kv.iter().copied(), ins.len()).unwrap();
             assert!(same_shape_call(op, &attrs, &ins, None).is_some(), "{name}");

@@ -66,7 +66,9 @@ pub fn requested_threads() -> usize {
         match raw.trim().split(',').next().and_then(|s| s.trim().parse::<usize>().ok()).filter(|&n| n > 0) {
             Some(n) => Some(n),
             None => {
-                eprintln!("[mxnet-rt] warning: OMP_NUM_THREADS={raw:?} is not a positive integer; using the core count");
+                eprintln!(
+                    "[mxnet-rt] warning: OMP_NUM_THREADS={raw:?} is not a positive integer; using the core count"
+                );
                 None
             }
         }
@@ -112,9 +114,11 @@ fn measure_overhead(pool: &rayon::ThreadPool, threads: usize) -> f64 {
     let mut samples: Vec<f64> = (0..24)
         .map(|_| {
             let t = Instant::now();
-            pool.install(|| (0..threads).into_par_iter().for_each(|i| {
-                std::hint::black_box(i);
-            }));
+            pool.install(|| {
+                (0..threads).into_par_iter().for_each(|i| {
+                    std::hint::black_box(i);
+                })
+            });
             t.elapsed().as_nanos() as f64
         })
         .collect();
@@ -136,7 +140,8 @@ fn tuning() -> &'static Tuning {
         let mut enabled = [true; 8];
         match reg.get("MXNET_USE_OPERATOR_TUNING", "operator tuning").map(|r| r.value) {
             Ok(Some(CfgValue::DTypes(Some(list)))) => {
-                for d in [DType::F32, DType::F64, DType::F16, DType::U8, DType::I32, DType::I8, DType::I64, DType::Bool] {
+                for d in [DType::F32, DType::F64, DType::F16, DType::U8, DType::I32, DType::I8, DType::I64, DType::Bool]
+                {
                     enabled[d as usize] = list.iter().any(|n| n == d.name());
                 }
             }

@@ -15,13 +15,13 @@ pub mod custom;
 pub mod grad;
 pub mod invoke;
 pub mod kernel;
+mod ops;
 pub mod param;
 pub mod random;
 pub mod resource;
 pub(crate) mod simd;
 pub mod tensor;
 pub mod tune;
-mod ops;
 
 use crate::error::{Error, Result};
 use crate::ndarray::{self, DType};
@@ -103,7 +103,8 @@ pub type ComputeFn = Box<dyn Fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()> + Send
 /// Invocation of an operator that does not fit parse-infer-compute (see [`OpDef::invoke_with`]):
 /// the operator, its inputs, the caller's outputs if any, and the parsed parameters; returns
 /// the visible outputs.
-pub type InvokeFn = fn(&'static OpDef, &[&ndarray::NDArray], Option<&[&ndarray::NDArray]>, Attrs) -> Result<Vec<ndarray::NDArray>>;
+pub type InvokeFn =
+    fn(&'static OpDef, &[&ndarray::NDArray], Option<&[&ndarray::NDArray]>, Attrs) -> Result<Vec<ndarray::NDArray>>;
 
 /// What a kernel gets besides its tensors.
 pub struct OpCtx<'a> {
@@ -297,7 +298,10 @@ impl OpDef {
             Inputs::Variadic(_) => {
                 let n = attrs.int(self.key_var_num_args);
                 if n < 0 {
-                    return Err(Error::value(format!("operator {}: {} must be >= 0, got {n}", self.name, self.key_var_num_args)));
+                    return Err(Error::value(format!(
+                        "operator {}: {} must be >= 0, got {n}",
+                        self.name, self.key_var_num_args
+                    )));
                 }
                 n as usize
             }
@@ -311,7 +315,11 @@ impl OpDef {
 
     /// Parse the parameters of a call with `num_inputs` inputs, filling in `num_args` for
     /// variadic operators when the caller did not send it.
-    pub fn parse_attrs<'a>(&'static self, kv: impl IntoIterator<Item = (&'a str, &'a str)>, num_inputs: usize) -> Result<Attrs> {
+    pub fn parse_attrs<'a>(
+        &'static self,
+        kv: impl IntoIterator<Item = (&'a str, &'a str)>,
+        num_inputs: usize,
+    ) -> Result<Attrs> {
         if self.not_supported {
             return Err(Error::not_supported(format!("operator {}", self.name)));
         }

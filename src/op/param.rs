@@ -476,10 +476,15 @@ mod tests {
         assert_eq!(a.str("mode"), "avg");
         assert_eq!(a.dtype("dtype"), Some(DType::F16));
         assert_eq!(a.ctx("ctx").unwrap().dev_type, DevType::CpuShared);
-        for (text, want) in [("[1, 2, 0]", vec![1, 2, 0]), ("(3,)", vec![3]), ("()", vec![]), ("5", vec![5]), ("[7]", vec![7])] {
+        for (text, want) in
+            [("[1, 2, 0]", vec![1, 2, 0]), ("(3,)", vec![3]), ("()", vec![]), ("5", vec![5]), ("[7]", vec![7])]
+        {
             assert_eq!(parse(&[("shape", text)]).unwrap().shape("shape"), &want[..], "{text}");
         }
-        assert_eq!(parse(&[("shape", "1"), ("scalar", "1.5951227848834706")]).unwrap().float("scalar"), 1.5951227848834706);
+        assert_eq!(
+            parse(&[("shape", "1"), ("scalar", "1.5951227848834706")]).unwrap().float("scalar"),
+            1.5951227848834706
+        );
         assert_eq!(parse(&[("shape", "1"), ("axis", "-2")]).unwrap().opt_int("axis"), Some(-2));
     }
 

@@ -32,7 +32,8 @@ fn spaces() -> &'static Mutex<HashMap<Context, (Vec<Arc<TempSpace>>, usize)>> {
 /// A workspace of `ctx` for one operation; the caller pushes the operation with
 /// [`TempSpace::var`] written.
 pub fn request(ctx: Context) -> Result<Arc<TempSpace>> {
-    let n = config::global().get_int("MXNET_EXEC_NUM_TEMP", "a temporary workspace request")?.unwrap_or(1).max(1) as usize;
+    let n =
+        config::global().get_int("MXNET_EXEC_NUM_TEMP", "a temporary workspace request")?.unwrap_or(1).max(1) as usize;
     let mut all = spaces().lock();
     let (list, next) = all.entry(ctx).or_default();
     while list.len() < n {

@@ -87,14 +87,38 @@ macro_rules! dispatch_all {
     ($dtype:expr, $T:ident => $body:expr) => {{
         use $crate::ndarray::DType as __D;
         match $dtype {
-            __D::F32 => { type $T = f32; $body }
-            __D::F64 => { type $T = f64; $body }
-            __D::F16 => { type $T = half::f16; $body }
-            __D::U8 => { type $T = u8; $body }
-            __D::I32 => { type $T = i32; $body }
-            __D::I8 => { type $T = i8; $body }
-            __D::I64 => { type $T = i64; $body }
-            __D::Bool => { type $T = $crate::op::tensor::Bool8; $body }
+            __D::F32 => {
+                type $T = f32;
+                $body
+            }
+            __D::F64 => {
+                type $T = f64;
+                $body
+            }
+            __D::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            __D::U8 => {
+                type $T = u8;
+                $body
+            }
+            __D::I32 => {
+                type $T = i32;
+                $body
+            }
+            __D::I8 => {
+                type $T = i8;
+                $body
+            }
+            __D::I64 => {
+                type $T = i64;
+                $body
+            }
+            __D::Bool => {
+                type $T = $crate::op::tensor::Bool8;
+                $body
+            }
         }
     }};
 }
@@ -106,13 +130,34 @@ macro_rules! dispatch_num {
     ($dtype:expr, $op:expr, $T:ident => $body:expr) => {{
         use $crate::ndarray::DType as __D;
         match $dtype {
-            __D::F32 => { type $T = f32; $body }
-            __D::F64 => { type $T = f64; $body }
-            __D::F16 => { type $T = half::f16; $body }
-            __D::U8 => { type $T = u8; $body }
-            __D::I32 => { type $T = i32; $body }
-            __D::I8 => { type $T = i8; $body }
-            __D::I64 => { type $T = i64; $body }
+            __D::F32 => {
+                type $T = f32;
+                $body
+            }
+            __D::F64 => {
+                type $T = f64;
+                $body
+            }
+            __D::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            __D::U8 => {
+                type $T = u8;
+                $body
+            }
+            __D::I32 => {
+                type $T = i32;
+                $body
+            }
+            __D::I8 => {
+                type $T = i8;
+                $body
+            }
+            __D::I64 => {
+                type $T = i64;
+                $body
+            }
             __D::Bool => {
                 return Err($crate::error::Error::type_error(format!("operator {} does not support dtype bool", $op)))
             }
@@ -127,9 +172,18 @@ macro_rules! dispatch_float {
     ($dtype:expr, $op:expr, $T:ident => $body:expr) => {{
         use $crate::ndarray::DType as __D;
         match $dtype {
-            __D::F32 => { type $T = f32; $body }
-            __D::F64 => { type $T = f64; $body }
-            __D::F16 => { type $T = half::f16; $body }
+            __D::F32 => {
+                type $T = f32;
+                $body
+            }
+            __D::F64 => {
+                type $T = f64;
+                $body
+            }
+            __D::F16 => {
+                type $T = half::f16;
+                $body
+            }
             other => {
                 return Err($crate::error::Error::type_error(format!(
                     "operator {} supports float32, float64 and float16, not {}",
@@ -177,7 +231,10 @@ impl TBlob {
         self.ptr
     }
     fn check<T: Elem>(&self) {
-        assert!(!self.ptr.is_null() || self.size() == 0, "kernel touches an output it was told not to write (Req::Null)");
+        assert!(
+            !self.ptr.is_null() || self.size() == 0,
+            "kernel touches an output it was told not to write (Req::Null)"
+        );
         assert_eq!(T::DTYPE, self.dtype, "kernel reads a {} array as {:?}", self.dtype.name(), T::DTYPE);
     }
     /// The elements for reading.

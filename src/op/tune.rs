@@ -70,10 +70,13 @@ impl Mode {
 
 /// The mode of one call: the operator's `cudnn_tune` when given, else the global default.
 pub fn resolve_mode(reg: &Registry, per_op: Option<&str>) -> Result<(Mode, Source)> {
-    let per_call = match per_op {
-        Some(s) => Some(Mode::from_param(s).ok_or_else(|| Error::value(format!("cudnn_tune must be off, limited_workspace or fastest, got {s:?}")))?),
-        None => None,
-    };
+    let per_call =
+        match per_op {
+            Some(s) => Some(Mode::from_param(s).ok_or_else(|| {
+                Error::value(format!("cudnn_tune must be off, limited_workspace or fastest, got {s:?}"))
+            })?),
+            None => None,
+        };
     let (mode, source) = reg.resolve_with("MXNET_CUDNN_AUTOTUNE_DEFAULT", per_call, CONSUMER, |v: &Value| {
         v.as_int()
             .and_then(Mode::from_level)
@@ -158,7 +161,8 @@ impl Tuner {
             )));
         }
         if mode == Mode::LimitedWorkspace {
-            let fits: Vec<usize> = eligible.iter().copied().filter(|&i| req.algos[i].workspace <= req.workspace_limit).collect();
+            let fits: Vec<usize> =
+                eligible.iter().copied().filter(|&i| req.algos[i].workspace <= req.workspace_limit).collect();
             eligible = if fits.is_empty() {
                 // Nothing fits: the algorithm with the least workspace.
                 vec![*eligible.iter().min_by_key(|&&i| req.algos[i].workspace).expect("non-empty")]
@@ -172,7 +176,9 @@ impl Tuner {
             (i, "heuristic")
         } else {
             let full_key = match mode {
-                Mode::LimitedWorkspace => format!("{};mode={};ws={};det={}", req.key, mode.name(), req.workspace_limit, det as u8),
+                Mode::LimitedWorkspace => {
+                    format!("{};mode={};ws={};det={}", req.key, mode.name(), req.workspace_limit, det as u8)
+                }
                 _ => format!("{};mode={};det={}", req.key, mode.name(), det as u8),
             };
             let file = reg.get_str("MXNET_RT_CONV_ALGO_CACHE", CONSUMER).unwrap_or_else(|e| {
@@ -183,7 +189,9 @@ impl Tuner {
                 self.load_file(Path::new(f));
             }
             let cached = self.cache.lock().get(&full_key).cloned();
-            match cached.and_then(|(name, from_file)| eligible.iter().copied().find(|&i| req.algos[i].name == name).map(|i| (i, from_file))) {
+            match cached.and_then(|(name, from_file)| {
+                eligible.iter().copied().find(|&i| req.algos[i].name == name).map(|i| (i, from_file))
+            }) {
                 Some((i, from_file)) => {
                     run(i)?;
                     (i, if from_file { "cache file" } else { "cached" })
@@ -241,13 +249,17 @@ impl Tuner {
                 }
             }
             Err(line) => {
-                warn(format!("MXNET_RT_CONV_ALGO_CACHE={}: malformed line {line}; the file is ignored", path.display()));
+                warn(format!(
+                    "MXNET_RT_CONV_ALGO_CACHE={}: malformed line {line}; the file is ignored",
+                    path.display()
+                ));
             }
         }
     }
 
     fn save_file(&self, path: &Path) {
-        let mut entries: Vec<(String, String)> = self.cache.lock().iter().map(|(k, v)| (k.clone(), v.0.clone())).collect();
+        let mut entries: Vec<(String, String)> =
+            self.cache.lock().iter().map(|(k, v)| (k.clone(), v.0.clone())).collect();
         entries.sort();
         let mut text = format!("{FILE_HEADER}\n");
         for (k, v) in entries {
@@ -275,7 +287,8 @@ fn parse_cache(text: &str) -> std::result::Result<Vec<(String, String)>, usize> 
             continue;
         }
         let (k, v) = line.split_once('\t').ok_or(n + 1)?;
-        if k.is_empty() || v.is_empty() || v.contains('\t') || !v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        if k.is_empty() || v.is_empty() || v.contains('\t') || !v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
             return Err(n + 1);
         }
         out.push((k.to_string(), v.to_string()));
@@ -320,11 +333,12 @@ mod tests {
         let t = Tuner::default();
         let r = reg(&[("MXNET_CUDNN_AUTOTUNE_DEFAULT", "0")]);
         let mut ran = Vec::new();
-        let i = t.select(&r, &req("k", None, 0), |i| {
-            ran.push(i);
-            Ok(())
-        })
-        .unwrap();
+        let i = t
+            .select(&r, &req("k", None, 0), |i| {
+                ran.push(i);
+                Ok(())
+            })
+            .unwrap();
         assert_eq!((i, ran, t.timings()), (1, vec![1], 0));
         assert_eq!(t.last_choice("k").unwrap().how, "heuristic");
     }
@@ -334,11 +348,12 @@ mod tests {
         let t = Tuner::default();
         let r = reg(&[]);
         let mut ran = Vec::new();
-        let first = t.select(&r, &req("k", Some("fastest"), 0), |i| {
-            ran.push(i);
-            Ok(())
-        })
-        .unwrap();
+        let first = t
+            .select(&r, &req("k", Some("fastest"), 0), |i| {
+                ran.push(i);
+                Ok(())
+            })
+            .unwrap();
         assert_eq!(t.timings(), 3);
         // The output is left computed by the chosen algorithm.
         assert_eq!(*ran.last().unwrap(), first);
@@ -383,7 +398,8 @@ mod tests {
         .unwrap();
         assert!(!ran.contains(&2) && ran.len() == 2);
         let only_racy = [ALGOS[2]];
-        let bad = Request { key: "k".into(), per_op: Some("fastest"), workspace_limit: 0, algos: &only_racy, heuristic: 0 };
+        let bad =
+            Request { key: "k".into(), per_op: Some("fastest"), workspace_limit: 0, algos: &only_racy, heuristic: 0 };
         assert!(t.select(&r, &bad, |_| Ok(())).is_err());
     }
 

@@ -142,7 +142,11 @@ fn us_per_tick() -> f64 {
     }
     let ticks = raw_ticks(true).wrapping_sub(c.origin_ticks);
     let us = c.origin.elapsed().as_secs_f64() * 1e6;
-    if ticks == 0 { 1e-3 } else { us / ticks as f64 }
+    if ticks == 0 {
+        1e-3
+    } else {
+        us / ticks as f64
+    }
 }
 
 /// What a thread's buffer holds: the events recorded at every operation in a compact form,
@@ -151,14 +155,31 @@ fn us_per_tick() -> f64 {
 /// 1e-7); start times keep `f64`.
 enum Rec {
     /// A C API call.
-    Api { name: &'static str, ts: f64, dur: f32 },
+    Api {
+        name: &'static str,
+        ts: f64,
+        dur: f32,
+    },
     /// An operation that ran on the recording thread, without extra args.
-    Op { name: Option<Arc<str>>, ctx: Context, ts: f64, dur: f32 },
+    Op {
+        name: Option<Arc<str>>,
+        ctx: Context,
+        ts: f64,
+        dur: f32,
+    },
     /// A C API call and the operation that ran inside it on the same thread (NaiveEngine, or
     /// a cheap operation run by the pushing thread): one record instead of two. The
     /// operation starts `op_offset` ticks after the call (before it, when an operation that
     /// ended in an outer call is recorded with an inner one).
-    ApiOp { api: &'static str, ts: f64, dur: f32, op_offset: f32, op_dur: f32, name: Option<Arc<str>>, ctx: Context },
+    ApiOp {
+        api: &'static str,
+        ts: f64,
+        dur: f32,
+        op_offset: f32,
+        op_dur: f32,
+        name: Option<Arc<str>>,
+        ctx: Context,
+    },
     Full(Box<Event>),
 }
 
@@ -389,7 +410,15 @@ pub fn record_api(name: &'static str, ts: f64) {
         l.api_depth.set(l.api_depth.get().saturating_sub(1));
         let dur = (end - ts) as f32;
         l.push(match l.held.take() {
-            Some(op) => Rec::ApiOp { api: name, ts, dur, op_offset: (op.ts - ts) as f32, op_dur: op.dur, name: op.name, ctx: op.ctx },
+            Some(op) => Rec::ApiOp {
+                api: name,
+                ts,
+                dur,
+                op_offset: (op.ts - ts) as f32,
+                op_dur: op.dur,
+                name: op.name,
+                ctx: op.ctx,
+            },
             None => Rec::Api { name, ts, dur },
         });
     });
@@ -486,9 +515,23 @@ mod tests {
             assert!(l.held.take().is_none());
         });
         let (events, _) = drain();
-        let mine: Vec<_> = events.iter().filter(|e| e.name.starts_with("held_") || e.name.starts_with("MXHeld")).collect();
+        let mine: Vec<_> =
+            events.iter().filter(|e| e.name.starts_with("held_") || e.name.starts_with("MXHeld")).collect();
         let names: Vec<&str> = mine.iter().map(|e| &*e.name).collect();
-        assert_eq!(names, ["MXHeldOne", "held_a", "MXHeldTwo", "held_b", "held_c", "held_free", "MXHeldOuter", "MXHeldInner", "held_d"]);
+        assert_eq!(
+            names,
+            [
+                "MXHeldOne",
+                "held_a",
+                "MXHeldTwo",
+                "held_b",
+                "held_c",
+                "held_free",
+                "MXHeldOuter",
+                "MXHeldInner",
+                "held_d"
+            ]
+        );
         let tid = current_tid();
         assert!(mine.iter().all(|e| e.tid == tid));
         let span = |e: &Event| match e.phase {

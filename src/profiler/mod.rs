@@ -21,9 +21,9 @@ pub mod trace;
 
 use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::sync::{Condvar, Mutex};
 use aggregate::{Aggregate, SortBy};
 use buffer::{now, Event, Phase, Proc, Text};
-use crate::sync::{Condvar, Mutex};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -184,7 +184,13 @@ pub fn op_begin(symbolic: bool) -> Option<f64> {
 
 /// Run `f`, a synchronous operation, recording it if operations of its kind are recorded.
 #[inline]
-pub fn profiled<R>(symbolic: bool, name: Option<&Arc<str>>, ctx: Context, scope: Option<&Arc<str>>, f: impl FnOnce() -> R) -> R {
+pub fn profiled<R>(
+    symbolic: bool,
+    name: Option<&Arc<str>>,
+    ctx: Context,
+    scope: Option<&Arc<str>>,
+    f: impl FnOnce() -> R,
+) -> R {
     match op_begin(symbolic) {
         Some(start) => {
             let r = f();
@@ -209,12 +215,26 @@ pub fn op_end(start: f64, name: Option<&Arc<str>>, ctx: Context, tid: Option<u32
     }
     match (tid, args) {
         (None, None) => buffer::record_op(name.cloned(), ctx, start, end - start),
-        (tid, args) => buffer::record(op_event(name.cloned(), ctx, tid.unwrap_or_else(buffer::current_tid), start, end - start, args)),
+        (tid, args) => buffer::record(op_event(
+            name.cloned(),
+            ctx,
+            tid.unwrap_or_else(buffer::current_tid),
+            start,
+            end - start,
+            args,
+        )),
     }
 }
 
 /// The event of an operation.
-pub(crate) fn op_event(name: Option<Arc<str>>, ctx: Context, tid: u32, ts: f64, dur: f64, args: Option<String>) -> Event {
+pub(crate) fn op_event(
+    name: Option<Arc<str>>,
+    ctx: Context,
+    tid: u32,
+    ts: f64,
+    dur: f64,
+    args: Option<String>,
+) -> Event {
     // Only names given by `op_name` inside a custom operator's callback contain "::".
     let cat = if name.as_ref().is_some_and(|n| n.contains("::")) { CUSTOM_OPERATOR } else { OPERATOR };
     Event {
@@ -242,7 +262,15 @@ pub fn api_call(api: &'static str, start: f64) {
 
 /// The event of a C API call.
 pub(crate) fn api_event(api: &'static str, tid: u32, ts: f64, dur: f64) -> Event {
-    Event { name: Text::Static(api), cat: Text::Static("MXNET_C_API"), proc: Proc::Api, tid, ts, phase: Phase::Complete { dur }, args: None }
+    Event {
+        name: Text::Static(api),
+        cat: Text::Static("MXNET_C_API"),
+        proc: Proc::Api,
+        tid,
+        ts,
+        phase: Phase::Complete { dur },
+        args: None,
+    }
 }
 
 /// The kvstore process a profiler call addresses (`profile_process`).
@@ -275,7 +303,13 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         // Stock defaults: profile_symbolic, _imperative, _memory and _api are all true.
-        Config { mode: ALL, filename: "profile.json".into(), continuous_dump: true, dump_period: 1.0, aggregate_stats: false }
+        Config {
+            mode: ALL,
+            filename: "profile.json".into(),
+            continuous_dump: true,
+            dump_period: 1.0,
+            aggregate_stats: false,
+        }
     }
 }
 
@@ -587,12 +621,22 @@ mod tests {
         let c = Config::parse(&[("profile_symbolic", "False"), ("profile_api", "0"), ("dump_period", "0.5")]).unwrap();
         assert_eq!(c.mode, IMPERATIVE | MEMORY);
         assert_eq!(c.dump_period, 0.5);
-        for (k, v) in [("nope", "1"), ("profile_all", "yes"), ("dump_period", "-1"), ("dump_period", "x"), ("filename", ""), ("profile_process", "boss")] {
+        for (k, v) in [
+            ("nope", "1"),
+            ("profile_all", "yes"),
+            ("dump_period", "-1"),
+            ("dump_period", "x"),
+            ("filename", ""),
+            ("profile_process", "boss"),
+        ] {
             let e = Config::parse(&[(k, v)]).unwrap_err();
             assert_eq!(e.kind(), crate::error::ErrorKind::MXNet, "{k}={v}: {e}");
             assert!(e.to_string().contains(k), "{e}");
         }
-        assert_eq!(Config::parse(&[("profile_process", "server")]).unwrap_err().kind(), crate::error::ErrorKind::NotImplemented);
+        assert_eq!(
+            Config::parse(&[("profile_process", "server")]).unwrap_err().kind(),
+            crate::error::ErrorKind::NotImplemented
+        );
         assert!(ProcessKind::from_code(0).is_ok());
         assert!(ProcessKind::from_code(1).is_err());
     }
@@ -604,7 +648,13 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("p.json");
         let f = file.to_str().unwrap();
-        set_config(&[("profile_all", "True"), ("aggregate_stats", "True"), ("filename", f), ("continuous_dump", "False")]).unwrap();
+        set_config(&[
+            ("profile_all", "True"),
+            ("aggregate_stats", "True"),
+            ("filename", f),
+            ("continuous_dump", "False"),
+        ])
+        .unwrap();
         assert!(dump(false).unwrap_err().to_string().contains("hasn't been run"));
         set_state(true).unwrap();
         let name: Arc<str> = Arc::from("unit_test_op");
@@ -619,7 +669,8 @@ mod tests {
         api_call("MXUnitTest", api_begin());
         dump(false).unwrap();
         let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
-        let ops: Vec<_> = doc["traceEvents"].as_array().unwrap().iter().filter(|e| e["name"] == "unit_test_op").collect();
+        let ops: Vec<_> =
+            doc["traceEvents"].as_array().unwrap().iter().filter(|e| e["name"] == "unit_test_op").collect();
         assert_eq!(ops.len(), 3);
         assert_eq!(ops[0]["args"]["algo"], "direct");
         assert_eq!(aggregate_count("operator", "unit_test_op"), 3);

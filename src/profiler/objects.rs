@@ -17,10 +17,21 @@ use std::sync::Arc;
 type Started = Mutex<Option<(f64, u32)>>;
 
 pub enum Object {
-    Domain { name: Arc<str> },
+    Domain {
+        name: Arc<str>,
+    },
     /// Task, frame or event: a duration that can be started and stopped.
-    Duration { name: Arc<str>, cat: Arc<str>, proc: Proc, started: Started },
-    Counter { name: Arc<str>, domain: Arc<str>, value: AtomicI64 },
+    Duration {
+        name: Arc<str>,
+        cat: Arc<str>,
+        proc: Proc,
+        started: Started,
+    },
+    Counter {
+        name: Arc<str>,
+        domain: Arc<str>,
+        value: AtomicI64,
+    },
 }
 
 fn check_name(name: &str, what: &str) -> Result<Arc<str>> {
@@ -44,7 +55,12 @@ impl Object {
 
     pub fn task(domain: &Object, name: &str) -> Result<Object> {
         let d = domain.domain_name()?;
-        Ok(Object::Duration { name: check_name(name, "task")?, cat: d.clone(), proc: Proc::Domain(d), started: Mutex::new(None) })
+        Ok(Object::Duration {
+            name: check_name(name, "task")?,
+            cat: d.clone(),
+            proc: Proc::Domain(d),
+            started: Mutex::new(None),
+        })
     }
 
     pub fn frame(domain: &Object, name: &str) -> Result<Object> {
@@ -59,11 +75,20 @@ impl Object {
 
     pub fn event(name: &str) -> Result<Object> {
         let cat: Arc<str> = Arc::from("event");
-        Ok(Object::Duration { name: check_name(name, "event")?, cat: cat.clone(), proc: Proc::Domain(cat), started: Mutex::new(None) })
+        Ok(Object::Duration {
+            name: check_name(name, "event")?,
+            cat: cat.clone(),
+            proc: Proc::Domain(cat),
+            started: Mutex::new(None),
+        })
     }
 
     pub fn counter(domain: &Object, name: &str) -> Result<Object> {
-        Ok(Object::Counter { name: check_name(name, "counter")?, domain: domain.domain_name()?, value: AtomicI64::new(0) })
+        Ok(Object::Counter {
+            name: check_name(name, "counter")?,
+            domain: domain.domain_name()?,
+            value: AtomicI64::new(0),
+        })
     }
 
     pub fn kind(&self) -> &'static str {

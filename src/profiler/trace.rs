@@ -96,7 +96,10 @@ impl Trace {
             return;
         }
         let name = self.thread_names.get(&tid).cloned().unwrap_or_else(|| format!("thread {tid}"));
-        let _ = write!(self.meta, ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":");
+        let _ = write!(
+            self.meta,
+            ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{tid},\"args\":{{\"name\":"
+        );
         json_str(&mut self.meta, &name);
         self.meta.push_str("}}");
     }
@@ -190,9 +193,8 @@ pub fn write_atomic(path: &str, bytes: &[u8]) -> Result<()> {
         let mut f = std::fs::OpenOptions::new().write(true).truncate(true).open(target).map_err(|e| io(e, "open"))?;
         return f.write_all(bytes).map_err(|e| io(e, "write"));
     }
-    let file_name = target
-        .file_name()
-        .ok_or_else(|| Error::value(format!("profiler filename '{path}' names no file")))?;
+    let file_name =
+        target.file_name().ok_or_else(|| Error::value(format!("profiler filename '{path}' names no file")))?;
     let tmp = target.with_file_name(format!(".{}.tmp{}", file_name.to_string_lossy(), std::process::id()));
     let mut f = std::fs::File::create(&tmp).map_err(|e| io(e, "create"))?;
     f.write_all(bytes).map_err(|e| io(e, "write"))?;
@@ -235,7 +237,11 @@ mod tests {
         let doc: serde_json::Value = serde_json::from_str(&t.document()).unwrap();
         let evs = doc["traceEvents"].as_array().unwrap();
         assert_eq!(doc["displayTimeUnit"], "ms");
-        let names: Vec<_> = evs.iter().filter(|e| e["ph"] == "M" && e["name"] == "process_name").map(|e| e["args"]["name"].clone()).collect();
+        let names: Vec<_> = evs
+            .iter()
+            .filter(|e| e["ph"] == "M" && e["name"] == "process_name")
+            .map(|e| e["args"]["name"].clone())
+            .collect();
         assert_eq!(names, ["cpu/0", "Device Storage"]);
         assert!(evs.iter().any(|e| e["name"] == "thread_name" && e["args"]["name"] == "cpu worker 1"));
         let x = evs.iter().find(|e| e["ph"] == "X").unwrap();

@@ -30,13 +30,11 @@ pub struct CpuAllocator {
 
 impl Allocator for CpuAllocator {
     fn alloc(&self, size: usize) -> Result<NonNull<u8>> {
-        let layout = Layout::from_size_align(size.max(1), ALIGN).map_err(|_| {
-            Error::value(format!("cannot allocate {size} bytes on {}: size too large", self.ctx))
-        })?;
+        let layout = Layout::from_size_align(size.max(1), ALIGN)
+            .map_err(|_| Error::value(format!("cannot allocate {size} bytes on {}: size too large", self.ctx)))?;
         // SAFETY: the layout has a non-zero size.
-        NonNull::new(unsafe { alloc(layout) }).ok_or_else(|| {
-            Error::mxnet(format!("out of memory: the system refused {size} bytes on {}", self.ctx))
-        })
+        NonNull::new(unsafe { alloc(layout) })
+            .ok_or_else(|| Error::mxnet(format!("out of memory: the system refused {size} bytes on {}", self.ctx)))
     }
     unsafe fn free(&self, ptr: NonNull<u8>, size: usize) {
         // SAFETY: per the trait's contract, allocated above with this layout.

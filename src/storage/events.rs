@@ -65,7 +65,9 @@ mod tests {
         drop(Block::alloc(123_457, Context::CPU).unwrap());
         let events = seen.lock().clone();
         assert_eq!(events.len(), 2, "{events:?}");
-        assert!(matches!(events[0], StorageEvent::Alloc { bytes: 123_457, stats, .. } if stats.bytes_in_use >= 123_457));
+        assert!(
+            matches!(events[0], StorageEvent::Alloc { bytes: 123_457, stats, .. } if stats.bytes_in_use >= 123_457)
+        );
         assert!(matches!(events[1], StorageEvent::Free { ctx: Context::CPU, .. }));
     }
 }

@@ -111,7 +111,11 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(policy: Bucketing, allocator: Box<dyn Allocator>) -> Self {
-        Pool { policy, allocator, state: SpinLock::new(State { free: HashMap::default(), stats: PoolStats::default() }) }
+        Pool {
+            policy,
+            allocator,
+            state: SpinLock::new(State { free: HashMap::default(), stats: PoolStats::default() }),
+        }
     }
 
     pub fn policy(&self) -> Bucketing {

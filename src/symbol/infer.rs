@@ -15,7 +15,7 @@
 //! Variables start from the caller's shapes/dtypes, else their `__shape__` / `__dtype__`
 //! attributes. A contradiction is an `MXNetError` naming the node and both shapes.
 
-use super::{Graph, GNode};
+use super::{GNode, Graph};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::{param::Attrs, Meta, OpDef};
@@ -31,7 +31,10 @@ pub fn is_complete(s: &PShape) -> bool {
 fn show(s: &PShape) -> String {
     match s {
         None => "unknown".to_string(),
-        Some(v) => format!("({})", v.iter().map(|d| if *d < 0 { "?".to_string() } else { d.to_string() }).collect::<Vec<_>>().join(",")),
+        Some(v) => format!(
+            "({})",
+            v.iter().map(|d| if *d < 0 { "?".to_string() } else { d.to_string() }).collect::<Vec<_>>().join(",")
+        ),
     }
 }
 
@@ -45,7 +48,14 @@ fn merge(cur: &mut PShape, new: &PShape, what: &dyn Fn() -> String) -> Result<bo
         }
         Some(c) => {
             let before = Some(c.clone());
-            let mismatch = || Error::mxnet(format!("shape inconsistent for {}: provided {}, inferred {}", what(), show(&before), show(new)));
+            let mismatch = || {
+                Error::mxnet(format!(
+                    "shape inconsistent for {}: provided {}, inferred {}",
+                    what(),
+                    show(&before),
+                    show(new)
+                ))
+            };
             if c.len() != n.len() {
                 return Err(mismatch());
             }
@@ -73,14 +83,19 @@ fn merge_dtype(cur: &mut Option<DType>, new: Option<DType>, what: &dyn Fn() -> S
             Ok(true)
         }
         (Some(c), Some(n)) if *c == n => Ok(false),
-        (Some(c), Some(n)) => Err(Error::mxnet(format!("type inconsistent for {}: provided {}, inferred {}", what(), c.name(), n.name()))),
+        (Some(c), Some(n)) => {
+            Err(Error::mxnet(format!("type inconsistent for {}: provided {}, inferred {}", what(), c.name(), n.name())))
+        }
     }
 }
 
 /// Parse a `__shape__` attribute (`(2, 0)`, `[2, 3]`); in legacy mode 0 means unknown.
 pub fn parse_shape_attr(text: &str, np_shape: bool) -> Option<PShape> {
     let t = text.trim();
-    let inner = t.strip_prefix('(').and_then(|r| r.strip_suffix(')')).or_else(|| t.strip_prefix('[').and_then(|r| r.strip_suffix(']')))?;
+    let inner = t
+        .strip_prefix('(')
+        .and_then(|r| r.strip_suffix(')'))
+        .or_else(|| t.strip_prefix('[').and_then(|r| r.strip_suffix(']')))?;
     let mut dims = Vec::new();
     for p in inner.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let d: i64 = p.trim_end_matches('L').parse().ok()?;
@@ -144,7 +159,8 @@ pub fn infer(g: &Graph, in_shapes: &[PShape], in_dtypes: &[Option<DType>], np_sh
     for heuristics in [false, true] {
         for pass in 0..(2 * g.nodes.len() + 4) {
             let mut changed = false;
-            let order: Vec<usize> = if pass % 2 == 0 { (0..g.nodes.len()).collect() } else { (0..g.nodes.len()).rev().collect() };
+            let order: Vec<usize> =
+                if pass % 2 == 0 { (0..g.nodes.len()).collect() } else { (0..g.nodes.len()).rev().collect() };
             for i in order {
                 changed |= visit(g, i, &mut st, heuristics)?;
             }
@@ -180,7 +196,11 @@ fn place<T: Clone + Default>(g: &Graph, given: Given<T>, what: &str) -> Result<V
         Given::Positional(vals) => {
             let args = g.arg_nodes();
             if vals.len() > args.len() {
-                return Err(Error::mxnet(format!("{what}: {} positional arguments given, the symbol has {}", vals.len(), args.len())));
+                return Err(Error::mxnet(format!(
+                    "{what}: {} positional arguments given, the symbol has {}",
+                    vals.len(),
+                    args.len()
+                )));
             }
             for (val, node) in vals.into_iter().zip(args) {
                 let k = inputs.iter().position(|&n| n == node).expect("arguments are inputs");
@@ -197,8 +217,11 @@ fn place<T: Clone + Default>(g: &Graph, given: Given<T>, what: &str) -> Result<V
                     }
                 }
                 if !found {
-                    let cands: String = inputs.iter().enumerate().map(|(k, &n)| format!("\t[{k}]{}\n", g.nodes[n].name)).collect();
-                    return Err(Error::mxnet(format!("{what}: keyword argument name {name} not found.\nCandidate arguments:\n{cands}")));
+                    let cands: String =
+                        inputs.iter().enumerate().map(|(k, &n)| format!("\t[{k}]{}\n", g.nodes[n].name)).collect();
+                    return Err(Error::mxnet(format!(
+                        "{what}: keyword argument name {name} not found.\nCandidate arguments:\n{cands}"
+                    )));
                 }
             }
         }
@@ -254,9 +277,12 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool) -> Result<boo
         let metas: Vec<Meta> = ish
             .iter()
             .zip(&idt)
-            .map(|(s, d)| Meta::new(s.as_ref().expect("complete").iter().map(|&x| x as usize).collect(), d.unwrap_or(DType::F32)))
+            .map(|(s, d)| {
+                Meta::new(s.as_ref().expect("complete").iter().map(|&x| x as usize).collect(), d.unwrap_or(DType::F32))
+            })
             .collect();
-        let outs = (op.infer)(attrs, &metas).map_err(|e| Error::mxnet(format!("{} ({}): {}", node.name, op.name, e.message())))?;
+        let outs = (op.infer)(attrs, &metas)
+            .map_err(|e| Error::mxnet(format!("{} ({}): {}", node.name, op.name, e.message())))?;
         let dtypes_known = idt.iter().all(Option::is_some);
         for (k, m) in outs.iter().enumerate().take(osh.len()) {
             merge(&mut osh[k], &Some(m.shape.iter().map(|&x| x as i64).collect()), &out_what(k))?;
@@ -317,7 +343,11 @@ fn backward_shapes(op: &OpDef, a: &Attrs, node: &GNode, names: &[String], ins: &
         "FullyConnected" if data.len() >= 2 || (!a.bool("flatten") && !data.is_empty()) => {
             let nh = a.int("num_hidden");
             let k = if a.bool("flatten") {
-                if data[1..].iter().all(|&d| d >= 0) { data[1..].iter().product() } else { -1 }
+                if data[1..].iter().all(|&d| d >= 0) {
+                    data[1..].iter().product()
+                } else {
+                    -1
+                }
             } else {
                 *data.last().expect("non-empty")
             };
@@ -372,11 +402,49 @@ fn backward_shapes(op: &OpDef, a: &Attrs, node: &GNode, names: &[String], ins: &
 
 /// Operators whose inputs and first output all have one shape.
 const SAME_SHAPE: &[&str] = &[
-    "elemwise_add", "elemwise_sub", "elemwise_mul", "elemwise_div", "_plus", "_minus", "_mul", "_div", "_Plus", "_Minus",
-    "_Mul", "_Div", "_grad_add", "add_n", "ElementWiseSum", "_maximum", "_minimum", "_hypot", "_power", "_mod",
-    "Activation", "relu", "sigmoid", "tanh", "softsign", "Dropout", "_copy", "identity", "BlockGrad", "stop_gradient",
-    "make_loss", "negative", "abs", "exp", "log", "sqrt", "square", "clip", "softmax", "log_softmax", "zeros_like",
-    "ones_like", "SoftmaxActivation",
+    "elemwise_add",
+    "elemwise_sub",
+    "elemwise_mul",
+    "elemwise_div",
+    "_plus",
+    "_minus",
+    "_mul",
+    "_div",
+    "_Plus",
+    "_Minus",
+    "_Mul",
+    "_Div",
+    "_grad_add",
+    "add_n",
+    "ElementWiseSum",
+    "_maximum",
+    "_minimum",
+    "_hypot",
+    "_power",
+    "_mod",
+    "Activation",
+    "relu",
+    "sigmoid",
+    "tanh",
+    "softsign",
+    "Dropout",
+    "_copy",
+    "identity",
+    "BlockGrad",
+    "stop_gradient",
+    "make_loss",
+    "negative",
+    "abs",
+    "exp",
+    "log",
+    "sqrt",
+    "square",
+    "clip",
+    "softmax",
+    "log_softmax",
+    "zeros_like",
+    "ones_like",
+    "SoftmaxActivation",
 ];
 
 fn same_shape_backward(op: &OpDef, a: &Attrs, ins: &mut [PShape], outs: &[PShape]) -> Result<()> {
@@ -395,7 +463,12 @@ fn same_shape_backward(op: &OpDef, a: &Attrs, ins: &mut [PShape], outs: &[PShape
 
 /// Stock's default type rule for nodes whose shapes are not all known.
 fn default_dtypes(op: &OpDef, a: &Attrs, ins: &mut [Option<DType>], outs: &mut [Option<DType>]) {
-    let data = ins.first().copied().flatten().or_else(|| ins.iter().flatten().next().copied()).or_else(|| outs.first().copied().flatten());
+    let data = ins
+        .first()
+        .copied()
+        .flatten()
+        .or_else(|| ins.iter().flatten().next().copied())
+        .or_else(|| outs.first().copied().flatten());
     let Some(d) = data else {
         if let Some(t) = a.has("dtype").then(|| a.dtype("dtype")).flatten() {
             for o in outs.iter_mut().filter(|o| o.is_none()) {
@@ -425,7 +498,11 @@ mod tests {
 
     fn conv_bn_fc() -> Symbol {
         let x = Symbol::variable("data");
-        let mut c = Symbol::atomic(lookup("Convolution").unwrap(), [("kernel", "(3, 3)"), ("num_filter", "4"), ("pad", "(1, 1)")]).unwrap();
+        let mut c = Symbol::atomic(
+            lookup("Convolution").unwrap(),
+            [("kernel", "(3, 3)"), ("num_filter", "4"), ("pad", "(1, 1)")],
+        )
+        .unwrap();
         c.compose(&[&x], &[], Some("conv")).unwrap();
         let mut bn = Symbol::atomic(lookup("BatchNorm").unwrap(), std::iter::empty()).unwrap();
         bn.compose(&[&c], &[], Some("bn")).unwrap();

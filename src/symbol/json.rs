@@ -117,8 +117,12 @@ pub fn save(g: &Graph, np_shape: bool) -> String {
             w.map(&n.raw);
         }
         w.key("inputs");
-        let ins: Vec<(usize, usize, u32)> =
-            n.inputs.iter().enumerate().map(|(k, &(src, i))| (src, i, n.input_versions.get(k).copied().unwrap_or(0))).collect();
+        let ins: Vec<(usize, usize, u32)> = n
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(k, &(src, i))| (src, i, n.input_versions.get(k).copied().unwrap_or(0)))
+            .collect();
         w.entries(&ins);
         w.end('}');
     }
@@ -153,7 +157,10 @@ fn as_index(v: &Value, what: &str) -> Result<usize> {
 
 /// An `[node, index(, version)]` entry.
 fn entry(v: &Value, what: &str) -> Result<(usize, usize, u32)> {
-    let a = v.as_array().filter(|a| a.len() == 2 || a.len() == 3).ok_or_else(|| bad(format!("{what} must be [node, index, version], got {v}")))?;
+    let a = v
+        .as_array()
+        .filter(|a| a.len() == 2 || a.len() == 3)
+        .ok_or_else(|| bad(format!("{what} must be [node, index, version], got {v}")))?;
     let ver = match a.get(2) {
         Some(x) => as_index(x, what)? as u32,
         None => 0,
@@ -208,7 +215,10 @@ pub fn load_graph(json: &str) -> Result<Graph> {
                 return Err(bad(format!("node {i} ({name}) reads node {src}, which does not come before it")));
             }
             if idx >= g.num_outputs(src) {
-                return Err(bad(format!("node {i} ({name}) reads output {idx} of node {src}, which has {}", g.num_outputs(src))));
+                return Err(bad(format!(
+                    "node {i} ({name}) reads output {idx} of node {src}, which has {}",
+                    g.num_outputs(src)
+                )));
             }
             inputs.push((src, idx));
             versions.push(ver);
@@ -216,11 +226,17 @@ pub fn load_graph(json: &str) -> Result<Graph> {
         let (op, attrs) = if op_name == "null" {
             (None, None)
         } else {
-            let op = op::lookup(op_name).map_err(|_| Error::mxnet(format!("failed loading symbol JSON: operator {op_name} (node {name}) is not registered")))?;
-            let attrs = super::parse_dict(op, &raw, inputs.len()).map_err(|e| Error::new(e.kind(), format!("node {name}: {}", e.message())))?;
+            let op = op::lookup(op_name).map_err(|_| {
+                Error::mxnet(format!("failed loading symbol JSON: operator {op_name} (node {name}) is not registered"))
+            })?;
+            let attrs = super::parse_dict(op, &raw, inputs.len())
+                .map_err(|e| Error::new(e.kind(), format!("node {name}: {}", e.message())))?;
             let want = op.num_inputs(&attrs, inputs.len())?;
             if want != inputs.len() {
-                return Err(bad(format!("node {name} ({op_name}) has {} inputs, the operator takes {want}", inputs.len())));
+                return Err(bad(format!(
+                    "node {name} ({op_name}) has {} inputs, the operator takes {want}",
+                    inputs.len()
+                )));
             }
             (Some(op), Some(attrs))
         };
@@ -251,7 +267,8 @@ mod tests {
         let x = Symbol::variable("data");
         let mut bn = Symbol::atomic(lookup("BatchNorm").unwrap(), [("fix_gamma", "False")]).unwrap();
         bn.compose(&[&x], &[], Some("bn")).unwrap();
-        let mut fc = Symbol::atomic(lookup("FullyConnected").unwrap(), [("num_hidden", "8"), ("lr_mult", "2")]).unwrap();
+        let mut fc =
+            Symbol::atomic(lookup("FullyConnected").unwrap(), [("num_hidden", "8"), ("lr_mult", "2")]).unwrap();
         fc.compose(&[&bn], &[], Some("fc")).unwrap();
         fc
     }
@@ -262,9 +279,17 @@ mod tests {
         assert!(s.starts_with("{\n  \"nodes\": [\n    {\n      \"op\": \"null\", \n      \"name\": \"data\", \n      \"inputs\": []\n    }, \n"), "{s}");
         assert!(s.contains("\"inputs\": [[0, 0, 0], [1, 0, 0], [2, 0, 0], [3, 0, 1], [4, 0, 1]]"), "{s}");
         assert!(s.contains("\"attrs\": {\"fix_gamma\": \"False\"}"), "{s}");
-        assert!(s.contains("\"attrs\": {\n        \"__lr_mult__\": \"2\", \n        \"num_hidden\": \"8\"\n      }"), "{s}");
+        assert!(
+            s.contains("\"attrs\": {\n        \"__lr_mult__\": \"2\", \n        \"num_hidden\": \"8\"\n      }"),
+            "{s}"
+        );
         assert!(s.ends_with("\"heads\": [[8, 0, 0]], \n  \"attrs\": {\"mxnet_version\": [\"int\", 10901]}\n}"), "{s}");
-        assert!(s.contains("\"arg_nodes\": [0, 1, 2, 3, 4, 6, 7], \n  \"node_row_ptr\": [0, 1, 2, 3, 4, 5, 8, 9, 10, 11], \n"), "{s}");
+        assert!(
+            s.contains(
+                "\"arg_nodes\": [0, 1, 2, 3, 4, 6, 7], \n  \"node_row_ptr\": [0, 1, 2, 3, 4, 5, 8, 9, 10, 11], \n"
+            ),
+            "{s}"
+        );
     }
 
     #[test]

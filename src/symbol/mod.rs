@@ -35,7 +35,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 /// Attribute keys stored as `__key__` (stock's kHiddenKeys).
-pub const HIDDEN_KEYS: [&str; 6] = ["ctx_group", "lr_mult", "wd_mult", "force_mirroring", "mirror_stage", "profiler_scope"];
+pub const HIDDEN_KEYS: [&str; 6] =
+    ["ctx_group", "lr_mult", "wd_mult", "force_mirroring", "mirror_stage", "profiler_scope"];
 
 /// A node of a symbolic graph: an operator application or a variable.
 pub struct Node {
@@ -122,7 +123,11 @@ impl InputKind {
             0 => InputKind::All,
             1 => InputKind::Args,
             2 => InputKind::Aux,
-            _ => return Err(Error::value(format!("list input option must be 0 (all), 1 (arguments) or 2 (auxiliary states), got {code}"))),
+            _ => {
+                return Err(Error::value(format!(
+                    "list input option must be 0 (all), 1 (arguments) or 2 (auxiliary states), got {code}"
+                )))
+            }
         })
     }
 }
@@ -163,7 +168,9 @@ fn dfs(heads: &[Entry]) -> Vec<Arc<Node>> {
 fn input_names(op: &OpDef, attrs: &Attrs) -> Result<Option<Vec<String>>> {
     Ok(match op.inputs {
         Inputs::Fixed(names) => Some(names.iter().map(|s| s.to_string()).collect()),
-        Inputs::Leading(names, count) => Some(names[..count(attrs).min(names.len())].iter().map(|s| s.to_string()).collect()),
+        Inputs::Leading(names, count) => {
+            Some(names[..count(attrs).min(names.len())].iter().map(|s| s.to_string()).collect())
+        }
         Inputs::Variadic(_) if op.key_var_num_args.is_empty() => None,
         Inputs::Variadic(_) => Some((0..op.num_inputs(attrs, 0)?).map(|i| format!("arg{i}")).collect()),
     })
@@ -198,7 +205,8 @@ fn stored_key(key: &str, value: &str) -> Result<String> {
 }
 
 fn parse_dict(op: &'static OpDef, dict: &BTreeMap<String, String>, num_inputs: usize) -> Result<Attrs> {
-    op.parse_attrs(dict.iter().map(|(k, v)| (k.as_str(), v.as_str())), num_inputs).map_err(crate::op::invoke::stock_class)
+    op.parse_attrs(dict.iter().map(|(k, v)| (k.as_str(), v.as_str())), num_inputs)
+        .map_err(crate::op::invoke::stock_class)
 }
 
 /// Attributes an operator sets on its variable inputs at composition (stock's
@@ -250,7 +258,14 @@ impl Symbol {
             dict.insert(stored_key(k, v)?, v.to_string());
         }
         let attrs = parse_dict(op, &dict, 0)?;
-        let n = Node::new(NodeData { op: Some(op), name: String::new(), dict, attrs: Some(attrs), inputs: Vec::new(), version: 0 });
+        let n = Node::new(NodeData {
+            op: Some(op),
+            name: String::new(),
+            dict,
+            attrs: Some(attrs),
+            inputs: Vec::new(),
+            version: 0,
+        });
         let nout = n.num_visible_outputs();
         Ok(Symbol { outputs: (0..nout).map(|i| Entry { node: n.clone(), index: i, version: 0 }).collect() })
     }
@@ -283,12 +298,18 @@ impl Symbol {
         }
         for (i, a) in args.iter().enumerate() {
             if a.outputs.len() != 1 {
-                return Err(Error::mxnet(format!("Symbol.Compose: argument {i} is a tuple ({} outputs), single value is required", a.outputs.len())));
+                return Err(Error::mxnet(format!(
+                    "Symbol.Compose: argument {i} is a tuple ({} outputs), single value is required",
+                    a.outputs.len()
+                )));
             }
         }
         for (k, a) in kwargs {
             if a.outputs.len() != 1 {
-                return Err(Error::mxnet(format!("Symbol.Compose: keyword argument {k} is a tuple ({} outputs), single value is required", a.outputs.len())));
+                return Err(Error::mxnet(format!(
+                    "Symbol.Compose: keyword argument {k} is a tuple ({} outputs), single value is required",
+                    a.outputs.len()
+                )));
             }
         }
         let node = self.outputs[0].node.clone();
@@ -296,7 +317,9 @@ impl Symbol {
         let own: HashSet<usize> = self.topo_nodes().iter().filter(|n| !n.is_variable()).map(ptr).collect();
         for a in args.iter().copied().chain(kwargs.iter().map(|(_, s)| *s)) {
             if a.topo_nodes().iter().any(|n| own.contains(&ptr(n))) {
-                return Err(Error::mxnet("Symbol.Compose: an argument depends on the symbol being composed (the graph would be cyclic)"));
+                return Err(Error::mxnet(
+                    "Symbol.Compose: an argument depends on the symbol being composed (the graph would be cyclic)",
+                ));
             }
         }
         let name = name.filter(|n| !n.is_empty());
@@ -326,7 +349,10 @@ impl Symbol {
         match input_names(op, &attrs)? {
             None => {
                 if !kwargs.is_empty() {
-                    return Err(Error::mxnet(format!("operator {}: variable length inputs do not accept keyword arguments", op.name)));
+                    return Err(Error::mxnet(format!(
+                        "operator {}: variable length inputs do not accept keyword arguments",
+                        op.name
+                    )));
                 }
                 inputs.extend(args.iter().map(|a| a.outputs[0].clone()));
             }
@@ -353,7 +379,11 @@ impl Symbol {
                     }
                 }
                 if matched != kwargs.len() {
-                    let bad: Vec<&str> = kwargs.iter().map(|(k, _)| *k).filter(|k| !names[args.len()..].iter().any(|n| n == k)).collect();
+                    let bad: Vec<&str> = kwargs
+                        .iter()
+                        .map(|(k, _)| *k)
+                        .filter(|k| !names[args.len()..].iter().any(|n| n == k))
+                        .collect();
                     return Err(Error::mxnet(format!(
                         "Symbol.Compose: keyword argument name {} not found for operator {} ({}); candidate arguments: [{}]",
                         bad.join(", "),
@@ -455,16 +485,19 @@ impl Symbol {
             "name" => Some(d.name.clone()),
             "op_name" => Some(d.op.map_or("null", |o| o.name).to_string()),
             "_value_index" => Some(self.outputs.iter().map(|e| e.index.to_string()).collect::<Vec<_>>().join(", ")),
-            _ => d.dict.get(key).cloned().or_else(|| {
-                HIDDEN_KEYS.contains(&key).then(|| d.dict.get(&format!("__{key}__")).cloned()).flatten()
-            }),
+            _ => {
+                d.dict.get(key).cloned().or_else(|| {
+                    HIDDEN_KEYS.contains(&key).then(|| d.dict.get(&format!("__{key}__")).cloned()).flatten()
+                })
+            }
         }
     }
 
     /// Set an attribute of the symbol's single node (`name` renames it); an operator
     /// parameter is re-validated.
     pub fn set_attr(&self, key: &str, value: &str) -> Result<()> {
-        let node = self.single_node().ok_or_else(|| Error::mxnet("Symbol.SetAttr only works for non-grouped symbols"))?;
+        let node =
+            self.single_node().ok_or_else(|| Error::mxnet("Symbol.SetAttr only works for non-grouped symbols"))?;
         let key = stored_key(key, value)?;
         let mut d = node.inner.write();
         if key == "name" {
@@ -614,7 +647,9 @@ impl Symbol {
 }
 
 fn hidden_alias(key: &str) -> Option<&'static str> {
-    HIDDEN_KEYS.iter().copied().find(|k| key.len() == k.len() + 4 && key.starts_with("__") && key.ends_with("__") && &key[2..key.len() - 2] == *k)
+    HIDDEN_KEYS.iter().copied().find(|k| {
+        key.len() == k.len() + 4 && key.starts_with("__") && key.ends_with("__") && &key[2..key.len() - 2] == *k
+    })
 }
 
 /// Variables some operator among `nodes` mutates.
@@ -758,7 +793,11 @@ impl Graph {
                 .inputs
                 .iter()
                 .enumerate()
-                .map(|(k, &(src, idx))| Entry { node: made[src].clone(), index: idx, version: n.input_versions.get(k).copied().unwrap_or(0) })
+                .map(|(k, &(src, idx))| Entry {
+                    node: made[src].clone(),
+                    index: idx,
+                    version: n.input_versions.get(k).copied().unwrap_or(0),
+                })
                 .collect();
             made.push(Node::new(NodeData {
                 op: n.op,

@@ -97,10 +97,12 @@ impl Callbacks {
             )));
         }
         // SAFETY: the frontend filled in `n` callbacks and contexts.
-        let (fns, ctxs) = unsafe {
-            (std::slice::from_raw_parts(list.callbacks, n), std::slice::from_raw_parts(list.contexts, n))
-        };
-        Ok(Callbacks { fns: fns.iter().map(|f| f.map_or(std::ptr::null(), |f| f as *const ())).collect(), ctxs: ctxs.to_vec() })
+        let (fns, ctxs) =
+            unsafe { (std::slice::from_raw_parts(list.callbacks, n), std::slice::from_raw_parts(list.contexts, n)) };
+        Ok(Callbacks {
+            fns: fns.iter().map(|f| f.map_or(std::ptr::null(), |f| f as *const ())).collect(),
+            ctxs: ctxs.to_vec(),
+        })
     }
 
     /// Callback `i` (NULL or missing: `None`) and its context.
@@ -158,16 +160,24 @@ impl Prop {
         let vals: Vec<CString> = kwargs.iter().map(|(_, v)| c(v, "value")).collect::<Result<_>>()?;
         let mut kp: Vec<*const c_char> = keys.iter().map(|k| k.as_ptr()).collect();
         let mut vp: Vec<*const c_char> = vals.iter().map(|v| v.as_ptr()).collect();
-        let mut list = MXCallbackList { num_callbacks: 0, callbacks: std::ptr::null_mut(), contexts: std::ptr::null_mut() };
+        let mut list =
+            MXCallbackList { num_callbacks: 0, callbacks: std::ptr::null_mut(), contexts: std::ptr::null_mut() };
         // SAFETY: the creator has stock's signature; every pointer is valid for the call.
-        let ok = unsafe { creator(c_type.as_ptr(), kwargs.len() as c_int, kp.as_mut_ptr(), vp.as_mut_ptr(), &mut list) };
+        let ok =
+            unsafe { creator(c_type.as_ptr(), kwargs.len() as c_int, kp.as_mut_ptr(), vp.as_mut_ptr(), &mut list) };
         if ok == 0 {
             return Err(failed(op_type, "creating its CustomOpProp"));
         }
         // SAFETY: the creator succeeded, so it filled the list in.
         let cbs = unsafe { Callbacks::copy(&list, op_type, "CustomOpProp", PROP_CREATE_OPERATOR + 1)? };
-        let mut prop =
-            Prop { op_type: Arc::from(op_type), cbs, args: Vec::new(), outputs: Vec::new(), aux: Vec::new(), bwd_deps: Vec::new() };
+        let mut prop = Prop {
+            op_type: Arc::from(op_type),
+            cbs,
+            args: Vec::new(),
+            outputs: Vec::new(),
+            aux: Vec::new(),
+            bwd_deps: Vec::new(),
+        };
         prop.args = prop.list(PROP_LIST_ARGUMENTS, "list_arguments")?;
         prop.outputs = prop.list(PROP_LIST_OUTPUTS, "list_outputs")?;
         prop.aux = prop.list(PROP_LIST_AUX, "list_auxiliary_states")?;
@@ -205,7 +215,16 @@ impl Prop {
         let (og, ind, outd) = (ids(0, n_out), ids(n_out, n_args), ids(n_out + n_args, n_out));
         let (mut n, mut deps): (c_int, *mut c_int) = (0, std::ptr::null_mut());
         // SAFETY: stock's signature; the id arrays are as long as the lists say.
-        let ok = unsafe { std::mem::transmute::<*const (), BwdDepFn>(f)(og.as_ptr(), ind.as_ptr(), outd.as_ptr(), &mut n, &mut deps, ctx) };
+        let ok = unsafe {
+            std::mem::transmute::<*const (), BwdDepFn>(f)(
+                og.as_ptr(),
+                ind.as_ptr(),
+                outd.as_ptr(),
+                &mut n,
+                &mut deps,
+                ctx,
+            )
+        };
         if ok == 0 || (n > 0 && deps.is_null()) {
             return Err(failed(&self.op_type, "declare_backward_dependency"));
         }
@@ -242,7 +261,15 @@ impl Prop {
         }
         let total = n_args + n_out + n_aux;
         // The callback's order: arguments, outputs, auxiliary states.
-        let at = |i: usize| if i < n_args { Some(&inputs[i]) } else if i >= n_args + n_out { Some(&inputs[i - n_out]) } else { None };
+        let at = |i: usize| {
+            if i < n_args {
+                Some(&inputs[i])
+            } else if i >= n_args + n_out {
+                Some(&inputs[i - n_out])
+            } else {
+                None
+            }
+        };
         let shapes = self.infer_shapes(total, &at)?;
         let dtypes = self.infer_types(total, &at)?;
         let mut out = Vec::with_capacity(n_out);
@@ -268,23 +295,37 @@ impl Prop {
         let (f, ctx) = self.callback(PROP_INFER_SHAPE, "infer_shape")?;
         let mut bufs: Vec<Vec<c_int>> = Vec::with_capacity(total);
         for i in 0..total {
-            let dims = at(i).map(|m| m.shape.iter().map(|&d| c_int::try_from(d)).collect::<std::result::Result<Vec<_>, _>>());
+            let dims =
+                at(i).map(|m| m.shape.iter().map(|&d| c_int::try_from(d)).collect::<std::result::Result<Vec<_>, _>>());
             let dims = dims.transpose().map_err(|_| {
                 Error::value(format!("custom operator {}: input {i} has a dimension beyond 2^31", self.op_type))
             })?;
             bufs.push(dims.unwrap_or_default());
         }
-        let mut ndims: Vec<c_int> = (0..total).map(|i| if at(i).is_some() { bufs[i].len() as c_int } else { -1 }).collect();
+        let mut ndims: Vec<c_int> =
+            (0..total).map(|i| if at(i).is_some() { bufs[i].len() as c_int } else { -1 }).collect();
         let mut ptrs: Vec<*mut c_int> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();
         // SAFETY: stock's signature; `total` entries in both arrays; the callback replaces
         // the pointers with buffers it keeps alive until its next call.
-        let ok = unsafe { std::mem::transmute::<*const (), InferShapeFn>(f)(total as c_int, ndims.as_mut_ptr(), ptrs.as_mut_ptr(), ctx) };
+        let ok = unsafe {
+            std::mem::transmute::<*const (), InferShapeFn>(f)(
+                total as c_int,
+                ndims.as_mut_ptr(),
+                ptrs.as_mut_ptr(),
+                ctx,
+            )
+        };
         if ok == 0 {
             return Err(failed(&self.op_type, "infer_shape"));
         }
         let mut shapes = Vec::with_capacity(total);
         for i in 0..total {
-            let bad = || Error::value(format!("custom operator {}: infer_shape gave an invalid shape for entry {i}", self.op_type));
+            let bad = || {
+                Error::value(format!(
+                    "custom operator {}: infer_shape gave an invalid shape for entry {i}",
+                    self.op_type
+                ))
+            };
             let n = usize::try_from(ndims[i]).map_err(|_| bad())?;
             if n > 0 && ptrs[i].is_null() {
                 return Err(bad());
@@ -310,7 +351,11 @@ impl Prop {
         }
         types
             .into_iter()
-            .map(|t| DType::from_code(t).map_err(|e| Error::type_error(format!("custom operator {}: infer_type: {}", self.op_type, e.message()))))
+            .map(|t| {
+                DType::from_code(t).map_err(|e| {
+                    Error::type_error(format!("custom operator {}: infer_type: {}", self.op_type, e.message()))
+                })
+            })
             .collect()
     }
 
@@ -322,7 +367,8 @@ impl Prop {
         let mut shapes: Vec<*mut u32> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();
         let mut ndims: Vec<c_int> = inputs.iter().map(|m| m.shape.len() as c_int).collect();
         let mut dtypes: Vec<c_int> = inputs.iter().map(|m| m.dtype as c_int).collect();
-        let mut list = MXCallbackList { num_callbacks: 0, callbacks: std::ptr::null_mut(), contexts: std::ptr::null_mut() };
+        let mut list =
+            MXCallbackList { num_callbacks: 0, callbacks: std::ptr::null_mut(), contexts: std::ptr::null_mut() };
         // SAFETY: stock's signature; the arrays hold one entry per input.
         let ok = unsafe {
             std::mem::transmute::<*const (), CreateOpFn>(f)(
@@ -392,7 +438,8 @@ fn push_unique(list: &mut Vec<Arc<Var>>, v: &Arc<Var>) {
 fn common_ctx(op_type: &str, arrays: &[&NDArray]) -> Result<Context> {
     let mut ctx: Option<Context> = None;
     for (i, x) in arrays.iter().enumerate() {
-        let c = x.ctx().ok_or_else(|| Error::value(format!("custom operator {op_type}: array {i} is an empty NDArray")))?;
+        let c =
+            x.ctx().ok_or_else(|| Error::value(format!("custom operator {op_type}: array {i} is an empty NDArray")))?;
         if ctx.is_some_and(|p| p != c) {
             return Err(Error::value(format!("custom operator {op_type}: all arrays must be on one context")));
         }
@@ -407,7 +454,11 @@ fn outputs_for(op_type: &str, metas: &[Meta], given: Option<&[&NDArray]>, ctx: C
         return metas.iter().map(|m| NDArray::new(m.shape.clone(), ctx, m.dtype, false)).collect();
     };
     if given.len() != metas.len() {
-        return Err(Error::value(format!("custom operator {op_type} has {} outputs, {} given", metas.len(), given.len())));
+        return Err(Error::value(format!(
+            "custom operator {op_type} has {} outputs, {} given",
+            metas.len(),
+            given.len()
+        )));
     }
     for (i, (o, m)) in given.iter().zip(metas).enumerate() {
         if o.chunk.is_none() || o.shape != m.shape || o.dtype != m.dtype || o.ctx() != Some(ctx) {
@@ -454,7 +505,13 @@ pub fn forward(
 /// `_backward_Custom` takes them: the tensors the property declared as backward dependencies
 /// (in its order), then the auxiliary states. `in_grads` (one per argument) are written with
 /// `req`.
-pub fn backward(state: &Arc<CustomState>, inputs: &[&NDArray], in_grads: &[&NDArray], req: &[Req], is_train: bool) -> Result<()> {
+pub fn backward(
+    state: &Arc<CustomState>,
+    inputs: &[&NDArray],
+    in_grads: &[&NDArray],
+    req: &[Req],
+    is_train: bool,
+) -> Result<()> {
     let prop = &state.prop;
     let op_type = &*prop.op_type;
     let (n_args, n_out, n_aux, n_dep) = (prop.args.len(), prop.outputs.len(), prop.aux.len(), prop.bwd_deps.len());
@@ -474,12 +531,25 @@ pub fn backward(state: &Arc<CustomState>, inputs: &[&NDArray], in_grads: &[&NDAr
     }
     let ctx = common_ctx(op_type, &[inputs, in_grads].concat())?;
     if ctx != state.ctx {
-        return Err(Error::value(format!("_backward_Custom ({op_type}): arrays on {ctx}, the operator runs on {}", state.ctx)));
+        return Err(Error::value(format!(
+            "_backward_Custom ({op_type}): arrays on {ctx}, the operator runs on {}",
+            state.ctx
+        )));
     }
     // Stock's layout: output gradients, inputs, outputs (undeclared ones empty), then input
     // gradients and auxiliary states.
     let mut entries: Vec<Entry> = (0..2 * n_out + n_args)
-        .map(|i| Entry { array: None, tag: if i < n_out { TAG_OUT_GRAD } else if i < n_out + n_args { TAG_IN } else { TAG_OUT }, write: false })
+        .map(|i| Entry {
+            array: None,
+            tag: if i < n_out {
+                TAG_OUT_GRAD
+            } else if i < n_out + n_args {
+                TAG_IN
+            } else {
+                TAG_OUT
+            },
+            write: false,
+        })
         .collect();
     for (&d, x) in prop.bwd_deps.iter().zip(inputs) {
         entries[d].array = Some((*x).clone());
@@ -491,11 +561,17 @@ pub fn backward(state: &Arc<CustomState>, inputs: &[&NDArray], in_grads: &[&NDAr
 }
 
 /// Push the asynchronous operation that runs callback `which` of `state` on `entries`.
-fn push(state: &Arc<CustomState>, which: usize, entries: Vec<Entry>, reqs: Vec<c_int>, is_train: bool, name: Arc<str>) -> Result<()> {
-    let (f, cctx) = state
-        .cbs
-        .get(which)
-        .ok_or_else(|| Error::mxnet(format!("custom operator {}: the operator has no callback {which}", state.prop.op_type)))?;
+fn push(
+    state: &Arc<CustomState>,
+    which: usize,
+    entries: Vec<Entry>,
+    reqs: Vec<c_int>,
+    is_train: bool,
+    name: Arc<str>,
+) -> Result<()> {
+    let (f, cctx) = state.cbs.get(which).ok_or_else(|| {
+        Error::mxnet(format!("custom operator {}: the operator has no callback {which}", state.prop.op_type))
+    })?;
     // SAFETY: forward and backward callbacks have stock's signature.
     let callback = unsafe { std::mem::transmute::<*const (), FbFn>(f) };
     let (mut reads, mut writes) = (Vec::new(), Vec::new());
@@ -593,7 +669,14 @@ impl CallbackJob {
             // SAFETY: stock's signature; the arrays hold one entry per handle (reqs: one per
             // written output), valid for the call.
             unsafe {
-                callback(handles.len() as c_int, handles.as_mut_ptr(), tags.as_mut_ptr(), reqs.as_mut_ptr(), is_train as c_int, cctx.0)
+                callback(
+                    handles.len() as c_int,
+                    handles.as_mut_ptr(),
+                    tags.as_mut_ptr(),
+                    reqs.as_mut_ptr(),
+                    is_train as c_int,
+                    cctx.0,
+                )
             }
         });
         invoke::set_training(was_training);
@@ -627,14 +710,22 @@ impl CallbackJob {
     }
 }
 
-const CUSTOM_PARAMS: &[ParamSpec] =
-    &[ParamSpec::req("op_type", PType::Str, "Name of the custom operator. This is the name that is passed to `mx.operator.register` to register the operator.")];
+const CUSTOM_PARAMS: &[ParamSpec] = &[ParamSpec::req(
+    "op_type",
+    PType::Str,
+    "Name of the custom operator. This is the name that is passed to `mx.operator.register` to register the operator.",
+)];
 
 fn no_kernel(op: &'static str) -> super::ComputeFn {
     Box::new(move |_, _, _| Err(Error::internal(format!("{op} runs through its own invocation, not a kernel"))))
 }
 
-fn invoke_custom(op: &'static OpDef, inputs: &[&NDArray], outputs: Option<&[&NDArray]>, attrs: super::param::Attrs) -> Result<Vec<NDArray>> {
+fn invoke_custom(
+    op: &'static OpDef,
+    inputs: &[&NDArray],
+    outputs: Option<&[&NDArray]>,
+    attrs: super::param::Attrs,
+) -> Result<Vec<NDArray>> {
     if let Some(given) = outputs {
         crate::autograd::check_writable(given)?;
     }
@@ -678,18 +769,28 @@ impl crate::autograd::function::CustomBackward for Recorded {
         let mut req = Vec::with_capacity(n_args);
         for (i, x) in self.inputs[..n_args].iter().enumerate() {
             let w = want.get(i).copied().unwrap_or(false);
-            grads.push(if w { NDArray::new(x.shape.clone(), self.state.ctx, x.dtype, false)? } else { NDArray::new(x.shape.clone(), self.state.ctx, x.dtype, true)? });
+            grads.push(if w {
+                NDArray::new(x.shape.clone(), self.state.ctx, x.dtype, false)?
+            } else {
+                NDArray::new(x.shape.clone(), self.state.ctx, x.dtype, true)?
+            });
             req.push(if w { Req::Write } else { Req::Null });
         }
         let refs: Vec<&NDArray> = grads.iter().collect();
         backward(&self.state, &deps, &refs, &req, invoke::is_training())?;
-        let mut out: Vec<Option<NDArray>> = grads.into_iter().zip(req).map(|(g, r)| (r == Req::Write).then_some(g)).collect();
+        let mut out: Vec<Option<NDArray>> =
+            grads.into_iter().zip(req).map(|(g, r)| (r == Req::Write).then_some(g)).collect();
         out.resize(self.inputs.len(), None);
         Ok(out)
     }
 }
 
-fn invoke_backward(_: &'static OpDef, inputs: &[&NDArray], outputs: Option<&[&NDArray]>, attrs: super::param::Attrs) -> Result<Vec<NDArray>> {
+fn invoke_backward(
+    _: &'static OpDef,
+    inputs: &[&NDArray],
+    outputs: Option<&[&NDArray]>,
+    attrs: super::param::Attrs,
+) -> Result<Vec<NDArray>> {
     let op_type = attrs.str("op_type");
     let prop = Prop::create(op_type, attrs.extra())?;
     let (n_args, n_out, n_aux, n_dep) = (prop.args.len(), prop.outputs.len(), prop.aux.len(), prop.bwd_deps.len());
@@ -773,7 +874,9 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         OpDef::new(
             "_CustomFunction",
             Inputs::Variadic("data"),
-            Box::new(|_, _| Err(Error::not_supported("calling _CustomFunction directly (autograd.Function records it)"))),
+            Box::new(|_, _| {
+                Err(Error::not_supported("calling _CustomFunction directly (autograd.Function records it)"))
+            }),
             no_kernel("_CustomFunction"),
         )
         .not_supported()

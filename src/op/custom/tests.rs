@@ -13,8 +13,10 @@ struct Scale(f32);
 
 fn leak_list(fns: Vec<*const ()>, ctx: *mut c_void) -> MXCallbackList {
     let n = fns.len();
-    let fns: Vec<Option<unsafe extern "C" fn() -> c_int>> =
-        fns.into_iter().map(|f| Some(unsafe { std::mem::transmute::<*const (), unsafe extern "C" fn() -> c_int>(f) })).collect();
+    let fns: Vec<Option<unsafe extern "C" fn() -> c_int>> = fns
+        .into_iter()
+        .map(|f| Some(unsafe { std::mem::transmute::<*const (), unsafe extern "C" fn() -> c_int>(f) }))
+        .collect();
     MXCallbackList {
         num_callbacks: n as c_int,
         callbacks: Box::leak(fns.into_boxed_slice()).as_mut_ptr(),
@@ -61,7 +63,14 @@ unsafe extern "C" fn infer_type(n: c_int, types: *mut c_int, _: *mut c_void) -> 
     *types.add(1) = *types;
     1
 }
-unsafe extern "C" fn bwd_deps(og: *const c_int, ind: *const c_int, _od: *const c_int, n: *mut c_int, deps: *mut *mut c_int, _: *mut c_void) -> c_int {
+unsafe extern "C" fn bwd_deps(
+    og: *const c_int,
+    ind: *const c_int,
+    _od: *const c_int,
+    n: *mut c_int,
+    deps: *mut *mut c_int,
+    _: *mut c_void,
+) -> c_int {
     *n = 2;
     *deps = Box::leak(Box::new([*og, *ind])).as_mut_ptr();
     1
@@ -82,7 +91,14 @@ fn write(h: *mut c_void, v: &[f32]) {
 
 /// forward: handles [in, out]; backward: [out_grad, in, out (undeclared: empty), in_grad].
 /// A negative scale fails. The handles belong to the callback, which frees them.
-unsafe extern "C" fn fb(n: c_int, h: *mut *mut c_void, tags: *mut c_int, reqs: *mut c_int, _train: c_int, ctx: *mut c_void) -> c_int {
+unsafe extern "C" fn fb(
+    n: c_int,
+    h: *mut *mut c_void,
+    tags: *mut c_int,
+    reqs: *mut c_int,
+    _train: c_int,
+    ctx: *mut c_void,
+) -> c_int {
     let scale = (*(ctx as *const Scale)).0;
     let hs = std::slice::from_raw_parts(h, n as usize).to_vec();
     let tags = std::slice::from_raw_parts(tags, n as usize).to_vec();
@@ -122,7 +138,13 @@ unsafe extern "C" fn create_op(
     1
 }
 
-unsafe extern "C" fn creator(_t: *const c_char, argc: c_int, keys: *mut *const c_char, vals: *mut *const c_char, ret: *mut MXCallbackList) -> c_int {
+unsafe extern "C" fn creator(
+    _t: *const c_char,
+    argc: c_int,
+    keys: *mut *const c_char,
+    vals: *mut *const c_char,
+    ret: *mut MXCallbackList,
+) -> c_int {
     let mut scale = 1.0f32;
     for i in 0..argc as usize {
         let k = CStr::from_ptr(*keys.add(i)).to_str().unwrap();

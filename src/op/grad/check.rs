@@ -17,7 +17,14 @@ fn blob(v: &[f64], shape: &[usize]) -> TBlob {
     unsafe { TBlob::new(v.as_ptr() as *mut u8, shape, DType::F64) }
 }
 
-fn forward(op: &OpDef, attrs: &Attrs, ins: &[Vec<f64>], shapes: &[Vec<usize>], outs: &[Meta], rng: Option<random::Stream>) -> Vec<Vec<f64>> {
+fn forward(
+    op: &OpDef,
+    attrs: &Attrs,
+    ins: &[Vec<f64>],
+    shapes: &[Vec<usize>],
+    outs: &[Meta],
+    rng: Option<random::Stream>,
+) -> Vec<Vec<f64>> {
     let in_blobs: Vec<TBlob> = ins.iter().zip(shapes).map(|(v, s)| blob(v, s)).collect();
     let out_vals: Vec<Vec<f64>> = outs.iter().map(|m| vec![0.0; m.size()]).collect();
     let out_blobs: Vec<TBlob> = out_vals.iter().zip(outs).map(|(v, m)| blob(v, &m.shape)).collect();
@@ -39,7 +46,14 @@ pub fn check(op_name: &str, params: &[(&str, &str)], inputs: &[(&[usize], Vec<f6
 }
 
 /// [`check`] with explicit tolerances: |analytic - numeric| <= atol + rtol * |numeric|.
-pub fn check_tol(op_name: &str, params: &[(&str, &str)], inputs: &[(&[usize], Vec<f64>)], no_grad: &[usize], rtol: f64, atol: f64) {
+pub fn check_tol(
+    op_name: &str,
+    params: &[(&str, &str)],
+    inputs: &[(&[usize], Vec<f64>)],
+    no_grad: &[usize],
+    rtol: f64,
+    atol: f64,
+) {
     let op = lookup(op_name).unwrap();
     let attrs = op.parse_attrs(params.iter().copied(), inputs.len()).unwrap_or_else(|e| panic!("{op_name}: {e}"));
     let bop = backward_op(op).unwrap().unwrap_or_else(|| panic!("{op_name} declares no backward operator"));
@@ -55,7 +69,8 @@ pub fn check_tol(op_name: &str, params: &[(&str, &str)], inputs: &[(&[usize], Ve
     let visible = (op.num_visible_outputs)(&attrs);
     let ys = forward(op, &attrs, &xs, &shapes, &outs, rng);
     let mut seed = 0x5eed_u64 ^ op_name.len() as u64;
-    let ograds: Vec<Vec<f64>> = outs[..visible].iter().map(|m| (0..m.size()).map(|_| lcg(&mut seed)).collect()).collect();
+    let ograds: Vec<Vec<f64>> =
+        outs[..visible].iter().map(|m| (0..m.size()).map(|_| lcg(&mut seed)).collect()).collect();
 
     let (need_in, need_out) = needs(op);
     let run_backward = |req: &[Req], xs: &[Vec<f64>]| -> Vec<Vec<f64>> {
@@ -94,7 +109,12 @@ pub fn check_tol(op_name: &str, params: &[(&str, &str)], inputs: &[(&[usize], Ve
     let eps = 1e-6;
     for i in 0..xs.len() {
         if no_grad.contains(&i) {
-            assert!(grads[i].iter().all(|&g| g == 0.0), "{}: input {i} has no gradient but got {:?}", bop.name, &grads[i]);
+            assert!(
+                grads[i].iter().all(|&g| g == 0.0),
+                "{}: input {i} has no gradient but got {:?}",
+                bop.name,
+                &grads[i]
+            );
             continue;
         }
         for j in 0..xs[i].len() {

@@ -51,7 +51,8 @@ impl BPlan {
     /// Plan `a` (op) `b` into `out` (the broadcast shape of both).
     pub fn new(a: &[usize], b: &[usize], out: &[usize]) -> BPlan {
         let n = out.len();
-        let pad = |s: &[usize]| -> Vec<usize> { std::iter::repeat(1).take(n - s.len()).chain(s.iter().copied()).collect() };
+        let pad =
+            |s: &[usize]| -> Vec<usize> { std::iter::repeat(1).take(n - s.len()).chain(s.iter().copied()).collect() };
         let (a, b) = (pad(a), pad(b));
         // Collapsed dims with (lhs broadcast, rhs broadcast) flags.
         let mut dims: Vec<(usize, bool, bool)> = Vec::new();
@@ -106,7 +107,14 @@ impl BPlan {
 const TINY: usize = 64;
 
 /// `out = f(a, b)` elementwise under `plan`, over the kernel pool.
-pub(crate) fn run_bin<T: Elem, U: Elem>(plan: &BPlan, a: &[T], b: &[T], out: &mut [U], cost: Cost, f: impl Fn(T, T) -> U + Sync + Send) {
+pub(crate) fn run_bin<T: Elem, U: Elem>(
+    plan: &BPlan,
+    a: &[T],
+    b: &[T],
+    out: &mut [U],
+    cost: Cost,
+    f: impl Fn(T, T) -> U + Sync + Send,
+) {
     let total = plan.size();
     debug_assert_eq!(out.len(), total);
     if total == 0 {
@@ -248,16 +256,28 @@ mod tests {
     #[test]
     fn plans_collapse_dimensions() {
         // Same pattern everywhere: one dimension.
-        assert_eq!(BPlan::new(&[2, 3, 4], &[2, 3, 4], &[2, 3, 4]), BPlan { dims: smallvec::smallvec![24], sa: smallvec::smallvec![1], sb: smallvec::smallvec![1] });
+        assert_eq!(
+            BPlan::new(&[2, 3, 4], &[2, 3, 4], &[2, 3, 4]),
+            BPlan { dims: smallvec::smallvec![24], sa: smallvec::smallvec![1], sb: smallvec::smallvec![1] }
+        );
         // Row vector against a matrix: rows outer, rhs repeats.
         let p = BPlan::new(&[5, 2, 3], &[3], &[5, 2, 3]);
-        assert_eq!(p, BPlan { dims: smallvec::smallvec![10, 3], sa: smallvec::smallvec![3, 1], sb: smallvec::smallvec![0, 1] });
+        assert_eq!(
+            p,
+            BPlan { dims: smallvec::smallvec![10, 3], sa: smallvec::smallvec![3, 1], sb: smallvec::smallvec![0, 1] }
+        );
         // Column: rhs constant along the inner run.
         let p = BPlan::new(&[4, 6], &[4, 1], &[4, 6]);
-        assert_eq!(p, BPlan { dims: smallvec::smallvec![4, 6], sa: smallvec::smallvec![6, 1], sb: smallvec::smallvec![1, 0] });
+        assert_eq!(
+            p,
+            BPlan { dims: smallvec::smallvec![4, 6], sa: smallvec::smallvec![6, 1], sb: smallvec::smallvec![1, 0] }
+        );
         // Both broadcast (outer product), with size-1 dims dropped.
         let p = BPlan::new(&[3, 1, 1], &[1, 1, 5], &[3, 1, 5]);
-        assert_eq!(p, BPlan { dims: smallvec::smallvec![3, 5], sa: smallvec::smallvec![1, 0], sb: smallvec::smallvec![0, 1] });
+        assert_eq!(
+            p,
+            BPlan { dims: smallvec::smallvec![3, 5], sa: smallvec::smallvec![1, 0], sb: smallvec::smallvec![0, 1] }
+        );
         // All ones: a single element.
         assert_eq!(BPlan::new(&[1, 1], &[1], &[1, 1]).dims.as_slice(), &[1]);
     }
@@ -265,7 +285,8 @@ mod tests {
     fn naive(a: &[f32], ash: &[usize], b: &[f32], bsh: &[usize], out: &[usize]) -> Vec<f32> {
         let n = out.len();
         let total: usize = out.iter().product();
-        let pad = |s: &[usize]| -> Vec<usize> { std::iter::repeat(1).take(n - s.len()).chain(s.iter().copied()).collect() };
+        let pad =
+            |s: &[usize]| -> Vec<usize> { std::iter::repeat(1).take(n - s.len()).chain(s.iter().copied()).collect() };
         let (pa, pb) = (pad(ash), pad(bsh));
         (0..total)
             .map(|mut i| {

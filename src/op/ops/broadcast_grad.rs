@@ -154,7 +154,8 @@ impl RPlan {
 
     /// Calls `f(offset)` for every combination of the summed dimensions before `end`.
     fn for_each_summed(&self, end: usize, mut f: impl FnMut(usize)) {
-        let red: Vec<(usize, usize)> = (0..end).filter(|&j| self.summed[j]).map(|j| (self.dims[j], self.strides[j])).collect();
+        let red: Vec<(usize, usize)> =
+            (0..end).filter(|&j| self.summed[j]).map(|j| (self.dims[j], self.strides[j])).collect();
         let mut idx = vec![0usize; red.len()];
         let mut off = 0;
         loop {
@@ -377,8 +378,14 @@ mod tests {
     use crate::op::grad::check::{check, values};
 
     /// Shape pairs: same shape, row, column, both broadcast, scalar-like, leading 1s.
-    const SHAPES: &[(&[usize], &[usize])] =
-        &[(&[2, 3], &[2, 3]), (&[2, 3, 4], &[3, 1]), (&[4, 1], &[4, 5]), (&[2, 1, 3], &[1, 4, 1]), (&[1], &[2, 3]), (&[1, 3, 1], &[2, 3, 2])];
+    const SHAPES: &[(&[usize], &[usize])] = &[
+        (&[2, 3], &[2, 3]),
+        (&[2, 3, 4], &[3, 1]),
+        (&[4, 1], &[4, 5]),
+        (&[2, 1, 3], &[1, 4, 1]),
+        (&[1], &[2, 3]),
+        (&[1, 3, 1], &[2, 3, 2]),
+    ];
 
     fn size(s: &[usize]) -> usize {
         s.iter().product()
@@ -424,7 +431,11 @@ mod tests {
     fn modulo() {
         // Divisors near 10 and dividends 10m + [2, 8]: away from the jumps, floor(l/r) varied.
         for (k, &(a, b)) in SHAPES.iter().enumerate() {
-            let l: Vec<f64> = values(size(a), 2.0, 8.0, 11 + k as u64).iter().enumerate().map(|(i, v)| v + 10.0 * ((i % 7) as f64 - 3.0)).collect();
+            let l: Vec<f64> = values(size(a), 2.0, 8.0, 11 + k as u64)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v + 10.0 * ((i % 7) as f64 - 3.0))
+                .collect();
             let r = values(size(b), 9.9, 10.1, 13 + k as u64);
             check(if a == b { "_mod" } else { "broadcast_mod" }, &[], &[(a, l), (b, r)], &[]);
         }
@@ -486,7 +497,8 @@ mod tests {
         let blob = |p: *const half::f16, s: &[usize]| unsafe { TBlob::new(p as *mut u8, s, DType::F16) };
         let ins = [blob(g.as_ptr(), &[3, 4])];
         let outs = [blob(dl.as_ptr(), &[1, 4]), blob(dr.as_ptr(), &[3, 4])];
-        let attrs = crate::op::lookup("broadcast_sub").unwrap().parse_attrs(std::iter::empty::<(&str, &str)>(), 2).unwrap();
+        let attrs =
+            crate::op::lookup("broadcast_sub").unwrap().parse_attrs(std::iter::empty::<(&str, &str)>(), 2).unwrap();
         let req = [Req::Write, Req::Write];
         let cx = OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true, temp: None };
         (crate::op::lookup("_backward_broadcast_sub").unwrap().compute)(&cx, &ins, &outs).unwrap();

@@ -49,7 +49,8 @@ pub fn norm_axis(op: &str, axis: i64, ndim: usize) -> Result<usize> {
 pub fn shape_param(op: &str, name: &str, s: &[i64]) -> Result<Vec<usize>> {
     s.iter()
         .map(|&d| {
-            usize::try_from(d).map_err(|_| Error::value(format!("operator {op}: {name} has a negative dimension: {s:?}")))
+            usize::try_from(d)
+                .map_err(|_| Error::value(format!("operator {op}: {name} has a negative dimension: {s:?}")))
         })
         .collect()
 }

@@ -124,10 +124,16 @@ pub(super) fn plan(a: &Attrs, data: &[usize]) -> Result<Plan> {
         return Err(Error::value(format!("operator {op}: kernel {k:?} must have 1, 2 or 3 entries")));
     }
     if data.len() != nsp + 2 {
-        return Err(Error::value(format!("operator {op}: data of shape {data:?} must be {}-D for a {nsp}-D kernel", nsp + 2)));
+        return Err(Error::value(format!(
+            "operator {op}: data of shape {data:?} must be {}-D for a {nsp}-D kernel",
+            nsp + 2
+        )));
     }
     if !a.is_none("layout") && !a.str("layout").starts_with("NC") {
-        return Err(Error::not_supported(format!("operator {op} with layout {} (channel-first layouts only)", a.str("layout"))));
+        return Err(Error::not_supported(format!(
+            "operator {op} with layout {} (channel-first layouts only)",
+            a.str("layout")
+        )));
     }
     let kernel = widen(op, "kernel", k, nsp, 1, 1)?;
     let stride = widen(op, "stride", a.shape("stride"), nsp, 1, 1)?;
@@ -140,7 +146,9 @@ pub(super) fn plan(a: &Attrs, data: &[usize]) -> Result<Plan> {
     let (f, g) = (f as usize, g as usize);
     let (n, c) = (data[0], data[1]);
     if c % g != 0 || f % g != 0 {
-        return Err(Error::value(format!("operator {op}: channels ({c}) and num_filter ({f}) must be divisible by num_group ({g})")));
+        return Err(Error::value(format!(
+            "operator {op}: channels ({c}) and num_filter ({f}) must be divisible by num_group ({g})"
+        )));
     }
     if a.int("workspace") < 0 {
         return Err(Error::value(format!("operator {op}: workspace must be >= 0")));
@@ -179,16 +187,26 @@ fn conv_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let op = a.op;
     let dt = ins[0].dtype;
     if !matches!(dt, DType::F32 | DType::F64 | DType::F16) {
-        return Err(Error::type_error(format!("operator {op} supports float32, float64 and float16, not {}", dt.name())));
+        return Err(Error::type_error(format!(
+            "operator {op} supports float32, float64 and float16, not {}",
+            dt.name()
+        )));
     }
     let p = plan(a, &ins[0].shape)?;
     for (i, m) in ins.iter().enumerate().skip(1) {
         if m.dtype != dt {
-            return Err(Error::type_error(format!("operator {op}: input {i} has dtype {}, expected {}", m.dtype.name(), dt.name())));
+            return Err(Error::type_error(format!(
+                "operator {op}: input {i} has dtype {}, expected {}",
+                m.dtype.name(),
+                dt.name()
+            )));
         }
     }
     if ins[1].shape != p.weight_shape {
-        return Err(Error::value(format!("operator {op}: weight has shape {:?}, expected {:?}", ins[1].shape, p.weight_shape)));
+        return Err(Error::value(format!(
+            "operator {op}: weight has shape {:?}, expected {:?}",
+            ins[1].shape, p.weight_shape
+        )));
     }
     if ins.len() > 2 && ins[2].shape != [p.f] {
         return Err(Error::value(format!("operator {op}: bias has shape {:?}, expected ({},)", ins[2].shape, p.f)));
@@ -212,7 +230,13 @@ fn valid_cols(ow: usize, iw: usize, stride: usize, offset: isize) -> (usize, usi
 /// Visit each (output row, input row) pair of one filter tap: `f(out_row_start, in_row_start,
 /// lo, hi, x_offset)` with output columns `lo..hi` reading input column `ox*sw + x_offset`.
 #[inline(always)]
-pub(super) fn for_tap_rows(p: &Plan, kz: usize, ky: usize, kx: usize, mut f: impl FnMut(usize, usize, usize, usize, isize)) {
+pub(super) fn for_tap_rows(
+    p: &Plan,
+    kz: usize,
+    ky: usize,
+    kx: usize,
+    mut f: impl FnMut(usize, usize, usize, usize, isize),
+) {
     let [id, ih, iw] = p.input;
     let [od, oh, ow] = p.output;
     let xoff = (kx * p.dilate[2]) as isize - p.pad[2] as isize;
@@ -514,8 +538,18 @@ mod tests {
                 output[i] = (input[i] + 2 * pd - (d * (k - 1) + 1)) / s + 1;
             }
             let p = Plan {
-                n: 2, c, f, g, input, kernel: [1, k, k], stride: [1, s, s], dilate: [1, d, d], pad: [0, pd, pd], output,
-                out_shape: vec![], weight_shape: vec![],
+                n: 2,
+                c,
+                f,
+                g,
+                input,
+                kernel: [1, k, k],
+                stride: [1, s, s],
+                dilate: [1, d, d],
+                pad: [0, pd, pd],
+                output,
+                out_shape: vec![],
+                weight_shape: vec![],
             };
             let x: Vec<f64> = (0..2 * c * h * wd).map(|i| ((i * 7 % 13) as f64) - 6.0).collect();
             let w: Vec<f64> = (0..f * (c / g) * k * k).map(|i| ((i * 5 % 11) as f64) * 0.25 - 1.0).collect();
@@ -542,8 +576,18 @@ mod tests {
         for &(n, c, h, f) in &[(64usize, 1usize, 28usize, 20usize), (64, 20, 12, 50)] {
             let o = h - 4;
             let p = Plan {
-                n, c, f, g: 1, input: [1, h, h], kernel: [1, 5, 5], stride: [1; 3], dilate: [1; 3], pad: [0; 3], output: [1, o, o],
-                out_shape: vec![], weight_shape: vec![],
+                n,
+                c,
+                f,
+                g: 1,
+                input: [1, h, h],
+                kernel: [1, 5, 5],
+                stride: [1; 3],
+                dilate: [1; 3],
+                pad: [0; 3],
+                output: [1, o, o],
+                out_shape: vec![],
+                weight_shape: vec![],
             };
             let x = vec![0.5f32; n * c * h * h];
             let w = vec![0.25f32; f * c * 25];
@@ -551,7 +595,13 @@ mod tests {
             let mut out = vec![0.0f32; n * f * o * o];
             let mut cols = vec![0.0f32; p.kdim() * p.osz() * im2col_slots(&p)];
             for algo in [DIRECT, IM2COL] {
-                let mut run = || if algo == DIRECT { direct::<f32, f32>(&p, &x, &w, Some(&b), &mut out) } else { im2col_gemm::<f32, f32>(&p, &x, &w, Some(&b), &mut out, cols.as_mut_ptr()) };
+                let mut run = || {
+                    if algo == DIRECT {
+                        direct::<f32, f32>(&p, &x, &w, Some(&b), &mut out)
+                    } else {
+                        im2col_gemm::<f32, f32>(&p, &x, &w, Some(&b), &mut out, cols.as_mut_ptr())
+                    }
+                };
                 run();
                 let reps = 20;
                 let t = std::time::Instant::now();

@@ -137,7 +137,9 @@ fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &[T
                     gemm(kdim, ld, fg, wg, true, dyc, false, col, false);
                     for bi in 0..b {
                         // SAFETY: each (image, group) is handled by exactly one chunk.
-                        let dxg = unsafe { std::slice::from_raw_parts_mut(dx.0.add(((i0 + bi) * p.c + gi * cg) * isz), cg * isz) };
+                        let dxg = unsafe {
+                            std::slice::from_raw_parts_mut(dx.0.add(((i0 + bi) * p.c + gi * cg) * isz), cg * isz)
+                        };
                         col2im::<T, R>(p, &col[bi * osz..], ld, dxg);
                     }
                 }
@@ -205,7 +207,10 @@ fn convolution_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()>
 }
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
-    ops.push(OpDef::backward("_backward_Convolution", CONV_PARAMS, Box::new(convolution_backward)).resources(&[Resource::TempSpace]));
+    ops.push(
+        OpDef::backward("_backward_Convolution", CONV_PARAMS, Box::new(convolution_backward))
+            .resources(&[Resource::TempSpace]),
+    );
 }
 
 #[cfg(test)]
@@ -215,7 +220,8 @@ mod tests {
     fn conv(params: &[(&str, &str)], data: &[usize], weight: &[usize], bias: bool) {
         let dn = data.iter().product();
         let wn = weight.iter().product();
-        let mut inputs: Vec<(&[usize], Vec<f64>)> = vec![(data, values(dn, -1.0, 1.0, 1)), (weight, values(wn, -1.0, 1.0, 2))];
+        let mut inputs: Vec<(&[usize], Vec<f64>)> =
+            vec![(data, values(dn, -1.0, 1.0, 1)), (weight, values(wn, -1.0, 1.0, 2))];
         let bshape = [weight[0]];
         if bias {
             inputs.push((&bshape, values(weight[0], -1.0, 1.0, 3)));
@@ -227,29 +233,73 @@ mod tests {
     fn convolution_2d() {
         conv(&[("kernel", "(3, 3)"), ("num_filter", "4")], &[2, 3, 6, 5], &[4, 3, 3, 3], true);
         // Unpadded with a row stride and a column dilation (the row-copy path of im2col/col2im).
-        conv(&[("kernel", "(3, 2)"), ("num_filter", "2"), ("stride", "(2, 1)"), ("dilate", "(1, 2)")], &[2, 2, 9, 10], &[2, 2, 3, 2], true);
-        conv(&[("kernel", "(3, 2)"), ("num_filter", "2"), ("stride", "(2, 1)"), ("pad", "(1, 1)"), ("no_bias", "True")], &[2, 2, 7, 6], &[2, 2, 3, 2], false);
-        conv(&[("kernel", "(2, 2)"), ("num_filter", "4"), ("dilate", "(2, 2)"), ("num_group", "2"), ("stride", "(1, 2)")], &[3, 4, 6, 7], &[4, 2, 2, 2], true);
+        conv(
+            &[("kernel", "(3, 2)"), ("num_filter", "2"), ("stride", "(2, 1)"), ("dilate", "(1, 2)")],
+            &[2, 2, 9, 10],
+            &[2, 2, 3, 2],
+            true,
+        );
+        conv(
+            &[("kernel", "(3, 2)"), ("num_filter", "2"), ("stride", "(2, 1)"), ("pad", "(1, 1)"), ("no_bias", "True")],
+            &[2, 2, 7, 6],
+            &[2, 2, 3, 2],
+            false,
+        );
+        conv(
+            &[
+                ("kernel", "(2, 2)"),
+                ("num_filter", "4"),
+                ("dilate", "(2, 2)"),
+                ("num_group", "2"),
+                ("stride", "(1, 2)"),
+            ],
+            &[3, 4, 6, 7],
+            &[4, 2, 2, 2],
+            true,
+        );
         // Pointwise (no unfolding).
         conv(&[("kernel", "(1, 1)"), ("num_filter", "3")], &[2, 4, 3, 3], &[3, 4, 1, 1], true);
     }
 
     #[test]
     fn convolution_1d_3d() {
-        conv(&[("kernel", "(3,)"), ("num_filter", "2"), ("pad", "(1,)"), ("stride", "(2,)")], &[2, 3, 7], &[2, 3, 3], true);
-        conv(&[("kernel", "(2, 2, 2)"), ("num_filter", "2"), ("pad", "(1, 0, 1)")], &[1, 2, 3, 4, 3], &[2, 2, 2, 2, 2], true);
+        conv(
+            &[("kernel", "(3,)"), ("num_filter", "2"), ("pad", "(1,)"), ("stride", "(2,)")],
+            &[2, 3, 7],
+            &[2, 3, 3],
+            true,
+        );
+        conv(
+            &[("kernel", "(2, 2, 2)"), ("num_filter", "2"), ("pad", "(1, 0, 1)")],
+            &[1, 2, 3, 4, 3],
+            &[2, 2, 2, 2, 2],
+            true,
+        );
     }
 
     /// Time a backward operator on float32 data: `ins` shapes, `outs` shapes (None: Req::Null).
-    fn time_backward(fwd: &str, params: &[(&str, &str)], nin: usize, ins: &[&[usize]], outs: &[Option<&[usize]>]) -> f64 {
+    fn time_backward(
+        fwd: &str,
+        params: &[(&str, &str)],
+        nin: usize,
+        ins: &[&[usize]],
+        outs: &[Option<&[usize]>],
+    ) -> f64 {
         use crate::ndarray::DType;
         use crate::op::tensor::TBlob;
         use crate::op::{lookup, OpCtx, Req};
         let op = lookup(fwd).unwrap();
         let attrs = op.parse_attrs(params.iter().copied(), nin).unwrap();
         let bop = crate::op::grad::backward_op(op).unwrap().unwrap();
-        let mut bufs: Vec<Vec<f32>> = ins.iter().map(|s| values(s.iter().product(), -1.0, 1.0, 5).into_iter().map(|v| v as f32).collect()).collect();
-        let in_blobs: Vec<TBlob> = bufs.iter_mut().zip(ins).map(|(b, s)| unsafe { TBlob::new(b.as_mut_ptr() as *mut u8, s, DType::F32) }).collect();
+        let mut bufs: Vec<Vec<f32>> = ins
+            .iter()
+            .map(|s| values(s.iter().product(), -1.0, 1.0, 5).into_iter().map(|v| v as f32).collect())
+            .collect();
+        let in_blobs: Vec<TBlob> = bufs
+            .iter_mut()
+            .zip(ins)
+            .map(|(b, s)| unsafe { TBlob::new(b.as_mut_ptr() as *mut u8, s, DType::F32) })
+            .collect();
         let mut obufs: Vec<Vec<f32>> = outs.iter().map(|s| vec![0.0; s.map_or(0, |s| s.iter().product())]).collect();
         let out_blobs: Vec<TBlob> = obufs
             .iter_mut()
@@ -278,19 +328,55 @@ mod tests {
     #[ignore]
     fn backward_throughput() {
         let k5 = [("kernel", "(5, 5)"), ("num_filter", "20")];
-        let t = time_backward("Convolution", &k5, 3, &[&[64, 20, 24, 24], &[64, 1, 28, 28], &[20, 1, 5, 5], &[20]], &[None, Some(&[20, 1, 5, 5]), Some(&[20])]);
+        let t = time_backward(
+            "Convolution",
+            &k5,
+            3,
+            &[&[64, 20, 24, 24], &[64, 1, 28, 28], &[20, 1, 5, 5], &[20]],
+            &[None, Some(&[20, 1, 5, 5]), Some(&[20])],
+        );
         eprintln!("conv1 backward (no dX): {t:.3} ms");
         let k5 = [("kernel", "(5, 5)"), ("num_filter", "50")];
-        let t = time_backward("Convolution", &k5, 3, &[&[64, 50, 8, 8], &[64, 20, 12, 12], &[50, 20, 5, 5], &[50]], &[Some(&[64, 20, 12, 12]), Some(&[50, 20, 5, 5]), Some(&[50])]);
+        let t = time_backward(
+            "Convolution",
+            &k5,
+            3,
+            &[&[64, 50, 8, 8], &[64, 20, 12, 12], &[50, 20, 5, 5], &[50]],
+            &[Some(&[64, 20, 12, 12]), Some(&[50, 20, 5, 5]), Some(&[50])],
+        );
         eprintln!("conv2 backward: {t:.3} ms");
         let mp = [("kernel", "(2, 2)"), ("stride", "(2, 2)"), ("pool_type", "max")];
-        let t = time_backward("Pooling", &mp, 1, &[&[64, 20, 12, 12], &[64, 20, 24, 24], &[64, 20, 12, 12]], &[Some(&[64, 20, 24, 24])]);
+        let t = time_backward(
+            "Pooling",
+            &mp,
+            1,
+            &[&[64, 20, 12, 12], &[64, 20, 24, 24], &[64, 20, 12, 12]],
+            &[Some(&[64, 20, 24, 24])],
+        );
         eprintln!("pool1 backward: {t:.3} ms");
-        let t = time_backward("Pooling", &mp, 1, &[&[64, 50, 4, 4], &[64, 50, 8, 8], &[64, 50, 4, 4]], &[Some(&[64, 50, 8, 8])]);
+        let t = time_backward(
+            "Pooling",
+            &mp,
+            1,
+            &[&[64, 50, 4, 4], &[64, 50, 8, 8], &[64, 50, 4, 4]],
+            &[Some(&[64, 50, 8, 8])],
+        );
         eprintln!("pool2 backward: {t:.3} ms");
-        let t = time_backward("FullyConnected", &[("num_hidden", "512")], 3, &[&[64, 512], &[64, 800], &[512, 800], &[512]], &[Some(&[64, 800]), Some(&[512, 800]), Some(&[512])]);
+        let t = time_backward(
+            "FullyConnected",
+            &[("num_hidden", "512")],
+            3,
+            &[&[64, 512], &[64, 800], &[512, 800], &[512]],
+            &[Some(&[64, 800]), Some(&[512, 800]), Some(&[512])],
+        );
         eprintln!("fc1 backward: {t:.3} ms");
-        let t = time_backward("FullyConnected", &[("num_hidden", "10")], 3, &[&[64, 10], &[64, 512], &[10, 512], &[10]], &[Some(&[64, 512]), Some(&[10, 512]), Some(&[10])]);
+        let t = time_backward(
+            "FullyConnected",
+            &[("num_hidden", "10")],
+            3,
+            &[&[64, 10], &[64, 512], &[10, 512], &[10]],
+            &[Some(&[64, 512]), Some(&[10, 512]), Some(&[10])],
+        );
         eprintln!("fc2 backward: {t:.3} ms");
         let t = time_backward("Activation", &[("act_type", "relu")], 1, &[&[64, 512], &[64, 512]], &[Some(&[64, 512])]);
         eprintln!("relu backward: {t:.3} ms");

@@ -21,7 +21,10 @@ use crate::op::{Grad, Inputs, OpCtx, OpDef};
 /// Calls `$m!` with the math functions that f32 and f64 both have under these names.
 macro_rules! std_math {
     ($m:ident) => {
-        $m!(exp, exp_m1, ln, log10, log2, ln_1p, sin, cos, tan, asin, acos, atan, sinh, cosh, tanh, asinh, acosh, atanh, sqrt, cbrt, to_degrees, to_radians);
+        $m!(
+            exp, exp_m1, ln, log10, log2, ln_1p, sin, cos, tan, asin, acos, atan, sinh, cosh, tanh, asinh, acosh,
+            atanh, sqrt, cbrt, to_degrees, to_radians
+        );
     };
 }
 
@@ -205,7 +208,6 @@ macro_rules! float_calc {
     };
 }
 
-
 float_calc!(f32);
 float_calc!(f64);
 
@@ -316,16 +318,35 @@ impl Arith for half::f16 {
 macro_rules! dispatch_arith {
     ($dtype:expr, $op:expr, $T:ident => $body:expr) => {{
         match $dtype {
-            DType::F32 => { type $T = f32; $body }
-            DType::F64 => { type $T = f64; $body }
-            DType::F16 => { type $T = half::f16; $body }
-            DType::U8 => { type $T = u8; $body }
-            DType::I32 => { type $T = i32; $body }
-            DType::I8 => { type $T = i8; $body }
-            DType::I64 => { type $T = i64; $body }
-            DType::Bool => {
-                return Err(Error::type_error(format!("operator {} does not support dtype bool", $op)))
+            DType::F32 => {
+                type $T = f32;
+                $body
             }
+            DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            DType::Bool => return Err(Error::type_error(format!("operator {} does not support dtype bool", $op))),
         }
     }};
 }
@@ -397,7 +418,10 @@ fn bin_typed<T: Arith>(op: Bin, plan: &BPlan, a: &[T], b: &[T], o: &mut [T]) {
 
 /// `out = op(a, b)` under `plan` for the dtype of the blobs (equal dtypes checked by inference).
 pub(crate) fn bin_dispatch(name: &str, op: Bin, plan: &BPlan, a: &TBlob, b: &TBlob, out: &TBlob) -> Result<()> {
-    if a.dtype == DType::F32 && out.size() >= crate::op::simd::STREAM_MIN && stream_bin(op, plan, a.as_slice(), b.as_slice(), out.as_mut()) {
+    if a.dtype == DType::F32
+        && out.size() >= crate::op::simd::STREAM_MIN
+        && stream_bin(op, plan, a.as_slice(), b.as_slice(), out.as_mut())
+    {
         return Ok(());
     }
     dispatch_arith!(a.dtype, name, T => bin_typed::<T>(op, plan, a.as_slice(), b.as_slice(), out.as_mut()));
@@ -597,14 +621,70 @@ pub(crate) const BINS: &[BinDef] = &[
         rscalar_grad: None,
     },
     cmp!(Eq, "equality (1 or 0)", "_equal", &["_Equal"], "_equal_scalar", &["_EqualScalar"], "broadcast_equal"),
-    cmp!(Ne, "inequality (1 or 0)", "_not_equal", &["_Not_Equal"], "_not_equal_scalar", &["_NotEqualScalar"], "broadcast_not_equal"),
-    cmp!(Gt, "lhs > rhs (1 or 0)", "_greater", &["_Greater"], "_greater_scalar", &["_GreaterScalar"], "broadcast_greater"),
-    cmp!(Ge, "lhs >= rhs (1 or 0)", "_greater_equal", &["_Greater_Equal"], "_greater_equal_scalar", &["_GreaterEqualScalar"], "broadcast_greater_equal"),
+    cmp!(
+        Ne,
+        "inequality (1 or 0)",
+        "_not_equal",
+        &["_Not_Equal"],
+        "_not_equal_scalar",
+        &["_NotEqualScalar"],
+        "broadcast_not_equal"
+    ),
+    cmp!(
+        Gt,
+        "lhs > rhs (1 or 0)",
+        "_greater",
+        &["_Greater"],
+        "_greater_scalar",
+        &["_GreaterScalar"],
+        "broadcast_greater"
+    ),
+    cmp!(
+        Ge,
+        "lhs >= rhs (1 or 0)",
+        "_greater_equal",
+        &["_Greater_Equal"],
+        "_greater_equal_scalar",
+        &["_GreaterEqualScalar"],
+        "broadcast_greater_equal"
+    ),
     cmp!(Lt, "lhs < rhs (1 or 0)", "_lesser", &["_Lesser"], "_lesser_scalar", &["_LesserScalar"], "broadcast_lesser"),
-    cmp!(Le, "lhs <= rhs (1 or 0)", "_lesser_equal", &["_Lesser_Equal"], "_lesser_equal_scalar", &["_LesserEqualScalar"], "broadcast_lesser_equal"),
-    cmp!(And, "logical and (1 or 0)", "_logical_and", &["_Logical_And"], "_logical_and_scalar", &["_LogicalAndScalar"], "broadcast_logical_and"),
-    cmp!(Or, "logical or (1 or 0)", "_logical_or", &["_Logical_Or"], "_logical_or_scalar", &["_LogicalOrScalar"], "broadcast_logical_or"),
-    cmp!(Xor, "logical xor (1 or 0)", "_logical_xor", &["_Logical_Xor"], "_logical_xor_scalar", &["_LogicalXorScalar"], "broadcast_logical_xor"),
+    cmp!(
+        Le,
+        "lhs <= rhs (1 or 0)",
+        "_lesser_equal",
+        &["_Lesser_Equal"],
+        "_lesser_equal_scalar",
+        &["_LesserEqualScalar"],
+        "broadcast_lesser_equal"
+    ),
+    cmp!(
+        And,
+        "logical and (1 or 0)",
+        "_logical_and",
+        &["_Logical_And"],
+        "_logical_and_scalar",
+        &["_LogicalAndScalar"],
+        "broadcast_logical_and"
+    ),
+    cmp!(
+        Or,
+        "logical or (1 or 0)",
+        "_logical_or",
+        &["_Logical_Or"],
+        "_logical_or_scalar",
+        &["_LogicalOrScalar"],
+        "broadcast_logical_or"
+    ),
+    cmp!(
+        Xor,
+        "logical xor (1 or 0)",
+        "_logical_xor",
+        &["_Logical_Xor"],
+        "_logical_xor_scalar",
+        &["_LogicalXorScalar"],
+        "broadcast_logical_xor"
+    ),
 ];
 
 pub(super) const SCALAR_PARAMS: &[ParamSpec] = &[
@@ -715,7 +795,13 @@ fn un_typed<T: Arith>(op: Un, x: &[T], o: &mut [T]) {
     match op {
         Un::Neg => go!(Cost::CHEAP, |v| v.neg()),
         Un::Abs => go!(Cost::CHEAP, |v| v.abs()),
-        Un::Sign => go!(Cost::CHEAP, |v| if v > zero { one } else if v < zero { one.neg() } else { zero }),
+        Un::Sign => go!(Cost::CHEAP, |v| if v > zero {
+            one
+        } else if v < zero {
+            one.neg()
+        } else {
+            zero
+        }),
         Un::Round => go!(Cost::MEDIUM, |v| v.round()),
         Un::Rint => go!(Cost::MEDIUM, |v| v.rint()),
         Un::Ceil => go!(Cost::CHEAP, |v| v.ceil()),
@@ -775,52 +861,260 @@ fn unary_compute(op: Un) -> crate::op::ComputeFn {
 type UnDef = (&'static str, &'static [&'static str], Un, Option<(&'static str, bool, bool)>, &'static str);
 
 const UNARY: &[UnDef] = &[
-    ("negative", &["_sparse_negative"], Un::Neg, Some(("_backward_negative", false, false)), "Numerical negative of the argument, element-wise."),
-    ("abs", &["_sparse_abs"], Un::Abs, Some(("_backward_abs", true, false)), "Returns element-wise absolute value of the input."),
+    (
+        "negative",
+        &["_sparse_negative"],
+        Un::Neg,
+        Some(("_backward_negative", false, false)),
+        "Numerical negative of the argument, element-wise.",
+    ),
+    (
+        "abs",
+        &["_sparse_abs"],
+        Un::Abs,
+        Some(("_backward_abs", true, false)),
+        "Returns element-wise absolute value of the input.",
+    ),
     ("sign", &["_sparse_sign"], Un::Sign, None, "Returns element-wise sign of the input."),
-    ("round", &["_sparse_round"], Un::Round, None, "Returns element-wise rounded value to the nearest integer (half away from zero)."),
-    ("rint", &["_sparse_rint"], Un::Rint, None, "Returns element-wise rounded value to the nearest integer (half to even)."),
+    (
+        "round",
+        &["_sparse_round"],
+        Un::Round,
+        None,
+        "Returns element-wise rounded value to the nearest integer (half away from zero).",
+    ),
+    (
+        "rint",
+        &["_sparse_rint"],
+        Un::Rint,
+        None,
+        "Returns element-wise rounded value to the nearest integer (half to even).",
+    ),
     ("ceil", &["_sparse_ceil"], Un::Ceil, None, "Returns element-wise ceiling of the input."),
     ("floor", &["_sparse_floor"], Un::Floor, None, "Returns element-wise floor of the input."),
     ("trunc", &["_sparse_trunc"], Un::Trunc, None, "Return the element-wise truncated value of the input."),
-    ("fix", &["_sparse_fix"], Un::Trunc, None, "Returns element-wise rounded value to the nearest integer towards zero."),
-    ("square", &["_sparse_square"], Un::Square, Some(("_backward_square", true, false)), "Returns element-wise squared value of the input."),
-    ("sqrt", &["_sparse_sqrt"], Un::Sqrt, Some(("_backward_sqrt", false, true)), "Returns element-wise square-root value of the input."),
-    ("rsqrt", &["_sparse_rsqrt"], Un::Rsqrt, Some(("_backward_rsqrt", true, false)), "Returns element-wise inverse square-root value of the input."),
-    ("cbrt", &["_sparse_cbrt"], Un::Cbrt, Some(("_backward_cbrt", false, true)), "Returns element-wise cube-root value of the input."),
-    ("rcbrt", &[], Un::Rcbrt, Some(("_backward_rcbrt", true, false)), "Returns element-wise inverse cube-root value of the input."),
-    ("exp", &["_sparse_exp"], Un::Exp, Some(("_backward_exp", false, true)), "Returns element-wise exponential value of the input."),
-    ("expm1", &["_sparse_expm1"], Un::Expm1, Some(("_backward_expm1", true, false)), "Returns exp(x) - 1 computed element-wise."),
-    ("log", &["_sparse_log"], Un::Log, Some(("_backward_log", true, false)), "Returns element-wise natural logarithm of the input."),
-    ("log10", &["_sparse_log10"], Un::Log10, Some(("_backward_log10", true, false)), "Returns element-wise base-10 logarithm of the input."),
-    ("log2", &["_sparse_log2"], Un::Log2, Some(("_backward_log2", true, false)), "Returns element-wise base-2 logarithm of the input."),
-    ("log1p", &["_sparse_log1p"], Un::Log1p, Some(("_backward_log1p", true, false)), "Returns element-wise log(1 + x)."),
-    ("sin", &["_sparse_sin"], Un::Sin, Some(("_backward_sin", true, false)), "Computes the element-wise sine of the input array."),
-    ("cos", &["_sparse_cos"], Un::Cos, Some(("_backward_cos", true, false)), "Computes the element-wise cosine of the input array."),
-    ("tan", &["_sparse_tan"], Un::Tan, Some(("_backward_tan", false, true)), "Computes the element-wise tangent of the input array."),
-    ("arcsin", &["_sparse_arcsin"], Un::Asin, Some(("_backward_arcsin", true, false)), "Returns element-wise inverse sine of the input array."),
-    ("arccos", &["_sparse_arccos"], Un::Acos, Some(("_backward_arccos", true, false)), "Returns element-wise inverse cosine of the input array."),
-    ("arctan", &["_sparse_arctan"], Un::Atan, Some(("_backward_arctan", true, false)), "Returns element-wise inverse tangent of the input array."),
-    ("sinh", &["_sparse_sinh"], Un::Sinh, Some(("_backward_sinh", true, false)), "Returns the hyperbolic sine of the input array."),
-    ("cosh", &["_sparse_cosh"], Un::Cosh, Some(("_backward_cosh", true, false)), "Returns the hyperbolic cosine of the input array."),
-    ("tanh", &["_sparse_tanh"], Un::Tanh, Some(("_backward_tanh", false, true)), "Returns the hyperbolic tangent of the input array."),
-    ("arcsinh", &["_sparse_arcsinh"], Un::Asinh, Some(("_backward_arcsinh", true, false)), "Returns the element-wise inverse hyperbolic sine."),
-    ("arccosh", &["_sparse_arccosh"], Un::Acosh, Some(("_backward_arccosh", true, false)), "Returns the element-wise inverse hyperbolic cosine."),
-    ("arctanh", &["_sparse_arctanh"], Un::Atanh, Some(("_backward_arctanh", true, false)), "Returns the element-wise inverse hyperbolic tangent."),
-    ("degrees", &["_sparse_degrees"], Un::Degrees, Some(("_backward_degrees", false, false)), "Converts each element of the input array from radians to degrees."),
-    ("radians", &["_sparse_radians"], Un::Radians, Some(("_backward_radians", false, false)), "Converts each element of the input array from degrees to radians."),
-    ("reciprocal", &[], Un::Recip, Some(("_backward_reciprocal", true, false)), "Returns the reciprocal of the argument, element-wise."),
-    ("relu", &["_sparse_relu"], Un::Relu, Some(("_backward_relu", false, true)), "Computes rectified linear activation max(x, 0)."),
-    ("sigmoid", &["_sparse_sigmoid"], Un::Sigmoid, Some(("_backward_sigmoid", false, true)), "Computes sigmoid of x element-wise."),
-    ("softsign", &[], Un::Softsign, Some(("_backward_softsign", true, false)), "Computes softsign of x element-wise: x / (1 + abs(x))."),
+    (
+        "fix",
+        &["_sparse_fix"],
+        Un::Trunc,
+        None,
+        "Returns element-wise rounded value to the nearest integer towards zero.",
+    ),
+    (
+        "square",
+        &["_sparse_square"],
+        Un::Square,
+        Some(("_backward_square", true, false)),
+        "Returns element-wise squared value of the input.",
+    ),
+    (
+        "sqrt",
+        &["_sparse_sqrt"],
+        Un::Sqrt,
+        Some(("_backward_sqrt", false, true)),
+        "Returns element-wise square-root value of the input.",
+    ),
+    (
+        "rsqrt",
+        &["_sparse_rsqrt"],
+        Un::Rsqrt,
+        Some(("_backward_rsqrt", true, false)),
+        "Returns element-wise inverse square-root value of the input.",
+    ),
+    (
+        "cbrt",
+        &["_sparse_cbrt"],
+        Un::Cbrt,
+        Some(("_backward_cbrt", false, true)),
+        "Returns element-wise cube-root value of the input.",
+    ),
+    (
+        "rcbrt",
+        &[],
+        Un::Rcbrt,
+        Some(("_backward_rcbrt", true, false)),
+        "Returns element-wise inverse cube-root value of the input.",
+    ),
+    (
+        "exp",
+        &["_sparse_exp"],
+        Un::Exp,
+        Some(("_backward_exp", false, true)),
+        "Returns element-wise exponential value of the input.",
+    ),
+    (
+        "expm1",
+        &["_sparse_expm1"],
+        Un::Expm1,
+        Some(("_backward_expm1", true, false)),
+        "Returns exp(x) - 1 computed element-wise.",
+    ),
+    (
+        "log",
+        &["_sparse_log"],
+        Un::Log,
+        Some(("_backward_log", true, false)),
+        "Returns element-wise natural logarithm of the input.",
+    ),
+    (
+        "log10",
+        &["_sparse_log10"],
+        Un::Log10,
+        Some(("_backward_log10", true, false)),
+        "Returns element-wise base-10 logarithm of the input.",
+    ),
+    (
+        "log2",
+        &["_sparse_log2"],
+        Un::Log2,
+        Some(("_backward_log2", true, false)),
+        "Returns element-wise base-2 logarithm of the input.",
+    ),
+    (
+        "log1p",
+        &["_sparse_log1p"],
+        Un::Log1p,
+        Some(("_backward_log1p", true, false)),
+        "Returns element-wise log(1 + x).",
+    ),
+    (
+        "sin",
+        &["_sparse_sin"],
+        Un::Sin,
+        Some(("_backward_sin", true, false)),
+        "Computes the element-wise sine of the input array.",
+    ),
+    (
+        "cos",
+        &["_sparse_cos"],
+        Un::Cos,
+        Some(("_backward_cos", true, false)),
+        "Computes the element-wise cosine of the input array.",
+    ),
+    (
+        "tan",
+        &["_sparse_tan"],
+        Un::Tan,
+        Some(("_backward_tan", false, true)),
+        "Computes the element-wise tangent of the input array.",
+    ),
+    (
+        "arcsin",
+        &["_sparse_arcsin"],
+        Un::Asin,
+        Some(("_backward_arcsin", true, false)),
+        "Returns element-wise inverse sine of the input array.",
+    ),
+    (
+        "arccos",
+        &["_sparse_arccos"],
+        Un::Acos,
+        Some(("_backward_arccos", true, false)),
+        "Returns element-wise inverse cosine of the input array.",
+    ),
+    (
+        "arctan",
+        &["_sparse_arctan"],
+        Un::Atan,
+        Some(("_backward_arctan", true, false)),
+        "Returns element-wise inverse tangent of the input array.",
+    ),
+    (
+        "sinh",
+        &["_sparse_sinh"],
+        Un::Sinh,
+        Some(("_backward_sinh", true, false)),
+        "Returns the hyperbolic sine of the input array.",
+    ),
+    (
+        "cosh",
+        &["_sparse_cosh"],
+        Un::Cosh,
+        Some(("_backward_cosh", true, false)),
+        "Returns the hyperbolic cosine of the input array.",
+    ),
+    (
+        "tanh",
+        &["_sparse_tanh"],
+        Un::Tanh,
+        Some(("_backward_tanh", false, true)),
+        "Returns the hyperbolic tangent of the input array.",
+    ),
+    (
+        "arcsinh",
+        &["_sparse_arcsinh"],
+        Un::Asinh,
+        Some(("_backward_arcsinh", true, false)),
+        "Returns the element-wise inverse hyperbolic sine.",
+    ),
+    (
+        "arccosh",
+        &["_sparse_arccosh"],
+        Un::Acosh,
+        Some(("_backward_arccosh", true, false)),
+        "Returns the element-wise inverse hyperbolic cosine.",
+    ),
+    (
+        "arctanh",
+        &["_sparse_arctanh"],
+        Un::Atanh,
+        Some(("_backward_arctanh", true, false)),
+        "Returns the element-wise inverse hyperbolic tangent.",
+    ),
+    (
+        "degrees",
+        &["_sparse_degrees"],
+        Un::Degrees,
+        Some(("_backward_degrees", false, false)),
+        "Converts each element of the input array from radians to degrees.",
+    ),
+    (
+        "radians",
+        &["_sparse_radians"],
+        Un::Radians,
+        Some(("_backward_radians", false, false)),
+        "Converts each element of the input array from degrees to radians.",
+    ),
+    (
+        "reciprocal",
+        &[],
+        Un::Recip,
+        Some(("_backward_reciprocal", true, false)),
+        "Returns the reciprocal of the argument, element-wise.",
+    ),
+    (
+        "relu",
+        &["_sparse_relu"],
+        Un::Relu,
+        Some(("_backward_relu", false, true)),
+        "Computes rectified linear activation max(x, 0).",
+    ),
+    (
+        "sigmoid",
+        &["_sparse_sigmoid"],
+        Un::Sigmoid,
+        Some(("_backward_sigmoid", false, true)),
+        "Computes sigmoid of x element-wise.",
+    ),
+    (
+        "softsign",
+        &[],
+        Un::Softsign,
+        Some(("_backward_softsign", true, false)),
+        "Computes softsign of x element-wise: x / (1 + abs(x)).",
+    ),
     ("logical_not", &[], Un::Not, None, "Returns the result of logical NOT (!) function (1 or 0)."),
-    ("_copy", &["identity", "_sparse_copy"], Un::Copy, Some(("_backward_copy", false, false)), "Returns a copy of the input."),
+    (
+        "_copy",
+        &["identity", "_sparse_copy"],
+        Un::Copy,
+        Some(("_backward_copy", false, false)),
+        "Returns a copy of the input.",
+    ),
 ];
 
-pub(super) const CLIP_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("a_min", PType::Float, "Minimum value"),
-    ParamSpec::req("a_max", PType::Float, "Maximum value"),
-];
+pub(super) const CLIP_PARAMS: &[ParamSpec] =
+    &[ParamSpec::req("a_min", PType::Float, "Minimum value"), ParamSpec::req("a_max", PType::Float, "Maximum value")];
 
 fn clip(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     let (lo, hi) = (cx.attrs.float("a_min"), cx.attrs.float("a_max"));

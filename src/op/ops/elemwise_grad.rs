@@ -156,7 +156,13 @@ fn typed<T: Arith>(d: D, a: &Attrs, g: &[T], v: &[T], o: &mut [T]) {
             go!(Cost::CHEAP, |g, _v| g.div(s))
         }
         D::ModScalar => go!(Cost::CHEAP, |g, _v| g),
-        D::Abs => go!(Cost::CHEAP, |g, x| if x > zero { g } else if x < zero { g.neg() } else { zero }),
+        D::Abs => go!(Cost::CHEAP, |g, x| if x > zero {
+            g
+        } else if x < zero {
+            g.neg()
+        } else {
+            zero
+        }),
         D::Square => {
             let two = c(2.0);
             go!(Cost::CHEAP, |g, x| g.mul(two).mul(x))
@@ -352,7 +358,8 @@ mod tests {
             check(op, &[("scalar", s)], &[(&[2, 5], x.clone())], &[]);
         }
         // mod: x = 4m + [0.5, 3.5] against 4 (away from the jumps); s mod x with s / x in (2, 3).
-        let xm: Vec<f64> = values(10, 0.5, 3.5, 7).iter().enumerate().map(|(i, v)| v + 4.0 * (i as f64 - 5.0)).collect();
+        let xm: Vec<f64> =
+            values(10, 0.5, 3.5, 7).iter().enumerate().map(|(i, v)| v + 4.0 * (i as f64 - 5.0)).collect();
         check("_mod_scalar", &[("scalar", "4")], &[(&[10], xm)], &[]);
         check("_rmod_scalar", &[("scalar", "7")], &[(&[10], values(10, 2.4, 3.4, 8))], &[]);
         check("_rmod_scalar", &[("scalar", "-7")], &[(&[10], values(10, 2.4, 3.4, 8))], &[]);
@@ -361,7 +368,8 @@ mod tests {
     #[test]
     fn clip() {
         // Both sides of both bounds, none near them.
-        let x: Vec<f64> = values(16, -2.0, 2.0, 4).into_iter().map(|v| if (v.abs() - 1.0).abs() < 0.05 { 0.0 } else { v }).collect();
+        let x: Vec<f64> =
+            values(16, -2.0, 2.0, 4).into_iter().map(|v| if (v.abs() - 1.0).abs() < 0.05 { 0.0 } else { v }).collect();
         check("clip", &[("a_min", "-1"), ("a_max", "1")], &[(&[4, 4], x)], &[]);
     }
 

@@ -47,10 +47,18 @@ const SLICE_PARAMS: &[ParamSpec] = &[
 ];
 
 /// Per axis: (begin, step, length) of a slice with stock's rules.
-pub(super) fn slice_ranges(op: &str, shape: &[usize], begin: &[Option<i64>], end: &[Option<i64>], step: &[Option<i64>]) -> Result<Vec<(i64, i64, usize)>> {
+pub(super) fn slice_ranges(
+    op: &str,
+    shape: &[usize],
+    begin: &[Option<i64>],
+    end: &[Option<i64>],
+    step: &[Option<i64>],
+) -> Result<Vec<(i64, i64, usize)>> {
     let nd = shape.len();
     if begin.len() > nd {
-        return Err(Error::value(format!("operator {op}: begin {begin:?} has more axes than the input shape {shape:?}")));
+        return Err(Error::value(format!(
+            "operator {op}: begin {begin:?} has more axes than the input shape {shape:?}"
+        )));
     }
     if end.len() != begin.len() {
         return Err(Error::value(format!("operator {op}: begin {begin:?} and end {end:?} must have the same length")));
@@ -141,7 +149,13 @@ fn run_slice(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 const SLICE_AXIS_PARAMS: &[ParamSpec] = &[
     ParamSpec::req("axis", PType::Int, "Axis along which to be sliced, supports negative indexes."),
     ParamSpec::req("begin", PType::Int, "The beginning index along the axis to be sliced, supports negative indexes."),
-    ParamSpec { name: "end", ty: PType::Int, nullable: true, default: None, doc: "The ending index along the axis to be sliced, supports negative indexes; None is the end." },
+    ParamSpec {
+        name: "end",
+        ty: PType::Int,
+        nullable: true,
+        default: None,
+        doc: "The ending index along the axis to be sliced, supports negative indexes; None is the end.",
+    },
 ];
 
 pub(super) fn slice_axis_ranges(a: &Attrs, shape: &[usize]) -> Result<Vec<(i64, i64, usize)>> {
@@ -181,8 +195,12 @@ fn run_slice_axis(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     Ok(())
 }
 
-const SLICE_LIKE_PARAMS: &[ParamSpec] =
-    &[ParamSpec::opt("axes", PType::Shape, "()", "List of axes on which input data will be sliced according to the corresponding size of the second input.")];
+const SLICE_LIKE_PARAMS: &[ParamSpec] = &[ParamSpec::opt(
+    "axes",
+    PType::Shape,
+    "()",
+    "List of axes on which input data will be sliced according to the corresponding size of the second input.",
+)];
 
 fn slice_like_shape(a: &Attrs, l: &[usize], r: &[usize]) -> Result<Vec<usize>> {
     let axes = a.shape("axes");
@@ -198,7 +216,9 @@ fn slice_like_shape(a: &Attrs, l: &[usize], r: &[usize]) -> Result<Vec<usize>> {
         for &ax in axes {
             let k = norm_axis("slice_like", ax, l.len())?;
             if k >= r.len() {
-                return Err(Error::index(format!("operator slice_like: axis {ax} is out of range for shape_like {r:?}")));
+                return Err(Error::index(format!(
+                    "operator slice_like: axis {ax} is out of range for shape_like {r:?}"
+                )));
             }
             out[k] = r[k];
         }
@@ -284,7 +304,12 @@ const TAKE_MODES: &[&str] = &["raise", "wrap", "clip"];
 
 const TAKE_PARAMS: &[ParamSpec] = &[
     ParamSpec::opt("axis", PType::Int, "0", "The axis of input array to be taken."),
-    ParamSpec::opt("mode", PType::Enum(TAKE_MODES), "clip", "Specify how out-of-bound indices bahave: clip, wrap or raise."),
+    ParamSpec::opt(
+        "mode",
+        PType::Enum(TAKE_MODES),
+        "clip",
+        "Specify how out-of-bound indices bahave: clip, wrap or raise.",
+    ),
 ];
 
 /// Resolve index `i` on an axis of length `n` under `mode` (`c`lip, `w`rap, `r`aise).
@@ -352,9 +377,24 @@ fn run_take(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 }
 
 const PICK_PARAMS: &[ParamSpec] = &[
-    ParamSpec::or_none("axis", PType::Int, "-1", "int or None. The axis to picking the elements. Negative values means indexing from right to left."),
-    ParamSpec::opt("keepdims", PType::Bool, "False", "If true, the axis where we pick the elements is left in the result as dimension with size one."),
-    ParamSpec::opt("mode", PType::Enum(TAKE_MODES), "clip", "Specify how out-of-bound indices behave: clip, wrap or raise."),
+    ParamSpec::or_none(
+        "axis",
+        PType::Int,
+        "-1",
+        "int or None. The axis to picking the elements. Negative values means indexing from right to left.",
+    ),
+    ParamSpec::opt(
+        "keepdims",
+        PType::Bool,
+        "False",
+        "If true, the axis where we pick the elements is left in the result as dimension with size one.",
+    ),
+    ParamSpec::opt(
+        "mode",
+        PType::Enum(TAKE_MODES),
+        "clip",
+        "Specify how out-of-bound indices behave: clip, wrap or raise.",
+    ),
 ];
 
 pub(super) fn pick_axis(a: &Attrs, shape: &[usize]) -> Result<usize> {
@@ -628,22 +668,42 @@ fn run_fill_element_0index(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<
 const IDX_DTYPES: &[&str] = &["float16", "float32", "float64", "int32", "int64", "uint8"];
 
 const SORT_PARAMS: &[ParamSpec] = &[
-    ParamSpec::or_none("axis", PType::Int, "-1", "Axis along which to choose sort the input tensor. If not given, the flattened array is used. Default is -1."),
+    ParamSpec::or_none(
+        "axis",
+        PType::Int,
+        "-1",
+        "Axis along which to choose sort the input tensor. If not given, the flattened array is used. Default is -1.",
+    ),
     ParamSpec::opt("is_ascend", PType::Bool, "True", "Whether to sort in ascending or descending order."),
 ];
 
 const ARGSORT_PARAMS: &[ParamSpec] = &[
-    ParamSpec::or_none("axis", PType::Int, "-1", "Axis along which to sort the input tensor. If not given, the flattened array is used. Default is -1."),
+    ParamSpec::or_none(
+        "axis",
+        PType::Int,
+        "-1",
+        "Axis along which to sort the input tensor. If not given, the flattened array is used. Default is -1.",
+    ),
     ParamSpec::opt("is_ascend", PType::Bool, "True", "Whether to sort in ascending or descending order."),
     ParamSpec::opt("dtype", PType::Enum(IDX_DTYPES), "float32", "DType of the output indices."),
 ];
 
 const TOPK_PARAMS: &[ParamSpec] = &[
-    ParamSpec::or_none("axis", PType::Int, "-1", "Axis along which to choose the top k indices. If not given, the flattened array is used. Default is -1."),
+    ParamSpec::or_none(
+        "axis",
+        PType::Int,
+        "-1",
+        "Axis along which to choose the top k indices. If not given, the flattened array is used. Default is -1.",
+    ),
     ParamSpec::opt("k", PType::Int, "1", "Number of top elements to select; a global sort is performed if k < 1."),
     ParamSpec::opt("ret_typ", PType::Enum(&["both", "indices", "mask", "value"]), "indices", "The return type."),
     ParamSpec::opt("is_ascend", PType::Bool, "False", "Whether to choose k largest or k smallest elements."),
-    ParamSpec::opt("dtype", PType::Enum(IDX_DTYPES), "float32", "DType of the output indices when ret_typ is \"indices\" or \"both\"."),
+    ParamSpec::opt(
+        "dtype",
+        PType::Enum(IDX_DTYPES),
+        "float32",
+        "DType of the output indices when ret_typ is \"indices\" or \"both\".",
+    ),
 ];
 
 /// Geometry of a sort: (axis or None for flattened, outer, n, inner, k).

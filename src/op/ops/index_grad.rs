@@ -302,8 +302,18 @@ mod tests {
     #[test]
     fn pick() {
         check("pick", &[], &[x(&[3, 4], 1), (&[3], vec![0.0, 3.0, 1.0])], &[1]);
-        check("pick", &[("axis", "0"), ("keepdims", "True")], &[x(&[3, 4], 2), (&[1, 4], vec![0.0, 2.0, 1.0, 2.0])], &[1]);
-        check("pick", &[("axis", "1"), ("mode", "wrap")], &[x(&[2, 3, 2], 3), (&[2, 2], vec![-1.0, 4.0, 0.0, 2.0])], &[1]);
+        check(
+            "pick",
+            &[("axis", "0"), ("keepdims", "True")],
+            &[x(&[3, 4], 2), (&[1, 4], vec![0.0, 2.0, 1.0, 2.0])],
+            &[1],
+        );
+        check(
+            "pick",
+            &[("axis", "1"), ("mode", "wrap")],
+            &[x(&[2, 3, 2], 3), (&[2, 2], vec![-1.0, 4.0, 0.0, 2.0])],
+            &[1],
+        );
     }
 
     #[test]
@@ -326,8 +336,18 @@ mod tests {
         let v: Vec<f64> = (0..24).map(|i| ((i * 7) % 24) as f64 * 0.1 - 1.0).collect();
         for ret in ["value", "both", "indices"] {
             check("topk", &[("k", "2"), ("ret_typ", ret), ("dtype", "float64")], &[(&[2, 3, 4], v.clone())], &[]);
-            check("topk", &[("k", "2"), ("ret_typ", ret), ("dtype", "float64"), ("axis", "1"), ("is_ascend", "True")], &[(&[2, 3, 4], v.clone())], &[]);
-            check("topk", &[("k", "5"), ("ret_typ", ret), ("dtype", "float64"), ("axis", "None")], &[(&[2, 3, 4], v.clone())], &[]);
+            check(
+                "topk",
+                &[("k", "2"), ("ret_typ", ret), ("dtype", "float64"), ("axis", "1"), ("is_ascend", "True")],
+                &[(&[2, 3, 4], v.clone())],
+                &[],
+            );
+            check(
+                "topk",
+                &[("k", "5"), ("ret_typ", ret), ("dtype", "float64"), ("axis", "None")],
+                &[(&[2, 3, 4], v.clone())],
+                &[],
+            );
         }
         check("sort", &[], &[(&[2, 3, 4], v.clone())], &[]);
         check("sort", &[("axis", "0"), ("is_ascend", "False")], &[(&[2, 3, 4], v.clone())], &[]);

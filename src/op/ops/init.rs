@@ -2,24 +2,34 @@
 
 use super::common::shape_param;
 use crate::dispatch_all;
-use crate::op::kernel::{par_for, Cost};
-use crate::op::param::{ParamSpec, PType};
-use crate::op::tensor::{Elem, TBlob};
-use crate::op::{Inputs, Meta, OpCtx, OpDef};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
+use crate::op::kernel::{par_for, Cost};
+use crate::op::param::{PType, ParamSpec};
+use crate::op::tensor::{Elem, TBlob};
+use crate::op::{Inputs, Meta, OpCtx, OpDef};
 
 const DTYPES: &[&str] = &["bool", "float16", "float32", "float64", "int32", "int64", "int8", "uint8"];
 
 pub(super) const SHAPE_CTX_DTYPE: &[ParamSpec] = &[
     ParamSpec::opt("shape", PType::Shape, "()", "The shape of the output"),
-    ParamSpec::opt("ctx", PType::Ctx, "", "Context of output, in format [cpu|gpu|cpu_pinned](n). Only used for imperative calls."),
+    ParamSpec::opt(
+        "ctx",
+        PType::Ctx,
+        "",
+        "Context of output, in format [cpu|gpu|cpu_pinned](n). Only used for imperative calls.",
+    ),
     ParamSpec::opt("dtype", PType::Enum(DTYPES), "float32", "Target data type."),
 ];
 
 const FULL_PARAMS: &[ParamSpec] = &[
     ParamSpec::opt("shape", PType::Shape, "()", "The shape of the output"),
-    ParamSpec::opt("ctx", PType::Ctx, "", "Context of output, in format [cpu|gpu|cpu_pinned](n). Only used for imperative calls."),
+    ParamSpec::opt(
+        "ctx",
+        PType::Ctx,
+        "",
+        "Context of output, in format [cpu|gpu|cpu_pinned](n). Only used for imperative calls.",
+    ),
     ParamSpec::opt("dtype", PType::Enum(DTYPES), "float32", "Target data type."),
     ParamSpec::req("value", PType::Float, "Value with which to fill newly created tensor"),
 ];
@@ -127,7 +137,9 @@ fn range_of(a: &crate::op::param::Attrs) -> Result<(f64, f64, f64, usize)> {
         return Err(Error::value(format!("operator {op}: repeat must be > 0, got {repeat}")));
     }
     if (step > 0.0 && start >= stop) || (step < 0.0 && start <= stop) {
-        return Err(Error::value(format!("operator {op}: invalid range (start, stop, step) = ({start}, {stop}, {step})")));
+        return Err(Error::value(format!(
+            "operator {op}: invalid range (start, stop, step) = ({start}, {stop}, {step})"
+        )));
     }
     Ok((start, stop, step, repeat as usize))
 }

@@ -24,7 +24,15 @@ const PAR_FLOPS: f64 = 4.0e6;
 pub(crate) trait GemmElem: Elem {
     /// `c (m×n) = [c +] a·b` for strided operands (strides in elements, row stride first).
     #[allow(clippy::too_many_arguments)]
-    fn mm(m: usize, n: usize, k: usize, a: (&[Self], isize, isize), b: (&[Self], isize, isize), c: &mut [Self], accumulate: bool);
+    fn mm(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: (&[Self], isize, isize),
+        b: (&[Self], isize, isize),
+        c: &mut [Self],
+        accumulate: bool,
+    );
 }
 
 /// How one product is spread over the kernel pool.
@@ -68,7 +76,15 @@ fn plan(m: usize, n: usize, k: usize) -> Plan {
 macro_rules! native_gemm {
     ($t:ty) => {
         impl GemmElem for $t {
-            fn mm(m: usize, n: usize, k: usize, a: (&[$t], isize, isize), b: (&[$t], isize, isize), c: &mut [$t], accumulate: bool) {
+            fn mm(
+                m: usize,
+                n: usize,
+                k: usize,
+                a: (&[$t], isize, isize),
+                b: (&[$t], isize, isize),
+                c: &mut [$t],
+                accumulate: bool,
+            ) {
                 if m == 0 || n == 0 {
                     return;
                 }
@@ -79,7 +95,8 @@ macro_rules! native_gemm {
                     return;
                 }
                 assert!(c.len() >= m * n);
-                let (ap, bp, cp) = (SendPtr(a.0.as_ptr() as *mut $t), SendPtr(b.0.as_ptr() as *mut $t), SendPtr(c.as_mut_ptr()));
+                let (ap, bp, cp) =
+                    (SendPtr(a.0.as_ptr() as *mut $t), SendPtr(b.0.as_ptr() as *mut $t), SendPtr(c.as_mut_ptr()));
                 // Rows r0..r1 and columns c0..c1 of the product.
                 let block = move |r0: usize, r1: usize, c0: usize, c1: usize, par: gemm::Parallelism| {
                     let (ap, bp, cp) = (ap, bp, cp);
@@ -89,9 +106,27 @@ macro_rules! native_gemm {
                     // stride a.1) and columns c0..c1 of `b` (column stride b.2) and writes
                     // only its own rows and columns of `c`, disjoint from every other block.
                     unsafe {
-                        gemm::gemm(r1 - r0, c1 - c0, k, cp.0.add(r0 * n + c0), 1, n as isize, accumulate,
-                            ap.0.offset(r0 as isize * a.1), a.2, a.1, bp.0.offset(c0 as isize * b.2), b.2, b.1,
-                            1.0, 1.0, false, false, false, par)
+                        gemm::gemm(
+                            r1 - r0,
+                            c1 - c0,
+                            k,
+                            cp.0.add(r0 * n + c0),
+                            1,
+                            n as isize,
+                            accumulate,
+                            ap.0.offset(r0 as isize * a.1),
+                            a.2,
+                            a.1,
+                            bp.0.offset(c0 as isize * b.2),
+                            b.2,
+                            b.1,
+                            1.0,
+                            1.0,
+                            false,
+                            false,
+                            false,
+                            par,
+                        )
                     }
                 };
                 let split = move |threads: usize, len: usize, align: usize, f: &(dyn Fn(usize, usize) + Sync)| {
@@ -108,7 +143,9 @@ macro_rules! native_gemm {
                 };
                 match plan(m, n, k) {
                     Plan::Serial => block(0, m, 0, n, gemm::Parallelism::None),
-                    Plan::Columns(threads) => split(threads, n, 16, &|c0, c1| block(0, m, c0, c1, gemm::Parallelism::None)),
+                    Plan::Columns(threads) => {
+                        split(threads, n, 16, &|c0, c1| block(0, m, c0, c1, gemm::Parallelism::None))
+                    }
                     Plan::Rows(threads) => split(threads, m, 8, &|r0, r1| block(r0, r1, 0, n, gemm::Parallelism::None)),
                     Plan::Crate(threads) => kernel::install(|| block(0, m, 0, n, gemm::Parallelism::Rayon(threads))),
                 }
@@ -120,10 +157,19 @@ native_gemm!(f32);
 native_gemm!(f64);
 
 impl GemmElem for f16 {
-    fn mm(m: usize, n: usize, k: usize, a: (&[f16], isize, isize), b: (&[f16], isize, isize), c: &mut [f16], accumulate: bool) {
+    fn mm(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: (&[f16], isize, isize),
+        b: (&[f16], isize, isize),
+        c: &mut [f16],
+        accumulate: bool,
+    ) {
         let a32: Vec<f32> = a.0.iter().map(|v| v.to_f32()).collect();
         let b32: Vec<f32> = b.0.iter().map(|v| v.to_f32()).collect();
-        let mut c32: Vec<f32> = if accumulate { c[..m * n].iter().map(|v| v.to_f32()).collect() } else { vec![0.0; m * n] };
+        let mut c32: Vec<f32> =
+            if accumulate { c[..m * n].iter().map(|v| v.to_f32()).collect() } else { vec![0.0; m * n] };
         f32::mm(m, n, k, (&a32, a.1, a.2), (&b32, b.1, b.2), &mut c32, accumulate);
         for (o, v) in c.iter_mut().zip(c32) {
             *o = f16::from_f32(v);
@@ -134,7 +180,17 @@ impl GemmElem for f16 {
 /// `c (m×n, row-major) = [c +] op(a)·op(b)` where `a` is stored row-major as m×k (`ta`: k×m)
 /// and `b` as k×n (`tb`: n×k).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm<T: GemmElem>(m: usize, n: usize, k: usize, a: &[T], ta: bool, b: &[T], tb: bool, c: &mut [T], accumulate: bool) {
+pub(crate) fn gemm<T: GemmElem>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    ta: bool,
+    b: &[T],
+    tb: bool,
+    c: &mut [T],
+    accumulate: bool,
+) {
     debug_assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
     let a_s = if ta { (1, m as isize) } else { (k as isize, 1) };
     let b_s = if tb { (1, k as isize) } else { (n as isize, 1) };
@@ -151,9 +207,17 @@ pub(super) const DOT_PARAMS: &[ParamSpec] = &[
 ];
 
 /// The matrix problem of a `dot` call: (m, n, k) and the output shape.
-pub(super) fn dot_plan(op: &str, l: &[usize], r: &[usize], ta: bool, tb: bool) -> Result<(usize, usize, usize, Vec<usize>)> {
+pub(super) fn dot_plan(
+    op: &str,
+    l: &[usize],
+    r: &[usize],
+    ta: bool,
+    tb: bool,
+) -> Result<(usize, usize, usize, Vec<usize>)> {
     if l.is_empty() || r.is_empty() {
-        return Err(Error::value(format!("operator {op}: inputs must have at least one dimension, got {l:?} and {r:?}")));
+        return Err(Error::value(format!(
+            "operator {op}: inputs must have at least one dimension, got {l:?} and {r:?}"
+        )));
     }
     if l.len() == 1 && r.len() == 1 {
         if ta || tb {
@@ -192,13 +256,19 @@ pub(super) fn dot_plan(op: &str, l: &[usize], r: &[usize], ta: bool, tb: bool) -
 fn float_dtype(op: &str, d: DType) -> Result<()> {
     match d {
         DType::F32 | DType::F64 | DType::F16 => Ok(()),
-        other => Err(Error::type_error(format!("operator {op} supports float32, float64 and float16, not {}", other.name()))),
+        other => {
+            Err(Error::type_error(format!("operator {op} supports float32, float64 and float16, not {}", other.name())))
+        }
     }
 }
 
 fn same_dtype(op: &str, a: &Meta, b: &Meta, i: usize) -> Result<()> {
     if a.dtype != b.dtype {
-        return Err(Error::type_error(format!("operator {op}: input {i} has dtype {}, expected {} like input 0", b.dtype.name(), a.dtype.name())));
+        return Err(Error::type_error(format!(
+            "operator {op}: input {i} has dtype {}, expected {} like input 0",
+            b.dtype.name(),
+            a.dtype.name()
+        )));
     }
     Ok(())
 }
@@ -222,7 +292,13 @@ fn dot_compute(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // batch_dot
 
-pub(super) fn batch_plan(op: &str, l: &[usize], r: &[usize], ta: bool, tb: bool) -> Result<(usize, usize, usize, usize)> {
+pub(super) fn batch_plan(
+    op: &str,
+    l: &[usize],
+    r: &[usize],
+    ta: bool,
+    tb: bool,
+) -> Result<(usize, usize, usize, usize)> {
     if l.len() != 3 || r.len() != 3 {
         return Err(Error::value(format!("operator {op}: both inputs must be 3-D, got {l:?} and {r:?}")));
     }
@@ -248,7 +324,17 @@ fn batch_dot_infer(a: &crate::op::param::Attrs, ins: &[Meta]) -> Result<Vec<Meta
 
 /// `out[i] = op(a[i])·op(b[i])` for each of `batch` contiguous matrix pairs.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn batched_gemm<T: GemmElem>(batch: usize, m: usize, n: usize, k: usize, a: &[T], ta: bool, b: &[T], tb: bool, c: &mut [T]) {
+pub(crate) fn batched_gemm<T: GemmElem>(
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    ta: bool,
+    b: &[T],
+    tb: bool,
+    c: &mut [T],
+) {
     let flops = 2.0 * (m * n * k) as f64;
     if batch == 0 {
         return;
@@ -283,7 +369,12 @@ fn batch_dot_compute(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 pub(super) const FC_PARAMS: &[ParamSpec] = &[
     ParamSpec::req("num_hidden", PType::Int, "Number of hidden nodes of the output."),
     ParamSpec::opt("no_bias", PType::Bool, "False", "Whether to disable bias parameter."),
-    ParamSpec::opt("flatten", PType::Bool, "True", "Whether to collapse all but the first axis of the input data tensor."),
+    ParamSpec::opt(
+        "flatten",
+        PType::Bool,
+        "True",
+        "Whether to collapse all but the first axis of the input data tensor.",
+    ),
 ];
 
 fn fc_inputs(a: &crate::op::param::Attrs) -> usize {
@@ -333,7 +424,10 @@ fn fc_infer(a: &crate::op::param::Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     if ins.len() > 2 {
         same_dtype(op, &ins[0], &ins[2], 2)?;
         if ins[2].shape != [hidden] {
-            return Err(Error::value(format!("operator {op}: bias has shape {:?}, expected ({hidden},)", ins[2].shape)));
+            return Err(Error::value(format!(
+                "operator {op}: bias has shape {:?}, expected ({hidden},)",
+                ins[2].shape
+            )));
         }
     }
     Ok(vec![Meta::new(out, ins[0].dtype)])
@@ -403,11 +497,16 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .doc("Batchwise dot product of two 3-D arrays."),
     );
     ops.push(
-        OpDef::new("FullyConnected", Inputs::Leading(&["data", "weight", "bias"], fc_inputs), Box::new(fc_infer), Box::new(fc_compute))
-            .alias(&["_npx_fully_connected", "_sparse_FullyConnected"])
-            .params(FC_PARAMS)
-            .grad(Grad::Backward { op: "_backward_FullyConnected", inputs: true, outputs: false })
-            .doc("Applies a linear transformation: Y = XW^T + b."),
+        OpDef::new(
+            "FullyConnected",
+            Inputs::Leading(&["data", "weight", "bias"], fc_inputs),
+            Box::new(fc_infer),
+            Box::new(fc_compute),
+        )
+        .alias(&["_npx_fully_connected", "_sparse_FullyConnected"])
+        .params(FC_PARAMS)
+        .grad(Grad::Backward { op: "_backward_FullyConnected", inputs: true, outputs: false })
+        .doc("Applies a linear transformation: Y = XW^T + b."),
     );
 }
 
@@ -448,7 +547,11 @@ mod tests {
                         let bv = if tb { b[j * k + p] } else { b[p * n + j] };
                         want += av as f64 * bv as f64;
                     }
-                    assert!((c[idx] as f64 - want).abs() < 1e-3, "ta={ta} tb={tb} acc={accumulate} ({i},{j}): {} vs {want}", c[idx]);
+                    assert!(
+                        (c[idx] as f64 - want).abs() < 1e-3,
+                        "ta={ta} tb={tb} acc={accumulate} ({i},{j}): {} vs {want}",
+                        c[idx]
+                    );
                 }
             }
         }
@@ -484,8 +587,13 @@ mod tests {
     #[test]
     fn parallel_plans_match_the_naive_product() {
         let threads = kernel::pool_threads();
-        let cases = [(24, 701, 300, Plan::Columns(threads)), (901, 70, 300, Plan::Rows(threads)), (130, 135, 300, Plan::Columns(threads)),
-            (200, 100, 300, Plan::Rows(threads)), (40, 40, 3000, Plan::Crate(threads))];
+        let cases = [
+            (24, 701, 300, Plan::Columns(threads)),
+            (901, 70, 300, Plan::Rows(threads)),
+            (130, 135, 300, Plan::Columns(threads)),
+            (200, 100, 300, Plan::Rows(threads)),
+            (40, 40, 3000, Plan::Crate(threads)),
+        ];
         for (m, n, k, want_plan) in cases {
             assert!(2.0 * (m * n * k) as f64 >= PAR_FLOPS);
             if threads == 2 {
@@ -511,7 +619,8 @@ mod tests {
                     assert!((x - y).abs() < 1e-9, "ta={ta} tb={tb}");
                 }
                 let mut c32 = vec![1.0f32; m * n];
-                let (a32, b32): (Vec<f32>, Vec<f32>) = (a.iter().map(|&v| v as f32).collect(), b.iter().map(|&v| v as f32).collect());
+                let (a32, b32): (Vec<f32>, Vec<f32>) =
+                    (a.iter().map(|&v| v as f32).collect(), b.iter().map(|&v| v as f32).collect());
                 gemm(m, n, k, &a32, ta, &b32, tb, &mut c32, true);
                 for (x, y) in c32.iter().zip(&want) {
                     assert!((*x as f64 - (y + 1.0)).abs() < 1e-3, "accumulate ta={ta} tb={tb}");
@@ -535,7 +644,9 @@ mod tests {
     #[test]
     #[ignore]
     fn gemm_throughput() {
-        for &(m, n, k, tb) in &[(1024usize, 1024usize, 1024usize, false), (64, 512, 800, true), (1024, 1024, 1024, true)] {
+        for &(m, n, k, tb) in
+            &[(1024usize, 1024usize, 1024usize, false), (64, 512, 800, true), (1024, 1024, 1024, true)]
+        {
             let a = vec![0.5f32; m * k];
             let b = vec![0.25f32; k * n];
             let mut c = vec![0.0f32; m * n];

@@ -148,9 +148,24 @@ mod tests {
         let x = values(2 * 3 * 4, -1.0, 1.0, 1);
         let w = values(5 * 12, -1.0, 1.0, 2);
         let b = values(5, -1.0, 1.0, 3);
-        check("FullyConnected", &[("num_hidden", "5")], &[(&[2, 3, 4], x.clone()), (&[5, 12], w), (&[5], b.clone())], &[]);
+        check(
+            "FullyConnected",
+            &[("num_hidden", "5")],
+            &[(&[2, 3, 4], x.clone()), (&[5, 12], w), (&[5], b.clone())],
+            &[],
+        );
         let w4 = values(5 * 4, -1.0, 1.0, 4);
-        check("FullyConnected", &[("num_hidden", "5"), ("flatten", "False")], &[(&[2, 3, 4], x.clone()), (&[5, 4], w4.clone()), (&[5], b)], &[]);
-        check("FullyConnected", &[("num_hidden", "5"), ("flatten", "False"), ("no_bias", "True")], &[(&[2, 3, 4], x), (&[5, 4], w4)], &[]);
+        check(
+            "FullyConnected",
+            &[("num_hidden", "5"), ("flatten", "False")],
+            &[(&[2, 3, 4], x.clone()), (&[5, 4], w4.clone()), (&[5], b)],
+            &[],
+        );
+        check(
+            "FullyConnected",
+            &[("num_hidden", "5"), ("flatten", "False"), ("no_bias", "True")],
+            &[(&[2, 3, 4], x), (&[5, 4], w4)],
+            &[],
+        );
     }
 }

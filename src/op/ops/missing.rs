@@ -18,8 +18,10 @@ use crate::op::{Inputs, OpDef};
 const STOCK_NAMES: &str = include_str!("stock_op_names.txt");
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
-    let have: HashSet<&str> = ops.iter().flat_map(|o| std::iter::once(o.name).chain(o.aliases.iter().copied())).collect();
-    let missing: Vec<&'static str> = STOCK_NAMES.lines().filter(|n| !n.is_empty() && !n.starts_with("_backward_") && !have.contains(n)).collect();
+    let have: HashSet<&str> =
+        ops.iter().flat_map(|o| std::iter::once(o.name).chain(o.aliases.iter().copied())).collect();
+    let missing: Vec<&'static str> =
+        STOCK_NAMES.lines().filter(|n| !n.is_empty() && !n.starts_with("_backward_") && !have.contains(n)).collect();
     for name in missing {
         ops.push(
             OpDef::new(

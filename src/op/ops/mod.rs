@@ -3,30 +3,30 @@
 
 use super::OpDef;
 
-mod common;
-mod init;
-mod optim;
-mod random_ops;
 mod add_n;
-mod elemwise;
-mod elemwise_grad;
 mod broadcast;
 mod broadcast_grad;
-mod index;
-mod shape;
-mod strided;
-mod linalg;
-mod linalg_grad;
-mod nn;
-mod nn_grad;
+mod common;
 mod conv;
 mod conv_grad;
+mod elemwise;
+mod elemwise_grad;
+mod index;
+mod index_grad;
+mod init;
+mod linalg;
+mod linalg_grad;
+mod missing;
+mod nn;
+mod nn_grad;
+mod optim;
+mod random_ops;
 mod reduce;
 mod reduce_grad;
+mod shape;
 mod shape_grad;
-mod index_grad;
+mod strided;
 mod unsupported;
-mod missing;
 
 pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     init::register(ops);

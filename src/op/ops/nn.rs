@@ -16,7 +16,15 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 
 /// The type a kernel computes in (float32 for float16 and float32 data, float64 for float64).
 pub(crate) trait Real:
-    Copy + PartialOrd + Send + Sync + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self> + Neg<Output = Self>
+    Copy
+    + PartialOrd
+    + Send
+    + Sync
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
 {
     fn of(v: f64) -> Self;
     fn f64(self) -> f64;
@@ -40,21 +48,41 @@ macro_rules! real {
     ($t:ty) => {
         impl Real for $t {
             #[inline(always)]
-            fn of(v: f64) -> Self { v as $t }
+            fn of(v: f64) -> Self {
+                v as $t
+            }
             #[inline(always)]
-            fn f64(self) -> f64 { self as f64 }
+            fn f64(self) -> f64 {
+                self as f64
+            }
             #[inline(always)]
-            fn exp(self) -> Self { <$t>::exp(self) }
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
             #[inline(always)]
-            fn ln(self) -> Self { <$t>::ln(self) }
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
             #[inline(always)]
-            fn ln_1p(self) -> Self { <$t>::ln_1p(self) }
+            fn ln_1p(self) -> Self {
+                <$t>::ln_1p(self)
+            }
             #[inline(always)]
-            fn sqrt(self) -> Self { <$t>::sqrt(self) }
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
             #[inline(always)]
-            fn abs(self) -> Self { <$t>::abs(self) }
+            fn abs(self) -> Self {
+                <$t>::abs(self)
+            }
             #[inline(always)]
-            fn max(self, o: Self) -> Self { if self > o || self.is_nan() { self } else { o } }
+            fn max(self, o: Self) -> Self {
+                if self > o || self.is_nan() {
+                    self
+                } else {
+                    o
+                }
+            }
         }
     };
 }
@@ -65,12 +93,26 @@ real!(f64);
 macro_rules! dispatch_real {
     ($dtype:expr, $op:expr, $T:ident, $R:ident => $body:expr) => {{
         match $dtype {
-            DType::F32 => { type $T = f32; type $R = f32; $body }
-            DType::F64 => { type $T = f64; type $R = f64; $body }
-            DType::F16 => { type $T = half::f16; type $R = f32; $body }
+            DType::F32 => {
+                type $T = f32;
+                type $R = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                type $R = f64;
+                $body
+            }
+            DType::F16 => {
+                type $T = half::f16;
+                type $R = f32;
+                $body
+            }
             other => {
                 return Err(Error::type_error(format!(
-                    "operator {} supports float32, float64 and float16, not {}", $op, other.name()
+                    "operator {} supports float32, float64 and float16, not {}",
+                    $op,
+                    other.name()
                 )))
             }
         }
@@ -95,7 +137,9 @@ fn map<T: Elem, R: Real>(x: &TBlob, out: &TBlob, cost: Cost, f: impl Fn(R) -> R 
 fn float_only(op: &str, d: DType) -> Result<()> {
     match d {
         DType::F32 | DType::F64 | DType::F16 => Ok(()),
-        other => Err(Error::type_error(format!("operator {op} supports float32, float64 and float16, not {}", other.name()))),
+        other => {
+            Err(Error::type_error(format!("operator {op} supports float32, float64 and float16, not {}", other.name())))
+        }
     }
 }
 
@@ -165,7 +209,12 @@ fn activation(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 // LeakyReLU
 
 pub(super) const LEAKY_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("act_type", PType::Enum(&["elu", "gelu", "leaky", "prelu", "rrelu", "selu"]), "leaky", "Activation function to be applied."),
+    ParamSpec::opt(
+        "act_type",
+        PType::Enum(&["elu", "gelu", "leaky", "prelu", "rrelu", "selu"]),
+        "leaky",
+        "Activation function to be applied.",
+    ),
     ParamSpec::opt("slope", PType::Float, "0.25", "Init slope for the activation. (For leaky and elu only)"),
     ParamSpec::opt("lower_bound", PType::Float, "0.125", "Lower bound of random slope. (For rrelu only)"),
     ParamSpec::opt("upper_bound", PType::Float, "0.334", "Upper bound of random slope. (For rrelu only)"),
@@ -178,7 +227,10 @@ pub(super) const SELU_LAMBDA: f64 = 1.050_700_987_355_480_5;
 pub(super) fn erf<R: Real>(x: R) -> R {
     let z = x.abs();
     let t = R::of(1.0) / (R::of(1.0) + R::of(0.327_591_1) * z);
-    let poly = t * (R::of(0.254_829_592) + t * (R::of(-0.284_496_736) + t * (R::of(1.421_413_741) + t * (R::of(-1.453_152_027) + t * R::of(1.061_405_429)))));
+    let poly = t
+        * (R::of(0.254_829_592)
+            + t * (R::of(-0.284_496_736)
+                + t * (R::of(1.421_413_741) + t * (R::of(-1.453_152_027) + t * R::of(1.061_405_429)))));
     let y = R::of(1.0) - poly * (-(z * z)).exp();
     if x < R::of(0.0) {
         -y
@@ -208,7 +260,10 @@ fn leaky_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     if ins.len() > 1 {
         let c = if ins[0].shape.len() > 1 { ins[0].shape[1] } else { 1 };
         if ins[1].size() != 1 && ins[1].shape != [c] {
-            return Err(Error::value(format!("operator {}: gamma has shape {:?}, expected (1,) or ({c},)", a.op, ins[1].shape)));
+            return Err(Error::value(format!(
+                "operator {}: gamma has shape {:?}, expected (1,) or ({c},)",
+                a.op, ins[1].shape
+            )));
         }
     }
     Ok(vec![ins[0].clone(); leaky_outputs(a)])
@@ -309,10 +364,17 @@ fn softmax_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
         let mut want = ins[0].shape.clone();
         want.remove(axis);
         if ins[1].shape != want {
-            return Err(Error::value(format!("operator {}: length has shape {:?}, expected {want:?}", a.op, ins[1].shape)));
+            return Err(Error::value(format!(
+                "operator {}: length has shape {:?}, expected {want:?}",
+                a.op, ins[1].shape
+            )));
         }
     }
-    let dtype = if a.is_none("dtype") { ins[0].dtype } else { crate::op::param::dtype_from_name(a.str("dtype")).expect("enum") };
+    let dtype = if a.is_none("dtype") {
+        ins[0].dtype
+    } else {
+        crate::op::param::dtype_from_name(a.str("dtype")).expect("enum")
+    };
     Ok(vec![Meta::new(ins[0].shape.clone(), dtype)])
 }
 
@@ -326,7 +388,13 @@ struct SoftmaxKind {
 
 /// Softmax over the middle axis of an (outer, len, inner) array; `lengths` (one per (outer,
 /// inner) pair) masks positions at or after the length to zero.
-fn softmax_kernel<T: Elem, R: Real>(x: &[T], out: &mut [T], (outer, len, inner): (usize, usize, usize), k: SoftmaxKind, lengths: Option<&[f64]>) {
+fn softmax_kernel<T: Elem, R: Real>(
+    x: &[T],
+    out: &mut [T],
+    (outer, len, inner): (usize, usize, usize),
+    k: SoftmaxKind,
+    lengths: Option<&[f64]>,
+) {
     if len == 0 || outer == 0 || inner == 0 {
         return;
     }
@@ -401,7 +469,14 @@ fn softmax_kernel<T: Elem, R: Real>(x: &[T], out: &mut [T], (outer, len, inner):
 }
 
 /// Softmax of `x` into `out` (whose dtype may differ) over `dims`.
-fn softmax_into(op: &str, x: &TBlob, out: &TBlob, dims: (usize, usize, usize), k: SoftmaxKind, lengths: Option<&[f64]>) -> Result<()> {
+fn softmax_into(
+    op: &str,
+    x: &TBlob,
+    out: &TBlob,
+    dims: (usize, usize, usize),
+    k: SoftmaxKind,
+    lengths: Option<&[f64]>,
+) -> Result<()> {
     if x.dtype == out.dtype {
         dispatch_real!(x.dtype, op, T, R => softmax_kernel::<T, R>(x.as_slice::<T>(), out.as_mut::<T>(), dims, k, lengths));
     } else {
@@ -424,7 +499,14 @@ fn softmax_family(log: bool, negate: bool) -> crate::op::ComputeFn {
         } else {
             None
         };
-        softmax_into(a.op, &ins[0], &outs[0], split_at_axis(&ins[0].shape, axis), SoftmaxKind { log, negate, scale }, lengths.as_deref())
+        softmax_into(
+            a.op,
+            &ins[0],
+            &outs[0],
+            split_at_axis(&ins[0].shape, axis),
+            SoftmaxKind { log, negate, scale },
+            lengths.as_deref(),
+        )
     })
 }
 
@@ -485,9 +567,19 @@ fn softmax_output(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 
 pub(super) const DROPOUT_PARAMS: &[ParamSpec] = &[
     ParamSpec::opt("p", PType::Float, "0.5", "Fraction of the input that gets dropped out during training time."),
-    ParamSpec::opt("mode", PType::Enum(&["always", "training"]), "training", "Whether to only turn on dropout during training or to also turn on for inference."),
+    ParamSpec::opt(
+        "mode",
+        PType::Enum(&["always", "training"]),
+        "training",
+        "Whether to only turn on dropout during training or to also turn on for inference.",
+    ),
     ParamSpec::opt("axes", PType::Shape, "[]", "Axes for variational dropout kernel."),
-    ParamSpec::or_none("cudnn_off", PType::Bool, "False", "Whether to turn off cudnn in dropout operator. This option is ignored if axes is specified."),
+    ParamSpec::or_none(
+        "cudnn_off",
+        PType::Bool,
+        "False",
+        "Whether to turn off cudnn in dropout operator. This option is ignored if axes is specified.",
+    ),
 ];
 
 fn two(_: &Attrs) -> usize {
@@ -701,7 +793,12 @@ fn ln_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let c = ins[0].shape[axis];
     for (i, name) in [(1, "gamma"), (2, "beta")] {
         if ins[i].shape != [c] || ins[i].dtype != ins[0].dtype {
-            return Err(Error::value(format!("operator {op}: {name} has shape {:?} {}, expected ({c},) {}", ins[i].shape, ins[i].dtype.name(), ins[0].dtype.name())));
+            return Err(Error::value(format!(
+                "operator {op}: {name} has shape {:?} {}, expected ({c},) {}",
+                ins[i].shape,
+                ins[i].dtype.name(),
+                ins[0].dtype.name()
+            )));
         }
     }
     let mut stat = ins[0].shape.clone();
@@ -841,7 +938,8 @@ fn tuple3(op: &str, name: &str, v: &[i64], nsp: usize, default: usize) -> Result
         return Err(Error::value(format!("operator {op}: {name} {v:?} must have {nsp} entries for {nsp}-D pooling")));
     }
     for (i, &x) in v.iter().enumerate() {
-        r[3 - nsp + i] = usize::try_from(x).map_err(|_| Error::value(format!("operator {op}: {name} {v:?} has a negative entry")))?;
+        r[3 - nsp + i] = usize::try_from(x)
+            .map_err(|_| Error::value(format!("operator {op}: {name} {v:?} has a negative entry")))?;
     }
     Ok(r)
 }
@@ -849,7 +947,9 @@ fn tuple3(op: &str, name: &str, v: &[i64], nsp: usize, default: usize) -> Result
 pub(super) fn pool_plan(a: &Attrs, shape: &[usize]) -> Result<PoolPlan> {
     let op = a.op;
     if !(3..=5).contains(&shape.len()) {
-        return Err(Error::value(format!("operator {op}: data must be 3-D, 4-D or 5-D (N, C, spatial...), got {shape:?}")));
+        return Err(Error::value(format!(
+            "operator {op}: data must be 3-D, 4-D or 5-D (N, C, spatial...), got {shape:?}"
+        )));
     }
     if let Some(l) = (!a.is_none("layout")).then(|| a.str("layout")) {
         if !l.starts_with("NC") {
@@ -866,13 +966,21 @@ pub(super) fn pool_plan(a: &Attrs, shape: &[usize]) -> Result<PoolPlan> {
         if a.shape("kernel").is_empty() {
             return Err(Error::value(format!("operator {op}: kernel must be given unless global_pool is set")));
         }
-        (tuple3(op, "kernel", a.shape("kernel"), nsp, 1)?, tuple3(op, "stride", a.shape("stride"), nsp, 1)?, tuple3(op, "pad", a.shape("pad"), nsp, 0)?)
+        (
+            tuple3(op, "kernel", a.shape("kernel"), nsp, 1)?,
+            tuple3(op, "stride", a.shape("stride"), nsp, 1)?,
+            tuple3(op, "pad", a.shape("pad"), nsp, 0)?,
+        )
     };
     let mut pad = pad;
     let mut output = [1; 3];
     for d in 0..3 {
         if kernel[d] == 0 || stride[d] == 0 {
-            return Err(Error::value(format!("operator {op}: kernel and stride must be positive, got {:?} and {:?}", a.shape("kernel"), a.shape("stride"))));
+            return Err(Error::value(format!(
+                "operator {op}: kernel and stride must be positive, got {:?} and {:?}",
+                a.shape("kernel"),
+                a.shape("stride")
+            )));
         }
         let padded = input[d] + 2 * pad[d];
         if global {
@@ -893,7 +1001,11 @@ pub(super) fn pool_plan(a: &Attrs, shape: &[usize]) -> Result<PoolPlan> {
                         &shape[2..]
                     )));
                 }
-                output[d] = if conv == "full" { (padded - kernel[d]).div_ceil(stride[d]) + 1 } else { (padded - kernel[d]) / stride[d] + 1 };
+                output[d] = if conv == "full" {
+                    (padded - kernel[d]).div_ceil(stride[d]) + 1
+                } else {
+                    (padded - kernel[d]) / stride[d] + 1
+                };
             }
         }
     }
@@ -1025,24 +1137,34 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .doc("Applies an activation function element-wise to the input."),
     );
     ops.push(
-        OpDef::new("LeakyReLU", Inputs::Leading(&["data", "gamma"], leaky_inputs), Box::new(leaky_infer), Box::new(leaky))
-            .alias(&["_npx_leaky_relu"])
-            .params(LEAKY_PARAMS)
-            .outputs(leaky_outputs, one)
-            .resources(&[Resource::Random])
-            .grad(Grad::Backward { op: "_backward_LeakyReLU", inputs: true, outputs: true })
-            .doc("Applies Leaky rectified linear unit activation element-wise to the input."),
+        OpDef::new(
+            "LeakyReLU",
+            Inputs::Leading(&["data", "gamma"], leaky_inputs),
+            Box::new(leaky_infer),
+            Box::new(leaky),
+        )
+        .alias(&["_npx_leaky_relu"])
+        .params(LEAKY_PARAMS)
+        .outputs(leaky_outputs, one)
+        .resources(&[Resource::Random])
+        .grad(Grad::Backward { op: "_backward_LeakyReLU", inputs: true, outputs: true })
+        .doc("Applies Leaky rectified linear unit activation element-wise to the input."),
     );
     for (name, alias, log, neg, grad) in [
         ("softmax", Some("_npx_softmax"), false, false, "_backward_softmax"),
         ("log_softmax", Some("_npx_log_softmax"), true, false, "_backward_log_softmax"),
         ("softmin", None, false, true, "_backward_softmin"),
     ] {
-        let mut d = OpDef::new(name, Inputs::Leading(&["data", "length"], softmax_inputs), Box::new(softmax_infer), softmax_family(log, neg))
-            .params(SOFTMAX_PARAMS)
-            // log_softmax's gradient needs the length mask (its masked outputs are 0, not -inf).
-            .grad(Grad::Backward { op: grad, inputs: log, outputs: true })
-            .doc(format!("{name} along an axis (with optional temperature, output dtype and length mask)."));
+        let mut d = OpDef::new(
+            name,
+            Inputs::Leading(&["data", "length"], softmax_inputs),
+            Box::new(softmax_infer),
+            softmax_family(log, neg),
+        )
+        .params(SOFTMAX_PARAMS)
+        // log_softmax's gradient needs the length mask (its masked outputs are 0, not -inf).
+        .grad(Grad::Backward { op: grad, inputs: log, outputs: true })
+        .doc(format!("{name} along an axis (with optional temperature, output dtype and length mask)."));
         if let Some(a) = alias {
             d = d.alias(&[a]);
         }
@@ -1053,11 +1175,16 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ops.push(d);
     }
     ops.push(
-        OpDef::new("SoftmaxOutput", Inputs::Fixed(&["data", "label"]), Box::new(softmax_output_infer), Box::new(softmax_output))
-            .alias(&["Softmax"])
-            .params(SOFTMAX_OUTPUT_PARAMS)
-            .grad(Grad::Backward { op: "_backward_SoftmaxOutput", inputs: true, outputs: true })
-            .doc("Computes the softmax of the input (the gradient is that of the cross-entropy loss)."),
+        OpDef::new(
+            "SoftmaxOutput",
+            Inputs::Fixed(&["data", "label"]),
+            Box::new(softmax_output_infer),
+            Box::new(softmax_output),
+        )
+        .alias(&["Softmax"])
+        .params(SOFTMAX_OUTPUT_PARAMS)
+        .grad(Grad::Backward { op: "_backward_SoftmaxOutput", inputs: true, outputs: true })
+        .doc("Computes the softmax of the input (the gradient is that of the cross-entropy loss)."),
     );
     ops.push(
         OpDef::new("Dropout", Inputs::Fixed(&["data"]), Box::new(dropout_infer), Box::new(dropout))
@@ -1103,7 +1230,14 @@ pub(super) mod tests {
         unsafe { TBlob::new(v.as_mut_ptr() as *mut u8, shape, DType::F32) }
     }
 
-    fn run(specs: &'static [ParamSpec], kv: &[(&str, &str)], train: bool, f: fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>, ins: &[TBlob], outs: &[TBlob]) {
+    fn run(
+        specs: &'static [ParamSpec],
+        kv: &[(&str, &str)],
+        train: bool,
+        f: fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>,
+        ins: &[TBlob],
+        outs: &[TBlob],
+    ) {
         let attrs = Attrs::parse("test", specs, kv.iter().copied()).unwrap();
         let rng = Some(crate::op::random::take(crate::context::Context::CPU, 1 << 20));
         let cx = OpCtx { attrs: &attrs, req: &[], rng, is_train: train, temp: None };
@@ -1133,7 +1267,8 @@ pub(super) mod tests {
     #[test]
     fn max_pool_fast_path_equals_the_general_one() {
         for &(k, st, shape) in UNCLIPPED {
-            let attrs = Attrs::parse("Pooling", POOL_PARAMS, [("kernel", k), ("stride", st), ("pool_type", "max")]).unwrap();
+            let attrs =
+                Attrs::parse("Pooling", POOL_PARAMS, [("kernel", k), ("stride", st), ("pool_type", "max")]).unwrap();
             let p = pool_plan(&attrs, shape).unwrap();
             assert!(p.unclipped_2d(), "{k} {st} {shape:?}");
             let (isz, osz) = (p.input.iter().product::<usize>(), p.output.iter().product::<usize>());
@@ -1146,7 +1281,12 @@ pub(super) mod tests {
         // Padding or a clipped last window takes the general path.
         let padded = Attrs::parse("Pooling", POOL_PARAMS, [("kernel", "(2, 2)"), ("pad", "(1, 1)")]).unwrap();
         assert!(!pool_plan(&padded, &[1, 1, 4, 4]).unwrap().unclipped_2d());
-        let full = Attrs::parse("Pooling", POOL_PARAMS, [("kernel", "(3, 3)"), ("stride", "(2, 2)"), ("pooling_convention", "full")]).unwrap();
+        let full = Attrs::parse(
+            "Pooling",
+            POOL_PARAMS,
+            [("kernel", "(3, 3)"), ("stride", "(2, 2)"), ("pooling_convention", "full")],
+        )
+        .unwrap();
         assert!(!pool_plan(&full, &[1, 1, 6, 6]).unwrap().unclipped_2d());
     }
 
@@ -1156,7 +1296,13 @@ pub(super) mod tests {
         let mut x = vec![1.0f32, 2.0, 10.0, 10.0, 3.0, 4.0, 10.0, 10.0];
         let (mut g, mut b, mut mm, mut mv) = (vec![2.0f32; 2], vec![0.5f32; 2], vec![0.0f32; 2], vec![1.0f32; 2]);
         let (mut out, mut mean, mut inv) = (vec![0.0f32; 8], vec![0.0f32; 2], vec![0.0f32; 2]);
-        let ins = [blob(&mut x, &[2, 2, 2]), blob(&mut g, &[2]), blob(&mut b, &[2]), blob(&mut mm, &[2]), blob(&mut mv, &[2])];
+        let ins = [
+            blob(&mut x, &[2, 2, 2]),
+            blob(&mut g, &[2]),
+            blob(&mut b, &[2]),
+            blob(&mut mm, &[2]),
+            blob(&mut mv, &[2]),
+        ];
         let outs = [blob(&mut out, &[2, 2, 2]), blob(&mut mean, &[2]), blob(&mut inv, &[2])];
         run(BN_PARAMS, &[("fix_gamma", "False"), ("eps", "0"), ("momentum", "0.5")], true, batch_norm, &ins, &outs);
         assert_eq!(mean, [2.5, 10.0]);
@@ -1191,7 +1337,9 @@ pub(super) mod tests {
 
     #[test]
     fn erf_is_accurate() {
-        for (x, want) in [(0.0, 0.0), (0.5, 0.520_499_877_8), (1.0, 0.842_700_792_9), (-2.0, -0.995_322_265), (3.0, 0.999_977_909_5)] {
+        for (x, want) in
+            [(0.0, 0.0), (0.5, 0.520_499_877_8), (1.0, 0.842_700_792_9), (-2.0, -0.995_322_265), (3.0, 0.999_977_909_5)]
+        {
             assert!((erf(x) - want).abs() < 2e-7, "erf({x})");
         }
     }
@@ -1205,7 +1353,13 @@ pub(super) mod tests {
         let s: f64 = [1.0f64, 2.0, 3.0].iter().map(|v| v.exp()).sum();
         assert!((o[4] - 3f64.exp() / s).abs() < 1e-12);
         assert!((o[1] - 1.0 / 3.0).abs() < 1e-12);
-        softmax_kernel::<f64, f64>(&x, &mut o, (1, 3, 2), SoftmaxKind { log: false, negate: false, scale: 1.0 }, Some(&[2.0, 1.0]));
+        softmax_kernel::<f64, f64>(
+            &x,
+            &mut o,
+            (1, 3, 2),
+            SoftmaxKind { log: false, negate: false, scale: 1.0 },
+            Some(&[2.0, 1.0]),
+        );
         assert_eq!((o[4], o[3], o[5]), (0.0, 0.0, 0.0));
         assert!((o[1] - 1.0).abs() < 1e-12);
     }

@@ -8,8 +8,9 @@
 
 use super::common::norm_axis;
 use super::nn::{
-    dispatch_real, erf, pool_kind, pool_plan, read_f64, softmax_output_dims, split_at_axis, write_f64, PoolKind, PoolPlan, Real, ACT_PARAMS,
-    BN_PARAMS, DROPOUT_PARAMS, LEAKY_PARAMS, LN_PARAMS, POOL_PARAMS, SELU_ALPHA, SELU_LAMBDA, SOFTMAX_OUTPUT_PARAMS, SOFTMAX_PARAMS,
+    dispatch_real, erf, pool_kind, pool_plan, read_f64, softmax_output_dims, split_at_axis, write_f64, PoolKind,
+    PoolPlan, Real, ACT_PARAMS, BN_PARAMS, DROPOUT_PARAMS, LEAKY_PARAMS, LN_PARAMS, POOL_PARAMS, SELU_ALPHA,
+    SELU_LAMBDA, SOFTMAX_OUTPUT_PARAMS, SOFTMAX_PARAMS,
 };
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
@@ -151,7 +152,15 @@ fn leaky_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 /// Gradient of a softmax over the middle axis of (outer, len, inner): `scale` is the input's
 /// factor (±1/temperature); `lengths` (log_softmax only) masks positions at or after the length.
 #[allow(clippy::too_many_arguments)]
-fn softmax_grad<T: Elem, R: Real>(g: &[T], y: &[T], dx: &mut [T], (outer, len, inner): (usize, usize, usize), log: bool, scale: f64, lengths: Option<&[f64]>) {
+fn softmax_grad<T: Elem, R: Real>(
+    g: &[T],
+    y: &[T],
+    dx: &mut [T],
+    (outer, len, inner): (usize, usize, usize),
+    log: bool,
+    scale: f64,
+    lengths: Option<&[f64]>,
+) {
     if len == 0 || outer == 0 || inner == 0 {
         return;
     }
@@ -174,7 +183,11 @@ fn softmax_grad<T: Elem, R: Real>(g: &[T], y: &[T], dx: &mut [T], (outer, len, i
                     }
                     for j in 0..len {
                         let at = j * inner + i;
-                        ob[at] = if j < l { (sc * (R::load(gb[at]) - R::load(yb[at]).exp() * s)).store() } else { T::zero() };
+                        ob[at] = if j < l {
+                            (sc * (R::load(gb[at]) - R::load(yb[at]).exp() * s)).store()
+                        } else {
+                            T::zero()
+                        };
                     }
                 }
                 continue;
@@ -185,7 +198,9 @@ fn softmax_grad<T: Elem, R: Real>(g: &[T], y: &[T], dx: &mut [T], (outer, len, i
                     *a = *a + if log { R::load(gv) } else { R::load(gv) * R::load(yv) };
                 }
             }
-            for ((orow, grow), yrow) in ob.chunks_exact_mut(inner).zip(gb.chunks_exact(inner)).zip(yb.chunks_exact(inner)) {
+            for ((orow, grow), yrow) in
+                ob.chunks_exact_mut(inner).zip(gb.chunks_exact(inner)).zip(yb.chunks_exact(inner))
+            {
                 for (((ov, &gv), &yv), &s) in orow.iter_mut().zip(grow).zip(yrow).zip(&acc) {
                     let (gv, yv) = (R::load(gv), R::load(yv));
                     *ov = if log { sc * (gv - yv.exp() * s) } else { sc * yv * (gv - s) }.store();
@@ -242,7 +257,8 @@ fn softmax_output_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<
     }
     let a = cx.attrs;
     let (g, label, y) = (&ins[0], &ins[2], &ins[3]);
-    let labels: Vec<f64> = crate::dispatch_all!(label.dtype, T => label.as_slice::<T>().iter().map(|v| v.to_f64()).collect());
+    let labels: Vec<f64> =
+        crate::dispatch_all!(label.dtype, T => label.as_slice::<T>().iter().map(|v| v.to_f64()).collect());
     let grad_scale = a.float("grad_scale");
     let out_grad = a.bool("out_grad");
     let (outer, k, inner) = softmax_output_dims(a, &y.shape);
@@ -536,7 +552,13 @@ fn unpool_plane<T: Elem, R: Real>(g: &[T], x: &[T], y: &[T], dx: &mut [T], p: &P
 /// The max-pooling gradient of one plane when [`PoolPlan::unclipped_2d`]: each output's
 /// gradient goes to the first position of its window (row-major) equal to the output, as
 /// in [`unpool_plane`]. `KH`×`KW` as in `max_pool_2d` (0 = the plan's).
-fn max_unpool_2d<T: Elem, R: Real, const KH: usize, const KW: usize>(g: &[T], x: &[T], y: &[T], dx: &mut [T], p: &PoolPlan) {
+fn max_unpool_2d<T: Elem, R: Real, const KH: usize, const KW: usize>(
+    g: &[T],
+    x: &[T],
+    y: &[T],
+    dx: &mut [T],
+    p: &PoolPlan,
+) {
     let ([_, _, iw], [_, oh, ow]) = (p.input, p.output);
     let (kh, kw) = (if KH > 0 { KH } else { p.kernel[1] }, if KW > 0 { KW } else { p.kernel[2] });
     let (sh, sw) = (p.stride[1], p.stride[2]);
@@ -589,7 +611,14 @@ fn max_unpool_2x2<T: Elem, R: Real>(g: &[T], x: &[T], y: &[T], dx: &mut [T], p: 
 
 /// Run `row(y, g, x_top, x_bottom, dx_top, dx_bottom)` over each output row of a 2×2-tiled
 /// plane (the slices cover the row's windows), then zero what no window covers.
-fn tiles_2x2<T: Elem>(g: &[T], x: &[T], y: &[T], dx: &mut [T], p: &PoolPlan, mut row: impl FnMut(&[T], &[T], &[T], &[T], &mut [T], &mut [T])) {
+fn tiles_2x2<T: Elem>(
+    g: &[T],
+    x: &[T],
+    y: &[T],
+    dx: &mut [T],
+    p: &PoolPlan,
+    mut row: impl FnMut(&[T], &[T], &[T], &[T], &mut [T], &mut [T]),
+) {
     let ([_, _, iw], [_, oh, ow]) = (p.input, p.output);
     for oy in 0..oh {
         let (yr, gr) = (&y[oy * ow..][..ow], &g[oy * ow..][..ow]);
@@ -667,7 +696,13 @@ fn max_unpool_2x2_sse2(g: &[f32], x: &[f32], y: &[f32], dx: &mut [f32], p: &Pool
 
 /// [`max_unpool_2d`] when the windows tile the input (stride = kernel): each input position
 /// lies in at most one window, so it is written once (no zero fill first).
-fn max_unpool_tiled<T: Elem, R: Real, const KH: usize, const KW: usize>(g: &[T], x: &[T], y: &[T], dx: &mut [T], p: &PoolPlan) {
+fn max_unpool_tiled<T: Elem, R: Real, const KH: usize, const KW: usize>(
+    g: &[T],
+    x: &[T],
+    y: &[T],
+    dx: &mut [T],
+    p: &PoolPlan,
+) {
     let ([_, _, iw], [_, oh, ow]) = (p.input, p.output);
     let (kh, kw) = (if KH > 0 { KH } else { p.kernel[1] }, if KW > 0 { KW } else { p.kernel[2] });
     // Per window of the current output row: whether an earlier window row held the max.
@@ -785,7 +820,12 @@ mod tests {
             check(op, &[("axis", "1"), ("temperature", "2.5")], &[(&[2, 3, 4], x.clone())], &[]);
             check(op, &[("axis", "0")], &[(&[2, 3, 4], x.clone())], &[]);
             // Length mask along the last axis: lengths get no gradient.
-            check(op, &[("use_length", "True")], &[(&[2, 3, 4], x.clone()), (&[2, 3], vec![1.0, 4.0, 2.0, 3.0, 4.0, 2.0])], &[1]);
+            check(
+                op,
+                &[("use_length", "True")],
+                &[(&[2, 3, 4], x.clone()), (&[2, 3], vec![1.0, 4.0, 2.0, 3.0, 4.0, 2.0])],
+                &[1],
+            );
         }
     }
 
@@ -811,7 +851,13 @@ mod tests {
         check("BatchNorm", &[("fix_gamma", "False"), ("use_global_stats", "True")], &all, &[3, 4]);
         // Channel axis last.
         let c5: &[usize] = &[5];
-        let all = vec![(shape, x), (c5, values(5, 0.5, 1.5, 6)), (c5, values(5, -1.0, 1.0, 7)), (c5, vec![0.0; 5]), (c5, vec![1.0; 5])];
+        let all = vec![
+            (shape, x),
+            (c5, values(5, 0.5, 1.5, 6)),
+            (c5, values(5, -1.0, 1.0, 7)),
+            (c5, vec![0.0; 5]),
+            (c5, vec![1.0; 5]),
+        ];
         check("BatchNorm", &[("fix_gamma", "False"), ("axis", "-1")], &all, &[3, 4]);
     }
 
@@ -819,8 +865,18 @@ mod tests {
     fn layer_norm() {
         let x = values(2 * 3 * 4, -2.0, 2.0, 8);
         let s: &[usize] = &[2, 3, 4];
-        check("LayerNorm", &[], &[(s, x.clone()), (&[4], values(4, 0.5, 1.5, 9)), (&[4], values(4, -1.0, 1.0, 10))], &[]);
-        check("LayerNorm", &[("axis", "1")], &[(s, x), (&[3], values(3, 0.5, 1.5, 11)), (&[3], values(3, -1.0, 1.0, 12))], &[]);
+        check(
+            "LayerNorm",
+            &[],
+            &[(s, x.clone()), (&[4], values(4, 0.5, 1.5, 9)), (&[4], values(4, -1.0, 1.0, 10))],
+            &[],
+        );
+        check(
+            "LayerNorm",
+            &[("axis", "1")],
+            &[(s, x), (&[3], values(3, 0.5, 1.5, 11)), (&[3], values(3, -1.0, 1.0, 12))],
+            &[],
+        );
     }
 
     #[test]
@@ -829,7 +885,8 @@ mod tests {
         use super::super::nn::{pool_plan, PoolKind, POOL_PARAMS};
         use crate::op::param::Attrs;
         for &(k, st, shape) in UNCLIPPED {
-            let attrs = Attrs::parse("Pooling", POOL_PARAMS, [("kernel", k), ("stride", st), ("pool_type", "max")]).unwrap();
+            let attrs =
+                Attrs::parse("Pooling", POOL_PARAMS, [("kernel", k), ("stride", st), ("pool_type", "max")]).unwrap();
             let p = pool_plan(&attrs, shape).unwrap();
             let (isz, osz) = (p.input.iter().product::<usize>(), p.output.iter().product::<usize>());
             let x = tied(isz);
@@ -862,21 +919,51 @@ mod tests {
         let s: &[usize] = &[2, 2, 7, 6];
         for pt in ["max", "avg", "sum"] {
             check("Pooling", &[("kernel", "(2, 2)"), ("stride", "(2, 2)"), ("pool_type", pt)], &[(s, x.clone())], &[]);
-            check("Pooling", &[("kernel", "(3, 2)"), ("stride", "(2, 1)"), ("pad", "(1, 1)"), ("pool_type", pt)], &[(s, x.clone())], &[]);
-            check("Pooling", &[("kernel", "(3, 3)"), ("stride", "(2, 2)"), ("pooling_convention", "full"), ("pool_type", pt)], &[(s, x.clone())], &[]);
+            check(
+                "Pooling",
+                &[("kernel", "(3, 2)"), ("stride", "(2, 1)"), ("pad", "(1, 1)"), ("pool_type", pt)],
+                &[(s, x.clone())],
+                &[],
+            );
+            check(
+                "Pooling",
+                &[("kernel", "(3, 3)"), ("stride", "(2, 2)"), ("pooling_convention", "full"), ("pool_type", pt)],
+                &[(s, x.clone())],
+                &[],
+            );
             check("Pooling", &[("global_pool", "True"), ("pool_type", pt)], &[(s, x.clone())], &[]);
         }
-        check("Pooling", &[("kernel", "(3, 3)"), ("pad", "(1, 1)"), ("pool_type", "avg"), ("count_include_pad", "False")], &[(s, x.clone())], &[]);
+        check(
+            "Pooling",
+            &[("kernel", "(3, 3)"), ("pad", "(1, 1)"), ("pool_type", "avg"), ("count_include_pad", "False")],
+            &[(s, x.clone())],
+            &[],
+        );
         let pos: Vec<f64> = x.iter().map(|v| v + 2.5).collect();
         for pv in ["1", "2", "3"] {
             check("Pooling", &[("kernel", "(2, 2)"), ("pool_type", "lp"), ("p_value", pv)], &[(s, pos.clone())], &[]);
         }
         // 1-D and 3-D.
         let x1: Vec<f64> = (0..2 * 3 * 9).map(|i| ((i * 29 % 54) as f64) * 0.1).collect();
-        check("Pooling", &[("kernel", "(3,)"), ("stride", "(2,)"), ("pool_type", "max")], &[(&[2, 3, 9], x1.clone())], &[]);
-        check("Pooling", &[("kernel", "(3,)"), ("stride", "(2,)"), ("pad", "(1,)"), ("pool_type", "avg")], &[(&[2, 3, 9], x1)], &[]);
+        check(
+            "Pooling",
+            &[("kernel", "(3,)"), ("stride", "(2,)"), ("pool_type", "max")],
+            &[(&[2, 3, 9], x1.clone())],
+            &[],
+        );
+        check(
+            "Pooling",
+            &[("kernel", "(3,)"), ("stride", "(2,)"), ("pad", "(1,)"), ("pool_type", "avg")],
+            &[(&[2, 3, 9], x1)],
+            &[],
+        );
         let x3: Vec<f64> = (0..2 * 4 * 4 * 4).map(|i| ((i * 53 % 128) as f64) * 0.02).collect();
-        check("Pooling", &[("kernel", "(2, 2, 2)"), ("stride", "(2, 2, 2)"), ("pool_type", "max")], &[(&[1, 2, 4, 4, 4], x3.clone())], &[]);
+        check(
+            "Pooling",
+            &[("kernel", "(2, 2, 2)"), ("stride", "(2, 2, 2)"), ("pool_type", "max")],
+            &[(&[1, 2, 4, 4, 4], x3.clone())],
+            &[],
+        );
         check("Pooling", &[("kernel", "(2, 2, 2)"), ("pool_type", "avg")], &[(&[1, 2, 4, 4, 4], x3)], &[]);
     }
 
@@ -886,7 +973,13 @@ mod tests {
     }
 
     /// Run `_backward_SoftmaxOutput` on softmax outputs `y` (n×k) and labels.
-    fn softmax_output_grad(params: &[(&str, &str)], y: &[f64], yshape: &[usize], label: &[f64], lshape: &[usize]) -> Vec<f64> {
+    fn softmax_output_grad(
+        params: &[(&str, &str)],
+        y: &[f64],
+        yshape: &[usize],
+        label: &[f64],
+        lshape: &[usize],
+    ) -> Vec<f64> {
         let op = lookup("SoftmaxOutput").unwrap();
         let attrs = op.parse_attrs(params.iter().copied(), 2).unwrap();
         let bop = lookup("_backward_SoftmaxOutput").unwrap();
@@ -908,7 +1001,13 @@ mod tests {
         assert!(close(&d, &[0.2, 0.3, -0.5, -0.9, 0.6, 0.3]), "{d:?}");
         let d = softmax_output_grad(&[("grad_scale", "2"), ("normalization", "batch")], &y, &[2, 3], &[2.0, 0.0], &[2]);
         assert!(close(&d, &[0.2, 0.3, -0.5, -0.9, 0.6, 0.3]), "{d:?}");
-        let d = softmax_output_grad(&[("use_ignore", "True"), ("ignore_label", "0"), ("normalization", "valid")], &y, &[2, 3], &[2.0, 0.0], &[2]);
+        let d = softmax_output_grad(
+            &[("use_ignore", "True"), ("ignore_label", "0"), ("normalization", "valid")],
+            &y,
+            &[2, 3],
+            &[2.0, 0.0],
+            &[2],
+        );
         assert!(close(&d, &[0.2, 0.3, -0.5, 0.0, 0.0, 0.0]), "{d:?}");
         let d = softmax_output_grad(&[("out_grad", "True")], &y, &[2, 3], &[2.0, 0.0], &[2]);
         assert!(close(&d, &[1.4, 2.1, -3.5, -6.3, 4.2, 2.1]), "{d:?}");
@@ -917,7 +1016,13 @@ mod tests {
         assert!(close(&d, &[0.2, -0.2, 0.0, -0.9, 0.6, 0.3]), "{d:?}");
         // multi_output: (n=1, k=3, 2 positions), batch normalization divides by positions too.
         let ym = [0.2, 0.1, 0.3, 0.6, 0.5, 0.3];
-        let d = softmax_output_grad(&[("multi_output", "True"), ("normalization", "batch")], &ym, &[1, 3, 2], &[1.0, 2.0], &[1, 2]);
+        let d = softmax_output_grad(
+            &[("multi_output", "True"), ("normalization", "batch")],
+            &ym,
+            &[1, 3, 2],
+            &[1.0, 2.0],
+            &[1, 2],
+        );
         assert!(close(&d, &[0.1, 0.05, -0.35, 0.3, 0.25, -0.35]), "{d:?}");
         // Label smoothing.
         let d = softmax_output_grad(&[("smooth_alpha", "0.2")], &y, &[2, 3], &[2.0, 0.0], &[2]);

@@ -19,7 +19,15 @@ use std::ops::{Add, Div, Mul, Neg, Sub};
 
 /// The arithmetic type of a kernel: f32 (for float32 and float16 storage) or f64.
 trait Real:
-    Copy + Send + Sync + PartialOrd + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self> + Neg<Output = Self>
+    Copy
+    + Send
+    + Sync
+    + PartialOrd
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
 {
     fn of(v: f64) -> Self;
     fn load<T: Elem>(v: T) -> Self;
@@ -84,12 +92,22 @@ fn sign<R: Real>(x: R) -> R {
 /// Run `f(weight, grad, states) -> new weight` over every element: inputs are the weight, the
 /// gradient and `N` states (updated in place); output 0 gets the new weight. The output may be
 /// the weight itself (declared in place), so elements are accessed through raw pointers.
-fn update<T: Elem, R: Real, const N: usize>(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob], f: impl Fn(R, R, &mut [R; N]) -> R + Sync + Send) {
+fn update<T: Elem, R: Real, const N: usize>(
+    cx: &OpCtx,
+    ins: &[TBlob],
+    outs: &[TBlob],
+    f: impl Fn(R, R, &mut [R; N]) -> R + Sync + Send,
+) {
     update_one::<T, R, N>(cx.req[0] == Req::Inplace, ins, &outs[0], f)
 }
 
 /// [`update`] of one weight: `ins` = weight, gradient, states; `inplace`: `out` is the weight.
-fn update_one<T: Elem, R: Real, const N: usize>(inplace: bool, ins: &[TBlob], out: &TBlob, f: impl Fn(R, R, &mut [R; N]) -> R + Sync + Send) {
+fn update_one<T: Elem, R: Real, const N: usize>(
+    inplace: bool,
+    ins: &[TBlob],
+    out: &TBlob,
+    f: impl Fn(R, R, &mut [R; N]) -> R + Sync + Send,
+) {
     let outs = std::slice::from_ref(out);
     let n = outs[0].size();
     let out = SendPtr(outs[0].ptr() as *mut T);
@@ -163,15 +181,22 @@ const WD: ParamSpec = ParamSpec::opt(
     "0",
     "Weight decay augments the objective function with a regularization term that penalizes large weights. The penalty scales with the square of the magnitude of each weight.",
 );
-const RESCALE: ParamSpec = ParamSpec::opt("rescale_grad", PType::Float, "1", "Rescale gradient to grad = rescale_grad*grad.");
+const RESCALE: ParamSpec =
+    ParamSpec::opt("rescale_grad", PType::Float, "1", "Rescale gradient to grad = rescale_grad*grad.");
 const CLIP: ParamSpec = ParamSpec::opt(
     "clip_gradient",
     PType::Float,
     "-1",
     "Clip gradient to the range of [-clip_gradient, clip_gradient] If clip_gradient <= 0, gradient clipping is turned off. grad = max(min(grad, clip_gradient), -clip_gradient).",
 );
-const MOMENTUM: ParamSpec = ParamSpec::opt("momentum", PType::Float, "0", "The decay rate of momentum estimates at each epoch.");
-const LAZY: ParamSpec = ParamSpec::opt("lazy_update", PType::Bool, "True", "If true, lazy updates are applied if gradient's stype is row_sparse.");
+const MOMENTUM: ParamSpec =
+    ParamSpec::opt("momentum", PType::Float, "0", "The decay rate of momentum estimates at each epoch.");
+const LAZY: ParamSpec = ParamSpec::opt(
+    "lazy_update",
+    PType::Bool,
+    "True",
+    "If true, lazy updates are applied if gradient's stype is row_sparse.",
+);
 const EPS: ParamSpec = ParamSpec::opt("epsilon", PType::Float, "1e-08", "A small constant for numerical stability.");
 const CLIP_WEIGHTS: ParamSpec = ParamSpec::opt(
     "clip_weights",
@@ -297,7 +322,11 @@ fn sgd_core(op: &str, inplace: bool, ins: &[TBlob], out: &TBlob, c: &Common, mom
 /// Mixed-precision update of one weight: `ins` = weight (any float type, not read), gradient
 /// (the weight's type), `N` float32 states, then the float32 master weight. `f(w32, g, states)`
 /// gives the new master weight, which is also written (converted) to `out`.
-fn mp_update<T: Elem, const N: usize>(ins: &[TBlob], out: &TBlob, f: impl Fn(f32, f32, &mut [f32; N]) -> f32 + Sync + Send) {
+fn mp_update<T: Elem, const N: usize>(
+    ins: &[TBlob],
+    out: &TBlob,
+    f: impl Fn(f32, f32, &mut [f32; N]) -> f32 + Sync + Send,
+) {
     let n = out.size();
     let o = SendPtr(out.ptr() as *mut T);
     let g = SendPtr(ins[1].ptr() as *mut T);
@@ -369,7 +398,12 @@ fn multi_sgd(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob], momentum: bool, mp: bool
     let stride = 2 + momentum as usize + mp as usize;
     let m = if momentum { Some(a.float("momentum")) } else { None };
     for (i, out) in outs.iter().enumerate() {
-        let c = Common { lr: a.floats("lrs")[i], wd: a.floats("wds")[i], rescale: a.float("rescale_grad"), clip: a.float("clip_gradient") };
+        let c = Common {
+            lr: a.floats("lrs")[i],
+            wd: a.floats("wds")[i],
+            rescale: a.float("rescale_grad"),
+            clip: a.float("clip_gradient"),
+        };
         let group = &ins[stride * i..stride * (i + 1)];
         if mp {
             mp_sgd_core(a.op, group, out, &c, m, false)?;
@@ -546,15 +580,24 @@ fn is_float(d: DType) -> bool {
 fn mp_group(op: &str, ins: &[Meta], base: usize) -> Result<Meta> {
     let w = &ins[base];
     if !is_float(w.dtype) {
-        return Err(Error::type_error(format!("operator {op}: weight must be float16, float32 or float64, got {}", w.dtype.name())));
+        return Err(Error::type_error(format!(
+            "operator {op}: weight must be float16, float32 or float64, got {}",
+            w.dtype.name()
+        )));
     }
     super::common::check_same(op, w, &ins[base + 1], base + 1)?;
     for (k, m) in ins.iter().enumerate().skip(base + 2) {
         if m.shape != w.shape {
-            return Err(Error::value(format!("operator {op}: input {k} has shape {:?}, expected {:?} like the weight", m.shape, w.shape)));
+            return Err(Error::value(format!(
+                "operator {op}: input {k} has shape {:?}, expected {:?} like the weight",
+                m.shape, w.shape
+            )));
         }
         if m.dtype != DType::F32 {
-            return Err(Error::type_error(format!("operator {op}: input {k} (a float32 state) has dtype {}", m.dtype.name())));
+            return Err(Error::type_error(format!(
+                "operator {op}: input {k} (a float32 state) has dtype {}",
+                m.dtype.name()
+            )));
         }
     }
     Ok(w.clone())
@@ -576,11 +619,18 @@ fn multi_infer(op: &'static str, stride: usize, mp: bool) -> crate::op::InferFn 
         }
         let n = n as usize;
         if ins.len() != stride * n {
-            return Err(Error::value(format!("operator {op}: expects {} inputs for num_weights={n}, got {}", stride * n, ins.len())));
+            return Err(Error::value(format!(
+                "operator {op}: expects {} inputs for num_weights={n}, got {}",
+                stride * n,
+                ins.len()
+            )));
         }
         for key in ["lrs", "wds"] {
             if a.floats(key).len() != n {
-                return Err(Error::value(format!("operator {op}: {key} has {} values, expected num_weights={n}", a.floats(key).len())));
+                return Err(Error::value(format!(
+                    "operator {op}: {key} has {} values, expected num_weights={n}",
+                    a.floats(key).len()
+                )));
             }
         }
         (0..n)
@@ -590,7 +640,10 @@ fn multi_infer(op: &'static str, stride: usize, mp: bool) -> crate::op::InferFn 
                     return mp_group(op, group, 0);
                 }
                 if !is_float(group[0].dtype) {
-                    return Err(Error::type_error(format!("operator {op}: weight {i} must be float16, float32 or float64, got {}", group[0].dtype.name())));
+                    return Err(Error::type_error(format!(
+                        "operator {op}: weight {i} must be float16, float32 or float64, got {}",
+                        group[0].dtype.name()
+                    )));
                 }
                 for (k, m) in group.iter().enumerate().skip(1) {
                     super::common::check_same(op, &group[0], m, stride * i + k)?;
@@ -610,25 +663,40 @@ fn multi_tables(stride: usize, states: &[usize]) -> (&'static [(usize, usize)], 
 
 fn register_sgd_variants(ops: &mut Vec<OpDef>) {
     ops.push(
-        OpDef::new("mp_sgd_update", Inputs::Fixed(&["weight", "grad", "weight32"]), mp_infer("mp_sgd_update"), Box::new(mp_sgd))
-            .params(MP_SGD_PARAMS)
-            .inplace(&[(0, 0)])
-            .mutates(&[2])
-            .doc("Updater function for multi-precision sgd optimizer"),
+        OpDef::new(
+            "mp_sgd_update",
+            Inputs::Fixed(&["weight", "grad", "weight32"]),
+            mp_infer("mp_sgd_update"),
+            Box::new(mp_sgd),
+        )
+        .params(MP_SGD_PARAMS)
+        .inplace(&[(0, 0)])
+        .mutates(&[2])
+        .doc("Updater function for multi-precision sgd optimizer"),
     );
     ops.push(
-        OpDef::new("mp_sgd_mom_update", Inputs::Fixed(&["weight", "grad", "mom", "weight32"]), mp_infer("mp_sgd_mom_update"), Box::new(mp_sgd_mom))
-            .params(MP_SGD_MOM_PARAMS)
-            .inplace(&[(0, 0)])
-            .mutates(&[2, 3])
-            .doc("Updater function for multi-precision sgd optimizer"),
+        OpDef::new(
+            "mp_sgd_mom_update",
+            Inputs::Fixed(&["weight", "grad", "mom", "weight32"]),
+            mp_infer("mp_sgd_mom_update"),
+            Box::new(mp_sgd_mom),
+        )
+        .params(MP_SGD_MOM_PARAMS)
+        .inplace(&[(0, 0)])
+        .mutates(&[2, 3])
+        .doc("Updater function for multi-precision sgd optimizer"),
     );
     ops.push(
-        OpDef::new("mp_nag_mom_update", Inputs::Fixed(&["weight", "grad", "mom", "weight32"]), mp_infer("mp_nag_mom_update"), Box::new(mp_nag_mom))
-            .params(NAG_PARAMS)
-            .inplace(&[(0, 0)])
-            .mutates(&[2, 3])
-            .doc("Update function for multi-precision Nesterov Accelerated Gradient( NAG) optimizer."),
+        OpDef::new(
+            "mp_nag_mom_update",
+            Inputs::Fixed(&["weight", "grad", "mom", "weight32"]),
+            mp_infer("mp_nag_mom_update"),
+            Box::new(mp_nag_mom),
+        )
+        .params(NAG_PARAMS)
+        .inplace(&[(0, 0)])
+        .mutates(&[2, 3])
+        .doc("Update function for multi-precision Nesterov Accelerated Gradient( NAG) optimizer."),
     );
     type Multi = (&'static str, usize, &'static [usize], bool, &'static [ParamSpec], Kernel);
     let table: &[Multi] = &[
@@ -645,24 +713,114 @@ fn register_sgd_variants(ops: &mut Vec<OpDef>) {
                 .outputs(num_weights, num_weights)
                 .inplace(pairs)
                 .mutates(muts)
-                .doc(format!("{name}: SGD update of num_weights weights in one call (inputs: weight, grad, ... per weight).")),
+                .doc(format!(
+                    "{name}: SGD update of num_weights weights in one call (inputs: weight, grad, ... per weight)."
+                )),
         );
     }
 }
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     #[allow(clippy::type_complexity)]
-    let table: &[(&'static str, &'static [&'static str], &'static [&'static str], &'static [ParamSpec], &'static [usize], Kernel, &str)] = &[
-        ("sgd_update", &["_sparse_sgd_update"], &["weight", "grad"], SGD_PARAMS, &[], sgd, "Update function for Stochastic Gradient Descent (SGD) optimizer."),
-        ("sgd_mom_update", &["_sparse_sgd_mom_update"], &["weight", "grad", "mom"], SGD_MOM_PARAMS, &[2], sgd_mom, "Momentum update function for Stochastic Gradient Descent (SGD) optimizer."),
-        ("nag_mom_update", &[], &["weight", "grad", "mom"], NAG_PARAMS, &[2], nag_mom, "Update function for Nesterov Accelerated Gradient( NAG) optimizer."),
-        ("adam_update", &["_sparse_adam_update"], &["weight", "grad", "mean", "var"], ADAM_PARAMS, &[2, 3], adam, "Update function for Adam optimizer."),
-        ("rmsprop_update", &[], &["weight", "grad", "n"], RMSPROP_PARAMS, &[2], rmsprop, "Update function for RMSProp optimizer (Tieleman & Hinton, 2012)."),
-        ("rmspropalex_update", &[], &["weight", "grad", "n", "g", "delta"], RMSPROPALEX_PARAMS, &[2, 3, 4], rmspropalex, "Update function for RMSPropAlex optimizer (Graves, 2013)."),
-        ("signsgd_update", &[], &["weight", "grad"], SIGNSGD_PARAMS, &[], signsgd, "Update function for SignSGD optimizer."),
-        ("signum_update", &[], &["weight", "grad", "mom"], SIGNUM_PARAMS, &[2], signum, "SIGN momentUM (Signum) optimizer."),
-        ("ftml_update", &[], &["weight", "grad", "d", "v", "z"], FTML_PARAMS, &[2, 3, 4], ftml, "The FTML optimizer described in FTML - Follow the Moving Leader in Deep Learning."),
-        ("ftrl_update", &["_sparse_ftrl_update"], &["weight", "grad", "z", "n"], FTRL_PARAMS, &[2, 3], ftrl, "Update function for Ftrl optimizer."),
+    let table: &[(
+        &'static str,
+        &'static [&'static str],
+        &'static [&'static str],
+        &'static [ParamSpec],
+        &'static [usize],
+        Kernel,
+        &str,
+    )] = &[
+        (
+            "sgd_update",
+            &["_sparse_sgd_update"],
+            &["weight", "grad"],
+            SGD_PARAMS,
+            &[],
+            sgd,
+            "Update function for Stochastic Gradient Descent (SGD) optimizer.",
+        ),
+        (
+            "sgd_mom_update",
+            &["_sparse_sgd_mom_update"],
+            &["weight", "grad", "mom"],
+            SGD_MOM_PARAMS,
+            &[2],
+            sgd_mom,
+            "Momentum update function for Stochastic Gradient Descent (SGD) optimizer.",
+        ),
+        (
+            "nag_mom_update",
+            &[],
+            &["weight", "grad", "mom"],
+            NAG_PARAMS,
+            &[2],
+            nag_mom,
+            "Update function for Nesterov Accelerated Gradient( NAG) optimizer.",
+        ),
+        (
+            "adam_update",
+            &["_sparse_adam_update"],
+            &["weight", "grad", "mean", "var"],
+            ADAM_PARAMS,
+            &[2, 3],
+            adam,
+            "Update function for Adam optimizer.",
+        ),
+        (
+            "rmsprop_update",
+            &[],
+            &["weight", "grad", "n"],
+            RMSPROP_PARAMS,
+            &[2],
+            rmsprop,
+            "Update function for RMSProp optimizer (Tieleman & Hinton, 2012).",
+        ),
+        (
+            "rmspropalex_update",
+            &[],
+            &["weight", "grad", "n", "g", "delta"],
+            RMSPROPALEX_PARAMS,
+            &[2, 3, 4],
+            rmspropalex,
+            "Update function for RMSPropAlex optimizer (Graves, 2013).",
+        ),
+        (
+            "signsgd_update",
+            &[],
+            &["weight", "grad"],
+            SIGNSGD_PARAMS,
+            &[],
+            signsgd,
+            "Update function for SignSGD optimizer.",
+        ),
+        (
+            "signum_update",
+            &[],
+            &["weight", "grad", "mom"],
+            SIGNUM_PARAMS,
+            &[2],
+            signum,
+            "SIGN momentUM (Signum) optimizer.",
+        ),
+        (
+            "ftml_update",
+            &[],
+            &["weight", "grad", "d", "v", "z"],
+            FTML_PARAMS,
+            &[2, 3, 4],
+            ftml,
+            "The FTML optimizer described in FTML - Follow the Moving Leader in Deep Learning.",
+        ),
+        (
+            "ftrl_update",
+            &["_sparse_ftrl_update"],
+            &["weight", "grad", "z", "n"],
+            FTRL_PARAMS,
+            &[2, 3],
+            ftrl,
+            "Update function for Ftrl optimizer.",
+        ),
     ];
     for &(name, aliases, inputs, params, mutates, kernel, doc) in table {
         ops.push(

@@ -72,7 +72,8 @@ fn ln_factorial(k: f64) -> f64 {
     } else {
         let x = k + 1.0;
         let x3 = x * x * x;
-        (x - 0.5) * x.ln() - x + 0.5 * std::f64::consts::TAU.ln() + 1.0 / (12.0 * x) - 1.0 / (360.0 * x3) + 1.0 / (1260.0 * x3 * x * x)
+        (x - 0.5) * x.ln() - x + 0.5 * std::f64::consts::TAU.ln() + 1.0 / (12.0 * x) - 1.0 / (360.0 * x3)
+            + 1.0 / (1260.0 * x3 * x * x)
     }
 }
 
@@ -140,7 +141,13 @@ const GAMMA: Dist = Dist {
     name: "gamma",
     params: ["alpha", "beta"],
     arity: 2,
-    check: |p| if p[0] > 0.0 && p[1] > 0.0 { Ok(()) } else { Err(format!("alpha and beta must be positive, got {} and {}", p[0], p[1])) },
+    check: |p| {
+        if p[0] > 0.0 && p[1] > 0.0 {
+            Ok(())
+        } else {
+            Err(format!("alpha and beta must be positive, got {} and {}", p[0], p[1]))
+        }
+    },
     sample: |p, s, i| p[1] * gamma_unit(p[0], &mut Local::new(s, i)),
 };
 const EXPONENTIAL: Dist = Dist {
@@ -229,7 +236,11 @@ fn like_op(d: &'static Dist, name: &'static str, params: &'static [ParamSpec]) -
         Box::new(move |a, ins| {
             scalar_params(d, a)?;
             if !matches!(ins[0].dtype, DType::F32 | DType::F64 | DType::F16) {
-                return Err(Error::type_error(format!("operator {}: data must be float16, float32 or float64, got {}", a.op, ins[0].dtype.name())));
+                return Err(Error::type_error(format!(
+                    "operator {}: data must be float16, float32 or float64, got {}",
+                    a.op,
+                    ins[0].dtype.name()
+                )));
             }
             Ok(vec![ins[0].clone()])
         }),
@@ -259,10 +270,18 @@ fn sample_op(d: &'static Dist, name: &'static str, alias: &'static str, inputs: 
         Box::new(move |a, ins| {
             for (k, m) in ins.iter().enumerate() {
                 if m.shape != ins[0].shape {
-                    return Err(Error::value(format!("operator {}: parameter {k} has shape {:?}, expected {:?} like parameter 0", a.op, m.shape, ins[0].shape)));
+                    return Err(Error::value(format!(
+                        "operator {}: parameter {k} has shape {:?}, expected {:?} like parameter 0",
+                        a.op, m.shape, ins[0].shape
+                    )));
                 }
                 if m.dtype != ins[0].dtype || !matches!(m.dtype, DType::F32 | DType::F64 | DType::F16) {
-                    return Err(Error::type_error(format!("operator {}: parameters must share one float dtype, got {} and {}", a.op, ins[0].dtype.name(), m.dtype.name())));
+                    return Err(Error::type_error(format!(
+                        "operator {}: parameters must share one float dtype, got {} and {}",
+                        a.op,
+                        ins[0].dtype.name(),
+                        m.dtype.name()
+                    )));
                 }
             }
             let mut shape = ins[0].shape.clone();
@@ -287,7 +306,10 @@ fn sample_op(d: &'static Dist, name: &'static str, alias: &'static str, inputs: 
     .params(SAMPLE_PARAMS)
     .resources(&[Resource::Random])
     .grad(Grad::None)
-    .doc(format!("Concurrent sampling from multiple {} distributions with parameters given by the input tensors.", d.name))
+    .doc(format!(
+        "Concurrent sampling from multiple {} distributions with parameters given by the input tensors.",
+        d.name
+    ))
 }
 
 const CTX_DOC: &str = "Context of output, in format [cpu|gpu|cpu_pinned](n). Only used for imperative calls.";
@@ -300,16 +322,15 @@ const DTYPE: ParamSpec = ParamSpec::opt(
     "None",
     "DType of the output in case this can't be inferred. Defaults to float32 if not defined (dtype=None).",
 );
-const SAMPLE_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("shape", PType::Shape, "[]", "Shape to be sampled from each random distribution."),
-    DTYPE,
-];
+const SAMPLE_PARAMS: &[ParamSpec] =
+    &[ParamSpec::opt("shape", PType::Shape, "[]", "Shape to be sampled from each random distribution."), DTYPE];
 
 const LOW: ParamSpec = ParamSpec::opt("low", PType::Float, "0", "Lower bound of the distribution.");
 const HIGH: ParamSpec = ParamSpec::opt("high", PType::Float, "1", "Upper bound of the distribution.");
 const LOC: ParamSpec = ParamSpec::opt("loc", PType::Float, "0", "Mean of the distribution.");
 const SCALE: ParamSpec = ParamSpec::opt("scale", PType::Float, "1", "Standard deviation of the distribution.");
-const ALPHA: ParamSpec = ParamSpec::opt("alpha", PType::Float, "1", "Alpha parameter (shape) of the gamma distribution.");
+const ALPHA: ParamSpec =
+    ParamSpec::opt("alpha", PType::Float, "1", "Alpha parameter (shape) of the gamma distribution.");
 const BETA: ParamSpec = ParamSpec::opt("beta", PType::Float, "1", "Beta parameter (scale) of the distribution.");
 const LAM: ParamSpec = ParamSpec::opt("lam", PType::Float, "1", "Lambda parameter (rate) of the distribution.");
 
@@ -362,7 +383,10 @@ fn randint_op() -> OpDef {
                 _ => DType::I32,
             };
             if dtype == DType::I32 && (lo < i32::MIN as i64 || hi > i32::MAX as i64 + 1) {
-                return Err(Error::value(format!("operator {}: bounds [{lo}, {hi}) do not fit int32; use dtype='int64'", a.op)));
+                return Err(Error::value(format!(
+                    "operator {}: bounds [{lo}, {hi}) do not fit int32; use dtype='int64'",
+                    a.op
+                )));
             }
             Ok(vec![Meta::new(shape_param(a.op, "shape", a.shape("shape"))?, dtype)])
         }),

@@ -18,8 +18,8 @@ use crate::ndarray::DType;
 use crate::op::kernel::{par_tasks, pool_threads};
 use crate::op::param::{PType, ParamSpec};
 use crate::op::tensor::{Elem, SendPtr, TBlob};
-use std::any::TypeId;
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef};
+use std::any::TypeId;
 
 /// Which dimensions of a `ndim`-dimensional input are reduced.
 pub(crate) fn reduced_axes(op: &str, ndim: usize, axis: Option<&[i64]>, exclude: bool) -> Result<Vec<bool>> {
@@ -390,7 +390,8 @@ fn reduce_typed<T: Arith, Rd: Reducer<T>>(rd: Rd, plan: &RPlan, x: &[T], out: &m
             let per = count.div_ceil(tasks);
             for (j, slot) in out.iter_mut().enumerate() {
                 let base = base_of(j);
-                let partial: Vec<crate::sync::Mutex<T::C>> = (0..tasks).map(|_| crate::sync::Mutex::new(rd.init())).collect();
+                let partial: Vec<crate::sync::Mutex<T::C>> =
+                    (0..tasks).map(|_| crate::sync::Mutex::new(rd.init())).collect();
                 par_tasks(tasks, est_ns / n_out as f64, T::DTYPE, |t| {
                     let (s, e) = (t * per, ((t + 1) * per).min(count));
                     if s < e {
@@ -443,7 +444,8 @@ fn reduce_typed<T: Arith, Rd: Reducer<T>>(rd: Rd, plan: &RPlan, x: &[T], out: &m
             let tasks = threads.max(1).min(rows.max(1));
             let per = rows.div_ceil(tasks);
             for j in 0..n_outer {
-                let partial: Vec<crate::sync::Mutex<Vec<T::C>>> = (0..tasks).map(|_| crate::sync::Mutex::new(Vec::new())).collect();
+                let partial: Vec<crate::sync::Mutex<Vec<T::C>>> =
+                    (0..tasks).map(|_| crate::sync::Mutex::new(Vec::new())).collect();
                 par_tasks(tasks, est_ns / n_outer as f64, T::DTYPE, |t| {
                     let (s, e) = (t * per, ((t + 1) * per).min(rows));
                     let mut acc = vec![rd.init(); l];
@@ -476,7 +478,12 @@ const NORM_PARAMS: &[ParamSpec] = &[
     ParamSpec::opt("ord", PType::Int, "2", "Order of the norm. Currently ord=1 and ord=2 is supported."),
     ParamSpec::or_none("axis", PType::Shape, "None", "The axis or axes along which to perform the reduction."),
     ParamSpec::or_none("out_dtype", PType::DType, "None", "The data type of the output."),
-    ParamSpec::opt("keepdims", PType::Bool, "False", "If this is set to `True`, the reduced axis is left in the result as dimension with size one."),
+    ParamSpec::opt(
+        "keepdims",
+        PType::Bool,
+        "False",
+        "If this is set to `True`, the reduced axis is left in the result as dimension with size one.",
+    ),
 ];
 
 const SEARCH_PARAMS: &[ParamSpec] = &[
@@ -498,7 +505,11 @@ fn infer_reduce(op: &'static str) -> crate::op::InferFn {
             }
             if let Some(d) = a.dtype("out_dtype") {
                 if d != ins[0].dtype {
-                    return Err(Error::not_supported(format!("operator norm with out_dtype {} (input {})", d.name(), ins[0].dtype.name())));
+                    return Err(Error::not_supported(format!(
+                        "operator norm with out_dtype {} (input {})",
+                        d.name(),
+                        ins[0].dtype.name()
+                    )));
                 }
             }
         }
@@ -557,7 +568,9 @@ fn infer_search(op: &'static str) -> crate::op::InferFn {
             None => vec![1],
             Some(ax) => {
                 if shape[ax] == 0 {
-                    return Err(Error::value(format!("operator {op}: cannot search an empty axis {ax} of shape {shape:?}")));
+                    return Err(Error::value(format!(
+                        "operator {op}: cannot search an empty axis {ax} of shape {shape:?}"
+                    )));
                 }
                 let mut flags = vec![false; shape.len()];
                 flags[ax] = true;
@@ -621,15 +634,58 @@ fn search_compute(max: bool) -> crate::op::ComputeFn {
 }
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
-    let reductions: &[(&'static str, &'static [&'static str], u8, Option<(&'static str, bool, bool)>, &'static str)] = &[
-        ("sum", &["sum_axis", "_sparse_sum"], SUM, Some(("_backward_sum", false, false)), "Computes the sum of array elements over given axes."),
-        ("mean", &["_sparse_mean"], MEAN, Some(("_backward_mean", false, false)), "Computes the mean of array elements over given axes."),
-        ("prod", &[], PROD, Some(("_backward_prod", true, true)), "Computes the product of array elements over given axes."),
-        ("nansum", &[], NANSUM, Some(("_backward_nansum", true, false)), "Computes the sum of array elements over given axes treating Not a Numbers (NaN) as zero."),
-        ("nanprod", &[], NANPROD, Some(("_backward_nanprod", true, true)), "Computes the product of array elements over given axes treating Not a Numbers (NaN) as one."),
-        ("max", &["max_axis"], MAX, Some(("_backward_max", true, true)), "Computes the max of array elements over given axes."),
-        ("min", &["min_axis"], MIN, Some(("_backward_min", true, true)), "Computes the min of array elements over given axes."),
-    ];
+    let reductions: &[(&'static str, &'static [&'static str], u8, Option<(&'static str, bool, bool)>, &'static str)] =
+        &[
+            (
+                "sum",
+                &["sum_axis", "_sparse_sum"],
+                SUM,
+                Some(("_backward_sum", false, false)),
+                "Computes the sum of array elements over given axes.",
+            ),
+            (
+                "mean",
+                &["_sparse_mean"],
+                MEAN,
+                Some(("_backward_mean", false, false)),
+                "Computes the mean of array elements over given axes.",
+            ),
+            (
+                "prod",
+                &[],
+                PROD,
+                Some(("_backward_prod", true, true)),
+                "Computes the product of array elements over given axes.",
+            ),
+            (
+                "nansum",
+                &[],
+                NANSUM,
+                Some(("_backward_nansum", true, false)),
+                "Computes the sum of array elements over given axes treating Not a Numbers (NaN) as zero.",
+            ),
+            (
+                "nanprod",
+                &[],
+                NANPROD,
+                Some(("_backward_nanprod", true, true)),
+                "Computes the product of array elements over given axes treating Not a Numbers (NaN) as one.",
+            ),
+            (
+                "max",
+                &["max_axis"],
+                MAX,
+                Some(("_backward_max", true, true)),
+                "Computes the max of array elements over given axes.",
+            ),
+            (
+                "min",
+                &["min_axis"],
+                MIN,
+                Some(("_backward_min", true, true)),
+                "Computes the min of array elements over given axes.",
+            ),
+        ];
     for &(name, aliases, kind, grad, doc) in reductions {
         let (op, inputs, outputs) = grad.expect("reductions are differentiable");
         ops.push(
@@ -652,7 +708,10 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             OpDef::new(name, Inputs::Fixed(&["data"]), infer_search(name), search_compute(max))
                 .params(SEARCH_PARAMS)
                 .grad(Grad::Zero)
-                .doc(format!("{name}: indices of the first {} values along an axis (in the input dtype).", if max { "maximum" } else { "minimum" })),
+                .doc(format!(
+                    "{name}: indices of the first {} values along an axis (in the input dtype).",
+                    if max { "maximum" } else { "minimum" }
+                )),
         );
     }
     ops.push(
@@ -682,9 +741,15 @@ mod tests {
     #[test]
     fn plans_collapse() {
         assert_eq!(RPlan::new(&[2, 3, 4], &[true; 3]), RPlan { dims: vec![24], red: vec![true] });
-        assert_eq!(RPlan::new(&[2, 1, 3, 4], &[false, true, true, false]), RPlan { dims: vec![2, 3, 4], red: vec![false, true, false] });
+        assert_eq!(
+            RPlan::new(&[2, 1, 3, 4], &[false, true, true, false]),
+            RPlan { dims: vec![2, 3, 4], red: vec![false, true, false] }
+        );
         assert_eq!(RPlan::new(&[5, 1], &[false, true]), RPlan { dims: vec![5], red: vec![false] });
-        assert_eq!(RPlan::new(&[2, 3, 4, 5], &[true, true, false, false]), RPlan { dims: vec![6, 20], red: vec![true, false] });
+        assert_eq!(
+            RPlan::new(&[2, 3, 4, 5], &[true, true, false, false]),
+            RPlan { dims: vec![6, 20], red: vec![true, false] }
+        );
     }
 
     fn naive(x: &[f64], shape: &[usize], flags: &[bool]) -> Vec<f64> {

@@ -8,8 +8,8 @@
 //! the innermost collapsed dimension is reduced a row shares one output position, otherwise
 //! it runs along contiguous outputs; both are plain slice loops.
 
-use super::elemwise::{Arith, Calc};
 use super::common::params_of;
+use super::elemwise::{Arith, Calc};
 use super::reduce::{flags_of, RPlan};
 use crate::error::Result;
 use crate::op::kernel::{par_for, Cost};
@@ -234,7 +234,8 @@ mod tests {
         for &(shape, params) in CASES {
             let n = shape.iter().product();
             // Away from zero so that out / x is the derivative.
-            let x: Vec<f64> = values(n, 0.5, 1.5, 5).into_iter().enumerate().map(|(i, v)| if i % 3 == 0 { -v } else { v }).collect();
+            let x: Vec<f64> =
+                values(n, 0.5, 1.5, 5).into_iter().enumerate().map(|(i, v)| if i % 3 == 0 { -v } else { v }).collect();
             for op in ["prod", "nanprod"] {
                 check(op, params, &[(shape, x.clone())], &[]);
             }
@@ -264,7 +265,8 @@ mod tests {
         ];
         for &(shape, params) in cases {
             let n = shape.iter().product();
-            let x: Vec<f64> = values(n, -2.0, 2.0, 9).into_iter().map(|v| if v.abs() < 0.1 { 0.5 } else { v }).collect();
+            let x: Vec<f64> =
+                values(n, -2.0, 2.0, 9).into_iter().map(|v| if v.abs() < 0.1 { 0.5 } else { v }).collect();
             check("norm", params, &[(shape, x)], &[]);
         }
     }
@@ -305,7 +307,13 @@ mod large {
             for i in 0..n {
                 let (a, c) = (i / 10000, i % 5);
                 let o = a * 5 + c;
-                let want = if fwd == "mean" { g[o] / 2000.0 } else if x[i] == y[o] { g[o] } else { 0.0 };
+                let want = if fwd == "mean" {
+                    g[o] / 2000.0
+                } else if x[i] == y[o] {
+                    g[o]
+                } else {
+                    0.0
+                };
                 assert_eq!(dx[i], want, "{bwd} at {i}");
             }
         }

@@ -54,7 +54,12 @@ const RESHAPE_PARAMS: &[ParamSpec] = &[
     ParamSpec::opt("shape", PType::Shape, "()", "The target shape (codes 0, -1, -2, -3, -4 as in MXNet)"),
     ParamSpec::opt("reverse", PType::Bool, "False", "If true then the special values are inferred from right to left"),
     ParamSpec::opt("target_shape", PType::Shape, "()", "(Deprecated! Use ``shape`` instead.) Target new shape"),
-    ParamSpec::opt("keep_highest", PType::Bool, "False", "(Deprecated! Use ``shape`` instead.) Keep the highest dimension"),
+    ParamSpec::opt(
+        "keep_highest",
+        PType::Bool,
+        "False",
+        "(Deprecated! Use ``shape`` instead.) Keep the highest dimension",
+    ),
 ];
 
 fn infer_reshape_op(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
@@ -87,12 +92,8 @@ fn infer_expand_dims(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(s, ins[0].dtype)
 }
 
-const SQUEEZE_PARAMS: &[ParamSpec] = &[ParamSpec::or_none(
-    "axis",
-    PType::Shape,
-    "None",
-    "Axes of size 1 to remove; None removes every axis of size 1",
-)];
+const SQUEEZE_PARAMS: &[ParamSpec] =
+    &[ParamSpec::or_none("axis", PType::Shape, "None", "Axes of size 1 to remove; None removes every axis of size 1")];
 
 fn infer_squeeze(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let s = &ins[0].shape;
@@ -357,9 +358,18 @@ fn run_stack(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 // ---- SliceChannel, _split_v2 ----
 
 const SPLIT_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("num_outputs", PType::Int, "Number of splits. Note that this should evenly divide the length of the `axis`."),
+    ParamSpec::req(
+        "num_outputs",
+        PType::Int,
+        "Number of splits. Note that this should evenly divide the length of the `axis`.",
+    ),
     ParamSpec::opt("axis", PType::Int, "1", "Axis along which to split."),
-    ParamSpec::opt("squeeze_axis", PType::Bool, "False", "If true, Removes the axis with length 1 from the shapes of the output arrays."),
+    ParamSpec::opt(
+        "squeeze_axis",
+        PType::Bool,
+        "False",
+        "If true, Removes the axis with length 1 from the shapes of the output arrays.",
+    ),
 ];
 
 fn split_count(a: &Attrs) -> usize {
@@ -367,7 +377,14 @@ fn split_count(a: &Attrs) -> usize {
 }
 
 /// Split `shape` along `axis` into `[start, end)` parts; outputs drop the axis if `squeeze`.
-fn split_parts(op: &str, shape: &[usize], axis: usize, bounds: &[(usize, usize)], squeeze: bool, dtype: DType) -> Result<Vec<Meta>> {
+fn split_parts(
+    op: &str,
+    shape: &[usize],
+    axis: usize,
+    bounds: &[(usize, usize)],
+    squeeze: bool,
+    dtype: DType,
+) -> Result<Vec<Meta>> {
     bounds
         .iter()
         .map(|&(b, e)| {
@@ -426,10 +443,24 @@ fn run_slice_channel(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 }
 
 const SPLIT_V2_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("indices", PType::Shape, "Indices of splits. The elements should denote the boundaries of at which split is performed along the `axis`."),
+    ParamSpec::req(
+        "indices",
+        PType::Shape,
+        "Indices of splits. The elements should denote the boundaries of at which split is performed along the `axis`.",
+    ),
     ParamSpec::opt("axis", PType::Int, "1", "Axis along which to split."),
-    ParamSpec::opt("squeeze_axis", PType::Bool, "False", "If true, Removes the axis with length 1 from the shapes of the output arrays."),
-    ParamSpec::opt("sections", PType::Int, "0", "Number of sections if equally splitted. Default to 0 which means split by indices."),
+    ParamSpec::opt(
+        "squeeze_axis",
+        PType::Bool,
+        "False",
+        "If true, Removes the axis with length 1 from the shapes of the output arrays.",
+    ),
+    ParamSpec::opt(
+        "sections",
+        PType::Int,
+        "0",
+        "Number of sections if equally splitted. Default to 0 which means split by indices.",
+    ),
 ];
 
 fn split_v2_count(a: &Attrs) -> usize {
@@ -508,12 +539,8 @@ fn check_broadcast(op: &str, src: &[usize], dst: &[usize]) -> Result<()> {
     Ok(())
 }
 
-const BROADCAST_TO_PARAMS: &[ParamSpec] = &[ParamSpec::opt(
-    "shape",
-    PType::Shape,
-    "()",
-    "The shape of the desired array; 0 keeps the input's dimension",
-)];
+const BROADCAST_TO_PARAMS: &[ParamSpec] =
+    &[ParamSpec::opt("shape", PType::Shape, "()", "The shape of the desired array; 0 keeps the input's dimension")];
 
 fn infer_broadcast_to(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let src = &ins[0].shape;
@@ -539,7 +566,9 @@ const BROADCAST_AXIS_PARAMS: &[ParamSpec] = &[
 fn infer_broadcast_axis(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let (axes, sizes) = (a.shape("axis"), a.shape("size"));
     if axes.len() != sizes.len() {
-        return Err(Error::value(format!("operator broadcast_axis: axis {axes:?} and size {sizes:?} differ in length")));
+        return Err(Error::value(format!(
+            "operator broadcast_axis: axis {axes:?} and size {sizes:?} differ in length"
+        )));
     }
     let mut out = ins[0].shape.clone();
     for (&ax, &sz) in axes.iter().zip(sizes) {
@@ -622,7 +651,12 @@ fn run_tile(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 
 const REPEAT_PARAMS: &[ParamSpec] = &[
     ParamSpec::req("repeats", PType::Int, "The number of repetitions for each element."),
-    ParamSpec::or_none("axis", PType::Int, "None", "The axis along which to repeat values; None repeats the flattened input"),
+    ParamSpec::or_none(
+        "axis",
+        PType::Int,
+        "None",
+        "The axis along which to repeat values; None repeats the flattened input",
+    ),
 ];
 
 /// (view shape, view strides of the input, output shape).
@@ -726,7 +760,11 @@ fn run_size_array(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 
 const PAD_PARAMS: &[ParamSpec] = &[
     ParamSpec::opt("mode", PType::Enum(&["constant", "edge", "reflect"]), "constant", "Padding type to use."),
-    ParamSpec::req("pad_width", PType::Shape, "Widths of the padding regions applied to the edges of each axis (before and after, per axis)."),
+    ParamSpec::req(
+        "pad_width",
+        PType::Shape,
+        "Widths of the padding regions applied to the edges of each axis (before and after, per axis).",
+    ),
     ParamSpec::opt("constant_value", PType::Float, "0", "The value used for padding when `mode` is 'constant'."),
 ];
 
@@ -743,7 +781,9 @@ pub(super) fn pad_widths(a: &Attrs, shape: &[usize]) -> Result<Vec<(usize, usize
         )));
     }
     if pw[..4].iter().any(|&p| p != 0) {
-        return Err(Error::value(format!("operator Pad: padding the first two axes is not supported, pad_width {pw:?}")));
+        return Err(Error::value(format!(
+            "operator Pad: padding the first two axes is not supported, pad_width {pw:?}"
+        )));
     }
     let pw = shape_param("Pad", "pad_width", pw)?;
     let widths: Vec<(usize, usize)> = (0..nd).map(|k| (pw[2 * k], pw[2 * k + 1])).collect();
@@ -844,13 +884,18 @@ const BLOCK_PARAMS: &[ParamSpec] =
 fn block_view(op: &str, a: &Attrs, s: &[usize], to_space: bool) -> Result<(Vec<usize>, Vec<isize>, Vec<usize>)> {
     let b = a.int("block_size");
     if s.len() != 4 || b < 1 {
-        return Err(Error::value(format!("operator {op}: needs a 4-D input and block_size >= 1, got shape {s:?}, block_size {b}")));
+        return Err(Error::value(format!(
+            "operator {op}: needs a 4-D input and block_size >= 1, got shape {s:?}, block_size {b}"
+        )));
     }
     let b = b as usize;
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
     if to_space {
         if c % (b * b) != 0 {
-            return Err(Error::value(format!("operator {op}: channels {c} must be divisible by block_size^2 ({})", b * b)));
+            return Err(Error::value(format!(
+                "operator {op}: channels {c} must be divisible by block_size^2 ({})",
+                b * b
+            )));
         }
         // input as (n, b, b, c', h, w), read in order (n, c', h, b, w, b)
         let cc = c / (b * b);
@@ -860,7 +905,9 @@ fn block_view(op: &str, a: &Attrs, s: &[usize], to_space: bool) -> Result<(Vec<u
         Ok((shape, strides, vec![n, cc, h * b, w * b]))
     } else {
         if h % b != 0 || w % b != 0 {
-            return Err(Error::value(format!("operator {op}: height {h} and width {w} must be divisible by block_size {b}")));
+            return Err(Error::value(format!(
+                "operator {op}: height {h} and width {w} must be divisible by block_size {b}"
+            )));
         }
         // input as (n, c, h', b, w', b), read in order (n, b, b, c, h', w')
         let (hh, ww) = (h / b, w / b);
@@ -894,9 +941,24 @@ fn run_s2d(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 }
 
 const DIAG_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("k", PType::Int, "0", "Diagonal in question. The default is 0; k>0 above, k<0 below the main diagonal."),
-    ParamSpec::opt("axis1", PType::Int, "0", "The first axis of the sub-arrays of interest. Ignored when the input is a 1-D array."),
-    ParamSpec::opt("axis2", PType::Int, "1", "The second axis of the sub-arrays of interest. Ignored when the input is a 1-D array."),
+    ParamSpec::opt(
+        "k",
+        PType::Int,
+        "0",
+        "Diagonal in question. The default is 0; k>0 above, k<0 below the main diagonal.",
+    ),
+    ParamSpec::opt(
+        "axis1",
+        PType::Int,
+        "0",
+        "The first axis of the sub-arrays of interest. Ignored when the input is a 1-D array.",
+    ),
+    ParamSpec::opt(
+        "axis2",
+        PType::Int,
+        "1",
+        "The second axis of the sub-arrays of interest. Ignored when the input is a 1-D array.",
+    ),
 ];
 
 /// For a 1-D input: (n, matrix size, offset of the diagonal). For more: the strided view of
@@ -925,7 +987,13 @@ pub(super) fn diag_plan(a: &Attrs, s: &[usize]) -> Result<DiagPlan> {
     let st = contiguous_strides(s);
     let (d1, d2) = (s[a1] as i64, s[a2] as i64);
     let len = if k >= 0 { d1.min(d2 - k) } else { (d1 + k).min(d2) }.max(0) as usize;
-    let off = if len == 0 { 0 } else if k >= 0 { k as isize * st[a2] } else { -k as isize * st[a1] };
+    let off = if len == 0 {
+        0
+    } else if k >= 0 {
+        k as isize * st[a2]
+    } else {
+        -k as isize * st[a1]
+    };
     let mut shape = Vec::new();
     let mut strides = Vec::new();
     for i in 0..s.len() {

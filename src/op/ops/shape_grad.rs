@@ -198,8 +198,9 @@ fn pad_sum<T: Arith>(g: &TBlob, dx: &TBlob, w: &[(usize, usize)], mode: u8) {
     let nd = xshape.len();
     let (gplane, xplane): (usize, usize) = (gshape[2..].iter().product(), xshape[2..].iter().product());
     let cols = gshape[nd - 1];
-    let col_src: Vec<usize> =
-        (0..cols).map(|c| pad_src(c, w[nd - 1].0, xshape[nd - 1], mode).expect("edge/reflect padding has a source")).collect();
+    let col_src: Vec<usize> = (0..cols)
+        .map(|c| pad_src(c, w[nd - 1].0, xshape[nd - 1], mode).expect("edge/reflect padding has a source"))
+        .collect();
     let xst = contiguous_strides(&xshape[2..]);
     let row_shape = &gshape[2..nd - 1];
     let rows: usize = row_shape.iter().product();
@@ -214,7 +215,10 @@ fn pad_sum<T: Arith>(g: &TBlob, dx: &TBlob, w: &[(usize, usize)], mode: u8) {
             let base: usize = idx
                 .iter()
                 .enumerate()
-                .map(|(k, &c)| pad_src(c, w[k + 2].0, xshape[k + 2], mode).expect("edge/reflect padding has a source") * xst[k] as usize)
+                .map(|(k, &c)| {
+                    pad_src(c, w[k + 2].0, xshape[k + 2], mode).expect("edge/reflect padding has a source")
+                        * xst[k] as usize
+                })
                 .sum();
             for (&src, &v) in col_src.iter().zip(&gp[row * cols..(row + 1) * cols]) {
                 acc[base + src] = acc[base + src].add(v.load());
@@ -323,7 +327,12 @@ mod tests {
 
     #[test]
     fn joins_and_splits() {
-        check("Concat", &[("num_args", "3"), ("dim", "1")], &[x(&[2, 3, 2], 1), x(&[2, 1, 2], 2), x(&[2, 4, 2], 3)], &[]);
+        check(
+            "Concat",
+            &[("num_args", "3"), ("dim", "1")],
+            &[x(&[2, 3, 2], 1), x(&[2, 1, 2], 2), x(&[2, 4, 2], 3)],
+            &[],
+        );
         check("Concat", &[("num_args", "2"), ("dim", "-1")], &[x(&[2, 3], 4), x(&[2, 2], 5)], &[]);
         check("stack", &[("num_args", "3"), ("axis", "1")], &[x(&[2, 3], 1), x(&[2, 3], 2), x(&[2, 3], 3)], &[]);
         check("stack", &[("num_args", "2"), ("axis", "-1")], &[x(&[2, 3], 4), x(&[2, 3], 5)], &[]);

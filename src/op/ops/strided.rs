@@ -16,10 +16,22 @@ use crate::op::tensor::{SendPtr, TBlob};
 macro_rules! by_size {
     ($dtype:expr, $E:ident => $body:expr) => {{
         match $dtype.size() {
-            1 => { type $E = u8; $body }
-            2 => { type $E = u16; $body }
-            4 => { type $E = u32; $body }
-            _ => { type $E = u64; $body }
+            1 => {
+                type $E = u8;
+                $body
+            }
+            2 => {
+                type $E = u16;
+                $body
+            }
+            4 => {
+                type $E = u32;
+                $body
+            }
+            _ => {
+                type $E = u64;
+                $body
+            }
         }
     }};
 }
