@@ -1,7 +1,7 @@
 # Sourced by scripts/demo.sh and scripts/test.sh: makes sure the tools exist, installing what
 # is missing into .venv (a Python virtual environment inside the checkout).
-#   MXRT_ENV=demo  cmake and pkg-config only
-#   MXRT_ENV=test  also pytest, and the stock frontend: mxnet==1.9.1 with numpy<1.24
+#   MXRT_ENV=demo  cmake, pkg-config and the stock frontend: mxnet==1.9.1 with numpy<1.24
+#   MXRT_ENV=test  the same and pytest
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
@@ -17,9 +17,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 export PATH="$VENV/bin:$PATH"
 
-want=(cmake pkgconf)
+want=(cmake pkgconf "mxnet==1.9.1" "numpy<1.24")
 if [ "${MXRT_ENV:-test}" = test ]; then
-  want+=(pytest "mxnet==1.9.1" "numpy<1.24")
+  want+=(pytest)
 fi
 # Install only what the venv lacks (a second run starts at once).
 missing=()
