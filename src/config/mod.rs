@@ -1,8 +1,9 @@
 //! Configuration: the single source of truth for every environment variable.
 //!
 //! Owns: the variable table ([`vars`]), strict parsing ([`spec`]), the live registry with
-//! precedence, read-once fixing and `MXSetEnv` ([`registry`]), and the README reference table
-//! generated from the table. Other modules read configuration only through [`global`].
+//! precedence, read-once fixing and `MXSetEnv` ([`registry`]), and the reference table in
+//! `docs/configuration.md` generated from the table. Other modules read configuration only
+//! through [`global`].
 
 pub mod registry;
 pub mod spec;
@@ -25,7 +26,7 @@ pub fn global() -> &'static Registry {
     })
 }
 
-/// The Markdown reference table of every variable, as the README carries it.
+/// The Markdown reference table of every variable, as `docs/configuration.md` carries it.
 pub fn markdown_table() -> String {
     let mut out = String::from(
         "| variable | type | default | accepted values | read | in this build | description |\n\
@@ -63,23 +64,23 @@ pub fn markdown_table() -> String {
 mod tests {
     use super::*;
 
-    /// The README's table is generated from the registry; regenerate it with
+    /// `docs/configuration.md`'s table is generated from the registry; regenerate it with
     /// `MXNET_RT_BLESS=1 cargo test`.
     #[test]
     fn readme_table_is_fresh() {
         const BEGIN: &str = "<!-- BEGIN CONFIG TABLE (generated from src/config/vars.rs) -->\n";
         const END: &str = "<!-- END CONFIG TABLE -->";
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
-        let readme = std::fs::read_to_string(path).expect("README.md");
-        let start = readme.find(BEGIN).expect("README has the table's BEGIN marker") + BEGIN.len();
-        let end = readme.find(END).expect("README has the table's END marker");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
+        let readme = std::fs::read_to_string(path).expect("docs/configuration.md");
+        let start = readme.find(BEGIN).expect("docs/configuration.md has the table's BEGIN marker") + BEGIN.len();
+        let end = readme.find(END).expect("docs/configuration.md has the table's END marker");
         let want = markdown_table();
         if readme[start..end] != want {
             if std::env::var_os("MXNET_RT_BLESS").is_some() {
                 let updated = format!("{}{}{}", &readme[..start], want, &readme[end..]);
                 std::fs::write(path, updated).unwrap();
             } else {
-                panic!("README.md's configuration table is stale: run MXNET_RT_BLESS=1 cargo test");
+                panic!("docs/configuration.md's configuration table is stale: run MXNET_RT_BLESS=1 cargo test");
             }
         }
     }
