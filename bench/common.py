@@ -1,4 +1,5 @@
 """Shared by the benchmark drivers: the two libraries, building a C benchmark, running it."""
+import datetime
 import importlib.util
 import json
 import os
@@ -41,8 +42,22 @@ def run(exe, lib, args, **env_extra):
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
+# A results file is the latest run's table, then this line and the log of earlier runs, newest
+# first. write_result replaces the table and moves the one it replaces into the log.
+HISTORY = "<!-- HISTORY: the log of earlier runs; write_result keeps it and adds to it -->\n\n## Earlier runs, newest first\n"
+
+
 def write_result(name: str, table: str):
+    """Writes the run's table at the top of bench/results/<name> (the previous table moves to the
+    file's log of earlier runs, dated) and prints it."""
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
-    (out / name).write_text(table + "\n")
+    path = out / name
+    old = path.read_text() if path.exists() else ""
+    previous, _, log = old.partition(HISTORY)
+    previous = previous.strip()
+    if previous and previous != table.strip():
+        today = datetime.date.today().isoformat()
+        log = f"\n### Replaced on {today}\n\n{previous}\n" + log
+    path.write_text(table + "\n" + ("\n" + HISTORY + log if log else ""))
     print(table)
