@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test: Rust unit tests (incl. header and README freshness), the C/C++ tests and
-# examples through CTest, and the Python tests. Installs what it needs into .venv first.
+# Runs every test: Rust unit tests (incl. the freshness of the header and of the table in
+# docs/configuration.md), the C/C++ tests and examples through CTest, and the Python tests.
+# Installs what it needs into .venv first.
 set -euo pipefail
 MXRT_ENV=test source "$(dirname "$0")/env.sh"
 cd "$ROOT"
