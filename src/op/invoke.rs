@@ -11,7 +11,7 @@
 //! Also owns the thread's training flag that kernels see (autograd sets it). An operator with
 //! its own invocation ([`super::OpDef::invoke_with`], `Custom`) takes over after parsing.
 
-use super::tensor::TBlob;
+use super::tensor::{OutBlob, TBlob};
 use super::{random, Meta, OpCtx, OpDef, Req, Resource};
 use crate::context::Context;
 use crate::engine::{self, Push, Var};
@@ -223,23 +223,146 @@ fn same_shape_call(
 
 /// The body of an imperative operation: the kernel, then the copies of outputs computed into
 /// temporaries (see [`launch`]).
-fn run_kernel(
-    op: &OpDef,
-    cx: &OpCtx,
-    in_blobs: &[TBlob],
-    out_blobs: &[TBlob],
-    temps: &[(usize, Block)],
-    final_outs: &[TBlob],
-) -> Result<()> {
+fn run_kernel(op: &OpDef, cx: &OpCtx, in_blobs: &[TBlob], blobs: &mut Blobs) -> Result<()> {
     // Kernels raise IndexError only where stock's do (gather_nd), MXNetError otherwise.
-    (op.compute)(cx, in_blobs, out_blobs).map_err(|e| if e.kind() == ErrorKind::Index { e } else { stock_class(e) })?;
-    for (oi, block) in temps {
-        let dst = &final_outs[*oi];
-        // SAFETY: the temporary holds exactly the output's bytes; the output is written by
-        // this operation only and does not overlap the temporary.
-        unsafe { std::ptr::copy_nonoverlapping(block.ptr(), dst.ptr(), dst.bytes()) };
+    (op.compute)(cx, in_blobs, &mut blobs.outs).map_err(|e| {
+        if e.kind() == ErrorKind::Index {
+            e
+        } else {
+            stock_class(e)
+        }
+    })?;
+    for (oi, block, dst) in &mut blobs.temps {
+        let n = dst.bytes();
+        // SAFETY: the block was allocated with at least the output's bytes and is owned by
+        // this operation; the kernel that wrote it has returned.
+        let src = unsafe { TBlob::new(block.ptr(), &[n], crate::ndarray::DType::U8) };
+        debug_assert_eq!(blobs.outs[*oi].bytes(), n);
+        dst.copy_from(&src);
     }
     Ok(())
+}
+
+/// The kernel's writable blobs of one operation: the outputs followed by the mutated inputs,
+/// and, for each output computed into a temporary, the temporary and the real output.
+struct Blobs {
+    outs: smallvec::SmallVec<[OutBlob; 2]>,
+    temps: Vec<(usize, Block, OutBlob)>,
+}
+
+/// Whether `a` and `b` are exactly the same bytes (an in-place pair the kernel may read
+/// through the output).
+fn same_bytes(a: &NDArray, b: &NDArray) -> bool {
+    matches!((&a.chunk, &b.chunk), (Some(x), Some(y)) if Arc::ptr_eq(x, y))
+        && a.offset == b.offset
+        && a.size() * a.dtype.size() == b.size() * b.dtype.size()
+}
+
+/// The blobs of one operation, made so that no kernel can see two overlapping views of which
+/// one is written (the contract of [`TBlob`] and [`OutBlob`]):
+/// - an output that is exactly an input's bytes, declared in place, takes that input as lent
+///   (the kernel reads it through the output); `req` becomes [`Req::Inplace`];
+/// - a mutated input is lent to a writable blob appended after the outputs;
+/// - an output that overlaps any other input, a mutated input or an earlier output is
+///   computed into a temporary and copied over after the kernel;
+/// - an input that overlaps a mutated input it is not is read from a snapshot taken now;
+///   its snapshot block is returned to live as long as the operation.
+fn make_blobs(
+    op: &OpDef,
+    inputs: &[&NDArray],
+    outs: &[NDArray],
+    req: &mut [Req],
+    ctx: Context,
+) -> Result<(smallvec::SmallVec<[TBlob; 3]>, Blobs, Vec<Block>)> {
+    let mutated: smallvec::SmallVec<[usize; 4]> =
+        op.mutate_inputs.iter().copied().filter(|&i| i < inputs.len()).collect();
+    let mut in_blobs: smallvec::SmallVec<[TBlob; 3]> = smallvec::SmallVec::with_capacity(inputs.len());
+    for x in inputs {
+        // SAFETY: the address lies in the chunk, which the pushed operation holds for reading;
+        // inputs written by this operation are lent below.
+        in_blobs.push(unsafe { TBlob::new(x.data()?, &x.shape, x.dtype) });
+    }
+    for (j, &m) in mutated.iter().enumerate() {
+        if mutated[..j].iter().any(|&k| overlaps(inputs[k], inputs[m])) {
+            return Err(Error::value(format!("operator {}: two inputs it writes share memory", op.name)));
+        }
+    }
+    let mut blobs = Blobs { outs: smallvec::SmallVec::with_capacity(outs.len() + mutated.len()), temps: Vec::new() };
+    for (oi, o) in outs.iter().enumerate() {
+        if req[oi] == Req::Null {
+            // Not computed: the kernel must not touch it (a null address makes any access fail).
+            // SAFETY: a null blob is never dereferenced (OutBlob's accessors refuse it).
+            blobs.outs.push(unsafe { OutBlob::new(std::ptr::null_mut(), &o.shape, o.dtype) });
+            continue;
+        }
+        let lendable = |ii: usize, x: &NDArray| {
+            op.inplace.contains(&(ii, oi))
+                && same_bytes(o, x)
+                && !mutated.contains(&ii)
+                && in_blobs[ii].lent_to().is_none()
+        };
+        let clash = inputs.iter().enumerate().any(|(ii, x)| overlaps(o, x) && !lendable(ii, x))
+            || outs[..oi].iter().zip(&req[..oi]).any(|(p, r)| *r != Req::Null && overlaps(o, p));
+        if clash {
+            let block = Block::alloc((o.size() * o.dtype.size()).max(1), ctx)?;
+            // SAFETY: the temporary block is owned by the operation, sized for the output and
+            // seen by nothing else; the real output overlaps inputs or other outputs, so it is
+            // only written after the kernel returned, through `copy_from`.
+            blobs.outs.push(unsafe { OutBlob::new(block.ptr(), &o.shape, o.dtype) });
+            // SAFETY: the engine grants this operation the output for writing; it is written
+            // once the kernel is done, when no other view of this operation is live.
+            let dst = unsafe { OutBlob::new(o.data()?, &o.shape, o.dtype) };
+            blobs.temps.push((oi, block, dst));
+            req[oi] = Req::Write;
+            continue;
+        }
+        for (ii, x) in inputs.iter().enumerate() {
+            if overlaps(o, x) {
+                // Lendable (not a clash): exactly this output's bytes.
+                in_blobs[ii] = in_blobs[ii].clone().lend(oi);
+                if req[oi] == Req::Write {
+                    req[oi] = Req::Inplace;
+                }
+            }
+        }
+        // SAFETY: the engine grants this operation the output for writing; no input view
+        // overlaps it but those lent to it (checked above).
+        blobs.outs.push(unsafe { OutBlob::new(o.data()?, &o.shape, o.dtype) });
+    }
+    let mut snapshots = Vec::new();
+    for (j, &m) in mutated.iter().enumerate() {
+        let x = inputs[m];
+        // SAFETY: the engine grants this operation the mutated input for writing; the
+        // outputs that overlap it went to temporaries above, and other inputs that overlap it
+        // read snapshots below.
+        blobs.outs.push(unsafe { OutBlob::new(x.data()?, &x.shape, x.dtype) });
+        in_blobs[m] = in_blobs[m].clone().lend(outs.len() + j);
+        for (ii, y) in inputs.iter().enumerate() {
+            if ii != m && !mutated.contains(&ii) && overlaps(x, y) {
+                let n = y.size() * y.dtype.size();
+                let block = Block::alloc(n.max(1), ctx)?;
+                // SAFETY: `y`'s bytes are readable (the chunk is alive; the operation has not
+                // been pushed yet, and the caller's thread is the one queueing writes to it, so
+                // the snapshot sees the value the operation would read); the block is new.
+                unsafe { y.copy_to_host(block.ptr(), y.size())? };
+                // SAFETY: the block is owned by the operation and nothing writes it.
+                in_blobs[ii] = unsafe { TBlob::new(block.ptr(), &y.shape, y.dtype) };
+                snapshots.push(block);
+            }
+        }
+    }
+    for (oi, o) in outs.iter().enumerate() {
+        if req[oi] != Req::Null
+            && mutated.iter().any(|&m| overlaps(o, inputs[m]))
+            && !blobs.temps.iter().any(|t| t.0 == oi)
+        {
+            return Err(Error::value(format!(
+                "operator {}: output {oi} shares memory with an input it writes",
+                op.name
+            )));
+        }
+    }
+    Ok((in_blobs, blobs, snapshots))
 }
 
 /// Operations on at most this many elements (inputs and outputs together) are
@@ -295,53 +418,8 @@ pub(crate) fn launch(
     mut req: ReqList,
     ctx: Context,
 ) -> Result<()> {
-    // Blobs, with temporaries for undeclared overlaps.
-    // Inline for the common few operands (moved into the pushed closure, no allocation).
-    let mut in_blobs: smallvec::SmallVec<[TBlob; 3]> = smallvec::SmallVec::with_capacity(inputs.len());
-    for x in inputs {
-        // SAFETY: the address lies in the chunk, which the pushed operation holds.
-        in_blobs.push(unsafe { TBlob::new(x.data()?, &x.shape, x.dtype) });
-    }
-    let mut out_blobs: smallvec::SmallVec<[TBlob; 2]> = smallvec::SmallVec::with_capacity(outs.len());
-    let mut temps: Vec<(usize, Block)> = Vec::new();
-
-    for (oi, o) in outs.iter().enumerate() {
-        if req[oi] == Req::Null {
-            // Not computed: the kernel must not touch it (a null address makes any access fail).
-            // SAFETY: a null blob is never dereferenced (TBlob's accessors refuse it).
-            out_blobs.push(unsafe { TBlob::new(std::ptr::null_mut(), &o.shape, o.dtype) });
-            continue;
-        }
-        let clash = inputs.iter().enumerate().any(|(ii, x)| overlaps(o, x) && !op.inplace.contains(&(ii, oi)));
-        let inplace = inputs.iter().enumerate().any(|(ii, x)| overlaps(o, x) && op.inplace.contains(&(ii, oi)));
-        if clash {
-            let bytes = o.size() * o.dtype.size();
-            let block = Block::alloc(bytes.max(1), ctx)?;
-            // SAFETY: the temporary block is owned by the operation and sized for the output.
-            out_blobs.push(unsafe { TBlob::new(block.ptr(), &o.shape, o.dtype) });
-            temps.push((oi, block));
-            req[oi] = Req::Write;
-        } else {
-            // SAFETY: as for inputs.
-            out_blobs.push(unsafe { TBlob::new(o.data()?, &o.shape, o.dtype) });
-            if inplace && req[oi] == Req::Write {
-                req[oi] = Req::Inplace;
-            }
-        }
-    }
-    let final_outs: Vec<TBlob> = if temps.is_empty() {
-        Vec::new()
-    } else {
-        // SAFETY: as for inputs.
-        outs.iter()
-            .map(|o| {
-                Ok(unsafe {
-                    TBlob::new(if o.chunk.is_some() { o.data()? } else { std::ptr::null_mut() }, &o.shape, o.dtype)
-                })
-            })
-            .collect::<Result<_>>()?
-    };
-
+    // Blobs (inline for the common few operands: moved into the pushed closure, no allocation).
+    let (in_blobs, mut blobs, snapshots) = make_blobs(op, inputs, outs, &mut req, ctx)?;
     let rng = if op.resources.contains(&Resource::Random) {
         let draws: u64 = outs.iter().map(|m| m.size() as u64).sum::<u64>() * 2 + 2;
         Some(random::take(ctx, draws))
@@ -376,7 +454,7 @@ pub(crate) fn launch(
             };
             let kernel = |_: &engine::RunContext| {
                 let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train, temp };
-                run_kernel(op, &cx, &in_blobs, &out_blobs, &temps, &final_outs)
+                run_kernel(op, &cx, &in_blobs, &mut blobs)
             };
             engine.run_solo(guard, ctx, tag, kernel, mark_writes);
             return Ok(());
@@ -389,14 +467,17 @@ pub(crate) fn launch(
         if let Some(slot) = engine.acquire_cheap(&constant, &mutable, ctx, tag) {
             slot.run(|_| {
                 let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train, temp };
-                run_kernel(op, &cx, &in_blobs, &out_blobs, &temps, &final_outs)
+                run_kernel(op, &cx, &in_blobs, &mut blobs)
             });
             return Ok(());
         }
     }
     let func = move |_: &engine::RunContext| -> Result<()> {
         let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train, temp };
-        run_kernel(op, &cx, &in_blobs, &out_blobs, &temps, &final_outs)
+        let done = run_kernel(op, &cx, &in_blobs, &mut blobs);
+        // The inputs' snapshots (if any) outlive the kernel that reads them.
+        drop(snapshots);
+        done
     };
     let mut p = Push::sync(func, constant, mutable);
     p.ctx = ctx;
@@ -412,6 +493,73 @@ mod tests {
     use crate::ndarray::testing::{array_f32, values};
     use crate::ndarray::DType;
     use crate::op::lookup;
+
+    #[test]
+    fn in_place_pairs_read_through_the_output() {
+        // x += y and x *= x into x itself: the declared pairs are lent (no temporary), and
+        // the results are what separate arrays give.
+        let x = array_f32(&[4], &[1.0, 2.0, 3.0, 4.0]);
+        let y = array_f32(&[4], &[10.0, 20.0, 30.0, 40.0]);
+        let add = lookup("elemwise_add").unwrap();
+        invoke(add, &[&x, &y], Some(&[&x]), []).unwrap();
+        assert_eq!(values(&x), [11.0, 22.0, 33.0, 44.0]);
+        let mul = lookup("elemwise_mul").unwrap();
+        invoke(mul, &[&x, &x], Some(&[&x]), []).unwrap();
+        assert_eq!(values(&x), [121.0, 484.0, 1089.0, 1936.0]);
+        let (mut req, outs) = (vec![Req::Write], vec![x.clone()]);
+        let (ins, blobs, snaps) = make_blobs(mul, &[&x, &x], &outs, &mut req, Context::CPU).unwrap();
+        assert_eq!((ins[0].lent_to(), ins[1].lent_to()), (Some(0), Some(0)));
+        assert!(blobs.temps.is_empty() && snaps.is_empty());
+        assert_eq!(req[0], Req::Inplace);
+        // Unary and scalar operators in place.
+        invoke(lookup("negative").unwrap(), &[&x], Some(&[&x]), []).unwrap();
+        invoke(lookup("_plus_scalar").unwrap(), &[&x], Some(&[&x]), [("scalar", "1")]).unwrap();
+        assert_eq!(values(&x), [-120.0, -483.0, -1088.0, -1935.0]);
+    }
+
+    #[test]
+    fn overlaps_that_are_not_declared_pairs_use_a_temporary() {
+        // out = x[1:3] + x[0:2] written into x[0:2]: x[1:3] overlaps the output without
+        // being its exact bytes, so the output is computed aside and copied over.
+        let x = array_f32(&[4], &[1.0, 2.0, 3.0, 4.0]);
+        let (a, b) = (x.slice(1, 3).unwrap(), x.slice(0, 2).unwrap());
+        let add = lookup("elemwise_add").unwrap();
+        let (mut req, outs) = (vec![Req::Write], vec![b.clone()]);
+        let (ins, blobs, _) = make_blobs(add, &[&a, &b], &outs, &mut req, Context::CPU).unwrap();
+        assert_eq!(blobs.temps.len(), 1);
+        assert!(ins.iter().all(|i| i.lent_to().is_none()));
+        drop((ins, blobs));
+        invoke(add, &[&a, &b], Some(&[&b]), []).unwrap();
+        assert_eq!(values(&x), [3.0, 5.0, 3.0, 4.0]);
+        // An operator without in-place pairs (dot) into one of its inputs: a temporary too.
+        let m = array_f32(&[2, 2], &[1.0, 2.0, 3.0, 4.0]);
+        invoke(lookup("dot").unwrap(), &[&m, &m], Some(&[&m]), []).unwrap();
+        assert_eq!(values(&m), [7.0, 10.0, 15.0, 22.0]);
+    }
+
+    #[test]
+    fn mutated_inputs_are_written_through_their_own_blobs() {
+        // sgd_mom_update(w, g, mom) with out = w: mom (input 2) is lent to writable blob 1.
+        let (w, g, mom) = (array_f32(&[2], &[1.0, 2.0]), array_f32(&[2], &[0.5, -1.0]), array_f32(&[2], &[0.0, 0.0]));
+        let op = lookup("sgd_mom_update").unwrap();
+        let (mut req, outs) = (vec![Req::Write], vec![w.clone()]);
+        let (ins, blobs, _) = make_blobs(op, &[&w, &g, &mom], &outs, &mut req, Context::CPU).unwrap();
+        assert_eq!((ins[0].lent_to(), ins[1].lent_to(), ins[2].lent_to()), (Some(0), None, Some(1)));
+        assert_eq!(blobs.outs.len(), 2);
+        drop((ins, blobs));
+        let kv = [("lr", "0.1"), ("momentum", "0.9")];
+        invoke(op, &[&w, &g, &mom], Some(&[&w]), kv).unwrap();
+        let close = |a: Vec<f32>, b: [f32; 2]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6);
+        assert!(close(values(&mom), [-0.05, 0.1]), "{:?}", values(&mom));
+        assert!(close(values(&w), [0.95, 2.1]), "{:?}", values(&w));
+        // The gradient is the momentum array itself: it is read from a snapshot taken before
+        // the update, as if it were a separate array.
+        let (w2, m2) = (array_f32(&[2], &[1.0, 2.0]), array_f32(&[2], &[0.5, -1.0]));
+        invoke(op, &[&w2, &m2, &m2], Some(&[&w2]), kv).unwrap();
+        let (w3, g3, m3) = (array_f32(&[2], &[1.0, 2.0]), array_f32(&[2], &[0.5, -1.0]), array_f32(&[2], &[0.5, -1.0]));
+        invoke(op, &[&w3, &g3, &m3], Some(&[&w3]), kv).unwrap();
+        assert_eq!((values(&w2), values(&m2)), (values(&w3), values(&m3)));
+    }
 
     #[test]
     fn same_shape_calls_match_the_general_path() {

@@ -234,6 +234,73 @@ pub fn par_for(n: usize, cost: Cost, dtype: DType, f: impl Fn(Range<usize>) + Sy
     });
 }
 
+/// [`par_for`] over an output: `out` holds `n` units of `unit` elements, and `f` gets each
+/// contiguous range of units with its own disjoint `&mut` part of `out` (split before the
+/// parts are handed out, so no two threads can reach one element).
+pub fn par_for_mut<T: Send>(
+    out: &mut [T],
+    unit: usize,
+    cost: Cost,
+    dtype: DType,
+    f: impl Fn(Range<usize>, &mut [T]) + Sync + Send,
+) {
+    let n = if unit == 0 { 0 } else { out.len() / unit };
+    debug_assert_eq!(n * unit, out.len(), "par_for_mut: the output is not whole units");
+    let split = decide(max_parts(n, cost), n as f64 * cost.0, dtype);
+    let Some((p, threads)) = split else {
+        if n > 0 {
+            f(0..n, out);
+        }
+        return;
+    };
+    let chunk = n.div_ceil(threads);
+    p.pool.install(|| {
+        use rayon::prelude::*;
+        out.par_chunks_mut(chunk * unit).enumerate().for_each(|(i, part)| {
+            let start = i * chunk;
+            with_kernel_pool_flag(|| f(start..start + part.len() / unit, part));
+        });
+    });
+}
+
+/// [`par_for_mut`] over several outputs of one length (a weight and its optimizer states):
+/// each range of elements comes with its own disjoint `&mut` part of `a` and of every `bs`.
+pub fn par_for_zip<A: Send, B: Send, const M: usize>(
+    a: &mut [A],
+    mut bs: [&mut [B]; M],
+    cost: Cost,
+    dtype: DType,
+    f: impl Fn(Range<usize>, &mut [A], [&mut [B]; M]) + Sync + Send,
+) {
+    let n = a.len();
+    assert!(bs.iter().all(|b| b.len() == n), "par_for_zip: outputs of different lengths");
+    let Some((p, threads)) = decide(max_parts(n, cost), n as f64 * cost.0, dtype) else {
+        if n > 0 {
+            f(0..n, a, bs);
+        }
+        return;
+    };
+    let chunk = n.div_ceil(threads);
+    let mut parts = Vec::with_capacity(threads);
+    let (mut a, mut start) = (a, 0);
+    while start < n {
+        let len = chunk.min(n - start);
+        let (head, tail) = std::mem::take(&mut a).split_at_mut(len);
+        a = tail;
+        let heads: [&mut [B]; M] = std::array::from_fn(|k| {
+            let (h, t) = std::mem::take(&mut bs[k]).split_at_mut(len);
+            bs[k] = t;
+            h
+        });
+        parts.push((start, head, heads));
+        start += len;
+    }
+    p.pool.install(|| {
+        use rayon::prelude::*;
+        parts.into_par_iter().for_each(|(s, a, b)| with_kernel_pool_flag(|| f(s..s + a.len(), a, b)));
+    });
+}
+
 /// Run `f(i)` for `i in 0..tasks` on the kernel pool (`tasks` coarse, independent units such as
 /// images of a batch), serially when `serial_ns` (the estimated total time) is too small.
 pub fn par_tasks(tasks: usize, serial_ns: f64, dtype: DType, f: impl Fn(usize) + Sync + Send) {
@@ -244,6 +311,53 @@ pub fn par_tasks(tasks: usize, serial_ns: f64, dtype: DType, f: impl Fn(usize) +
             (0..tasks).into_par_iter().for_each(|i| with_kernel_pool_flag(|| f(i)));
         }),
     }
+}
+
+/// [`par_tasks`] where task `i` owns part `i` of `out`: `out[i * unit..(i + 1) * unit]`, the
+/// last part possibly shorter. The parts are split off before they are handed out.
+pub fn par_tasks_mut<T: Send>(
+    out: &mut [T],
+    unit: usize,
+    serial_ns: f64,
+    dtype: DType,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) {
+    if unit == 0 {
+        return;
+    }
+    let tasks = out.len().div_ceil(unit);
+    match decide(tasks, serial_ns, dtype) {
+        None => out.chunks_mut(unit).enumerate().for_each(|(i, part)| f(i, part)),
+        Some((p, _)) => p.pool.install(|| {
+            use rayon::prelude::*;
+            out.par_chunks_mut(unit).enumerate().for_each(|(i, part)| with_kernel_pool_flag(|| f(i, part)));
+        }),
+    }
+}
+
+/// [`par_tasks`] over owned work items: item `i` (typically disjoint `&mut` parts of the
+/// outputs and workspace, split before the call with [`parts`]) goes to task `i` alone.
+pub fn par_items<I: Send>(items: Vec<I>, serial_ns: f64, dtype: DType, f: impl Fn(usize, I) + Sync + Send) {
+    match decide(items.len(), serial_ns, dtype) {
+        None => items.into_iter().enumerate().for_each(|(i, it)| f(i, it)),
+        Some((p, _)) => p.pool.install(|| {
+            use rayon::prelude::*;
+            items.into_par_iter().enumerate().for_each(|(i, it)| with_kernel_pool_flag(|| f(i, it)));
+        }),
+    }
+}
+
+/// `s` split into exactly `n` consecutive parts of `len` elements (fewer at the end when `s`
+/// runs out: the last parts may be short or empty).
+pub fn parts<T>(mut s: &mut [T], len: usize, n: usize) -> Vec<&mut [T]> {
+    (0..n)
+        .map(|_| {
+            let mid = len.min(s.len());
+            let (head, tail) = std::mem::take(&mut s).split_at_mut(mid);
+            s = tail;
+            head
+        })
+        .collect()
 }
 
 /// Run `f` inside the kernel pool (so that a library that uses the current rayon pool, such
@@ -263,6 +377,38 @@ pub fn pool_threads() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parts_split_exactly_n_and_par_helpers_cover_every_element() {
+        let mut v: Vec<u32> = (0..10).collect();
+        let p = parts(&mut v, 4, 4);
+        assert_eq!(
+            p.iter().map(|s| s.to_vec()).collect::<Vec<_>>(),
+            [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9], vec![]]
+        );
+        // Each helper hands every element to exactly one call, at its own index.
+        let n = 1 << 16;
+        let mut a = vec![0usize; n];
+        par_for_mut(&mut a, 4, Cost::MATH, DType::F32, |r, part| {
+            for (u, c) in r.zip(part.chunks_mut(4)) {
+                c.iter_mut().enumerate().for_each(|(k, v)| *v += u * 4 + k + 1);
+            }
+        });
+        assert!(a.iter().enumerate().all(|(i, &v)| v == i + 1));
+        let (mut b, mut c) = (vec![0usize; n], vec![0usize; n]);
+        par_for_zip(&mut a, [&mut b, &mut c], Cost::MATH, DType::F32, |r, a, [b, c]| {
+            for (j, i) in r.enumerate() {
+                (a[j], b[j], c[j]) = (a[j] + 1, i, i * 2);
+            }
+        });
+        assert!(a.iter().enumerate().all(|(i, &v)| v == i + 2) && b.iter().enumerate().all(|(i, &v)| v == i));
+        assert!(c.iter().enumerate().all(|(i, &v)| v == 2 * i));
+        par_tasks_mut(&mut b, 1000, n as f64 * 100.0, DType::F32, |t, part| part.iter_mut().for_each(|v| *v = t));
+        assert!(b.iter().enumerate().all(|(i, &v)| v == i / 1000));
+        let items = parts(&mut c, 5000, n.div_ceil(5000));
+        par_items(items, n as f64 * 100.0, DType::F32, |i, part| part.iter_mut().for_each(|v| *v = i));
+        assert!(c.iter().enumerate().all(|(i, &v)| v == i / 5000));
+    }
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]

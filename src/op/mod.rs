@@ -29,7 +29,7 @@ use param::{Attrs, ParamSpec};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CString};
 use std::sync::{Arc, OnceLock};
-use tensor::TBlob;
+use tensor::{OutBlob, TBlob};
 
 /// Shape and dtype of an input or output.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,7 +99,9 @@ pub enum Inputs {
 }
 
 pub type InferFn = Box<dyn Fn(&Attrs, &[Meta]) -> Result<Vec<Meta>> + Send + Sync>;
-pub type ComputeFn = Box<dyn Fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()> + Send + Sync>;
+/// A kernel: reads the inputs, writes the outputs (followed by the mutated inputs, see
+/// [`OpDef::mutate_inputs`]).
+pub type ComputeFn = Box<dyn Fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()> + Send + Sync>;
 /// Invocation of an operator that does not fit parse-infer-compute (see [`OpDef::invoke_with`]):
 /// the operator, its inputs, the caller's outputs if any, and the parsed parameters; returns
 /// the visible outputs.

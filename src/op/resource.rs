@@ -64,7 +64,13 @@ impl TempSpace {
         if b.as_ref().is_none_or(|blk| blk.size() < bytes) {
             // Free the smaller block first so the pool can reuse its memory.
             *b = None;
-            *b = Some(Block::alloc(bytes, self.ctx)?);
+            let blk = Block::alloc(bytes, self.ctx)?;
+            // Zeroed once, so that every byte a kernel may view (`Scratch::as_mut`) is
+            // initialized, whatever earlier kernels left there.
+            // SAFETY: the block was just allocated with `blk.size()` bytes and is seen by
+            // nothing else yet.
+            unsafe { std::ptr::write_bytes(blk.ptr(), 0, blk.size()) };
+            *b = Some(blk);
         }
         Ok(Scratch { inner: Inner::Shared(b), bytes })
     }
@@ -98,6 +104,23 @@ impl Scratch<'_> {
 
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// The memory as elements of `T` (as many whole ones as fit), for as long as `&mut self`
+    /// is borrowed.
+    #[allow(clippy::should_implement_trait)] // generic over the element type: not `AsMut`
+    pub fn as_mut<T: crate::op::tensor::Elem>(&mut self) -> &mut [T] {
+        let n = self.bytes / std::mem::size_of::<T>();
+        let p = self.ptr();
+        if n == 0 || p.is_null() {
+            return &mut [];
+        }
+        assert_eq!(p as usize % std::mem::align_of::<T>(), 0, "scratch memory misaligned");
+        // SAFETY: the memory holds at least `bytes` initialized bytes (a shared block is zeroed
+        // when allocated, an owned one is a zeroed vector), aligned (checked above), and is
+        // this guard's alone (a shared block's mutex is held) for the borrow of `self`;
+        // every bit pattern is a value of an `Elem` type (the trait's safety contract).
+        unsafe { std::slice::from_raw_parts_mut(p.cast::<T>(), n) }
     }
 }
 

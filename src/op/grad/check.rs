@@ -9,12 +9,21 @@
 use super::{backward_op, needs};
 use crate::ndarray::DType;
 use crate::op::param::Attrs;
-use crate::op::tensor::TBlob;
+use crate::op::tensor::{OutBlob, TBlob};
 use crate::op::{lookup, random, Meta, OpCtx, OpDef, Req, Resource};
 
 fn blob(v: &[f64], shape: &[usize]) -> TBlob {
-    // SAFETY: `v` holds `shape.product()` f64s and outlives the kernel call that uses the blob.
-    unsafe { TBlob::new(v.as_ptr() as *mut u8, shape, DType::F64) }
+    assert_eq!(v.len(), shape.iter().product::<usize>());
+    // SAFETY: `v` holds `shape.product()` f64s, is borrowed (unwritten) for as long as the
+    // blob is used: each caller drops its blobs before touching the vector again.
+    unsafe { TBlob::new(v.as_ptr().cast(), shape, DType::F64) }
+}
+
+fn out_blob(v: &mut [f64], shape: &[usize]) -> OutBlob {
+    assert_eq!(v.len(), shape.iter().product::<usize>());
+    // SAFETY: `v` holds `shape.product()` f64s; each caller makes one blob per vector and
+    // reads the vector only after the kernel call, when the blob is no longer used.
+    unsafe { OutBlob::new(v.as_mut_ptr().cast(), shape, DType::F64) }
 }
 
 fn forward(
@@ -26,11 +35,17 @@ fn forward(
     rng: Option<random::Stream>,
 ) -> Vec<Vec<f64>> {
     let in_blobs: Vec<TBlob> = ins.iter().zip(shapes).map(|(v, s)| blob(v, s)).collect();
-    let out_vals: Vec<Vec<f64>> = outs.iter().map(|m| vec![0.0; m.size()]).collect();
-    let out_blobs: Vec<TBlob> = out_vals.iter().zip(outs).map(|(v, m)| blob(v, &m.shape)).collect();
+    let mut out_vals: Vec<Vec<f64>> = outs.iter().map(|m| vec![0.0; m.size()]).collect();
+    // Mutated inputs are written through their own blobs after the outputs (copies here, so
+    // the finite differences always start from the same inputs).
+    let mutated: Vec<usize> = op.mutate_inputs.iter().copied().filter(|&i| i < ins.len()).collect();
+    let mut mut_vals: Vec<Vec<f64>> = mutated.iter().map(|&i| ins[i].clone()).collect();
+    let mut out_blobs: Vec<OutBlob> = out_vals.iter_mut().zip(outs).map(|(v, m)| out_blob(v, &m.shape)).collect();
+    out_blobs.extend(mut_vals.iter_mut().zip(&mutated).map(|(v, &i)| out_blob(v, &shapes[i])));
     let req = vec![Req::Write; outs.len()];
     let cx = OpCtx { attrs, req: &req, rng, is_train: true, temp: None };
-    (op.compute)(&cx, &in_blobs, &out_blobs).unwrap_or_else(|e| panic!("{} forward: {e}", op.name));
+    (op.compute)(&cx, &in_blobs, &mut out_blobs).unwrap_or_else(|e| panic!("{} forward: {e}", op.name));
+    drop(out_blobs);
     out_vals
 }
 
@@ -81,22 +96,23 @@ pub fn check_tol(
         if need_out {
             args.extend(ys.iter().zip(&outs).map(|(v, m)| blob(v, &m.shape)));
         }
-        let grads: Vec<Vec<f64>> = metas.iter().map(|m| vec![f64::NAN; m.size()]).collect();
-        let gblobs: Vec<TBlob> = grads
-            .iter()
+        let mut grads: Vec<Vec<f64>> = metas.iter().map(|m| vec![f64::NAN; m.size()]).collect();
+        let mut gblobs: Vec<OutBlob> = grads
+            .iter_mut()
             .zip(&metas)
             .zip(req)
             .map(|((g, m), r)| {
                 if *r == Req::Null {
                     // SAFETY: never dereferenced (the accessors refuse a null blob).
-                    unsafe { TBlob::new(std::ptr::null_mut(), &m.shape, DType::F64) }
+                    unsafe { OutBlob::new(std::ptr::null_mut(), &m.shape, DType::F64) }
                 } else {
-                    blob(g, &m.shape)
+                    out_blob(g, &m.shape)
                 }
             })
             .collect();
         let cx = OpCtx { attrs: &attrs, req, rng, is_train: true, temp: None };
-        (bop.compute)(&cx, &args, &gblobs).unwrap_or_else(|e| panic!("{}: {e}", bop.name));
+        (bop.compute)(&cx, &args, &mut gblobs).unwrap_or_else(|e| panic!("{}: {e}", bop.name));
+        drop(gblobs);
         grads
     };
     let all = vec![Req::Write; metas.len()];

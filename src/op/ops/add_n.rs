@@ -4,22 +4,18 @@
 
 use super::common::all_same;
 use crate::error::Result;
-use crate::op::kernel::{par_for, Cost};
+use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{PType, ParamSpec};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, OpCtx, OpDef, Req};
 
 const PARAMS: &[ParamSpec] = &[ParamSpec::req("num_args", PType::Int, "Number of inputs to be summed.")];
 
-fn sum<T: Elem>(ins: &[TBlob], out: &TBlob) {
+fn sum<T: Elem>(ins: &[TBlob], out: &mut OutBlob) {
     let srcs: Vec<&[T]> = ins.iter().map(|b| b.as_slice::<T>()).collect();
-    let o = SendPtr(out.as_mut::<T>().as_mut_ptr());
-    par_for(out.size(), Cost(0.25 * srcs.len() as f64), T::DTYPE, |r| {
-        let o = o;
-        // SAFETY: par_for hands out disjoint ranges of the output, which has out.size() elements.
-        let dst = unsafe { std::slice::from_raw_parts_mut(o.0.add(r.start), r.len()) };
-        if T::DTYPE == crate::ndarray::DType::F32 {
-            // SAFETY: T is f32 (checked above), so the casts are identities.
+    par_for_mut(out.as_mut::<T>(), 1, Cost(0.25 * srcs.len() as f64), T::DTYPE, |r, dst| {
+        if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
+            // SAFETY: T is f32 (same TypeId, checked above), so the casts are identities.
             let dst: &mut [f32] = unsafe { &mut *(dst as *mut [T] as *mut [f32]) };
             // SAFETY: as above.
             let first: &[f32] = unsafe { &*(&srcs[0][r.clone()] as *const [T] as *const [f32]) };
@@ -40,21 +36,19 @@ fn sum<T: Elem>(ins: &[TBlob], out: &TBlob) {
     });
 }
 
-fn add_n(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn add_n(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if ins.is_empty() {
         return Err(crate::error::Error::value("operator add_n needs at least one input"));
     }
     let _ = cx;
-    crate::dispatch_num!(outs[0].dtype, "add_n", T => sum::<T>(ins, &outs[0]));
+    crate::dispatch_num!(outs[0].dtype, "add_n", T => sum::<T>(ins, &mut outs[0]));
     Ok(())
 }
 
-fn add_n_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    for (o, r) in outs.iter().zip(cx.req) {
+fn add_n_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    for (o, r) in outs.iter_mut().zip(cx.req) {
         if *r != Req::Null {
-            // SAFETY: the output gradient and every input gradient have the same size and
-            // dtype; they do not overlap (the invocation layer guarantees it).
-            unsafe { std::ptr::copy_nonoverlapping(ins[0].ptr(), o.ptr(), o.bytes()) };
+            o.copy_from(&ins[0]);
         }
     }
     Ok(())

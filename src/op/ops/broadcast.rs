@@ -9,8 +9,8 @@
 
 use super::elemwise::{bin_dispatch, Bin, BINS};
 use crate::error::{Error, Result};
-use crate::op::kernel::{par_for, Cost};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::kernel::{par_for_mut, Cost};
+use crate::op::tensor::{Elem, Operand, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef};
 
 /// How two inputs map onto the output, dimensions collapsed.
@@ -121,7 +121,6 @@ pub(crate) fn run_bin<T: Elem, U: Elem>(
         return;
     }
     let k = plan.dims.len();
-    let inner = plan.dims[k - 1];
     let (ia, ib) = (plan.sa[k - 1], plan.sb[k - 1]);
     if k == 1 && ia == 1 && ib == 1 && total <= TINY {
         // Same shape and a few elements: one plain loop (no odometer, no split to consider),
@@ -131,25 +130,8 @@ pub(crate) fn run_bin<T: Elem, U: Elem>(
         }
         return;
     }
-    let o = SendPtr(out.as_mut_ptr());
-    par_for(total, cost, T::DTYPE, |r| {
-        let o = o;
-        // SAFETY: par_for ranges are disjoint and within the output.
-        let out = unsafe { std::slice::from_raw_parts_mut(o.0.add(r.start), r.len()) };
-        // Odometer over the outer dimensions, started at the chunk's first row.
-        let mut row = r.start / inner;
-        let mut col = r.start % inner;
-        let mut idx = vec![0usize; k - 1];
-        let (mut oa, mut ob) = (0usize, 0usize);
-        for j in (0..k - 1).rev() {
-            idx[j] = row % plan.dims[j];
-            row /= plan.dims[j];
-            oa += idx[j] * plan.sa[j];
-            ob += idx[j] * plan.sb[j];
-        }
-        let mut done = 0;
-        while done < out.len() {
-            let len = (inner - col).min(out.len() - done);
+    par_for_mut(out, 1, cost, U::DTYPE, |r, out| {
+        for_runs(plan, r.start, out.len(), |done, col, oa, ob, len| {
             let seg = &mut out[done..done + len];
             match (ia, ib) {
                 (1, 1) => {
@@ -172,21 +154,80 @@ pub(crate) fn run_bin<T: Elem, U: Elem>(
                 }
                 _ => seg.fill(f(a[oa], b[ob])),
             }
-            done += len;
-            col = 0;
-            // Advance the odometer by one row.
-            for j in (0..k - 1).rev() {
-                idx[j] += 1;
-                oa += plan.sa[j];
-                ob += plan.sb[j];
-                if idx[j] < plan.dims[j] {
-                    break;
-                }
-                oa -= plan.sa[j] * plan.dims[j];
-                ob -= plan.sb[j] * plan.dims[j];
-                idx[j] = 0;
+        });
+    });
+}
+
+/// Walks output positions `start..start + len` of `plan` in runs that stay within one inner
+/// row: `f(done, col, oa, ob, run)` for the `run` outputs at `start + done`, which sit at
+/// column `col` of a row whose lhs and rhs elements start at `oa` and `ob` (inner strides are
+/// 0 or 1). An odometer over the outer dimensions: one division per call, none per element.
+pub(crate) fn for_runs(plan: &BPlan, start: usize, len: usize, mut f: impl FnMut(usize, usize, usize, usize, usize)) {
+    let k = plan.dims.len();
+    let inner = plan.dims[k - 1];
+    let mut row = start / inner;
+    let mut col = start % inner;
+    let mut idx: Dims = smallvec::smallvec![0; k - 1];
+    let (mut oa, mut ob) = (0usize, 0usize);
+    for j in (0..k - 1).rev() {
+        idx[j] = row % plan.dims[j];
+        row /= plan.dims[j];
+        oa += idx[j] * plan.sa[j];
+        ob += idx[j] * plan.sb[j];
+    }
+    let mut done = 0;
+    while done < len {
+        let run = (inner - col).min(len - done);
+        f(done, col, oa, ob, run);
+        done += run;
+        col = 0;
+        // Advance the odometer by one row.
+        for j in (0..k - 1).rev() {
+            idx[j] += 1;
+            oa += plan.sa[j];
+            ob += plan.sb[j];
+            if idx[j] < plan.dims[j] {
+                break;
             }
+            oa -= plan.sa[j] * plan.dims[j];
+            ob -= plan.sb[j] * plan.dims[j];
+            idx[j] = 0;
         }
+    }
+}
+
+/// `out = f(a, b)` as [`run_bin`], where one or both operands are the output itself (an
+/// input lent to it in place: each element is read before it is written).
+pub(crate) fn run_bin_rmw<T: Elem>(
+    plan: &BPlan,
+    a: Operand<T>,
+    b: Operand<T>,
+    out: &mut [T],
+    cost: Cost,
+    f: impl Fn(T, T) -> T + Sync + Send,
+) {
+    if plan.size() == 0 {
+        return;
+    }
+    debug_assert_eq!(out.len(), plan.size());
+    let k = plan.dims.len();
+    let (ia, ib) = (plan.sa[k - 1], plan.sb[k - 1]);
+    par_for_mut(out, 1, cost, T::DTYPE, |r, out| {
+        for_runs(plan, r.start, out.len(), |done, col, oa, ob, len| {
+            let seg = &mut out[done..done + len];
+            match (a, b) {
+                (Operand::Output, Operand::Output) => seg.iter_mut().for_each(|v| *v = f(*v, *v)),
+                (Operand::Output, Operand::Input(b)) => {
+                    seg.iter_mut().enumerate().for_each(|(i, v)| *v = f(*v, b[ob + (col + i) * ib]))
+                }
+                (Operand::Input(a), Operand::Output) => {
+                    seg.iter_mut().enumerate().for_each(|(i, v)| *v = f(a[oa + (col + i) * ia], *v))
+                }
+                (Operand::Input(a), Operand::Input(b)) => {
+                    seg.iter_mut().enumerate().for_each(|(i, v)| *v = f(a[oa + (col + i) * ia], b[ob + (col + i) * ib]))
+                }
+            }
+        });
     });
 }
 
@@ -204,13 +245,13 @@ fn infer_broadcast(op: &'static str) -> crate::op::InferFn {
 }
 
 fn compute(op: Bin) -> crate::op::ComputeFn {
-    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| -> Result<()> {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
         let plan = if ins[0].shape == ins[1].shape {
             BPlan::flat(ins[0].size())
         } else {
             BPlan::new(&ins[0].shape, &ins[1].shape, &outs[0].shape)
         };
-        bin_dispatch(cx.attrs.op, op, &plan, &ins[0], &ins[1], &outs[0])
+        bin_dispatch(cx.attrs.op, op, &plan, &ins[0], &ins[1], &mut outs[0])
     })
 }
 

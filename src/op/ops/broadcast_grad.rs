@@ -11,11 +11,11 @@
 //! and splits the work over the target elements, or, for small targets, over the outermost
 //! summed dimension with per-task partial sums.
 
-use super::broadcast::BPlan;
+use super::broadcast::{for_runs, BPlan};
 use super::elemwise::{Arith, Bin, Calc, BINS};
 use crate::error::Result;
-use crate::op::kernel::{par_for, par_tasks, pool_threads, Cost};
-use crate::op::tensor::{SendPtr, TBlob};
+use crate::op::kernel::{par_for_mut, par_tasks_mut, pool_threads, Cost};
+use crate::op::tensor::{OutBlob, TBlob};
 use crate::op::{OpCtx, OpDef, Req};
 use std::ops::Range;
 
@@ -35,26 +35,9 @@ fn run_tri<T: Arith, U: Copy + Send + Sync>(
         return;
     }
     let k = plan.dims.len();
-    let inner = plan.dims[k - 1];
     let (ia, ib) = (plan.sa[k - 1], plan.sb[k - 1]);
-    let o = SendPtr(out.as_mut_ptr());
-    par_for(total, cost, T::DTYPE, |rg| {
-        let o = o;
-        // SAFETY: par_for ranges are disjoint and within the output.
-        let out = unsafe { std::slice::from_raw_parts_mut(o.0.add(rg.start), rg.len()) };
-        let mut row = rg.start / inner;
-        let mut col = rg.start % inner;
-        let mut idx = vec![0usize; k - 1];
-        let (mut oa, mut ob) = (0usize, 0usize);
-        for j in (0..k - 1).rev() {
-            idx[j] = row % plan.dims[j];
-            row /= plan.dims[j];
-            oa += idx[j] * plan.sa[j];
-            ob += idx[j] * plan.sb[j];
-        }
-        let mut done = 0;
-        while done < out.len() {
-            let len = (inner - col).min(out.len() - done);
+    par_for_mut(out, 1, cost, T::DTYPE, |rg, out| {
+        for_runs(plan, rg.start, out.len(), |done, col, oa, ob, len| {
             let p = rg.start + done;
             let (seg, gs) = (&mut out[done..done + len], &g[p..p + len]);
             match (ia, ib) {
@@ -83,20 +66,7 @@ fn run_tri<T: Arith, U: Copy + Send + Sync>(
                     }
                 }
             }
-            done += len;
-            col = 0;
-            for j in (0..k - 1).rev() {
-                idx[j] += 1;
-                oa += plan.sa[j];
-                ob += plan.sb[j];
-                if idx[j] < plan.dims[j] {
-                    break;
-                }
-                oa -= plan.sa[j] * plan.dims[j];
-                ob -= plan.sb[j] * plan.dims[j];
-                idx[j] = 0;
-            }
-        }
+        });
     });
 }
 
@@ -249,23 +219,18 @@ fn reduce_to<S: Copy + Sync, C: Calc, D: Copy + Send + Sync>(
     debug_assert_eq!(nt, dst.len());
     let threads = pool_threads();
     let est_ns = src.len() as f64 * 0.3;
-    let d = SendPtr(dst.as_mut_ptr());
     if plan.summed[0] && nt <= PARTIAL_TARGETS && plan.dims[0] >= 2 && threads > 1 {
         // Split the outermost summed dimension; each task sums all targets over its part.
         let parts = threads.min(plan.dims[0]);
         let chunk = plan.dims[0].div_ceil(parts);
         let mut partial = vec![C::ZERO; parts * nt];
-        let pp = SendPtr(partial.as_mut_ptr());
-        par_tasks(parts, est_ns, dtype, |i| {
-            let pp = pp;
+        par_tasks_mut(&mut partial, nt, est_ns, dtype, |i, acc| {
             let (lo, hi) = (i * chunk, ((i + 1) * chunk).min(plan.dims[0]));
             if lo >= hi {
                 return;
             }
             let mut sub = RPlan { dims: plan.dims.clone(), summed: plan.summed.clone(), strides: plan.strides.clone() };
             sub.dims[0] = hi - lo;
-            // SAFETY: task i owns partial[i * nt..(i + 1) * nt].
-            let acc = unsafe { std::slice::from_raw_parts_mut(pp.0.add(i * nt), nt) };
             sub.sum_targets(&src[lo * plan.strides[0]..], &load, 0..nt, acc);
         });
         let (first, rest) = partial.split_at(nt);
@@ -277,16 +242,10 @@ fn reduce_to<S: Copy + Sync, C: Calc, D: Copy + Send + Sync>(
     }
     let tasks = if threads > 1 { nt.min(threads * 4) } else { 1 };
     let chunk = nt.div_ceil(tasks);
-    par_tasks(tasks, est_ns, dtype, |i| {
-        let d = d;
-        let ts = i * chunk..((i + 1) * chunk).min(nt);
-        if ts.is_empty() {
-            return;
-        }
+    par_tasks_mut(dst, chunk, est_ns, dtype, |i, o| {
+        let ts = i * chunk..i * chunk + o.len();
         let mut acc = vec![C::ZERO; ts.len()];
         plan.sum_targets(src, &load, ts.clone(), &mut acc);
-        // SAFETY: task i owns dst[ts].
-        let o = unsafe { std::slice::from_raw_parts_mut(d.0.add(ts.start), ts.len()) };
         for (o, a) in o.iter_mut().zip(acc) {
             *o = store(a);
         }
@@ -295,7 +254,7 @@ fn reduce_to<S: Copy + Sync, C: Calc, D: Copy + Send + Sync>(
 
 /// The gradient of one input of a binary function, from `g` (output-shaped) and, for functions
 /// that need them, the forward inputs.
-fn side<T: Arith>(op: Bin, i: usize, ins: &[TBlob], out: &TBlob) {
+fn side<T: Arith>(op: Bin, i: usize, ins: &[TBlob], out: &mut OutBlob) {
     let g = &ins[0];
     let dtype = g.dtype;
     let n = g.size();
@@ -303,6 +262,7 @@ fn side<T: Arith>(op: Bin, i: usize, ins: &[TBlob], out: &TBlob) {
     if matches!(op, Bin::Add | Bin::Sub) {
         let neg = op == Bin::Sub && i == 1;
         let gs = g.as_slice::<T>();
+        let oshape = out.shape.clone();
         let o = out.as_mut::<T>();
         if direct {
             if neg {
@@ -312,9 +272,9 @@ fn side<T: Arith>(op: Bin, i: usize, ins: &[TBlob], out: &TBlob) {
                 o.copy_from_slice(gs);
             }
         } else if neg {
-            reduce_to(gs, &g.shape, &out.shape, o, dtype, |x: T| x.load(), |c: T::C| T::store(c.neg()));
+            reduce_to(gs, &g.shape, &oshape, o, dtype, |x: T| x.load(), |c: T::C| T::store(c.neg()));
         } else {
-            reduce_to(gs, &g.shape, &out.shape, o, dtype, |x: T| x.load(), T::store);
+            reduce_to(gs, &g.shape, &oshape, o, dtype, |x: T| x.load(), T::store);
         }
         return;
     }
@@ -329,7 +289,8 @@ fn side<T: Arith>(op: Bin, i: usize, ins: &[TBlob], out: &TBlob) {
             } else {
                 let mut tmp = vec![C::<T>::ZERO; n];
                 run_tri::<T, C<T>>(&plan, gs, ls, rs, &mut tmp, $cost, |$g, $l, $r| $e);
-                reduce_to(&tmp, &g.shape, &out.shape, out.as_mut::<T>(), dtype, |x: C<T>| x, T::store);
+                let oshape = out.shape.clone();
+                reduce_to(&tmp, &g.shape, &oshape, out.as_mut::<T>(), dtype, |x: C<T>| x, T::store);
             }
         }};
     }
@@ -354,8 +315,8 @@ fn side<T: Arith>(op: Bin, i: usize, ins: &[TBlob], out: &TBlob) {
 }
 
 fn compute(op: Bin, name: &'static str) -> crate::op::ComputeFn {
-    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| -> Result<()> {
-        for (i, out) in outs.iter().enumerate().take(2) {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
+        for (i, out) in outs.iter_mut().enumerate().take(2) {
             if cx.req[i] != Req::Null {
                 crate::dispatch_float!(ins[0].dtype, name, T => side::<T>(op, i, ins, out));
             }
@@ -491,17 +452,19 @@ mod tests {
         // Through the kernel, in the low-precision dtypes: d(lhs) sums the rows, d(rhs) is g.
         use crate::ndarray::DType;
         let g: Vec<half::f16> = (0..12).map(|i| half::f16::from_f32(i as f32)).collect();
-        let dl = [half::f16::ZERO; 4];
-        let dr = [half::f16::ZERO; 12];
+        let mut dl = [half::f16::ZERO; 4];
+        let mut dr = [half::f16::ZERO; 12];
         // SAFETY: the vectors outlive the call and match the shapes.
         let blob = |p: *const half::f16, s: &[usize]| unsafe { TBlob::new(p as *mut u8, s, DType::F16) };
         let ins = [blob(g.as_ptr(), &[3, 4])];
-        let outs = [blob(dl.as_ptr(), &[1, 4]), blob(dr.as_ptr(), &[3, 4])];
+        // SAFETY: the vectors outlive the call and are read only after it.
+        let oblob = |p: *mut half::f16, s: &[usize]| unsafe { OutBlob::new(p.cast(), s, DType::F16) };
+        let mut outs = [oblob(dl.as_mut_ptr(), &[1, 4]), oblob(dr.as_mut_ptr(), &[3, 4])];
         let attrs =
             crate::op::lookup("broadcast_sub").unwrap().parse_attrs(std::iter::empty::<(&str, &str)>(), 2).unwrap();
         let req = [Req::Write, Req::Write];
         let cx = OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true, temp: None };
-        (crate::op::lookup("_backward_broadcast_sub").unwrap().compute)(&cx, &ins, &outs).unwrap();
+        (crate::op::lookup("_backward_broadcast_sub").unwrap().compute)(&cx, &ins, &mut outs).unwrap();
         assert_eq!(dl.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), vec![12.0, 15.0, 18.0, 21.0]);
         assert_eq!(dr.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), (0..12).map(|i| -(i as f32)).collect::<Vec<_>>());
     }

@@ -12,9 +12,10 @@ use super::linalg::{gemm, GemmElem};
 use super::nn::Real;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::par_tasks;
+use crate::op::kernel::{par_items, par_tasks_mut, parts};
 use crate::op::param::{Attrs, PType, ParamSpec};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::resource::Scratch;
+use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::tune::{self, AlgoInfo, Request};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Resource};
 use half::f16;
@@ -266,9 +267,7 @@ pub(super) fn taps(p: &Plan) -> impl Iterator<Item = (usize, usize, usize)> + '_
 fn direct<T: Elem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T]) {
     let (cg, fg, ksize, isz, osz) = (p.cg(), p.fg(), p.ksize(), p.isz(), p.osz());
     let sw = p.stride[2];
-    let o = SendPtr(out.as_mut_ptr());
-    par_tasks(p.n * p.f, p.flops() * 0.3, T::DTYPE, |t| {
-        let o = o;
+    par_tasks_mut(&mut out[..p.n * p.f * osz], osz, p.flops() * 0.3, T::DTYPE, |t, ob| {
         let (img, fi) = (t / p.f, t % p.f);
         let gi = fi / fg;
         let mut acc = vec![R::of(bias.map_or(0.0, |b| b[fi].to_f64())); osz];
@@ -292,8 +291,6 @@ fn direct<T: Elem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, out:
                 });
             }
         }
-        // SAFETY: each task writes its own output plane.
-        let ob = unsafe { std::slice::from_raw_parts_mut(o.0.add(t * osz), osz) };
         for (ov, a) in ob.iter_mut().zip(acc) {
             *ov = a.store();
         }
@@ -354,27 +351,24 @@ fn im2col_slots(p: &Plan) -> usize {
 
 /// im2col + GEMM over (image, group) items, split into [`im2col_slots`] contiguous runs;
 /// `cols` holds one `kdim × osz` column matrix per slot (unused for pointwise kernels).
-fn im2col_gemm<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T], cols: *mut T) {
+fn im2col_gemm<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T], cols: &mut [T]) {
     let (cg, fg, osz, kdim, isz) = (p.cg(), p.fg(), p.osz(), p.kdim(), p.isz());
     let pointwise = p.is_pointwise();
-    let o = SendPtr(out.as_mut_ptr());
-    let cb = SendPtr(cols);
     let (items, slots) = (p.n * p.g, im2col_slots(p));
     let per = items.div_ceil(slots);
-    par_tasks(slots, p.flops() * 0.1, T::DTYPE, |s| {
-        let (o, cb) = (o, cb);
-        for t in s * per..((s + 1) * per).min(items) {
+    // Item t = (image, group) writes the fg output planes at t·fg·osz, so slot s owns the
+    // output run of its items and the s-th column matrix of the workspace.
+    let col_len = if pointwise { 0 } else { kdim * osz };
+    let work: Vec<_> = parts(out, per * fg * osz, slots).into_iter().zip(parts(cols, col_len, slots)).collect();
+    par_items(work, p.flops() * 0.1, T::DTYPE, |s, (run, col)| {
+        for (t, ob) in (s * per..((s + 1) * per).min(items)).zip(run.chunks_mut((fg * osz).max(1))) {
             let (img, gi) = (t / p.g, t % p.g);
             let src = &x[(img * p.c + gi * cg) * isz..][..cg * isz];
-            // SAFETY: each item writes the fg output planes of its own (image, group).
-            let ob = unsafe { std::slice::from_raw_parts_mut(o.0.add((img * p.f + gi * fg) * osz), fg * osz) };
             let wg = &w[gi * fg * kdim..][..fg * kdim];
             if pointwise {
                 gemm(fg, osz, kdim, wg, false, src, false, ob, false);
             } else {
-                // SAFETY: slot s owns the s-th column matrix of the workspace, which holds
-                // `slots` of them; im2col writes every entry before the GEMM reads it.
-                let col = unsafe { std::slice::from_raw_parts_mut(cb.0.add(s * kdim * osz), kdim * osz) };
+                // im2col writes every entry of the column matrix before the GEMM reads it.
                 im2col(p, src, col, osz);
                 gemm(fg, osz, kdim, wg, false, col, false, ob, false);
             }
@@ -403,7 +397,7 @@ fn algos(p: &Plan, elem: usize) -> [AlgoInfo; 2] {
 }
 
 /// Run algorithm `algo`; `ws` is at least the algorithm's declared workspace.
-fn run_algo(op: &str, algo: usize, p: &Plan, ins: &[TBlob], out: &TBlob, ws: *mut u8) -> Result<()> {
+fn run_algo(op: &str, algo: usize, p: &Plan, ins: &[TBlob], out: &mut OutBlob, ws: &mut Scratch) -> Result<()> {
     macro_rules! go {
         ($T:ty, $R:ty) => {{
             let (x, w) = (ins[0].as_slice::<$T>(), ins[1].as_slice::<$T>());
@@ -412,7 +406,7 @@ fn run_algo(op: &str, algo: usize, p: &Plan, ins: &[TBlob], out: &TBlob, ws: *mu
             if algo == DIRECT {
                 direct::<$T, $R>(p, x, w, b, o)
             } else {
-                im2col_gemm::<$T, $R>(p, x, w, b, o, ws.cast())
+                im2col_gemm::<$T, $R>(p, x, w, b, o, ws.as_mut::<$T>())
             }
         }};
     }
@@ -440,7 +434,7 @@ fn key(a: &Attrs, ins: &[TBlob]) -> String {
     )
 }
 
-fn convolution(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn convolution(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let p = plan(a, &ins[0].shape)?;
     if outs[0].size() == 0 {
@@ -458,8 +452,7 @@ fn convolution(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     };
     // One workspace serves every candidate: the largest declared (the column matrices).
     let mut ws = cx.workspace(list.iter().map(|al| al.workspace).max().unwrap_or(0))?;
-    let base = ws.ptr();
-    tune::global().select(crate::config::global(), &req, |i| run_algo(a.op, i, &p, ins, &outs[0], base))?;
+    tune::global().select(crate::config::global(), &req, |i| run_algo(a.op, i, &p, ins, &mut outs[0], &mut ws))?;
     Ok(())
 }
 
@@ -560,7 +553,7 @@ mod tests {
                     direct::<f64, f64>(&p, &x, &w, None, &mut out);
                 } else {
                     let mut cols = vec![0.0f64; p.kdim() * p.osz() * im2col_slots(&p)];
-                    im2col_gemm::<f64, f64>(&p, &x, &w, None, &mut out, cols.as_mut_ptr());
+                    im2col_gemm::<f64, f64>(&p, &x, &w, None, &mut out, &mut cols);
                 }
                 for (a, b) in out.iter().zip(&want) {
                     assert!((a - b).abs() < 1e-9, "algo {algo} c={c} f={f} g={g} k={k} s={s} d={d} p={pd}");
@@ -599,7 +592,7 @@ mod tests {
                     if algo == DIRECT {
                         direct::<f32, f32>(&p, &x, &w, Some(&b), &mut out)
                     } else {
-                        im2col_gemm::<f32, f32>(&p, &x, &w, Some(&b), &mut out, cols.as_mut_ptr())
+                        im2col_gemm::<f32, f32>(&p, &x, &w, Some(&b), &mut out, &mut cols)
                     }
                 };
                 run();

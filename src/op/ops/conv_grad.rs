@@ -14,8 +14,8 @@ use super::linalg::{gemm, GemmElem};
 use super::nn::Real;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_for, par_tasks, pool_threads, Cost};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::kernel::{par_for_mut, par_items, parts, pool_threads, Cost};
+use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{OpCtx, OpDef, Req, Resource};
 use half::f16;
 
@@ -73,7 +73,7 @@ fn col2im<T: Elem, R: Real>(p: &Plan, col: &[T], ld: usize, dx: &mut [T]) {
 /// matrix stays in a core's L2 cache between im2col, the GEMMs and col2im.
 const COL_BUDGET_BYTES: usize = 512 << 10;
 
-fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let req = cx.req;
     let (dy, x, w) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>(), ins[2].as_slice::<T>());
     let want_dx = req[0] != Req::Null;
@@ -81,13 +81,11 @@ fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &[T
     let want_db = outs.len() > 2 && req[2] != Req::Null;
     let (cg, fg, osz, kdim, isz) = (p.cg(), p.fg(), p.osz(), p.kdim(), p.isz());
     let wsize = p.f * kdim;
-    let dx = want_dx.then(|| SendPtr(outs[0].as_mut::<T>().as_mut_ptr()));
     // Partial sums per chunk: the weight gradient, then the bias gradient.
     let chunks = pool_threads().min(p.n).max(1);
     let per = p.n.div_ceil(chunks);
     let psize = if want_dw { wsize } else { 0 } + if want_db { p.f } else { 0 };
     let mut partial = vec![T::zero(); chunks * psize];
-    let pp = SendPtr(partial.as_mut_ptr());
     let work = p.flops() * (want_dx as u8 + want_dw as u8) as f64;
     // Images per GEMM: the sub-batch's columns sit side by side (row length `ld`).
     let sub = (COL_BUDGET_BYTES / std::mem::size_of::<T>() / (kdim * osz).max(1)).clamp(1, per.max(1));
@@ -95,19 +93,23 @@ fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &[T
     let cols = sub * osz;
     let (dyc_len, col_len) = if want_dw || want_dx { (fg * cols, kdim * cols) } else { (0, 0) };
     let mut ws = cx.workspace(chunks * (dyc_len + col_len) * std::mem::size_of::<T>())?;
-    let wb = SendPtr(ws.ptr().cast::<T>());
-    par_tasks(chunks, work * 0.1, T::DTYPE, |ch| {
-        let (pp, dx, wb) = (pp, dx, wb);
-        // SAFETY: each chunk owns its own partial block.
-        let part = unsafe { std::slice::from_raw_parts_mut(pp.0.add(ch * psize), psize) };
+    // Chunk ch owns images ch·per.. of dx (each image's c·isz entries), its partial block
+    // and its (dyc, col) pair of the workspace: all split off here.
+    let dx_parts: Vec<Option<&mut [T]>> = if want_dx {
+        parts(outs[0].as_mut::<T>(), per * p.c * isz, chunks).into_iter().map(Some).collect()
+    } else {
+        (0..chunks).map(|_| None).collect()
+    };
+    let items: Vec<_> = dx_parts
+        .into_iter()
+        .zip(parts(&mut partial, psize, chunks))
+        .zip(parts(ws.as_mut::<T>(), dyc_len + col_len, chunks))
+        .collect();
+    par_items(items, work * 0.1, T::DTYPE, |ch, ((mut dx, part), scratch)| {
         let (pw, pb) = part.split_at_mut(if want_dw { wsize } else { 0 });
-        // SAFETY: chunk ch owns the ch-th (dyc, col) pair of the workspace, which holds
-        // `chunks` of them (aligned for T). Every entry read below was written first: dyc
-        // by the copies, col by im2col or by the GEMM that overwrites it.
-        let (dyc, col) = unsafe {
-            let base = wb.0.add(ch * (dyc_len + col_len));
-            (std::slice::from_raw_parts_mut(base, dyc_len), std::slice::from_raw_parts_mut(base.add(dyc_len), col_len))
-        };
+        // Every entry read below was written first: dyc by the copies, col by im2col or by
+        // the GEMM that overwrites it.
+        let (dyc, col) = scratch.split_at_mut(dyc_len);
         let mut bsum = vec![R::of(0.0); if want_db { p.f } else { 0 }];
         let (first, last) = (ch * per, ((ch + 1) * per).min(p.n));
         let mut i0 = first;
@@ -132,15 +134,13 @@ fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &[T
                     }
                     gemm(fg, kdim, ld, dyc, false, col, true, &mut pw[gi * fg * kdim..][..fg * kdim], true);
                 }
-                if let Some(dx) = dx {
+                if let Some(dx) = dx.as_deref_mut() {
                     let wg = &w[gi * fg * kdim..][..fg * kdim];
                     gemm(kdim, ld, fg, wg, true, dyc, false, col, false);
                     for bi in 0..b {
-                        // SAFETY: each (image, group) is handled by exactly one chunk.
-                        let dxg = unsafe {
-                            std::slice::from_raw_parts_mut(dx.0.add(((i0 + bi) * p.c + gi * cg) * isz), cg * isz)
-                        };
-                        col2im::<T, R>(p, &col[bi * osz..], ld, dxg);
+                        // Image i0 + bi, group gi, within this chunk's images.
+                        let at = ((i0 + bi - ch * per) * p.c + gi * cg) * isz;
+                        col2im::<T, R>(p, &col[bi * osz..], ld, &mut dx[at..at + cg * isz]);
                     }
                 }
             }
@@ -162,13 +162,9 @@ fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &[T
         }
     });
     // Reduce the partial sums in chunk order.
-    let reduce = |out: &TBlob, offset: usize, len: usize| {
-        let o = SendPtr(out.as_mut::<T>().as_mut_ptr());
+    let reduce = |out: &mut OutBlob, offset: usize, len: usize| {
         let partial = &partial;
-        par_for(len, Cost(0.3 * chunks as f64), T::DTYPE, |r| {
-            let o = o;
-            // SAFETY: disjoint ranges of the output.
-            let o = unsafe { std::slice::from_raw_parts_mut(o.0.add(r.start), r.len()) };
+        par_for_mut(&mut out.as_mut::<T>()[..len], 1, Cost(0.3 * chunks as f64), T::DTYPE, |r, o| {
             for (i, ov) in r.zip(o.iter_mut()) {
                 let mut acc = R::of(0.0);
                 for ch in 0..chunks {
@@ -179,19 +175,19 @@ fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &[T
         });
     };
     if want_dw {
-        reduce(&outs[1], 0, wsize);
+        reduce(&mut outs[1], 0, wsize);
     }
     if want_db {
-        reduce(&outs[2], if want_dw { wsize } else { 0 }, p.f);
+        reduce(&mut outs[2], if want_dw { wsize } else { 0 }, p.f);
     }
     Ok(())
 }
 
-fn convolution_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn convolution_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let p = plan(a, &ins[1].shape)?;
     if ins[1].size() == 0 || ins[0].size() == 0 {
-        for (o, r) in outs.iter().zip(cx.req) {
+        for (o, r) in outs.iter_mut().zip(cx.req) {
             if *r != Req::Null {
                 crate::dispatch_float!(o.dtype, a.op, T => o.as_mut::<T>().fill(T::zero()));
             }
@@ -286,7 +282,7 @@ mod tests {
         outs: &[Option<&[usize]>],
     ) -> f64 {
         use crate::ndarray::DType;
-        use crate::op::tensor::TBlob;
+        use crate::op::tensor::{OutBlob, TBlob};
         use crate::op::{lookup, OpCtx, Req};
         let op = lookup(fwd).unwrap();
         let attrs = op.parse_attrs(params.iter().copied(), nin).unwrap();
@@ -301,24 +297,24 @@ mod tests {
             .map(|(b, s)| unsafe { TBlob::new(b.as_mut_ptr() as *mut u8, s, DType::F32) })
             .collect();
         let mut obufs: Vec<Vec<f32>> = outs.iter().map(|s| vec![0.0; s.map_or(0, |s| s.iter().product())]).collect();
-        let out_blobs: Vec<TBlob> = obufs
+        let mut out_blobs: Vec<OutBlob> = obufs
             .iter_mut()
             .zip(outs)
             .map(|(b, s)| match s {
-                // SAFETY: the buffers outlive the calls below.
-                Some(s) => unsafe { TBlob::new(b.as_mut_ptr() as *mut u8, s, DType::F32) },
-                None => unsafe { TBlob::new(std::ptr::null_mut(), &[0], DType::F32) },
+                // SAFETY: the buffers outlive the calls below and are not read meanwhile.
+                Some(s) => unsafe { OutBlob::new(b.as_mut_ptr() as *mut u8, s, DType::F32) },
+                None => unsafe { OutBlob::new(std::ptr::null_mut(), &[0], DType::F32) },
             })
             .collect();
         let req: Vec<Req> = outs.iter().map(|s| if s.is_some() { Req::Write } else { Req::Null }).collect();
         let cx = OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true, temp: None };
         for _ in 0..3 {
-            (bop.compute)(&cx, &in_blobs, &out_blobs).unwrap();
+            (bop.compute)(&cx, &in_blobs, &mut out_blobs).unwrap();
         }
         let reps = 30;
         let t = std::time::Instant::now();
         for _ in 0..reps {
-            (bop.compute)(&cx, &in_blobs, &out_blobs).unwrap();
+            (bop.compute)(&cx, &in_blobs, &mut out_blobs).unwrap();
         }
         t.elapsed().as_secs_f64() / reps as f64 * 1e3
     }

@@ -9,13 +9,13 @@
 //! binary ([`bin_dispatch`]) and unary kernels. Comparisons and logical operators write 1/0 in
 //! the input dtype, as stock's legacy operators do; a scalar is first cast to the input dtype.
 
-use super::broadcast::{run_bin, BPlan};
+use super::broadcast::{run_bin, run_bin_rmw, BPlan};
 use super::common::{all_same, same_as_first};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_for, Cost};
+use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{PType, ParamSpec};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::tensor::{Elem, Operand, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, OpCtx, OpDef};
 
 /// Calls `$m!` with the math functions that f32 and f64 both have under these names.
@@ -384,14 +384,18 @@ fn flag<C: Calc>(b: bool) -> C {
     }
 }
 
-fn bin_typed<T: Arith>(op: Bin, plan: &BPlan, a: &[T], b: &[T], o: &mut [T]) {
+fn bin_typed<T: Arith>(op: Bin, plan: &BPlan, a: Operand<T>, b: Operand<T>, o: &mut [T]) {
     macro_rules! go {
-        ($cost:expr, |$x:ident, $y:ident| $e:expr) => {
-            run_bin(plan, a, b, o, $cost, |x: T, y: T| {
+        ($cost:expr, |$x:ident, $y:ident| $e:expr) => {{
+            let f = |x: T, y: T| {
                 let ($x, $y) = (x.load(), y.load());
                 T::store($e)
-            })
-        };
+            };
+            match (a, b) {
+                (Operand::Input(a), Operand::Input(b)) => run_bin(plan, a, b, o, $cost, f),
+                _ => run_bin_rmw(plan, a, b, o, $cost, f),
+            }
+        }};
     }
     let z = <T::C as Calc>::ZERO;
     match op {
@@ -416,15 +420,23 @@ fn bin_typed<T: Arith>(op: Bin, plan: &BPlan, a: &[T], b: &[T], o: &mut [T]) {
     }
 }
 
-/// `out = op(a, b)` under `plan` for the dtype of the blobs (equal dtypes checked by inference).
-pub(crate) fn bin_dispatch(name: &str, op: Bin, plan: &BPlan, a: &TBlob, b: &TBlob, out: &TBlob) -> Result<()> {
+/// `out = op(a, b)` under `plan` for the dtype of the blobs (equal dtypes checked by inference);
+/// `a` or `b` may be lent to `out` (output 0) in place.
+pub(crate) fn bin_dispatch(name: &str, op: Bin, plan: &BPlan, a: &TBlob, b: &TBlob, out: &mut OutBlob) -> Result<()> {
     if a.dtype == DType::F32
         && out.size() >= crate::op::simd::STREAM_MIN
-        && stream_bin(op, plan, a.as_slice(), b.as_slice(), out.as_mut())
+        && a.lent_to().is_none()
+        && b.lent_to().is_none()
     {
-        return Ok(());
+        let (a, b) = (a.as_slice(), b.as_slice());
+        if stream_bin(op, plan, a, b, out.as_mut()) {
+            return Ok(());
+        }
     }
-    dispatch_arith!(a.dtype, name, T => bin_typed::<T>(op, plan, a.as_slice(), b.as_slice(), out.as_mut()));
+    dispatch_arith!(a.dtype, name, T => {
+        let ([a, b], o) = out.operands::<T, 2>(0, [a, b]);
+        bin_typed::<T>(op, plan, a, b, o)
+    });
     Ok(())
 }
 
@@ -445,11 +457,7 @@ fn stream_bin(op: Bin, plan: &BPlan, a: &[f32], b: &[f32], out: &mut [f32]) -> b
     if !flat || n < STREAM_MIN || !stream_available() {
         return false;
     }
-    let p = SendPtr(out.as_mut_ptr());
-    par_for(n, Cost::CHEAP, DType::F32, |r| {
-        let p = p;
-        // SAFETY: par_for ranges are disjoint and within the output.
-        let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+    par_for_mut(out, 1, Cost::CHEAP, DType::F32, |r, o| {
         stream_bin_f32(sop, &a[r.clone()], &b[r], o);
     });
     true
@@ -700,24 +708,24 @@ fn grad_of(g: Option<(&'static str, bool, bool)>) -> Grad {
 }
 
 fn elemwise_compute(op: Bin) -> crate::op::ComputeFn {
-    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| -> Result<()> {
-        bin_dispatch(cx.attrs.op, op, &BPlan::flat(ins[0].size()), &ins[0], &ins[1], &outs[0])
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
+        bin_dispatch(cx.attrs.op, op, &BPlan::flat(ins[0].size()), &ins[0], &ins[1], &mut outs[0])
     })
 }
 
 fn scalar_compute(op: Bin, reversed: bool) -> crate::op::ComputeFn {
-    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| -> Result<()> {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
         let s = cx.attrs.float("scalar");
         let x = &ins[0];
         let n = x.size();
         dispatch_arith!(x.dtype, cx.attrs.op, T => {
             let s = [<T as Elem>::from_f64(s)];
-            let o = outs[0].as_mut::<T>();
+            let ([x], o) = outs[0].operands::<T, 1>(0, [x]);
             if reversed {
                 let plan = BPlan { dims: smallvec::smallvec![n], sa: smallvec::smallvec![0], sb: smallvec::smallvec![1] };
-                bin_typed::<T>(op, &plan, &s, x.as_slice(), o);
+                bin_typed::<T>(op, &plan, Operand::Input(&s), x, o);
             } else {
-                bin_typed::<T>(op, &BPlan::scalar(n), x.as_slice(), &s, o);
+                bin_typed::<T>(op, &BPlan::scalar(n), x, Operand::Input(&s), o);
             }
         });
         Ok(())
@@ -768,20 +776,15 @@ enum Un {
     Copy,
 }
 
-/// `o[i] = f(x[i])` over the kernel pool.
-fn map1<T: Elem>(x: &[T], o: &mut [T], cost: Cost, f: impl Fn(T) -> T + Sync + Send) {
-    let p = SendPtr(o.as_mut_ptr());
-    par_for(x.len(), cost, T::DTYPE, |r| {
-        let p = p;
-        // SAFETY: par_for ranges are disjoint and within the output (same length as x).
-        let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
-        for (o, &v) in o.iter_mut().zip(&x[r]) {
-            *o = f(v);
-        }
+/// `o[i] = f(x[i])` over the kernel pool (`x` may be `o` itself, lent in place).
+fn map1<T: Elem>(x: Operand<T>, o: &mut [T], cost: Cost, f: impl Fn(T) -> T + Sync + Send) {
+    par_for_mut(o, 1, cost, T::DTYPE, |r, o| match x {
+        Operand::Input(x) => o.iter_mut().zip(&x[r]).for_each(|(o, &v)| *o = f(v)),
+        Operand::Output => o.iter_mut().for_each(|o| *o = f(*o)),
     });
 }
 
-fn un_typed<T: Arith>(op: Un, x: &[T], o: &mut [T]) {
+fn un_typed<T: Arith>(op: Un, x: Operand<T>, o: &mut [T]) {
     macro_rules! go {
         ($cost:expr, |$v:ident| $e:expr) => {
             map1(x, o, $cost, |v: T| {
@@ -837,23 +840,25 @@ fn un_typed<T: Arith>(op: Un, x: &[T], o: &mut [T]) {
         Un::Sigmoid => go!(Cost::MATH, |v| v.sigmoid()),
         Un::Softsign => go!(Cost::MEDIUM, |v| v.softsign()),
         Un::Not => go!(Cost::CHEAP, |v| flag(v == zero)),
-        Un::Copy => o.copy_from_slice(x),
+        Un::Copy => {
+            if let Operand::Input(x) = x {
+                o.copy_from_slice(x)
+            }
+        }
     }
 }
 
 fn unary_compute(op: Un) -> crate::op::ComputeFn {
-    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| -> Result<()> {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
         if op == Un::Copy {
-            // Any dtype, bool included: a byte copy.
-            let n = ins[0].bytes();
-            if n > 0 {
-                // SAFETY: both blobs hold `n` bytes; invocation keeps them from overlapping
-                // unless declared in place, where the copy is a no-op of equal addresses.
-                unsafe { std::ptr::copy(ins[0].ptr(), outs[0].ptr(), n) };
-            }
+            // Any dtype, bool included: a byte copy (none in place).
+            outs[0].copy_from(&ins[0]);
             return Ok(());
         }
-        dispatch_arith!(ins[0].dtype, cx.attrs.op, T => un_typed::<T>(op, ins[0].as_slice(), outs[0].as_mut()));
+        dispatch_arith!(ins[0].dtype, cx.attrs.op, T => {
+            let ([x], o) = outs[0].operands::<T, 1>(0, [&ins[0]]);
+            un_typed::<T>(op, x, o)
+        });
         Ok(())
     })
 }
@@ -1116,11 +1121,12 @@ const UNARY: &[UnDef] = &[
 pub(super) const CLIP_PARAMS: &[ParamSpec] =
     &[ParamSpec::req("a_min", PType::Float, "Minimum value"), ParamSpec::req("a_max", PType::Float, "Maximum value")];
 
-fn clip(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn clip(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (lo, hi) = (cx.attrs.float("a_min"), cx.attrs.float("a_max"));
     dispatch_arith!(ins[0].dtype, cx.attrs.op, T => {
         let (lo, hi) = (<T as Elem>::from_f64(lo).load(), <T as Elem>::from_f64(hi).load());
-        map1::<T>(ins[0].as_slice(), outs[0].as_mut(), Cost::CHEAP, |v| {
+        let ([x], o) = outs[0].operands::<T, 1>(0, [&ins[0]]);
+        map1::<T>(x, o, Cost::CHEAP, |v| {
             let v = v.load();
             T::store(if v < lo { lo } else if v > hi { hi } else { v })
         });
@@ -1250,10 +1256,33 @@ mod tests {
     fn scalar_and_reversed_plans() {
         let x = [1.0f32, 2.0, 4.0];
         let mut o = [0f32; 3];
-        bin_typed::<f32>(Bin::Sub, &BPlan::scalar(3), &x, &[1.0], &mut o);
+        bin_typed::<f32>(Bin::Sub, &BPlan::scalar(3), Operand::Input(&x), Operand::Input(&[1.0]), &mut o);
         assert_eq!(o, [0.0, 1.0, 3.0]);
         let plan = BPlan { dims: smallvec::smallvec![3], sa: smallvec::smallvec![0], sb: smallvec::smallvec![1] };
-        bin_typed::<f32>(Bin::Div, &plan, &[8.0], &x, &mut o);
+        bin_typed::<f32>(Bin::Div, &plan, Operand::Input(&[8.0]), Operand::Input(&x), &mut o);
         assert_eq!(o, [8.0, 4.0, 2.0]);
+    }
+
+    #[test]
+    fn in_place_operands_read_the_output() {
+        // o = o - 1 (lhs in place), o = 8 / o (rhs in place), o = o * o (both), and a
+        // broadcast in place: o (2x3) += b (3), as the general loop would give.
+        let mut o = [1.0f32, 2.0, 4.0];
+        bin_typed::<f32>(Bin::Sub, &BPlan::scalar(3), Operand::Output, Operand::Input(&[1.0]), &mut o);
+        assert_eq!(o, [0.0, 1.0, 3.0]);
+        let plan = BPlan { dims: smallvec::smallvec![3], sa: smallvec::smallvec![0], sb: smallvec::smallvec![1] };
+        let mut o = [1.0f32, 2.0, 4.0];
+        bin_typed::<f32>(Bin::Div, &plan, Operand::Input(&[8.0]), Operand::Output, &mut o);
+        assert_eq!(o, [8.0, 4.0, 2.0]);
+        bin_typed::<f32>(Bin::Mul, &BPlan::flat(3), Operand::Output, Operand::Output, &mut o);
+        assert_eq!(o, [64.0, 16.0, 4.0]);
+        let plan = BPlan::new(&[2, 3], &[3], &[2, 3]);
+        let mut o = [0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0];
+        let b = [10.0f32, 20.0, 30.0];
+        let mut want = [0.0f32; 6];
+        bin_typed::<f32>(Bin::Add, &plan, Operand::Input(&o.clone()), Operand::Input(&b), &mut want);
+        bin_typed::<f32>(Bin::Add, &plan, Operand::Output, Operand::Input(&b), &mut o);
+        assert_eq!(o, want);
+        assert_eq!(o, [10.0, 21.0, 32.0, 13.0, 24.0, 35.0]);
     }
 }

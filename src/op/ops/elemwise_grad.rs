@@ -12,9 +12,9 @@
 
 use super::elemwise::{Arith, Calc, CLIP_PARAMS, SCALAR_PARAMS};
 use crate::error::Result;
-use crate::op::kernel::{par_for, Cost};
+use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{Attrs, ParamSpec};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{OpCtx, OpDef, Req};
 
 /// A derivative: `g * f'`, with `v` the saved forward input `x` or output `y`.
@@ -115,11 +115,7 @@ const TABLE: &[(&str, D, &[ParamSpec])] = &[
 
 /// `o[i] = f(g[i], v[i])` over the kernel pool.
 fn map2<T: Arith>(g: &[T], v: &[T], o: &mut [T], cost: Cost, f: impl Fn(T::C, T::C) -> T::C + Sync + Send) {
-    let p = SendPtr(o.as_mut_ptr());
-    par_for(g.len(), cost, T::DTYPE, |r| {
-        let p = p;
-        // SAFETY: par_for ranges are disjoint and within the output (same length as g).
-        let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+    par_for_mut(o, 1, cost, T::DTYPE, |r, o| {
         for ((o, &g), &v) in o.iter_mut().zip(&g[r.clone()]).zip(&v[r]) {
             *o = T::store(f(g.load(), v.load()));
         }
@@ -252,7 +248,7 @@ fn typed<T: Arith>(d: D, a: &Attrs, g: &[T], v: &[T], o: &mut [T]) {
 }
 
 fn compute(name: &'static str, d: D) -> crate::op::ComputeFn {
-    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| -> Result<()> {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
         if cx.req[0] == Req::Null {
             return Ok(());
         }
@@ -265,9 +261,9 @@ fn compute(name: &'static str, d: D) -> crate::op::ComputeFn {
 
 /// `_backward_copy`: the output gradient converted to the input's dtype (any dtypes; the
 /// shapes may differ, the sizes agree).
-fn copy_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn copy_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
-        super::shape::cast_into(&ins[0], &outs[0]);
+        super::shape::cast_into(&ins[0], &mut outs[0]);
     }
     Ok(())
 }

@@ -7,18 +7,18 @@
 
 use super::common::norm_axis;
 use super::shape::enum_dtype;
-use super::strided::{by_size, contiguous_strides, copy, copy_all, View};
+use super::strided::{by_size, contiguous_strides, copy, copy_all, elems, elems_mut, pod, View};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_for, Cost};
+use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{Attrs, PType, ParamSpec};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, InferFn, Inputs, Meta, OpCtx, OpDef, Req};
 use crate::{dispatch_all, dispatch_num};
 use std::cmp::Ordering;
 
 type Infer = fn(&Attrs, &[Meta]) -> Result<Vec<Meta>>;
-type Compute = fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>;
+type Compute = fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()>;
 
 fn op(name: &'static str, inputs: Inputs, infer: Infer, compute: Compute) -> OpDef {
     let infer: InferFn = Box::new(infer);
@@ -140,9 +140,9 @@ fn infer_slice(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(attr_slice("slice", a, &ins[0].shape)?.1, ins[0].dtype)
 }
 
-fn run_slice(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_slice(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (v, shape) = attr_slice("slice", cx.attrs, &ins[0].shape)?;
-    copy(&ins[0], &v, &outs[0], &View::contiguous(&shape), &shape);
+    copy(&ins[0], &v, &mut outs[0], &View::contiguous(&shape), &shape);
     Ok(())
 }
 
@@ -189,9 +189,9 @@ fn infer_slice_axis(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(slice_axis_ranges(a, &ins[0].shape)?.iter().map(|r| r.2).collect(), ins[0].dtype)
 }
 
-fn run_slice_axis(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_slice_axis(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (v, shape) = slice_view(&slice_axis_ranges(cx.attrs, &ins[0].shape)?, &ins[0].shape);
-    copy(&ins[0], &v, &outs[0], &View::contiguous(&shape), &shape);
+    copy(&ins[0], &v, &mut outs[0], &View::contiguous(&shape), &shape);
     Ok(())
 }
 
@@ -233,10 +233,10 @@ fn infer_slice_like(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(slice_like_shape(a, &ins[0].shape, &ins[1].shape)?, ins[0].dtype)
 }
 
-fn run_slice_like(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_slice_like(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let shape = outs[0].shape.clone();
     let v = View::contiguous(&ins[0].shape);
-    copy(&ins[0], &v, &outs[0], &View::contiguous(&shape), &shape);
+    copy(&ins[0], &v, &mut outs[0], &View::contiguous(&shape), &shape);
     Ok(())
 }
 
@@ -258,12 +258,12 @@ fn infer_slice_assign(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![ins[0].clone()])
 }
 
-fn run_slice_assign(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_slice_assign(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Inplace {
-        copy_all(&ins[0], &outs[0]);
+        copy_all(&ins[0], &mut outs[0]);
     }
     let (v, shape) = attr_slice("_slice_assign", cx.attrs, &ins[0].shape)?;
-    copy(&ins[1], &View::contiguous(&shape), &outs[0], &v, &shape);
+    copy(&ins[1], &View::contiguous(&shape), &mut outs[0], &v, &shape);
     Ok(())
 }
 
@@ -280,7 +280,7 @@ fn infer_slice_assign_scalar(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 }
 
 /// Fill view `v` (of `shape`) of `out` with `value` converted to the output's dtype.
-fn fill_view(out: &TBlob, v: &View, shape: &[usize], value: f64) {
+fn fill_view(out: &mut OutBlob, v: &View, shape: &[usize], value: f64) {
     dispatch_all!(out.dtype, T => {
         let mut one = [T::from_f64(value)];
         // SAFETY: `one` outlives the blob, which is only read by `copy` below.
@@ -289,12 +289,12 @@ fn fill_view(out: &TBlob, v: &View, shape: &[usize], value: f64) {
     })
 }
 
-fn run_slice_assign_scalar(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_slice_assign_scalar(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Inplace {
-        copy_all(&ins[0], &outs[0]);
+        copy_all(&ins[0], &mut outs[0]);
     }
     let (v, shape) = attr_slice("_slice_assign_scalar", cx.attrs, &ins[0].shape)?;
-    fill_view(&outs[0], &v, &shape, cx.attrs.float("scalar"));
+    fill_view(&mut outs[0], &v, &shape, cx.attrs.float("scalar"));
     Ok(())
 }
 
@@ -344,26 +344,22 @@ fn infer_take(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 }
 
 /// `out[o, j, :] = data[o, idx[j], :]` for blocks of `inner` elements.
-fn gather_blocks(data: &TBlob, out: &TBlob, outer: usize, n: usize, idx: &[usize], inner: usize) {
+fn gather_blocks(data: &TBlob, out: &mut OutBlob, outer: usize, n: usize, idx: &[usize], inner: usize) {
+    debug_assert_eq!(out.size(), outer * idx.len() * inner);
     by_size!(data.dtype, E => {
-        let src = SendPtr(data.ptr() as *mut E);
-        let dst = SendPtr(out.ptr() as *mut E);
+        let src = elems::<E>(data);
         let m = idx.len();
-        par_for(outer * m, Cost(0.25 * inner as f64 + 2.0), data.dtype, |r| {
-            let (src, dst) = (src, dst);
-            for t in r {
+        par_for_mut(elems_mut::<E>(out), inner, Cost(0.25 * inner as f64 + 2.0), data.dtype, |r, dst| {
+            for (t, d) in r.zip(dst.chunks_mut(inner.max(1))) {
                 let (o, j) = (t / m, t % m);
-                // SAFETY: idx entries are < n, so the block lies in the data; output blocks
-                // are disjoint per t.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(src.0.add((o * n + idx[j]) * inner), dst.0.add(t * inner), inner);
-                }
+                let at = (o * n + idx[j]) * inner;
+                d.copy_from_slice(&src[at..at + inner]);
             }
         });
-    })
+    });
 }
 
-fn run_take(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_take(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let s = &ins[0].shape;
     let ax = norm_axis("take", cx.attrs.int("axis"), s.len())?;
     let mode = cx.attrs.str("mode").as_bytes()[0];
@@ -372,7 +368,7 @@ fn run_take(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
         return Ok(());
     }
     let idx: Vec<usize> = idx.iter().map(|&i| resolve("take", i, s[ax], mode)).collect::<Result<_>>()?;
-    gather_blocks(&ins[0], &outs[0], s[..ax].iter().product(), s[ax], &idx, s[ax + 1..].iter().product());
+    gather_blocks(&ins[0], &mut outs[0], s[..ax].iter().product(), s[ax], &idx, s[ax + 1..].iter().product());
     Ok(())
 }
 
@@ -427,7 +423,7 @@ fn infer_pick(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(out, ins[0].dtype)
 }
 
-fn run_pick(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_pick(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let s = &ins[0].shape;
     let ax = pick_axis(cx.attrs, s)?;
     let mode = cx.attrs.str("mode").as_bytes()[0];
@@ -438,14 +434,11 @@ fn run_pick(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     }
     let idx: Vec<usize> = idx.iter().map(|&i| resolve("pick", i, n, mode)).collect::<Result<_>>()?;
     by_size!(ins[0].dtype, E => {
-        let src = SendPtr(ins[0].ptr() as *mut E);
-        let dst = SendPtr(outs[0].ptr() as *mut E);
-        par_for(idx.len(), Cost(1.0), ins[0].dtype, |r| {
-            let (src, dst) = (src, dst);
-            for t in r {
+        let src = elems::<E>(&ins[0]);
+        par_for_mut(elems_mut::<E>(&mut outs[0]), 1, Cost(1.0), ins[0].dtype, |r, dst| {
+            for (t, d) in r.zip(dst) {
                 let (o, i) = (t / inner, t % inner);
-                // SAFETY: indices resolved into [0, n); one output element per t.
-                unsafe { *dst.0.add(t) = *src.0.add((o * n + idx[t]) * inner + i) };
+                *d = src[(o * n + idx[t]) * inner + i];
             }
         });
     });
@@ -473,11 +466,11 @@ fn infer_one_hot(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(out, enum_dtype(a, "dtype"))
 }
 
-fn run_one_hot(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_one_hot(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let depth = cx.attrs.int("depth");
     let idx = read_indices(&ins[0]);
     let (on, off) = (cx.attrs.float("on_value"), cx.attrs.float("off_value"));
-    super::init::fill(&outs[0], off);
+    super::init::fill(&mut outs[0], off);
     let d = depth as usize;
     dispatch_all!(outs[0].dtype, T => {
         let o = outs[0].as_mut::<T>();
@@ -504,28 +497,25 @@ fn infer_where(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![x.clone()])
 }
 
-fn where_typed<C: Elem, E: Copy + Send + Sync>(c: &TBlob, x: &TBlob, y: &TBlob, out: &TBlob, dtype: DType) {
+fn where_typed<C: Elem, E: pod::Pod>(c: &TBlob, x: &TBlob, y: &TBlob, out: &mut OutBlob, dtype: DType) {
     let cond = c.as_slice::<C>();
-    let (xp, yp, op) = (SendPtr(x.ptr() as *mut E), SendPtr(y.ptr() as *mut E), SendPtr(out.ptr() as *mut E));
+    let (xs, ys) = (elems::<E>(x), elems::<E>(y));
     let n = out.size();
     let per = if cond.len() == n { 1 } else { n / cond.len().max(1) };
     let zero = C::zero();
-    par_for(n, Cost(0.5), dtype, |r| {
-        let (xp, yp, op) = (xp, yp, op);
-        for i in r {
-            let pick = cond[i / per] != zero;
-            // SAFETY: i < n for all three same-shape arrays.
-            unsafe { *op.0.add(i) = if pick { *xp.0.add(i) } else { *yp.0.add(i) } };
+    par_for_mut(elems_mut::<E>(out), 1, Cost(0.5), dtype, |r, o| {
+        for (i, o) in r.zip(o) {
+            *o = if cond[i / per] != zero { xs[i] } else { ys[i] };
         }
     });
 }
 
-fn run_where(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_where(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if outs[0].size() == 0 {
         return Ok(());
     }
     let dt = ins[1].dtype;
-    dispatch_all!(ins[0].dtype, C => by_size!(dt, E => where_typed::<C, E>(&ins[0], &ins[1], &ins[2], &outs[0], dt)));
+    dispatch_all!(ins[0].dtype, C => by_size!(dt, E => where_typed::<C, E>(&ins[0], &ins[1], &ins[2], &mut outs[0], dt)));
     Ok(())
 }
 
@@ -580,16 +570,14 @@ pub(super) fn nd_offsets(op: &str, data: &[usize], idx: &TBlob) -> Result<Vec<us
     Ok(offs)
 }
 
-fn run_gather_nd(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_gather_nd(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let offs = nd_offsets("gather_nd", &ins[0].shape, &ins[1])?;
     let inner = nd_geometry("gather_nd", &ins[0].shape, &ins[1].shape)?.2;
     by_size!(ins[0].dtype, E => {
-        let (src, dst) = (SendPtr(ins[0].ptr() as *mut E), SendPtr(outs[0].ptr() as *mut E));
-        par_for(offs.len(), Cost(0.25 * inner as f64 + 2.0), ins[0].dtype, |r| {
-            let (src, dst) = (src, dst);
-            for j in r {
-                // SAFETY: offsets checked in bounds; one output block per j.
-                unsafe { std::ptr::copy_nonoverlapping(src.0.add(offs[j]), dst.0.add(j * inner), inner) };
+        let src = elems::<E>(&ins[0]);
+        par_for_mut(elems_mut::<E>(&mut outs[0]), inner, Cost(0.25 * inner as f64 + 2.0), ins[0].dtype, |r, dst| {
+            for (j, d) in r.zip(dst.chunks_mut(inner.max(1))) {
+                d.copy_from_slice(&src[offs[j]..offs[j] + inner]);
             }
         });
     });
@@ -616,17 +604,17 @@ fn infer_scatter_set_nd(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![ins[0].clone()])
 }
 
-fn run_scatter_set_nd(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_scatter_set_nd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let offs = nd_offsets("_scatter_set_nd", &ins[0].shape, &ins[2])?;
     if cx.req[0] != Req::Inplace {
-        copy_all(&ins[0], &outs[0]);
+        copy_all(&ins[0], &mut outs[0]);
     }
     let inner = nd_geometry("_scatter_set_nd", &ins[0].shape, &ins[2].shape)?.2;
     by_size!(ins[0].dtype, E => {
-        let (src, dst) = (ins[1].ptr() as *const E, outs[0].ptr() as *mut E);
+        let (src, dst) = (elems::<E>(&ins[1]), elems_mut::<E>(&mut outs[0]));
+        // Serial, so repeated indices are last-wins.
         for (j, &o) in offs.iter().enumerate() {
-            // SAFETY: offsets checked in bounds; serial, so repeated indices are last-wins.
-            unsafe { std::ptr::copy_nonoverlapping(src.add(j * inner), dst.add(o), inner) };
+            dst[o..o + inner].copy_from_slice(&src[j * inner..(j + 1) * inner]);
         }
     });
     Ok(())
@@ -646,18 +634,17 @@ fn infer_fill_element_0index(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![l.clone()])
 }
 
-fn run_fill_element_0index(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_fill_element_0index(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let cols = ins[0].shape[1];
     let idx: Vec<usize> =
         read_indices(&ins[2]).iter().map(|&i| resolve("fill_element_0index", i, cols, b'r')).collect::<Result<_>>()?;
     if cx.req[0] != Req::Inplace {
-        copy_all(&ins[0], &outs[0]);
+        copy_all(&ins[0], &mut outs[0]);
     }
     by_size!(ins[0].dtype, E => {
-        let (src, dst) = (ins[1].ptr() as *const E, outs[0].ptr() as *mut E);
+        let (src, dst) = (elems::<E>(&ins[1]), elems_mut::<E>(&mut outs[0]));
         for (r, &c) in idx.iter().enumerate() {
-            // SAFETY: r < rows and c < cols (resolved); mhs has one element per row.
-            unsafe { *dst.add(r * cols + c) = *src.add(r) };
+            dst[r * cols + c] = src[r];
         }
     });
     Ok(())
@@ -761,12 +748,10 @@ pub(super) fn sort_order<T: Elem>(x: &TBlob, g: &SortGeom, ascend: bool) -> Vec<
     let data = x.as_slice::<T>();
     let rows = g.outer * g.inner;
     let mut order = vec![0u32; rows * g.k];
-    let op = SendPtr(order.as_mut_ptr());
     let (n, inner, k) = (g.n, g.inner, g.k);
-    par_for(rows, Cost(n as f64 * (n.max(2) as f64).log2() * 2.0), T::DTYPE, |r| {
-        let op = op;
+    par_for_mut(&mut order, k, Cost(n as f64 * (n.max(2) as f64).log2() * 2.0), T::DTYPE, |r, slots| {
         let mut idx: Vec<u32> = Vec::with_capacity(n);
-        for row in r {
+        for (row, dst) in r.zip(slots.chunks_mut(k)) {
             let (o, i) = (row / inner, row % inner);
             let at = |j: u32| data[(o * n + j as usize) * inner + i];
             idx.clear();
@@ -776,8 +761,6 @@ pub(super) fn sort_order<T: Elem>(x: &TBlob, g: &SortGeom, ascend: bool) -> Vec<
             } else {
                 idx.sort_by(|&p, &q| total_cmp(&at(q), &at(p)));
             }
-            // SAFETY: each row owns its k slots of `order`.
-            let dst = unsafe { std::slice::from_raw_parts_mut(op.0.add(row * k), k) };
             dst.copy_from_slice(&idx[..k]);
         }
     });
@@ -785,7 +768,7 @@ pub(super) fn sort_order<T: Elem>(x: &TBlob, g: &SortGeom, ascend: bool) -> Vec<
 }
 
 /// Write values (`vals`) or indices into `out` of the sorted shape.
-fn write_sorted<T: Elem>(x: &TBlob, g: &SortGeom, order: &[u32], out: &TBlob, vals: bool) -> Result<()> {
+fn write_sorted<T: Elem>(x: &TBlob, g: &SortGeom, order: &[u32], out: &mut OutBlob, vals: bool) -> Result<()> {
     let data = x.as_slice::<T>();
     let (n, inner, k) = (g.n, g.inner, g.k);
     let pos = |t: usize| -> (usize, u32) {
@@ -818,13 +801,13 @@ fn infer_sort(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(sorted_shape(&g, &ins[0].shape), dtype)
 }
 
-fn run_sort(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_sort(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let ascend = cx.attrs.bool("is_ascend");
     let g = sort_geom(cx.attrs.op, cx.attrs, &ins[0].shape, None)?;
     let vals = !cx.attrs.has("dtype");
     dispatch_num!(ins[0].dtype, cx.attrs.op, T => {
         let order = sort_order::<T>(&ins[0], &g, ascend);
-        write_sorted::<T>(&ins[0], &g, &order, &outs[0], vals)?;
+        write_sorted::<T>(&ins[0], &g, &order, &mut outs[0], vals)?;
     });
     Ok(())
 }
@@ -853,15 +836,15 @@ fn infer_topk(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     })
 }
 
-fn run_topk(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_topk(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let g = sort_geom("topk", a, &ins[0].shape, Some(a.int("k")))?;
     let ret = a.str("ret_typ");
     dispatch_num!(ins[0].dtype, "topk", T => {
         let order = sort_order::<T>(&ins[0], &g, a.bool("is_ascend"));
         match ret {
-            "value" => write_sorted::<T>(&ins[0], &g, &order, &outs[0], true)?,
-            "indices" => write_sorted::<T>(&ins[0], &g, &order, &outs[0], false)?,
+            "value" => write_sorted::<T>(&ins[0], &g, &order, &mut outs[0], true)?,
+            "indices" => write_sorted::<T>(&ins[0], &g, &order, &mut outs[0], false)?,
             "mask" => {
                 let m = outs[0].as_mut::<T>();
                 m.fill(T::zero());
@@ -873,8 +856,8 @@ fn run_topk(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
                 }
             }
             _ => {
-                write_sorted::<T>(&ins[0], &g, &order, &outs[0], true)?;
-                write_sorted::<T>(&ins[0], &g, &order, &outs[1], false)?;
+                write_sorted::<T>(&ins[0], &g, &order, &mut outs[0], true)?;
+                write_sorted::<T>(&ins[0], &g, &order, &mut outs[1], false)?;
             }
         }
     });

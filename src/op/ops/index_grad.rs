@@ -14,18 +14,18 @@ use super::index::{
     sort_order,
 };
 use super::init::fill;
-use super::strided::{by_size, copy, View};
+use super::strided::{by_size, copy, elems, elems_mut, View};
 use crate::error::Result;
-use crate::op::kernel::{par_for, pool_threads, Cost};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::kernel::{par_for_mut, Cost};
+use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{OpCtx, OpDef, Req};
 use crate::{dispatch_all, dispatch_float};
 
-type Compute = fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>;
+type Compute = fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()>;
 
 /// Zeros into every requested gradient from output `from` on (index inputs).
-fn zero_from(cx: &OpCtx, outs: &[TBlob], from: usize) {
-    for (o, r) in outs.iter().zip(cx.req).skip(from) {
+fn zero_from(cx: &OpCtx, outs: &mut [OutBlob], from: usize) {
+    for (o, r) in outs.iter_mut().zip(cx.req).skip(from) {
         if *r != Req::Null {
             fill(o, 0.0);
         }
@@ -33,31 +33,32 @@ fn zero_from(cx: &OpCtx, outs: &[TBlob], from: usize) {
 }
 
 /// Zero `dx`, then copy the output gradient `g` (of `shape`) into view `v` of it.
-fn scatter_view(g: &TBlob, dx: &TBlob, v: &View, shape: &[usize]) {
+fn scatter_view(g: &TBlob, dx: &mut OutBlob, v: &View, shape: &[usize]) {
     fill(dx, 0.0);
     copy(g, &View::contiguous(shape), dx, v, shape);
 }
 
-fn slice_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn slice_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
         let (v, shape) = attr_slice("slice", cx.attrs, &outs[0].shape)?;
-        scatter_view(&ins[0], &outs[0], &v, &shape);
+        scatter_view(&ins[0], &mut outs[0], &v, &shape);
     }
     Ok(())
 }
 
-fn slice_axis_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn slice_axis_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
         let (v, shape) = slice_view(&slice_axis_ranges(cx.attrs, &outs[0].shape)?, &outs[0].shape);
-        scatter_view(&ins[0], &outs[0], &v, &shape);
+        scatter_view(&ins[0], &mut outs[0], &v, &shape);
     }
     Ok(())
 }
 
-fn slice_like_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn slice_like_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
         let shape = ins[0].shape.clone();
-        scatter_view(&ins[0], &outs[0], &View::contiguous(&outs[0].shape), &shape);
+        let full = View::contiguous(&outs[0].shape);
+        scatter_view(&ins[0], &mut outs[0], &full, &shape);
     }
     zero_from(cx, outs, 1);
     Ok(())
@@ -71,49 +72,53 @@ fn add_into<T: Arith>(dst: &mut [T], src: &[T]) {
     }
 }
 
+/// `d[dest, :] += g[src, :]` for every `(dest, src)` pair of blocks of `inner` elements, in
+/// the pairs' order (the serial order, so sums round as a serial loop's would); `d` is split
+/// into its blocks, which are summed in parallel (each block owned by one task).
+fn add_blocks<T: Arith>(d: &mut [T], g: &[T], inner: usize, pairs: impl Iterator<Item = (usize, usize)>) {
+    if inner == 0 {
+        return;
+    }
+    let blocks = d.len() / inner;
+    let pairs: Vec<(usize, usize)> = pairs.collect();
+    // Per destination block, its pairs as a list threaded through `next` (in pair order).
+    let (mut first, mut next) = (vec![usize::MAX; blocks], vec![usize::MAX; pairs.len()]);
+    for (k, &(dest, _)) in pairs.iter().enumerate().rev() {
+        next[k] = first[dest];
+        first[dest] = k;
+    }
+    let per_block = pairs.len() as f64 / blocks.max(1) as f64;
+    par_for_mut(d, inner, Cost(per_block * inner as f64 * 0.5 + 1.0), T::DTYPE, |r, part| {
+        for (b, block) in r.zip(part.chunks_mut(inner)) {
+            let mut k = first[b];
+            while k != usize::MAX {
+                let src = pairs[k].1;
+                add_into(block, &g[src * inner..(src + 1) * inner]);
+                k = next[k];
+            }
+        }
+    });
+}
+
 /// `dx[o, idx[j], :] += g[o, j, :]` over blocks of `inner` elements (`dx` zeroed first).
 fn scatter_add<T: Arith>(g: &[T], dx: &mut [T], outer: usize, n: usize, idx: &[usize], inner: usize) {
     let m = idx.len();
-    let p = SendPtr(dx.as_mut_ptr());
-    let dlen = dx.len();
-    if outer >= 2 * pool_threads() || inner < 256 {
-        // Split over outer blocks: each owns its slab of dx.
-        par_for(outer, Cost((m * inner) as f64 * 0.5 + 1.0), T::DTYPE, |r| {
-            let p = p;
-            for o in r {
-                // SAFETY: slab o of dx (n * inner elements) belongs to this iteration.
-                let slab = unsafe { std::slice::from_raw_parts_mut(p.0.add(o * n * inner), n * inner) };
-                for (j, &i) in idx.iter().enumerate() {
-                    add_into(&mut slab[i * inner..(i + 1) * inner], &g[(o * m + j) * inner..(o * m + j + 1) * inner]);
-                }
-            }
-        });
-    } else {
-        // Few wide slabs: split each row's columns.
-        for o in 0..outer {
-            par_for(inner, Cost(m as f64 * 0.5), T::DTYPE, |r| {
-                let p = p;
-                for (j, &i) in idx.iter().enumerate() {
-                    let at = (o * n + i) * inner;
-                    debug_assert!(at + inner <= dlen);
-                    // SAFETY: columns r of row (o, i): disjoint across the par_for ranges.
-                    let d = unsafe { std::slice::from_raw_parts_mut(p.0.add(at + r.start), r.len()) };
-                    let s = (o * m + j) * inner;
-                    add_into(d, &g[s + r.start..s + r.end]);
-                }
-            });
-        }
-    }
+    add_blocks(
+        dx,
+        g,
+        inner,
+        (0..outer).flat_map(|o| idx.iter().enumerate().map(move |(j, &i)| (o * n + i, o * m + j))),
+    );
 }
 
 /// take: inputs (ograd, a, indices).
-fn take_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn take_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     zero_from(cx, outs, 1);
     if cx.req[0] == Req::Null {
         return Ok(());
     }
-    let (g, dx) = (&ins[0], &outs[0]);
-    let s = &dx.shape;
+    let (g, dx) = (&ins[0], &mut outs[0]);
+    let s = &dx.shape.clone();
     let ax = super::common::norm_axis("take", cx.attrs.int("axis"), s.len())?;
     let mode = cx.attrs.str("mode").as_bytes()[0];
     fill(dx, 0.0);
@@ -128,13 +133,13 @@ fn take_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 }
 
 /// pick: inputs (ograd, data, index); each output position picks one distinct element.
-fn pick_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn pick_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     zero_from(cx, outs, 1);
     if cx.req[0] == Req::Null {
         return Ok(());
     }
-    let (g, dx) = (&ins[0], &outs[0]);
-    let s = &dx.shape;
+    let (g, dx) = (&ins[0], &mut outs[0]);
+    let s = &dx.shape.clone();
     let ax = pick_axis(cx.attrs, s)?;
     let mode = cx.attrs.str("mode").as_bytes()[0];
     let (n, inner) = (s[ax], s[ax + 1..].iter().product::<usize>());
@@ -144,15 +149,16 @@ fn pick_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
         return Ok(());
     }
     let idx: Vec<usize> = idx.iter().map(|&i| resolve("pick", i, n, mode)).collect::<Result<_>>()?;
-    by_size!(dx.dtype, E => {
-        let src = SendPtr(g.ptr() as *mut E);
-        let dst = SendPtr(dx.ptr() as *mut E);
-        par_for(idx.len(), Cost(1.0), dx.dtype, |r| {
-            let (src, dst) = (src, dst);
-            for t in r {
-                let (o, i) = (t / inner, t % inner);
-                // SAFETY: indices resolved into [0, n); (o, i) differs for every t.
-                unsafe { *dst.0.add((o * n + idx[t]) * inner + i) = *src.0.add(t) };
+    let dtype = dx.dtype;
+    by_size!(dtype, E => {
+        let src = elems::<E>(g);
+        // One block of n * inner elements per outer position o.
+        par_for_mut(elems_mut::<E>(dx), n * inner, Cost(inner as f64), dtype, |r, blocks| {
+            for (o, block) in r.zip(blocks.chunks_mut((n * inner).max(1))) {
+                for i in 0..inner {
+                    let t = o * inner + i;
+                    block[idx[t] * inner + i] = src[t];
+                }
             }
         });
     });
@@ -160,36 +166,27 @@ fn pick_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 }
 
 /// gather_nd: inputs (ograd, data, indices); blocks scattered back with addition.
-fn gather_nd_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn gather_nd_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     zero_from(cx, outs, 1);
     if cx.req[0] == Req::Null {
         return Ok(());
     }
-    let (g, dx) = (&ins[0], &outs[0]);
+    let (g, dx) = (&ins[0], &mut outs[0]);
     let offs = nd_offsets("gather_nd", &dx.shape, &ins[2])?;
     let inner = nd_geometry("gather_nd", &dx.shape, &ins[2].shape)?.2;
     fill(dx, 0.0);
     dispatch_float!(dx.dtype, "_backward_gather_nd", T => {
         let (gs, d) = (g.as_slice::<T>(), dx.as_mut::<T>());
-        let p = SendPtr(d.as_mut_ptr());
-        // Split over the columns of each block so that repeated offsets never race.
-        par_for(inner, Cost(offs.len() as f64 * 0.5), T::DTYPE, |r| {
-            let p = p;
-            for (j, &o) in offs.iter().enumerate() {
-                // SAFETY: offsets checked in bounds; columns r are disjoint across ranges.
-                let dst = unsafe { std::slice::from_raw_parts_mut(p.0.add(o + r.start), r.len()) };
-                add_into(dst, &gs[j * inner + r.start..j * inner + r.end]);
-            }
-        });
+        add_blocks(d, gs, inner, offs.iter().enumerate().map(|(j, &o)| (o / inner.max(1), j)));
     });
     Ok(())
 }
 
 /// where: inputs (ograd, condition, x, y); x gets the gradient where the condition holds, y
 /// elsewhere, the condition zeros.
-fn where_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn where_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
-        fill(&outs[0], 0.0);
+        fill(&mut outs[0], 0.0);
     }
     let (g, c) = (&ins[0], &ins[1]);
     let n = g.size();
@@ -201,14 +198,10 @@ fn where_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
         if cx.req[out] == Req::Null {
             continue;
         }
-        let d = &outs[out];
+        let d = &mut outs[out];
         dispatch_float!(d.dtype, "_backward_where", T => dispatch_all!(c.dtype, C => {
             let (gs, cs) = (g.as_slice::<T>(), c.as_slice::<C>());
-            let p = SendPtr(d.as_mut::<T>().as_mut_ptr());
-            par_for(n, Cost(0.5), T::DTYPE, |r| {
-                let p = p;
-                // SAFETY: par_for ranges are disjoint and within the output.
-                let d = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+            par_for_mut(d.as_mut::<T>(), 1, Cost(0.5), T::DTYPE, |r, d| {
                 for (k, (d, &gv)) in d.iter_mut().zip(&gs[r.clone()]).enumerate() {
                     let hold = cs[(r.start + k) / per] != C::zero();
                     *d = if hold == side { gv } else { T::zero() };
@@ -222,12 +215,12 @@ fn where_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 /// topk (ret_typ value or both) and sort: inputs (ograds of the visible outputs, data). The
 /// forward order is recomputed (the sort is stable, so it is the same) and the value
 /// gradients are written back to the positions they came from; index outputs carry none.
-fn topk_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn topk_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] == Req::Null {
         return Ok(());
     }
     let a = cx.attrs;
-    let (x, dx) = (&ins[ins.len() - 1], &outs[0]);
+    let (x, dx) = (&ins[ins.len() - 1], &mut outs[0]);
     fill(dx, 0.0);
     let topk = a.has("ret_typ");
     if topk && !matches!(a.str("ret_typ"), "value" | "both") {

@@ -4,9 +4,9 @@ use super::common::shape_param;
 use crate::dispatch_all;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_for, Cost};
+use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{PType, ParamSpec};
-use crate::op::tensor::{Elem, TBlob};
+use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Inputs, Meta, OpCtx, OpDef};
 
 const DTYPES: &[&str] = &["bool", "float16", "float32", "float64", "int32", "int64", "int8", "uint8"];
@@ -44,24 +44,20 @@ pub(super) fn infer_shape_dtype(op: &'static str) -> crate::op::InferFn {
 }
 
 /// Fill `out` with `v`.
-pub(crate) fn fill(out: &TBlob, v: f64) {
+pub(crate) fn fill(out: &mut OutBlob, v: f64) {
     dispatch_all!(out.dtype, T => fill_typed::<T>(out, T::from_f64(v)))
 }
 
-fn fill_typed<T: Elem>(out: &TBlob, v: T) {
+fn fill_typed<T: Elem>(out: &mut OutBlob, v: T) {
     let o = out.as_mut::<T>();
-    let p = crate::op::tensor::SendPtr(o.as_mut_ptr());
-    par_for(o.len(), Cost::CHEAP, T::DTYPE, |r| {
-        let p = p;
-        // SAFETY: ranges from par_for are disjoint and within the output.
-        let chunk = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+    par_for_mut(o, 1, Cost::CHEAP, T::DTYPE, |_, chunk| {
         chunk.fill(v);
     });
 }
 
 fn filler(value: fn(&OpCtx) -> f64) -> crate::op::ComputeFn {
-    Box::new(move |cx: &OpCtx, _: &[TBlob], outs: &[TBlob]| -> Result<()> {
-        fill(&outs[0], value(cx));
+    Box::new(move |cx: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
+        fill(&mut outs[0], value(cx));
         Ok(())
     })
 }
@@ -156,22 +152,18 @@ fn arange_infer() -> crate::op::InferFn {
 }
 
 /// `out[i] = f(i)` over the kernel pool.
-fn fill_index<T: Elem>(out: &TBlob, f: impl Fn(usize) -> T + Sync + Send) {
+fn fill_index<T: Elem>(out: &mut OutBlob, f: impl Fn(usize) -> T + Sync + Send) {
     let o = out.as_mut::<T>();
-    let p = crate::op::tensor::SendPtr(o.as_mut_ptr());
-    par_for(o.len(), Cost::CHEAP, T::DTYPE, |r| {
-        let p = p;
-        // SAFETY: ranges from par_for are disjoint and within the output.
-        let chunk = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+    par_for_mut(o, 1, Cost::CHEAP, T::DTYPE, |r, chunk| {
         for (k, v) in chunk.iter_mut().enumerate() {
             *v = f(r.start + k);
         }
     });
 }
 
-fn arange(cx: &OpCtx, _: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn arange(cx: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (start, _, step, repeat) = range_of(cx.attrs)?;
-    let out = &outs[0];
+    let out = &mut outs[0];
     if matches!(out.dtype, DType::F32 | DType::F64 | DType::F16) {
         dispatch_all!(out.dtype, T => fill_index::<T>(out, |i| T::from_f64(start + (i / repeat) as f64 * step)));
     } else {
@@ -194,12 +186,12 @@ fn linspace_infer() -> crate::op::InferFn {
     })
 }
 
-fn linspace(cx: &OpCtx, _: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn linspace(cx: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let (start, stop, num, endpoint) = (a.float("start"), a.float("stop"), a.int("num") as usize, a.bool("endpoint"));
     let steps = if endpoint { num.saturating_sub(1) } else { num };
     let step = if steps > 0 { (stop - start) / steps as f64 } else { 0.0 };
-    dispatch_all!(outs[0].dtype, T => fill_index::<T>(&outs[0], |i| {
+    dispatch_all!(outs[0].dtype, T => fill_index::<T>(&mut outs[0], |i| {
         T::from_f64(if endpoint && i + 1 == num { stop } else { start + step * i as f64 })
     }));
     Ok(())
@@ -213,9 +205,9 @@ fn eye_dims(a: &crate::op::param::Attrs) -> Result<(usize, usize, i64)> {
     Ok((n as usize, if m == 0 { n as usize } else { m as usize }, k))
 }
 
-fn eye(cx: &OpCtx, _: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn eye(cx: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (_, m, k) = eye_dims(cx.attrs)?;
-    dispatch_all!(outs[0].dtype, T => fill_index::<T>(&outs[0], |i| {
+    dispatch_all!(outs[0].dtype, T => fill_index::<T>(&mut outs[0], |i| {
         T::from_f64(if (i % m) as i64 - (i / m) as i64 == k { 1.0 } else { 0.0 })
     }));
     Ok(())

@@ -11,9 +11,9 @@
 use crate::dispatch_float;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{self, par_for, par_tasks, Cost};
+use crate::op::kernel::{self, par_for_mut, par_tasks_mut, Cost};
 use crate::op::param::{PType, ParamSpec};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::tensor::{Elem, OutBlob, SendPtr, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef};
 use half::f16;
 
@@ -94,15 +94,22 @@ macro_rules! native_gemm {
                     }
                     return;
                 }
-                assert!(c.len() >= m * n);
+                // The extents the blocks below read and write (what makes their pointers valid).
+                let extent = |rows: usize, cols: usize, rs: isize, cs: isize| {
+                    assert!(rs >= 0 && cs >= 0, "gemm: negative strides");
+                    (rows - 1) * rs as usize + (cols - 1) * cs as usize + 1
+                };
+                assert!(
+                    c.len() >= m * n && a.0.len() >= extent(m, k, a.1, a.2) && b.0.len() >= extent(k, n, b.1, b.2),
+                    "gemm: an operand is shorter than its shape and strides"
+                );
                 let (ap, bp, cp) =
                     (SendPtr(a.0.as_ptr() as *mut $t), SendPtr(b.0.as_ptr() as *mut $t), SendPtr(c.as_mut_ptr()));
                 // Rows r0..r1 and columns c0..c1 of the product.
                 let block = move |r0: usize, r1: usize, c0: usize, c1: usize, par: gemm::Parallelism| {
                     let (ap, bp, cp) = (ap, bp, cp);
-                    // SAFETY: the callers pass operands whose strided extents lie within the
-                    // slices (checked by the debug assertions in `gemm` below), and `c` is an
-                    // exclusive m×n row-major buffer; a block reads rows r0..r1 of `a` (row
+                    // SAFETY: the operands' strided extents lie within their slices (asserted
+                    // above), and `c` is an exclusive m×n row-major buffer (a `&mut`); a block reads rows r0..r1 of `a` (row
                     // stride a.1) and columns c0..c1 of `b` (column stride b.2) and writes
                     // only its own rows and columns of `c`, disjoint from every other block.
                     unsafe {
@@ -280,7 +287,7 @@ fn dot_infer(a: &crate::op::param::Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![Meta::new(out, ins[0].dtype)])
 }
 
-fn dot_compute(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn dot_compute(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (ta, tb) = (cx.attrs.bool("transpose_a"), cx.attrs.bool("transpose_b"));
     let (m, n, k, _) = dot_plan(cx.attrs.op, &ins[0].shape, &ins[1].shape, ta, tb)?;
     dispatch_float!(ins[0].dtype, cx.attrs.op, T => {
@@ -345,16 +352,12 @@ pub(crate) fn batched_gemm<T: GemmElem>(
         }
         return;
     }
-    let cp = SendPtr(c.as_mut_ptr());
-    par_tasks(batch, flops * batch as f64 * 0.1, T::DTYPE, |i| {
-        let cp = cp;
-        // SAFETY: each task writes its own m×n block of the output.
-        let ci = unsafe { std::slice::from_raw_parts_mut(cp.0.add(i * m * n), m * n) };
+    par_tasks_mut(&mut c[..batch * m * n], m * n, flops * batch as f64 * 0.1, T::DTYPE, |i, ci| {
         gemm(m, n, k, &a[i * m * k..], ta, &b[i * k * n..], tb, ci, false);
     });
 }
 
-fn batch_dot_compute(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn batch_dot_compute(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (ta, tb) = (cx.attrs.bool("transpose_a"), cx.attrs.bool("transpose_b"));
     let (batch, m, n, k) = batch_plan(cx.attrs.op, &ins[0].shape, &ins[1].shape, ta, tb)?;
     dispatch_float!(ins[0].dtype, cx.attrs.op, T => {
@@ -436,11 +439,7 @@ fn fc_infer(a: &crate::op::param::Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 /// `out[r, j] += bias[j]` for each row of a rows×cols output.
 pub(crate) fn add_bias_rows<T: Elem>(out: &mut [T], bias: &[T], cols: usize) {
     let rows = out.len().checked_div(cols).unwrap_or(0);
-    let p = SendPtr(out.as_mut_ptr());
-    par_for(rows, Cost(cols as f64 * 0.5), T::DTYPE, |r| {
-        let p = p;
-        // SAFETY: disjoint row ranges of the output.
-        let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start * cols), r.len() * cols) };
+    par_for_mut(&mut out[..rows * cols], cols, Cost(cols as f64 * 0.5), T::DTYPE, |_, o| {
         for row in o.chunks_exact_mut(cols) {
             for (v, &b) in row.iter_mut().zip(bias) {
                 *v = T::from_f64(v.to_f64() + b.to_f64());
@@ -451,11 +450,7 @@ pub(crate) fn add_bias_rows<T: Elem>(out: &mut [T], bias: &[T], cols: usize) {
 
 fn add_bias_f32(out: &mut [f32], bias: &[f32], cols: usize) {
     let rows = out.len().checked_div(cols).unwrap_or(0);
-    let p = SendPtr(out.as_mut_ptr());
-    par_for(rows, Cost(cols as f64 * 0.1), DType::F32, |r| {
-        let p = p;
-        // SAFETY: disjoint row ranges of the output.
-        let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start * cols), r.len() * cols) };
+    par_for_mut(&mut out[..rows * cols], cols, Cost(cols as f64 * 0.1), DType::F32, |_, o| {
         for row in o.chunks_exact_mut(cols) {
             for (v, &b) in row.iter_mut().zip(bias) {
                 *v += b;
@@ -464,7 +459,7 @@ fn add_bias_f32(out: &mut [f32], bias: &[f32], cols: usize) {
     });
 }
 
-fn fc_compute(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn fc_compute(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (rows, k, _) = fc_plan(cx.attrs, &ins[0].shape)?;
     let hidden = cx.attrs.int("num_hidden") as usize;
     dispatch_float!(ins[0].dtype, cx.attrs.op, T => {

@@ -9,12 +9,12 @@ use super::nn::{dispatch_real, Real};
 use crate::dispatch_float;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_for, Cost};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::kernel::{par_for_mut, Cost};
+use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{OpCtx, OpDef, Req};
 
 /// `_backward_dot(dC, A, B) -> (dA, dB)` for `C = op(A)·op(B)`.
-fn dot_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn dot_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (ta, tb) = (cx.attrs.bool("transpose_a"), cx.attrs.bool("transpose_b"));
     let (m, n, k, _) = dot_plan(cx.attrs.op, &ins[1].shape, &ins[2].shape, ta, tb)?;
     dispatch_float!(ins[1].dtype, cx.attrs.op, T => {
@@ -44,7 +44,7 @@ fn dot_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 }
 
 /// `_backward_batch_dot(dC, A, B) -> (dA, dB)`: [`dot_backward`] per batch entry.
-fn batch_dot_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn batch_dot_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (ta, tb) = (cx.attrs.bool("transpose_a"), cx.attrs.bool("transpose_b"));
     let (batch, m, n, k) = batch_plan(cx.attrs.op, &ins[1].shape, &ins[2].shape, ta, tb)?;
     dispatch_float!(ins[1].dtype, cx.attrs.op, T => {
@@ -72,17 +72,13 @@ fn batch_dot_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 /// `out[j] = Σ_r g[r, j]` for a rows×cols `g`, split over column ranges.
 fn column_sums<T: Elem, R: Real>(g: &[T], cols: usize, out: &mut [T]) {
     let rows = g.len().checked_div(cols).unwrap_or(0);
-    let o = SendPtr(out.as_mut_ptr());
-    par_for(cols, Cost(rows as f64 * 0.3), T::DTYPE, |r| {
-        let o = o;
+    par_for_mut(&mut out[..cols], 1, Cost(rows as f64 * 0.3), T::DTYPE, |r, o| {
         let mut acc = vec![R::of(0.0); r.len()];
         for row in g.chunks_exact(cols) {
             for (a, &v) in acc.iter_mut().zip(&row[r.clone()]) {
                 *a = *a + R::load(v);
             }
         }
-        // SAFETY: disjoint column ranges of the output.
-        let o = unsafe { std::slice::from_raw_parts_mut(o.0.add(r.start), r.len()) };
         for (ov, a) in o.iter_mut().zip(acc) {
             *ov = a.store();
         }
@@ -90,7 +86,7 @@ fn column_sums<T: Elem, R: Real>(g: &[T], cols: usize, out: &mut [T]) {
 }
 
 /// `_backward_FullyConnected(dY, X, W[, b]) -> (dX, dW[, db])` for `Y = X·Wᵀ + b`.
-fn fc_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn fc_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (rows, k, _) = fc_plan(cx.attrs, &ins[1].shape)?;
     let hidden = cx.attrs.int("num_hidden") as usize;
     dispatch_real!(ins[1].dtype, cx.attrs.op, T, R => {

@@ -8,9 +8,9 @@
 use super::common::norm_axis;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_for, par_tasks, Cost};
+use crate::op::kernel::{par_for_mut, par_for_zip, Cost};
 use crate::op::param::{Attrs, PType, ParamSpec};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::tensor::{two_mut, Elem, Operand, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Resource};
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
@@ -121,16 +121,12 @@ macro_rules! dispatch_real {
 pub(super) use dispatch_real;
 
 /// `out[i] = f(x[i])` over the kernel pool.
-fn map<T: Elem, R: Real>(x: &TBlob, out: &TBlob, cost: Cost, f: impl Fn(R) -> R + Sync + Send) {
-    let x = x.as_slice::<T>();
-    let o = SendPtr(out.as_mut::<T>().as_mut_ptr());
-    par_for(x.len(), cost, T::DTYPE, |r| {
-        let o = o;
-        // SAFETY: par_for ranges are disjoint and within the output.
-        let o = unsafe { std::slice::from_raw_parts_mut(o.0.add(r.start), r.len()) };
-        for (o, &v) in o.iter_mut().zip(&x[r]) {
-            *o = f(R::load(v)).store();
-        }
+/// `out = f(x)` element-wise; `x` may be lent to `out` (output 0) in place.
+fn map<T: Elem, R: Real>(x: &TBlob, out: &mut OutBlob, cost: Cost, f: impl Fn(R) -> R + Sync + Send) {
+    let ([x], o) = out.operands::<T, 1>(0, [x]);
+    par_for_mut(o, 1, cost, T::DTYPE, |r, o| match x {
+        Operand::Input(x) => o.iter_mut().zip(&x[r]).for_each(|(o, &v)| *o = f(R::load(v)).store()),
+        Operand::Output => o.iter_mut().for_each(|o| *o = f(R::load(*o)).store()),
     });
 }
 
@@ -158,7 +154,12 @@ pub(super) fn read_f64(op: &str, b: &TBlob) -> Result<Vec<f64>> {
     dispatch_real!(b.dtype, op, T, _R => Ok(b.as_slice::<T>().iter().map(|v| v.to_f64()).collect()))
 }
 
-pub(super) fn write_f64(op: &str, b: &TBlob, v: &[f64]) -> Result<()> {
+/// An output's (or mutated input's) elements as f64 (see [`read_f64`]).
+pub(super) fn read_out_f64(op: &str, b: &OutBlob) -> Result<Vec<f64>> {
+    dispatch_real!(b.dtype, op, T, _R => Ok(b.as_slice::<T>().iter().map(|v| v.to_f64()).collect()))
+}
+
+pub(super) fn write_f64(op: &str, b: &mut OutBlob, v: &[f64]) -> Result<()> {
     dispatch_real!(b.dtype, op, T, _R => {
         for (o, &x) in b.as_mut::<T>().iter_mut().zip(v) {
             *o = T::from_f64(x);
@@ -190,10 +191,10 @@ fn softrelu<R: Real>(x: R) -> R {
     }
 }
 
-fn activation(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn activation(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let act = cx.attrs.str("act_type");
     dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
-        let (x, o) = (&ins[0], &outs[0]);
+        let (x, o) = (&ins[0], &mut outs[0]);
         match act {
             "relu" => map::<T, R>(x, o, Cost::CHEAP, |v| v.max(R::of(0.0))),
             "sigmoid" => map::<T, R>(x, o, Cost::MATH, sigmoid),
@@ -269,10 +270,10 @@ fn leaky_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![ins[0].clone(); leaky_outputs(a)])
 }
 
-fn leaky(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn leaky(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let slope = a.float("slope");
-    let (x, o) = (&ins[0], &outs[0]);
+    let (x, (o, rest)) = (&ins[0], outs.split_first_mut().expect("LeakyReLU has an output"));
     match a.str("act_type") {
         "prelu" => {
             let gamma = read_f64(a.op, &ins[1])?;
@@ -280,14 +281,9 @@ fn leaky(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
             let (c, inner) = if shape.len() > 1 { (shape[1], shape[2..].iter().product::<usize>()) } else { (1, 1) };
             dispatch_real!(x.dtype, a.op, T, R => {
                 let xs = x.as_slice::<T>();
-                let op = SendPtr(o.as_mut::<T>().as_mut_ptr());
-                let blocks = xs.len().checked_div(inner).unwrap_or(0);
-                par_for(blocks, Cost(inner as f64 * 0.3), T::DTYPE, |r| {
-                    let op = op;
-                    for b in r {
+                par_for_mut(o.as_mut::<T>(), inner, Cost(inner as f64 * 0.3), T::DTYPE, |r, part| {
+                    for (b, ob) in r.zip(part.chunks_mut(inner.max(1))) {
                         let g = R::of(gamma[if gamma.len() == 1 { 0 } else { b % c }]);
-                        // SAFETY: blocks are disjoint slices of the output.
-                        let ob = unsafe { std::slice::from_raw_parts_mut(op.0.add(b * inner), inner) };
                         for (ov, &v) in ob.iter_mut().zip(&xs[b * inner..(b + 1) * inner]) {
                             let v = R::load(v);
                             *ov = (if v > R::of(0.0) { v } else { g * v }).store();
@@ -302,7 +298,7 @@ fn leaky(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
             let rng = cx.rng.ok_or_else(|| Error::internal("LeakyReLU(rrelu) has no random stream"))?;
             dispatch_real!(x.dtype, a.op, T, R => {
                 let xs = x.as_slice::<T>();
-                let (ov, mv) = (o.as_mut::<T>(), outs[1].as_mut::<T>());
+                let (ov, mv) = (o.as_mut::<T>(), rest[0].as_mut::<T>());
                 for i in 0..xs.len() {
                     let s = if train { lo + (hi - lo) * rng.uniform(i as u64) } else { (lo + hi) / 2.0 };
                     let v = R::load(xs[i]);
@@ -399,16 +395,12 @@ fn softmax_kernel<T: Elem, R: Real>(
         return;
     }
     let scale = R::of(if k.negate { -k.scale } else { k.scale });
-    let o = SendPtr(out.as_mut_ptr());
     let block = len * inner;
-    par_for(outer, Cost(block as f64 * 8.0), T::DTYPE, |r| {
-        let o = o;
+    par_for_mut(&mut out[..outer * block], block, Cost(block as f64 * 8.0), T::DTYPE, |r, part| {
         let mut mx = vec![R::of(0.0); inner];
         let mut sum = vec![R::of(0.0); inner];
-        for b in r {
+        for (b, ob) in r.zip(part.chunks_mut(block)) {
             let xb = &x[b * block..(b + 1) * block];
-            // SAFETY: each outer block is written by one chunk only.
-            let ob = unsafe { std::slice::from_raw_parts_mut(o.0.add(b * block), block) };
             if let Some(lens) = lengths {
                 for i in 0..inner {
                     let l = (lens[b * inner + i].max(0.0) as usize).min(len);
@@ -472,7 +464,7 @@ fn softmax_kernel<T: Elem, R: Real>(
 fn softmax_into(
     op: &str,
     x: &TBlob,
-    out: &TBlob,
+    out: &mut OutBlob,
     dims: (usize, usize, usize),
     k: SoftmaxKind,
     lengths: Option<&[f64]>,
@@ -489,7 +481,7 @@ fn softmax_into(
 }
 
 fn softmax_family(log: bool, negate: bool) -> crate::op::ComputeFn {
-    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| {
         let a = cx.attrs;
         let axis = norm_axis(a.op, a.int("axis"), ins[0].ndim())?;
         let scale = 1.0 / a.opt_float("temperature").unwrap_or(1.0);
@@ -502,7 +494,7 @@ fn softmax_family(log: bool, negate: bool) -> crate::op::ComputeFn {
         softmax_into(
             a.op,
             &ins[0],
-            &outs[0],
+            &mut outs[0],
             split_at_axis(&ins[0].shape, axis),
             SoftmaxKind { log, negate, scale },
             lengths.as_deref(),
@@ -557,9 +549,9 @@ fn softmax_output_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![ins[0].clone()])
 }
 
-fn softmax_output(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn softmax_output(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let dims = softmax_output_dims(cx.attrs, &ins[0].shape);
-    softmax_into(cx.attrs.op, &ins[0], &outs[0], dims, SoftmaxKind { log: false, negate: false, scale: 1.0 }, None)
+    softmax_into(cx.attrs.op, &ins[0], &mut outs[0], dims, SoftmaxKind { log: false, negate: false, scale: 1.0 }, None)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -601,11 +593,12 @@ fn dropout_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![ins[0].clone(), ins[0].clone()])
 }
 
-fn dropout(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn dropout(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let p = a.float("p");
     let apply = (a.str("mode") == "always" || cx.is_train) && p > 0.0;
-    let (x, o, m) = (&ins[0], &outs[0], &outs[1]);
+    let x = &ins[0];
+    let (o, m) = two_mut(outs, 0, 1);
     let shape = &x.shape;
     // The mask's own shape: size 1 along the variational axes.
     let mut mshape = shape.clone();
@@ -702,7 +695,7 @@ fn bn_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![ins[0].clone(), stat.clone(), stat])
 }
 
-fn batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let op = a.op;
     let x = &ins[0];
@@ -719,52 +712,46 @@ fn batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
         let n = (outer * inner).max(1) as f64;
         dispatch_real!(x.dtype, op, T, _R => {
             let xs = x.as_slice::<T>();
-            let (mp, vp) = (SendPtr(mean.as_mut_ptr()), SendPtr(var.as_mut_ptr()));
-            par_tasks(c, (outer * inner * c) as f64 * 2.0, T::DTYPE, |ch| {
-                let (mp, vp) = (mp, vp);
-                let (mut s, mut s2) = (0.0f64, 0.0f64);
-                for o in 0..outer {
-                    let base = (o * c + ch) * inner;
-                    s += xs[base..base + inner].iter().map(|v| v.to_f64()).sum::<f64>();
-                }
-                let m = s / n;
-                for o in 0..outer {
-                    let base = (o * c + ch) * inner;
-                    s2 += xs[base..base + inner].iter().map(|v| (v.to_f64() - m) * (v.to_f64() - m)).sum::<f64>();
-                }
-                // SAFETY: each task writes its own channel's entry.
-                unsafe {
-                    *mp.0.add(ch) = m;
-                    *vp.0.add(ch) = s2 / n;
+            par_for_zip(&mut mean, [&mut var], Cost(inner as f64 * outer as f64 * 2.0), T::DTYPE, |r, ms, [vs]| {
+                for (j, ch) in r.enumerate() {
+                    let (mut s, mut s2) = (0.0f64, 0.0f64);
+                    for o in 0..outer {
+                        let base = (o * c + ch) * inner;
+                        s += xs[base..base + inner].iter().map(|v| v.to_f64()).sum::<f64>();
+                    }
+                    let m = s / n;
+                    for o in 0..outer {
+                        let base = (o * c + ch) * inner;
+                        s2 += xs[base..base + inner].iter().map(|v| (v.to_f64() - m) * (v.to_f64() - m)).sum::<f64>();
+                    }
+                    ms[j] = m;
+                    vs[j] = s2 / n;
                 }
             });
         });
-        let mm = read_f64(op, &ins[3])?;
-        let mv = read_f64(op, &ins[4])?;
+        // The moving statistics are mutated inputs 3 and 4: writable blobs 3 and 4.
+        let mm = read_out_f64(op, &outs[3])?;
+        let mv = read_out_f64(op, &outs[4])?;
         let new_mm: Vec<f64> = mm.iter().zip(&mean).map(|(o, m)| o * momentum + m * (1.0 - momentum)).collect();
         let new_mv: Vec<f64> = mv.iter().zip(&var).map(|(o, v)| o * momentum + v * (1.0 - momentum)).collect();
-        write_f64(op, &ins[3], &new_mm)?;
-        write_f64(op, &ins[4], &new_mv)?;
+        write_f64(op, &mut outs[3], &new_mm)?;
+        write_f64(op, &mut outs[4], &new_mv)?;
         (mean, var)
     } else {
-        (read_f64(op, &ins[3])?, read_f64(op, &ins[4])?)
+        (read_out_f64(op, &outs[3])?, read_out_f64(op, &outs[4])?)
     };
     let invstd: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
-    write_f64(op, &outs[1], &mean)?;
-    write_f64(op, &outs[2], &invstd)?;
+    write_f64(op, &mut outs[1], &mean)?;
+    write_f64(op, &mut outs[2], &invstd)?;
     // out = x * scale + shift per channel.
     let scale: Vec<f64> = (0..c).map(|i| gamma[i] * invstd[i]).collect();
     let shift: Vec<f64> = (0..c).map(|i| beta[i] - mean[i] * scale[i]).collect();
     dispatch_real!(x.dtype, op, T, R => {
         let xs = x.as_slice::<T>();
-        let op_ = SendPtr(outs[0].as_mut::<T>().as_mut_ptr());
-        par_for(outer * c, Cost(inner as f64 * 0.3), T::DTYPE, |r| {
-            let op_ = op_;
-            for b in r {
+        par_for_mut(outs[0].as_mut::<T>(), inner, Cost(inner as f64 * 0.3), T::DTYPE, |r, o| {
+            for (ob, b) in o.chunks_mut(inner.max(1)).zip(r) {
                 let ch = b % c;
                 let (sc, sh) = (R::of(scale[ch]), R::of(shift[ch]));
-                // SAFETY: blocks are disjoint slices of the output.
-                let ob = unsafe { std::slice::from_raw_parts_mut(op_.0.add(b * inner), inner) };
                 for (ov, &v) in ob.iter_mut().zip(&xs[b * inner..(b + 1) * inner]) {
                     *ov = (R::load(v) * sc + sh).store();
                 }
@@ -807,7 +794,7 @@ fn ln_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![ins[0].clone(), stat.clone(), stat])
 }
 
-fn layer_norm(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn layer_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let x = &ins[0];
     let axis = norm_axis(a.op, a.int("axis"), x.ndim())?;
@@ -817,25 +804,37 @@ fn layer_norm(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     let beta = read_f64(a.op, &ins[2])?;
     dispatch_real!(x.dtype, a.op, T, _R => {
         let xs = x.as_slice::<T>();
-        let (op_, mp, sp) = (SendPtr(outs[0].as_mut::<T>().as_mut_ptr()), SendPtr(outs[1].as_mut::<T>().as_mut_ptr()), SendPtr(outs[2].as_mut::<T>().as_mut_ptr()));
-        par_for(outer * inner, Cost(len as f64 * 3.0), T::DTYPE, |r| {
-            let (op_, mp, sp) = (op_, mp, sp);
-            for g in r {
+        // Mean and standard deviation of each (outer, inner) group, then the normalized
+        // output block by block (each outer block owned by one task).
+        let groups = outer * inner;
+        let (mut means, mut sds) = (vec![0.0f64; groups], vec![0.0f64; groups]);
+        par_for_zip(&mut means, [&mut sds], Cost(len as f64 * 2.0), T::DTYPE, |r, ms, [ss]| {
+            for ((g, m), sd) in r.zip(ms.iter_mut()).zip(ss.iter_mut()) {
                 let (o, i) = (g / inner, g % inner);
                 let at = |j: usize| (o * len + j) * inner + i;
-                let m = (0..len).map(|j| xs[at(j)].to_f64()).sum::<f64>() / len.max(1) as f64;
-                let v = (0..len).map(|j| (xs[at(j)].to_f64() - m).powi(2)).sum::<f64>() / len.max(1) as f64;
-                let sd = (v + eps).sqrt();
-                // SAFETY: each (outer, inner) group writes its own positions.
-                unsafe {
+                *m = (0..len).map(|j| xs[at(j)].to_f64()).sum::<f64>() / len.max(1) as f64;
+                let v = (0..len).map(|j| (xs[at(j)].to_f64() - *m).powi(2)).sum::<f64>() / len.max(1) as f64;
+                *sd = (v + eps).sqrt();
+            }
+        });
+        let block = len * inner;
+        par_for_mut(outs[0].as_mut::<T>(), block, Cost(block as f64), T::DTYPE, |r, part| {
+            for (o, ob) in r.zip(part.chunks_mut(block.max(1))) {
+                for i in 0..inner {
+                    let (m, sd) = (means[o * inner + i], sds[o * inner + i]);
                     for j in 0..len {
-                        *op_.0.add(at(j)) = T::from_f64((xs[at(j)].to_f64() - m) / sd * gamma[j] + beta[j]);
+                        let at = j * inner + i;
+                        ob[at] = T::from_f64((xs[o * block + at].to_f64() - m) / sd * gamma[j] + beta[j]);
                     }
-                    *mp.0.add(g) = T::from_f64(m);
-                    *sp.0.add(g) = T::from_f64(sd);
                 }
             }
         });
+        for (d, &m) in outs[1].as_mut::<T>().iter_mut().zip(&means) {
+            *d = T::from_f64(m);
+        }
+        for (d, &sd) in outs[2].as_mut::<T>().iter_mut().zip(&sds) {
+            *d = T::from_f64(sd);
+        }
     });
     Ok(())
 }
@@ -1099,7 +1098,7 @@ fn pool_plane<T: Elem, R: Real>(x: &[T], o: &mut [T], p: &PoolPlan, kind: PoolKi
     }
 }
 
-fn pooling(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn pooling(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let p = pool_plan(a, &ins[0].shape)?;
     let kind = pool_kind(a);
@@ -1109,12 +1108,9 @@ fn pooling(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     let fast = kind == PoolKind::Max && p.unclipped_2d();
     dispatch_real!(ins[0].dtype, a.op, T, R => {
         let xs = ins[0].as_slice::<T>();
-        let op_ = SendPtr(outs[0].as_mut::<T>().as_mut_ptr());
-        par_for(planes, Cost(work), T::DTYPE, |r| {
-            let op_ = op_;
-            for pl in r {
-                // SAFETY: each plane's output block is written by one chunk only.
-                let o = unsafe { std::slice::from_raw_parts_mut(op_.0.add(pl * osz), osz) };
+        debug_assert_eq!(outs[0].size(), planes * osz);
+        par_for_mut(outs[0].as_mut::<T>(), osz, Cost(work), T::DTYPE, |r, part| {
+            for (pl, o) in r.zip(part.chunks_mut(osz.max(1))) {
                 let x = &xs[pl * isz..(pl + 1) * isz];
                 if fast {
                     max_pool_2d_any::<T, R>(x, o, &p);
@@ -1226,17 +1222,24 @@ pub(super) mod tests {
     use super::*;
 
     fn blob(v: &mut [f32], shape: &[usize]) -> TBlob {
-        // SAFETY: the vector outlives the blob within each test.
+        // SAFETY: the vector outlives the blob within each test and is not written while the
+        // blob is used.
         unsafe { TBlob::new(v.as_mut_ptr() as *mut u8, shape, DType::F32) }
+    }
+
+    fn oblob(v: &mut [f32], shape: &[usize]) -> OutBlob {
+        // SAFETY: the vector outlives the blob within each test and is read only between the
+        // kernel calls that write it.
+        unsafe { OutBlob::new(v.as_mut_ptr() as *mut u8, shape, DType::F32) }
     }
 
     fn run(
         specs: &'static [ParamSpec],
         kv: &[(&str, &str)],
         train: bool,
-        f: fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>,
+        f: fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()>,
         ins: &[TBlob],
-        outs: &[TBlob],
+        outs: &mut [OutBlob],
     ) {
         let attrs = Attrs::parse("test", specs, kv.iter().copied()).unwrap();
         let rng = Some(crate::op::random::take(crate::context::Context::CPU, 1 << 20));
@@ -1303,15 +1306,23 @@ pub(super) mod tests {
             blob(&mut mm, &[2]),
             blob(&mut mv, &[2]),
         ];
-        let outs = [blob(&mut out, &[2, 2, 2]), blob(&mut mean, &[2]), blob(&mut inv, &[2])];
-        run(BN_PARAMS, &[("fix_gamma", "False"), ("eps", "0"), ("momentum", "0.5")], true, batch_norm, &ins, &outs);
+        // The moving statistics (mutated inputs 3 and 4) are written through blobs 3 and 4.
+        let ins = [ins[0].clone(), ins[1].clone(), ins[2].clone(), ins[3].clone().lend(3), ins[4].clone().lend(4)];
+        let mut outs = [
+            oblob(&mut out, &[2, 2, 2]),
+            oblob(&mut mean, &[2]),
+            oblob(&mut inv, &[2]),
+            oblob(&mut mm, &[2]),
+            oblob(&mut mv, &[2]),
+        ];
+        run(BN_PARAMS, &[("fix_gamma", "False"), ("eps", "0"), ("momentum", "0.5")], true, batch_norm, &ins, &mut outs);
         assert_eq!(mean, [2.5, 10.0]);
         assert!((inv[0] - 1.0 / 1.25f32.sqrt()).abs() < 1e-6);
         assert_eq!(mm, [1.25, 5.0]);
         assert_eq!(mv, [1.125, 0.5]);
         assert!((out[0] - (0.5 + 2.0 * (1.0 - 2.5) / 1.25f32.sqrt())).abs() < 1e-5);
         // Inference uses the (updated) moving statistics and leaves them alone.
-        run(BN_PARAMS, &[("fix_gamma", "True"), ("eps", "0")], false, batch_norm, &ins, &outs);
+        run(BN_PARAMS, &[("fix_gamma", "True"), ("eps", "0")], false, batch_norm, &ins, &mut outs);
         assert!((out[0] - (0.5 + (1.0 - 1.25) / 1.125f32.sqrt())).abs() < 1e-5);
         assert_eq!(mm, [1.25, 5.0]);
     }
@@ -1321,16 +1332,16 @@ pub(super) mod tests {
         let mut x = vec![1.0f32; 10000];
         let (mut o, mut m) = (vec![0.0f32; 10000], vec![0.0f32; 10000]);
         let ins = [blob(&mut x, &[100, 100])];
-        let outs = [blob(&mut o, &[100, 100]), blob(&mut m, &[100, 100])];
-        run(DROPOUT_PARAMS, &[("p", "0.25")], true, dropout, &ins, &outs);
+        let mut outs = [oblob(&mut o, &[100, 100]), oblob(&mut m, &[100, 100])];
+        run(DROPOUT_PARAMS, &[("p", "0.25")], true, dropout, &ins, &mut outs);
         let kept = o.iter().filter(|&&v| v != 0.0).count() as f64 / 10000.0;
         assert!((0.7..0.8).contains(&kept), "{kept}");
         assert!(o.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6));
-        run(DROPOUT_PARAMS, &[("p", "0.25")], false, dropout, &ins, &outs);
+        run(DROPOUT_PARAMS, &[("p", "0.25")], false, dropout, &ins, &mut outs);
         assert!(o.iter().all(|&v| v == 1.0));
         let mut xn = vec![-1.0f32; 10000];
         let ins = [blob(&mut xn, &[100, 100])];
-        run(LEAKY_PARAMS, &[("act_type", "rrelu")], true, leaky, &ins, &outs);
+        run(LEAKY_PARAMS, &[("act_type", "rrelu")], true, leaky, &ins, &mut outs);
         assert!(o.iter().all(|&v| (-0.334..=-0.125).contains(&v)));
         assert!(o.iter().zip(&m).all(|(&v, &s)| (v + s).abs() < 1e-6));
     }

@@ -14,25 +14,28 @@ use super::nn::{
 };
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_for, par_tasks, Cost};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::kernel::{par_for_mut, par_for_zip, Cost};
+use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{ComputeFn, OpCtx, OpDef, Req};
 
 /// Write zeros into output `i` when it is requested (gradients of labels, lengths, aux states).
-fn zero_if_requested(cx: &OpCtx, outs: &[TBlob], i: usize) {
+fn zero_if_requested(cx: &OpCtx, outs: &mut [OutBlob], i: usize) {
     if i < outs.len() && cx.req[i] != Req::Null {
-        let o = &outs[i];
+        let o = &mut outs[i];
         crate::dispatch_all!(o.dtype, T => o.as_mut::<T>().fill(T::zero()));
     }
 }
 
 /// `out[i] = f(a[i], b[i], c[i])` over the kernel pool (`c` may be empty when unused).
-fn map3<T: Elem, R: Real>(a: &[T], b: &[T], c: &[T], out: &TBlob, cost: Cost, f: impl Fn(R, R, R) -> R + Sync + Send) {
-    let o = SendPtr(out.as_mut::<T>().as_mut_ptr());
-    par_for(a.len(), cost, T::DTYPE, |r| {
-        let o = o;
-        // SAFETY: par_for ranges are disjoint and within the output.
-        let o = unsafe { std::slice::from_raw_parts_mut(o.0.add(r.start), r.len()) };
+fn map3<T: Elem, R: Real>(
+    a: &[T],
+    b: &[T],
+    c: &[T],
+    out: &mut OutBlob,
+    cost: Cost,
+    f: impl Fn(R, R, R) -> R + Sync + Send,
+) {
+    par_for_mut(out.as_mut::<T>(), 1, cost, T::DTYPE, |r, o| {
         let (a, b) = (&a[r.clone()], &b[r.clone()]);
         if c.is_empty() {
             for ((o, &a), &b) in o.iter_mut().zip(a).zip(b) {
@@ -52,7 +55,7 @@ fn map3<T: Elem, R: Real>(a: &[T], b: &[T], c: &[T], out: &TBlob, cost: Cost, f:
 /// `_backward_Activation(dy, y) -> dx`: every activation's derivative is a function of its
 /// output (softsign's 1/(1+|x|)² is (1-|y|)²), so autograd keeps only the output and the
 /// input can be freed or overwritten in place.
-fn activation_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn activation_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] == Req::Null {
         return Ok(());
     }
@@ -61,11 +64,11 @@ fn activation_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> 
         let (g, y) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>());
         let (zero, one) = (R::of(0.0), R::of(1.0));
         match a.str("act_type") {
-            "relu" => map3::<T, R>(g, y, &[], &outs[0], Cost::CHEAP, |g, y, _| if y > zero { g } else { zero }),
-            "sigmoid" => map3::<T, R>(g, y, &[], &outs[0], Cost::CHEAP, |g, y, _| g * y * (one - y)),
-            "tanh" => map3::<T, R>(g, y, &[], &outs[0], Cost::CHEAP, |g, y, _| g * (one - y * y)),
-            "softrelu" => map3::<T, R>(g, y, &[], &outs[0], Cost::MATH, |g, y, _| g * (one - (-y).exp())),
-            _ => map3::<T, R>(g, y, &[], &outs[0], Cost::CHEAP, |g, y, _| {
+            "relu" => map3::<T, R>(g, y, &[], &mut outs[0], Cost::CHEAP, |g, y, _| if y > zero { g } else { zero }),
+            "sigmoid" => map3::<T, R>(g, y, &[], &mut outs[0], Cost::CHEAP, |g, y, _| g * y * (one - y)),
+            "tanh" => map3::<T, R>(g, y, &[], &mut outs[0], Cost::CHEAP, |g, y, _| g * (one - y * y)),
+            "softrelu" => map3::<T, R>(g, y, &[], &mut outs[0], Cost::MATH, |g, y, _| g * (one - (-y).exp())),
+            _ => map3::<T, R>(g, y, &[], &mut outs[0], Cost::CHEAP, |g, y, _| {
                 let d = one - y.abs();
                 g * d * d
             }),
@@ -75,7 +78,7 @@ fn activation_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> 
 }
 
 /// `_backward_LeakyReLU(dy, x[, gamma], y[, slopes]) -> (dx[, dgamma])`.
-fn leaky_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn leaky_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let kind = a.str("act_type");
     let slope = a.float("slope");
@@ -89,13 +92,9 @@ fn leaky_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
         dispatch_real!(x.dtype, a.op, T, R => {
             let (gs, xs) = (g.as_slice::<T>(), x.as_slice::<T>());
             if cx.req[0] != Req::Null {
-                let op = SendPtr(outs[0].as_mut::<T>().as_mut_ptr());
-                par_for(blocks, Cost(inner as f64 * 0.3), T::DTYPE, |r| {
-                    let op = op;
-                    for b in r {
+                par_for_mut(outs[0].as_mut::<T>(), inner, Cost(inner as f64 * 0.3), T::DTYPE, |r, part| {
+                    for (b, ob) in r.zip(part.chunks_mut(inner.max(1))) {
                         let gm = R::of(gamma[ch(b)]);
-                        // SAFETY: blocks are disjoint slices of the output.
-                        let ob = unsafe { std::slice::from_raw_parts_mut(op.0.add(b * inner), inner) };
                         for ((o, &gv), &xv) in ob.iter_mut().zip(&gs[b * inner..(b + 1) * inner]).zip(&xs[b * inner..(b + 1) * inner]) {
                             *o = if R::load(xv) > R::of(0.0) { gv } else { (gm * R::load(gv)).store() };
                         }
@@ -112,7 +111,7 @@ fn leaky_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
                         .sum();
                     dg[ch(b)] += s;
                 }
-                write_f64(a.op, &outs[1], &dg)?;
+                write_f64(a.op, &mut outs[1], &dg)?;
             }
         });
         return Ok(());
@@ -123,7 +122,7 @@ fn leaky_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     dispatch_real!(x.dtype, a.op, T, R => {
         let (gs, xs, ys) = (g.as_slice::<T>(), x.as_slice::<T>(), ins[2].as_slice::<T>());
         let (zero, one, s) = (R::of(0.0), R::of(1.0), R::of(slope));
-        let o = &outs[0];
+        let o = &mut outs[0];
         match kind {
             "leaky" => map3::<T, R>(gs, xs, &[], o, Cost::CHEAP, |g, x, _| if x > zero { g } else { s * g }),
             "elu" => map3::<T, R>(gs, xs, ys, o, Cost::CHEAP, |g, x, y| if x > zero { g } else { g * (y + s) }),
@@ -166,14 +165,10 @@ fn softmax_grad<T: Elem, R: Real>(
     }
     let sc = R::of(scale);
     let block = len * inner;
-    let o = SendPtr(dx.as_mut_ptr());
-    par_for(outer, Cost(block as f64 * if log { 8.0 } else { 1.5 }), T::DTYPE, |r| {
-        let o = o;
+    par_for_mut(dx, block, Cost(block as f64 * if log { 8.0 } else { 1.5 }), T::DTYPE, |r, part| {
         let mut acc = vec![R::of(0.0); inner];
-        for b in r {
+        for (b, ob) in r.zip(part.chunks_mut(block.max(1))) {
             let (gb, yb) = (&g[b * block..(b + 1) * block], &y[b * block..(b + 1) * block]);
-            // SAFETY: each outer block is written by one chunk only.
-            let ob = unsafe { std::slice::from_raw_parts_mut(o.0.add(b * block), block) };
             if let Some(lens) = lengths {
                 for i in 0..inner {
                     let l = (lens[b * inner + i].max(0.0) as usize).min(len);
@@ -213,7 +208,7 @@ fn softmax_grad<T: Elem, R: Real>(
 /// `_backward_softmax(dy, y)`, `_backward_softmin(dy, y)` and
 /// `_backward_log_softmax(dy, x[, length], y)`; a length input gets a zero gradient.
 fn softmax_backward(log: bool, negate: bool) -> ComputeFn {
-    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| {
         let a = cx.attrs;
         zero_if_requested(cx, outs, 1);
         if cx.req[0] == Req::Null {
@@ -238,7 +233,7 @@ fn softmax_backward(log: bool, negate: bool) -> ComputeFn {
             let (gv, yv) = (read_f64(a.op, g)?, read_f64(a.op, y)?);
             let mut dv = vec![0.0; gv.len()];
             softmax_grad::<f64, f64>(&gv, &yv, &mut dv, dims, log, scale, lengths.as_deref());
-            write_f64(a.op, &outs[0], &dv)?;
+            write_f64(a.op, &mut outs[0], &dv)?;
         }
         Ok(())
     })
@@ -250,7 +245,7 @@ fn softmax_backward(log: bool, negate: bool) -> ComputeFn {
 /// `_backward_SoftmaxOutput(dy, data, label, y) -> (ddata, 0)`: the cross-entropy gradient
 /// `y - onehot(label)` (or `y - label` for probability labels), scaled as stock scales it;
 /// the output gradient is used only with `out_grad`.
-fn softmax_output_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn softmax_output_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     zero_if_requested(cx, outs, 1);
     if cx.req[0] == Req::Null {
         return Ok(());
@@ -282,14 +277,10 @@ fn softmax_output_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<
     dispatch_real!(y.dtype, a.op, T, R => {
         let (ys, gs) = (y.as_slice::<T>(), g.as_slice::<T>());
         let block = k * inner;
-        let o = SendPtr(outs[0].as_mut::<T>().as_mut_ptr());
         let nr = R::of(norm);
         let labels = &labels;
-        par_for(outer, Cost(block as f64 * 0.5), T::DTYPE, |r| {
-            let o = o;
-            for b in r {
-                // SAFETY: each outer block is written by one chunk only.
-                let ob = unsafe { std::slice::from_raw_parts_mut(o.0.add(b * block), block) };
+        par_for_mut(outs[0].as_mut::<T>(), block, Cost(block as f64 * 0.5), T::DTYPE, |r, part| {
+            for (b, ob) in r.zip(part.chunks_mut(block.max(1))) {
                 let yb = &ys[b * block..(b + 1) * block];
                 for i in 0..inner {
                     let l = if prob { 0.0 } else { labels[b * inner + i] };
@@ -317,12 +308,12 @@ fn softmax_output_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<
 // Dropout
 
 /// `_backward_Dropout(dy, y, mask) -> dy * mask` (the mask holds 0 or 1/(1-p)).
-fn dropout_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn dropout_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] == Req::Null {
         return Ok(());
     }
     dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
-        map3::<T, R>(ins[0].as_slice::<T>(), ins[2].as_slice::<T>(), &[], &outs[0], Cost::CHEAP, |g, m, _| g * m)
+        map3::<T, R>(ins[0].as_slice::<T>(), ins[2].as_slice::<T>(), &[], &mut outs[0], Cost::CHEAP, |g, m, _| g * m)
     });
     Ok(())
 }
@@ -334,7 +325,7 @@ fn dropout_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 /// mean, invstd) -> (ddata, dgamma, dbeta, 0, 0)`. Training mode differentiates through the
 /// batch statistics; `use_global_stats` (or inference) treats the saved statistics as
 /// constants. The gradients of the optional mean/invstd outputs are ignored, as in stock.
-fn batch_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn batch_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let op = a.op;
     let nv = ins.len() - 8;
@@ -352,9 +343,8 @@ fn batch_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> 
     let mut sgx = vec![0.0f64; c];
     dispatch_real!(x.dtype, op, T, R => {
         let (gs, xs) = (g.as_slice::<T>(), x.as_slice::<T>());
-        let (p1, p2) = (SendPtr(sg.as_mut_ptr()), SendPtr(sgx.as_mut_ptr()));
-        par_tasks(c, (outer * inner * c) as f64 * 1.0, T::DTYPE, |ch| {
-            let (p1, p2) = (p1, p2);
+        par_for_zip(&mut sg, [&mut sgx], Cost((outer * inner) as f64), T::DTYPE, |r, p1, [p2]| {
+            for (k, ch) in r.enumerate() {
             let m = R::of(mean[ch]);
             let (mut s1, mut s2) = (0.0f64, 0.0f64);
             for o in 0..outer {
@@ -368,10 +358,8 @@ fn batch_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> 
                 s1 += a1.f64();
                 s2 += a2.f64();
             }
-            // SAFETY: each task writes its own channel's entries.
-            unsafe {
-                *p1.0.add(ch) = s1;
-                *p2.0.add(ch) = s2;
+            p1[k] = s1;
+            p2[k] = s2;
             }
         });
         if cx.req[0] != Req::Null {
@@ -386,15 +374,11 @@ fn batch_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> 
                     }
                 })
                 .collect();
-            let op_ = SendPtr(outs[0].as_mut::<T>().as_mut_ptr());
-            par_for(outer * c, Cost(inner as f64 * 0.4), T::DTYPE, |r| {
-                let op_ = op_;
-                for b in r {
+            par_for_mut(outs[0].as_mut::<T>(), inner, Cost(inner as f64 * 0.4), T::DTYPE, |r, part| {
+                for (b, ob) in r.zip(part.chunks_mut(inner.max(1))) {
                     let ch = b % c;
                     let (k1, k2, k3) = (R::of(coef[ch].0), R::of(coef[ch].1), R::of(coef[ch].2));
                     let m = R::of(mean[ch]);
-                    // SAFETY: blocks are disjoint slices of the output.
-                    let ob = unsafe { std::slice::from_raw_parts_mut(op_.0.add(b * inner), inner) };
                     for ((ov, &gv), &xv) in ob.iter_mut().zip(&gs[b * inner..(b + 1) * inner]).zip(&xs[b * inner..(b + 1) * inner]) {
                         *ov = (k1 * R::load(gv) + k2 * (R::load(xv) - m) + k3).store();
                     }
@@ -404,10 +388,10 @@ fn batch_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> 
     });
     if cx.req[1] != Req::Null {
         let dg: Vec<f64> = if fix_gamma { vec![0.0; c] } else { (0..c).map(|ch| sgx[ch] * inv[ch]).collect() };
-        write_f64(op, &outs[1], &dg)?;
+        write_f64(op, &mut outs[1], &dg)?;
     }
     if cx.req[2] != Req::Null {
-        write_f64(op, &outs[2], &sg)?;
+        write_f64(op, &mut outs[2], &sg)?;
     }
     zero_if_requested(cx, outs, 3);
     zero_if_requested(cx, outs, 4);
@@ -416,7 +400,7 @@ fn batch_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> 
 
 /// `_backward_LayerNorm(dy[, dmean, dstd], data, gamma, beta, y, mean, std) -> (ddata,
 /// dgamma, dbeta)` (the gradients of the optional mean/std outputs are ignored).
-fn layer_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn layer_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let op = a.op;
     let nv = ins.len() - 6;
@@ -430,23 +414,24 @@ fn layer_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> 
     dispatch_real!(x.dtype, op, T, _R => {
         let (gs, xs) = (g.as_slice::<T>(), x.as_slice::<T>());
         if cx.req[0] != Req::Null {
-            let op_ = SendPtr(outs[0].as_mut::<T>().as_mut_ptr());
-            par_for(outer * inner, Cost(len as f64 * 4.0), T::DTYPE, |r| {
-                let op_ = op_;
-                for grp in r {
-                    let (m, inv) = (mean[grp], 1.0 / sd[grp]);
-                    let (mut s1, mut s2) = (0.0, 0.0);
-                    for j in 0..len {
-                        let gg = gs[at(grp, j)].to_f64() * gamma[j];
-                        s1 += gg;
-                        s2 += gg * (xs[at(grp, j)].to_f64() - m) * inv;
-                    }
-                    let (s1, s2) = (s1 / len as f64, s2 / len as f64);
-                    for j in 0..len {
-                        let xhat = (xs[at(grp, j)].to_f64() - m) * inv;
-                        let v = inv * (gs[at(grp, j)].to_f64() * gamma[j] - s1 - xhat * s2);
-                        // SAFETY: each group writes its own positions.
-                        unsafe { *op_.0.add(at(grp, j)) = T::from_f64(v) };
+            // Each outer block (len × inner, holding `inner` groups) is owned by one task.
+            let block = len * inner;
+            par_for_mut(outs[0].as_mut::<T>(), block, Cost(block as f64 * 4.0), T::DTYPE, |r, part| {
+                for (o, ob) in r.zip(part.chunks_mut(block.max(1))) {
+                    for i in 0..inner {
+                        let grp = o * inner + i;
+                        let (m, inv) = (mean[grp], 1.0 / sd[grp]);
+                        let (mut s1, mut s2) = (0.0, 0.0);
+                        for j in 0..len {
+                            let gg = gs[at(grp, j)].to_f64() * gamma[j];
+                            s1 += gg;
+                            s2 += gg * (xs[at(grp, j)].to_f64() - m) * inv;
+                        }
+                        let (s1, s2) = (s1 / len as f64, s2 / len as f64);
+                        for j in 0..len {
+                            let xhat = (xs[at(grp, j)].to_f64() - m) * inv;
+                            ob[j * inner + i] = T::from_f64(inv * (gs[at(grp, j)].to_f64() * gamma[j] - s1 - xhat * s2));
+                        }
                     }
                 }
             });
@@ -462,10 +447,10 @@ fn layer_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> 
                 }
             }
             if cx.req[1] != Req::Null {
-                write_f64(op, &outs[1], &dg)?;
+                write_f64(op, &mut outs[1], &dg)?;
             }
             if cx.req[2] != Req::Null {
-                write_f64(op, &outs[2], &db)?;
+                write_f64(op, &mut outs[2], &db)?;
             }
         }
     });
@@ -737,7 +722,7 @@ fn max_unpool_2d_any<T: Elem, R: Real>(g: &[T], x: &[T], y: &[T], dx: &mut [T], 
 }
 
 /// `_backward_Pooling(dy, x, y) -> dx`.
-fn pooling_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn pooling_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] == Req::Null {
         return Ok(());
     }
@@ -751,12 +736,9 @@ fn pooling_backward(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     let fast = kind == PoolKind::Max && p.unclipped_2d();
     dispatch_real!(x.dtype, a.op, T, R => {
         let (gs, xs, ys) = (g.as_slice::<T>(), x.as_slice::<T>(), y.as_slice::<T>());
-        let op_ = SendPtr(outs[0].as_mut::<T>().as_mut_ptr());
-        par_for(planes, Cost(work), T::DTYPE, |r| {
-            let op_ = op_;
-            for pl in r {
-                // SAFETY: each plane's gradient block is written by one chunk only.
-                let d = unsafe { std::slice::from_raw_parts_mut(op_.0.add(pl * isz), isz) };
+        debug_assert_eq!(outs[0].size(), planes * isz);
+        par_for_mut(outs[0].as_mut::<T>(), isz, Cost(work), T::DTYPE, |r, part| {
+            for (pl, d) in r.zip(part.chunks_mut(isz.max(1))) {
                 let (g, x, y) = (&gs[pl * osz..(pl + 1) * osz], &xs[pl * isz..(pl + 1) * isz], &ys[pl * osz..(pl + 1) * osz]);
                 if fast {
                     max_unpool_2d_any::<T, R>(g, x, y, d, &p);
@@ -786,7 +768,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
 mod tests {
     use crate::ndarray::DType;
     use crate::op::grad::check::{check, values};
-    use crate::op::tensor::TBlob;
+    use crate::op::tensor::{OutBlob, TBlob};
     use crate::op::{lookup, OpCtx, Req};
 
     /// Values in [-1, 1] kept at least `gap` away from 0.
@@ -986,9 +968,17 @@ mod tests {
         let (mut g, mut x, mut l, mut yv) = (vec![7.0; y.len()], vec![0.0; y.len()], label.to_vec(), y.to_vec());
         let (mut dx, mut dl) = (vec![f64::NAN; y.len()], vec![f64::NAN; label.len()]);
         let ins = [blob(&mut g, yshape), blob(&mut x, yshape), blob(&mut l, lshape), blob(&mut yv, yshape)];
-        let outs = [blob(&mut dx, yshape), blob(&mut dl, lshape)];
+        // SAFETY: the vectors outlive the call and are read only after it.
+        let mut outs = unsafe {
+            [
+                OutBlob::new(dx.as_mut_ptr().cast(), yshape, DType::F64),
+                OutBlob::new(dl.as_mut_ptr().cast(), lshape, DType::F64),
+            ]
+        };
         let req = [Req::Write, Req::Write];
-        (bop.compute)(&OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true, temp: None }, &ins, &outs).unwrap();
+        (bop.compute)(&OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true, temp: None }, &ins, &mut outs)
+            .unwrap();
+        drop(outs);
         assert!(dl.iter().all(|&v| v == 0.0));
         dx
     }

@@ -11,10 +11,10 @@ use super::common::all_same;
 use crate::dispatch_float;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_for, Cost};
+use crate::op::kernel::{par_for_zip, Cost};
 use crate::op::param::{Attrs, PType, ParamSpec};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
-use crate::op::{Inputs, Meta, OpCtx, OpDef, Req};
+use crate::op::tensor::{Elem, Operand, OutBlob, TBlob};
+use crate::op::{Inputs, Meta, OpCtx, OpDef};
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
 /// The arithmetic type of a kernel: f32 (for float32 and float16 storage) or f64.
@@ -89,45 +89,61 @@ fn sign<R: Real>(x: R) -> R {
     }
 }
 
-/// Run `f(weight, grad, states) -> new weight` over every element: inputs are the weight, the
-/// gradient and `N` states (updated in place); output 0 gets the new weight. The output may be
-/// the weight itself (declared in place), so elements are accessed through raw pointers.
-fn update<T: Elem, R: Real, const N: usize>(
-    cx: &OpCtx,
-    ins: &[TBlob],
-    outs: &[TBlob],
-    f: impl Fn(R, R, &mut [R; N]) -> R + Sync + Send,
-) {
-    update_one::<T, R, N>(cx.req[0] == Req::Inplace, ins, &outs[0], f)
+/// One weight's arrays as an update kernel sees them: the weight (possibly lent to the output
+/// in place), the gradient, `N` states (mutated inputs, written) and the output.
+struct Views<'a, T, S, const N: usize> {
+    w: Operand<'a, T>,
+    g: &'a [T],
+    states: [&'a mut [S]; N],
+    out: &'a mut [T],
 }
 
-/// [`update`] of one weight: `ins` = weight, gradient, states; `inplace`: `out` is the weight.
-fn update_one<T: Elem, R: Real, const N: usize>(
-    inplace: bool,
+/// The [`Views`] of one weight: inputs `w` and `g`, output `o` (of `nout` outputs) and the
+/// writable blobs `states` (indices into `outs`, past the outputs: mutated inputs come after
+/// them).
+fn views<'a, T: Elem, S: Elem, const N: usize>(
+    ins: &'a [TBlob],
+    outs: &'a mut [OutBlob],
+    nout: usize,
+    (w, g, o): (usize, usize, usize),
+    states: [usize; N],
+) -> Views<'a, T, S, N> {
+    let (head, tail) = outs.split_at_mut(nout);
+    let states = tail.get_disjoint_mut(states.map(|k| k - nout)).expect("distinct state blobs");
+    let ([w], out) = head[o].operands::<T, 1>(o, [&ins[w]]);
+    Views { w, g: ins[g].as_slice(), states: states.map(|b| b.as_mut::<S>()), out }
+}
+
+/// Run `f(weight, grad, states) -> new weight` over every element: inputs are the weight, the
+/// gradient and `N` states (mutated inputs, updated in place); output 0 gets the new weight
+/// (it may be the weight itself, declared in place).
+fn update<T: Elem, R: Real, const N: usize>(
+    _cx: &OpCtx,
     ins: &[TBlob],
-    out: &TBlob,
+    outs: &mut [OutBlob],
     f: impl Fn(R, R, &mut [R; N]) -> R + Sync + Send,
 ) {
-    let outs = std::slice::from_ref(out);
-    let n = outs[0].size();
-    let out = SendPtr(outs[0].ptr() as *mut T);
-    let w = SendPtr(if inplace { out.0 } else { ins[0].ptr() as *mut T });
-    let g = SendPtr(ins[1].ptr() as *mut T);
-    let states: [SendPtr<T>; N] = std::array::from_fn(|k| SendPtr(ins[2 + k].ptr() as *mut T));
-    par_for(n, Cost::MEDIUM, T::DTYPE, |r| {
-        let (out, w, g, states) = (out, w, g, states);
-        for i in r {
-            // SAFETY: every blob holds `n` elements of T (inference checked equal shapes and
-            // dtypes); par_for ranges are disjoint, and element i of each array is read before
-            // it is written, by this iteration only.
-            unsafe {
-                let mut s: [R; N] = std::array::from_fn(|k| R::load(*states[k].0.add(i)));
-                let nw = f(R::load(*w.0.add(i)), R::load(*g.0.add(i)), &mut s);
-                for k in 0..N {
-                    *states[k].0.add(i) = s[k].store();
-                }
-                *out.0.add(i) = nw.store();
+    update_one::<T, R, N>(views(ins, outs, 1, (0, 1, 0), std::array::from_fn(|k| 1 + k)), f)
+}
+
+/// [`update`] of one weight's views.
+fn update_one<T: Elem, R: Real, const N: usize>(
+    v: Views<'_, T, T, N>,
+    f: impl Fn(R, R, &mut [R; N]) -> R + Sync + Send,
+) {
+    let (w, g) = (v.w, v.g);
+    par_for_zip(v.out, v.states, Cost::MEDIUM, T::DTYPE, |r, out, states| {
+        for (j, i) in r.enumerate() {
+            let mut s: [R; N] = std::array::from_fn(|k| R::load(states[k][j]));
+            let wi = match w {
+                Operand::Input(w) => w[i],
+                Operand::Output => out[j],
+            };
+            let nw = f(R::load(wi), R::load(g[i]), &mut s);
+            for k in 0..N {
+                states[k][j] = s[k].store();
             }
+            out[j] = nw.store();
         }
     });
 }
@@ -282,18 +298,29 @@ const FTRL_PARAMS: &[ParamSpec] = &[
     CLIP,
 ];
 
-fn sgd(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn sgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
-    sgd_core(cx.attrs.op, cx.req[0] == Req::Inplace, ins, &outs[0], &c, None)
+    sgd_core(cx.attrs.op, ins, outs, 1, 0, &c, None)
 }
 
-fn sgd_mom(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn sgd_mom(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
-    sgd_core(cx.attrs.op, cx.req[0] == Req::Inplace, ins, &outs[0], &c, Some(cx.attrs.float("momentum")))
+    sgd_core(cx.attrs.op, ins, outs, 1, 0, &c, Some(cx.attrs.float("momentum")))
 }
 
-/// SGD of one weight, with momentum (`ins` = weight, grad, mom) or without.
-fn sgd_core(op: &str, inplace: bool, ins: &[TBlob], out: &TBlob, c: &Common, momentum: Option<f64>) -> Result<()> {
+/// SGD of weight `i` (of `nout`), with momentum (`ins` = weight, grad, mom per weight) or
+/// without; its momentum is writable blob `nout + i`.
+fn sgd_core(
+    op: &str,
+    ins: &[TBlob],
+    outs: &mut [OutBlob],
+    nout: usize,
+    i: usize,
+    c: &Common,
+    momentum: Option<f64>,
+) -> Result<()> {
+    let stride = 2 + momentum.is_some() as usize;
+    let (w, g) = (stride * i, stride * i + 1);
     real_dispatch!(ins[0].dtype, op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let clipping = c.clip >= 0.0;
@@ -301,14 +328,14 @@ fn sgd_core(op: &str, inplace: bool, ins: &[TBlob], out: &TBlob, c: &Common, mom
             None => {
                 let decay = R::of(1.0) - lr * wd;
                 if clipping {
-                    update_one::<T, R, 0>(inplace, ins, out, |w, g, _| decay * w - lr * clip(rs * g, cl));
+                    update_one::<T, R, 0>(views(ins, outs, nout, (w, g, i), []), |w, g, _| decay * w - lr * clip(rs * g, cl));
                 } else {
-                    update_one::<T, R, 0>(inplace, ins, out, |w, g, _| decay * w - (lr * rs) * g);
+                    update_one::<T, R, 0>(views(ins, outs, nout, (w, g, i), []), |w, g, _| decay * w - (lr * rs) * g);
                 }
             }
             Some(m) => {
                 let m = R::of(m);
-                update_one::<T, R, 1>(inplace, ins, out, |w, g, s| {
+                update_one::<T, R, 1>(views(ins, outs, nout, (w, g, i), [nout + i]), |w, g, s| {
                     let g = if clipping { clip(rs * g, cl) } else { rs * g };
                     s[0] = m * s[0] - lr * wd * w - lr * g;
                     w + s[0]
@@ -319,54 +346,58 @@ fn sgd_core(op: &str, inplace: bool, ins: &[TBlob], out: &TBlob, c: &Common, mom
     Ok(())
 }
 
-/// Mixed-precision update of one weight: `ins` = weight (any float type, not read), gradient
-/// (the weight's type), `N` float32 states, then the float32 master weight. `f(w32, g, states)`
-/// gives the new master weight, which is also written (converted) to `out`.
-fn mp_update<T: Elem, const N: usize>(
-    ins: &[TBlob],
-    out: &TBlob,
-    f: impl Fn(f32, f32, &mut [f32; N]) -> f32 + Sync + Send,
-) {
-    let n = out.size();
-    let o = SendPtr(out.ptr() as *mut T);
-    let g = SendPtr(ins[1].ptr() as *mut T);
-    let states: [SendPtr<f32>; N] = std::array::from_fn(|k| SendPtr(ins[2 + k].ptr() as *mut f32));
-    let w32 = SendPtr(ins[2 + N].ptr() as *mut f32);
-    par_for(n, Cost::MEDIUM, T::DTYPE, |r| {
-        let (o, g, states, w32) = (o, g, states, w32);
-        for i in r {
-            // SAFETY: as in `update_one`; the (possibly aliased) weight input is not read.
-            unsafe {
-                let mut s: [f32; N] = std::array::from_fn(|k| *states[k].0.add(i));
-                let nw = f(*w32.0.add(i), (*g.0.add(i)).to_f32(), &mut s);
-                for k in 0..N {
-                    *states[k].0.add(i) = s[k];
-                }
-                *w32.0.add(i) = nw;
-                *o.0.add(i) = T::from_f32(nw);
+/// Mixed-precision update of one weight: the gradient (the weight's type, the weight itself
+/// is not read), `M - 1` float32 states, then the float32 master weight (all `M` writable);
+/// `f(w32, g, states)` gives the new master weight, which is also written (converted) to the
+/// output.
+fn mp_update<T: Elem, const M: usize>(v: Views<'_, T, f32, M>, f: impl Fn(f32, f32, &mut [f32]) -> f32 + Sync + Send) {
+    let g = v.g;
+    par_for_zip(v.out, v.states, Cost::MEDIUM, T::DTYPE, |r, o, st| {
+        for (j, i) in r.enumerate() {
+            let mut s: [f32; M] = std::array::from_fn(|k| st[k][j]);
+            let nw = f(s[M - 1], g[i].to_f32(), &mut s[..M - 1]);
+            s[M - 1] = nw;
+            for k in 0..M {
+                st[k][j] = s[k];
             }
+            o[j] = T::from_f32(nw);
         }
     });
 }
 
 /// Mixed-precision SGD (`momentum`: with a float32 momentum state) or NAG (`nag`).
-fn mp_sgd_core(op: &str, ins: &[TBlob], out: &TBlob, c: &Common, momentum: Option<f64>, nag: bool) -> Result<()> {
+/// Mixed-precision SGD of weight `i` (of `nout`; inputs weight, grad, [mom], weight32 per
+/// weight; writable blobs past the outputs: [mom], weight32 per weight).
+fn mp_sgd_core(
+    op: &str,
+    ins: &[TBlob],
+    outs: &mut [OutBlob],
+    (nout, i): (usize, usize),
+    c: &Common,
+    momentum: Option<f64>,
+    nag: bool,
+) -> Result<()> {
+    let stride = 3 + momentum.is_some() as usize;
+    let (w, g) = (stride * i, stride * i + 1);
+    let first = nout + i * (stride - 2);
     let (lr, wd, rs, cl) = (c.lr as f32, c.wd as f32, c.rescale as f32, c.clip as f32);
     let clipping = c.clip >= 0.0;
     let grad = move |g: f32| if clipping { clip(rs * g, cl) } else { rs * g };
     dispatch_float!(ins[0].dtype, op, T => {
         match (momentum, nag) {
-            (None, _) => mp_update::<T, 0>(ins, out, |w, g, _| (1.0 - lr * wd) * w - lr * grad(g)),
+            (None, _) => {
+                mp_update::<T, 1>(views(ins, outs, nout, (w, g, i), [first]), |w, g, _| (1.0 - lr * wd) * w - lr * grad(g))
+            }
             (Some(m), false) => {
                 let m = m as f32;
-                mp_update::<T, 1>(ins, out, |w, g, s| {
+                mp_update::<T, 2>(views(ins, outs, nout, (w, g, i), [first, first + 1]), |w, g, s| {
                     s[0] = m * s[0] - lr * wd * w - lr * grad(g);
                     w + s[0]
                 })
             }
             (Some(m), true) => {
                 let m = m as f32;
-                mp_update::<T, 1>(ins, out, |w, g, s| {
+                mp_update::<T, 2>(views(ins, outs, nout, (w, g, i), [first, first + 1]), |w, g, s| {
                     let step = lr * (grad(g) + wd * w);
                     s[0] *= m;
                     let nw = w - s[0] + (m + 1.0) * (s[0] - step);
@@ -379,42 +410,47 @@ fn mp_sgd_core(op: &str, ins: &[TBlob], out: &TBlob, c: &Common, momentum: Optio
     Ok(())
 }
 
-fn mp_sgd(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    mp_sgd_core(cx.attrs.op, ins, &outs[0], &common(cx.attrs, "clip_gradient"), None, false)
+/// The single-weight mixed-precision forms: SGD, with momentum, or NAG.
+fn mp_single(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], momentum: bool, nag: bool) -> Result<()> {
+    let m = momentum.then(|| cx.attrs.float("momentum"));
+    mp_sgd_core(cx.attrs.op, ins, outs, (1, 0), &common(cx.attrs, "clip_gradient"), m, nag)
 }
 
-fn mp_sgd_mom(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    mp_sgd_core(cx.attrs.op, ins, &outs[0], &common(cx.attrs, "clip_gradient"), Some(cx.attrs.float("momentum")), false)
+fn mp_sgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    mp_single(cx, ins, outs, false, false)
 }
 
-fn mp_nag_mom(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    mp_sgd_core(cx.attrs.op, ins, &outs[0], &common(cx.attrs, "clip_gradient"), Some(cx.attrs.float("momentum")), true)
+fn mp_sgd_mom(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    mp_single(cx, ins, outs, true, false)
+}
+
+fn mp_nag_mom(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    mp_single(cx, ins, outs, true, true)
 }
 
 /// The multi-weight SGD forms: `num_weights` groups of `stride` inputs (weight, grad, then
 /// mom and/or the float32 master weight), one output per weight, per-weight `lrs` and `wds`.
-fn multi_sgd(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob], momentum: bool, mp: bool) -> Result<()> {
+fn multi_sgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], momentum: bool, mp: bool) -> Result<()> {
     let a = cx.attrs;
-    let stride = 2 + momentum as usize + mp as usize;
     let m = if momentum { Some(a.float("momentum")) } else { None };
-    for (i, out) in outs.iter().enumerate() {
+    let nout = num_weights(a);
+    for i in 0..nout {
         let c = Common {
             lr: a.floats("lrs")[i],
             wd: a.floats("wds")[i],
             rescale: a.float("rescale_grad"),
             clip: a.float("clip_gradient"),
         };
-        let group = &ins[stride * i..stride * (i + 1)];
         if mp {
-            mp_sgd_core(a.op, group, out, &c, m, false)?;
+            mp_sgd_core(a.op, ins, outs, (nout, i), &c, m, false)?;
         } else {
-            sgd_core(a.op, cx.req[i] == Req::Inplace, group, out, &c, m)?;
+            sgd_core(a.op, ins, outs, nout, i, &c, m)?;
         }
     }
     Ok(())
 }
 
-fn nag_mom(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn nag_mom(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
     let m = cx.attrs.float("momentum");
     real_dispatch!(ins[0].dtype, cx.attrs.op, T, R => {
@@ -432,7 +468,7 @@ fn nag_mom(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     Ok(())
 }
 
-fn adam(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn adam(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
     let a = cx.attrs;
     let (b1, b2, eps) = (a.float("beta1"), a.float("beta2"), a.float("epsilon"));
@@ -451,7 +487,7 @@ fn adam(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     Ok(())
 }
 
-fn rmsprop(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn rmsprop(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
     let a = cx.attrs;
     let (g1, eps, cw) = (a.float("gamma1"), a.float("epsilon"), a.float("clip_weights"));
@@ -470,7 +506,7 @@ fn rmsprop(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     Ok(())
 }
 
-fn rmspropalex(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn rmspropalex(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
     let a = cx.attrs;
     let (g1, g2, eps, cw) = (a.float("gamma1"), a.float("gamma2"), a.float("epsilon"), a.float("clip_weights"));
@@ -491,7 +527,7 @@ fn rmspropalex(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     Ok(())
 }
 
-fn signsgd(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn signsgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     // Like stock, clip_gradient and rescale_grad do not change the sign of the gradient.
     let c = common(cx.attrs, "clip_gradient");
     real_dispatch!(ins[0].dtype, cx.attrs.op, T, R => {
@@ -502,7 +538,7 @@ fn signsgd(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     Ok(())
 }
 
-fn signum(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn signum(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
     let a = cx.attrs;
     let (m, wd_lh) = (a.float("momentum"), a.float("wd_lh"));
@@ -520,7 +556,7 @@ fn signum(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     Ok(())
 }
 
-fn ftml(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn ftml(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_grad");
     let a = cx.attrs;
     let (b1, b2, eps, t) = (a.float("beta1"), a.float("beta2"), a.float("epsilon"), a.int("t") as f64);
@@ -543,7 +579,7 @@ fn ftml(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     Ok(())
 }
 
-fn ftrl(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn ftrl(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
     let a = cx.attrs;
     let (l1, beta) = (a.float("lamda1"), a.float("beta"));
@@ -566,7 +602,7 @@ fn ftrl(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     Ok(())
 }
 
-type Kernel = fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>;
+type Kernel = fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()>;
 
 /// The most weights one multi-weight call takes (stock's limit).
 const MAX_WEIGHTS: usize = 60;

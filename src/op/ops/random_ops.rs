@@ -11,10 +11,10 @@
 use super::common::shape_param;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_for, Cost};
+use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{dtype_from_name, Attrs, PType, ParamSpec};
 use crate::op::random::Stream;
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Resource};
 use crate::{dispatch_float, dispatch_num};
 
@@ -167,15 +167,10 @@ const POISSON: Dist = Dist {
 
 /// Write `sample(params_of(i / per), stream, i)` into every element of `out`, keeping uniform
 /// samples strictly below `high` after rounding to the output type.
-fn fill<T: Elem>(out: &TBlob, d: &Dist, s: Stream, per: usize, params: &(dyn Fn(usize) -> [f64; 2] + Sync)) {
-    let o = out.as_mut::<T>();
-    let p = SendPtr(o.as_mut_ptr());
+fn fill<T: Elem>(out: &mut OutBlob, d: &Dist, s: Stream, per: usize, params: &(dyn Fn(usize) -> [f64; 2] + Sync)) {
     let cost = if d.arity == 2 && d.name != "gamma" { Cost::MATH } else { Cost(40.0) };
     let upper = d.name == "uniform";
-    par_for(o.len(), cost, T::DTYPE, |r| {
-        let p = p;
-        // SAFETY: par_for ranges are disjoint and within the output.
-        let chunk = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+    par_for_mut(out.as_mut::<T>(), 1, cost, T::DTYPE, |r, chunk| {
         for (k, v) in chunk.iter_mut().enumerate() {
             let i = r.start + k;
             let pv = params(i / per.max(1));
@@ -217,7 +212,7 @@ fn random_op(d: &'static Dist, name: &'static str, alias: &'static str, params: 
         Box::new(move |cx, _, outs| {
             let p = scalar_params(d, cx.attrs)?;
             let s = rng(cx)?;
-            dispatch_float!(outs[0].dtype, cx.attrs.op, T => fill::<T>(&outs[0], d, s, 1, &|_| p));
+            dispatch_float!(outs[0].dtype, cx.attrs.op, T => fill::<T>(&mut outs[0], d, s, 1, &|_| p));
             Ok(())
         }),
     )
@@ -247,7 +242,7 @@ fn like_op(d: &'static Dist, name: &'static str, params: &'static [ParamSpec]) -
         Box::new(move |cx, _, outs| {
             let p = scalar_params(d, cx.attrs)?;
             let s = rng(cx)?;
-            dispatch_float!(outs[0].dtype, cx.attrs.op, T => fill::<T>(&outs[0], d, s, 1, &|_| p));
+            dispatch_float!(outs[0].dtype, cx.attrs.op, T => fill::<T>(&mut outs[0], d, s, 1, &|_| p));
             Ok(())
         }),
     )
@@ -298,7 +293,7 @@ fn sample_op(d: &'static Dist, name: &'static str, alias: &'static str, inputs: 
             }
             let per = outs[0].size().checked_div(n).unwrap_or(1);
             let s = rng(cx)?;
-            dispatch_float!(outs[0].dtype, op, T => fill::<T>(&outs[0], d, s, per, &params));
+            dispatch_float!(outs[0].dtype, op, T => fill::<T>(&mut outs[0], d, s, per, &params));
             Ok(())
         }),
     )
@@ -359,13 +354,9 @@ fn randint_bounds(a: &Attrs) -> Result<(i64, i64)> {
     Ok((lo, hi))
 }
 
-fn randint_fill<T: Elem>(out: &TBlob, s: Stream, lo: i64, hi: i64) {
+fn randint_fill<T: Elem>(out: &mut OutBlob, s: Stream, lo: i64, hi: i64) {
     let o = out.as_mut::<T>();
-    let p = SendPtr(o.as_mut_ptr());
-    par_for(o.len(), Cost::MEDIUM, T::DTYPE, |r| {
-        let p = p;
-        // SAFETY: par_for ranges are disjoint and within the output.
-        let chunk = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+    par_for_mut(o, 1, Cost::MEDIUM, T::DTYPE, |r, chunk| {
         for (k, v) in chunk.iter_mut().enumerate() {
             *v = T::from_f64(s.int_in(2 * (r.start + k) as u64, lo, hi) as f64);
         }
@@ -397,17 +388,13 @@ fn randint_op() -> OpDef {
                 DType::I64 => {
                     // int_in is exact for any span; write integers without an f64 round trip.
                     let o = outs[0].as_mut::<i64>();
-                    let p = SendPtr(o.as_mut_ptr());
-                    par_for(o.len(), Cost::MEDIUM, DType::I64, |r| {
-                        let p = p;
-                        // SAFETY: par_for ranges are disjoint and within the output.
-                        let chunk = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+                    par_for_mut(o, 1, Cost::MEDIUM, DType::I64, |r, chunk| {
                         for (k, v) in chunk.iter_mut().enumerate() {
                             *v = s.int_in(2 * (r.start + k) as u64, lo, hi);
                         }
                     });
                 }
-                dt => dispatch_num!(dt, cx.attrs.op, T => randint_fill::<T>(&outs[0], s, lo, hi)),
+                dt => dispatch_num!(dt, cx.attrs.op, T => randint_fill::<T>(&mut outs[0], s, lo, hi)),
             }
             Ok(())
         }),

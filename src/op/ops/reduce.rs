@@ -15,9 +15,9 @@ use super::common::norm_axis;
 use super::elemwise::{dispatch_arith, Arith, Calc};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_tasks, pool_threads};
+use crate::op::kernel::{par_tasks, par_tasks_mut, pool_threads};
 use crate::op::param::{PType, ParamSpec};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef};
 use std::any::TypeId;
 
@@ -353,7 +353,6 @@ fn reduce_typed<T: Arith, Rd: Reducer<T>>(rd: Rd, plan: &RPlan, x: &[T], out: &m
             acc
         };
         if n_out >= threads * 4 || n_out == 0 {
-            let o = SendPtr(out.as_mut_ptr());
             let tasks = n_out.min(threads * 8).max(1);
             let per = n_out.div_ceil(tasks);
             // Outer reduced dimensions (all but the innermost run), walked outermost so that
@@ -362,12 +361,8 @@ fn reduce_typed<T: Arith, Rd: Reducer<T>>(rd: Rd, plan: &RPlan, x: &[T], out: &m
             let nw = walker.dims.len();
             let outer = Walker { dims: walker.dims[..nw - 1].to_vec(), strides: walker.strides[..nw - 1].to_vec() };
             let outer_count: usize = outer.dims.iter().product();
-            par_tasks(tasks, est_ns, T::DTYPE, |t| {
-                let o = o;
-                let (o0, o1) = (t * per, ((t + 1) * per).min(n_out));
-                if o0 >= o1 {
-                    return;
-                }
+            par_tasks_mut(out, per, est_ns, T::DTYPE, |t, dst| {
+                let (o0, o1) = (t * per, t * per + dst.len());
                 let bases: Vec<usize> = (o0..o1).map(&base_of).collect();
                 let mut acc = vec![rd.init(); o1 - o0];
                 outer.runs(0, 0, outer_count, |off, len| {
@@ -378,8 +373,6 @@ fn reduce_typed<T: Arith, Rd: Reducer<T>>(rd: Rd, plan: &RPlan, x: &[T], out: &m
                         }
                     }
                 });
-                // SAFETY: outputs o0..o1 belong to this task only.
-                let dst = unsafe { std::slice::from_raw_parts_mut(o.0.add(o0), o1 - o0) };
                 for (d, a) in dst.iter_mut().zip(acc) {
                     *d = rd.finish(a, count);
                 }
@@ -429,13 +422,9 @@ fn reduce_typed<T: Arith, Rd: Reducer<T>>(rd: Rd, plan: &RPlan, x: &[T], out: &m
             });
         };
         if n_outer >= threads * 2 {
-            let o = SendPtr(out.as_mut_ptr());
-            par_tasks(n_outer, est_ns, T::DTYPE, |j| {
-                let o = o;
+            par_tasks_mut(out, l, est_ns, T::DTYPE, |j, dst| {
                 let mut acc = vec![rd.init(); l];
                 accumulate(j, 0, rows, &mut acc);
-                // SAFETY: output row j belongs to this task only.
-                let dst = unsafe { std::slice::from_raw_parts_mut(o.0.add(j * l), l) };
                 for (d, &a) in dst.iter_mut().zip(&acc) {
                     *d = rd.finish(a, count);
                 }
@@ -519,7 +508,7 @@ fn infer_reduce(op: &'static str) -> crate::op::InferFn {
 }
 
 fn reduce_compute(kind: u8) -> crate::op::ComputeFn {
-    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| -> Result<()> {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
         let x = &ins[0];
         let flags = flags_of(cx.attrs.op, cx.attrs, x.ndim())?;
         let plan = RPlan::new(&x.shape, &flags);
@@ -545,7 +534,7 @@ fn reduce_compute(kind: u8) -> crate::op::ComputeFn {
 /// Sum `x`, viewed under `shape` (same size), over the dimensions `flags` marks, into `out`
 /// (the kept dimensions, in order): the reduction behind the gradients of broadcasts, `tile`
 /// and `repeat`.
-pub(super) fn sum_into(op: &str, x: &TBlob, shape: &[usize], flags: &[bool], out: &TBlob) -> Result<()> {
+pub(super) fn sum_into(op: &str, x: &TBlob, shape: &[usize], flags: &[bool], out: &mut OutBlob) -> Result<()> {
     let plan = RPlan::new(shape, flags);
     dispatch_arith!(x.dtype, op, T => reduce_typed(R::<SUM>, &plan, x.as_slice::<T>(), out.as_mut::<T>()));
     Ok(())
@@ -605,7 +594,7 @@ fn search<T: Arith>(x: &[T], off: usize, n: usize, stride: usize, max: bool) -> 
 }
 
 fn search_compute(max: bool) -> crate::op::ComputeFn {
-    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| -> Result<()> {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
         let x = &ins[0];
         let axis = search_axis(cx.attrs.op, cx.attrs, x.ndim())?;
         dispatch_arith!(x.dtype, cx.attrs.op, T => {
@@ -617,13 +606,10 @@ fn search_compute(max: bool) -> crate::op::ComputeFn {
                     let n = x.shape[ax];
                     let inner: usize = x.shape[ax + 1..].iter().product();
                     let outer: usize = x.shape[..ax].iter().product();
-                    let p = SendPtr(o.as_mut_ptr());
-                    par_tasks(outer, xs.len() as f64 * 0.5, T::DTYPE, |i| {
-                        let p = p;
-                        for j in 0..inner {
-                            let idx = search(xs, i * n * inner + j, n, inner, max);
-                            // SAFETY: output (i, j) is written by task i only.
-                            unsafe { *p.0.add(i * inner + j) = <T as Elem>::from_f64(idx as f64) };
+                    debug_assert_eq!(o.len(), outer * inner);
+                    par_tasks_mut(o, inner, xs.len() as f64 * 0.5, T::DTYPE, |i, row| {
+                        for (j, d) in row.iter_mut().enumerate() {
+                            *d = <T as Elem>::from_f64(search(xs, i * n * inner + j, n, inner, max) as f64);
                         }
                     });
                 }

@@ -12,8 +12,8 @@ use super::common::params_of;
 use super::elemwise::{Arith, Calc};
 use super::reduce::{flags_of, RPlan};
 use crate::error::Result;
-use crate::op::kernel::{par_for, Cost};
-use crate::op::tensor::{SendPtr, TBlob};
+use crate::op::kernel::{par_for_mut, Cost};
+use crate::op::tensor::{OutBlob, TBlob};
 use crate::op::{OpCtx, OpDef, Req};
 
 mod kind {
@@ -100,16 +100,13 @@ fn backward_typed<T: Arith, const K: u8>(plan: &RPlan, g: &[T], x: &[T], y: &[T]
     }
     let count = <T::C as Calc>::from_f64(plan.count() as f64);
     let rows = dx.len() / inner.max(1);
-    let p = SendPtr(dx.as_mut_ptr());
+    debug_assert_eq!(rows * inner, dx.len());
     let cost = Cost(inner as f64 * if matches!(K, SUM | MEAN) { 0.3 } else { 1.0 } + 4.0);
-    par_for(rows, cost, T::DTYPE, |r| {
-        let p = p;
+    par_for_mut(dx, inner, cost, T::DTYPE, |r, part| {
         let mut idx = super::strided::unravel(r.start, outer);
         let mut obase: usize = idx.iter().zip(&ost).map(|(i, s)| i * s).sum();
-        for row in r {
+        for (row, d) in r.zip(part.chunks_mut(inner)) {
             let start = row * inner;
-            // SAFETY: rows are disjoint ranges of dx, each written by one iteration.
-            let d = unsafe { std::slice::from_raw_parts_mut(p.0.add(start), inner) };
             let xs = if need_x { &x[start..start + inner] } else { &[][..] };
             if inner_red {
                 let gv = g[obase].load();
@@ -159,11 +156,11 @@ fn backward_typed<T: Arith, const K: u8>(plan: &RPlan, g: &[T], x: &[T], y: &[T]
 }
 
 fn compute(kind: u8) -> crate::op::ComputeFn {
-    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]| -> Result<()> {
+    Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
         if cx.req[0] == Req::Null || outs[0].size() == 0 {
             return Ok(());
         }
-        let dx = &outs[0];
+        let dx = &mut outs[0];
         let flags = flags_of(cx.attrs.op, cx.attrs, dx.ndim())?;
         let plan = RPlan::new(&dx.shape, &flags);
         let kind = if kind == NORM2 && cx.attrs.int("ord") == 1 { NORM1 } else { kind };
@@ -275,7 +272,7 @@ mod tests {
 #[cfg(test)]
 mod large {
     use crate::ndarray::DType;
-    use crate::op::tensor::TBlob;
+    use crate::op::tensor::{OutBlob, TBlob};
     use crate::op::{lookup, OpCtx, Req};
 
     /// float32, large enough for the row loop to split across threads; against a naive loop.
@@ -292,18 +289,25 @@ mod large {
             let mut dx = vec![f32::NAN; n];
             let mut xs = x.clone();
             // SAFETY: the vectors outlive the blobs and match their shapes.
-            let (xb, yb, gb, db) = unsafe {
+            let (xb, yw, gb) = unsafe {
                 (
                     TBlob::new(xs.as_mut_ptr().cast(), &shape, DType::F32),
-                    TBlob::new(y.as_mut_ptr().cast(), &[3, 5], DType::F32),
+                    OutBlob::new(y.as_mut_ptr().cast(), &[3, 5], DType::F32),
                     TBlob::new(g.as_mut_ptr().cast(), &[3, 5], DType::F32),
-                    TBlob::new(dx.as_mut_ptr().cast(), &shape, DType::F32),
                 )
             };
             let req = [Req::Write];
             let cx = OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true, temp: None };
-            (op.compute)(&cx, &[xb.clone()], &[yb.clone()]).unwrap();
-            (lookup(bwd).unwrap().compute)(&cx, &[gb, xb, yb], &[db]).unwrap();
+            (op.compute)(&cx, &[xb.clone()], &mut [yw]).unwrap();
+            // SAFETY: as above; `y` was written by the call that has returned, and `dx` is
+            // read only after the backward call.
+            let (yb, db) = unsafe {
+                (
+                    TBlob::new(y.as_ptr().cast(), &[3, 5], DType::F32),
+                    OutBlob::new(dx.as_mut_ptr().cast(), &shape, DType::F32),
+                )
+            };
+            (lookup(bwd).unwrap().compute)(&cx, &[gb, xb, yb], &mut [db]).unwrap();
             for i in 0..n {
                 let (a, c) = (i / 10000, i % 5);
                 let o = a * 5 + c;

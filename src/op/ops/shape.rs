@@ -8,17 +8,17 @@
 //! element sizes, so these operators take all eight dtypes without per-type kernels.
 
 use super::common::{norm_axis, shape_param};
-use super::strided::{contiguous_strides, copy, copy_all, View};
+use super::strided::{contiguous_strides, copy, copy_all, copy_to, View};
 use crate::error::{Error, Result};
 use crate::ndarray::{infer_reshape, DType};
-use crate::op::kernel::{par_for, Cost};
+use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{dtype_from_name, Attrs, PType, ParamSpec};
-use crate::op::tensor::{Elem, SendPtr, TBlob};
+use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, InferFn, Inputs, Meta, OpCtx, OpDef};
 use crate::{dispatch_all, dispatch_num};
 
 type Infer = fn(&Attrs, &[Meta]) -> Result<Vec<Meta>>;
-type Compute = fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>;
+type Compute = fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()>;
 
 fn op(name: &'static str, inputs: Inputs, infer: Infer, compute: Compute) -> OpDef {
     let infer: InferFn = Box::new(infer);
@@ -39,8 +39,8 @@ fn one_out(shape: Vec<usize>, dtype: DType) -> Result<Vec<Meta>> {
 }
 
 /// Compute: the output is the input's bytes (reshapes).
-fn run_copy(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    copy_all(&ins[0], &outs[0]);
+fn run_copy(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    copy_all(&ins[0], &mut outs[0]);
     Ok(())
 }
 
@@ -200,15 +200,15 @@ fn infer_transpose(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(perm.iter().map(|&p| ins[0].shape[p]).collect(), ins[0].dtype)
 }
 
-pub(super) fn permuted_copy(src: &TBlob, dst: &TBlob, perm: &[usize]) {
+pub(super) fn permuted_copy(src: &TBlob, dst: &mut OutBlob, perm: &[usize]) {
     let s = contiguous_strides(&src.shape);
     let view = View { off: 0, strides: perm.iter().map(|&p| s[p]).collect() };
-    copy(src, &view, dst, &View::contiguous(&dst.shape), &dst.shape);
+    copy_to(src, &view, dst);
 }
 
-fn run_transpose(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_transpose(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let perm = transpose_perm("transpose", cx.attrs.shape("axes"), ins[0].ndim())?;
-    permuted_copy(&ins[0], &outs[0], &perm);
+    permuted_copy(&ins[0], &mut outs[0], &perm);
     Ok(())
 }
 
@@ -230,8 +230,8 @@ fn infer_swap(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(perm.iter().map(|&p| ins[0].shape[p]).collect(), ins[0].dtype)
 }
 
-fn run_swap(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    permuted_copy(&ins[0], &outs[0], &swap_perm(cx.attrs, ins[0].ndim())?);
+fn run_swap(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    permuted_copy(&ins[0], &mut outs[0], &swap_perm(cx.attrs, ins[0].ndim())?);
     Ok(())
 }
 
@@ -243,13 +243,9 @@ fn infer_cast(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(ins[0].shape.clone(), a.dtype("dtype").expect("dtype is required"))
 }
 
-fn cast_typed<S: Elem, D: Elem>(src: &TBlob, dst: &TBlob) {
+fn cast_typed<S: Elem, D: Elem>(src: &TBlob, dst: &mut OutBlob) {
     let s = src.as_slice::<S>();
-    let o = SendPtr(dst.as_mut::<D>().as_mut_ptr());
-    par_for(s.len(), Cost(0.5), D::DTYPE, |r| {
-        let o = o;
-        // SAFETY: par_for ranges are disjoint and within the output.
-        let o = unsafe { std::slice::from_raw_parts_mut(o.0.add(r.start), r.len()) };
+    par_for_mut(dst.as_mut::<D>(), 1, Cost(0.5), D::DTYPE, |r, o| {
         // Sources exactly representable in f32 convert through f32 (same result, faster).
         if matches!(S::DTYPE, DType::F32 | DType::F16 | DType::U8 | DType::I8 | DType::Bool) {
             for (o, &x) in o.iter_mut().zip(&s[r]) {
@@ -264,7 +260,7 @@ fn cast_typed<S: Elem, D: Elem>(src: &TBlob, dst: &TBlob) {
 }
 
 /// Convert `src` into `dst` (same size, any two dtypes).
-pub(super) fn cast_into(src: &TBlob, dst: &TBlob) {
+pub(super) fn cast_into(src: &TBlob, dst: &mut OutBlob) {
     if src.dtype == dst.dtype {
         copy_all(src, dst);
         return;
@@ -272,8 +268,8 @@ pub(super) fn cast_into(src: &TBlob, dst: &TBlob) {
     dispatch_all!(src.dtype, S => dispatch_all!(dst.dtype, D => cast_typed::<S, D>(src, dst)))
 }
 
-fn run_cast(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    cast_into(&ins[0], &outs[0]);
+fn run_cast(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    cast_into(&ins[0], &mut outs[0]);
     Ok(())
 }
 
@@ -312,8 +308,8 @@ fn infer_concat(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(out, ins[0].dtype)
 }
 
-fn run_concat(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    let out = &outs[0];
+fn run_concat(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let out = &mut outs[0];
     let dim = norm_axis("Concat", cx.attrs.int("dim"), out.ndim())?;
     let os = contiguous_strides(&out.shape);
     let mut at = 0isize;
@@ -343,8 +339,8 @@ fn infer_stack(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(out, ins[0].dtype)
 }
 
-fn run_stack(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    let out = &outs[0];
+fn run_stack(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let out = &mut outs[0];
     let ax = norm_axis("stack", cx.attrs.int("axis"), out.ndim())?;
     let mut os = contiguous_strides(&out.shape);
     let step = os.remove(ax);
@@ -426,9 +422,9 @@ fn infer_slice_channel(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     split_parts("SliceChannel", &ins[0].shape, axis, &bounds, a.bool("squeeze_axis"), ins[0].dtype)
 }
 
-fn copy_parts(x: &TBlob, outs: &[TBlob], axis: usize, bounds: &[(usize, usize)]) {
+fn copy_parts(x: &TBlob, outs: &mut [OutBlob], axis: usize, bounds: &[(usize, usize)]) {
     let s = contiguous_strides(&x.shape);
-    for (o, &(b, e)) in outs.iter().zip(bounds) {
+    for (o, &(b, e)) in outs.iter_mut().zip(bounds) {
         let mut part = x.shape.clone();
         part[axis] = e - b;
         let sv = View { off: b as isize * s[axis], strides: s.clone() };
@@ -436,7 +432,7 @@ fn copy_parts(x: &TBlob, outs: &[TBlob], axis: usize, bounds: &[(usize, usize)])
     }
 }
 
-fn run_slice_channel(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_slice_channel(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (axis, bounds) = channel_bounds(cx.attrs, &ins[0].shape)?;
     copy_parts(&ins[0], outs, axis, &bounds);
     Ok(())
@@ -508,7 +504,7 @@ fn infer_split_v2(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     split_parts("_split_v2", &ins[0].shape, axis, &bounds, a.bool("squeeze_axis"), ins[0].dtype)
 }
 
-fn run_split_v2(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_split_v2(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (axis, bounds) = split_v2_bounds(cx.attrs, &ins[0].shape)?;
     copy_parts(&ins[0], outs, axis, &bounds);
     Ok(())
@@ -517,18 +513,18 @@ fn run_split_v2(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 // ---- broadcast_to, broadcast_axis, broadcast_like ----
 
 /// Copy `src` broadcast to `dst`'s shape (same ndim; src dims 1 or equal).
-fn broadcast_copy(src: &TBlob, dst: &TBlob) {
+fn broadcast_copy(src: &TBlob, dst: &mut OutBlob) {
     let mut s = contiguous_strides(&src.shape);
     for ((st, a), b) in s.iter_mut().zip(&src.shape).zip(&dst.shape) {
         if a != b {
             *st = 0;
         }
     }
-    copy(src, &View { off: 0, strides: s }, dst, &View::contiguous(&dst.shape), &dst.shape);
+    copy_to(src, &View { off: 0, strides: s }, dst);
 }
 
-fn run_broadcast(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    broadcast_copy(&ins[0], &outs[0]);
+fn run_broadcast(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    broadcast_copy(&ins[0], &mut outs[0]);
     Ok(())
 }
 
@@ -637,7 +633,7 @@ fn infer_tile(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(s.iter().zip(&r).map(|(x, y)| x * y).collect(), ins[0].dtype)
 }
 
-fn run_tile(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_tile(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (s, r) = tile_dims(cx.attrs, &ins[0].shape)?;
     let st = contiguous_strides(&s);
     let (mut shape, mut strides) = (Vec::new(), Vec::new());
@@ -645,7 +641,7 @@ fn run_tile(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
         shape.extend_from_slice(&[r[k], s[k]]);
         strides.extend_from_slice(&[0, st[k]]);
     }
-    copy(&ins[0], &View { off: 0, strides }, &outs[0], &View::contiguous(&shape), &shape);
+    copy(&ins[0], &View { off: 0, strides }, &mut outs[0], &View::contiguous(&shape), &shape);
     Ok(())
 }
 
@@ -689,9 +685,9 @@ fn infer_repeat(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(repeat_view(a, &ins[0].shape)?.2, ins[0].dtype)
 }
 
-fn run_repeat(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_repeat(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (vs, vst, _) = repeat_view(cx.attrs, &ins[0].shape)?;
-    copy(&ins[0], &View { off: 0, strides: vst }, &outs[0], &View::contiguous(&vs), &vs);
+    copy(&ins[0], &View { off: 0, strides: vst }, &mut outs[0], &View::contiguous(&vs), &vs);
     Ok(())
 }
 
@@ -718,21 +714,21 @@ fn infer_reverse(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![ins[0].clone()])
 }
 
-fn run_reverse(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_reverse(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let v = reverse_view(cx.attrs, &ins[0].shape)?;
-    copy(&ins[0], &v, &outs[0], &View::contiguous(&outs[0].shape), &outs[0].shape);
+    copy_to(&ins[0], &v, &mut outs[0]);
     Ok(())
 }
 
 // ---- zeros_like, ones_like, shape_array, size_array ----
 
-fn run_zeros(_: &OpCtx, _: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    super::init::fill(&outs[0], 0.0);
+fn run_zeros(_: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    super::init::fill(&mut outs[0], 0.0);
     Ok(())
 }
 
-fn run_ones(_: &OpCtx, _: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    super::init::fill(&outs[0], 1.0);
+fn run_ones(_: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    super::init::fill(&mut outs[0], 1.0);
     Ok(())
 }
 
@@ -740,7 +736,7 @@ fn infer_shape_array(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(vec![ins[0].shape.len()], DType::I64)
 }
 
-fn run_shape_array(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_shape_array(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     for (o, &d) in outs[0].as_mut::<i64>().iter_mut().zip(&ins[0].shape) {
         *o = d as i64;
     }
@@ -751,7 +747,7 @@ fn infer_size_array(_: &Attrs, _: &[Meta]) -> Result<Vec<Meta>> {
     one_out(vec![1], DType::I64)
 }
 
-fn run_size_array(_: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_size_array(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     outs[0].as_mut::<i64>()[0] = ins[0].size() as i64;
     Ok(())
 }
@@ -820,10 +816,10 @@ pub(super) fn pad_src(c: usize, before: usize, n: usize, mode: u8) -> Option<usi
     }
 }
 
-fn pad_typed<T: Elem>(x: &TBlob, out: &TBlob, widths: &[(usize, usize)], mode: u8, value: T) {
-    let (src, o) = (x.as_slice::<T>(), SendPtr(out.as_mut::<T>().as_mut_ptr()));
+fn pad_typed<T: Elem>(x: &TBlob, out: &mut OutBlob, widths: &[(usize, usize)], mode: u8, value: T) {
+    let src = x.as_slice::<T>();
     let nd = out.ndim();
-    let (oshape, ishape) = (&out.shape, &x.shape);
+    let (oshape, ishape) = (&out.shape.clone(), &x.shape);
     let ist = contiguous_strides(ishape);
     let cols = oshape[nd - 1];
     let col_src: Vec<Option<usize>> = (0..cols).map(|c| pad_src(c, widths[nd - 1].0, ishape[nd - 1], mode)).collect();
@@ -831,9 +827,9 @@ fn pad_typed<T: Elem>(x: &TBlob, out: &TBlob, widths: &[(usize, usize)], mode: u
     if x.size() == 0 && mode != b'c' {
         return;
     }
-    par_for(rows, Cost(cols as f64 * 0.5), T::DTYPE, |r| {
-        let o = o;
-        for row in r {
+    debug_assert_eq!(rows * cols, out.size());
+    par_for_mut(out.as_mut::<T>(), cols, Cost(cols as f64 * 0.5), T::DTYPE, |r, part| {
+        for (row, dst) in r.zip(part.chunks_mut(cols.max(1))) {
             let idx = super::strided::unravel(row, &oshape[..nd - 1]);
             let mut base = Some(0isize);
             for (k, &c) in idx.iter().enumerate() {
@@ -842,8 +838,6 @@ fn pad_typed<T: Elem>(x: &TBlob, out: &TBlob, widths: &[(usize, usize)], mode: u
                     _ => None,
                 };
             }
-            // SAFETY: each row of the output is written by one iteration only.
-            let dst = unsafe { std::slice::from_raw_parts_mut(o.0.add(row * cols), cols) };
             match base {
                 None => dst.fill(value),
                 Some(b) => {
@@ -859,11 +853,11 @@ fn pad_typed<T: Elem>(x: &TBlob, out: &TBlob, widths: &[(usize, usize)], mode: u
     });
 }
 
-fn run_pad(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_pad(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let w = pad_widths(cx.attrs, &ins[0].shape)?;
     let mode = cx.attrs.str("mode").as_bytes()[0];
     let v = cx.attrs.float("constant_value");
-    dispatch_num!(ins[0].dtype, "Pad", T => pad_typed::<T>(&ins[0], &outs[0], &w, mode, T::from_f64(v)));
+    dispatch_num!(ins[0].dtype, "Pad", T => pad_typed::<T>(&ins[0], &mut outs[0], &w, mode, T::from_f64(v)));
     Ok(())
 }
 
@@ -926,17 +920,17 @@ fn infer_s2d(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(block_view("space_to_depth", a, &ins[0].shape, false)?.2, ins[0].dtype)
 }
 
-pub(super) fn run_block(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob], to_space: bool) -> Result<()> {
+pub(super) fn run_block(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], to_space: bool) -> Result<()> {
     let (shape, strides, _) = block_view(cx.attrs.op, cx.attrs, &ins[0].shape, to_space)?;
-    copy(&ins[0], &View { off: 0, strides }, &outs[0], &View::contiguous(&shape), &shape);
+    copy(&ins[0], &View { off: 0, strides }, &mut outs[0], &View::contiguous(&shape), &shape);
     Ok(())
 }
 
-fn run_d2s(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_d2s(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     run_block(cx, ins, outs, true)
 }
 
-fn run_s2d(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_s2d(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     run_block(cx, ins, outs, false)
 }
 
@@ -1015,14 +1009,14 @@ fn infer_diag(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(shape, ins[0].dtype)
 }
 
-fn run_diag(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn run_diag(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     match diag_plan(cx.attrs, &ins[0].shape)? {
         DiagPlan::Build { n, size, off } => {
-            super::init::fill(&outs[0], 0.0);
+            super::init::fill(&mut outs[0], 0.0);
             let dv = View { off, strides: vec![size as isize + 1] };
-            copy(&ins[0], &View::contiguous(&[n]), &outs[0], &dv, &[n]);
+            copy(&ins[0], &View::contiguous(&[n]), &mut outs[0], &dv, &[n]);
         }
-        DiagPlan::Extract { view, shape } => copy(&ins[0], &view, &outs[0], &View::contiguous(&shape), &shape),
+        DiagPlan::Extract { view, shape } => copy(&ins[0], &view, &mut outs[0], &View::contiguous(&shape), &shape),
     }
     Ok(())
 }

@@ -19,17 +19,17 @@ use super::shape::{
     cast_into, channel_bounds, diag_plan, pad_src, pad_widths, permuted_copy, repeat_view, reverse_view, run_block,
     split_v2_bounds, swap_perm, tile_dims, transpose_perm, DiagPlan,
 };
-use super::strided::{contiguous_strides, copy, copy_all, unravel, View};
+use super::strided::{contiguous_strides, copy, copy_all, copy_to, unravel, View};
 use crate::error::Result;
-use crate::op::kernel::par_tasks;
-use crate::op::tensor::{SendPtr, TBlob};
+use crate::op::kernel::par_tasks_mut;
+use crate::op::tensor::{OutBlob, TBlob};
 use crate::op::{OpCtx, OpDef, Req};
 
-type Compute = fn(&OpCtx, &[TBlob], &[TBlob]) -> Result<()>;
+type Compute = fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()>;
 
 /// Zeros into the gradients of inputs past the first (shape-only inputs such as `rhs`).
-fn zero_rest(cx: &OpCtx, outs: &[TBlob]) {
-    for (o, r) in outs.iter().zip(cx.req).skip(1) {
+fn zero_rest(cx: &OpCtx, outs: &mut [OutBlob]) {
+    for (o, r) in outs.iter_mut().zip(cx.req).skip(1) {
         if *r != Req::Null {
             fill(o, 0.0);
         }
@@ -37,23 +37,23 @@ fn zero_rest(cx: &OpCtx, outs: &[TBlob]) {
 }
 
 /// Reshapes: the gradient is the output gradient's elements under the input's shape.
-fn reshape_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn reshape_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
-        copy_all(&ins[0], &outs[0]);
+        copy_all(&ins[0], &mut outs[0]);
     }
     zero_rest(cx, outs);
     Ok(())
 }
 
 /// Casts: the output gradient converted to the input's dtype.
-fn cast_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn cast_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
-        cast_into(&ins[0], &outs[0]);
+        cast_into(&ins[0], &mut outs[0]);
     }
     Ok(())
 }
 
-fn transpose_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn transpose_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] == Req::Null {
         return Ok(());
     }
@@ -62,48 +62,49 @@ fn transpose_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     for (k, &p) in perm.iter().enumerate() {
         inv[p] = k;
     }
-    permuted_copy(&ins[0], &outs[0], &inv);
+    permuted_copy(&ins[0], &mut outs[0], &inv);
     Ok(())
 }
 
-fn swap_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn swap_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
-        permuted_copy(&ins[0], &outs[0], &swap_perm(cx.attrs, outs[0].ndim())?);
+        let perm = swap_perm(cx.attrs, outs[0].ndim())?;
+        permuted_copy(&ins[0], &mut outs[0], &perm);
     }
     Ok(())
 }
 
 /// Each input's gradient is its block of the output gradient along `dim` (Concat).
-fn concat_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn concat_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let g = &ins[0];
     let dim = norm_axis("Concat", cx.attrs.int("dim"), g.ndim())?;
     let gs = contiguous_strides(&g.shape);
     let mut at = 0isize;
-    for (o, r) in outs.iter().zip(cx.req) {
+    for (o, r) in outs.iter_mut().zip(cx.req) {
         if *r != Req::Null {
             let sv = View { off: at * gs[dim], strides: gs.clone() };
-            copy(g, &sv, o, &View::contiguous(&o.shape), &o.shape);
+            copy_to(g, &sv, o);
         }
         at += o.shape[dim] as isize;
     }
     Ok(())
 }
 
-fn stack_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn stack_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let g = &ins[0];
     let ax = norm_axis("stack", cx.attrs.int("axis"), g.ndim())?;
     let mut gs = contiguous_strides(&g.shape);
     let step = gs.remove(ax);
-    for (i, (o, r)) in outs.iter().zip(cx.req).enumerate() {
+    for (i, (o, r)) in outs.iter_mut().zip(cx.req).enumerate() {
         if *r != Req::Null {
-            copy(g, &View { off: i as isize * step, strides: gs.clone() }, o, &View::contiguous(&o.shape), &o.shape);
+            copy_to(g, &View { off: i as isize * step, strides: gs.clone() }, o);
         }
     }
     Ok(())
 }
 
 /// The input gradient is the output gradients written back to their parts along `axis`.
-fn join_parts(ograds: &[TBlob], dx: &TBlob, axis: usize, bounds: &[(usize, usize)]) {
+fn join_parts(ograds: &[TBlob], dx: &mut OutBlob, axis: usize, bounds: &[(usize, usize)]) {
     let s = contiguous_strides(&dx.shape);
     for (g, &(b, e)) in ograds.iter().zip(bounds) {
         let mut part = dx.shape.clone();
@@ -112,26 +113,26 @@ fn join_parts(ograds: &[TBlob], dx: &TBlob, axis: usize, bounds: &[(usize, usize
     }
 }
 
-fn slice_channel_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn slice_channel_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
         let (axis, bounds) = channel_bounds(cx.attrs, &outs[0].shape)?;
-        join_parts(ins, &outs[0], axis, &bounds);
+        join_parts(ins, &mut outs[0], axis, &bounds);
     }
     Ok(())
 }
 
-fn split_v2_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn split_v2_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
         let (axis, bounds) = split_v2_bounds(cx.attrs, &outs[0].shape)?;
-        join_parts(ins, &outs[0], axis, &bounds);
+        join_parts(ins, &mut outs[0], axis, &bounds);
     }
     Ok(())
 }
 
 /// Broadcasts: the output gradient summed over the broadcast axes.
-fn broadcast_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn broadcast_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
-        let (g, dx) = (&ins[0], &outs[0]);
+        let (g, dx) = (&ins[0], &mut outs[0]);
         let flags: Vec<bool> = dx.shape.iter().zip(&g.shape).map(|(a, b)| a != b).collect();
         sum_into(cx.attrs.op, g, &g.shape, &flags, dx)?;
     }
@@ -139,7 +140,7 @@ fn broadcast_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     Ok(())
 }
 
-fn tile_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn tile_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] == Req::Null {
         return Ok(());
     }
@@ -151,10 +152,10 @@ fn tile_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
         shape.extend_from_slice(&[r[k], s[k]]);
         flags.extend_from_slice(&[true, false]);
     }
-    sum_into("tile", &ins[0], &shape, &flags, &outs[0])
+    sum_into("tile", &ins[0], &shape, &flags, &mut outs[0])
 }
 
-fn repeat_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn repeat_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] == Req::Null {
         return Ok(());
     }
@@ -162,13 +163,13 @@ fn repeat_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     // repeated one; the repetitions are summed.
     let (vs, vst, _) = repeat_view(cx.attrs, &outs[0].shape)?;
     let flags: Vec<bool> = vst.iter().zip(&vs).map(|(&st, &d)| st == 0 && d != 1).collect();
-    sum_into("repeat", &ins[0], &vs, &flags, &outs[0])
+    sum_into("repeat", &ins[0], &vs, &flags, &mut outs[0])
 }
 
-fn reverse_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn reverse_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
         let v = reverse_view(cx.attrs, &outs[0].shape)?;
-        copy(&ins[0], &v, &outs[0], &View::contiguous(&outs[0].shape), &outs[0].shape);
+        copy_to(&ins[0], &v, &mut outs[0]);
     }
     Ok(())
 }
@@ -176,8 +177,8 @@ fn reverse_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
 /// Pad: constant padding crops the output gradient; edge and reflect padding add each padded
 /// element's gradient to the element it copies. The first two axes are never padded, so each
 /// (n, c) plane is one task.
-fn pad_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
-    let (g, dx) = (&ins[0], &outs[0]);
+fn pad_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let (g, dx) = (&ins[0], &mut outs[0]);
     if cx.req[0] == Req::Null || dx.size() == 0 {
         return Ok(());
     }
@@ -186,15 +187,15 @@ fn pad_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
     if mode == b'c' {
         let gs = contiguous_strides(&g.shape);
         let off = w.iter().zip(&gs).map(|(&(b, _), &s)| b as isize * s).sum();
-        copy(g, &View { off, strides: gs }, dx, &View::contiguous(&dx.shape), &dx.shape);
+        copy_to(g, &View { off, strides: gs }, dx);
         return Ok(());
     }
     crate::dispatch_float!(dx.dtype, "_backward_Pad", T => pad_sum::<T>(g, dx, &w, mode));
     Ok(())
 }
 
-fn pad_sum<T: Arith>(g: &TBlob, dx: &TBlob, w: &[(usize, usize)], mode: u8) {
-    let (gshape, xshape) = (&g.shape, &dx.shape);
+fn pad_sum<T: Arith>(g: &TBlob, dx: &mut OutBlob, w: &[(usize, usize)], mode: u8) {
+    let (gshape, xshape) = (&g.shape, &dx.shape.clone());
     let nd = xshape.len();
     let (gplane, xplane): (usize, usize) = (gshape[2..].iter().product(), xshape[2..].iter().product());
     let cols = gshape[nd - 1];
@@ -205,9 +206,7 @@ fn pad_sum<T: Arith>(g: &TBlob, dx: &TBlob, w: &[(usize, usize)], mode: u8) {
     let row_shape = &gshape[2..nd - 1];
     let rows: usize = row_shape.iter().product();
     let gv = g.as_slice::<T>();
-    let p = SendPtr(dx.as_mut::<T>().as_mut_ptr());
-    par_tasks(xshape[0] * xshape[1], (g.size() as f64) * 1.5, T::DTYPE, |s| {
-        let p = p;
+    par_tasks_mut(dx.as_mut::<T>(), xplane, (g.size() as f64) * 1.5, T::DTYPE, |s, d| {
         let gp = &gv[s * gplane..(s + 1) * gplane];
         let mut acc = vec![<T::C as Calc>::ZERO; xplane];
         for row in 0..rows {
@@ -224,33 +223,31 @@ fn pad_sum<T: Arith>(g: &TBlob, dx: &TBlob, w: &[(usize, usize)], mode: u8) {
                 acc[base + src] = acc[base + src].add(v.load());
             }
         }
-        // SAFETY: plane s of dx is written by task s only.
-        let d = unsafe { std::slice::from_raw_parts_mut(p.0.add(s * xplane), xplane) };
         for (d, a) in d.iter_mut().zip(acc) {
             *d = T::store(a);
         }
     });
 }
 
-fn d2s_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn d2s_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
         run_block(cx, &ins[..1], outs, false)?;
     }
     Ok(())
 }
 
-fn s2d_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn s2d_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
         run_block(cx, &ins[..1], outs, true)?;
     }
     Ok(())
 }
 
-fn diag_back(cx: &OpCtx, ins: &[TBlob], outs: &[TBlob]) -> Result<()> {
+fn diag_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] == Req::Null {
         return Ok(());
     }
-    let (g, dx) = (&ins[0], &outs[0]);
+    let (g, dx) = (&ins[0], &mut outs[0]);
     match diag_plan(cx.attrs, &dx.shape)? {
         DiagPlan::Build { n, size, off } => {
             copy(g, &View { off, strides: vec![size as isize + 1] }, dx, &View::contiguous(&[n]), &[n]);

@@ -10,7 +10,7 @@
 
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for, Cost};
-use crate::op::tensor::{SendPtr, TBlob};
+use crate::op::tensor::{OutBlob, SendPtr, TBlob};
 
 /// Run `$body` with `$E` bound to an unsigned integer of `$dtype`'s element size.
 macro_rules! by_size {
@@ -86,31 +86,74 @@ fn simplify(shape: &[usize], a: &[isize], b: &[isize]) -> (Vec<usize>, Vec<isize
 }
 
 /// Copy the elements of `shape` from view `sv` of `src` to view `dv` of `dst` (both blobs of
-/// the same element size). The views must lie within the blobs and the destination view must
-/// not address an element twice.
-pub fn copy(src: &TBlob, sv: &View, dst: &TBlob, dv: &View, shape: &[usize]) {
+/// the same element size). Panics (an operator error) unless both views lie within their
+/// blobs and the destination view addresses no element twice: the parallel loops below write
+/// through raw pointers, and these two checks are what makes their writes disjoint.
+pub fn copy(src: &TBlob, sv: &View, dst: &mut OutBlob, dv: &View, shape: &[usize]) {
     assert_eq!(src.dtype.size(), dst.dtype.size());
-    by_size!(dst.dtype, E => copy_typed::<E>(src, sv, dst, dv, shape))
-}
-
-fn copy_typed<E: Copy + Send + Sync + 'static>(src: &TBlob, sv: &View, dst: &TBlob, dv: &View, shape: &[usize]) {
     if shape.contains(&0) {
         return;
     }
-    debug_assert!(view_in_bounds(sv, shape, src.size()) && view_in_bounds(dv, shape, dst.size()));
+    assert!(
+        view_in_bounds(sv, shape, src.size()) && view_in_bounds(dv, shape, dst.size()),
+        "strided copy: a view leaves its array"
+    );
+    assert!(view_injective(dv, shape), "strided copy: the destination view addresses an element twice");
+    // Pointers taken from checked slices: the source is a separate input (not lent, or
+    // `as_bytes` refuses it), the destination this kernel's only view of its output.
+    let dtype = dst.dtype;
+    let src = src.as_bytes().as_ptr();
+    let dst = dst.as_bytes_mut().as_mut_ptr();
+    // SAFETY: the views were asserted in bounds and the destination injective above; the
+    // pointers come from a read slice of the input and the output's one mutable slice.
+    by_size!(dtype, E => unsafe { copy_typed::<E>(src.cast(), sv, dst.cast(), dv, shape) })
+}
+
+/// [`copy`] into the whole of `dst`, whose shape is the copied shape.
+pub fn copy_to(src: &TBlob, sv: &View, dst: &mut OutBlob) {
+    let shape = dst.shape.to_vec();
+    copy(src, sv, dst, &View::contiguous(&shape), &shape)
+}
+
+/// Whether view `v` over `shape` addresses each element at most once. Sufficient test: with
+/// the dimensions sorted by stride magnitude, each stride is at least one more than the
+/// largest offset the smaller dimensions reach (so distinct indices give distinct offsets).
+pub fn view_injective(v: &View, shape: &[usize]) -> bool {
+    let mut dims: Vec<(usize, usize)> =
+        shape.iter().zip(&v.strides).filter(|(&d, _)| d > 1).map(|(&d, &s)| (s.unsigned_abs(), d)).collect();
+    dims.sort_unstable();
+    let mut span = 1usize;
+    for (s, d) in dims {
+        if s < span {
+            return false;
+        }
+        span = match s.checked_mul(d - 1).and_then(|x| x.checked_add(span)) {
+            Some(x) => x,
+            None => return false,
+        };
+    }
+    true
+}
+
+/// # Safety
+/// `sp` and `dp` address buffers that views `sv` and `dv` over `shape` stay inside, `dv`
+/// addresses no element twice, the buffers do not overlap, and nothing else accesses the
+/// destination meanwhile (what [`copy`] asserts and borrows).
+unsafe fn copy_typed<E: Copy + Send + Sync + 'static>(sp: *const E, sv: &View, dp: *mut E, dv: &View, shape: &[usize]) {
     let (sh, ss, ds) = simplify(shape, &sv.strides, &dv.strides);
-    let sp = SendPtr(src.ptr() as *mut E);
-    let dp = SendPtr(dst.ptr() as *mut E);
+    let sp = SendPtr(sp as *mut E);
+    let dp = SendPtr(dp);
     let (s0, d0) = (sv.off, dv.off);
     let nd = sh.len();
     if nd == 0 {
-        // SAFETY: one element inside both views (bounds checked by the callers' inference).
+        // SAFETY: one element inside both views (`copy` asserted both views in bounds).
         unsafe { *dp.0.offset(d0) = *sp.0.offset(s0) };
         return;
     }
     let dtype = dtype_of_size(std::mem::size_of::<E>());
     if nd >= 2 && ss[nd - 2] == 1 && ds[nd - 1] == 1 && ss[nd - 1] != 1 {
-        transpose_blocks::<E>(sp, s0, &ss, dp, d0, &ds, &sh, dtype);
+        // SAFETY: this function's own contract, for the same views simplified.
+        unsafe { transpose_blocks::<E>(sp, s0, &ss, dp, d0, &ds, &sh, dtype) };
         return;
     }
     let inner = sh[nd - 1];
@@ -123,7 +166,8 @@ fn copy_typed<E: Copy + Send + Sync + 'static>(src: &TBlob, sv: &View, dst: &TBl
         let mut idx = unravel(r.start, outer_shape);
         let (mut so, mut dof) = offsets(&idx, &ss, &ds, s0, d0);
         for _ in r {
-            // SAFETY: offsets stay inside the views, which lie inside the blobs; rows of the
+            // SAFETY: offsets stay inside the views, which lie inside the blobs (asserted by
+            // `copy`); the destination view is injective (asserted by `copy`), so rows of the
             // destination are disjoint across the loop (no element addressed twice).
             unsafe {
                 let s = sp.0.offset(so);
@@ -145,8 +189,11 @@ fn copy_typed<E: Copy + Send + Sync + 'static>(src: &TBlob, sv: &View, dst: &TBl
 
 /// Copy where the source's contiguous dimension is the destination's second-to-last: tiles
 /// of 32×32 keep both sides in cache.
+///
+/// # Safety
+/// As [`copy_typed`], for the simplified views (`s0`, `ss`) and (`d0`, `ds`) over `sh`.
 #[allow(clippy::too_many_arguments)]
-fn transpose_blocks<E: Copy + Send + Sync>(
+unsafe fn transpose_blocks<E: Copy + Send + Sync>(
     sp: SendPtr<E>,
     s0: isize,
     ss: &[isize],
@@ -174,7 +221,8 @@ fn transpose_blocks<E: Copy + Send + Sync>(
             let (so, dof) = offsets(&idx, ss, ds, s0, d0);
             for c in c0..(c0 + B).min(cols) {
                 for rr in r0..(r0 + B).min(rows) {
-                    // SAFETY: inside both views; each destination element written once.
+                    // SAFETY: inside both views and each destination element written once (the
+                    // bounds and injectivity `copy` asserted).
                     unsafe {
                         *dp.0.offset(dof + rr as isize * drs + c as isize) =
                             *sp.0.offset(so + rr as isize * srs + c as isize * scs);
@@ -248,27 +296,49 @@ pub fn view_in_bounds(v: &View, shape: &[usize], len: usize) -> bool {
     lo >= 0 && hi < len as isize
 }
 
+/// An element-size view of an input's bytes (`E` one of the unsigned integers of [`by_size`]).
+pub fn elems<E: pod::Pod>(b: &TBlob) -> &[E] {
+    pod::cast(b.as_bytes())
+}
+
+/// An element-size view of an output's bytes for writing (see [`elems`]).
+pub fn elems_mut<E: pod::Pod>(b: &mut OutBlob) -> &mut [E] {
+    pod::cast_mut(b.as_bytes_mut())
+}
+
+/// Casts between byte slices and slices of the plain unsigned integers.
+pub mod pod {
+    /// An unsigned integer: every bit pattern is a value, no padding.
+    pub trait Pod: Copy + Send + Sync + 'static + sealed::Sealed {}
+    impl Pod for u8 {}
+    impl Pod for u16 {}
+    impl Pod for u32 {}
+    impl Pod for u64 {}
+    mod sealed {
+        pub trait Sealed {}
+        impl Sealed for u8 {}
+        impl Sealed for u16 {}
+        impl Sealed for u32 {}
+        impl Sealed for u64 {}
+    }
+    pub fn cast<E: Pod>(b: &[u8]) -> &[E] {
+        // SAFETY: E is a sealed unsigned integer type (any bytes are a value); `align_to`
+        // gives only whole, aligned elements, and the assert below rejects a partial split.
+        let (pre, mid, post) = unsafe { b.align_to::<E>() };
+        assert!(pre.is_empty() && post.is_empty(), "array bytes not aligned to their element size");
+        mid
+    }
+    pub fn cast_mut<E: Pod>(b: &mut [u8]) -> &mut [E] {
+        // SAFETY: as `cast`; any value written is a valid byte pattern for the bytes.
+        let (pre, mid, post) = unsafe { b.align_to_mut::<E>() };
+        assert!(pre.is_empty() && post.is_empty(), "array bytes not aligned to their element size");
+        mid
+    }
+}
+
 /// Copy a whole contiguous blob into another of the same size and element width.
-pub fn copy_all(src: &TBlob, dst: &TBlob) {
-    let n = src.bytes();
-    assert_eq!(n, dst.bytes());
-    if n == 0 || src.ptr() == dst.ptr() {
-        return;
-    }
-    let (s, d) = (src.ptr() as usize, dst.ptr() as usize);
-    if s < d + n && d < s + n {
-        // A declared in-place pair whose views are offset within one chunk.
-        // SAFETY: both ranges lie in their blobs; `copy` handles the overlap.
-        unsafe { std::ptr::copy(src.ptr(), dst.ptr(), n) };
-        return;
-    }
-    let sp = SendPtr(src.ptr());
-    let dp = SendPtr(dst.ptr());
-    par_for(n, Cost(0.06), DType::U8, |r| {
-        let (sp, dp) = (sp, dp);
-        // SAFETY: disjoint ranges inside both blobs, which do not overlap (checked above).
-        unsafe { std::ptr::copy_nonoverlapping(sp.0.add(r.start), dp.0.add(r.start), r.len()) };
-    });
+pub fn copy_all(src: &TBlob, dst: &mut OutBlob) {
+    dst.copy_from(src)
 }
 
 #[cfg(test)]
@@ -276,8 +346,13 @@ mod tests {
     use super::*;
 
     fn blob<T>(v: &mut [T], shape: Vec<usize>, dtype: DType) -> TBlob {
-        // SAFETY: the vector outlives the blob in each test.
+        // SAFETY: the vector outlives the blob in each test and is not written meanwhile.
         unsafe { TBlob::new(v.as_mut_ptr() as *mut u8, &shape, dtype) }
+    }
+
+    fn oblob<T>(v: &mut [T], shape: Vec<usize>, dtype: DType) -> OutBlob {
+        // SAFETY: the vector outlives the blob in each test and is read after the copy only.
+        unsafe { OutBlob::new(v.as_mut_ptr() as *mut u8, &shape, dtype) }
     }
 
     #[test]
@@ -293,8 +368,8 @@ mod tests {
         for (r, c) in [(3usize, 5usize), (70, 45)] {
             let mut a: Vec<f32> = (0..r * c).map(|x| x as f32).collect();
             let mut o = vec![0f32; r * c];
-            let (sa, so) = (blob(&mut a, vec![r, c], DType::F32), blob(&mut o, vec![c, r], DType::F32));
-            copy(&sa, &View { off: 0, strides: vec![1, c as isize] }, &so, &View::contiguous(&[c, r]), &[c, r]);
+            let (sa, mut so) = (blob(&mut a, vec![r, c], DType::F32), oblob(&mut o, vec![c, r], DType::F32));
+            copy(&sa, &View { off: 0, strides: vec![1, c as isize] }, &mut so, &View::contiguous(&[c, r]), &[c, r]);
             for i in 0..r {
                 for j in 0..c {
                     assert_eq!(o[j * r + i], (i * c + j) as f32);
@@ -303,9 +378,22 @@ mod tests {
         }
         let mut a: Vec<i64> = (0..6).collect();
         let mut o = vec![0i64; 6];
-        let (sa, so) = (blob(&mut a, vec![2, 3], DType::I64), blob(&mut o, vec![2, 3], DType::I64));
-        copy(&sa, &View { off: 2, strides: vec![3, -1] }, &so, &View::contiguous(&[2, 3]), &[2, 3]);
+        let (sa, mut so) = (blob(&mut a, vec![2, 3], DType::I64), oblob(&mut o, vec![2, 3], DType::I64));
+        copy(&sa, &View { off: 2, strides: vec![3, -1] }, &mut so, &View::contiguous(&[2, 3]), &[2, 3]);
         assert_eq!(o, vec![2, 1, 0, 5, 4, 3]);
+    }
+
+    #[test]
+    fn injective_views() {
+        assert!(view_injective(&View::contiguous(&[2, 3, 4]), &[2, 3, 4]));
+        // A transpose and a reversal address each element once; a broadcast (stride 0) or
+        // overlapping rows (stride 2 over rows of 3) do not.
+        assert!(view_injective(&View { off: 0, strides: vec![1, 3] }, &[3, 2]));
+        assert!(view_injective(&View { off: 5, strides: vec![-3, -1] }, &[2, 3]));
+        assert!(!view_injective(&View { off: 0, strides: vec![0, 1] }, &[2, 3]));
+        assert!(!view_injective(&View { off: 0, strides: vec![2, 1] }, &[2, 3]));
+        // Size-1 dimensions may have any stride.
+        assert!(view_injective(&View { off: 0, strides: vec![0, 1] }, &[1, 3]));
     }
 
     #[test]
