@@ -6,12 +6,19 @@ set -euo pipefail
 MXRT_ENV=test source "$(dirname "$0")/env.sh"
 cd "$ROOT"
 
+echo "== formatting and lints (cargo fmt --check, cargo clippy -D warnings)"
+cargo fmt --check
+cargo clippy --all-targets -- -D warnings
 echo "== Rust unit tests"
 cargo test --release --all-targets
 echo "== build libmxnet.so"
 cargo build --release --lib
-echo "== C/C++ tests (CTest)"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMXNET_RT_BUILD_TESTS=ON >/dev/null
+echo "== C/C++ tests (CTest, with the memcheck tests under valgrind)"
+if ! command -v valgrind >/dev/null; then
+  echo "== installing valgrind"
+  if [ "$(id -u)" = 0 ]; then apt-get install -y -q valgrind >/dev/null; else sudo -n apt-get install -y -q valgrind >/dev/null; fi
+fi
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMXNET_RT_BUILD_TESTS=ON -DMXNET_RT_REQUIRE_VALGRIND=ON >/dev/null
 cmake --build build -j 2
 ctest --test-dir build --output-on-failure
 echo "== Python tests"

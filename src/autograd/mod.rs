@@ -588,7 +588,7 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
         } else {
             let placeholders: Vec<NDArray>;
             let inputs: Vec<&NDArray> = if saved.inputs.is_empty() {
-                placeholders = call.in_meta.iter().map(|m| NDArray::none_like_meta(m)).collect();
+                placeholders = call.in_meta.iter().map(NDArray::none_like_meta).collect();
                 placeholders.iter().collect()
             } else {
                 saved.inputs.iter().collect()

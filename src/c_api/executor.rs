@@ -22,9 +22,12 @@ fn executors() -> &'static HandleTable<Executor> {
     T.get_or_init(|| HandleTable::new(12, "Executor"))
 }
 
+/// The three handle arrays `MXExecutorBindEX` returns (arguments, gradients, auxiliary states).
+type BindArrays = (Vec<NDArrayHandle>, Vec<NDArrayHandle>, Vec<NDArrayHandle>);
+
 thread_local! {
     static OUTPUTS: RefCell<Vec<NDArrayHandle>> = const { RefCell::new(Vec::new()) };
-    static BIND_OUT: RefCell<Box<(Vec<NDArrayHandle>, Vec<NDArrayHandle>, Vec<NDArrayHandle>)>> = RefCell::new(Box::default());
+    static BIND_OUT: RefCell<Box<BindArrays>> = RefCell::new(Box::default());
     static PRINT: RefCell<CString> = RefCell::new(CString::default());
 }
 

@@ -393,7 +393,7 @@ pub unsafe extern "C" fn MXNDArraySlice(
     // SAFETY: per this function's contract.
     unsafe {
         ffi::call_out("MXNDArraySlice", out, "out", || {
-            Ok(new_view(handle, |nd| crate::autograd::slice_view(nd, slice_begin as usize, slice_end as usize))?)
+            new_view(handle, |nd| crate::autograd::slice_view(nd, slice_begin as usize, slice_end as usize))
         })
     }
 }
@@ -406,16 +406,14 @@ pub unsafe extern "C" fn MXNDArraySlice(
 pub unsafe extern "C" fn MXNDArrayAt(handle: NDArrayHandle, idx: u32, out: *mut NDArrayHandle) -> c_int {
     // SAFETY: per this function's contract.
     unsafe {
-        ffi::call_out("MXNDArrayAt", out, "out", || {
-            Ok(new_view(handle, |nd| crate::autograd::at_view(nd, idx as usize))?)
-        })
+        ffi::call_out("MXNDArrayAt", out, "out", || new_view(handle, |nd| crate::autograd::at_view(nd, idx as usize)))
     }
 }
 
 /// # Safety
 /// `dims` must point to `ndim` values when `ndim > 0`.
 unsafe fn read_dims<T: Copy + Into<i64>>(dims: *const T, ndim: c_int) -> Result<Vec<i64>> {
-    if ndim < 0 || ndim > 32 {
+    if !(0..=32).contains(&ndim) {
         return Err(Error::value(format!("ndim must be in [0, 32], got {ndim}")));
     }
     if ndim > 0 && dims.is_null() {
@@ -549,7 +547,7 @@ pub unsafe extern "C" fn MXNDArrayGetStorageType(handle: NDArrayHandle, out_stor
     // SAFETY: per this function's contract.
     unsafe {
         ffi::call_out("MXNDArrayGetStorageType", out_storage_type, "out_storage_type", || {
-            Ok(arrays().with(handle, |nd| if nd.chunk.is_none() { -1 } else { 0 })?)
+            arrays().with(handle, |nd| if nd.chunk.is_none() { -1 } else { 0 })
         })
     }
 }
@@ -602,7 +600,7 @@ pub extern "C" fn MXNDArraySyncCopyFromNDArray(
 #[no_mangle]
 pub unsafe extern "C" fn MXSetIsNumpyShape(is_np_shape: c_int, prev: *mut c_int) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXSetIsNumpyShape", prev, "prev", || Ok(np_shape::set(is_np_shape)?)) }
+    unsafe { ffi::call_out("MXSetIsNumpyShape", prev, "prev", || np_shape::set(is_np_shape)) }
 }
 
 /// The numpy-shape mode: 0 off, 1 this thread, 2 global.

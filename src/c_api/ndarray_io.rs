@@ -10,10 +10,13 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::Arc;
 
+/// What the loaders return: handles, names (and their C pointers), and SaveRawBytes' bytes.
+type Loaded = (Vec<NDArrayHandle>, Vec<CString>, Vec<*const c_char>, Vec<u8>);
+
 thread_local! {
     /// Handles and names returned by the loaders, and the bytes of SaveRawBytes.
     /// (Boxed to keep the static TLS block small.)
-    static LOADED: RefCell<Box<(Vec<NDArrayHandle>, Vec<CString>, Vec<*const c_char>, Vec<u8>)>> = RefCell::new(Box::default());
+    static LOADED: RefCell<Box<Loaded>> = RefCell::new(Box::default());
 }
 
 /// # Safety

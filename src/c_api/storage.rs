@@ -25,7 +25,7 @@ pub unsafe extern "C" fn MXStorageGetStats(out_json: *mut *const c_char) -> c_in
     // SAFETY: per this function's contract.
     unsafe {
         ffi::call_out("MXStorageGetStats", out_json, "out_json", || {
-            Ok(ffi::return_str(&storage::manager().stats_json().to_string())?)
+            ffi::return_str(&storage::manager().stats_json().to_string())
         })
     }
 }

@@ -900,6 +900,7 @@ impl Engine {
     /// once on this thread, without allocating an operation. Anything else (a busy variable,
     /// an asynchronous function, a recorded failure to check) is handed back for the general
     /// path.
+    #[allow(clippy::result_large_err)] // the push itself comes back, to go the general way
     fn try_run_now(&'static self, p: Push) -> std::result::Result<(), Push> {
         let Push {
             func: OprFn::Sync(f),

@@ -136,7 +136,7 @@ impl Pool {
     /// Queue a ready operation. A sleeping worker is woken only when none is spinning. On a
     /// worker of this pool with nothing else ready, the worker keeps it and runs it next.
     pub fn push(&self, op: Arc<Opr>) {
-        let op = if self.len.load(Ordering::Acquire) == 0 && CURRENT.with(Cell::get) == self as *const Pool {
+        let op = if self.len.load(Ordering::Acquire) == 0 && std::ptr::eq(CURRENT.with(Cell::get), self) {
             match HANDOFF.with(|h| {
                 let mut h = h.borrow_mut();
                 if h.is_none() {

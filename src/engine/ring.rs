@@ -234,6 +234,7 @@ impl Ring {
     /// Called only by the solo owner (one thread, for the life of the ring), on a ring with
     /// slots.
     #[inline]
+    #[allow(clippy::result_large_err)] // the push itself comes back, to go the general way
     pub(crate) unsafe fn publish(&self, p: Push) -> Result<(), Push> {
         let Some(t) = self.claim() else {
             return Err(p);

@@ -27,7 +27,8 @@ fn hold_a_worker(e: &'static Engine) -> mpsc::Sender<()> {
     e.push(Push::sync(
         move |_| {
             started_tx.lock().send(()).unwrap();
-            Ok(gate_rx.lock().recv().unwrap())
+            let _: () = gate_rx.lock().recv().unwrap();
+            Ok(())
         },
         vec![],
         vec![Var::new()],
@@ -131,7 +132,14 @@ fn run_dag(e: &'static Engine, seed: u64, n_ops: usize, n_vars: usize) {
                 mutable_vars,
             )
         } else {
-            Push::sync(move |_| Ok(apply(&v, i, &o[i])), const_vars, mutable_vars)
+            Push::sync(
+                move |_| {
+                    apply(&v, i, &o[i]);
+                    Ok(())
+                },
+                const_vars,
+                mutable_vars,
+            )
         };
         p.prop = spec.prop;
         p.ctx = spec.ctx;
@@ -295,8 +303,16 @@ fn duplicate_variables_are_refused() {
     let v = Var::new();
     let ran = Arc::new(AtomicBool::new(false));
     let r = ran.clone();
-    let err =
-        e.push(Push::sync(move |_| Ok(r.store(true, Ordering::SeqCst)), vec![v.clone()], vec![v.clone()])).unwrap_err();
+    let err = e
+        .push(Push::sync(
+            move |_| {
+                r.store(true, Ordering::SeqCst);
+                Ok(())
+            },
+            vec![v.clone()],
+            vec![v.clone()],
+        ))
+        .unwrap_err();
     assert!(err.to_string().starts_with("ValueError:") && err.to_string().contains("twice"));
     assert!(e.push(Push::sync(|_| Ok(()), vec![v.clone(), v.clone()], vec![])).is_err());
     let many: Vec<_> = (0..20).map(|_| Var::new()).chain([v.clone()]).collect();
@@ -325,7 +341,14 @@ fn failures_propagate_report_once_and_clear() {
         e.push(fail).unwrap();
         // Reads the failed var: skipped, and passes the failure on to b.
         let r = skipped_ran.clone();
-        let mut skip = Push::sync(move |_| Ok(r.store(true, Ordering::SeqCst)), vec![a.clone()], vec![b.clone()]);
+        let mut skip = Push::sync(
+            move |_| {
+                r.store(true, Ordering::SeqCst);
+                Ok(())
+            },
+            vec![a.clone()],
+            vec![b.clone()],
+        );
         skip.payload = Some(Box::new(Counted(drops.clone())));
         e.push(skip).unwrap();
         // Unrelated: runs.
@@ -380,7 +403,14 @@ fn no_skip_operations_run_despite_failures() {
     e.push(Push::sync(|_| Err(Error::mxnet("x")), vec![], vec![v.clone()])).unwrap();
     let ran = Arc::new(AtomicBool::new(false));
     let r = ran.clone();
-    let mut p = Push::sync(move |_| Ok(r.store(true, Ordering::SeqCst)), vec![v.clone()], vec![]);
+    let mut p = Push::sync(
+        move |_| {
+            r.store(true, Ordering::SeqCst);
+            Ok(())
+        },
+        vec![v.clone()],
+        vec![],
+    );
     p.prop = FnProperty::NoSkip;
     e.push(p).unwrap();
     assert!(e.wait_all().is_err());
@@ -396,7 +426,14 @@ fn higher_priority_runs_first() {
     let priorities = [0, 5, -1, 5, 3, 0, 10, -7, 3];
     for &prio in &priorities {
         let o = order.clone();
-        let mut p = Push::sync(move |_| Ok(o.lock().push(prio)), vec![], vec![Var::new()]);
+        let mut p = Push::sync(
+            move |_| {
+                o.lock().push(prio);
+                Ok(())
+            },
+            vec![],
+            vec![Var::new()],
+        );
         p.priority = prio;
         e.push(p).unwrap();
     }
@@ -416,8 +453,14 @@ fn idle_threaded_engines_run_cheap_operations_on_the_pushing_thread() {
         let v = Var::new();
         let (tx, rx) = mpsc::channel();
         let cheap = |tx: mpsc::Sender<(u32, std::thread::ThreadId)>, tag: u32, v: &Arc<Var>| {
-            let mut p =
-                Push::sync(move |_| Ok(tx.send((tag, std::thread::current().id())).unwrap()), vec![], vec![v.clone()]);
+            let mut p = Push::sync(
+                move |_| {
+                    tx.send((tag, std::thread::current().id())).unwrap();
+                    Ok(())
+                },
+                vec![],
+                vec![v.clone()],
+            );
             p.cheap = true;
             p
         };
@@ -426,8 +469,15 @@ fn idle_threaded_engines_run_cheap_operations_on_the_pushing_thread() {
         assert_eq!(rx.try_recv().unwrap(), (1, me));
         // Not cheap: a worker runs it even on an idle engine.
         let t = tx.clone();
-        e.push(Push::sync(move |_| Ok(t.send((2, std::thread::current().id())).unwrap()), vec![], vec![v.clone()]))
-            .unwrap();
+        e.push(Push::sync(
+            move |_| {
+                let _: () = t.send((2, std::thread::current().id())).unwrap();
+                Ok(())
+            },
+            vec![],
+            vec![v.clone()],
+        ))
+        .unwrap();
         e.wait_all().unwrap();
         let (tag, thread) = rx.try_recv().unwrap();
         assert!(tag == 2 && thread != me);
@@ -440,7 +490,8 @@ fn idle_threaded_engines_run_cheap_operations_on_the_pushing_thread() {
                 while !g.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(1));
                 }
-                Ok(t.send((3, std::thread::current().id())).unwrap())
+                let _: () = t.send((3, std::thread::current().id())).unwrap();
+                Ok(())
             },
             vec![],
             vec![v.clone()],
@@ -470,7 +521,10 @@ fn naive_engine_runs_on_the_pushing_thread() {
     let same = Arc::new(AtomicBool::new(false));
     let s = same.clone();
     e.push(Push::sync(
-        move |_| Ok(s.store(std::thread::current().id() == me, Ordering::SeqCst)),
+        move |_| {
+            s.store(std::thread::current().id() == me, Ordering::SeqCst);
+            Ok(())
+        },
         vec![],
         vec![Var::new()],
     ))
@@ -504,7 +558,15 @@ fn solo_mode_leaves_variables_untouched_until_a_second_thread_pushes() {
     let log = Arc::new(Mutex::new(Vec::new()));
     // The only pusher: its operation runs solo, the variable is not taken.
     let v_seen = v.clone();
-    e.push(Push::sync(move |_| Ok(assert!(v_seen.is_idle(), "solo: untracked")), vec![], vec![v.clone()])).unwrap();
+    e.push(Push::sync(
+        move |_| {
+            let _: () = assert!(v_seen.is_idle(), "solo: untracked");
+            Ok(())
+        },
+        vec![],
+        vec![v.clone()],
+    ))
+    .unwrap();
     assert!(!e.solo.is_shared());
     // A solo operation that starts a second pusher on the same variable: that push waits for
     // the operation to end, then ends solo mode for good.
@@ -514,7 +576,15 @@ fn solo_mode_leaves_variables_untouched_until_a_second_thread_pushes() {
         move |_| {
             let l2 = l.clone();
             *s2.lock() = Some(std::thread::spawn(move || {
-                e.push(Push::sync(move |_| Ok(l2.lock().push("second")), vec![], vec![v2])).unwrap();
+                e.push(Push::sync(
+                    move |_| {
+                        let _: () = l2.lock().push("second");
+                        Ok(())
+                    },
+                    vec![],
+                    vec![v2],
+                ))
+                .unwrap();
             }));
             std::thread::sleep(Duration::from_millis(50));
             l.lock().push("solo");
@@ -529,7 +599,15 @@ fn solo_mode_leaves_variables_untouched_until_a_second_thread_pushes() {
     assert!(e.solo.is_shared());
     // Tracked from now on: a running operation holds its variable.
     let v_seen = v.clone();
-    e.push(Push::sync(move |_| Ok(assert!(!v_seen.is_idle(), "tracked")), vec![], vec![v.clone()])).unwrap();
+    e.push(Push::sync(
+        move |_| {
+            let _: () = assert!(!v_seen.is_idle(), "tracked");
+            Ok(())
+        },
+        vec![],
+        vec![v.clone()],
+    ))
+    .unwrap();
     // A failure in a solo operation marks what it wrote, as a tracked one does.
     let e = engine(EngineKind::Naive, 1);
     let (a, b) = (Var::new(), Var::new());
@@ -537,7 +615,15 @@ fn solo_mode_leaves_variables_untouched_until_a_second_thread_pushes() {
     assert!(!e.solo.is_shared());
     let ran = Arc::new(AtomicBool::new(false));
     let r = ran.clone();
-    e.push(Push::sync(move |_| Ok(r.store(true, Ordering::SeqCst)), vec![a.clone()], vec![b.clone()])).unwrap();
+    e.push(Push::sync(
+        move |_| {
+            r.store(true, Ordering::SeqCst);
+            Ok(())
+        },
+        vec![a.clone()],
+        vec![b.clone()],
+    ))
+    .unwrap();
     assert!(!ran.load(Ordering::SeqCst), "skipped: it reads the failed variable");
     assert_eq!(e.wait_for_var(&b, false).unwrap_err().to_string(), "ValueError: solo failure");
     // A thread that only waits ends solo mode too (it must not miss a solo operation).
@@ -592,7 +678,15 @@ fn back_pressure_bounds_pending_operations() {
     let v = Var::new();
     let mut max_seen = 0;
     for _ in 0..100 {
-        e.push(Push::sync(|_| Ok(std::thread::sleep(Duration::from_micros(100))), vec![], vec![v.clone()])).unwrap();
+        e.push(Push::sync(
+            |_| {
+                std::thread::sleep(Duration::from_micros(100));
+                Ok(())
+            },
+            vec![],
+            vec![v.clone()],
+        ))
+        .unwrap();
         max_seen = max_seen.max(e.pending());
     }
     e.wait_all().unwrap();
@@ -636,8 +730,15 @@ fn waiting_from_inside_an_operation_is_refused() {
     let e = engine(EngineKind::PerDevice, 1);
     let result: Arc<Mutex<Option<String>>> = Default::default();
     let r = result.clone();
-    e.push(Push::sync(move |_| Ok(*r.lock() = e.wait_all().err().map(|x| x.to_string())), vec![], vec![Var::new()]))
-        .unwrap();
+    e.push(Push::sync(
+        move |_| {
+            let _: () = *r.lock() = e.wait_all().err().map(|x| x.to_string());
+            Ok(())
+        },
+        vec![],
+        vec![Var::new()],
+    ))
+    .unwrap();
     e.wait_all().unwrap();
     assert!(result.lock().as_deref().unwrap_or("").contains("would wait for itself"));
 }
@@ -770,7 +871,15 @@ fn a_full_ring_spills_to_the_queue_in_push_order() {
     let push_n = |range: std::ops::Range<usize>| {
         for i in range {
             let o = order.clone();
-            e.push(Push::sync(move |_| Ok(o.lock().push(i)), vec![], vec![v.clone()])).unwrap();
+            e.push(Push::sync(
+                move |_| {
+                    o.lock().push(i);
+                    Ok(())
+                },
+                vec![],
+                vec![v.clone()],
+            ))
+            .unwrap();
         }
     };
     push_n(0..n);
@@ -836,11 +945,27 @@ fn a_second_pusher_comes_after_the_owners_ring_pushes() {
         let n = 2000;
         for i in 0..n {
             let o = order.clone();
-            e.push(Push::sync(move |_| Ok(o.lock().push(i)), vec![], vec![v.clone()])).unwrap();
+            e.push(Push::sync(
+                move |_| {
+                    o.lock().push(i);
+                    Ok(())
+                },
+                vec![],
+                vec![v.clone()],
+            ))
+            .unwrap();
         }
         let (o, v2) = (order.clone(), v.clone());
         std::thread::spawn(move || {
-            e.push(Push::sync(move |_| Ok(o.lock().push(n)), vec![v2], vec![])).unwrap();
+            e.push(Push::sync(
+                move |_| {
+                    let _: () = o.lock().push(n);
+                    Ok(())
+                },
+                vec![v2],
+                vec![],
+            ))
+            .unwrap();
         })
         .join()
         .unwrap();

@@ -244,7 +244,7 @@ pub fn par_for_mut<T: Send>(
     dtype: DType,
     f: impl Fn(Range<usize>, &mut [T]) + Sync + Send,
 ) {
-    let n = if unit == 0 { 0 } else { out.len() / unit };
+    let n = out.len().checked_div(unit).unwrap_or(0);
     debug_assert_eq!(n * unit, out.len(), "par_for_mut: the output is not whole units");
     let split = decide(max_parts(n, cost), n as f64 * cost.0, dtype);
     let Some((p, threads)) = split else {

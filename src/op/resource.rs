@@ -23,9 +23,12 @@ pub struct TempSpace {
     ctx: Context,
 }
 
+/// Per context: its workspaces and the index of the next one to hand out.
+type Spaces = HashMap<Context, (Vec<Arc<TempSpace>>, usize)>;
+
 /// The workspaces of every context, and the next one each hands out.
-fn spaces() -> &'static Mutex<HashMap<Context, (Vec<Arc<TempSpace>>, usize)>> {
-    static S: OnceLock<Mutex<HashMap<Context, (Vec<Arc<TempSpace>>, usize)>>> = OnceLock::new();
+fn spaces() -> &'static Mutex<Spaces> {
+    static S: OnceLock<Mutex<Spaces>> = OnceLock::new();
     S.get_or_init(Default::default)
 }
 

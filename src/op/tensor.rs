@@ -364,10 +364,7 @@ impl OutBlob {
     ) -> ([Operand<'a, T>; N], &'a mut [T]) {
         let ops = xs.map(|x| match x.lent_to {
             Some(o) if o == me => {
-                assert!(
-                    std::ptr::eq(x.ptr, self.ptr) && x.bytes() == self.bytes(),
-                    "lent input differs from output"
-                );
+                assert!(std::ptr::eq(x.ptr, self.ptr) && x.bytes() == self.bytes(), "lent input differs from output");
                 Operand::Output
             }
             _ => Operand::Input(x.as_slice::<T>()),

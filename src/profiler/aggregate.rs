@@ -116,7 +116,7 @@ impl Aggregate {
         self.time.get(category).and_then(|c| c.get(name)).map_or(0, |s| s.count)
     }
 
-    fn sorted<'a>(entries: &'a BTreeMap<String, Stat>, by: SortBy, ascending: bool) -> Vec<(&'a String, &'a Stat)> {
+    fn sorted(entries: &BTreeMap<String, Stat>, by: SortBy, ascending: bool) -> Vec<(&String, &Stat)> {
         let mut v: Vec<_> = entries.iter().collect();
         v.sort_by(|a, b| {
             let o = by.key(a.1).total_cmp(&by.key(b.1));

@@ -258,7 +258,8 @@ pub(crate) struct ThreadBuf {
     /// The block the owning thread appends to. Only the owner replaces it, under `retired`;
     /// it is freed with the buffer.
     current: AtomicPtr<Block>,
-    /// Full blocks, until a dump takes them.
+    /// Full blocks, until a dump takes them (boxed: `current` may still point at one).
+    #[allow(clippy::vec_box)]
     retired: Mutex<Vec<Box<Block>>>,
 }
 

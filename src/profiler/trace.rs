@@ -74,6 +74,10 @@ impl Trace {
         self.events
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.events == 0
+    }
+
     fn pid(&mut self, p: &Proc) -> u32 {
         if let Some(&pid) = self.pids.get(p) {
             return pid;

@@ -52,7 +52,7 @@ impl BPlan {
     pub fn new(a: &[usize], b: &[usize], out: &[usize]) -> BPlan {
         let n = out.len();
         let pad =
-            |s: &[usize]| -> Vec<usize> { std::iter::repeat(1).take(n - s.len()).chain(s.iter().copied()).collect() };
+            |s: &[usize]| -> Vec<usize> { std::iter::repeat_n(1, n - s.len()).chain(s.iter().copied()).collect() };
         let (a, b) = (pad(a), pad(b));
         // Collapsed dims with (lhs broadcast, rhs broadcast) flags.
         let mut dims: Vec<(usize, bool, bool)> = Vec::new();
@@ -327,7 +327,7 @@ mod tests {
         let n = out.len();
         let total: usize = out.iter().product();
         let pad =
-            |s: &[usize]| -> Vec<usize> { std::iter::repeat(1).take(n - s.len()).chain(s.iter().copied()).collect() };
+            |s: &[usize]| -> Vec<usize> { std::iter::repeat_n(1, n - s.len()).chain(s.iter().copied()).collect() };
         let (pa, pb) = (pad(ash), pad(bsh));
         (0..total)
             .map(|mut i| {

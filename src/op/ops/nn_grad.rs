@@ -352,8 +352,8 @@ fn batch_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Resul
                 let (mut a1, mut a2) = (R::of(0.0), R::of(0.0));
                 for (&gv, &xv) in gs[base..base + inner].iter().zip(&xs[base..base + inner]) {
                     let gv = R::load(gv);
-                    a1 = a1 + gv;
-                    a2 = a2 + gv * (R::load(xv) - m);
+                    a1 += gv;
+                    a2 += gv * (R::load(xv) - m);
                 }
                 s1 += a1.f64();
                 s2 += a2.f64();

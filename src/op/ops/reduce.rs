@@ -620,58 +620,59 @@ fn search_compute(max: bool) -> crate::op::ComputeFn {
 }
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
-    let reductions: &[(&'static str, &'static [&'static str], u8, Option<(&'static str, bool, bool)>, &'static str)] =
-        &[
-            (
-                "sum",
-                &["sum_axis", "_sparse_sum"],
-                SUM,
-                Some(("_backward_sum", false, false)),
-                "Computes the sum of array elements over given axes.",
-            ),
-            (
-                "mean",
-                &["_sparse_mean"],
-                MEAN,
-                Some(("_backward_mean", false, false)),
-                "Computes the mean of array elements over given axes.",
-            ),
-            (
-                "prod",
-                &[],
-                PROD,
-                Some(("_backward_prod", true, true)),
-                "Computes the product of array elements over given axes.",
-            ),
-            (
-                "nansum",
-                &[],
-                NANSUM,
-                Some(("_backward_nansum", true, false)),
-                "Computes the sum of array elements over given axes treating Not a Numbers (NaN) as zero.",
-            ),
-            (
-                "nanprod",
-                &[],
-                NANPROD,
-                Some(("_backward_nanprod", true, true)),
-                "Computes the product of array elements over given axes treating Not a Numbers (NaN) as one.",
-            ),
-            (
-                "max",
-                &["max_axis"],
-                MAX,
-                Some(("_backward_max", true, true)),
-                "Computes the max of array elements over given axes.",
-            ),
-            (
-                "min",
-                &["min_axis"],
-                MIN,
-                Some(("_backward_min", true, true)),
-                "Computes the min of array elements over given axes.",
-            ),
-        ];
+    // (name, aliases, kind, backward (operator, takes inputs, takes outputs), doc)
+    type Reduction = (&'static str, &'static [&'static str], u8, Option<(&'static str, bool, bool)>, &'static str);
+    let reductions: &[Reduction] = &[
+        (
+            "sum",
+            &["sum_axis", "_sparse_sum"],
+            SUM,
+            Some(("_backward_sum", false, false)),
+            "Computes the sum of array elements over given axes.",
+        ),
+        (
+            "mean",
+            &["_sparse_mean"],
+            MEAN,
+            Some(("_backward_mean", false, false)),
+            "Computes the mean of array elements over given axes.",
+        ),
+        (
+            "prod",
+            &[],
+            PROD,
+            Some(("_backward_prod", true, true)),
+            "Computes the product of array elements over given axes.",
+        ),
+        (
+            "nansum",
+            &[],
+            NANSUM,
+            Some(("_backward_nansum", true, false)),
+            "Computes the sum of array elements over given axes treating Not a Numbers (NaN) as zero.",
+        ),
+        (
+            "nanprod",
+            &[],
+            NANPROD,
+            Some(("_backward_nanprod", true, true)),
+            "Computes the product of array elements over given axes treating Not a Numbers (NaN) as one.",
+        ),
+        (
+            "max",
+            &["max_axis"],
+            MAX,
+            Some(("_backward_max", true, true)),
+            "Computes the max of array elements over given axes.",
+        ),
+        (
+            "min",
+            &["min_axis"],
+            MIN,
+            Some(("_backward_min", true, true)),
+            "Computes the min of array elements over given axes.",
+        ),
+    ];
     for &(name, aliases, kind, grad, doc) in reductions {
         let (op, inputs, outputs) = grad.expect("reductions are differentiable");
         ops.push(

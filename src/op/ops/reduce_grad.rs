@@ -205,7 +205,10 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
 mod tests {
     use crate::op::grad::check::{check, values};
 
-    const CASES: &[(&[usize], &[(&str, &str)])] = &[
+    /// A shape and parameters.
+    type Case = (&'static [usize], &'static [(&'static str, &'static str)]);
+
+    const CASES: &[Case] = &[
         (&[3, 4, 5], &[]),
         (&[3, 4, 5], &[("axis", "1")]),
         (&[3, 4, 5], &[("axis", "(0, 2)"), ("keepdims", "True")]),
@@ -253,7 +256,7 @@ mod tests {
 
     #[test]
     fn norms() {
-        let cases: &[(&[usize], &[(&str, &str)])] = &[
+        let cases: &[Case] = &[
             (&[3, 4, 5], &[]),
             (&[3, 4, 5], &[("axis", "1")]),
             (&[3, 4, 5], &[("axis", "(0, 2)"), ("keepdims", "True")]),
@@ -298,7 +301,7 @@ mod large {
             };
             let req = [Req::Write];
             let cx = OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true, temp: None };
-            (op.compute)(&cx, &[xb.clone()], &mut [yw]).unwrap();
+            (op.compute)(&cx, std::slice::from_ref(&xb), &mut [yw]).unwrap();
             // SAFETY: as above; `y` was written by the call that has returned, and `dx` is
             // read only after the backward call.
             let (yb, db) = unsafe {
