@@ -30,7 +30,7 @@ def build(source: str) -> Path:
     exe = ROOT / "build" / Path(source).stem
     exe.parent.mkdir(exist_ok=True)
     subprocess.run(["cc", "-O2", "-std=c99", "-I", str(ROOT / "include"), str(ROOT / "bench" / source),
-                    "-o", str(exe), "-ldl"], check=True)
+                    "-o", str(exe), "-ldl", "-pthread"], check=True)
     return exe
 
 

@@ -463,8 +463,7 @@ pub(crate) mod membarrier {
     static STATE: AtomicU8 = AtomicU8::new(0);
 
     /// Register the process (idempotent, also right after `fork`); true when the barrier
-    /// can be used. Called before the first engine worker starts, and by the handle tables'
-    /// owner reader (`crate::handle`) when it claims the role. Once found unavailable it
+    /// can be used. Called before the first engine worker starts. Once found unavailable it
     /// stays so: a thread that skipped a barrier must not meet one that relies on it.
     pub(crate) fn register() -> bool {
         if STATE.load(Ordering::SeqCst) == 2 {
@@ -491,8 +490,7 @@ pub(crate) mod membarrier {
         // SAFETY: as in `register`.
         let r = unsafe { libc::syscall(libc::SYS_membarrier, CMD_PRIVATE_EXPEDITED, 0, 0) };
         // Once registered the command cannot fail (the kernel refuses only unregistered
-        // processes); were it to, later pushes fence, and values freed on another thread than
-        // a handle table's owner reader are kept for good (see `crate::handle`).
+        // processes); were it to, later pushes fence.
         if r != 0 {
             STATE.store(2, Ordering::SeqCst);
         }

@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock};
 
 pub(crate) fn arrays() -> &'static HandleTable<NDArray> {
     static T: OnceLock<HandleTable<NDArray>> = OnceLock::new();
-    T.get_or_init(|| HandleTable::with_owner_reads(4, "NDArray"))
+    T.get_or_init(|| HandleTable::new(4, "NDArray"))
 }
 
 thread_local! {
@@ -257,8 +257,8 @@ impl VarHandles for NdVars {
     fn var_ptr(&self, h: *mut c_void) -> Result<*const Var> {
         arrays().with(h, |nd| nd.chunk().map(Arc::as_ptr))?
     }
-    fn var(&self, h: *mut c_void, thread: &Words) -> Result<Arc<Var>> {
-        arrays().with_as(h, thread, |nd| nd.chunk().map(Arc::clone))?
+    fn var(&self, h: *mut c_void) -> Result<Arc<Var>> {
+        arrays().with(h, |nd| nd.chunk().map(Arc::clone))?
     }
 }
 
