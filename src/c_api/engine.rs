@@ -24,7 +24,7 @@ pub type EngineFuncParamDeleter = Option<unsafe extern "C" fn(*mut c_void)>;
 
 pub(crate) fn vars() -> &'static HandleTable<Var> {
     static T: OnceLock<HandleTable<Var>> = OnceLock::new();
-    T.get_or_init(|| HandleTable::with_owner_reads(2, "EngineVar"))
+    T.get_or_init(|| HandleTable::new(2, "EngineVar"))
 }
 
 fn completions() -> &'static HandleTable<Mutex<Option<Completion>>> {
@@ -61,10 +61,8 @@ pub(crate) trait VarHandles {
     /// The variable behind a handle, by address only: for checks, not to be dereferenced
     /// (no reference is taken).
     fn var_ptr(&self, h: *mut c_void) -> Result<*const Var>;
-    /// The variable behind a handle, looked up by the calling thread, whose block of words
-    /// `thread` is (without the handle's lock if it is the tables' owner reader: see
-    /// `crate::handle`).
-    fn var(&self, h: *mut c_void, thread: &Words) -> Result<Arc<Var>>;
+    /// The variable behind a handle (one more reference to it).
+    fn var(&self, h: *mut c_void) -> Result<Arc<Var>>;
 }
 
 /// Engine variable handles (MXEngineNewVar).
@@ -74,8 +72,8 @@ impl VarHandles for EngineVars {
     fn var_ptr(&self, h: *mut c_void) -> Result<*const Var> {
         vars().with(h, |v| v as *const Var)
     }
-    fn var(&self, h: *mut c_void, thread: &Words) -> Result<Arc<Var>> {
-        vars().get_as(h, thread)
+    fn var(&self, h: *mut c_void) -> Result<Arc<Var>> {
+        vars().get(h)
     }
 }
 
@@ -105,10 +103,10 @@ impl HandleList {
     }
 }
 
-fn var_list(table: &impl VarHandles, hs: &[*mut c_void], thread: &Words) -> Result<VarList> {
+fn var_list(table: &impl VarHandles, hs: &[*mut c_void]) -> Result<VarList> {
     let mut list = VarList::with_capacity(hs.len());
     for &h in hs {
-        list.push(table.var(h, thread)?);
+        list.push(table.var(h)?);
     }
     Ok(list)
 }
@@ -179,11 +177,13 @@ pub(crate) unsafe fn push_c(
         return Err(Error::value("the operation's function must not be NULL"));
     }
     let engine = engine::global()?;
-    // A synchronous function with few variables and no name on a threaded engine: a compact
-    // record in the owner's ring (see engine::ring), without a `Push`, if this thread owns it.
+    // A synchronous function with few variables on a threaded engine: a compact record in the
+    // owner's ring (see engine::ring), without a `Push`, if this thread owns it. An operation's
+    // name is seen only through the profiler (a C function cannot panic, so no error names
+    // it): with the profiler's operation events off at the push, a named push goes the same
+    // way and its name is not kept.
     if func.sync_func.is_some()
         && engine.kind() != engine::EngineKind::Naive
-        && args.name.is_null()
         && !args.wait
         && prop == engine::FnProperty::Normal
         && args.priority == 0
@@ -194,7 +194,7 @@ pub(crate) unsafe fn push_c(
         return unsafe { push_compact(engine, thread, table, reads, writes, ctx, func) };
     }
     // SAFETY: per this function's contract.
-    unsafe { push_other(engine, thread, table, reads, writes, args, ctx, prop, func) }
+    unsafe { push_other(engine, table, reads, writes, args, ctx, prop, func) }
 }
 
 /// [`push_c`] for everything but a compact record.
@@ -205,7 +205,6 @@ pub(crate) unsafe fn push_c(
 #[allow(clippy::too_many_arguments)]
 unsafe fn push_other(
     engine: &'static engine::Engine,
-    thread: &Words,
     table: &impl VarHandles,
     reads: &[*mut c_void],
     writes: &[*mut c_void],
@@ -243,7 +242,7 @@ unsafe fn push_other(
         // A failure (only a panic can fail a C function) marks the written variables that
         // still exist.
         let mark_writes = |mark: &mut dyn FnMut(&Var)| {
-            for v in writes.iter().filter_map(|&h| table.var(h, thread).ok()) {
+            for v in writes.iter().filter_map(|&h| table.var(h).ok()) {
                 mark(&v);
             }
         };
@@ -251,7 +250,7 @@ unsafe fn push_other(
         drop(cparam); // the deleter, after the operation ran
         return Ok(());
     }
-    let (const_vars, mutable_vars) = (var_list(table, reads, thread)?, var_list(table, writes, thread)?);
+    let (const_vars, mutable_vars) = (var_list(table, reads)?, var_list(table, writes)?);
     // SAFETY: per this function's contract.
     let name_text = unsafe { ffi::opt_cstr(args.name, "opr_name") }?;
     // Everything that can fail is checked before the param is taken over: on failure it stays
@@ -335,7 +334,7 @@ unsafe fn push_compact(
 ) -> Result<()> {
     let f = func.sync_func.ok_or_else(|| Error::internal("push_compact without a synchronous function"))?;
     let nr = reads.len();
-    let var = |i: usize| table.var(if i < nr { reads[i] } else { writes[i - nr] }, thread);
+    let var = |i: usize| table.var(if i < nr { reads[i] } else { writes[i - nr] });
     // SAFETY: the caller's function and deleter with the caller's param, callable on a
     // worker thread as the API promises; made only once the push is accepted, from when on
     // the deleter is the RawFn's.
@@ -346,7 +345,7 @@ unsafe fn push_compact(
         return Ok(());
     }
     // Not for the ring now (another thread pushes, the ring is full, ...): the ordinary way.
-    let (const_vars, mutable_vars) = (var_list(table, reads, thread)?, var_list(table, writes, thread)?);
+    let (const_vars, mutable_vars) = (var_list(table, reads)?, var_list(table, writes)?);
     let pool = engine.validate(&const_vars, &mutable_vars, ctx, engine::FnProperty::Normal)?;
     // SAFETY: as above.
     let raw = unsafe { engine::RawFn::new(f, func.param, func.deleter) };
