@@ -343,36 +343,39 @@ mod tests {
         let t: Arc<HandleTable<Canary>> = Arc::new(HandleTable::new(13, "test"));
         let handles: Vec<usize> = (0..64).map(|_| t.insert(Canary::new(&drops)) as usize).collect();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = Arc::new(AtomicU64::new(0));
         let reader = {
-            let (t, handles, stop) = (t.clone(), handles.clone(), stop.clone());
+            let (t, handles, stop, seen) = (t.clone(), handles.clone(), stop.clone(), seen.clone());
             std::thread::spawn(move || {
-                let mut seen = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     for &h in &handles {
                         let _ = t.with(h as *const c_void, |c| {
                             for _ in 0..8 {
                                 assert_eq!(c.magic.load(Ordering::SeqCst), LIVE, "a lookup saw a dropped value");
                             }
-                            seen += 1;
+                            seen.fetch_add(1, Ordering::Relaxed);
                         });
                     }
                 }
-                seen
             })
         };
+        // Replace values for as long as it takes the reader to make many lookups meanwhile.
         let mut created = handles.len() as u32;
-        for round in 0..2000 {
+        let mut round = 0;
+        while round < 2000 || seen.load(Ordering::Relaxed) < 20_000 {
             let h = handles[round % handles.len()] as *const c_void;
-            if round % 2 == 0 {
-                let _ = t.replace(h, Canary::new(&drops));
-                created += 1;
+            t.replace(h, Canary::new(&drops)).unwrap();
+            created += 1;
+            round += 1;
+            if round % 64 == 0 {
+                std::thread::yield_now();
             }
         }
         for &h in &handles {
             drop(t.remove(h as *const c_void).unwrap());
         }
         stop.store(true, Ordering::Relaxed);
-        assert!(reader.join().unwrap() > 0);
+        reader.join().unwrap();
         assert_eq!(drops.load(Ordering::SeqCst), created);
     }
 }
