@@ -166,7 +166,7 @@ pub fn feature_list() -> Vec<(&'static CStr, bool)> {
         (c"MKLDNN", false),
         (c"OPENCV", false),
         (c"CAFFE", false),
-        // Turned on by the profiler capability when it lands.
+        // The profiler is built in (src/profiler).
         (c"PROFILER", true),
         (c"DIST_KVSTORE", false),
         (c"CXX14", false),
