@@ -351,17 +351,6 @@ fn make_blobs(
             }
         }
     }
-    for (oi, o) in outs.iter().enumerate() {
-        if req[oi] != Req::Null
-            && mutated.iter().any(|&m| overlaps(o, inputs[m]))
-            && !blobs.temps.iter().any(|t| t.0 == oi)
-        {
-            return Err(Error::value(format!(
-                "operator {}: output {oi} shares memory with an input it writes",
-                op.name
-            )));
-        }
-    }
     Ok((in_blobs, blobs, snapshots))
 }
 

@@ -325,14 +325,7 @@ pub fn par_tasks_mut<T: Send>(
     if unit == 0 {
         return;
     }
-    let tasks = out.len().div_ceil(unit);
-    match decide(tasks, serial_ns, dtype) {
-        None => out.chunks_mut(unit).enumerate().for_each(|(i, part)| f(i, part)),
-        Some((p, _)) => p.pool.install(|| {
-            use rayon::prelude::*;
-            out.par_chunks_mut(unit).enumerate().for_each(|(i, part)| with_kernel_pool_flag(|| f(i, part)));
-        }),
-    }
+    par_items(out.chunks_mut(unit).collect(), serial_ns, dtype, f)
 }
 
 /// [`par_tasks`] over owned work items: item `i` (typically disjoint `&mut` parts of the

@@ -257,10 +257,6 @@ impl TBlob {
     pub fn bytes(&self) -> usize {
         self.size() * self.dtype.size()
     }
-    /// The address, for comparisons and byte copies (see [`OutBlob::copy_from`]).
-    pub fn ptr(&self) -> *const u8 {
-        self.ptr
-    }
     /// The elements for reading. Panics (an error at the C boundary) on a lent input.
     pub fn as_slice<T: Elem>(&self) -> &[T] {
         assert!(self.lent_to.is_none(), "kernel reads an input lent to output {:?} as a separate slice", self.lent_to);
@@ -272,11 +268,6 @@ impl TBlob {
         // used (a lent input, which its output writes, was refused above). Alignment: chunks
         // are 64-byte aligned and views start at whole elements.
         unsafe { std::slice::from_raw_parts(self.ptr as *const T, self.size()) }
-    }
-    /// The same data under another shape of equal size.
-    pub fn reshaped(&self, shape: Vec<usize>) -> TBlob {
-        assert_eq!(shape.iter().product::<usize>(), self.size());
-        TBlob { ptr: self.ptr, shape: shape.into(), dtype: self.dtype, lent_to: self.lent_to }
     }
 }
 
@@ -322,10 +313,6 @@ impl OutBlob {
     }
     pub fn bytes(&self) -> usize {
         self.size() * self.dtype.size()
-    }
-    /// The address, for comparisons (no access goes through it).
-    pub fn addr(&self) -> usize {
-        self.ptr as usize
     }
     fn check<T: Elem>(&self) {
         assert!(

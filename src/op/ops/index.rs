@@ -7,7 +7,7 @@
 
 use super::common::norm_axis;
 use super::shape::enum_dtype;
-use super::strided::{by_size, contiguous_strides, copy, copy_all, elems, elems_mut, pod, View};
+use super::strided::{by_size, contiguous_strides, copy, elems, elems_mut, pod, View};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, Cost};
@@ -260,7 +260,7 @@ fn infer_slice_assign(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 
 fn run_slice_assign(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Inplace {
-        copy_all(&ins[0], &mut outs[0]);
+        outs[0].copy_from(&ins[0]);
     }
     let (v, shape) = attr_slice("_slice_assign", cx.attrs, &ins[0].shape)?;
     copy(&ins[1], &View::contiguous(&shape), &mut outs[0], &v, &shape);
@@ -291,7 +291,7 @@ fn fill_view(out: &mut OutBlob, v: &View, shape: &[usize], value: f64) {
 
 fn run_slice_assign_scalar(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Inplace {
-        copy_all(&ins[0], &mut outs[0]);
+        outs[0].copy_from(&ins[0]);
     }
     let (v, shape) = attr_slice("_slice_assign_scalar", cx.attrs, &ins[0].shape)?;
     fill_view(&mut outs[0], &v, &shape, cx.attrs.float("scalar"));
@@ -607,7 +607,7 @@ fn infer_scatter_set_nd(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 fn run_scatter_set_nd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let offs = nd_offsets("_scatter_set_nd", &ins[0].shape, &ins[2])?;
     if cx.req[0] != Req::Inplace {
-        copy_all(&ins[0], &mut outs[0]);
+        outs[0].copy_from(&ins[0]);
     }
     let inner = nd_geometry("_scatter_set_nd", &ins[0].shape, &ins[2].shape)?.2;
     by_size!(ins[0].dtype, E => {
@@ -639,7 +639,7 @@ fn run_fill_element_0index(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> R
     let idx: Vec<usize> =
         read_indices(&ins[2]).iter().map(|&i| resolve("fill_element_0index", i, cols, b'r')).collect::<Result<_>>()?;
     if cx.req[0] != Req::Inplace {
-        copy_all(&ins[0], &mut outs[0]);
+        outs[0].copy_from(&ins[0]);
     }
     by_size!(ins[0].dtype, E => {
         let (src, dst) = (elems::<E>(&ins[1]), elems_mut::<E>(&mut outs[0]));

@@ -120,8 +120,7 @@ macro_rules! dispatch_real {
 }
 pub(super) use dispatch_real;
 
-/// `out[i] = f(x[i])` over the kernel pool.
-/// `out = f(x)` element-wise; `x` may be lent to `out` (output 0) in place.
+/// `out = f(x)` element-wise over the kernel pool; `x` may be lent to `out` (output 0) in place.
 fn map<T: Elem, R: Real>(x: &TBlob, out: &mut OutBlob, cost: Cost, f: impl Fn(R) -> R + Sync + Send) {
     let ([x], o) = out.operands::<T, 1>(0, [x]);
     par_for_mut(o, 1, cost, T::DTYPE, |r, o| match x {

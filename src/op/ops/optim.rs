@@ -8,6 +8,7 @@
 //! (float16 in float32), element by element, like stock's kernels.
 
 use super::common::all_same;
+use super::nn::dispatch_real;
 use crate::dispatch_float;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
@@ -146,36 +147,6 @@ fn update_one<T: Elem, R: Real, const N: usize>(
             out[j] = nw.store();
         }
     });
-}
-
-/// Dispatch `$body` (a call of `update::<T, R, N>`) over float32/float64/float16.
-macro_rules! real_dispatch {
-    ($dtype:expr, $op:expr, $T:ident, $R:ident => $body:expr) => {{
-        match $dtype {
-            DType::F32 => {
-                type $T = f32;
-                type $R = f32;
-                $body
-            }
-            DType::F64 => {
-                type $T = f64;
-                type $R = f64;
-                $body
-            }
-            DType::F16 => {
-                type $T = half::f16;
-                type $R = f32;
-                $body
-            }
-            other => {
-                return Err(crate::error::Error::type_error(format!(
-                    "operator {} supports float32, float64 and float16, not {}",
-                    $op,
-                    other.name()
-                )))
-            }
-        }
-    }};
 }
 
 /// The common scalars: learning rate, weight decay, gradient rescale and clip.
@@ -321,7 +292,7 @@ fn sgd_core(
 ) -> Result<()> {
     let stride = 2 + momentum.is_some() as usize;
     let (w, g) = (stride * i, stride * i + 1);
-    real_dispatch!(ins[0].dtype, op, T, R => {
+    dispatch_real!(ins[0].dtype, op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let clipping = c.clip >= 0.0;
         match momentum {
@@ -453,7 +424,7 @@ fn multi_sgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], momentum: bool, mp
 fn nag_mom(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
     let m = cx.attrs.float("momentum");
-    real_dispatch!(ins[0].dtype, cx.attrs.op, T, R => {
+    dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl, m) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip), R::of(m));
         let clipping = c.clip >= 0.0;
         update::<T, R, 1>(cx, ins, outs, |w, g, s| {
@@ -472,7 +443,7 @@ fn adam(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
     let a = cx.attrs;
     let (b1, b2, eps) = (a.float("beta1"), a.float("beta2"), a.float("epsilon"));
-    real_dispatch!(ins[0].dtype, a.op, T, R => {
+    dispatch_real!(ins[0].dtype, a.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (b1, b2, eps, one) = (R::of(b1), R::of(b2), R::of(eps), R::of(1.0));
         let clipping = c.clip >= 0.0;
@@ -491,7 +462,7 @@ fn rmsprop(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
     let a = cx.attrs;
     let (g1, eps, cw) = (a.float("gamma1"), a.float("epsilon"), a.float("clip_weights"));
-    real_dispatch!(ins[0].dtype, a.op, T, R => {
+    dispatch_real!(ins[0].dtype, a.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (g1, eps, cwr, one) = (R::of(g1), R::of(eps), R::of(cw), R::of(1.0));
         let (clipping, clip_w) = (c.clip >= 0.0, cw >= 0.0);
@@ -510,7 +481,7 @@ fn rmspropalex(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
     let a = cx.attrs;
     let (g1, g2, eps, cw) = (a.float("gamma1"), a.float("gamma2"), a.float("epsilon"), a.float("clip_weights"));
-    real_dispatch!(ins[0].dtype, a.op, T, R => {
+    dispatch_real!(ins[0].dtype, a.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (g1, g2, eps, cwr, one) = (R::of(g1), R::of(g2), R::of(eps), R::of(cw), R::of(1.0));
         let (clipping, clip_w) = (c.clip >= 0.0, cw >= 0.0);
@@ -530,7 +501,7 @@ fn rmspropalex(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 fn signsgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     // Like stock, clip_gradient and rescale_grad do not change the sign of the gradient.
     let c = common(cx.attrs, "clip_gradient");
-    real_dispatch!(ins[0].dtype, cx.attrs.op, T, R => {
+    dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd) = (R::of(c.lr), R::of(c.wd));
         let decay = R::of(1.0) - lr * wd;
         update::<T, R, 0>(cx, ins, outs, |w, g, _| decay * w - lr * sign(g));
@@ -542,7 +513,7 @@ fn signum(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
     let a = cx.attrs;
     let (m, wd_lh) = (a.float("momentum"), a.float("wd_lh"));
-    real_dispatch!(ins[0].dtype, a.op, T, R => {
+    dispatch_real!(ins[0].dtype, a.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (m, one) = (R::of(m), R::of(1.0));
         let decay = one - lr * R::of(wd_lh);
@@ -560,7 +531,7 @@ fn ftml(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_grad");
     let a = cx.attrs;
     let (b1, b2, eps, t) = (a.float("beta1"), a.float("beta2"), a.float("epsilon"), a.int("t") as f64);
-    real_dispatch!(ins[0].dtype, a.op, T, R => {
+    dispatch_real!(ins[0].dtype, a.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (b1, b2, eps, t, one) = (R::of(b1), R::of(b2), R::of(eps), R::of(t), R::of(1.0));
         let (c1, c2) = (one - b1.powf(t), one - b2.powf(t));
@@ -583,7 +554,7 @@ fn ftrl(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let c = common(cx.attrs, "clip_gradient");
     let a = cx.attrs;
     let (l1, beta) = (a.float("lamda1"), a.float("beta"));
-    real_dispatch!(ins[0].dtype, a.op, T, R => {
+    dispatch_real!(ins[0].dtype, a.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (l1, beta, zero) = (R::of(l1), R::of(beta), R::of(0.0));
         let clipping = c.clip >= 0.0;

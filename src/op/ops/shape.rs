@@ -8,7 +8,7 @@
 //! element sizes, so these operators take all eight dtypes without per-type kernels.
 
 use super::common::{norm_axis, shape_param};
-use super::strided::{contiguous_strides, copy, copy_all, copy_to, View};
+use super::strided::{contiguous_strides, copy, copy_to, View};
 use crate::error::{Error, Result};
 use crate::ndarray::{infer_reshape, DType};
 use crate::op::kernel::{par_for_mut, Cost};
@@ -40,7 +40,7 @@ fn one_out(shape: Vec<usize>, dtype: DType) -> Result<Vec<Meta>> {
 
 /// Compute: the output is the input's bytes (reshapes).
 fn run_copy(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    copy_all(&ins[0], &mut outs[0]);
+    outs[0].copy_from(&ins[0]);
     Ok(())
 }
 
@@ -262,7 +262,7 @@ fn cast_typed<S: Elem, D: Elem>(src: &TBlob, dst: &mut OutBlob) {
 /// Convert `src` into `dst` (same size, any two dtypes).
 pub(super) fn cast_into(src: &TBlob, dst: &mut OutBlob) {
     if src.dtype == dst.dtype {
-        copy_all(src, dst);
+        dst.copy_from(src);
         return;
     }
     dispatch_all!(src.dtype, S => dispatch_all!(dst.dtype, D => cast_typed::<S, D>(src, dst)))

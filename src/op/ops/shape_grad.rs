@@ -19,7 +19,7 @@ use super::shape::{
     cast_into, channel_bounds, diag_plan, pad_src, pad_widths, permuted_copy, repeat_view, reverse_view, run_block,
     split_v2_bounds, swap_perm, tile_dims, transpose_perm, DiagPlan,
 };
-use super::strided::{contiguous_strides, copy, copy_all, copy_to, unravel, View};
+use super::strided::{contiguous_strides, copy, copy_to, unravel, View};
 use crate::error::Result;
 use crate::op::kernel::par_tasks_mut;
 use crate::op::tensor::{OutBlob, TBlob};
@@ -39,7 +39,7 @@ fn zero_rest(cx: &OpCtx, outs: &mut [OutBlob]) {
 /// Reshapes: the gradient is the output gradient's elements under the input's shape.
 fn reshape_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] != Req::Null {
-        copy_all(&ins[0], &mut outs[0]);
+        outs[0].copy_from(&ins[0]);
     }
     zero_rest(cx, outs);
     Ok(())

@@ -336,11 +336,6 @@ pub mod pod {
     }
 }
 
-/// Copy a whole contiguous blob into another of the same size and element width.
-pub fn copy_all(src: &TBlob, dst: &mut OutBlob) {
-    dst.copy_from(src)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
