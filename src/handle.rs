@@ -4,13 +4,14 @@
 //! encodes a table tag, a slot index and the slot's generation, so a NULL handle, a handle of
 //! another kind, a freed handle and a double free are all detected and answered with an
 //! error, never undefined behaviour. Every lookup takes the slot's (uncontended) spin lock, so
-//! a free from any thread costs the same; freed slots are reused from a lock-free stack.
+//! a free from any thread costs the same; freed slots are reused from a list behind a spin
+//! lock (no lock-free code of our own).
 
 use crate::error::{Error, Result};
 use crate::sync::{Mutex, SpinLock};
 use std::ffi::c_void;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use std::sync::Arc;
 
 const CHUNK: usize = 1024;
@@ -24,18 +25,11 @@ struct Slot<T> {
     generation: AtomicU32,
     /// The value (`Arc::into_raw`), or null; read and changed under the lock.
     value: AtomicPtr<T>,
-    /// While the slot is on the free stack: the stack entry below it (index + 1, 0 for none).
-    next_free: AtomicU32,
 }
 
 impl<T> Slot<T> {
     fn new() -> Self {
-        Slot {
-            lock: SpinLock::new(()),
-            generation: AtomicU32::new(0),
-            value: AtomicPtr::new(std::ptr::null_mut()),
-            next_free: AtomicU32::new(0),
-        }
+        Slot { lock: SpinLock::new(()), generation: AtomicU32::new(0), value: AtomicPtr::new(std::ptr::null_mut()) }
     }
 }
 
@@ -54,9 +48,8 @@ pub struct HandleTable<T> {
     tag: u8,
     kind: &'static str,
     chunks: Box<[AtomicPtr<Slot<T>>]>,
-    /// The free stack's top: (pushes and pops so far, for ABA) << 32 | (index + 1, 0 when
-    /// empty). Lock-free: a create and a free each cost one compare-and-swap here.
-    free_top: AtomicU64,
+    /// Freed slots' indices, the most recent last (reused first: its lines are warm).
+    free: SpinLock<Vec<u32>>,
     /// Slots never used yet start at this index.
     next: AtomicU32,
     /// Held while a chunk of slots is allocated.
@@ -73,7 +66,7 @@ impl<T> HandleTable<T> {
             tag,
             kind,
             chunks: (0..MAX_CHUNKS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
-            free_top: AtomicU64::new(0),
+            free: SpinLock::new(Vec::new()),
             next: AtomicU32::new(0),
             grow: Mutex::new(()),
             _owns: PhantomData,
@@ -108,40 +101,12 @@ impl<T> HandleTable<T> {
 
     /// Register a value; returns its handle.
     pub fn insert(&self, value: Arc<T>) -> *mut c_void {
-        let index = self.pop_free().unwrap_or_else(|| self.fresh_index());
+        let reused = self.free.lock().pop();
+        let index = reused.unwrap_or_else(|| self.fresh_index());
         let slot = self.slot(index).expect("slot was just allocated");
         let _g = slot.lock.lock();
         slot.value.store(Arc::into_raw(value) as *mut T, Ordering::Release);
         self.encode(index, slot.generation.load(Ordering::Relaxed))
-    }
-
-    /// The most recently freed index, if any.
-    fn pop_free(&self) -> Option<u32> {
-        let mut top = self.free_top.load(Ordering::Acquire);
-        loop {
-            let index = (top as u32).checked_sub(1)?;
-            // Slots are never deallocated, so reading a stale `next_free` is harmless: the
-            // count in `top` then has moved on and the exchange fails.
-            let below = self.slot(index).expect("freed slots exist").next_free.load(Ordering::Relaxed);
-            let new = (((top >> 32) + 1) << 32) | below as u64;
-            match self.free_top.compare_exchange_weak(top, new, Ordering::Acquire, Ordering::Acquire) {
-                Ok(_) => return Some(index),
-                Err(now) => top = now,
-            }
-        }
-    }
-
-    fn push_free(&self, index: u32) {
-        let slot = self.slot(index).expect("freed slots exist");
-        let mut top = self.free_top.load(Ordering::Relaxed);
-        loop {
-            slot.next_free.store(top as u32, Ordering::Relaxed);
-            let new = (((top >> 32) + 1) << 32) | (index as u64 + 1);
-            match self.free_top.compare_exchange_weak(top, new, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => return,
-                Err(now) => top = now,
-            }
-        }
     }
 
     /// An index never used before, allocating its chunk of slots if it is the first there.
@@ -211,7 +176,7 @@ impl<T> HandleTable<T> {
             slot.generation.store((generation + 1) & ((1 << GEN_BITS) - 1), Ordering::Relaxed);
             (index, slot.value.swap(std::ptr::null_mut(), Ordering::AcqRel))
         })?;
-        self.push_free(index);
+        self.free.lock().push(index);
         // SAFETY: the slot's reference, taken out of it above.
         Ok(unsafe { Arc::from_raw(old) })
     }
@@ -236,6 +201,7 @@ impl<T> Drop for HandleTable<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicU64;
 
     #[test]
     fn lifecycle_and_misuse() {
@@ -260,7 +226,7 @@ mod tests {
 
     #[test]
     fn concurrent_create_free_cycles_never_share_a_slot() {
-        // Threads churn through the free stack at once; each live value must stay behind its
+        // Threads churn through the free list at once; each live value must stay behind its
         // own handle, and every handle freed must be dead afterwards.
         let t: Arc<HandleTable<(usize, usize)>> = Arc::new(HandleTable::new(12, "test"));
         let threads: Vec<_> = (0..4)

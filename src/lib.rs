@@ -17,6 +17,7 @@ pub mod error;
 pub mod executor;
 pub mod handle;
 mod heap;
+pub mod intern;
 pub mod ndarray;
 pub mod op;
 pub mod profiler;
@@ -24,7 +25,6 @@ pub mod runtime;
 pub mod storage;
 pub mod symbol;
 pub mod sync;
-mod this_thread;
 
 pub use error::{Error, ErrorKind, Result};
 

@@ -1,9 +1,8 @@
 //! Locks for the whole crate: a mutex, a condition variable, a reader-writer lock, a spin
 //! lock for the shortest critical sections on hot paths, and a set-once cell ([`SetOnce`])
-//! that can be built already set without an atomic operation; also the process-wide memory
-//! barrier ([`membarrier`]) that lets a hot path skip its own fence.
+//! that can be built already set without an atomic operation.
 //!
-//! Owns: the choice of lock implementation, and the `membarrier` registration state. The
+//! Owns: the choice of lock implementation. The
 //! locks wrap std's futex-based locks, whose whole
 //! state lives in the lock itself, and drop poisoning: a panic is caught at the C boundary
 //! and reported, and must not make every later call through the same lock fail.
@@ -449,51 +448,5 @@ impl<T> std::ops::Deref for Padded<T> {
     type Target = T;
     fn deref(&self) -> &T {
         &self.0
-    }
-}
-
-/// `membarrier(2)`: a memory barrier run on every thread of the process on behalf of the
-/// caller (the expedited private command, registered once per process).
-pub(crate) mod membarrier {
-    use std::sync::atomic::{AtomicU8, Ordering};
-
-    const CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
-    const CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
-    /// 0: not asked yet; 1: available; 2: not.
-    static STATE: AtomicU8 = AtomicU8::new(0);
-
-    /// Register the process (idempotent, also right after `fork`); true when the barrier
-    /// can be used. Called before the first engine worker starts. Once found unavailable it
-    /// stays so: a thread that skipped a barrier must not meet one that relies on it.
-    pub(crate) fn register() -> bool {
-        if STATE.load(Ordering::SeqCst) == 2 {
-            return false;
-        }
-        // SAFETY: the membarrier system call with a registration command and no pointers.
-        let ok = unsafe { libc::syscall(libc::SYS_membarrier, CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) } == 0;
-        STATE.store(if ok { 1 } else { 2 }, Ordering::SeqCst);
-        ok
-    }
-
-    /// Whether pushes may rely on [`barrier`].
-    #[inline]
-    pub(crate) fn available() -> bool {
-        STATE.load(Ordering::Relaxed) == 1
-    }
-
-    /// The barrier on every thread; returns whether it ran (a no-op where unavailable:
-    /// callers then fence, or do without what needs it).
-    pub(crate) fn barrier() -> bool {
-        if !available() {
-            return false;
-        }
-        // SAFETY: as in `register`.
-        let r = unsafe { libc::syscall(libc::SYS_membarrier, CMD_PRIVATE_EXPEDITED, 0, 0) };
-        // Once registered the command cannot fail (the kernel refuses only unregistered
-        // processes); were it to, later pushes fence.
-        if r != 0 {
-            STATE.store(2, Ordering::SeqCst);
-        }
-        r == 0
     }
 }

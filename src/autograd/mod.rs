@@ -119,21 +119,6 @@ enum Source {
     Recompute(Entry),
 }
 
-/// Operators mirroring never recomputes, as stock (expensive, or not the same when run
-/// twice), besides operators that mutate inputs, draw random numbers, need workspaces or
-/// are not plain kernels.
-const NEVER_MIRRORED: &[&str] = &[
-    "Convolution",
-    "Deconvolution",
-    "FullyConnected",
-    "Concat",
-    "SoftmaxOutput",
-    "Dropout",
-    "BatchNorm",
-    "dot",
-    "batch_dot",
-];
-
 /// Whether a recorded call of `op` that keeps its outputs recomputes them in backward instead
 /// (`MXNET_BACKWARD_DO_MIRROR=1`, read per call).
 fn mirrored(op: &'static OpDef, attrs: &Attrs) -> bool {
@@ -142,7 +127,7 @@ fn mirrored(op: &'static OpDef, attrs: &Attrs) -> bool {
         || !op.resources.is_empty()
         || op.invoke_with.is_some()
         || (op.num_outputs)(attrs) != 1
-        || NEVER_MIRRORED.contains(&op.name)
+        || op.never_mirrored
     {
         return false;
     }

@@ -5,12 +5,10 @@
 use super::ffi::{self, out};
 use super::types::{ContextHandle, EngineFnPropertyHandle, EngineVarHandle};
 use crate::context::Context;
-use crate::engine::{self, Completion, FnProperty, OprFn, Push, RunContext, Var, VarList};
+use crate::engine::{self, Completion, FnProperty, Push, RunContext, Var, VarList};
 use crate::error::{Error, ErrorKind, Result};
 use crate::handle::HandleTable;
 use crate::sync::Mutex;
-use crate::this_thread::Words;
-use smallvec::SmallVec;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::{Arc, OnceLock};
 
@@ -58,9 +56,6 @@ unsafe impl Send for SendPtr {}
 
 /// Where a push's variables come from: engine variable handles or NDArray handles.
 pub(crate) trait VarHandles {
-    /// The variable behind a handle, by address only: for checks, not to be dereferenced
-    /// (no reference is taken).
-    fn var_ptr(&self, h: *mut c_void) -> Result<*const Var>;
     /// The variable behind a handle (one more reference to it).
     fn var(&self, h: *mut c_void) -> Result<Arc<Var>>;
 }
@@ -69,9 +64,6 @@ pub(crate) trait VarHandles {
 pub(crate) struct EngineVars;
 
 impl VarHandles for EngineVars {
-    fn var_ptr(&self, h: *mut c_void) -> Result<*const Var> {
-        vars().with(h, |v| v as *const Var)
-    }
     fn var(&self, h: *mut c_void) -> Result<Arc<Var>> {
         vars().get(h)
     }
@@ -152,17 +144,14 @@ pub(crate) struct CFunc {
     pub deleter: EngineFuncParamDeleter,
 }
 
-/// The shared part of the four push functions. The owner's plain synchronous pushes to a
-/// threaded engine (what a C caller mostly pushes) go to [`push_compact`] from here; the
-/// rest is out of line, so that this path stays short.
+/// The shared part of the four push functions: the C caller's operation as a [`Push`], given
+/// to [`engine::Engine::submit`], which picks its path.
 ///
 /// # Safety
 /// As for MXEnginePushAsync: the handle lists as [`HandleList`] requires, `args.ctx` NULL or
 /// pointing to `{int dev_type; int dev_id;}`, `args.prop` NULL or pointing to an int,
 /// `args.name` NULL or a NUL-terminated string.
-#[inline(always)]
 pub(crate) unsafe fn push_c(
-    thread: &Words,
     table: &impl VarHandles,
     reads: HandleList,
     writes: HandleList,
@@ -177,188 +166,51 @@ pub(crate) unsafe fn push_c(
         return Err(Error::value("the operation's function must not be NULL"));
     }
     let engine = engine::global()?;
-    // A synchronous function with few variables on a threaded engine: a compact record in the
-    // owner's ring (see engine::ring), without a `Push`, if this thread owns it. An operation's
-    // name is seen only through the profiler (a C function cannot panic, so no error names
-    // it): with the profiler's operation events off at the push, a named push goes the same
-    // way and its name is not kept.
-    if func.sync_func.is_some()
-        && engine.kind() != engine::EngineKind::Naive
-        && !args.wait
-        && prop == engine::FnProperty::Normal
-        && args.priority == 0
-        && reads.len() + writes.len() <= engine::COMPACT_VARS
-        && !crate::profiler::ops_on(false)
-    {
-        // SAFETY: per this function's contract.
-        return unsafe { push_compact(engine, thread, table, reads, writes, ctx, func) };
-    }
-    // SAFETY: per this function's contract.
-    unsafe { push_other(engine, table, reads, writes, args, ctx, prop, func) }
-}
-
-/// [`push_c`] for everything but a compact record.
-///
-/// # Safety
-/// As for [`push_c`].
-#[inline(never)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn push_other(
-    engine: &'static engine::Engine,
-    table: &impl VarHandles,
-    reads: &[*mut c_void],
-    writes: &[*mut c_void],
-    args: CArgs,
-    ctx: Context,
-    prop: FnProperty,
-    func: CFunc,
-) -> Result<()> {
-    // NaiveEngine runs a synchronous function right here (which also satisfies `wait`) when
-    // it can: `run` calls it, and is copied into whichever of the two paths below runs it.
-    let run = match (func.sync_func, engine.kind()) {
-        (Some(f), engine::EngineKind::Naive) => {
-            let param = func.param;
-            Some(move |rctx: &RunContext| {
-                // SAFETY: the caller's function with the caller's param, as the API promises.
-                unsafe { f(rctx as *const RunContext as *mut c_void, param) };
-                Ok(())
-            })
-        }
-        _ => None,
-    };
-    // While this thread is the only one pushing, its variables stay untracked (see
-    // engine::solo): the handles are looked up only to check them; no reference is taken.
-    if let Some((run, guard)) = run.and_then(|run| Some((run, engine.enter_solo()?))) {
-        let mut ptrs = SmallVec::<[*const Var; 8]>::with_capacity(reads.len() + writes.len());
-        for &h in reads.iter().chain(writes) {
-            ptrs.push(table.var_ptr(h)?);
-        }
-        engine::check_distinct_ptrs(&ptrs)?;
-        engine.check_context(ctx)?;
-        // SAFETY: per this function's contract.
-        let name = profiled(unsafe { ffi::opt_cstr(args.name, "opr_name") }?);
-        let tag = engine::OpTag { name: name.as_ref(), ..Default::default() };
-        let cparam = CParam { param: func.param, deleter: func.deleter };
-        // A failure (only a panic can fail a C function) marks the written variables that
-        // still exist.
-        let mark_writes = |mark: &mut dyn FnMut(&Var)| {
-            for v in writes.iter().filter_map(|&h| table.var(h).ok()) {
-                mark(&v);
-            }
-        };
-        engine.run_solo(guard, ctx, tag, run, mark_writes);
-        drop(cparam); // the deleter, after the operation ran
-        return Ok(());
-    }
     let (const_vars, mutable_vars) = (var_list(table, reads)?, var_list(table, writes)?);
     // SAFETY: per this function's contract.
-    let name_text = unsafe { ffi::opt_cstr(args.name, "opr_name") }?;
+    let name = unsafe { ffi::opt_cstr(args.name, "opr_name") }?;
     // Everything that can fail is checked before the param is taken over: on failure it stays
     // the caller's.
-    let pool = engine.validate(&const_vars, &mutable_vars, ctx, prop)?;
-    let CFunc { sync_func, async_func, param: func_param, deleter } = func;
-    // The name is interned once at most: here only if the profiler records the operation.
-    let mut name = None;
-    // Otherwise it runs here if its variables are free.
-    if let Some(run) = run {
-        name = profiled(name_text);
-        let tag = engine::OpTag { name: name.as_ref(), ..Default::default() };
-        if let Some(slot) = engine.acquire_now(&const_vars, &mutable_vars, ctx, tag) {
-            let cparam = CParam { param: func_param, deleter };
-            slot.run(run);
-            drop(cparam); // the deleter, after the operation ran
-            return Ok(());
-        };
-    }
-    let name = name.or_else(|| name_text.map(engine::intern));
-    let cparam = CParam { param: func_param, deleter };
-    let (func, payload): (OprFn, Option<engine::Payload>) = match (sync_func, async_func) {
+    engine.validate(&const_vars, &mutable_vars, ctx, prop)?;
+    // An operation's name is seen only through the profiler (a C function cannot fail, and
+    // an asynchronous one names its own failures): interned only while the profiler records
+    // operations.
+    let name = if crate::profiler::ops_on(false) { name.map(crate::intern::intern) } else { None };
+    let CFunc { sync_func, async_func, param, deleter } = func;
+    let (func, payload) = match (sync_func, async_func) {
         // The param (and its deleter) goes with the function: freed right after the call.
+        // SAFETY: the caller's function and deleter with the caller's param, callable on a
+        // worker thread as the API promises.
         (Some(f), None) => {
-            // The deleter now belongs to the RawFn: the CParam must not call it too.
-            let (param, deleter) = (cparam.param, cparam.deleter);
-            std::mem::forget(cparam);
-            // SAFETY: the caller's function and deleter with the caller's param, callable on
-            // a worker thread as the API promises.
-            (OprFn::Raw(unsafe { engine::RawFn::new(f, param, deleter) }), None)
+            (engine::Func::Fn(engine::OprFn::Raw(unsafe { engine::RawFn::new(f, param, deleter) })), None)
         }
         // An async function uses its param until it completes: the engine drops it then.
         (None, Some(f)) => {
-            let param = SendPtr(func_param);
+            let p = SendPtr(param);
+            let run = move |rctx: &RunContext, done: Completion| {
+                let p = p;
+                let token = completions().insert(Arc::new(Mutex::new(Some(done))));
+                // SAFETY: as above; `token` is completed through MXEngineCompleteAsync.
+                unsafe { f(rctx as *const RunContext as *mut c_void, token, p.0) };
+            };
             (
-                OprFn::Async(Box::new(move |rctx: &RunContext, done: Completion| {
-                    let p = param;
-                    let token = completions().insert(Arc::new(Mutex::new(Some(done))));
-                    // SAFETY: as above; `token` is completed through MXEngineCompleteAsync.
-                    unsafe { f(rctx as *const RunContext as *mut c_void, token, p.0) };
-                })),
-                Some(Box::new(cparam) as engine::Payload),
+                engine::Func::Fn(engine::OprFn::Async(Box::new(run))),
+                Some(Box::new(CParam { param, deleter }) as engine::Payload),
             )
         }
         _ => unreachable!("exactly one function, checked above"),
     };
-    let push = Push {
-        func,
-        const_vars,
-        mutable_vars,
-        ctx,
-        prop,
-        priority: args.priority,
-        name,
-        payload,
-        wait: args.wait,
-        symbolic: false,
-        // Read only while operations are profiled: pushes otherwise skip the thread-local.
-        scope: if crate::profiler::ops_on(false) { crate::profiler::scope() } else { None },
-        // A C function's cost is unknown: it goes to a worker.
-        cheap: false,
-    };
-    engine.push_validated(push, pool)
-}
-
-/// [`push_c`] for a compact record: a synchronous function of normal property and priority,
-/// with no name, not waited for, on a threaded engine; the handles are looked up straight
-/// into the ring's slot. On failure nothing was taken over.
-///
-/// # Safety
-/// As for [`push_c`].
-#[inline(always)]
-unsafe fn push_compact(
-    engine: &'static engine::Engine,
-    thread: &Words,
-    table: &impl VarHandles,
-    reads: &[*mut c_void],
-    writes: &[*mut c_void],
-    ctx: Context,
-    func: CFunc,
-) -> Result<()> {
-    let f = func.sync_func.ok_or_else(|| Error::internal("push_compact without a synchronous function"))?;
-    let nr = reads.len();
-    let var = |i: usize| table.var(if i < nr { reads[i] } else { writes[i - nr] });
-    // SAFETY: the caller's function and deleter with the caller's param, callable on a
-    // worker thread as the API promises; made only once the push is accepted, from when on
-    // the deleter is the RawFn's.
-    let raw = || unsafe { engine::RawFn::new(f, func.param, func.deleter) };
-    // The thread's id, from the thread-local block the C boundary has looked up (see
-    // `ffi::call_on_thread`).
-    if engine.push_compact(thread.solo_id(), ctx, nr, nr + writes.len(), var, raw)? {
-        return Ok(());
-    }
-    // Not for the ring now (another thread pushes, the ring is full, ...): the ordinary way.
-    let (const_vars, mutable_vars) = (var_list(table, reads)?, var_list(table, writes)?);
-    let pool = engine.validate(&const_vars, &mutable_vars, ctx, engine::FnProperty::Normal)?;
-    // SAFETY: as above.
-    let raw = unsafe { engine::RawFn::new(f, func.param, func.deleter) };
-    engine.push_validated(Push::raw(raw, const_vars, mutable_vars, ctx), pool)
-}
-
-/// The name of an operation that runs at once: interned only when the profiler will record it.
-fn profiled(name: Option<&str>) -> Option<Arc<str>> {
-    if crate::profiler::ops_on(false) {
-        name.map(engine::intern)
-    } else {
-        None
-    }
+    let mut p = Push::with(func, engine::Vars::Listed(const_vars, mutable_vars));
+    p.ctx = ctx;
+    p.prop = prop;
+    p.priority = args.priority;
+    p.name = name.as_ref();
+    p.payload = payload;
+    p.wait = args.wait;
+    // Read only while operations are profiled: pushes otherwise skip the thread-local.
+    p.scope = if crate::profiler::ops_on(false) { crate::profiler::scope() } else { None };
+    // A C function's cost is unknown: not cheap (a threaded engine gives it to a worker).
+    engine.submit(p)
 }
 
 /// The two handle lists of MXEnginePushAsync and MXEnginePushSync.
@@ -398,20 +250,13 @@ pub unsafe extern "C" fn MXEnginePushAsync(
     opr_name: *const c_char,
     wait: bool,
 ) -> c_int {
-    ffi::call_on_thread("MXEnginePushAsync", |thread| {
+    ffi::call("MXEnginePushAsync", || {
         // SAFETY: per this function's contract.
         unsafe {
             let (reads, writes) =
                 engine_var_lists(const_vars_handle, num_const_vars, mutable_vars_handle, num_mutable_vars);
             let args = CArgs { ctx: ctx_handle, prop: prop_handle, priority, name: opr_name, wait };
-            push_c(
-                thread,
-                &EngineVars,
-                reads,
-                writes,
-                args,
-                CFunc { sync_func: None, async_func, param: func_param, deleter },
-            )
+            push_c(&EngineVars, reads, writes, args, CFunc { sync_func: None, async_func, param: func_param, deleter })
         }
     })
 }
@@ -435,20 +280,13 @@ pub unsafe extern "C" fn MXEnginePushSync(
     priority: c_int,
     opr_name: *const c_char,
 ) -> c_int {
-    ffi::call_on_thread("MXEnginePushSync", |thread| {
+    ffi::call("MXEnginePushSync", || {
         // SAFETY: per this function's contract.
         unsafe {
             let (reads, writes) =
                 engine_var_lists(const_vars_handle, num_const_vars, mutable_vars_handle, num_mutable_vars);
             let args = CArgs { ctx: ctx_handle, prop: prop_handle, priority, name: opr_name, wait: false };
-            push_c(
-                thread,
-                &EngineVars,
-                reads,
-                writes,
-                args,
-                CFunc { sync_func, async_func: None, param: func_param, deleter },
-            )
+            push_c(&EngineVars, reads, writes, args, CFunc { sync_func, async_func: None, param: func_param, deleter })
         }
     })
 }

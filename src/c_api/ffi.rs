@@ -11,9 +11,8 @@
 //! a string.
 
 use crate::error::{Error, Result};
-use crate::this_thread::{Words, WORDS};
 use std::any::Any;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
@@ -23,6 +22,8 @@ thread_local! {
     static RET_STR: RefCell<CString> = RefCell::new(CString::default());
     /// Where the last contained panic happened, recorded by the panic hook.
     static PANIC_AT: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// Depth of C API calls on this thread (a panic inside one is reported, not printed).
+    static CALL_DEPTH: Cell<u32> = const { Cell::new(0) };
 }
 
 /// Panics inside [`call`] become the error text (with their location) instead of a message on
@@ -34,7 +35,7 @@ fn install_panic_hook() {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
             // Depth of `call`s on this thread: a panic inside one is reported, not printed.
-            if WORDS.try_with(|w| w.call_depth.get() > 0).unwrap_or(false) {
+            if CALL_DEPTH.try_with(|d| d.get() > 0).unwrap_or(false) {
                 let at = info.location().map(|l| format!("{}:{}", l.file(), l.line()));
                 let _ = PANIC_AT.try_with(|p| *p.borrow_mut() = at);
             } else {
@@ -49,21 +50,13 @@ fn install_panic_hook() {
 /// passes a dozen arguments through it); the failure handling is out of line.
 #[inline(always)]
 pub fn call(api: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
-    call_on_thread(api, |_| body())
-}
-
-/// [`call`] whose body gets the calling thread's block of words (`crate::this_thread`), looked
-/// up once here: the engine's push functions read their solo id from it, and a second
-/// lookup is a second `__tls_get_addr` call (unless the compiler happens to merge the two).
-#[inline(always)]
-pub(crate) fn call_on_thread(api: &'static str, body: impl FnOnce(&Words) -> Result<()>) -> c_int {
     install_panic_hook();
     let start = crate::profiler::api_on().then(crate::profiler::api_begin);
-    // Not inside `WORDS.with(..)`: the body would be compiled into that closure, out of line.
-    let w = crate::this_thread::words();
-    w.call_depth.set(w.call_depth.get() + 1);
-    let outcome = catch_unwind(AssertUnwindSafe(|| body(w)));
-    w.call_depth.set(w.call_depth.get() - 1);
+    // Not inside `CALL_DEPTH.with(..)`: the body would be compiled into that closure, out of
+    // line.
+    CALL_DEPTH.with(|d| d.set(d.get() + 1));
+    let outcome = catch_unwind(AssertUnwindSafe(body));
+    CALL_DEPTH.with(|d| d.set(d.get() - 1));
     if let Some(t) = start {
         crate::profiler::api_call(api, t);
     }

@@ -11,7 +11,6 @@ use crate::engine::Var;
 use crate::error::{Error, Result};
 use crate::handle::HandleTable;
 use crate::ndarray::{np_shape, DType, NDArray};
-use crate::this_thread::Words;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::Ordering;
@@ -254,9 +253,6 @@ pub extern "C" fn MXNDArrayWaitToWrite(handle: NDArrayHandle) -> c_int {
 struct NdVars;
 
 impl VarHandles for NdVars {
-    fn var_ptr(&self, h: *mut c_void) -> Result<*const Var> {
-        arrays().with(h, |nd| nd.chunk().map(Arc::as_ptr))?
-    }
     fn var(&self, h: *mut c_void) -> Result<Arc<Var>> {
         arrays().with(h, |nd| nd.chunk().map(Arc::clone))?
     }
@@ -267,7 +263,6 @@ impl VarHandles for NdVars {
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn push_nd(
-    thread: &Words,
     sync_func: EngineSyncFunc,
     async_func: EngineAsyncFunc,
     func_param: *mut c_void,
@@ -286,7 +281,7 @@ unsafe fn push_nd(
     let writes = HandleList { ptr: mutable_nds, n: num_mutable, what: "mutable_nds_handle" };
     let args = CArgs { ctx: ctx_handle, prop: prop_handle, priority, name, wait };
     // SAFETY: per this function's contract.
-    unsafe { push_c(thread, &NdVars, reads, writes, args, CFunc { sync_func, async_func, param: func_param, deleter }) }
+    unsafe { push_c(&NdVars, reads, writes, args, CFunc { sync_func, async_func, param: func_param, deleter }) }
 }
 
 /// MXEnginePushAsync with the variables of NDArrays.
@@ -308,11 +303,10 @@ pub unsafe extern "C" fn MXEnginePushAsyncND(
     opr_name: *const c_char,
     wait: bool,
 ) -> c_int {
-    ffi::call_on_thread("MXEnginePushAsyncND", |thread| {
+    ffi::call("MXEnginePushAsyncND", || {
         // SAFETY: per this function's contract.
         unsafe {
             push_nd(
-                thread,
                 None,
                 async_func,
                 func_param,
@@ -349,11 +343,10 @@ pub unsafe extern "C" fn MXEnginePushSyncND(
     priority: c_int,
     opr_name: *const c_char,
 ) -> c_int {
-    ffi::call_on_thread("MXEnginePushSyncND", |thread| {
+    ffi::call("MXEnginePushSyncND", || {
         // SAFETY: per this function's contract.
         unsafe {
             push_nd(
-                thread,
                 sync_func,
                 None,
                 func_param,

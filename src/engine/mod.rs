@@ -14,20 +14,16 @@
 //!   first use of each: CPU workers, CPU prioritized workers, and per GPU compute, copy and
 //!   prioritized workers (see [`POOL_TABLE`]).
 //!
-//! Pushing: in the threaded engines a push only appends the operation to a lock-free
-//! submission queue; workers take it from there and register operations with their variables
-//! in batches (one registrar at a time, so registration follows push order and two operations
-//! sharing two variables cannot each be first in one queue). The pushing thread thus touches
-//! no state the workers write per operation; the queue is intrusive (`queue.rs`). An operation
-//! finished on a worker is left in a graveyard for the next push (or wait) to drop, so that
-//! the memory and reference counts the pushing thread made stay on its cache lines. NaiveEngine registers on the pushing thread, and
-//! runs an operation whose variables are all free at once, without allocating.
-//!
-//! The ring ([`ring`]): the solo thread's plain pushes to the CPU worker pool skip the queue
-//! and the allocation: they are written into a slot of a single-producer ring, which a CPU
-//! worker runs from (taking all the variables at once) or registers from. Registration takes
-//! everything published to the ring before any queued submission, and the ring is used again
-//! only when the queue is empty, so push order holds across the two.
+//! Pushing: every caller pushes through [`Engine::submit`], and [`Engine::route`] alone
+//! decides which of four paths an operation takes (its doc is the rule): into this thread's
+//! bulk; run here at once, solo or holding all its variables; or queued. A queued operation in
+//! a threaded engine goes to a submission queue (crossbeam's `SegQueue`); workers take it from
+//! there and register operations with their variables in batches (one registrar at a time,
+//! so registration follows push order and two operations sharing two variables cannot each
+//! be first in one queue). The pushing thread thus touches no state the workers write per
+//! operation. An operation finished on a worker is left in a graveyard for the next push (or
+//! wait) to drop, so that the memory and reference counts the pushing thread made stay on its
+//! cache lines. NaiveEngine registers on the pushing thread.
 //!
 //! Solo mode ([`solo`]): while one thread is the only one that has pushed, the operations it
 //! runs on the spot (NaiveEngine's, and a threaded engine's cheap ones with nothing pending)
@@ -40,28 +36,27 @@
 
 pub mod opr;
 pub mod pool;
-mod queue;
-mod ring;
 mod solo;
 pub mod var;
 
-pub use opr::{Completion, FnProperty, OprFn, Payload, RawFn, RunContext, SyncFn};
-pub(crate) use ring::COMPACT_VARS;
-pub use solo::SoloGuard;
+pub use opr::{AsyncFn, Completion, FnProperty, OprFn, Payload, RawFn, RunContext, SyncFn};
 pub use var::Var;
 
 use crate::config;
 use crate::context::{Context, DevType};
 use crate::error::{Error, Result};
+use crate::intern::intern;
 use crate::profiler;
 use crate::sync::{Condvar, Mutex, Padded, SpinLock};
+use crossbeam_queue::SegQueue;
 use opr::{Latch, Opr};
 use pool::Pool;
 use smallvec::SmallVec;
+use solo::SoloGuard;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use var::{ErrorCell, Granted};
 
@@ -146,15 +141,80 @@ impl EngineOptions {
 /// An operation's variables: inline up to four (no allocation for a typical push).
 pub type VarList = SmallVec<[Arc<Var>; 4]>;
 
+/// A Rust operation the engine either runs where it is, on the pushing thread, without moving
+/// it (an operator call carries its parameters and views: moving them costs more than the
+/// rest of a tiny call), or takes over into a box when it queues it.
+pub trait Job: Send {
+    /// Run it (at most once, here or from the function [`Job::boxed`] made).
+    fn run(&mut self, rctx: &RunContext) -> Result<()>;
+    /// Move it into a function a worker can run later; the job is spent afterwards.
+    fn boxed(&mut self) -> SyncFn;
+}
+
+/// What an operation runs.
+pub enum Func<'a> {
+    /// A Rust operation that stays with the caller unless it is queued.
+    Job(&'a mut dyn Job),
+    /// A boxed Rust closure, a C function or an asynchronous function.
+    Fn(OprFn),
+}
+
+impl Func<'_> {
+    fn is_sync(&self) -> bool {
+        !matches!(self, Func::Fn(OprFn::Async(_)))
+    }
+
+    /// Run a synchronous function here ([`Engine::route`] sends nothing else here).
+    fn call(self, rctx: &RunContext) -> Result<()> {
+        match self {
+            Func::Job(job) => job.run(rctx),
+            Func::Fn(OprFn::Sync(f)) => f(rctx),
+            Func::Fn(OprFn::Raw(raw)) => {
+                raw.call(rctx);
+                Ok(())
+            }
+            Func::Fn(OprFn::Async(_)) => {
+                Err(Error::internal("an asynchronous operation cannot run on the pushing thread"))
+            }
+        }
+    }
+
+    /// What a queued operation keeps.
+    fn into_opr_fn(self) -> OprFn {
+        match self {
+            Func::Job(job) => OprFn::Sync(job.boxed()),
+            Func::Fn(f) => f,
+        }
+    }
+}
+
+/// The variables an operation reads and writes (a variable appears once in the two).
+pub enum Vars<'a> {
+    /// Listed by the caller: [`Engine::submit`] refuses a variable listed twice.
+    Listed(VarList, VarList),
+    /// Made only when needed: an operation that runs solo needs none, unless it fails (its
+    /// written variables are then marked). The maker promises distinct lists.
+    Lazy(&'a dyn Fn() -> Result<(VarList, VarList)>),
+}
+
+impl Vars<'_> {
+    fn lists(self) -> Result<(VarList, VarList)> {
+        match self {
+            Vars::Listed(reads, writes) => Ok((reads, writes)),
+            Vars::Lazy(make) => make(),
+        }
+    }
+}
+
 /// What to push.
-pub struct Push {
-    pub func: OprFn,
-    pub const_vars: VarList,
-    pub mutable_vars: VarList,
+pub struct Push<'a> {
+    pub func: Func<'a>,
+    pub vars: Vars<'a>,
     pub ctx: Context,
     pub prop: FnProperty,
     pub priority: i32,
-    pub name: Option<Arc<str>>,
+    /// The name the profiler shows (interned: a queued operation keeps a reference).
+    pub name: Option<&'a Arc<str>>,
     /// Dropped once the operation has finished (ran, failed or was skipped).
     pub payload: Option<Payload>,
     /// Return only when the operation has finished.
@@ -169,17 +229,12 @@ pub struct Push {
     pub cheap: bool,
 }
 
-impl Push {
-    /// A synchronous operation on the CPU with default settings.
-    pub fn sync(
-        f: impl FnOnce(&RunContext) -> Result<()> + Send + 'static,
-        const_vars: impl Into<VarList>,
-        mutable_vars: impl Into<VarList>,
-    ) -> Self {
+impl<'a> Push<'a> {
+    /// An operation on the CPU with default settings.
+    pub fn with(func: Func<'a>, vars: Vars<'a>) -> Self {
         Push {
-            func: OprFn::Sync(Box::new(f)),
-            const_vars: const_vars.into(),
-            mutable_vars: mutable_vars.into(),
+            func,
+            vars,
             ctx: Context::CPU,
             prop: FnProperty::Normal,
             priority: 0,
@@ -191,10 +246,17 @@ impl Push {
             cheap: false,
         }
     }
-    /// A synchronous C function on `ctx` with default settings (a compact ring record's, or
-    /// one that could not be one).
+    /// A synchronous operation on the CPU with default settings.
+    pub fn sync(
+        f: impl FnOnce(&RunContext) -> Result<()> + Send + 'static,
+        const_vars: impl Into<VarList>,
+        mutable_vars: impl Into<VarList>,
+    ) -> Self {
+        Push::with(Func::Fn(OprFn::Sync(Box::new(f))), Vars::Listed(const_vars.into(), mutable_vars.into()))
+    }
+    /// A synchronous C function on `ctx` with default settings.
     pub fn raw(raw: RawFn, const_vars: impl Into<VarList>, mutable_vars: impl Into<VarList>, ctx: Context) -> Self {
-        Push { func: OprFn::Raw(raw), ctx, ..Push::sync(|_| Ok(()), const_vars, mutable_vars) }
+        Push { ctx, ..Push::with(Func::Fn(OprFn::Raw(raw)), Vars::Listed(const_vars.into(), mutable_vars.into())) }
     }
     /// An asynchronous operation on the CPU with default settings.
     pub fn asynchronous(
@@ -202,54 +264,30 @@ impl Push {
         const_vars: impl Into<VarList>,
         mutable_vars: impl Into<VarList>,
     ) -> Self {
-        Push { func: OprFn::Async(Box::new(f)), ..Push::sync(|_| Ok(()), const_vars, mutable_vars) }
+        Push::with(Func::Fn(OprFn::Async(Box::new(f))), Vars::Listed(const_vars.into(), mutable_vars.into()))
     }
 }
 
-/// An operation that may run without an [`Opr`]: how the profiler names it, and whether it is
-/// [`Push::cheap`].
+/// The path an operation takes; chosen by [`Engine::route`] alone.
+enum Route {
+    /// Appended to this thread's bulk, pushed later as one operation.
+    Bulk,
+    /// Run on this thread now, without touching its variables: this thread is the only one
+    /// that has pushed ([`solo`]).
+    Solo(SoloGuard<'static>),
+    /// Run on this thread now if it can take all its variables at once, else queued.
+    Here,
+    /// Registered with its variables and run by a pool's worker when they allow (threaded
+    /// engines), or by this thread (NaiveEngine: no pool).
+    Queue(Option<&'static Pool>),
+}
+
+/// How the profiler names an operation that runs on the pushing thread.
 #[derive(Clone, Copy, Default)]
-pub struct OpTag<'a> {
-    pub name: Option<&'a Arc<str>>,
-    pub symbolic: bool,
-    pub scope: Option<&'a Arc<str>>,
-    pub cheap: bool,
-}
-
-/// An operation that holds its variables and runs on this thread ([`Engine::acquire_now`]):
-/// [`RunNow::run`] runs it, profiled, and releases the variables. Dropped without running,
-/// it releases them as an operation that did nothing.
-pub struct RunNow<'a> {
-    engine: &'static Engine,
-    reads: &'a [Arc<Var>],
-    writes: &'a [Arc<Var>],
-    ctx: Context,
-    tag: OpTag<'a>,
-    ran: bool,
-    /// Solo mode ([`solo`]): the variables were not taken.
-    solo: Option<SoloGuard<'static>>,
-}
-
-impl RunNow<'_> {
-    /// Run `f`; a failure (error or panic) marks the written variables, as for a pushed
-    /// operation, and surfaces at the next wait.
-    pub fn run(mut self, f: impl FnOnce(&RunContext) -> Result<()>) {
-        let outcome = run_here(self.tag, self.ctx, f);
-        // Set only now: if anything above unwinds, the drop still releases the variables.
-        self.ran = true;
-        match self.solo.take() {
-            Some(guard) => self.engine.end_solo(guard, outcome, |mark| self.writes.iter().for_each(|v| mark(v))),
-            None => self.engine.release_now(self.reads, self.writes, outcome),
-        }
-    }
-}
-
-impl Drop for RunNow<'_> {
-    fn drop(&mut self) {
-        if !self.ran && self.solo.take().is_none() {
-            self.engine.release_now(self.reads, self.writes, Outcome::Ok);
-        }
-    }
+struct OpTag<'a> {
+    name: Option<&'a Arc<str>>,
+    symbolic: bool,
+    scope: Option<&'a Arc<str>>,
 }
 
 /// Run an operation's function on this thread, profiled, catching a panic.
@@ -272,22 +310,21 @@ pub struct Engine {
     cpu_priority: OnceLock<&'static Pool>,
     gpu_pools: Mutex<HashMap<(PoolClass, i32), &'static Pool>>,
     create_lock: Mutex<()>,
-    /// Taken by the worker that registers (or takes from the ring) for every operation: on
-    /// lines of its own, away from the fields a pushing thread reads per push.
+    /// Taken by the worker that registers submissions: one registrar at a time, so that
+    /// registration follows push order. On lines of its own, away from the fields a pushing
+    /// thread reads per push.
     register_lock: Padded<Mutex<()>>,
     /// Pushed operations not yet registered with their variables (threaded engines).
-    submissions: queue::SubmitQueue,
-    /// The solo owner's pushes to the CPU worker pool ([`ring`]).
-    ring: ring::Ring,
+    submissions: SegQueue<Arc<Opr>>,
     /// Operations pushed so far (written by pushing threads) and finished so far (written
     /// by the threads that finish them): pending is the difference. Two counters on their
     /// own lines, so that a pusher and a worker do not pass one line back and forth per
     /// operation.
     pushed: Padded<AtomicUsize>,
     finished: Padded<AtomicUsize>,
-    /// Operations finished on worker threads, for a pushing or waiting thread to drop
-    /// (a stack linked through `Opr::next_dead`; see [`Engine::bury`]).
-    graveyard: Padded<AtomicPtr<Opr>>,
+    /// Operations finished on worker threads, for a pushing or waiting thread to drop (see
+    /// [`Engine::bury`]).
+    graveyard: SegQueue<Arc<Opr>>,
     idle: Mutex<()>,
     idle_cv: Condvar,
     waiters: AtomicUsize,
@@ -295,7 +332,7 @@ pub struct Engine {
     live_errors: AtomicUsize,
     solo: Padded<solo::Solo>,
     /// Threads running an inline queue ([`Engine::run_inline`]): while none does, the
-    /// run-at-once paths skip the thread-local check.
+    /// run-here check skips the thread-local.
     inline_threads: AtomicUsize,
 }
 
@@ -327,10 +364,6 @@ pub fn on_worker_thread() -> bool {
 impl Engine {
     /// Build an engine; it lives for the rest of the process (operations refer to it).
     pub fn start(opts: EngineOptions) -> &'static Engine {
-        let threaded = opts.kind != EngineKind::Naive;
-        if threaded {
-            crate::sync::membarrier::register();
-        }
         Box::leak(Box::new(Engine {
             opts,
             cpu_worker: OnceLock::new(),
@@ -338,11 +371,10 @@ impl Engine {
             gpu_pools: Mutex::new(HashMap::new()),
             create_lock: Mutex::new(()),
             register_lock: Padded(Mutex::new(())),
-            submissions: queue::SubmitQueue::new(),
-            ring: ring::Ring::new(threaded),
+            submissions: SegQueue::new(),
             pushed: Padded(AtomicUsize::new(0)),
             finished: Padded(AtomicUsize::new(0)),
-            graveyard: Padded(AtomicPtr::new(std::ptr::null_mut())),
+            graveyard: SegQueue::new(),
             idle: Mutex::new(()),
             idle_cv: Condvar::new(),
             waiters: AtomicUsize::new(0),
@@ -377,13 +409,7 @@ impl Engine {
         // Finished first: an operation is counted pushed before it is counted finished, so
         // the difference never goes below the true count (it may be above it, momentarily).
         let finished = self.finished.load(Ordering::SeqCst);
-        self.pushed_total().wrapping_sub(finished)
-    }
-
-    /// Operations pushed so far: through the queue or run at once, and through the ring.
-    #[inline]
-    fn pushed_total(&self) -> usize {
-        self.pushed.load(Ordering::SeqCst).wrapping_add(self.ring.published())
+        self.pushed.load(Ordering::SeqCst).wrapping_sub(finished)
     }
 
     /// Worker threads started so far, per pool name.
@@ -464,31 +490,98 @@ impl Engine {
         Ok(Some(p))
     }
 
-    /// Push an operation. Fails (and runs nothing, drops nothing of the caller's) on a
-    /// variable listed twice, an unavailable device or a pool that cannot start.
-    pub fn push(&'static self, p: Push) -> Result<()> {
-        let pool = self.validate(&p.const_vars, &p.mutable_vars, p.ctx, p.prop)?;
-        self.push_validated(p, pool)
+    /// Push an operation: the one way in, for every caller. It runs, now or later, on the
+    /// path [`Engine::route`] picks. Fails, running nothing, on a variable listed twice, a
+    /// device that does not exist or a pool that cannot start.
+    pub fn submit(&'static self, p: Push<'_>) -> Result<()> {
+        self.submit_as(p, true)
     }
 
-    /// Everything that can make [`Engine::push`] fail, checked before the operation exists:
-    /// callers that hand over resources (a C deleter) validate first, so that on failure the
-    /// resources stay theirs. Returns the pool that will run the operation.
+    /// [`Engine::submit`]; `may_bulk` false for a bulk being pushed, and for waits.
+    fn submit_as(&'static self, p: Push<'_>, may_bulk: bool) -> Result<()> {
+        if let Vars::Listed(reads, writes) = &p.vars {
+            check_distinct(reads, writes)?;
+        }
+        match self.route(&p, may_bulk)? {
+            Route::Bulk => self.bulk_append(p),
+            Route::Solo(guard) => {
+                self.run_solo(guard, p);
+                Ok(())
+            }
+            Route::Here => self.run_here_or_queue(p),
+            Route::Queue(pool) => self.enqueue(p, pool),
+        }
+    }
+
+    /// Which way an operation goes. The whole rule, in order:
+    /// 1. **Bulk**: while this thread batches operations (a bulk size above 1, a threaded
+    ///    engine, the profiler's aggregate statistics off), a synchronous operation of normal
+    ///    property on the bulk's device, not waited for, joins the bulk. Anything else pushes
+    ///    the bulk first.
+    /// 2. **Here**, on the pushing thread, now: a synchronous function, on NaiveEngine; or on
+    ///    a threaded engine, a cheap one ([`Push::cheap`]) on a host device, pushed from
+    ///    outside the workers while nothing is pending and no thread bulks (every earlier
+    ///    operation has finished, so running it now keeps push order). Not while a failure is
+    ///    recorded (its variables' marks must be checked on the way) or this thread runs a
+    ///    NaiveEngine inline queue (which must keep its order). **Solo** while this thread is
+    ///    the only one that has pushed: no variable is touched ([`solo`]); otherwise it takes
+    ///    all its variables at once, or, finding one held, is queued behind it.
+    /// 3. **Queue**: registered with its variables and run when they allow; by a worker of
+    ///    the pool for its device and property ([`POOL_TABLE`]) in a threaded engine, which
+    ///    registers it from the submission queue; by this thread in NaiveEngine.
+    fn route(&'static self, p: &Push<'_>, may_bulk: bool) -> Result<Route> {
+        self.check_context(p.ctx)?;
+        let sync = p.func.is_sync();
+        if may_bulk && BULK_THREADS.load(Ordering::Relaxed) > 0 {
+            if sync
+                && self.opts.kind != EngineKind::Naive
+                && p.prop == FnProperty::Normal
+                && !p.wait
+                && !crate::profiler::aggregate_running()
+                && bulk_accepts(self, p.ctx)
+            {
+                return Ok(Route::Bulk);
+            }
+            self.flush_bulk();
+        }
+        if sync && self.runs_here(p.ctx, p.cheap) {
+            return Ok(match self.solo.enter() {
+                Some(guard) => Route::Solo(guard),
+                None => Route::Here,
+            });
+        }
+        Ok(Route::Queue(self.pool_for(p.ctx, p.prop)?))
+    }
+
+    /// Rule 2 of [`Engine::route`], but for solo mode.
+    #[inline]
+    fn runs_here(&self, ctx: Context, cheap: bool) -> bool {
+        let allowed = match self.opts.kind {
+            EngineKind::Naive => true,
+            _ => {
+                cheap
+                    && ctx.dev_type.is_host()
+                    && BULK_THREADS.load(Ordering::Relaxed) == 0
+                    && self.pending() == 0
+                    && !on_worker_thread()
+            }
+        };
+        allowed && self.live_errors.load(Ordering::Acquire) == 0 && !self.in_inline_queue()
+    }
+
+    /// Everything that can make [`Engine::submit`] fail, checked before the operation exists:
+    /// a caller that hands over resources (a C deleter) checks first, so that on failure the
+    /// resources stay its own.
     pub fn validate(
         &'static self,
         const_vars: &[Arc<Var>],
         mutable_vars: &[Arc<Var>],
         ctx: Context,
         prop: FnProperty,
-    ) -> Result<Option<&'static Pool>> {
-        self.validate_here(const_vars, mutable_vars, ctx)?;
-        self.pool_for(ctx, prop)
-    }
-
-    /// [`Engine::validate`] for an operation that will run on this thread, with no pool.
-    pub fn validate_here(&self, const_vars: &[Arc<Var>], mutable_vars: &[Arc<Var>], ctx: Context) -> Result<()> {
+    ) -> Result<()> {
         check_distinct(const_vars, mutable_vars)?;
-        self.check_context(ctx)
+        self.check_context(ctx)?;
+        self.pool_for(ctx, prop).map(drop)
     }
 
     /// Fails for a context whose device this engine cannot run operations on.
@@ -500,148 +593,71 @@ impl Engine {
         Ok(())
     }
 
-    /// Push an operation that [`Engine::validate`] accepted (with the pool it returned).
-    pub fn push_validated(&'static self, p: Push, pool: Option<&'static Pool>) -> Result<()> {
-        if BULK_THREADS.load(Ordering::Relaxed) > 0 {
-            // Bulking is off while the profiler aggregates statistics (as stock's engine), so
-            // the statistics list every operator rather than their bulks.
-            if self.opts.kind != EngineKind::Naive
-                && !crate::profiler::aggregate_running()
-                && p.prop == FnProperty::Normal
-                && !p.wait
-                && matches!(p.func, OprFn::Sync(_) | OprFn::Raw(_))
-                && bulk_accepts(self, &p)
-            {
-                return self.bulk_append(p);
+    /// Route `Solo`: run without touching the variables; a failure marks the written ones.
+    fn run_solo(&'static self, guard: SoloGuard<'static>, p: Push<'_>) {
+        let Push { func, vars, ctx, name, payload, symbolic, scope, .. } = p;
+        let tag = OpTag { name, symbolic, scope: scope.as_ref() };
+        if let Outcome::Failed(e) = run_here(tag, ctx, |rctx| func.call(rctx)) {
+            let cell = self.record_failure(e);
+            if let Ok((_, writes)) = vars.lists() {
+                writes.iter().for_each(|v| v.mark_failed(&cell));
             }
-            self.flush_bulk();
         }
-        self.push_to(p, pool)
+        drop(guard);
+        drop(payload);
     }
 
-    fn push_now(&'static self, p: Push) -> Result<()> {
-        let pool = self.pool_for(p.ctx, p.prop)?;
-        self.push_to(p, pool)
+    /// Route `Here`: run on this thread holding all the variables, taken at once; or, when one
+    /// is held or waited for, or a failure is recorded, queue it. Taking all or nothing needs
+    /// no registration lock: an operation that never waits in a variable's queue cannot close
+    /// a cycle with one that registers.
+    fn run_here_or_queue(&'static self, p: Push<'_>) -> Result<()> {
+        self.apply_back_pressure();
+        let Push { func, vars, ctx, prop, priority, name, payload, wait, symbolic, scope, cheap } = p;
+        let (reads, writes) = vars.lists()?;
+        if self.take_all(&reads, &writes) && !self.failure_recorded(&reads, &writes) {
+            // Counted pending while it holds its variables: a fork from another thread waits
+            // for it (the child would otherwise inherit variables held for good).
+            self.pushed.fetch_add(1, Ordering::SeqCst);
+            let tag = OpTag { name, symbolic, scope: scope.as_ref() };
+            let outcome = run_here(tag, ctx, |rctx| func.call(rctx));
+            let granted = self.release_vars(&reads, &writes, outcome);
+            drop(payload);
+            if !granted.is_empty() {
+                self.dispatch_granted(granted);
+            }
+            self.finish_one();
+            return Ok(());
+        }
+        let vars = Vars::Listed(reads, writes);
+        let p = Push { func, vars, ctx, prop, priority, name, payload, wait, symbolic, scope, cheap };
+        self.enqueue(p, self.pool_for(ctx, prop)?)
     }
 
-    fn push_to(&'static self, p: Push, pool: Option<&'static Pool>) -> Result<()> {
+    /// Route `Queue`: make the operation; a threaded engine hands it to the workers, which
+    /// register it with its variables in batches (the pushing thread touches no shared
+    /// variable state); NaiveEngine registers it here and runs what becomes ready. Returns
+    /// when it has finished if it is waited for.
+    fn enqueue(&'static self, p: Push<'_>, pool: Option<&'static Pool>) -> Result<()> {
+        let (reads, writes) = p.vars.lists()?;
         self.solo.note_pusher();
         self.apply_back_pressure();
         if pool.is_some() {
             self.reap_sometimes();
         }
-        // For an operation that may not run here, trying would move the whole `Push` twice
-        // for nothing.
-        let p = if self.may_try_here(p.cheap) {
-            match self.try_run_now(p) {
-                Ok(()) => return Ok(()),
-                Err(p) => p,
-            }
-        } else {
-            p
-        };
-        if let Some(pool) = pool {
-            if self.ring_takes(&p, pool) {
-                // SAFETY: `ring_takes` checked that this thread is the ring's producer, and a
-                // threaded engine's ring has slots.
-                match unsafe { self.ring.publish(p) } {
-                    Ok(()) => {
-                        pool.wake_for_ring();
-                        return Ok(());
-                    }
-                    Err(back) => return self.push_opr(back, Some(pool)),
-                }
-            }
-        }
-        self.push_opr(p, pool)
-    }
-
-    /// The owner's fast push of a synchronous C function on the CPU `ctx`, of normal property
-    /// and priority, with no name and no wait, reading the first `n_const` of its `n`
-    /// variables (at most `ring::COMPACT_VARS`) and writing the rest: a compact record in the
-    /// ring (see `ring::Slot`), the variables looked up by `var(i)` straight into its slot,
-    /// when [`Engine::push_validated`] would put the push in the ring at all. `Ok(false)`:
-    /// not for the ring now (another thread pushes, the ring is full, a bulk is on, ...),
-    /// nothing looked up or taken; the caller pushes the ordinary way. An error (a `var`
-    /// failure, a variable listed twice) leaves nothing pushed and `raw` not made.
-    pub(crate) fn push_compact(
-        &'static self,
-        id: u64,
-        ctx: Context,
-        n_const: usize,
-        n: usize,
-        var: impl FnMut(usize) -> Result<Arc<Var>>,
-        raw: impl FnOnce() -> RawFn,
-    ) -> Result<bool> {
-        // A CPU context needs no device check, and its normal operations go to the CPU worker
-        // pool in every threaded engine (none exists yet before the first ordinary push).
-        if ctx.dev_type != DevType::Cpu || n > ring::COMPACT_VARS || BULK_THREADS.load(Ordering::Relaxed) > 0 {
-            return Ok(false);
-        }
-        let Some(&pool) = self.cpu_worker.get() else {
-            return Ok(false);
-        };
-        // As `push_to`, up to the ring, with this thread's id (`solo::my_id`) looked up once,
-        // by the caller.
-        debug_assert_eq!(id, solo::my_id());
-        self.solo.note_pusher_as(id);
-        self.apply_back_pressure();
-        if !self.solo.is_owner(id) || !self.submissions.is_empty() {
-            return Ok(false);
-        }
-        // SAFETY: this thread is the ring's producer (the solo owner, checked above), and a
-        // threaded engine's ring has slots (its CPU worker pool exists); `n` and the CPU context
-        // are checked above.
-        match unsafe { self.ring.publish_compact_with(ctx, n_const, n, var, check_distinct, raw) } {
-            None => return Ok(false),
-            Some(r) => r?,
-        }
-        pool.wake_for_ring();
-        // Timed by the ring's count instead of `reap_sometimes`' thread-local; a push the
-        // ring gave back reaps on the ordinary path instead.
-        if self.ring.published() % REAP_EVERY == 0 {
-            self.reap();
-        }
-        Ok(true)
-    }
-
-    /// Whether a push goes to the owner's ring ([`ring`]): a synchronous operation for the
-    /// CPU worker pool, of normal property and priority and not waited for, from the solo
-    /// owner while no submission waits in the queue (which would have to be registered
-    /// first). Operations with a priority are registered, where the ready queue orders them.
-    #[inline]
-    fn ring_takes(&self, p: &Push, pool: &'static Pool) -> bool {
-        !p.wait
-            && p.prop == FnProperty::Normal
-            && p.priority == 0
-            && matches!(p.func, OprFn::Sync(_) | OprFn::Raw(_))
-            && self.is_cpu_worker_pool(pool)
-            && self.solo.is_owner(solo::my_id())
-            && self.submissions.is_empty()
-    }
-
-    /// The operation for a push, not yet registered, and the latch to wait on if it is waited
-    /// for.
-    fn make_opr(
-        &'static self,
-        p: Push,
-        pool: Option<&'static Pool>,
-        ring_mark: usize,
-    ) -> (Arc<Opr>, Option<Arc<Latch>>) {
-        let n_const = p.const_vars.len();
-        let mut vars = p.const_vars;
-        vars.extend(p.mutable_vars);
+        let n_const = reads.len();
+        let mut vars = reads;
+        vars.extend(writes);
         let done = (p.wait && pool.is_some()).then(|| Arc::new(Latch::default()));
         let op = Arc::new(Opr {
-            link: Default::default(),
-            func: SpinLock::new(Some(p.func)),
+            func: SpinLock::new(Some(p.func.into_opr_fn())),
             wait: AtomicUsize::new(vars.len() + 1),
             vars,
             n_const,
             priority: p.priority,
             prop: p.prop,
             ctx: p.ctx,
-            name: p.name,
+            name: p.name.cloned(),
             symbolic: p.symbolic,
             scope: p.scope,
             payload: SpinLock::new(p.payload),
@@ -649,20 +665,9 @@ impl Engine {
             done: done.clone(),
             engine: self,
             pool,
-            next_dead: AtomicPtr::new(std::ptr::null_mut()),
-            ring_mark,
         });
-        (op, done)
-    }
-
-    fn push_opr(&'static self, p: Push, pool: Option<&'static Pool>) -> Result<()> {
-        // The ring's operations published before this one (by any thread: a push that
-        // happens after another thread's sees it) are registered before it.
-        let (op, done) = self.make_opr(p, pool, self.ring.published());
         self.pushed.fetch_add(1, Ordering::SeqCst);
         if let Some(pool) = pool {
-            // Threaded engines: hand the operation to the workers, which register it with its
-            // variables in batches; the pushing thread touches no shared variable state.
             self.submissions.push(op);
             pool.wake_for_submission();
         } else {
@@ -707,152 +712,16 @@ impl Engine {
         };
         let mut any = false;
         for _ in 0..256 {
-            // SAFETY: the registration lock, held here, makes this thread the only consumer.
-            let Some(op) = (unsafe { self.submissions.pop() }) else { break };
+            let Some(op) = self.submissions.pop() else { break };
             any = true;
-            // What the ring published before this submission was pushed comes first (the
-            // pop's Acquire makes those slots visible here); what it published since comes
-            // after.
-            self.convert_ring_upto(op.ring_mark);
             self.register_locked(op);
         }
         any
     }
 
-    /// Register the ring's operations below slot `mark` that no worker has taken yet as
-    /// ordinary operations. The caller holds the registration lock.
-    fn convert_ring_upto(&'static self, mark: usize) {
-        // SAFETY: the caller holds the registration lock; each slot is finished (taken)
-        // before the next is looked at.
-        while let Some((index, _)) = unsafe { self.ring.peek_below(mark) } {
-            // SAFETY: as above.
-            unsafe { self.register_slot(index) };
-        }
-    }
-
-    /// Move the operation out of the ring slot just peeked and register it as an ordinary
-    /// operation of the CPU worker pool.
-    ///
-    /// # Safety
-    /// The caller holds the registration lock and got slot index `index` from the ring's
-    /// last peek.
-    unsafe fn register_slot(&'static self, index: usize) {
-        // SAFETY: per this function's contract.
-        if let Some(p) = unsafe { self.ring.take(index) } {
-            let (op, _) = self.make_opr(p, self.cpu_worker.get().copied(), 0);
-            self.register_locked(op);
-        }
-    }
-
-    /// CPU workers: run the oldest operation of the owner's ring on this thread if it can take
-    /// all of its variables now (no allocation, no registration); otherwise register it as an
-    /// ordinary operation. Returns whether there was one.
-    pub(crate) fn run_from_ring(&'static self) -> bool {
-        // Queued submissions come after the ring's operations but may have priorities that
-        // put them first: then everything is registered ([`Engine::drain_submissions`]).
-        if !self.ring.has_records() || !self.submissions.is_empty() {
-            return false;
-        }
-        let Some(order) = self.register_lock.try_lock() else {
-            return false;
-        };
-        // SAFETY: the registration lock is held; the slot is finished below (taken, or given
-        // back after it ran) before this thread looks at another.
-        let Some((at, rec)) = (unsafe { self.ring.peek() }) else {
-            return false;
-        };
-        let p = match rec {
-            ring::Rec::Full(p) => p,
-            ring::Rec::Compact { ctx, reads, writes } => {
-                // SAFETY: as above.
-                if let Some((index, granted)) = unsafe { self.run_compact(order, at, ctx, reads, writes) } {
-                    // After the slices into the slot are no longer used: once given back, a
-                    // reclaimer may drop what they point to.
-                    self.ring.give_back(index);
-                    self.dispatch_granted(granted);
-                    self.finish_one();
-                }
-                return true;
-            }
-        };
-        // A failure to pass on, or a variable in use: the ordinary way, in push order. The
-        // failures are looked at after the variables were taken: a failed operation marks
-        // what it writes before it releases it.
-        if !self.take_all(&p.const_vars, &p.mutable_vars) || self.failure_recorded(&p.const_vars, &p.mutable_vars) {
-            // SAFETY: as above.
-            unsafe { self.register_slot(at) };
-            return true;
-        }
-        // SAFETY: as above; the slot stays this thread's until `give_back`.
-        let index = unsafe { self.ring.advance() };
-        drop(order);
-        // More to run: let another worker (if any) take it meanwhile.
-        if self.ring.has_records() {
-            if let Some(pool) = self.cpu_worker.get() {
-                pool.wake_another();
-            }
-        }
-        // The slot keeps its variables, name and scope for a reclaimer to drop (see `ring`);
-        // the function is moved out (the placeholder is a zero-sized closure: no allocation).
-        let func = std::mem::replace(&mut p.func, OprFn::Sync(Box::new(|_: &RunContext| Ok(()))));
-        let tag = OpTag { name: p.name.as_ref(), symbolic: p.symbolic, scope: p.scope.as_ref(), cheap: false };
-        let outcome = {
-            let _user = pool::UserCode::enter();
-            match func {
-                OprFn::Raw(raw) => run_here(tag, p.ctx, |rctx: &RunContext| {
-                    raw.call(rctx);
-                    Ok(())
-                }),
-                OprFn::Sync(f) => run_here(tag, p.ctx, f),
-                OprFn::Async(_) => Outcome::Failed(Error::internal("an asynchronous operation in the ring")),
-            }
-        };
-        let granted = self.release_vars(&p.const_vars, &p.mutable_vars, outcome);
-        drop(p.payload.take());
-        self.ring.give_back(index);
-        self.dispatch_granted(granted);
-        self.finish_one();
-        true
-    }
-
-    /// [`Engine::run_from_ring`] for a compact record (see `ring::Slot`): its variables are
-    /// read in place and stay in the slot for a reclaimer. Returns the slot's index and what
-    /// releasing them made ready after running it (the caller then gives the slot back), or
-    /// None when it was registered instead.
-    ///
-    /// # Safety
-    /// `order` is the registration lock; `at` is the slot index of the ring's last peek, a
-    /// compact record with these parts.
-    unsafe fn run_compact(
-        &'static self,
-        order: crate::sync::MutexGuard<'_, ()>,
-        at: usize,
-        ctx: Context,
-        reads: &[Arc<Var>],
-        writes: &[Arc<Var>],
-    ) -> Option<(usize, Granted)> {
-        if !self.take_all(reads, writes) || self.failure_recorded(reads, writes) {
-            // SAFETY: per this function's contract.
-            unsafe { self.register_slot(at) };
-            return None;
-        }
-        // SAFETY: per this function's contract; the slot stays this thread's until
-        // `give_back`, and its function is made from the slot once (`take_raw`).
-        let (index, raw) = unsafe { (self.ring.advance(), self.ring.take_raw(at)) };
-        drop(order);
-        if self.ring.has_records() {
-            if let Some(pool) = self.cpu_worker.get() {
-                pool.wake_another();
-            }
-        }
-        let outcome = {
-            let _user = pool::UserCode::enter();
-            run_here(OpTag::default(), ctx, |rctx: &RunContext| {
-                raw.call(rctx);
-                Ok(())
-            })
-        };
-        Some((index, self.release_vars(reads, writes, outcome)))
+    /// Pushed operations wait to be registered by a worker.
+    pub(crate) fn has_submissions(&self) -> bool {
+        !self.submissions.is_empty()
     }
 
     /// After [`Engine::take_all`]: whether a failure is recorded anywhere, in which case the
@@ -883,174 +752,11 @@ impl Engine {
         true
     }
 
-    /// Whether `pool` is the CPU worker pool (the one the owner's ring feeds).
-    #[inline]
-    pub(crate) fn is_cpu_worker_pool(&self, pool: &Pool) -> bool {
-        self.cpu_worker.get().is_some_and(|w| std::ptr::eq(*w, pool))
-    }
-
-    /// Pushed operations wait for `pool`'s workers: queued submissions (any pool's workers
-    /// register them), or the ring's (the CPU worker pool's).
-    pub(crate) fn has_submissions(&self, pool: &Pool) -> bool {
-        // The pool first: other pools' spinners must not poll the slot line the owner writes.
-        !self.submissions.is_empty() || (self.is_cpu_worker_pool(pool) && self.ring.has_records())
-    }
-
-    /// NaiveEngine's fast path: a synchronous operation whose variables are all free runs at
-    /// once on this thread, without allocating an operation. Anything else (a busy variable,
-    /// an asynchronous function, a recorded failure to check) is handed back for the general
-    /// path.
-    #[allow(clippy::result_large_err)] // the push itself comes back, to go the general way
-    fn try_run_now(&'static self, p: Push) -> std::result::Result<(), Push> {
-        let Push {
-            func: OprFn::Sync(f),
-            const_vars,
-            mutable_vars,
-            ctx,
-            prop,
-            priority,
-            name,
-            payload,
-            wait,
-            symbolic,
-            scope,
-            cheap,
-        } = p
-        else {
-            return Err(p);
-        };
-        let tag = OpTag { name: name.as_ref(), symbolic, scope: scope.as_ref(), cheap };
-        match self.try_run_now_with(&const_vars, &mutable_vars, ctx, tag, f) {
-            Ok(()) => {
-                drop(payload);
-                Ok(())
-            }
-            Err(f) => Err(Push {
-                func: OprFn::Sync(f),
-                const_vars,
-                mutable_vars,
-                ctx,
-                prop,
-                priority,
-                name,
-                payload,
-                wait,
-                symbolic,
-                scope,
-                cheap,
-            }),
-        }
-    }
-
-    /// Run a synchronous function now, on this thread (no boxing), if every variable is free
-    /// and the engine is a NaiveEngine, or a threaded engine with nothing pending and the
-    /// operation is cheap (`tag.cheap`, from a thread that is not a worker); otherwise give
-    /// `f` back. With nothing pending, every operation pushed before this one has finished, so
-    /// running it at once keeps the push order; one pushed meanwhile by another thread is
-    /// registered behind the variables this one holds.
-    pub fn try_run_now_with<F: FnOnce(&RunContext) -> Result<()>>(
-        &'static self,
-        reads: &[Arc<Var>],
-        writes: &[Arc<Var>],
-        ctx: Context,
-        tag: OpTag<'_>,
-        f: F,
-    ) -> std::result::Result<(), F> {
-        match self.acquire_now(reads, writes, ctx, tag) {
-            Some(slot) => {
-                slot.run(f);
-                Ok(())
-            }
-            None => Err(f),
-        }
-    }
-
-    /// The first half of [`Engine::try_run_now_with`]: the variables, taken for an operation
-    /// that runs on this thread through the returned [`RunNow`], or `None` (nothing taken)
-    /// when it must be pushed. Lets a caller build the operation's state only when it is
-    /// pushed, and run it from the stack otherwise.
-    pub fn acquire_now<'a>(
-        &'static self,
-        reads: &'a [Arc<Var>],
-        writes: &'a [Arc<Var>],
-        ctx: Context,
-        tag: OpTag<'a>,
-    ) -> Option<RunNow<'a>> {
-        if !self.runs_here(ctx, tag.cheap) {
-            return None;
-        }
-        if let Some(guard) = self.solo.enter() {
-            return Some(RunNow { engine: self, reads, writes, ctx, tag, ran: false, solo: Some(guard) });
-        }
-        // All or nothing, without the registration lock: an operation that takes every
-        // variable at once never waits in a queue, so it cannot close a cycle with one that
-        // registers; one that finds a variable held or waited for gives back what it took
-        // and is pushed, behind whatever it found.
-        if !self.take_all(reads, writes) || self.failure_recorded(reads, writes) {
-            return None;
-        }
-        // Counted pending while it holds its variables: a fork from another thread waits
-        // for it (the child would otherwise inherit variables held for good).
-        self.pushed.fetch_add(1, Ordering::SeqCst);
-        Some(RunNow { engine: self, reads, writes, ctx, tag, ran: false, solo: None })
-    }
-
-    /// Whether an operation may be tried on the pushing thread at all: NaiveEngine runs
-    /// everything there, a threaded engine only cheap operations.
-    #[inline]
-    fn may_try_here(&self, cheap: bool) -> bool {
-        self.opts.kind == EngineKind::Naive || cheap
-    }
-
-    /// Whether an operation may run on this thread now (its variables aside): one that may be
-    /// tried here ([`Engine::may_try_here`]) and, in a threaded engine, is on a host context
-    /// with nothing pending, pushed from a thread that is not a worker; and nothing this
-    /// thread must keep in order ([`Engine::may_run_here`]).
-    #[inline]
-    fn runs_here(&self, ctx: Context, cheap: bool) -> bool {
-        self.may_try_here(cheap)
-            && (self.opts.kind == EngineKind::Naive
-                || (ctx.dev_type.is_host() && self.pending() == 0 && !on_worker_thread()))
-            && self.may_run_here()
-    }
-
-    /// A solo operation ([`solo`]) for a cheap operation of this thread, if one may run now:
-    /// the checks of [`Engine::acquire_cheap`], without the variables (a solo operation takes
-    /// none, so its caller need not list them). The caller runs it through
-    /// [`Engine::run_solo`], naming the variables it writes for a failure to mark.
-    #[inline]
-    pub fn enter_solo_cheap(&'static self, ctx: Context) -> Option<SoloGuard<'static>> {
-        if !self.cheap_may_skip_push(ctx) || !self.runs_here(ctx, true) {
-            return None;
-        }
-        self.solo.enter()
-    }
-
-    /// What a cheap operation needs besides [`Engine::runs_here`] to run without being
-    /// pushed: a context that exists, and no thread batching operations into bulks (a bulk
-    /// not yet pushed may hold earlier operations on the same variables).
-    #[inline]
-    fn cheap_may_skip_push(&self, ctx: Context) -> bool {
-        BULK_THREADS.load(Ordering::Relaxed) == 0 && (self.opts.virtual_gpus || ctx.check_available().is_ok())
-    }
-
-    /// A solo operation ([`solo`]) for this thread, if it may run one now: NaiveEngine (or a
-    /// threaded engine's cheap operation with nothing pending, checked by the caller) when
-    /// no failure is recorded and no inline queue runs. The caller checks what it must before
-    /// it runs the operation through [`Engine::run_solo`].
-    #[inline]
-    pub fn enter_solo(&'static self) -> Option<SoloGuard<'static>> {
-        if !self.may_run_here() {
-            return None;
-        }
-        self.solo.enter()
-    }
-
-    /// What every run-at-once path requires: no failure recorded (it must check the
-    /// variables' marks) and no inline queue running on this thread (it must keep its order).
-    #[inline]
-    fn may_run_here(&self) -> bool {
-        self.live_errors.load(Ordering::Acquire) == 0 && !self.in_inline_queue()
+    /// Release variables taken by [`Engine::take_all`] for an operation that will not run
+    /// here after all.
+    fn give_back(&'static self, reads: &[Arc<Var>], writes: &[Arc<Var>]) {
+        let granted = self.release_vars(reads, writes, Outcome::Ok);
+        self.dispatch_granted(granted);
     }
 
     /// Whether this thread runs an inline queue (NaiveEngine, [`Engine::run_inline`]). Only
@@ -1058,55 +764,6 @@ impl Engine {
     #[inline]
     fn in_inline_queue(&self) -> bool {
         self.inline_threads.load(Ordering::Relaxed) > 0 && INLINE.with(|q| q.borrow().is_some())
-    }
-
-    /// Run a solo operation. On failure `writes` lists the variables it writes, which are
-    /// marked with the failure (as a tracked operation's would be). Always inlined: a call
-    /// here costs as much as the rest of a solo C push's bookkeeping.
-    #[inline(always)]
-    pub fn run_solo(
-        &'static self,
-        guard: SoloGuard<'static>,
-        ctx: Context,
-        tag: OpTag<'_>,
-        f: impl FnOnce(&RunContext) -> Result<()>,
-        writes: impl FnOnce(&mut dyn FnMut(&Var)),
-    ) {
-        let outcome = run_here(tag, ctx, f);
-        self.end_solo(guard, outcome, writes);
-    }
-
-    /// Mark the written variables of a failed solo operation, then end it.
-    fn end_solo(&'static self, guard: SoloGuard<'static>, outcome: Outcome, writes: impl FnOnce(&mut dyn FnMut(&Var))) {
-        if let Outcome::Failed(e) = outcome {
-            let cell = self.record_failure(e);
-            writes(&mut |v| v.mark_failed(&cell));
-        }
-        drop(guard);
-    }
-
-    /// Release variables taken by [`Engine::acquire_now`] for an operation that will not run
-    /// here after all.
-    fn give_back(&'static self, reads: &[Arc<Var>], writes: &[Arc<Var>]) {
-        let granted = self.release_vars(reads, writes, Outcome::Ok);
-        self.dispatch_granted(granted);
-    }
-
-    /// [`Engine::acquire_now`] for a cheap operation whose variables are distinct (as
-    /// [`Engine::push`] requires), when [`Engine::cheap_may_skip_push`]. `None` when it must
-    /// be pushed instead.
-    pub fn acquire_cheap<'a>(
-        &'static self,
-        reads: &'a [Arc<Var>],
-        writes: &'a [Arc<Var>],
-        ctx: Context,
-        tag: OpTag<'a>,
-    ) -> Option<RunNow<'a>> {
-        if !self.cheap_may_skip_push(ctx) {
-            return None;
-        }
-        debug_assert!(check_distinct(reads, writes).is_ok());
-        self.acquire_now(reads, writes, ctx, tag)
     }
 
     /// NaiveEngine: wait for an operation that could not run at once. Operations queued on
@@ -1240,36 +897,13 @@ impl Engine {
     /// where a worker's drop would pull them over (two cache misses per operation, one on
     /// each side). Dropping never runs user code: the payload was dropped already.
     fn bury(&self, op: Arc<Opr>) {
-        let raw = Arc::into_raw(op) as *mut Opr;
-        let mut head = self.graveyard.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: `raw` is a live operation whose reference this stack now owns.
-            unsafe { (*raw).next_dead.store(head, Ordering::Relaxed) };
-            match self.graveyard.compare_exchange_weak(head, raw, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => return,
-                Err(h) => head = h,
-            }
-        }
+        self.graveyard.push(op);
     }
 
-    /// Empty the ring's slots that the workers gave back (see [`ring`]): for a worker about
-    /// to sleep, so that what they hold does not wait for the next push.
-    pub(crate) fn reclaim_ring(&self) {
-        self.ring.reclaim_all();
-    }
-
-    /// Drop every buried operation (taking the whole stack at once: no ABA problem).
+    /// Drop the buried operations (those buried meanwhile wait for the next reap).
     pub(crate) fn reap(&self) {
-        if self.graveyard.load(Ordering::Relaxed).is_null() {
-            return;
-        }
-        let mut p = self.graveyard.swap(std::ptr::null_mut(), Ordering::Acquire);
-        while !p.is_null() {
-            // SAFETY: each node was pushed by `bury` with the reference it gave up; the swap
-            // made this thread the only one to see it.
-            let op = unsafe { Arc::from_raw(p) };
-            p = op.next_dead.load(Ordering::Relaxed);
-            drop(op);
+        for _ in 0..self.graveyard.len() {
+            drop(self.graveyard.pop());
         }
     }
 
@@ -1305,21 +939,12 @@ impl Engine {
         granted
     }
 
-    /// The end of a tracked operation that ran without an `Opr` ([`RunNow`]).
-    fn release_now(&'static self, reads: &[Arc<Var>], writes: &[Arc<Var>], outcome: Outcome) {
-        let granted = self.release_vars(reads, writes, outcome);
-        if !granted.is_empty() {
-            self.dispatch_granted(granted);
-        }
-        self.finish_one();
-    }
-
     fn finish_one(&self) {
         let finished = self.finished.fetch_add(1, Ordering::SeqCst) + 1;
         if self.waiters.load(Ordering::SeqCst) > 0 {
             // The finisher that brings the count to a waiter's bound sees it here: finishes
             // are totally ordered, and the pushes counted so far are read after this one.
-            let left = self.pushed_total().wrapping_sub(finished);
+            let left = self.pushed.load(Ordering::SeqCst).wrapping_sub(finished);
             if left == 0 || (self.opts.max_pending > 0 && left < self.opts.max_pending) {
                 let _g = self.idle.lock();
                 self.idle_cv.notify_all();
@@ -1394,7 +1019,6 @@ impl Engine {
         self.flush_bulk();
         self.wait_until(|pending| pending == 0);
         self.reap();
-        self.ring.reclaim_all();
     }
 
     /// Wait until every pushed operation has finished; report (and clear) the first failure
@@ -1439,12 +1063,12 @@ impl Engine {
             let mut p = Push::sync(|_| Ok(()), c, m);
             p.prop = FnProperty::NoSkip;
             p.wait = true;
-            p.name = Some(intern("WaitForVar"));
-            self.push_now(p)?;
+            let name = intern("WaitForVar");
+            p.name = Some(&name);
+            self.submit_as(p, false)?;
         }
         // The finished operations on it may hold the data's last references.
         self.reap();
-        self.ring.reclaim_all();
         match var.take_failure() {
             Some(e) => Err(e),
             None => Ok(()),
@@ -1453,10 +1077,11 @@ impl Engine {
 
     // --- bulk execution ---
 
-    fn bulk_append(&'static self, p: Push) -> Result<()> {
+    fn bulk_append(&'static self, p: Push<'_>) -> Result<()> {
+        let (const_vars, mutable_vars) = p.vars.lists()?;
         let full = BULK.with(|b| {
             let mut b = b.borrow_mut();
-            let f = match p.func {
+            let f: SyncFn = match p.func.into_opr_fn() {
                 OprFn::Sync(f) => f,
                 OprFn::Raw(r) => r.boxed(),
                 OprFn::Async(_) => unreachable!("only sync operations are bulked"),
@@ -1467,13 +1092,13 @@ impl Engine {
             if let Some(payload) = p.payload {
                 b.payloads.push(payload);
             }
-            for v in p.mutable_vars {
+            for v in mutable_vars {
                 b.const_vars.retain(|c| !Arc::ptr_eq(c, &v));
                 if !b.mutable_vars.iter().any(|m| Arc::ptr_eq(m, &v)) {
                     b.mutable_vars.push(v);
                 }
             }
-            for v in p.const_vars {
+            for v in const_vars {
                 if !b.mutable_vars.iter().chain(&b.const_vars).any(|m| Arc::ptr_eq(m, &v)) {
                     b.const_vars.push(v);
                 }
@@ -1495,7 +1120,7 @@ impl Engine {
         if let Some((engine, push)) = taken {
             // The pool exists (it was used for the bulk's ops' context before), the vars are
             // distinct by construction; a failure here could only be a pool start failure.
-            if let Err(e) = engine.push_now(push) {
+            if let Err(e) = engine.submit_as(push, false) {
                 engine.record_failure(e);
             }
         }
@@ -1611,42 +1236,41 @@ impl Default for Bulk {
     }
 }
 
-fn bulk_accepts(engine: &'static Engine, p: &Push) -> bool {
+fn bulk_accepts(engine: &'static Engine, ctx: Context) -> bool {
     BULK.try_with(|b| {
         let b = b.borrow();
-        b.size > 1 && (b.funcs.is_empty() || (b.ctx == p.ctx && b.engine.is_some_and(|e| std::ptr::eq(e, engine))))
+        b.size > 1 && (b.funcs.is_empty() || (b.ctx == ctx && b.engine.is_some_and(|e| std::ptr::eq(e, engine))))
     })
     .unwrap_or(false)
 }
 
 impl Bulk {
-    fn take(&mut self) -> Option<(&'static Engine, Push)> {
+    fn take(&mut self) -> Option<(&'static Engine, Push<'static>)> {
         if self.funcs.is_empty() {
             return None;
         }
         let engine = self.engine?;
         let funcs = std::mem::take(&mut self.funcs);
         let payloads = std::mem::take(&mut self.payloads);
-        let mut push = Push::sync(
-            move |outer: &RunContext| {
-                let rctx = RunContext {
-                    dev_type: outer.dev_type,
-                    dev_id: outer.dev_id,
-                    stream: outer.stream,
-                    aux_stream: outer.aux_stream,
-                    is_bulk: true,
-                };
-                for f in funcs {
-                    f(&rctx)?;
-                }
-                Ok(())
-            },
-            std::mem::take(&mut self.const_vars),
-            std::mem::take(&mut self.mutable_vars),
-        );
+        let run = Box::new(move |outer: &RunContext| {
+            let rctx = RunContext {
+                dev_type: outer.dev_type,
+                dev_id: outer.dev_id,
+                stream: outer.stream,
+                aux_stream: outer.aux_stream,
+                is_bulk: true,
+            };
+            for f in funcs {
+                f(&rctx)?;
+            }
+            Ok(())
+        });
+        let (reads, writes) = (std::mem::take(&mut self.const_vars), std::mem::take(&mut self.mutable_vars));
+        let mut push = Push::with(Func::Fn(OprFn::Sync(run)), Vars::Listed(reads.into(), writes.into()));
         push.ctx = self.ctx;
         // Stock's name for a bulk in profiles.
-        push.name = Some(intern("ImperativeBulk"));
+        static NAME: OnceLock<Arc<str>> = OnceLock::new();
+        push.name = Some(NAME.get_or_init(|| intern("ImperativeBulk")));
         push.payload = (!payloads.is_empty()).then(|| Box::new(payloads) as Payload);
         Some((engine, push))
     }
@@ -1659,21 +1283,9 @@ impl Drop for Bulk {
         }
         // A thread that ends with batched operations still pushes them.
         if let Some((engine, push)) = self.take() {
-            let _ = catch_unwind(AssertUnwindSafe(|| engine.push_now(push)));
+            let _ = catch_unwind(AssertUnwindSafe(|| engine.submit_as(push, false)));
         }
     }
-}
-
-/// Operation names are shared, not copied per push.
-pub fn intern(name: &str) -> Arc<str> {
-    static NAMES: OnceLock<Mutex<HashMap<Box<str>, Arc<str>>>> = OnceLock::new();
-    let mut names = NAMES.get_or_init(Default::default).lock();
-    if let Some(n) = names.get(name) {
-        return n.clone();
-    }
-    let n: Arc<str> = Arc::from(name);
-    names.insert(name.into(), n.clone());
-    n
 }
 
 /// How a graph executor bulks operations (seeds 000/001, "Execution Options"): read at each

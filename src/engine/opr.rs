@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::sync::{Condvar, Mutex, SpinLock};
 use smallvec::SmallVec;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Stock `FnProperty` (engine.h), with its numeric values.
@@ -113,13 +113,6 @@ impl RawFn {
         RawFn { f, param, deleter }
     }
 
-    /// The function, param and deleter, which no longer run on their own: whoever takes
-    /// them makes a `RawFn` of them again (exactly once, for the deleter to run once).
-    pub(crate) fn into_parts(self) -> (CFn, *mut c_void, Option<CDeleter>) {
-        let this = std::mem::ManuallyDrop::new(self);
-        (this.f, this.param, this.deleter)
-    }
-
     /// Call the function (then the deleter, as this is dropped).
     pub fn call(self, rctx: &RunContext) {
         // SAFETY: promised by `RawFn::new`'s caller; the function gets a RunContext that
@@ -178,10 +171,8 @@ impl Latch {
     }
 }
 
-/// A pushed operation. `repr(C)` with the submission queue's link first (see [`super::queue`]).
-#[repr(C)]
+/// A pushed operation.
 pub struct Opr {
-    pub(crate) link: super::queue::Link,
     pub(crate) func: SpinLock<Option<OprFn>>,
     /// Variables read (`..n_const`) then written (`n_const..`); inline up to four, so that an
     /// operation is one allocation.
@@ -201,11 +192,6 @@ pub struct Opr {
     pub(crate) engine: &'static Engine,
     /// The pool that runs it; `None` runs it inline (NaiveEngine).
     pub(crate) pool: Option<&'static Pool>,
-    /// The next finished operation in the engine's graveyard (see `Engine::bury`).
-    pub(crate) next_dead: AtomicPtr<Opr>,
-    /// For a queued submission: the ring's slots published before it was pushed, which are
-    /// registered before it (see `Engine::drain_submissions`).
-    pub(crate) ring_mark: usize,
 }
 
 impl Opr {

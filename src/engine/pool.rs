@@ -14,16 +14,10 @@
 //! pusher sees a sleeper or a spinner and wakes it or leaves it be, or the worker sees the
 //! work: a wake-up cannot be lost. A worker that takes work while more is queued wakes
 //! another.
-//!
-//! A push to the owner's ring ([`super::ring`]) publishes with a plain store and reads
-//! `sleepers` and `spinning` without a fence: there the worker about to sleep runs a
-//! process-wide memory barrier (`membarrier`) after it counted itself a sleeper, before its
-//! last look, which orders the pusher's publication against that look as a fence on the
-//! pushing side would. Where `membarrier` is unavailable ring pushes fence as other pushes do.
 
 use super::opr::Opr;
 use super::Engine;
-use crate::sync::{membarrier, Condvar, Mutex, Padded};
+use crate::sync::{Condvar, Mutex, Padded};
 use std::cell::{Cell, RefCell};
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
@@ -192,21 +186,6 @@ impl Pool {
         }
     }
 
-    /// After an operation joined the owner's ring ([`super::ring`]): as
-    /// [`Pool::wake_for_submission`], without the fence where a worker about to sleep runs
-    /// `membarrier` instead (see [`membarrier`]): the pushing thread runs no locked
-    /// instruction.
-    #[inline(always)]
-    pub fn wake_for_ring(&self) {
-        if !membarrier::available() {
-            return self.wake_for_submission();
-        }
-        // The compiler must not move the loads below above the publishing store; the CPU
-        // may, which the sleeper's `membarrier` covers.
-        std::sync::atomic::compiler_fence(Ordering::SeqCst);
-        self.wake_sleeper_locked();
-    }
-
     /// The operation this worker kept (see [`Pool::push`]), unless others became ready
     /// meanwhile: then it joins them and priority decides.
     fn take_handoff(&self) -> Option<Arc<Opr>> {
@@ -216,14 +195,6 @@ impl Pool {
             return None;
         }
         Some(op)
-    }
-
-    /// Wake a sleeping worker, if this pool has another and none spins.
-    #[inline]
-    pub(crate) fn wake_another(&self) {
-        if self.threads > 1 {
-            self.wake_one();
-        }
     }
 
     fn wake_one(&self) {
@@ -259,7 +230,7 @@ impl Pool {
                         break 'outer;
                     }
                 }
-                if engine.has_submissions(self) {
+                if engine.has_submissions() {
                     break 'outer;
                 }
                 std::hint::spin_loop();
@@ -288,38 +259,28 @@ impl Pool {
             if let Some(op) = self.try_pop() {
                 return op;
             }
-            if engine.is_cpu_worker_pool(self) && engine.run_from_ring() {
-                continue;
-            }
             if engine.drain_submissions() {
                 continue;
             }
-            if engine.has_submissions(self) {
-                // Another worker registers them, or a push is between its two steps (see
-                // `queue`): let that thread run instead of spinning against it.
+            if engine.has_submissions() {
+                // Another worker registers them: let that thread run instead of spinning
+                // against it.
                 std::thread::yield_now();
                 continue;
             }
             if let Some(op) = self.spin(engine) {
                 return op;
             }
-            if engine.has_submissions(self) {
+            if engine.has_submissions() {
                 continue;
             }
             // Going idle: drop the finished operations no pushing thread has dropped yet, so
             // that the memory they hold does not wait for the next push.
             engine.reap();
-            engine.reclaim_ring();
             let mut heap = self.heap.lock();
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             std::sync::atomic::fence(Ordering::SeqCst);
-            // A ring push (CPU worker pool only) runs no fence: make every thread's earlier
-            // stores visible here before the last look, or see the push announce itself to a
-            // sleeper.
-            if engine.is_cpu_worker_pool(self) {
-                membarrier::barrier();
-            }
-            while heap.is_empty() && !engine.has_submissions(self) {
+            while heap.is_empty() && !engine.has_submissions() {
                 heap = self.cv.wait(heap);
             }
             self.sleepers.fetch_sub(1, Ordering::SeqCst);

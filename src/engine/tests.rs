@@ -24,7 +24,7 @@ fn hold_a_worker(e: &'static Engine) -> mpsc::Sender<()> {
     let gate_rx = Mutex::new(gate_rx);
     let (started_tx, started_rx) = mpsc::channel::<()>();
     let started_tx = Mutex::new(started_tx);
-    e.push(Push::sync(
+    e.submit(Push::sync(
         move |_| {
             started_tx.lock().send(()).unwrap();
             let _: () = gate_rx.lock().recv().unwrap();
@@ -38,9 +38,10 @@ fn hold_a_worker(e: &'static Engine) -> mpsc::Sender<()> {
     gate_tx
 }
 
-/// Bulking anywhere in the process (a thread with a bulk size above 1) sends every push the
-/// ordinary way, past the ring: tests that check what goes through the ring hold this for
-/// reading, the bulk test for writing, so that the two never run at once.
+/// Bulking anywhere in the process (a thread with a bulk size above 1) keeps a threaded
+/// engine from running cheap operations on the pushing thread: tests that check where
+/// operations run hold this for reading, tests that bulk for writing, so that the two never
+/// run at once.
 static BULK_OFF: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 fn bulk_off() -> std::sync::RwLockReadGuard<'static, ()> {
@@ -146,7 +147,7 @@ fn run_dag(e: &'static Engine, seed: u64, n_ops: usize, n_vars: usize) {
         p.priority = spec.priority;
         // Some run on the pushing thread when the engine happens to be idle.
         p.cheap = i % 3 == 0;
-        e.push(p).unwrap();
+        e.submit(p).unwrap();
     }
     e.wait_all().unwrap();
     assert_eq!(e.pending(), 0);
@@ -196,7 +197,7 @@ fn per_device_pools_follow_the_table_and_start_lazily() {
         p.ctx = ctx;
         p.prop = prop;
         p.wait = true;
-        e.push(p).unwrap();
+        e.submit(p).unwrap();
     };
     push(Context::CPU, FnProperty::Normal);
     push(Context::CPU, FnProperty::CpuPrioritized);
@@ -217,7 +218,7 @@ fn per_device_pools_follow_the_table_and_start_lazily() {
     p.ctx = Context::gpu(0);
     p.prop = FnProperty::CopyToGpu;
     p.wait = true;
-    t.push(p).unwrap();
+    t.submit(p).unwrap();
     assert_eq!(t.pools(), vec![("engine worker".to_string(), 2)]);
 }
 
@@ -235,7 +236,7 @@ fn pushes_from_eight_threads() {
                     for i in 0..2000 {
                         let c = counter.clone();
                         // Non-atomic read-modify-write: only correct if writes are exclusive.
-                        e.push(Push::sync(
+                        e.submit(Push::sync(
                             move |_| {
                                 let v = c.load(Ordering::Relaxed);
                                 c.store(v + 1, Ordering::Relaxed);
@@ -247,7 +248,7 @@ fn pushes_from_eight_threads() {
                         .unwrap();
                         let c = count.clone();
                         let expect = i;
-                        e.push(Push::sync(
+                        e.submit(Push::sync(
                             move |_| {
                                 assert_eq!(c.load(Ordering::Relaxed), expect, "push order per var");
                                 c.store(expect + 1, Ordering::Relaxed);
@@ -290,7 +291,7 @@ fn reads_run_concurrently_writes_alone() {
             Ok(())
         };
         let p = if write { Push::sync(f, vec![], vec![v.clone()]) } else { Push::sync(f, vec![v.clone()], vec![]) };
-        e.push(p).unwrap();
+        e.submit(p).unwrap();
     }
     e.wait_all().unwrap();
     assert_eq!(violations.load(Ordering::SeqCst), 0);
@@ -304,7 +305,7 @@ fn duplicate_variables_are_refused() {
     let ran = Arc::new(AtomicBool::new(false));
     let r = ran.clone();
     let err = e
-        .push(Push::sync(
+        .submit(Push::sync(
             move |_| {
                 r.store(true, Ordering::SeqCst);
                 Ok(())
@@ -314,9 +315,9 @@ fn duplicate_variables_are_refused() {
         ))
         .unwrap_err();
     assert!(err.to_string().starts_with("ValueError:") && err.to_string().contains("twice"));
-    assert!(e.push(Push::sync(|_| Ok(()), vec![v.clone(), v.clone()], vec![])).is_err());
+    assert!(e.submit(Push::sync(|_| Ok(()), vec![v.clone(), v.clone()], vec![])).is_err());
     let many: Vec<_> = (0..20).map(|_| Var::new()).chain([v.clone()]).collect();
-    assert!(e.push(Push::sync(|_| Ok(()), many, vec![v.clone()])).is_err());
+    assert!(e.submit(Push::sync(|_| Ok(()), many, vec![v.clone()])).is_err());
     e.wait_all().unwrap();
     assert!(!ran.load(Ordering::SeqCst));
     assert_eq!(e.pending(), 0);
@@ -338,7 +339,7 @@ fn failures_propagate_report_once_and_clear() {
         let skipped_ran = Arc::new(AtomicBool::new(false));
         let mut fail = Push::sync(|_| Err(Error::value("bad input to op1")), vec![], vec![a.clone()]);
         fail.payload = Some(Box::new(Counted(drops.clone())));
-        e.push(fail).unwrap();
+        e.submit(fail).unwrap();
         // Reads the failed var: skipped, and passes the failure on to b.
         let r = skipped_ran.clone();
         let mut skip = Push::sync(
@@ -350,11 +351,11 @@ fn failures_propagate_report_once_and_clear() {
             vec![b.clone()],
         );
         skip.payload = Some(Box::new(Counted(drops.clone())));
-        e.push(skip).unwrap();
+        e.submit(skip).unwrap();
         // Unrelated: runs.
         let mut ok = Push::sync(|_| Ok(()), vec![c.clone()], vec![d.clone()]);
         ok.payload = Some(Box::new(Counted(drops.clone())));
-        e.push(ok).unwrap();
+        e.submit(ok).unwrap();
 
         e.wait_for_var(&d, false).unwrap();
         let err = e.wait_for_var(&b, false).unwrap_err();
@@ -368,7 +369,7 @@ fn failures_propagate_report_once_and_clear() {
         // The engine keeps working, also on the vars that failed.
         let n = Arc::new(AtomicUsize::new(0));
         let n2 = n.clone();
-        e.push(Push::sync(
+        e.submit(Push::sync(
             move |_| {
                 n2.fetch_add(1, Ordering::SeqCst);
                 Ok(())
@@ -381,17 +382,21 @@ fn failures_propagate_report_once_and_clear() {
         assert_eq!(n.load(Ordering::SeqCst), 1);
 
         // wait_all reports a failure nobody waited for, then it is gone.
-        e.push(Push::sync(|_| panic!("kernel bug"), vec![], vec![c.clone()])).unwrap();
+        e.submit(Push::sync(|_| panic!("kernel bug"), vec![], vec![c.clone()])).unwrap();
         let err = e.wait_all().unwrap_err().to_string();
         assert!(err.starts_with("InternalError: operation <unnamed> panicked: kernel bug"), "{err}");
         e.wait_all().unwrap();
         e.wait_for_var(&c, false).unwrap();
 
         // Asynchronous completion with an error, and a dropped completion.
-        e.push(Push::asynchronous(|_, done| done.complete(Err(Error::mxnet("device lost"))), vec![], vec![d.clone()]))
-            .unwrap();
+        e.submit(Push::asynchronous(
+            |_, done| done.complete(Err(Error::mxnet("device lost"))),
+            vec![],
+            vec![d.clone()],
+        ))
+        .unwrap();
         assert_eq!(e.wait_for_var(&d, true).unwrap_err().to_string(), "MXNetError: device lost");
-        e.push(Push::asynchronous(|_, done| drop(done), vec![], vec![d.clone()])).unwrap();
+        e.submit(Push::asynchronous(|_, done| drop(done), vec![], vec![d.clone()])).unwrap();
         assert!(e.wait_for_var(&d, false).unwrap_err().to_string().contains("without completing"));
     }
 }
@@ -400,7 +405,7 @@ fn failures_propagate_report_once_and_clear() {
 fn no_skip_operations_run_despite_failures() {
     let e = engine(EngineKind::PerDevice, 1);
     let v = Var::new();
-    e.push(Push::sync(|_| Err(Error::mxnet("x")), vec![], vec![v.clone()])).unwrap();
+    e.submit(Push::sync(|_| Err(Error::mxnet("x")), vec![], vec![v.clone()])).unwrap();
     let ran = Arc::new(AtomicBool::new(false));
     let r = ran.clone();
     let mut p = Push::sync(
@@ -412,7 +417,7 @@ fn no_skip_operations_run_despite_failures() {
         vec![],
     );
     p.prop = FnProperty::NoSkip;
-    e.push(p).unwrap();
+    e.submit(p).unwrap();
     assert!(e.wait_all().is_err());
     assert!(ran.load(Ordering::SeqCst));
 }
@@ -435,7 +440,7 @@ fn higher_priority_runs_first() {
             vec![Var::new()],
         );
         p.priority = prio;
-        e.push(p).unwrap();
+        e.submit(p).unwrap();
     }
     std::thread::sleep(Duration::from_millis(20));
     gate_tx.send(()).unwrap();
@@ -447,6 +452,7 @@ fn higher_priority_runs_first() {
 
 #[test]
 fn idle_threaded_engines_run_cheap_operations_on_the_pushing_thread() {
+    let _bulk_off = bulk_off();
     for kind in [EngineKind::Threaded, EngineKind::PerDevice] {
         let e = engine(kind, 2);
         let me = std::thread::current().id();
@@ -465,11 +471,11 @@ fn idle_threaded_engines_run_cheap_operations_on_the_pushing_thread() {
             p
         };
         // Nothing pending: done here before push returns.
-        e.push(cheap(tx.clone(), 1, &v)).unwrap();
+        e.submit(cheap(tx.clone(), 1, &v)).unwrap();
         assert_eq!(rx.try_recv().unwrap(), (1, me));
         // Not cheap: a worker runs it even on an idle engine.
         let t = tx.clone();
-        e.push(Push::sync(
+        e.submit(Push::sync(
             move |_| {
                 let _: () = t.send((2, std::thread::current().id())).unwrap();
                 Ok(())
@@ -485,7 +491,7 @@ fn idle_threaded_engines_run_cheap_operations_on_the_pushing_thread() {
         let gate = Arc::new(AtomicBool::new(false));
         let g = gate.clone();
         let t = tx.clone();
-        e.push(Push::sync(
+        e.submit(Push::sync(
             move |_| {
                 while !g.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(1));
@@ -497,7 +503,7 @@ fn idle_threaded_engines_run_cheap_operations_on_the_pushing_thread() {
             vec![v.clone()],
         ))
         .unwrap();
-        e.push(cheap(tx.clone(), 4, &v)).unwrap();
+        e.submit(cheap(tx.clone(), 4, &v)).unwrap();
         std::thread::sleep(Duration::from_millis(20));
         assert!(rx.try_recv().is_err(), "ran before the operation it depends on");
         gate.store(true, Ordering::SeqCst);
@@ -508,7 +514,7 @@ fn idle_threaded_engines_run_cheap_operations_on_the_pushing_thread() {
         // A failing cheap operation run here reports at the next wait, as on a worker.
         let mut p = Push::sync(|_| Err(Error::value("cheap failure")), vec![], vec![v.clone()]);
         p.cheap = true;
-        e.push(p).unwrap();
+        e.submit(p).unwrap();
         assert_eq!(e.wait_all().unwrap_err().to_string(), "ValueError: cheap failure");
         e.wait_all().unwrap();
     }
@@ -520,7 +526,7 @@ fn naive_engine_runs_on_the_pushing_thread() {
     let me = std::thread::current().id();
     let same = Arc::new(AtomicBool::new(false));
     let s = same.clone();
-    e.push(Push::sync(
+    e.submit(Push::sync(
         move |_| {
             s.store(std::thread::current().id() == me, Ordering::SeqCst);
             Ok(())
@@ -535,7 +541,7 @@ fn naive_engine_runs_on_the_pushing_thread() {
     // An asynchronous operation completed later from another thread: push waits for it.
     let done_flag = Arc::new(AtomicBool::new(false));
     let d = done_flag.clone();
-    e.push(Push::asynchronous(
+    e.submit(Push::asynchronous(
         move |_, done| {
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(20));
@@ -558,7 +564,7 @@ fn solo_mode_leaves_variables_untouched_until_a_second_thread_pushes() {
     let log = Arc::new(Mutex::new(Vec::new()));
     // The only pusher: its operation runs solo, the variable is not taken.
     let v_seen = v.clone();
-    e.push(Push::sync(
+    e.submit(Push::sync(
         move |_| {
             let _: () = assert!(v_seen.is_idle(), "solo: untracked");
             Ok(())
@@ -572,11 +578,11 @@ fn solo_mode_leaves_variables_untouched_until_a_second_thread_pushes() {
     // the operation to end, then ends solo mode for good.
     let second = Arc::new(Mutex::new(None));
     let (l, v2, s2) = (log.clone(), v.clone(), second.clone());
-    e.push(Push::sync(
+    e.submit(Push::sync(
         move |_| {
             let l2 = l.clone();
             *s2.lock() = Some(std::thread::spawn(move || {
-                e.push(Push::sync(
+                e.submit(Push::sync(
                     move |_| {
                         let _: () = l2.lock().push("second");
                         Ok(())
@@ -599,7 +605,7 @@ fn solo_mode_leaves_variables_untouched_until_a_second_thread_pushes() {
     assert!(e.solo.is_shared());
     // Tracked from now on: a running operation holds its variable.
     let v_seen = v.clone();
-    e.push(Push::sync(
+    e.submit(Push::sync(
         move |_| {
             let _: () = assert!(!v_seen.is_idle(), "tracked");
             Ok(())
@@ -611,11 +617,11 @@ fn solo_mode_leaves_variables_untouched_until_a_second_thread_pushes() {
     // A failure in a solo operation marks what it wrote, as a tracked one does.
     let e = engine(EngineKind::Naive, 1);
     let (a, b) = (Var::new(), Var::new());
-    e.push(Push::sync(|_| Err(Error::value("solo failure")), vec![], vec![a.clone()])).unwrap();
+    e.submit(Push::sync(|_| Err(Error::value("solo failure")), vec![], vec![a.clone()])).unwrap();
     assert!(!e.solo.is_shared());
     let ran = Arc::new(AtomicBool::new(false));
     let r = ran.clone();
-    e.push(Push::sync(
+    e.submit(Push::sync(
         move |_| {
             r.store(true, Ordering::SeqCst);
             Ok(())
@@ -628,7 +634,7 @@ fn solo_mode_leaves_variables_untouched_until_a_second_thread_pushes() {
     assert_eq!(e.wait_for_var(&b, false).unwrap_err().to_string(), "ValueError: solo failure");
     // A thread that only waits ends solo mode too (it must not miss a solo operation).
     let e = engine(EngineKind::Naive, 1);
-    e.push(Push::sync(|_| Ok(()), vec![], vec![Var::new()])).unwrap();
+    e.submit(Push::sync(|_| Ok(()), vec![], vec![Var::new()])).unwrap();
     assert!(!e.solo.is_shared());
     std::thread::scope(|t| {
         t.spawn(|| e.wait_all().unwrap());
@@ -660,7 +666,7 @@ fn bulk_batches_and_keeps_order() {
             vec![v.clone()],
         );
         p.payload = Some(Box::new(Counted(drops.clone())));
-        e.push(p).unwrap();
+        e.submit(p).unwrap();
     }
     // Two full bulks went out; the last four wait in this thread until a wait flushes them.
     e.wait_for_var(&v, false).unwrap();
@@ -678,7 +684,7 @@ fn back_pressure_bounds_pending_operations() {
     let v = Var::new();
     let mut max_seen = 0;
     for _ in 0..100 {
-        e.push(Push::sync(
+        e.submit(Push::sync(
             |_| {
                 std::thread::sleep(Duration::from_micros(100));
                 Ok(())
@@ -700,7 +706,7 @@ fn many_threads_wait_at_once() {
     let v = Var::new();
     let value = Arc::new(AtomicI64::new(0));
     let val = value.clone();
-    e.push(Push::sync(
+    e.submit(Push::sync(
         move |_| {
             std::thread::sleep(Duration::from_millis(30));
             val.store(42, Ordering::SeqCst);
@@ -730,7 +736,7 @@ fn waiting_from_inside_an_operation_is_refused() {
     let e = engine(EngineKind::PerDevice, 1);
     let result: Arc<Mutex<Option<String>>> = Default::default();
     let r = result.clone();
-    e.push(Push::sync(
+    e.submit(Push::sync(
         move |_| {
             let _: () = *r.lock() = e.wait_all().err().map(|x| x.to_string());
             Ok(())
@@ -767,7 +773,7 @@ fn multi_variable_pushes_from_many_threads_do_not_deadlock() {
                         expected[a].fetch_add(1, Ordering::Relaxed);
                         expected[b].fetch_add(1, Ordering::Relaxed);
                         let c = counts.clone();
-                        e.push(Push::sync(
+                        e.submit(Push::sync(
                             move |_| {
                                 for i in [a, b] {
                                     let v = c[i].load(Ordering::Relaxed);
@@ -802,7 +808,7 @@ fn bench_push_cost() {
         for _ in 0..3 {
             let t = std::time::Instant::now();
             for _ in 0..n {
-                e.push(Push::sync(|_| Ok(()), vec![], vec![v.clone()])).unwrap();
+                e.submit(Push::sync(|_| Ok(()), vec![], vec![v.clone()])).unwrap();
             }
             e.wait_all().unwrap();
             println!("{kind:?}: {:.3} us/op", t.elapsed().as_secs_f64() / n as f64 * 1e6);
@@ -849,7 +855,7 @@ fn finished_operations_are_dropped_when_workers_go_idle() {
     let e = engine(EngineKind::PerDevice, 1);
     let v = Var::new();
     let weak = Arc::downgrade(&v);
-    e.push(Push::sync(|_| Ok(()), vec![], vec![v])).unwrap();
+    e.submit(Push::sync(|_| Ok(()), vec![], vec![v])).unwrap();
     let t0 = std::time::Instant::now();
     while weak.strong_count() > 0 {
         assert!(t0.elapsed() < Duration::from_secs(10), "the finished operation still holds its variable");
@@ -857,21 +863,19 @@ fn finished_operations_are_dropped_when_workers_go_idle() {
     }
 }
 
-/// The owner's ring (`ring.rs`): more operations than it has slots while the only worker is
-/// held up, so that pushes spill to the submission queue and come back to the ring; the
-/// order of a chain on one variable holds throughout.
+/// More operations than a queue batch while the only worker is held up, then more while it
+/// works through them: the order of a chain on one variable holds throughout.
 #[test]
-fn a_full_ring_spills_to_the_queue_in_push_order() {
-    let _bulk_off = bulk_off();
+fn a_long_chain_behind_a_held_worker_keeps_push_order() {
     let e = engine(EngineKind::PerDevice, 1);
     let gate_tx = hold_a_worker(e);
-    let n = 3 * ring::SLOTS;
+    let n = 3000;
     let v = Var::new();
     let order: Arc<Mutex<Vec<usize>>> = Default::default();
     let push_n = |range: std::ops::Range<usize>| {
         for i in range {
             let o = order.clone();
-            e.push(Push::sync(
+            e.submit(Push::sync(
                 move |_| {
                     o.lock().push(i);
                     Ok(())
@@ -884,60 +888,14 @@ fn a_full_ring_spills_to_the_queue_in_push_order() {
     };
     push_n(0..n);
     gate_tx.send(()).unwrap();
-    // And more while the worker works through the spilled ones.
     push_n(n..2 * n);
     e.wait_all().unwrap();
-    assert!(e.pushed.load(Ordering::SeqCst) > 0, "nothing spilled to the queue");
-    // Once the queue has drained, the ring takes pushes again.
-    let published = e.ring.published();
-    push_n(2 * n..2 * n + 10);
-    e.wait_all().unwrap();
-    assert_eq!(e.ring.published(), published + 10, "the ring was not used after the spill");
-    assert_eq!(*order.lock(), (0..2 * n + 10).collect::<Vec<_>>());
+    assert_eq!(*order.lock(), (0..2 * n).collect::<Vec<_>>());
 }
 
-/// The ring's lap marks (`ring::lap_mark`, one byte) wrap around after 256 laps: a chain of
-/// more operations than that runs every one of them once, in push order, through the ring.
+/// A push from a second thread that happens after the first thread's pushes runs after them.
 #[test]
-fn ring_lap_marks_wrap_around_without_losing_or_reordering_operations() {
-    let _bulk_off = bulk_off();
-    let e = engine(EngineKind::PerDevice, 1);
-    let v = Var::new();
-    let next = Arc::new(AtomicUsize::new(0));
-    let out_of_order = Arc::new(AtomicUsize::new(0));
-    // Pushes that find the ring full go through the queue instead, and stay there until it
-    // drains (a worker that a loaded machine holds up can starve the ring): a wait every half
-    // ring keeps the pushes on the ring. Push until it has gone round more than 256 times (or
-    // give up far beyond that).
-    let mut n = 0;
-    while e.ring.published() <= 257 * ring::SLOTS {
-        assert!(n < 2000 * ring::SLOTS, "the ring took only {} of {n} pushes", e.ring.published());
-        if n % (ring::SLOTS / 2) == 0 {
-            e.wait_all().unwrap();
-        }
-        let (next, bad, i) = (next.clone(), out_of_order.clone(), n);
-        e.push(Push::sync(
-            move |_| {
-                if next.fetch_add(1, Ordering::SeqCst) != i {
-                    bad.fetch_add(1, Ordering::SeqCst);
-                }
-                Ok(())
-            },
-            vec![],
-            vec![v.clone()],
-        ))
-        .unwrap();
-        n += 1;
-    }
-    e.wait_all().unwrap();
-    assert_eq!(next.load(Ordering::SeqCst), n, "operations were lost or run twice");
-    assert_eq!(out_of_order.load(Ordering::SeqCst), 0, "operations ran out of push order");
-}
-
-/// A push from a second thread that happens after the owner's ring pushes runs after them.
-#[test]
-fn a_second_pusher_comes_after_the_owners_ring_pushes() {
-    let _bulk_off = bulk_off();
+fn a_second_pusher_comes_after_the_first_pushers_operations() {
     for workers in [1, 2] {
         let e = engine(EngineKind::PerDevice, workers);
         let v = Var::new();
@@ -945,7 +903,7 @@ fn a_second_pusher_comes_after_the_owners_ring_pushes() {
         let n = 2000;
         for i in 0..n {
             let o = order.clone();
-            e.push(Push::sync(
+            e.submit(Push::sync(
                 move |_| {
                     o.lock().push(i);
                     Ok(())
@@ -957,7 +915,7 @@ fn a_second_pusher_comes_after_the_owners_ring_pushes() {
         }
         let (o, v2) = (order.clone(), v.clone());
         std::thread::spawn(move || {
-            e.push(Push::sync(
+            e.submit(Push::sync(
                 move |_| {
                     let _: () = o.lock().push(n);
                     Ok(())
@@ -971,57 +929,33 @@ fn a_second_pusher_comes_after_the_owners_ring_pushes() {
         .unwrap();
         e.wait_all().unwrap();
         assert_eq!(*order.lock(), (0..=n).collect::<Vec<_>>());
-        assert!(e.ring.published() > 0, "the owner's pushes did not go through the ring");
     }
 }
 
-/// The ring's slots hold their operations' variables until they are emptied: a wait empties
-/// them, so the last reference to freed data does not outlive the wait.
+/// Finished operations hold their variables until they are dropped: a wait drops them, so
+/// the last reference to freed data does not outlive the wait, also behind an operation
+/// that still runs.
 #[test]
-fn a_wait_releases_the_variables_the_ring_held() {
-    let _bulk_off = bulk_off();
-    let e = engine(EngineKind::PerDevice, 1);
-    let v = Var::new();
-    let weak = Arc::downgrade(&v);
-    for _ in 0..10 {
-        e.push(Push::sync(|_| Ok(()), vec![], vec![v.clone()])).unwrap();
-    }
-    drop(v);
-    // Every slot is given back before its operation counts as finished, so the wait finds
-    // them all given back.
-    e.wait_all().unwrap();
-    assert_eq!(e.ring.published(), 10, "the pushes did not go through the ring");
-    assert_eq!(weak.strong_count(), 0, "a ring slot still holds the variable after the wait");
-}
-
-/// Behind an operation still running, a wait empties the slots of the finished ones.
-#[test]
-fn a_long_operation_does_not_hold_what_later_ring_slots_held() {
-    let _bulk_off = bulk_off();
+fn a_wait_releases_the_variables_of_finished_operations() {
     let e = engine(EngineKind::PerDevice, 2);
     let gate_tx = hold_a_worker(e);
     let v = Var::new();
     let weak = Arc::downgrade(&v);
     for _ in 0..10 {
-        e.push(Push::sync(|_| Ok(()), vec![], vec![v.clone()])).unwrap();
+        e.submit(Push::sync(|_| Ok(()), vec![], vec![v.clone()])).unwrap();
     }
     e.wait_for_var(&v, true).unwrap();
     drop(v);
-    assert_eq!(e.ring.published(), 11, "the pushes did not go through the ring");
-    // The ten finished (on the second worker) and gave their slots back; the wait for them
-    // emptied those slots although the first slot's operation still runs.
-    assert_eq!(weak.strong_count(), 0, "ring slots behind the running operation still hold the variable");
+    assert_eq!(weak.strong_count(), 0, "a finished operation still holds the variable after the wait");
     gate_tx.send(()).unwrap();
     e.wait_all().unwrap();
 }
 
-/// Compact records (plain C functions, [`Engine::push_compact`]): a chain of more than the
-/// ring holds, while the only worker is held up, keeps push order (the records that come
-/// back go the ordinary way, as the C API sends them), every deleter runs once, and a wait
-/// releases the variables compact slots held.
+/// C functions (`Func::Raw`, as the C API pushes them): a chain while the only worker is held
+/// up keeps push order, every deleter runs once (also for a push refused for a variable
+/// listed twice, which runs nothing), and a wait releases the variables.
 #[test]
-fn compact_records_keep_order_run_deleters_once_and_release_their_variables() {
-    let _bulk_off = bulk_off();
+fn c_functions_keep_order_run_deleters_once_and_release_their_variables() {
     use std::ffi::c_void;
     static ORDER: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
     static DELETED: AtomicUsize = AtomicUsize::new(0);
@@ -1031,35 +965,81 @@ fn compact_records_keep_order_run_deleters_once_and_release_their_variables() {
     extern "C" fn deleted(_param: *mut c_void) {
         DELETED.fetch_add(1, Ordering::SeqCst);
     }
+    // SAFETY: `record` and `deleted` may be called once each, from any thread.
+    let raw = |i: usize| unsafe { RawFn::new(record, i as *mut c_void, Some(deleted)) };
     let e = engine(EngineKind::PerDevice, 1);
-    let push = |i: usize, v: &Arc<Var>| -> bool {
-        // SAFETY: `record` and `deleted` may be called once each, from any thread (the
-        // function is made once: by the compact push that takes it, or below).
-        let raw = move || unsafe { RawFn::new(record, i as *mut c_void, Some(deleted)) };
-        if e.push_compact(solo::my_id(), Context::CPU, 0, 1, |_| Ok(v.clone()), raw).unwrap() {
-            return false;
-        }
-        let pool = e.validate(&[], std::slice::from_ref(v), Context::CPU, FnProperty::Normal).unwrap();
-        e.push_validated(Push::raw(raw(), vec![], vec![v.clone()], Context::CPU), pool).unwrap();
-        true
-    };
     let gate_tx = hold_a_worker(e);
     let v = Var::new();
-    let n = 3 * ring::SLOTS;
-    let spilled = (0..n).filter(|&i| push(i, &v)).count();
+    let weak = Arc::downgrade(&v);
+    let n = 3000;
+    for i in 0..n {
+        e.submit(Push::raw(raw(i), vec![], vec![v.clone()], Context::CPU)).unwrap();
+    }
+    let refused = e.submit(Push::raw(raw(n), vec![v.clone()], vec![v.clone()], Context::CPU));
+    assert!(refused.unwrap_err().to_string().contains("twice"));
+    gate_tx.send(()).unwrap();
+    drop(v);
+    e.wait_all().unwrap();
+    assert_eq!(*ORDER.lock().unwrap(), (0..n).collect::<Vec<_>>());
+    assert_eq!(DELETED.load(Ordering::SeqCst), n + 1, "each deleter runs once");
+    assert_eq!(weak.strong_count(), 0, "an operation still holds the variable after the wait");
+}
+
+/// [`Engine::route`] is the rule: bulk, here (solo or holding the variables), queue.
+#[test]
+fn route_follows_the_rule() {
+    let _bulk_off = bulk_off();
+    let sync = |cheap: bool| {
+        let mut p = Push::sync(|_| Ok(()), vec![], vec![Var::new()]);
+        p.cheap = cheap;
+        p
+    };
+    let asynchronous = || Push::asynchronous(|_, done| done.complete(Ok(())), vec![], vec![Var::new()]);
+    let name = |r: Route| match r {
+        Route::Bulk => "bulk",
+        Route::Solo(_) => "solo",
+        Route::Here => "here",
+        Route::Queue(Some(_)) => "workers",
+        Route::Queue(None) => "inline",
+    };
+    // NaiveEngine: every synchronous function here, solo while one thread pushes; an
+    // asynchronous one is registered on this thread.
+    let naive = engine(EngineKind::Naive, 1);
+    assert_eq!(name(naive.route(&sync(false), true).unwrap()), "solo");
+    assert_eq!(name(naive.route(&asynchronous(), true).unwrap()), "inline");
+    std::thread::scope(|t| {
+        t.spawn(|| naive.wait_all().unwrap());
+    });
+    assert_eq!(name(naive.route(&sync(false), true).unwrap()), "here", "a second thread ended solo mode");
+    // A threaded engine: only cheap operations on an idle engine, from outside the workers.
+    let e = engine(EngineKind::PerDevice, 1);
+    assert_eq!(name(e.route(&sync(false), true).unwrap()), "workers");
+    assert_eq!(name(e.route(&sync(true), true).unwrap()), "solo");
+    assert_eq!(name(e.route(&asynchronous(), true).unwrap()), "workers");
+    let gate_tx = hold_a_worker(e);
+    assert_eq!(name(e.route(&sync(true), true).unwrap()), "workers", "something is pending");
     gate_tx.send(()).unwrap();
     e.wait_all().unwrap();
-    assert!(spilled > 0 && spilled < n, "{spilled} of {n} pushes came back from the ring");
-    assert_eq!(*ORDER.lock().unwrap(), (0..n).collect::<Vec<_>>());
-    assert_eq!(DELETED.load(Ordering::SeqCst), n, "deleters run");
-    // Once the queue has drained, compact records again; a wait empties their slots.
-    let published = e.ring.published();
-    let w = Var::new();
-    let weak = Arc::downgrade(&w);
-    assert_eq!((n..n + 10).filter(|&i| push(i, &w)).count(), 0, "the ring was not used after the spill");
-    drop(w);
-    e.wait_all().unwrap();
-    assert_eq!(e.ring.published(), published + 10);
-    assert_eq!(weak.strong_count(), 0, "a compact slot still holds the variable after the wait");
-    assert_eq!(DELETED.load(Ordering::SeqCst), n + 10);
+    // A recorded failure: everything is queued, where the variables' marks are checked.
+    e.submit(Push::sync(|_| Err(Error::value("x")), vec![], vec![Var::new()])).unwrap();
+    assert_eq!(name(e.route(&sync(true), true).unwrap()), "workers");
+    assert!(e.wait_all().is_err());
+    assert_eq!(name(e.route(&sync(true), true).unwrap()), "solo");
+    // A device that does not exist: refused, whatever the path.
+    let strict = Engine::start(EngineOptions::new(EngineKind::PerDevice));
+    let mut gpu = sync(true);
+    gpu.ctx = Context { dev_type: DevType::Gpu, dev_id: 4096 };
+    assert!(strict.route(&gpu, true).is_err());
+    drop(_bulk_off);
+    // A thread that bulks: plain synchronous operations join its bulk; one waited for, or
+    // an asynchronous one, pushes the bulk and takes its own way.
+    let _bulk_on = BULK_OFF.write().unwrap_or_else(|e| e.into_inner());
+    let _scope = e.bulk_scope(4);
+    assert_eq!(name(e.route(&sync(false), true).unwrap()), "bulk");
+    assert_eq!(name(e.route(&sync(true), true).unwrap()), "bulk");
+    let mut waited = sync(false);
+    waited.wait = true;
+    assert_eq!(name(e.route(&waited, true).unwrap()), "workers");
+    assert_eq!(name(e.route(&asynchronous(), true).unwrap()), "workers");
+    assert_eq!(name(e.route(&sync(false), false).unwrap()), "workers", "a bulk being pushed");
 }

@@ -98,6 +98,22 @@ impl DType {
 /// holds the memory block, so pending operations (which hold the variable) keep it alive.
 pub type Chunk = Var;
 
+/// Shape and dtype of an array, or of an operator's input or output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+}
+
+impl Meta {
+    pub fn new(shape: Vec<usize>, dtype: DType) -> Self {
+        Meta { shape, dtype }
+    }
+    pub fn size(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
 /// An array (or a view of one).
 #[derive(Clone)]
 pub struct NDArray {
@@ -160,7 +176,7 @@ impl NDArray {
         NDArray { ag: Some(entry), ..self.clone() }
     }
     /// A placeholder with `meta`'s shape and dtype but no storage.
-    pub fn none_like_meta(meta: &crate::op::Meta) -> Self {
+    pub fn none_like_meta(meta: &Meta) -> Self {
         NDArray { shape: meta.shape.clone(), dtype: meta.dtype, ..NDArray::none() }
     }
 
@@ -292,8 +308,9 @@ impl NDArray {
             vec![d.clone()],
         );
         p.wait = true;
-        p.name = Some(engine::intern("CopyCPU2CPU"));
-        engine::global()?.push(p)?;
+        let name = crate::intern::intern("CopyCPU2CPU");
+        p.name = Some(&name);
+        engine::global()?.submit(p)?;
         take_failure(&d)
     }
 
@@ -320,9 +337,10 @@ impl NDArray {
             vec![chunk.clone()],
         );
         p.wait = true;
-        p.name = Some(engine::intern("SyncCopyFromCPU"));
+        let name = crate::intern::intern("SyncCopyFromCPU");
+        p.name = Some(&name);
         p.payload = Some(Box::new(chunk));
-        engine::global()?.push(p)?;
+        engine::global()?.submit(p)?;
         // A failure that reached this array skipped the copy: report it.
         take_failure(self.chunk()?)
     }
@@ -348,9 +366,10 @@ impl NDArray {
             vec![],
         );
         p.wait = true;
-        p.name = Some(engine::intern("SyncCopyToCPU"));
+        let name = crate::intern::intern("SyncCopyToCPU");
+        p.name = Some(&name);
         p.payload = Some(Box::new(chunk.clone()));
-        engine::global()?.push(p)?;
+        engine::global()?.submit(p)?;
         // Data that a failed operation should have written is not data: report the failure.
         take_failure(&chunk)
     }
@@ -617,7 +636,7 @@ mod tests {
         let pool = crate::storage::manager().pool(Context::CPU).unwrap();
         let engine = engine::global().unwrap();
         engine
-            .push(Push::sync(
+            .submit(Push::sync(
                 move |_| {
                     std::thread::sleep(std::time::Duration::from_millis(30));
                     let p = ptr;

@@ -243,8 +243,12 @@ fn run_kernel(op: &OpDef, cx: &OpCtx, in_blobs: &[TBlob], blobs: &mut Blobs) -> 
     Ok(())
 }
 
+/// The kernel's read views of one operation's inputs (inline for the common few).
+type InBlobs = smallvec::SmallVec<[TBlob; 3]>;
+
 /// The kernel's writable blobs of one operation: the outputs followed by the mutated inputs,
 /// and, for each output computed into a temporary, the temporary and the real output.
+#[derive(Default)]
 struct Blobs {
     outs: smallvec::SmallVec<[OutBlob; 2]>,
     temps: Vec<(usize, Block, OutBlob)>,
@@ -267,16 +271,23 @@ fn same_bytes(a: &NDArray, b: &NDArray) -> bool {
 ///   computed into a temporary and copied over after the kernel;
 /// - an input that overlaps a mutated input it is not is read from a snapshot taken now;
 ///   its snapshot block is returned to live as long as the operation.
-fn make_blobs(
+///
+/// They are made where the operation keeps them (`in_blobs`, `blobs`, `snapshots`: empty on
+/// entry), not moved there after.
+#[allow(clippy::too_many_arguments)]
+fn fill_blobs(
     op: &OpDef,
     inputs: &[&NDArray],
     outs: &[NDArray],
     req: &mut [Req],
     ctx: Context,
-) -> Result<(smallvec::SmallVec<[TBlob; 3]>, Blobs, Vec<Block>)> {
+    in_blobs: &mut InBlobs,
+    blobs: &mut Blobs,
+    snapshots: &mut Vec<Block>,
+) -> Result<()> {
     let mutated: smallvec::SmallVec<[usize; 4]> =
         op.mutate_inputs.iter().copied().filter(|&i| i < inputs.len()).collect();
-    let mut in_blobs: smallvec::SmallVec<[TBlob; 3]> = smallvec::SmallVec::with_capacity(inputs.len());
+    in_blobs.reserve(inputs.len());
     for x in inputs {
         // SAFETY: the address lies in the chunk, which the pushed operation holds for reading;
         // inputs written by this operation are lent below.
@@ -287,7 +298,7 @@ fn make_blobs(
             return Err(Error::value(format!("operator {}: two inputs it writes share memory", op.name)));
         }
     }
-    let mut blobs = Blobs { outs: smallvec::SmallVec::with_capacity(outs.len() + mutated.len()), temps: Vec::new() };
+    blobs.outs.reserve(outs.len() + mutated.len());
     for (oi, o) in outs.iter().enumerate() {
         if req[oi] == Req::Null {
             // Not computed: the kernel must not touch it (a null address makes any access fail).
@@ -329,7 +340,6 @@ fn make_blobs(
         // overlaps it but those lent to it (checked above).
         blobs.outs.push(unsafe { OutBlob::new(o.data()?, &o.shape, o.dtype) });
     }
-    let mut snapshots = Vec::new();
     for (j, &m) in mutated.iter().enumerate() {
         let x = inputs[m];
         // SAFETY: the engine grants this operation the mutated input for writing; the
@@ -351,6 +361,20 @@ fn make_blobs(
             }
         }
     }
+    Ok(())
+}
+
+/// [`fill_blobs`] into new lists.
+#[cfg(test)]
+fn make_blobs(
+    op: &OpDef,
+    inputs: &[&NDArray],
+    outs: &[NDArray],
+    req: &mut [Req],
+    ctx: Context,
+) -> Result<(InBlobs, Blobs, Vec<Block>)> {
+    let (mut in_blobs, mut blobs, mut snapshots) = (InBlobs::new(), Blobs::default(), Vec::new());
+    fill_blobs(op, inputs, outs, req, ctx, &mut in_blobs, &mut blobs, &mut snapshots)?;
     Ok((in_blobs, blobs, snapshots))
 }
 
@@ -404,19 +428,31 @@ pub(crate) fn launch(
     attrs: super::param::Attrs,
     inputs: &[&NDArray],
     outs: &[NDArray],
-    mut req: ReqList,
+    req: ReqList,
     ctx: Context,
 ) -> Result<()> {
-    // Blobs (inline for the common few operands: moved into the pushed closure, no allocation).
-    let (in_blobs, mut blobs, snapshots) = make_blobs(op, inputs, outs, &mut req, ctx)?;
-    let rng = if op.resources.contains(&Resource::Random) {
+    // The call the engine runs, made in place (moving its views would cost more than the rest
+    // of a tiny call); run where it is when the engine runs it here, boxed only when queued.
+    let mut slot = Some(KernelCall {
+        op,
+        attrs,
+        req,
+        rng: None,
+        is_train: is_training(),
+        temp: None,
+        in_blobs: InBlobs::new(),
+        blobs: Blobs::default(),
+        snapshots: Vec::new(),
+    });
+    let call = slot.as_mut().expect("just made");
+    fill_blobs(op, inputs, outs, &mut call.req, ctx, &mut call.in_blobs, &mut call.blobs, &mut call.snapshots)?;
+    if op.resources.contains(&Resource::Random) {
         let draws: u64 = outs.iter().map(|m| m.size() as u64).sum::<u64>() * 2 + 2;
-        Some(random::take(ctx, draws))
-    } else {
-        None
-    };
-    let temp = if op.resources.contains(&Resource::TempSpace) { Some(super::resource::request(ctx)?) } else { None };
-    let is_train = is_training();
+        call.rng = Some(random::take(ctx, draws));
+    }
+    if op.resources.contains(&Resource::TempSpace) {
+        call.temp = Some(super::resource::request(ctx)?);
+    }
     let elems: usize = inputs.iter().map(|x| x.size()).chain(outs.iter().map(NDArray::size)).sum();
     // The operator's interned name, borrowed unless the profiler renames it.
     let (profiled_name, scope) = if crate::profiler::ops_on(false) {
@@ -424,56 +460,56 @@ pub(crate) fn launch(
     } else {
         (None, None)
     };
-    let name = profiled_name.as_ref().unwrap_or(op.engine_name());
-    let engine = engine::global()?;
-    let cheap = elems <= CHEAP_ELEMENTS;
-    let tag = engine::OpTag { name: Some(name), symbolic: false, scope: scope.as_ref(), cheap };
-    if cheap {
-        // Solo (see engine::solo): no variable is taken, so none is listed; on a failure the
-        // written ones are marked.
-        if let Some(guard) = engine.enter_solo_cheap(ctx) {
-            // The kernel takes `temp`; its variable stays here for a failure to mark. The
-            // written variables are listed only on a failure (every chunk was checked when the
-            // blobs were made).
-            let temp_var = temp.as_ref().map(|t| t.var().clone());
-            let mark_writes = |mark: &mut dyn FnMut(&Var)| {
-                if let Ok((_, written)) = var_lists(op, inputs, outs, &req, temp_var.as_ref()) {
-                    written.iter().for_each(|v| mark(v));
-                }
-            };
-            let kernel = |_: &engine::RunContext| {
-                let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train, temp };
-                run_kernel(op, &cx, &in_blobs, &mut blobs)
-            };
-            engine.run_solo(guard, ctx, tag, kernel, mark_writes);
-            return Ok(());
-        }
-    }
-    let (constant, mutable) = var_lists(op, inputs, outs, &req, temp.as_ref().map(|t| t.var()))?;
-    if cheap {
-        // A cheap operation that may run at once runs here, from the stack: nothing is boxed
-        // or moved into an engine operation.
-        if let Some(slot) = engine.acquire_cheap(&constant, &mutable, ctx, tag) {
-            slot.run(|_| {
-                let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train, temp };
-                run_kernel(op, &cx, &in_blobs, &mut blobs)
-            });
-            return Ok(());
-        }
-    }
-    let func = move |_: &engine::RunContext| -> Result<()> {
-        let cx = OpCtx { attrs: &attrs, req: &req, rng, is_train, temp };
-        let done = run_kernel(op, &cx, &in_blobs, &mut blobs);
-        // The inputs' snapshots (if any) outlive the kernel that reads them.
-        drop(snapshots);
-        done
-    };
-    let mut p = Push::sync(func, constant, mutable);
+    // The variables, listed only if the engine needs them (an operation run solo needs
+    // none unless it fails); `temp` moves into the kernel, its variable stays here.
+    let temp_var = call.temp.as_ref().map(|t| t.var().clone());
+    let lists_req = ReqList::from_slice(&call.req);
+    let lists = || var_lists(op, inputs, outs, &lists_req, temp_var.as_ref());
+    let mut p = Push::with(engine::Func::Job(&mut slot), engine::Vars::Lazy(&lists));
     p.ctx = ctx;
-    p.cheap = cheap;
-    p.name = Some(name.clone());
+    p.cheap = elems <= CHEAP_ELEMENTS;
+    p.name = Some(profiled_name.as_ref().unwrap_or(op.engine_name()));
     p.scope = scope;
-    engine.push(p)
+    engine::global()?.submit(p)
+}
+
+/// One operator call as the engine runs it: the kernel with its parameters and views.
+struct KernelCall {
+    op: &'static OpDef,
+    attrs: super::param::Attrs,
+    req: ReqList,
+    rng: Option<random::Stream>,
+    is_train: bool,
+    temp: Option<Arc<super::resource::TempSpace>>,
+    in_blobs: InBlobs,
+    blobs: Blobs,
+    /// Inputs' snapshots (see `make_blobs`): they outlive the kernel that reads them.
+    snapshots: Vec<Block>,
+}
+
+impl KernelCall {
+    fn run(&mut self) -> Result<()> {
+        let cx = OpCtx {
+            attrs: &self.attrs,
+            req: &self.req,
+            rng: self.rng,
+            is_train: self.is_train,
+            temp: self.temp.take(),
+        };
+        let done = run_kernel(self.op, &cx, &self.in_blobs, &mut self.blobs);
+        drop(std::mem::take(&mut self.snapshots));
+        done
+    }
+}
+
+impl engine::Job for Option<KernelCall> {
+    fn run(&mut self, _: &engine::RunContext) -> Result<()> {
+        self.as_mut().ok_or_else(|| Error::internal("an operator call ran twice"))?.run()
+    }
+    fn boxed(&mut self) -> engine::SyncFn {
+        let mut call = self.take();
+        Box::new(move |rctx: &engine::RunContext| engine::Job::run(&mut call, rctx))
+    }
 }
 
 #[cfg(test)]

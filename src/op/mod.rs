@@ -24,28 +24,13 @@ pub mod tensor;
 pub mod tune;
 
 use crate::error::{Error, Result};
-use crate::ndarray::{self, DType};
+use crate::ndarray;
+pub use crate::ndarray::Meta;
 use param::{Attrs, ParamSpec};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CString};
 use std::sync::{Arc, OnceLock};
 use tensor::{OutBlob, TBlob};
-
-/// Shape and dtype of an input or output.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Meta {
-    pub shape: Vec<usize>,
-    pub dtype: DType,
-}
-
-impl Meta {
-    pub fn new(shape: Vec<usize>, dtype: DType) -> Self {
-        Meta { shape, dtype }
-    }
-    pub fn size(&self) -> usize {
-        self.shape.iter().product()
-    }
-}
 
 /// How a kernel writes an output (stock's OpReqType).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +117,11 @@ impl OpCtx<'_> {
     }
 }
 
+/// Graph inference of an operator's parameter inputs: given its parameters, the data's shape
+/// (input 0; -1 for a dimension not known yet) and how many inputs the node has, the shapes of
+/// the other inputs it determines, as `(input, shape)`. An error names what is inconsistent.
+pub type ParamShapesFn = fn(&Attrs, &[i64], usize) -> Result<Vec<(usize, Vec<i64>)>>;
+
 /// An operator.
 pub struct OpDef {
     pub name: &'static str,
@@ -177,6 +167,27 @@ pub struct OpDef {
     /// dtype (element-wise operators, and broadcasting ones on equal shapes): the imperative
     /// call then skips general inference ([`invoke`]'s same-shape path).
     pub same_shape: bool,
+    /// The first this many inputs (all: `usize::MAX`) and the first output have one shape
+    /// (stock's element-wise shape rule): graph inference fills any of them that is unknown
+    /// from one that is known, in both directions. 0: no such rule.
+    pub elementwise_shape: usize,
+    /// Graph inference of parameter inputs (weights, biases, statistics) from the data shape
+    /// (input 0), for inputs whose shape is not given (stock's backward shape inference).
+    pub param_shapes: Option<ParamShapesFn>,
+    /// Stock's output names (FListOutputNames), when they are not just `output`.
+    pub output_names: &'static [&'static str],
+    /// Initialisers set on variable inputs when a symbol is composed (stock's
+    /// FSetInputVarAttrOnCompose): `(input, __init__ value)`.
+    pub input_inits: &'static [(usize, &'static str)],
+    /// Parameter inputs (all but input 0) are float32 when the data is float16 (stock's
+    /// normalizations): the dtype graph inference gives them when nothing else says.
+    pub float32_params: bool,
+    /// An AMP cast: output `i` is input `i` in another dtype (`MXSymbolRemoveAmpCast` takes
+    /// such nodes out of a graph).
+    pub amp_cast: bool,
+    /// Never recomputed by mirroring (`MXNET_BACKWARD_DO_MIRROR`): expensive, or not the same
+    /// when run twice.
+    pub never_mirrored: bool,
     /// Name interned for the engine and profiler.
     engine_name: OnceLock<Arc<str>>,
     c_info: OnceLock<CInfo>,
@@ -212,6 +223,13 @@ impl OpDef {
             is_backward: false,
             listed_inputs: None,
             same_shape: false,
+            elementwise_shape: 0,
+            param_shapes: None,
+            output_names: &[],
+            input_inits: &[],
+            never_mirrored: false,
+            float32_params: false,
+            amp_cast: false,
             engine_name: OnceLock::new(),
             c_info: OnceLock::new(),
         }
@@ -259,6 +277,45 @@ impl OpDef {
     /// See [`OpDef::same_shape`].
     pub fn same_shape(mut self) -> Self {
         self.same_shape = true;
+        self
+    }
+    /// See [`OpDef::elementwise_shape`]: every input.
+    pub fn elementwise_shape(self) -> Self {
+        self.elementwise_shape_of(usize::MAX)
+    }
+    /// See [`OpDef::elementwise_shape`]: the first `n` inputs.
+    pub fn elementwise_shape_of(mut self, n: usize) -> Self {
+        self.elementwise_shape = n;
+        self
+    }
+    /// See [`OpDef::param_shapes`].
+    pub fn param_shapes(mut self, f: ParamShapesFn) -> Self {
+        self.param_shapes = Some(f);
+        self
+    }
+    /// See [`OpDef::output_names`].
+    pub fn output_names(mut self, names: &'static [&'static str]) -> Self {
+        self.output_names = names;
+        self
+    }
+    /// See [`OpDef::input_inits`].
+    pub fn input_inits(mut self, inits: &'static [(usize, &'static str)]) -> Self {
+        self.input_inits = inits;
+        self
+    }
+    /// See [`OpDef::amp_cast`].
+    pub fn amp_cast(mut self) -> Self {
+        self.amp_cast = true;
+        self
+    }
+    /// See [`OpDef::float32_params`].
+    pub fn float32_params(mut self) -> Self {
+        self.float32_params = true;
+        self
+    }
+    /// See [`OpDef::never_mirrored`].
+    pub fn never_mirrored(mut self) -> Self {
+        self.never_mirrored = true;
         self
     }
     pub fn mutates(mut self, inputs: &'static [usize]) -> Self {
@@ -312,7 +369,7 @@ impl OpDef {
 
     /// The operator's name, interned for the engine and profiler.
     pub fn engine_name(&self) -> &Arc<str> {
-        self.engine_name.get_or_init(|| crate::engine::intern(self.name))
+        self.engine_name.get_or_init(|| crate::intern::intern(self.name))
     }
 
     /// Parse the parameters of a call with `num_inputs` inputs, filling in `num_args` for
@@ -523,5 +580,93 @@ mod tests {
         assert!(r.from_handle(std::ptr::null()).is_err());
         let bogus = (r.ops().as_ptr() as usize + 1) as *const c_void;
         assert!(r.from_handle(bogus).is_err());
+    }
+
+    /// An operator is described in its declaration only: no code outside `src/op` matches on
+    /// an operator's name (in a `match` arm, a comparison, `matches!`, or a list of names).
+    /// Looking an operator up by name (`op::lookup("...")`) is not matching.
+    #[test]
+    fn no_code_outside_src_op_matches_on_an_operator_name() {
+        let r = registry();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = vec![root.clone()];
+        let mut found = Vec::new();
+        while let Some(p) = files.pop() {
+            if p.is_dir() {
+                if p != root.join("op") {
+                    files.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+                }
+                continue;
+            }
+            if p.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("").trim();
+                let matching = code.contains("=>")
+                    || code.contains("==")
+                    || code.contains("!=")
+                    || code.contains("matches!")
+                    || code.contains("&[&str]")
+                    || code.contains("&[\"")
+                    || code.starts_with('|')
+                    || (code.starts_with('"') && code.ends_with("\","));
+                if !matching {
+                    continue;
+                }
+                for lit in code.split('"').skip(1).step_by(2) {
+                    if r.get(lit).is_some() {
+                        found.push(format!("{}:{}: {}", p.display(), n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(found.is_empty(), "operator names matched outside src/op:\n{}", found.join("\n"));
+    }
+
+    /// The rules graph inference and composition took from per-name tables are the
+    /// declarations' own now (issue 33): spot checks of each.
+    #[test]
+    fn declarations_carry_their_graph_rules() {
+        let r = registry();
+        for name in ["elemwise_add", "_plus", "relu", "exp", "_copy", "identity", "clip", "add_n", "ElementWiseSum"] {
+            assert_eq!(r.get(name).unwrap().elementwise_shape, usize::MAX, "{name}");
+        }
+        for name in ["Activation", "BlockGrad", "stop_gradient", "Dropout", "zeros_like", "ones_like", "_maximum"] {
+            assert_eq!(r.get(name).unwrap().elementwise_shape, usize::MAX, "{name}");
+        }
+        assert_eq!(r.get("softmax").unwrap().elementwise_shape, 1, "the length input has its own shape");
+        for name in ["broadcast_add", "dot", "Concat", "FullyConnected", "reshape"] {
+            assert_eq!(r.get(name).unwrap().elementwise_shape, 0, "{name}");
+        }
+        assert_eq!(r.get("BatchNorm").unwrap().output_names, ["output", "mean", "var"]);
+        assert_eq!(r.get("LayerNorm").unwrap().output_names, ["output", "mean", "std"]);
+        assert_eq!(r.get("Dropout").unwrap().output_names, ["output", "mask"]);
+        assert!(r.get("amp_cast").unwrap().amp_cast && !r.get("Cast").unwrap().amp_cast);
+        assert!(r.get("BatchNorm").unwrap().float32_params && r.get("LayerNorm").unwrap().float32_params);
+        assert_eq!(r.get("BatchNorm").unwrap().input_inits.iter().map(|p| p.0).collect::<Vec<_>>(), [3, 4]);
+        for name in
+            ["Convolution", "FullyConnected", "Concat", "SoftmaxOutput", "Dropout", "BatchNorm", "dot", "batch_dot"]
+        {
+            assert!(r.get(name).unwrap().never_mirrored, "{name}");
+        }
+        let attrs = |op: &'static OpDef, kv: &[(&str, &str)]| op.parse_attrs(kv.iter().copied(), 3).unwrap();
+        let fc = r.get("FullyConnected").unwrap();
+        let rule = fc.param_shapes.unwrap();
+        let a = attrs(fc, &[("num_hidden", "10")]);
+        assert_eq!(rule(&a, &[4, 3, 5], 3).unwrap(), [(1, vec![10, 15]), (2, vec![10])]);
+        assert_eq!(rule(&a, &[4, -1, 5], 3).unwrap(), [(1, vec![10, -1]), (2, vec![10])]);
+        let a = attrs(fc, &[("num_hidden", "10"), ("flatten", "False")]);
+        assert_eq!(rule(&a, &[4, 3, 5], 3).unwrap(), [(1, vec![10, 5]), (2, vec![10])]);
+        let conv = r.get("Convolution").unwrap();
+        let a = attrs(conv, &[("kernel", "(3,3)"), ("num_filter", "8"), ("num_group", "2")]);
+        assert_eq!(conv.param_shapes.unwrap()(&a, &[1, 4, 9, 9], 3).unwrap(), [(1, vec![8, 2, 3, 3]), (2, vec![8])]);
+        let err = conv.param_shapes.unwrap()(&a, &[1, 4, 9], 3).unwrap_err().to_string();
+        assert!(err.contains("a 2-d kernel needs 4-d data, got data shape (1,4,9)"), "{err}");
+        let bn = r.get("BatchNorm").unwrap();
+        let a = bn.parse_attrs([("axis", "-1")], 5).unwrap();
+        assert_eq!(bn.param_shapes.unwrap()(&a, &[2, 3, 7], 5).unwrap().len(), 4);
+        assert!(bn.param_shapes.unwrap()(&a, &[2, 3, 7], 5).unwrap().iter().all(|(_, s)| s == &[7]));
     }
 }

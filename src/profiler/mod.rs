@@ -121,7 +121,7 @@ pub fn custom_scope<R>(op_type: &str, f: impl FnOnce() -> R) -> R {
 /// a custom operator's callback, else `name` itself.
 pub fn op_name(name: &Arc<str>) -> Arc<str> {
     match CUSTOM.try_with(|c| c.borrow().clone()).ok().flatten() {
-        Some(ty) => crate::engine::intern(&format!("{ty}::{name}")),
+        Some(ty) => crate::intern::intern(&format!("{ty}::{name}")),
         None => name.clone(),
     }
 }

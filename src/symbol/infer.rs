@@ -272,7 +272,7 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool) -> Result<boo
     let out_what = |k: usize| move || format!("output {k} of {} ({})", node.name, op.name);
 
     let names: Vec<String> = node.inputs.iter().map(|&(src, _)| g.nodes[src].name.clone()).collect();
-    backward_shapes(op, attrs, node, &names, &mut ish)?;
+    param_shapes(op, attrs, node, &names, &mut ish)?;
     if ish.iter().all(is_complete) {
         let metas: Vec<Meta> = ish
             .iter()
@@ -294,7 +294,7 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool) -> Result<boo
     if heuristics {
         default_dtypes(op, attrs, &mut idt, &mut odt);
     }
-    same_shape_backward(op, attrs, &mut ish, &osh)?;
+    elementwise_shapes(op, &mut ish, &osh)?;
 
     let mut changed = false;
     for (k, &e) in in_e.iter().enumerate() {
@@ -308,10 +308,6 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool) -> Result<boo
     Ok(changed)
 }
 
-fn has(op: &OpDef, names: &[&str]) -> bool {
-    names.contains(&op.name) || op.aliases.iter().any(|a| names.contains(a))
-}
-
 /// Fill input `k` with `shape` (checked against what is known).
 fn set(ins: &mut [PShape], k: usize, shape: Vec<i64>, node: &GNode, names: &[String]) -> Result<()> {
     if k < ins.len() {
@@ -321,141 +317,34 @@ fn set(ins: &mut [PShape], k: usize, shape: Vec<i64>, node: &GNode, names: &[Str
     Ok(())
 }
 
-fn axis_of(a: &Attrs, key: &str, ndim: usize) -> Option<usize> {
-    if !a.has(key) {
-        return Some(1);
-    }
-    let ax = a.int(key);
-    let ax = if ax < 0 { ax + ndim as i64 } else { ax };
-    (0..ndim as i64).contains(&ax).then_some(ax as usize)
-}
-
-/// Parameter shapes from the data shape and the operator's parameters.
-fn backward_shapes(op: &OpDef, a: &Attrs, node: &GNode, names: &[String], ins: &mut [PShape]) -> Result<()> {
+/// Parameter shapes from the data shape, by the operator's rule ([`OpDef::param_shapes`]).
+fn param_shapes(op: &OpDef, a: &Attrs, node: &GNode, names: &[String], ins: &mut [PShape]) -> Result<()> {
+    let Some(rule) = op.param_shapes else { return Ok(()) };
     // The data's rank must be known; unknown dimensions (-1) stay unknown in what is derived
     // (stock's partial inference: Gluon asks for (20, 0, 5, 5) before it knows the channels).
     let Some(data) = ins.first().cloned().flatten() else { return Ok(()) };
-    let div = |x: i64, d: i64| if x < 0 || d <= 0 { -1 } else { x / d };
     if ins.len() < 2 || ins[1..].iter().all(is_complete) {
         return Ok(());
     }
-    match op.name {
-        "FullyConnected" if data.len() >= 2 || (!a.bool("flatten") && !data.is_empty()) => {
-            let nh = a.int("num_hidden");
-            let k = if a.bool("flatten") {
-                if data[1..].iter().all(|&d| d >= 0) {
-                    data[1..].iter().product()
-                } else {
-                    -1
-                }
-            } else {
-                *data.last().expect("non-empty")
-            };
-            set(ins, 1, vec![nh, k], node, names)?;
-            set(ins, 2, vec![nh], node, names)?;
-        }
-        "Convolution" | "Deconvolution" => {
-            let kernel = a.shape("kernel").to_vec();
-            if data.len() != kernel.len() + 2 {
-                return Err(Error::mxnet(format!(
-                    "{} ({}): a {}-d kernel needs {}-d data, got data shape {}",
-                    node.name,
-                    op.name,
-                    kernel.len(),
-                    kernel.len() + 2,
-                    show(&Some(data))
-                )));
-            }
-            let (nf, g) = (a.int("num_filter"), a.int("num_group").max(1));
-            let channels_last = a.has("layout") && !a.is_none("layout") && a.str("layout").ends_with('C');
-            let c = if channels_last { data[data.len() - 1] } else { data[1] };
-            let w = if op.name == "Convolution" {
-                if channels_last {
-                    [vec![nf], kernel, vec![div(c, g)]].concat()
-                } else {
-                    [vec![nf, div(c, g)], kernel].concat()
-                }
-            } else {
-                [vec![c, div(nf, g)], kernel].concat()
-            };
-            set(ins, 1, w, node, names)?;
-            set(ins, 2, vec![nf], node, names)?;
-        }
-        "BatchNorm" | "SyncBatchNorm" | "_contrib_SyncBatchNorm" | "LayerNorm" | "InstanceNorm" => {
-            let axis = if op.name == "InstanceNorm" { Some(1) } else { axis_of(a, "axis", data.len()) };
-            if let Some(ax) = axis.filter(|&ax| ax < data.len()) {
-                for k in 1..ins.len() {
-                    set(ins, k, vec![data[ax]], node, names)?;
-                }
-            }
-        }
-        "Embedding" if a.has("input_dim") && a.has("output_dim") => {
-            set(ins, 1, vec![a.int("input_dim"), a.int("output_dim")], node, names)?;
-        }
-        "LeakyReLU" if a.has("act_type") && a.str("act_type") == "prelu" && data.len() >= 2 => {
-            set(ins, 1, vec![data[1]], node, names)?;
-        }
-        _ => {}
+    let derived =
+        rule(a, &data, ins.len()).map_err(|e| Error::mxnet(format!("{} ({}): {}", node.name, op.name, e.message())))?;
+    for (k, shape) in derived {
+        set(ins, k, shape, node, names)?;
     }
     Ok(())
 }
 
-/// Operators whose inputs and first output all have one shape.
-const SAME_SHAPE: &[&str] = &[
-    "elemwise_add",
-    "elemwise_sub",
-    "elemwise_mul",
-    "elemwise_div",
-    "_plus",
-    "_minus",
-    "_mul",
-    "_div",
-    "_Plus",
-    "_Minus",
-    "_Mul",
-    "_Div",
-    "_grad_add",
-    "add_n",
-    "ElementWiseSum",
-    "_maximum",
-    "_minimum",
-    "_hypot",
-    "_power",
-    "_mod",
-    "Activation",
-    "relu",
-    "sigmoid",
-    "tanh",
-    "softsign",
-    "Dropout",
-    "_copy",
-    "identity",
-    "BlockGrad",
-    "stop_gradient",
-    "make_loss",
-    "negative",
-    "abs",
-    "exp",
-    "log",
-    "sqrt",
-    "square",
-    "clip",
-    "softmax",
-    "log_softmax",
-    "zeros_like",
-    "ones_like",
-    "SoftmaxActivation",
-];
-
-fn same_shape_backward(op: &OpDef, a: &Attrs, ins: &mut [PShape], outs: &[PShape]) -> Result<()> {
-    if !has(op, SAME_SHAPE) || (op.name == "softmax" || op.name == "log_softmax") && ins.len() > 1 {
+/// The element-wise shape rule ([`OpDef::elementwise_shape`]): the inputs it covers and the
+/// first output take the shape any of them has.
+fn elementwise_shapes(op: &OpDef, ins: &mut [PShape], outs: &[PShape]) -> Result<()> {
+    let n = op.elementwise_shape.min(ins.len());
+    if n == 0 {
         return Ok(());
     }
-    let _ = a;
-    let known = ins.iter().chain(outs.first()).find(|s| is_complete(s)).cloned().flatten();
+    let known = ins[..n].iter().chain(outs.first()).find(|s| is_complete(s)).cloned().flatten();
     if let Some(k) = known {
-        for s in ins.iter_mut() {
-            merge(s, &Some(k.clone()), &|| format!("an input of {} (all inputs have one shape)", op.name))?;
+        for s in ins[..n].iter_mut() {
+            merge(s, &Some(k.clone()), &|| format!("an input of {} (its inputs have one shape)", op.name))?;
         }
     }
     Ok(())
@@ -477,14 +366,13 @@ fn default_dtypes(op: &OpDef, a: &Attrs, ins: &mut [Option<DType>], outs: &mut [
         }
         return;
     };
-    let norm = has(op, &["BatchNorm", "SyncBatchNorm", "_contrib_SyncBatchNorm", "LayerNorm", "InstanceNorm"]);
-    let param_dtype = if norm && d == DType::F16 { DType::F32 } else { d };
+    let param_dtype = if op.float32_params && d == DType::F16 { DType::F32 } else { d };
     for (k, s) in ins.iter_mut().enumerate() {
         if s.is_none() {
             *s = Some(if k == 0 { d } else { param_dtype });
         }
     }
-    let out = a.has("dtype").then(|| a.dtype("dtype")).flatten().filter(|_| !has(op, &["Embedding"])).unwrap_or(d);
+    let out = a.has("dtype").then(|| a.dtype("dtype")).flatten().unwrap_or(d);
     for o in outs.iter_mut().filter(|o| o.is_none()) {
         *o = Some(out);
     }

@@ -176,17 +176,6 @@ fn input_names(op: &OpDef, attrs: &Attrs) -> Result<Option<Vec<String>>> {
     })
 }
 
-/// Output names of operators whose outputs stock names (FListOutputNames).
-fn output_names(op: &OpDef) -> Option<&'static [&'static str]> {
-    Some(match op.name {
-        "BatchNorm" | "_contrib_SyncBatchNorm" | "SyncBatchNorm" => &["output", "mean", "var"],
-        "LayerNorm" | "GroupNorm" => &["output", "mean", "std"],
-        "Dropout" => &["output", "mask"],
-        "InstanceNorm" => &["output", "mean", "var"],
-        _ => return None,
-    })
-}
-
 /// `key` as stored: a hidden key becomes `__key__`; a key that merely ends in one (the
 /// deprecated `weight_lr_mult` style) is an error, as stock.
 fn stored_key(key: &str, value: &str) -> Result<String> {
@@ -210,12 +199,10 @@ fn parse_dict(op: &'static OpDef, dict: &BTreeMap<String, String>, num_inputs: u
 }
 
 /// Attributes an operator sets on its variable inputs at composition (stock's
-/// FSetInputVarAttrOnCompose): BatchNorm's moving statistics get their initialisers.
+/// FSetInputVarAttrOnCompose, [`OpDef::input_inits`]): BatchNorm's moving statistics get their
+/// initialisers.
 fn set_input_var_attrs(op: &OpDef, inputs: &[Entry]) {
-    if !matches!(op.name, "BatchNorm" | "SyncBatchNorm" | "_contrib_SyncBatchNorm") {
-        return;
-    }
-    for (k, init) in [(3, "[\"zero\", {}]"), (4, "[\"one\", {}]")] {
+    for &(k, init) in op.input_inits {
         if let Some(e) = inputs.get(k) {
             let mut v = e.node.inner.write();
             if v.op.is_none() && !v.dict.contains_key("__init__") {
@@ -463,9 +450,9 @@ impl Symbol {
                 let d = e.node.inner.read();
                 let Some(op) = d.op else { return d.name.clone() };
                 let nout = d.attrs.as_ref().map_or(1, |a| (op.num_outputs)(a));
-                let r = match output_names(op) {
-                    Some(names) if e.index < names.len() => names[e.index].to_string(),
-                    _ if nout == 1 => "output".to_string(),
+                let r = match op.output_names.get(e.index) {
+                    Some(name) => name.to_string(),
+                    None if nout == 1 => "output".to_string(),
                     _ => format!("output{}", e.index),
                 };
                 if d.name.is_empty() {
@@ -578,13 +565,13 @@ impl Symbol {
         self.graph().to_symbol()
     }
 
-    /// A copy without `amp_cast` / `amp_multicast` nodes (their consumers read their inputs).
+    /// A copy without AMP casts ([`crate::op::OpDef::amp_cast`]: `amp_cast`, `amp_multicast`;
+    /// their consumers read their inputs).
     pub fn remove_amp_cast(&self) -> Symbol {
         let mut g = self.graph();
         let target = |g: &Graph, (mut n, mut i): (usize, usize)| loop {
-            match g.nodes[n].op.map(|o| o.name) {
-                Some("amp_cast") => (n, i) = g.nodes[n].inputs[0],
-                Some("amp_multicast") if i < g.nodes[n].inputs.len() => (n, i) = g.nodes[n].inputs[i],
+            match g.nodes[n].op {
+                Some(op) if op.amp_cast && i < g.nodes[n].inputs.len() => (n, i) = g.nodes[n].inputs[i],
                 _ => return (n, i),
             }
         };

@@ -289,6 +289,35 @@ def test_layer_norm():
 
 
 # ------------------------------------------------------------------------------------------
+# smooth_l1 (the operator docs/adding-an-operator.md adds)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("sigma", [1.0, 2.0, 0.5])
+def test_smooth_l1_values_gradient_and_graph_shape(dtype, sigma):
+    x = np.array([-3.0, -1.0 / sigma ** 2, -0.2, 0.0, 0.1, 0.3, 4.5, 1.0], dtype=dtype)
+    bsq, ibsq = sigma * sigma, 1.0 / (sigma * sigma)
+    x64 = x.astype(np.float64)
+    want = np.where(x64 > ibsq, x64 - 0.5 * ibsq, np.where(x64 < -ibsq, -x64 - 0.5 * ibsq, 0.5 * x64 * x64 * bsq))
+    got = mx.nd.smooth_l1(mx.nd.array(x, dtype=dtype), scalar=sigma)
+    assert got.dtype == np.dtype(dtype)
+    close(got.asnumpy(), want, dtype)
+    xa = mx.nd.array(x, dtype=dtype)
+    xa.attach_grad()
+    with mx.autograd.record():
+        y = mx.nd.smooth_l1(xa, scalar=sigma)
+    y.backward(mx.nd.full(y.shape, 2.0, dtype=dtype))
+    want_grad = 2.0 * np.where(x64 > ibsq, 1.0, np.where(x64 < -ibsq, -1.0, bsq * x64))
+    close(xa.grad.asnumpy(), want_grad, dtype)
+    # Graph inference through the element-wise rule, both ways.
+    s = mx.sym.smooth_l1(mx.sym.var("x"), scalar=sigma)
+    _, out_shapes, _ = s.infer_shape(x=(2, 3))
+    assert out_shapes == [(2, 3)]
+    with pytest.raises((TypeError, mx.base.MXNetError), match="supports float32"):
+        mx.nd.smooth_l1(mx.nd.array([1, 2], dtype="int32")).asnumpy()
+
+
+# ------------------------------------------------------------------------------------------
 # Pooling
 
 

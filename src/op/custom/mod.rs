@@ -497,7 +497,7 @@ pub fn forward(
     entries.extend(outs.iter().map(|o| Entry { array: Some(o.clone()), tag: TAG_OUT, write: true }));
     entries.extend(inputs[n_args..].iter().map(|x| Entry { array: Some((*x).clone()), tag: TAG_AUX, write: true }));
     let reqs = vec![req_code(Req::Write); outs.len()];
-    push(&state, OP_FORWARD, entries, reqs, is_train, engine::intern("Custom"))?;
+    push(&state, OP_FORWARD, entries, reqs, is_train, crate::intern::intern("Custom"))?;
     Ok((outs, state))
 }
 
@@ -557,7 +557,7 @@ pub fn backward(
     entries.extend(in_grads.iter().map(|g| Entry { array: Some((*g).clone()), tag: TAG_IN_GRAD, write: true }));
     entries.extend(inputs[n_dep..].iter().map(|a| Entry { array: Some((*a).clone()), tag: TAG_AUX, write: true }));
     let reqs = req.iter().map(|&r| req_code(r)).collect();
-    push(state, OP_BACKWARD, entries, reqs, is_train, engine::intern("_backward_Custom"))
+    push(state, OP_BACKWARD, entries, reqs, is_train, crate::intern::intern("_backward_Custom"))
 }
 
 /// Push the asynchronous operation that runs callback `which` of `state` on `entries`.
@@ -631,8 +631,8 @@ fn push(
         writes,
     );
     p.ctx = ctx;
-    p.name = Some(name);
-    engine::global()?.push(p)
+    p.name = Some(&name);
+    engine::global()?.submit(p)
 }
 
 #[derive(Clone, Copy)]
@@ -702,10 +702,11 @@ impl CallbackJob {
         );
         p.prop = FnProperty::NoSkip;
         p.ctx = ctx;
-        p.name = Some(engine::intern("CustomOperator"));
+        let name = crate::intern::intern("CustomOperator");
+        p.name = Some(&name);
         // A failed push drops the completion, which then fails the operation.
         if let Ok(e) = engine::global() {
-            let _ = e.push(p);
+            let _ = e.submit(p);
         }
     }
 }

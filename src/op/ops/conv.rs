@@ -456,11 +456,38 @@ fn convolution(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
+/// Graph inference of the weight and bias from the data: `(num_filter, channels / num_group,
+/// *kernel)` (the channels last for a channels-last layout) and `(num_filter,)`.
+fn conv_param_shapes(a: &Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Vec<i64>)>> {
+    let kernel = a.shape("kernel").to_vec();
+    if data.len() != kernel.len() + 2 {
+        let shown: Vec<String> = data.iter().map(|d| if *d < 0 { "?".into() } else { d.to_string() }).collect();
+        return Err(Error::mxnet(format!(
+            "a {}-d kernel needs {}-d data, got data shape ({})",
+            kernel.len(),
+            kernel.len() + 2,
+            shown.join(",")
+        )));
+    }
+    let (nf, g) = (a.int("num_filter"), a.int("num_group").max(1));
+    let channels_last = a.has("layout") && !a.is_none("layout") && a.str("layout").ends_with('C');
+    let c = if channels_last { data[data.len() - 1] } else { data[1] };
+    let per_group = if c < 0 || g <= 0 { -1 } else { c / g };
+    let w = if channels_last {
+        [vec![nf], kernel, vec![per_group]].concat()
+    } else {
+        [vec![nf, per_group], kernel].concat()
+    };
+    Ok(vec![(1, w), (2, vec![nf])])
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("Convolution", Inputs::Leading(&["data", "weight", "bias"], conv_inputs), Box::new(conv_infer), Box::new(convolution))
             .alias(&["_npx_convolution"])
             .params(CONV_PARAMS)
+            .param_shapes(conv_param_shapes)
+            .never_mirrored()
             .grad(Grad::Backward { op: "_backward_Convolution", inputs: true, outputs: false })
             .resources(&[Resource::TempSpace])
             .doc("Compute N-D convolution on (N+2)-D input (channel-first layouts; algorithms chosen by cudnn_tune / MXNET_CUDNN_AUTOTUNE_DEFAULT)."),

@@ -1141,6 +1141,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             OpDef::new(name, Inputs::Fixed(&["lhs", "rhs"]), all_same(name), elemwise_compute(b.op))
                 .alias(aliases)
                 .same_shape()
+                .elementwise_shape()
                 .inplace(&[(0, 0), (1, 0)])
                 .grad(match b.elemwise_grad {
                     Some(op) => Grad::Backward { op, inputs: b.grad_inputs, outputs: false },
@@ -1153,6 +1154,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             OpDef::new(name, Inputs::Fixed(&["data"]), same_as_first(), scalar_compute(b.op, false))
                 .alias(aliases)
                 .same_shape()
+                .elementwise_shape()
                 .params(SCALAR_PARAMS)
                 .inplace(&[(0, 0)])
                 .grad(grad_of(b.scalar_grad))
@@ -1163,6 +1165,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
                 OpDef::new(name, Inputs::Fixed(&["data"]), same_as_first(), scalar_compute(b.op, true))
                     .alias(aliases)
                     .same_shape()
+                    .elementwise_shape()
                     .params(SCALAR_PARAMS)
                     .inplace(&[(0, 0)])
                     .grad(grad_of(b.rscalar_grad))
@@ -1175,6 +1178,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             OpDef::new(name, Inputs::Fixed(&["data"]), same_as_first(), unary_compute(op))
                 .alias(aliases)
                 .same_shape()
+                .elementwise_shape()
                 .inplace(&[(0, 0)])
                 .grad(grad_of(grad))
                 .doc(doc),
@@ -1183,6 +1187,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("BlockGrad", Inputs::Fixed(&["data"]), same_as_first(), unary_compute(Un::Copy))
             .alias(&["stop_gradient"])
+            .elementwise_shape()
             .inplace(&[(0, 0)])
             .grad(Grad::Zero)
             .doc("Stops gradient computation: the output is the input, its gradient is zero."),
@@ -1191,6 +1196,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         OpDef::new("clip", Inputs::Fixed(&["data"]), same_as_first(), Box::new(clip))
             .alias(&["_sparse_clip"])
             .same_shape()
+            .elementwise_shape()
             .params(CLIP_PARAMS)
             .inplace(&[(0, 0)])
             .grad(Grad::Backward { op: "_backward_clip", inputs: true, outputs: false })

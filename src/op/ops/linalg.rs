@@ -476,11 +476,28 @@ fn fc_compute(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
+/// Graph inference of the weight and bias from the data: `(num_hidden, features)` and
+/// `(num_hidden,)`, the features being the data's trailing axes (flattened) or its last axis.
+fn fc_param_shapes(a: &crate::op::param::Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Vec<i64>)>> {
+    let flatten = a.bool("flatten");
+    if data.len() < 2 && (flatten || data.is_empty()) {
+        return Ok(vec![]);
+    }
+    let nh = a.int("num_hidden");
+    let k = match (flatten, data.split_last()) {
+        (false, Some((&last, _))) => last,
+        _ if data[1..].iter().all(|&d| d >= 0) => data[1..].iter().product(),
+        _ => -1,
+    };
+    Ok(vec![(1, vec![nh, k]), (2, vec![nh])])
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("dot", Inputs::Fixed(&["lhs", "rhs"]), Box::new(dot_infer), Box::new(dot_compute))
             .alias(&["_sparse_dot"])
             .params(DOT_PARAMS)
+            .never_mirrored()
             .grad(Grad::Backward { op: "_backward_dot", inputs: true, outputs: false })
             .doc("Dot product of two arrays. N-D inputs are flattened to matrices: lhs over all but its last axis, rhs over all but its first."),
     );
@@ -488,6 +505,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         OpDef::new("batch_dot", Inputs::Fixed(&["lhs", "rhs"]), Box::new(batch_dot_infer), Box::new(batch_dot_compute))
             .alias(&["_npx_batch_dot"])
             .params(DOT_PARAMS)
+            .never_mirrored()
             .grad(Grad::Backward { op: "_backward_batch_dot", inputs: true, outputs: false })
             .doc("Batchwise dot product of two 3-D arrays."),
     );
@@ -500,6 +518,8 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         )
         .alias(&["_npx_fully_connected", "_sparse_FullyConnected"])
         .params(FC_PARAMS)
+        .param_shapes(fc_param_shapes)
+        .never_mirrored()
         .grad(Grad::Backward { op: "_backward_FullyConnected", inputs: true, outputs: false })
         .doc("Applies a linear transformation: Y = XW^T + b."),
     );

@@ -1122,12 +1122,106 @@ fn pooling(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
+// ---------------------------------------------------------------------------------------------
+// smooth_l1 (the worked example of docs/adding-an-operator.md)
+
+/// `(sigma², 1 / sigma²)` as stock computes them: `sigma` (the `scalar` parameter) cast to the
+/// data's dtype and squared in it, the reciprocal in the compute type.
+fn smooth_l1_sigma<T: Elem, R: Real>(a: &Attrs) -> (R, R) {
+    let sigma = R::load(T::from_f64(a.float("scalar")));
+    let bsq = R::load(T::from_f64((sigma * sigma).f64()));
+    (bsq, R::of(1.0) / bsq)
+}
+
+/// `smooth_l1(x, sigma)`: `0.5 (sigma x)²` where `|x| < 1 / sigma²`, `|x| - 0.5 / sigma²`
+/// elsewhere (stock's `mshadow_op::smooth_l1_loss`, in its order of operations).
+fn smooth_l1(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
+        let (bsq, ibsq) = smooth_l1_sigma::<T, R>(cx.attrs);
+        let half = R::of(0.5);
+        map::<T, R>(&ins[0], &mut outs[0], Cost::CHEAP, |x| {
+            if x > ibsq {
+                x - half * ibsq
+            } else if x < -ibsq {
+                -x - half * ibsq
+            } else {
+                half * x * x * bsq
+            }
+        });
+    });
+    Ok(())
+}
+
+/// `_backward_smooth_l1`: inputs (output gradient, forward input); `g * d`, with `d` 1 or -1
+/// outside `[-1/sigma², 1/sigma²]` and `sigma² x` inside.
+fn smooth_l1_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    if cx.req[0] == crate::op::Req::Null {
+        return Ok(());
+    }
+    dispatch_real!(ins[1].dtype, cx.attrs.op, T, R => {
+        let (bsq, ibsq) = smooth_l1_sigma::<T, R>(cx.attrs);
+        let (g, x) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>());
+        par_for_mut(outs[0].as_mut::<T>(), 1, Cost::CHEAP, T::DTYPE, |r, o| {
+            for ((o, &g), &x) in o.iter_mut().zip(&g[r.clone()]).zip(&x[r]) {
+                let x = R::load(x);
+                let d = if x > ibsq {
+                    R::of(1.0)
+                } else if x < -ibsq {
+                    R::of(-1.0)
+                } else {
+                    bsq * x
+                };
+                *o = (R::load(g) * d).store();
+            }
+        });
+    });
+    Ok(())
+}
+
+/// `smooth_l1` and its backward operator.
+fn register_smooth_l1(ops: &mut Vec<OpDef>) {
+    use super::elemwise::SCALAR_PARAMS;
+    ops.push(
+        OpDef::new("smooth_l1", Inputs::Fixed(&["data"]), Box::new(infer_float_like_first), Box::new(smooth_l1))
+            .alias(&["_npx_smooth_l1"])
+            .params(SCALAR_PARAMS)
+            .elementwise_shape()
+            .inplace(&[(0, 0)])
+            .grad(Grad::Backward { op: "_backward_smooth_l1", inputs: true, outputs: false })
+            .doc(
+                "Calculate Smooth L1 Loss(lhs, scalar): f(x) = 0.5 * (sigma * x)^2 if |x| < 1/sigma^2, \
+                 |x| - 0.5/sigma^2 otherwise, where sigma is the scalar.",
+            ),
+    );
+    ops.push(OpDef::backward("_backward_smooth_l1", SCALAR_PARAMS, Box::new(smooth_l1_backward)));
+}
+
+/// Graph inference of PReLU's gamma from the data: one slope per channel (axis 1).
+fn leaky_param_shapes(a: &Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Vec<i64>)>> {
+    let prelu = a.has("act_type") && a.str("act_type") == "prelu";
+    Ok(if prelu && data.len() >= 2 { vec![(1, vec![data[1]])] } else { vec![] })
+}
+
+/// Graph inference of a normalization's per-channel inputs (gamma, beta and BatchNorm's moving
+/// statistics) from the data: the length of the normalized axis (`axis`, default 1).
+fn norm_param_shapes(a: &Attrs, data: &[i64], n_inputs: usize) -> Result<Vec<(usize, Vec<i64>)>> {
+    let ndim = data.len() as i64;
+    let axis = if a.has("axis") { a.int("axis") } else { 1 };
+    let axis = if axis < 0 { axis + ndim } else { axis };
+    if !(0..ndim).contains(&axis) {
+        return Ok(vec![]);
+    }
+    Ok((1..n_inputs).map(|k| (k, vec![data[axis as usize]])).collect())
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
+    register_smooth_l1(ops);
     ops.push(
         OpDef::new("Activation", Inputs::Fixed(&["data"]), Box::new(infer_float_like_first), Box::new(activation))
             .alias(&["_npx_activation"])
             .params(ACT_PARAMS)
             .inplace(&[(0, 0)])
+            .elementwise_shape()
             .grad(Grad::Backward { op: "_backward_Activation", inputs: false, outputs: true })
             .doc("Applies an activation function element-wise to the input."),
     );
@@ -1140,6 +1234,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         )
         .alias(&["_npx_leaky_relu"])
         .params(LEAKY_PARAMS)
+        .param_shapes(leaky_param_shapes)
         .outputs(leaky_outputs, one)
         .resources(&[Resource::Random])
         .grad(Grad::Backward { op: "_backward_LeakyReLU", inputs: true, outputs: true })
@@ -1157,6 +1252,8 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             softmax_family(log, neg),
         )
         .params(SOFTMAX_PARAMS)
+        // The optional length input has its own shape.
+        .elementwise_shape_of(1)
         // log_softmax's gradient needs the length mask (its masked outputs are 0, not -inf).
         .grad(Grad::Backward { op: grad, inputs: log, outputs: true })
         .doc(format!("{name} along an axis (with optional temperature, output dtype and length mask)."));
@@ -1178,6 +1275,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         )
         .alias(&["Softmax"])
         .params(SOFTMAX_OUTPUT_PARAMS)
+        .never_mirrored()
         .grad(Grad::Backward { op: "_backward_SoftmaxOutput", inputs: true, outputs: true })
         .doc("Computes the softmax of the input (the gradient is that of the cross-entropy loss)."),
     );
@@ -1186,6 +1284,9 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .alias(&["_npx_dropout"])
             .params(DROPOUT_PARAMS)
             .outputs(two, one)
+            .output_names(&["output", "mask"])
+            .elementwise_shape()
+            .never_mirrored()
             .resources(&[Resource::Random])
             .grad(Grad::Backward { op: "_backward_Dropout", inputs: false, outputs: true })
             .doc("Applies dropout operation to input array (identity at inference unless mode is always)."),
@@ -1195,6 +1296,11 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .alias(&["_npx_batch_norm"])
             .params(BN_PARAMS)
             .outputs(three, bn_visible)
+            .output_names(&["output", "mean", "var"])
+            .param_shapes(norm_param_shapes)
+            .float32_params()
+            .input_inits(&[(3, "[\"zero\", {}]"), (4, "[\"one\", {}]")])
+            .never_mirrored()
             .mutates(&[3, 4])
             .grad(Grad::Backward { op: "_backward_BatchNorm", inputs: true, outputs: true })
             .doc("Batch normalization. Outputs the normalized data and (with output_mean_var) the batch mean and inverse std."),
@@ -1204,6 +1310,9 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .alias(&["_npx_layer_norm"])
             .params(LN_PARAMS)
             .outputs(three, bn_visible)
+            .output_names(&["output", "mean", "std"])
+            .param_shapes(norm_param_shapes)
+            .float32_params()
             .grad(Grad::Backward { op: "_backward_LayerNorm", inputs: true, outputs: true })
             .doc("Layer normalization over one axis."),
     );
@@ -1372,5 +1481,42 @@ pub(super) mod tests {
         );
         assert_eq!((o[4], o[3], o[5]), (0.0, 0.0, 0.0));
         assert!((o[1] - 1.0).abs() < 1e-12);
+    }
+
+    /// smooth_l1 against stock's formula, on both sides of the kinks at ±1/sigma², and its
+    /// gradient against finite differences (away from the kinks).
+    #[test]
+    fn smooth_l1_matches_stocks_formula_and_its_gradient() {
+        let op = crate::op::lookup("smooth_l1").unwrap();
+        for sigma in [1.0f32, 2.0, 0.5] {
+            let mut x: Vec<f32> = vec![-3.0, -1.0 / (sigma * sigma), -0.2, 0.0, 0.1, 0.3, 4.5, 1.0];
+            let want: Vec<f32> = x
+                .iter()
+                .map(|&x| {
+                    let (bsq, ibsq) = (sigma * sigma, 1.0 / (sigma * sigma));
+                    if x > ibsq {
+                        x - 0.5 * ibsq
+                    } else if x < -ibsq {
+                        -x - 0.5 * ibsq
+                    } else {
+                        0.5 * x * x * bsq
+                    }
+                })
+                .collect();
+            let attrs = op.parse_attrs([("scalar", sigma.to_string().as_str())], 1).unwrap();
+            let mut got = vec![0f32; x.len()];
+            let n = [x.len()];
+            let req = [crate::op::Req::Write];
+            let cx = OpCtx { attrs: &attrs, req: &req, rng: None, is_train: false, temp: None };
+            (op.compute)(&cx, &[blob(&mut x, &n)], &mut [oblob(&mut got, &n)]).unwrap();
+            assert_eq!(got, want, "sigma {sigma}");
+        }
+        let x: Vec<f64> = crate::op::grad::check::values(24, -2.0, 2.0, 3)
+            .into_iter()
+            .map(|v| if (v.abs() - 0.25).abs() < 0.05 { v + 0.1 } else { v })
+            .collect();
+        crate::op::grad::check::check("smooth_l1", &[("scalar", "2")], &[(&[4, 6], x)], &[]);
+        let err = (op.infer)(&op.parse_attrs([], 1).unwrap(), &[Meta::new(vec![2], DType::I32)]).unwrap_err();
+        assert!(err.to_string().starts_with("TypeError:"), "{err}");
     }
 }

@@ -1096,6 +1096,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     );
     ops.push(
         op("Concat", Inputs::Variadic("data"), infer_concat, run_concat)
+            .never_mirrored()
             .alias(&["concat", "_sparse_concat"])
             .params(CONCAT_PARAMS)
             .num_args_key("num_args")
@@ -1167,11 +1168,13 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         op("zeros_like", data, infer_same, run_zeros)
             .alias(&["_sparse_zeros_like"])
+            .elementwise_shape()
             .grad(Grad::Zero)
             .doc("Return an array of zeros with the same shape, type and storage type as the input array."),
     );
     ops.push(
         op("ones_like", data, infer_same, run_ones)
+            .elementwise_shape()
             .grad(Grad::Zero)
             .doc("Return an array of ones with the same shape and type as the input array."),
     );
@@ -1189,6 +1192,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         op("amp_cast", data, infer_amp_cast, run_cast)
             .params(AMP_CAST_PARAMS)
+            .amp_cast()
             .grad(bwd("_backward_amp_cast"))
             .doc("Cast function between low precision float/FP32 used by AMP; non-float inputs pass through."),
     );
