@@ -1,7 +1,9 @@
 //! The process-wide runtime.
 //!
 //! Owns: the state that outlives single calls and is not configuration: the kernel thread
-//! count set by `MXSetNumOMPThreads`, the shutdown flag, and the build's feature list.
+//! count set by `MXSetNumOMPThreads`, the shutdown flag, the build's feature list, and the
+//! fork protocol ([`on_fork`]: the order in which the parts that keep threads get ready for
+//! `fork` and start over in the child).
 //! Later capabilities (engine, storage, profiler) hang off [`Runtime`] so that it alone fixes
 //! their order of creation and shutdown; no other static owns a thread or a resource.
 
@@ -47,19 +49,56 @@ extern "C" fn on_load() {
     });
 }
 
-/// Register `fork` handlers once per `once` (the engine, the kernel pool and the custom
-/// operator threads each keep state that a forked child must not reuse).
-pub fn at_fork(once: &'static std::sync::Once, prepare: Option<extern "C" fn()>, child: Option<extern "C" fn()>) {
-    once.call_once(|| {
+/// The parts of the library that take part in the fork protocol, in the order their hooks
+/// run: before `fork` (in the parent) in this order, and in the child in this order, whatever
+/// order they started in. The engine comes first: quiescing it finishes the operations that
+/// could still use the other parts' threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForkStage {
+    /// Finish pushed work before `fork`; a child starts a new engine.
+    Engine = 0,
+    /// The custom operators' helper threads: a child starts new ones.
+    CustomOpThreads = 1,
+    /// The kernel thread pool: a child builds a new one.
+    KernelPool = 2,
+}
+
+const FORK_STAGES: usize = 3;
+
+/// Each stage's hooks: (before `fork`, in the child).
+type ForkHooks = (Option<extern "C" fn()>, Option<extern "C" fn()>);
+
+static FORK_HOOKS: [OnceLock<ForkHooks>; FORK_STAGES] = [const { OnceLock::new() }; FORK_STAGES];
+
+/// The one fork protocol: `stage` takes part with these hooks (set once; later calls for the
+/// same stage are ignored). One `pthread_atfork` registration, made with the first stage,
+/// runs every registered stage's hooks in [`ForkStage`] order.
+pub fn on_fork(stage: ForkStage, prepare: Option<extern "C" fn()>, child: Option<extern "C" fn()>) {
+    let _ = FORK_HOOKS[stage as usize].set((prepare, child));
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
         // SAFETY: plain extern "C" functions with no captured state.
-        unsafe {
-            libc::pthread_atfork(
-                prepare.map(|f| f as unsafe extern "C" fn()),
-                None,
-                child.map(|f| f as unsafe extern "C" fn()),
-            );
-        }
+        unsafe { libc::pthread_atfork(Some(fork_prepare), None, Some(fork_child)) };
     });
+}
+
+extern "C" fn fork_prepare() {
+    run_fork_hooks(&FORK_HOOKS, false);
+}
+
+extern "C" fn fork_child() {
+    run_fork_hooks(&FORK_HOOKS, true);
+}
+
+/// Run the registered hooks before `fork` (`child` false) or in the child, in stage order.
+fn run_fork_hooks(table: &[OnceLock<ForkHooks>], child: bool) {
+    for hooks in table {
+        if let Some(&(prepare, in_child)) = hooks.get() {
+            if let Some(f) = if child { in_child } else { prepare } {
+                f();
+            }
+        }
+    }
 }
 
 /// The cores this process may use, read once: `available_parallelism` reads the cgroup and
@@ -234,5 +273,34 @@ mod tests {
         assert!(rt.set_kernel_threads(0).is_err());
         assert!(rt.set_kernel_threads(-3).is_err());
         assert!(rt.kernel_threads() >= 1);
+    }
+}
+
+#[cfg(test)]
+mod fork_tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    static ORDER: Mutex<Vec<&str>> = Mutex::new(Vec::new());
+
+    /// Hooks run in stage order, whatever order the stages registered in (here the reverse),
+    /// and only the registered ones.
+    #[test]
+    fn hooks_run_in_stage_order_whatever_the_registration_order() {
+        extern "C" fn engine_prepare() {
+            ORDER.lock().unwrap().push("engine prepare");
+        }
+        extern "C" fn engine_child() {
+            ORDER.lock().unwrap().push("engine child");
+        }
+        extern "C" fn kernel_child() {
+            ORDER.lock().unwrap().push("kernel child");
+        }
+        let table: [OnceLock<ForkHooks>; FORK_STAGES] = [const { OnceLock::new() }; FORK_STAGES];
+        table[ForkStage::KernelPool as usize].set((None, Some(kernel_child))).unwrap();
+        table[ForkStage::Engine as usize].set((Some(engine_prepare), Some(engine_child))).unwrap();
+        run_fork_hooks(&table, false);
+        run_fork_hooks(&table, true);
+        assert_eq!(*ORDER.lock().unwrap(), ["engine prepare", "engine child", "kernel child"]);
     }
 }

@@ -334,6 +334,9 @@ pub struct Engine {
     /// Threads running an inline queue ([`Engine::run_inline`]): while none does, the
     /// run-here check skips the thread-local.
     inline_threads: AtomicUsize,
+    /// Threads whose bulk size for this engine is above 1; while none is, pushes skip the
+    /// thread-local bulk.
+    bulk_threads: AtomicUsize,
 }
 
 thread_local! {
@@ -382,6 +385,7 @@ impl Engine {
             live_errors: AtomicUsize::new(0),
             solo: Padded(solo::Solo::default()),
             inline_threads: AtomicUsize::new(0),
+            bulk_threads: AtomicUsize::new(0),
         }))
     }
 
@@ -532,7 +536,7 @@ impl Engine {
     fn route(&'static self, p: &Push<'_>, may_bulk: bool) -> Result<Route> {
         self.check_context(p.ctx)?;
         let sync = p.func.is_sync();
-        if may_bulk && BULK_THREADS.load(Ordering::Relaxed) > 0 {
+        if may_bulk && self.bulk_threads.load(Ordering::Relaxed) > 0 {
             if sync
                 && self.opts.kind != EngineKind::Naive
                 && p.prop == FnProperty::Normal
@@ -561,7 +565,7 @@ impl Engine {
             _ => {
                 cheap
                     && ctx.dev_type.is_host()
-                    && BULK_THREADS.load(Ordering::Relaxed) == 0
+                    && self.bulk_threads.load(Ordering::Relaxed) == 0
                     && self.pending() == 0
                     && !on_worker_thread()
             }
@@ -1113,7 +1117,7 @@ impl Engine {
 
     /// Push the calling thread's pending bulk as one operation.
     pub fn flush_bulk(&self) {
-        if BULK_THREADS.load(Ordering::Relaxed) == 0 {
+        if self.bulk_threads.load(Ordering::Relaxed) == 0 {
             return;
         }
         let taken = BULK.try_with(|b| b.borrow_mut().take()).ok().flatten();
@@ -1128,19 +1132,22 @@ impl Engine {
 
     /// Set the calling thread's bulk size (operations batched into one engine task);
     /// returns the previous size. Flushes what was batched so far.
-    pub fn set_bulk_size(&self, size: usize) -> usize {
+    pub fn set_bulk_size(&'static self, size: usize) -> usize {
         self.flush_bulk();
-        let old = BULK.with(|b| std::mem::replace(&mut b.borrow_mut().size, size));
-        match (old > 1, size > 1) {
-            (false, true) => {
-                BULK_THREADS.fetch_add(1, Ordering::Relaxed);
+        BULK.with(|b| {
+            let mut b = b.borrow_mut();
+            let old = std::mem::replace(&mut b.size, size);
+            // The engine this thread counts itself bulking on: this one while the size is
+            // above 1.
+            if let Some(e) = b.counted.take() {
+                e.bulk_threads.fetch_sub(1, Ordering::Relaxed);
             }
-            (true, false) => {
-                BULK_THREADS.fetch_sub(1, Ordering::Relaxed);
+            if size > 1 {
+                self.bulk_threads.fetch_add(1, Ordering::Relaxed);
+                b.counted = Some(self);
             }
-            _ => {}
-        }
-        old
+            old
+        })
     }
 }
 
@@ -1208,12 +1215,11 @@ const REAP_EVERY: usize = 32;
 /// [`Engine::wait_until`]).
 const WAIT_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
-/// Threads whose bulk size is above 1; while none is, pushes skip the thread-local bulk.
-static BULK_THREADS: AtomicUsize = AtomicUsize::new(0);
-
 /// Operations of one thread waiting to be pushed as one engine task.
 struct Bulk {
     size: usize,
+    /// The engine whose [`Engine::bulk_threads`] counts this thread (its size is above 1).
+    counted: Option<&'static Engine>,
     engine: Option<&'static Engine>,
     ctx: Context,
     funcs: Vec<SyncFn>,
@@ -1226,6 +1232,7 @@ impl Default for Bulk {
     fn default() -> Self {
         Bulk {
             size: 0,
+            counted: None,
             engine: None,
             ctx: Context::CPU,
             funcs: Vec::new(),
@@ -1239,7 +1246,8 @@ impl Default for Bulk {
 fn bulk_accepts(engine: &'static Engine, ctx: Context) -> bool {
     BULK.try_with(|b| {
         let b = b.borrow();
-        b.size > 1 && (b.funcs.is_empty() || (b.ctx == ctx && b.engine.is_some_and(|e| std::ptr::eq(e, engine))))
+        b.counted.is_some_and(|c| std::ptr::eq(c, engine))
+            && (b.funcs.is_empty() || (b.ctx == ctx && b.engine.is_some_and(|e| std::ptr::eq(e, engine))))
     })
     .unwrap_or(false)
 }
@@ -1278,8 +1286,8 @@ impl Bulk {
 
 impl Drop for Bulk {
     fn drop(&mut self) {
-        if self.size > 1 {
-            BULK_THREADS.fetch_sub(1, Ordering::Relaxed);
+        if let Some(e) = self.counted.take() {
+            e.bulk_threads.fetch_sub(1, Ordering::Relaxed);
         }
         // A thread that ends with batched operations still pushes them.
         if let Some((engine, push)) = self.take() {
@@ -1399,7 +1407,6 @@ pub fn global_if_started() -> Option<&'static Engine> {
 /// is half done); the child forgets the parent's engine, whose worker threads do not exist
 /// there, and starts a new one (with new pools) at its first use. Variables stay valid.
 fn register_fork_handlers() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
     extern "C" fn prepare() {
         if let Some(e) = global_if_started() {
             if !on_worker_thread() {
@@ -1410,7 +1417,7 @@ fn register_fork_handlers() {
     extern "C" fn child() {
         GLOBAL.store(std::ptr::null_mut(), Ordering::Release);
     }
-    crate::runtime::at_fork(&ONCE, Some(prepare), Some(child));
+    crate::runtime::on_fork(crate::runtime::ForkStage::Engine, Some(prepare), Some(child));
 }
 
 /// Process shutdown: finish what was pushed (not from a worker thread, which would wait for

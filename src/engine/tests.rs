@@ -38,16 +38,6 @@ fn hold_a_worker(e: &'static Engine) -> mpsc::Sender<()> {
     gate_tx
 }
 
-/// Bulking anywhere in the process (a thread with a bulk size above 1) keeps a threaded
-/// engine from running cheap operations on the pushing thread: tests that check where
-/// operations run hold this for reading, tests that bulk for writing, so that the two never
-/// run at once.
-static BULK_OFF: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-fn bulk_off() -> std::sync::RwLockReadGuard<'static, ()> {
-    BULK_OFF.read().unwrap_or_else(|e| e.into_inner())
-}
-
 /// A small deterministic generator (xorshift), so failures reproduce.
 struct Rng(u64);
 impl Rng {
@@ -452,7 +442,6 @@ fn higher_priority_runs_first() {
 
 #[test]
 fn idle_threaded_engines_run_cheap_operations_on_the_pushing_thread() {
-    let _bulk_off = bulk_off();
     for kind in [EngineKind::Threaded, EngineKind::PerDevice] {
         let e = engine(kind, 2);
         let me = std::thread::current().id();
@@ -644,7 +633,6 @@ fn solo_mode_leaves_variables_untouched_until_a_second_thread_pushes() {
 
 #[test]
 fn bulk_batches_and_keeps_order() {
-    let _bulking = BULK_OFF.write().unwrap_or_else(|e| e.into_inner());
     let e = engine(EngineKind::PerDevice, 2);
     assert_eq!(e.set_bulk_size(8), 0);
     let v = Var::new();
@@ -988,7 +976,6 @@ fn c_functions_keep_order_run_deleters_once_and_release_their_variables() {
 /// [`Engine::route`] is the rule: bulk, here (solo or holding the variables), queue.
 #[test]
 fn route_follows_the_rule() {
-    let _bulk_off = bulk_off();
     let sync = |cheap: bool| {
         let mut p = Push::sync(|_| Ok(()), vec![], vec![Var::new()]);
         p.cheap = cheap;
@@ -1030,10 +1017,8 @@ fn route_follows_the_rule() {
     let mut gpu = sync(true);
     gpu.ctx = Context { dev_type: DevType::Gpu, dev_id: 4096 };
     assert!(strict.route(&gpu, true).is_err());
-    drop(_bulk_off);
     // A thread that bulks: plain synchronous operations join its bulk; one waited for, or
     // an asynchronous one, pushes the bulk and takes its own way.
-    let _bulk_on = BULK_OFF.write().unwrap_or_else(|e| e.into_inner());
     let _scope = e.bulk_scope(4);
     assert_eq!(name(e.route(&sync(false), true).unwrap()), "bulk");
     assert_eq!(name(e.route(&sync(true), true).unwrap()), "bulk");

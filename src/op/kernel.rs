@@ -51,11 +51,10 @@ struct KernelPool {
 static FORKS: AtomicUsize = AtomicUsize::new(0);
 
 fn register_fork_handler() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
     extern "C" fn child() {
         FORKS.fetch_add(1, Ordering::Relaxed);
     }
-    crate::runtime::at_fork(&ONCE, None, Some(child));
+    crate::runtime::on_fork(crate::runtime::ForkStage::KernelPool, None, Some(child));
 }
 
 /// Threads requested for kernels: MXSetNumOMPThreads, else a valid OMP_NUM_THREADS, else cores.

@@ -96,11 +96,10 @@ fn workers() -> &'static Workers {
 /// In a forked child the threads are gone: forget them (the old state is leaked, its lock may
 /// have been held by one of them at the fork).
 fn register_fork_handler() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
     extern "C" fn child() {
         WORKERS.store(std::ptr::null_mut(), Ordering::Release);
     }
-    crate::runtime::at_fork(&ONCE, None, Some(child));
+    crate::runtime::on_fork(crate::runtime::ForkStage::CustomOpThreads, None, Some(child));
 }
 
 /// Whether the calling thread is a custom-operator thread.
