@@ -483,7 +483,7 @@ struct KernelCall {
     temp: Option<Arc<super::resource::TempSpace>>,
     in_blobs: InBlobs,
     blobs: Blobs,
-    /// Inputs' snapshots (see `make_blobs`): they outlive the kernel that reads them.
+    /// Inputs' snapshots (see `fill_blobs`): they outlive the kernel that reads them.
     snapshots: Vec<Block>,
 }
 

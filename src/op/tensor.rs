@@ -7,7 +7,7 @@
 //! `&mut self`); an input whose memory is an output's (a declared in-place pair) or that the
 //! kernel writes (a mutated input) is *lent* and read only through that output
 //! ([`OutBlob::operands`] gives element-wise kernels one read-modify-write view). Invocation
-//! (`invoke::make_blobs`) builds the views so that no two of them overlap unless one is lent
+//! (`invoke::fill_blobs`) builds the views so that no two of them overlap unless one is lent
 //! to the other, and the engine holds the arrays' variables while a kernel runs.
 
 use crate::ndarray::DType;
