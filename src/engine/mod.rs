@@ -619,10 +619,11 @@ impl Engine {
         self.apply_back_pressure();
         let Push { func, vars, ctx, prop, priority, name, payload, wait, symbolic, scope, cheap } = p;
         let (reads, writes) = vars.lists()?;
+        // Counted pending before it takes its variables and while it holds them: a fork from
+        // another thread waits for it (the child would otherwise inherit variables held for
+        // good). Not taken: counted finished again, and queued.
+        self.pushed.fetch_add(1, Ordering::SeqCst);
         if self.take_all(&reads, &writes) && !self.failure_recorded(&reads, &writes) {
-            // Counted pending while it holds its variables: a fork from another thread waits
-            // for it (the child would otherwise inherit variables held for good).
-            self.pushed.fetch_add(1, Ordering::SeqCst);
             let tag = OpTag { name, symbolic, scope: scope.as_ref() };
             let outcome = run_here(tag, ctx, |rctx| func.call(rctx));
             let granted = self.release_vars(&reads, &writes, outcome);
@@ -633,6 +634,7 @@ impl Engine {
             self.finish_one();
             return Ok(());
         }
+        self.finish_one();
         let vars = Vars::Listed(reads, writes);
         let p = Push { func, vars, ctx, prop, priority, name, payload, wait, symbolic, scope, cheap };
         self.enqueue(p, self.pool_for(ctx, prop)?)
@@ -1115,25 +1117,20 @@ impl Engine {
         Ok(())
     }
 
-    /// Push the calling thread's pending bulk as one operation.
+    /// Push the calling thread's pending bulk as one operation (nothing to do while no
+    /// thread bulks on this engine).
     pub fn flush_bulk(&self) {
-        if self.bulk_threads.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        let taken = BULK.try_with(|b| b.borrow_mut().take()).ok().flatten();
-        if let Some((engine, push)) = taken {
-            // The pool exists (it was used for the bulk's ops' context before), the vars are
-            // distinct by construction; a failure here could only be a pool start failure.
-            if let Err(e) = engine.submit_as(push, false) {
-                engine.record_failure(e);
-            }
+        if self.bulk_threads.load(Ordering::Relaxed) > 0 {
+            flush_thread_bulk();
         }
     }
 
     /// Set the calling thread's bulk size (operations batched into one engine task);
     /// returns the previous size. Flushes what was batched so far.
     pub fn set_bulk_size(&'static self, size: usize) -> usize {
-        self.flush_bulk();
+        // Whichever engine the batched operations are for: the count that keeps them in
+        // order there is dropped below.
+        flush_thread_bulk();
         BULK.with(|b| {
             let mut b = b.borrow_mut();
             let old = std::mem::replace(&mut b.size, size);
@@ -1239,6 +1236,18 @@ impl Default for Bulk {
             payloads: Vec::new(),
             const_vars: Vec::new(),
             mutable_vars: Vec::new(),
+        }
+    }
+}
+
+/// Push the calling thread's pending bulk, if any, to its engine as one operation.
+fn flush_thread_bulk() {
+    let taken = BULK.try_with(|b| b.borrow_mut().take()).ok().flatten();
+    if let Some((engine, push)) = taken {
+        // The pool exists (it was used for the bulk's ops' context before), the vars are
+        // distinct by construction; a failure here could only be a pool start failure.
+        if let Err(e) = engine.submit_as(push, false) {
+            engine.record_failure(e);
         }
     }
 }

@@ -272,8 +272,8 @@ mod tests {
         }
 
         /// A runs solo operations while B starts pushing: whatever the interleaving, no solo
-        /// operation overlaps what B does after `note_pusher` returned, solo mode ends for
-        /// good, and exactly one thread ever owned it.
+        /// operation overlaps what B does after `note_pusher` returned (loom's cell checks
+        /// the two accesses), and solo mode ends for good.
         #[test]
         fn a_solo_operation_never_overlaps_the_second_pushers_work() {
             loom::model(|| {

@@ -1028,3 +1028,34 @@ fn route_follows_the_rule() {
     assert_eq!(name(e.route(&asynchronous(), true).unwrap()), "workers");
     assert_eq!(name(e.route(&sync(false), false).unwrap()), "workers", "a bulk being pushed");
 }
+
+/// A thread that bulks on one engine and then sets a bulk size on another pushes what it
+/// batched for the first there, in push order, before the first stops counting it.
+#[test]
+fn switching_the_bulking_engine_pushes_what_was_batched_in_order() {
+    let (e1, e2) = (engine(EngineKind::PerDevice, 1), engine(EngineKind::PerDevice, 1));
+    let v = Var::new();
+    let order: Arc<Mutex<Vec<usize>>> = Default::default();
+    let push = |e: &'static Engine, i: usize| {
+        let o = order.clone();
+        e.submit(Push::sync(
+            move |_| {
+                o.lock().push(i);
+                Ok(())
+            },
+            vec![],
+            vec![v.clone()],
+        ))
+        .unwrap();
+    };
+    e2.set_bulk_size(4);
+    push(e2, 0);
+    push(e2, 1);
+    e1.set_bulk_size(4);
+    assert_eq!(e2.bulk_threads.load(Ordering::SeqCst), 0);
+    push(e2, 2);
+    e2.wait_for_var(&v, true).unwrap();
+    assert_eq!(*order.lock(), [0, 1, 2], "the batched operations were pushed first");
+    e1.set_bulk_size(0);
+    assert_eq!(e1.bulk_threads.load(Ordering::SeqCst), 0);
+}

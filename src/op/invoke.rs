@@ -443,6 +443,7 @@ pub(crate) fn launch(
         in_blobs: InBlobs::new(),
         blobs: Blobs::default(),
         snapshots: Vec::new(),
+        ran: false,
     });
     let call = slot.as_mut().expect("just made");
     fill_blobs(op, inputs, outs, &mut call.req, ctx, &mut call.in_blobs, &mut call.blobs, &mut call.snapshots)?;
@@ -485,10 +486,15 @@ struct KernelCall {
     blobs: Blobs,
     /// Inputs' snapshots (see `fill_blobs`): they outlive the kernel that reads them.
     snapshots: Vec<Block>,
+    /// The kernel has run (its workspace and snapshots are gone): it must not run again.
+    ran: bool,
 }
 
 impl KernelCall {
     fn run(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.ran, true) {
+            return Err(Error::internal(format!("operator {} ran twice", self.op.name)));
+        }
         let cx = OpCtx {
             attrs: &self.attrs,
             req: &self.req,
@@ -504,7 +510,7 @@ impl KernelCall {
 
 impl engine::Job for Option<KernelCall> {
     fn run(&mut self, _: &engine::RunContext) -> Result<()> {
-        self.as_mut().ok_or_else(|| Error::internal("an operator call ran twice"))?.run()
+        self.as_mut().ok_or_else(|| Error::internal("an operator call ran after it was queued"))?.run()
     }
     fn boxed(&mut self) -> engine::SyncFn {
         let mut call = self.take();
