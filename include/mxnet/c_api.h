@@ -35,6 +35,13 @@ struct LibFeature {
 
 typedef void *CachedOpHandle;
 
+// A custom operator's property creator (stock `CustomOpPropCreator`).
+typedef int (*CustomOpPropCreator)(const char *op_type,
+                                   int num_kwargs,
+                                   const char **keys,
+                                   const char **values,
+                                   struct MXCallbackList *ret);
+
 // An asynchronous function: `(RunContext* rctx, void* on_complete, void* param)`. It must
 // finish by calling `MXEngineCompleteAsync(on_complete, error_or_NULL)`, from any thread.
 typedef void (*EngineAsyncFunc)(void*, void*, void*);
@@ -58,13 +65,6 @@ typedef void *DataIterCreator;
 typedef void *DataIterHandle;
 
 typedef const void *FunctionHandle;
-
-// A custom operator's property creator (stock `CustomOpPropCreator`).
-typedef int (*CustomOpPropCreator)(const char *op_type,
-                                   int num_kwargs,
-                                   const char **keys,
-                                   const char **values,
-                                   struct MXCallbackList *ret);
 
 // nnvm's operator handle (the same value as an [`AtomicSymbolCreator`]).
 typedef void *OpHandle;
@@ -291,6 +291,12 @@ int MXInvokeCachedOp(CachedOpHandle handle,
                      NDArrayHandle *inputs,
                      int *num_outputs,
                      NDArrayHandle **outputs);
+
+// Record a custom operator's property creator under `op_type` (re-registering replaces it).
+//
+// # Safety
+// `op_type` must be a string.
+int MXCustomOpRegister(const char *op_type, CustomOpPropCreator creator);
 
 // Push an asynchronous operation that reads `const_vars_handle[0..num_const_vars]` and
 // writes `mutable_vars_handle[0..num_mutable_vars]` (arrays of EngineVarHandle). `ctx_handle`
@@ -555,12 +561,6 @@ int MXNetFuncListGlobalNames(int *out_size, const char ***out_array);
 // # Safety
 // `name` must be NULL or a string.
 int MXNetFuncGetGlobal(const char *name, void **_out);
-
-// Record a custom operator's property creator under `op_type` (re-registering replaces it).
-//
-// # Safety
-// `op_type` must be a string.
-int MXCustomOpRegister(const char *op_type, CustomOpPropCreator creator);
 
 // Create an empty NDArray handle (no shape, no storage).
 //

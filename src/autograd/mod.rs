@@ -1,8 +1,10 @@
 //! Autograd: recording imperative calls and computing gradients from the record.
 //!
-//! Owns the thread's recording flag, the recorded graph ([`Node`]: a marked variable or a
-//! recorded operator call with the tensors its gradient needs), the link from an array to the
-//! graph ([`Entry`], kept in `NDArray::ag`), marking variables, the in-place rule (an array
+//! Owns the thread's recording flag, imperative invocation that records ([`invoke`]: the
+//! entry of the frontend's and the executors' calls), the recorded graph ([`Node`]: a marked
+//! variable or a recorded operator call with the tensors its gradient needs, or a call's own
+//! backward, [`CustomBackward`]), the link from an array to the graph ([`Entry`], kept in
+//! `NDArray::ag` as an opaque [`GraphLink`]), marking variables, the in-place rule (an array
 //! already in a graph cannot be written while recording, as stock refuses), and backward:
 //! a reverse topological walk that pushes each call's backward operator (`op::grad`) through
 //! the engine, sums gradient contributions with `add_n`, writes or accumulates into the
@@ -11,12 +13,10 @@
 //!
 //! The training flag kernels see lives with imperative invocation (`op::invoke`).
 
-pub mod function;
-
 use crate::error::{Error, Result};
-use crate::ndarray::NDArray;
+use crate::ndarray::{GraphLink, NDArray};
 use crate::op::param::Attrs;
-use crate::op::{self, grad, invoke, Grad, Meta, OpDef};
+use crate::op::{self, grad, invoke, CustomBackward, Grad, Meta, OpDef};
 use crate::sync::Mutex;
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -71,6 +71,25 @@ impl std::fmt::Debug for Entry {
     }
 }
 
+impl Entry {
+    /// This entry as an array's link to its graph.
+    fn link(&self) -> GraphLink {
+        GraphLink { node: self.node.clone(), index: self.index }
+    }
+}
+
+/// The recorded node `x` is linked to (only this module links arrays to graphs, always to a
+/// [`Node`]).
+fn node_of(x: &NDArray) -> Option<&Node> {
+    x.ag.as_ref().and_then(|l| l.node.downcast_ref::<Node>())
+}
+
+/// `x`'s place in a recorded graph.
+fn entry_of(x: &NDArray) -> Option<Entry> {
+    let l = x.ag.as_ref()?;
+    Some(Entry { node: l.node.clone().downcast::<Node>().ok()?, index: l.index })
+}
+
 /// A node of a recorded graph.
 pub struct Node {
     pub kind: Kind,
@@ -97,7 +116,7 @@ pub struct Call {
     /// Visible outputs.
     pub out_meta: Vec<Meta>,
     /// The backward of a call that is not an operator's (`autograd.Function`, `Custom`).
-    pub custom: Option<Arc<dyn function::CustomBackward>>,
+    pub custom: Option<Arc<dyn CustomBackward>>,
 }
 
 #[derive(Default)]
@@ -159,7 +178,7 @@ fn mirrored_outputs(node: &Arc<Node>, memo: &mut Memo) -> Result<Vec<NDArray>> {
     let inputs = mirrored_inputs(&sources, memo)?;
     let refs: Vec<&NDArray> = inputs.iter().collect();
     let was = set_recording(false);
-    let outs = crate::op::invoke::invoke_attrs(call.op, &refs, None, call.attrs.clone());
+    let outs = invoke_attrs(call.op, &refs, None, call.attrs.clone());
     set_recording(was);
     let outs = outs?;
     memo.insert(Arc::as_ptr(node), outs.clone());
@@ -222,12 +241,12 @@ pub fn mark_variable(x: &NDArray, req: GradReq, grad: Option<NDArray>) -> Result
         need_grad: req != GradReq::Null,
         saved: Mutex::new(Saved::default()),
     });
-    Ok(x.with_entry(Entry { node, index: 0 }))
+    Ok(x.with_link(Entry { node, index: 0 }.link()))
 }
 
 /// The gradient array of a marked variable (None otherwise).
 pub fn grad_of(x: &NDArray) -> Option<NDArray> {
-    match &x.ag.as_ref()?.node.kind {
+    match &node_of(x)?.kind {
         Kind::Variable { grad, .. } => grad.clone(),
         Kind::Call(_) => None,
     }
@@ -239,7 +258,7 @@ pub fn check_writable(outs: &[&NDArray]) -> Result<()> {
         return Ok(());
     }
     for o in outs {
-        if o.ag.as_ref().is_some_and(|e| e.node.live()) {
+        if node_of(o).is_some_and(|n| n.live()) {
             return Err(Error::mxnet(
                 "Assigning to NDArrays that are already in a computational graph will cause undefined behavior \
                  when evaluating gradients. Please call backward first to clear the graph or do this out side of \
@@ -249,6 +268,38 @@ pub fn check_writable(outs: &[&NDArray]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Invoke `op` imperatively (see [`op::invoke::invoke`]), recording the call while this
+/// thread records.
+pub fn invoke<'a>(
+    op: &'static OpDef,
+    inputs: &[&NDArray],
+    outputs: Option<&[&NDArray]>,
+    kv: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<Vec<NDArray>> {
+    if !is_recording() {
+        return invoke::invoke(op, inputs, outputs, kv);
+    }
+    let attrs = invoke::parse(op, kv, inputs.len())?;
+    invoke_attrs(op, inputs, outputs, attrs)
+}
+
+/// [`invoke`] with parameters already parsed.
+pub fn invoke_attrs(
+    op: &'static OpDef,
+    inputs: &[&NDArray],
+    outputs: Option<&[&NDArray]>,
+    attrs: Attrs,
+) -> Result<Vec<NDArray>> {
+    if !is_recording() {
+        return invoke::invoke_attrs(op, inputs, outputs, attrs);
+    }
+    if let Some(given) = outputs {
+        check_writable(given)?;
+    }
+    let called = invoke::call(op, inputs, outputs, attrs.clone())?;
+    Ok(record_with(op, &attrs, inputs, called.outputs, called.visible, called.backward))
 }
 
 /// Record a call of `op` (when recording): `outs` are all its outputs, hidden ones included;
@@ -270,20 +321,20 @@ pub fn record_with(
     inputs: &[&NDArray],
     mut outs: Vec<NDArray>,
     visible: usize,
-    custom: Option<Arc<dyn function::CustomBackward>>,
+    custom: Option<Arc<dyn CustomBackward>>,
 ) -> Vec<NDArray> {
     if !is_recording() {
         outs.truncate(visible);
         return outs;
     }
-    let entries: Vec<Option<Entry>> = inputs.iter().map(|x| x.ag.clone().filter(|e| e.node.need_grad)).collect();
+    let entries: Vec<Option<Entry>> = inputs.iter().map(|x| entry_of(x).filter(|e| e.node.need_grad)).collect();
     let need_grad = entries.iter().any(|e| e.is_some()) && (op.grad != Grad::None || custom.is_some());
     let (need_in, need_out) = if custom.is_some() { (false, false) } else { grad::needs(op) };
     let saved = if need_grad && custom.is_none() && mirrored(op, attrs) {
         let sources = inputs
             .iter()
-            .map(|x| match &x.ag {
-                Some(e) if e.node.saved.lock().mirror.is_some() => Source::Recompute(e.clone()),
+            .map(|x| match entry_of(x) {
+                Some(e) if e.node.saved.lock().mirror.is_some() => Source::Recompute(e),
                 _ => Source::Kept(plain(x)),
             })
             .collect();
@@ -312,7 +363,7 @@ pub fn record_with(
     });
     outs.truncate(visible);
     for (i, o) in outs.iter_mut().enumerate() {
-        o.ag = Some(Entry { node: node.clone(), index: i });
+        o.ag = Some(Entry { node: node.clone(), index: i }.link());
     }
     outs
 }
@@ -333,7 +384,7 @@ fn filled(meta: &Meta, ctx: crate::context::Context, value: f64, out: Option<&ND
     let (v, c) = (value.to_string(), ctx.to_string());
     let kv = [("shape", shape.as_str()), ("dtype", meta.dtype.name()), ("value", v.as_str()), ("ctx", c.as_str())];
     let outs = out.map(|o| [o]);
-    invoke::invoke(op::lookup("_full")?, &[], outs.as_ref().map(|o| &o[..]), kv).map(|mut v| v.remove(0))
+    self::invoke(op::lookup("_full")?, &[], outs.as_ref().map(|o| &o[..]), kv).map(|mut v| v.remove(0))
 }
 
 fn ones_like(x: &Meta, ctx: crate::context::Context) -> Result<NDArray> {
@@ -351,12 +402,12 @@ fn sum_into(parts: &[NDArray], out: Option<&NDArray>) -> Result<NDArray> {
         return match out {
             None => Ok(parts[0].clone()),
             Some(o) => {
-                invoke::invoke(op::lookup("_copy")?, &refs, Some(&[o]), std::iter::empty()).map(|mut v| v.remove(0))
+                self::invoke(op::lookup("_copy")?, &refs, Some(&[o]), std::iter::empty()).map(|mut v| v.remove(0))
             }
         };
     }
     let outs = out.map(|o| [o]);
-    invoke::invoke(op::lookup("add_n")?, &refs, outs.as_ref().map(|o| &o[..]), std::iter::empty())
+    self::invoke(op::lookup("add_n")?, &refs, outs.as_ref().map(|o| &o[..]), std::iter::empty())
         .map(|mut v| v.remove(0))
 }
 
@@ -421,7 +472,7 @@ pub fn backward(args: BackwardArgs) -> Result<Vec<NDArray>> {
     };
     let mut heads = Vec::with_capacity(args.heads.len());
     for h in args.heads {
-        let e = h.ag.clone().ok_or_else(not_in_graph)?;
+        let e = entry_of(h).ok_or_else(not_in_graph)?;
         if !e.node.live() {
             return Err(not_in_graph());
         }
@@ -475,7 +526,7 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
         .variables
         .iter()
         .map(|v| {
-            v.ag.as_ref().map(key).ok_or_else(|| {
+            entry_of(v).as_ref().map(key).ok_or_else(|| {
                 Error::value(
                     "a variable of autograd.grad is not in the graph (call attach_grad or record its computation)",
                 )

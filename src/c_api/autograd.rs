@@ -414,7 +414,7 @@ impl Drop for Function {
     }
 }
 
-impl autograd::function::CustomBackward for Function {
+impl crate::op::CustomBackward for Function {
     fn backward(&self, ograds: &[NDArray], want: &[bool]) -> Result<Vec<Option<NDArray>>> {
         let mut grads = Vec::with_capacity(self.inputs.len());
         for x in &self.inputs {

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::executor::cached_op::CachedOp;
 use crate::handle::HandleTable;
 use crate::ndarray::NDArray;
-use crate::op::{self, invoke};
+use crate::op;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int};
 use std::sync::{Arc, OnceLock};
@@ -115,7 +115,7 @@ unsafe fn invoke_c(
             }
             for (&h, p) in given.iter().zip(&produced) {
                 let o = arrays().get(h)?;
-                invoke::invoke(op::lookup("_copy")?, &[p], Some(&[&o]), std::iter::empty())?;
+                crate::autograd::invoke(op::lookup("_copy")?, &[p], Some(&[&o]), std::iter::empty())?;
             }
         } else {
             hs.clear();

@@ -235,7 +235,7 @@ pub unsafe extern "C" fn MXExecutorSimpleBindEx(
             let alloc = |shape: &Option<Vec<i64>>, dt: &Option<DType>| -> Result<NDArray> {
                 let shape: Vec<usize> = shape.as_ref().expect("complete").iter().map(|&d| d as usize).collect();
                 let a = NDArray::new(shape, ctx, dt.unwrap_or(DType::F32), false)?;
-                crate::op::invoke::invoke(crate::op::lookup("zeros_like")?, &[&a], Some(&[&a]), std::iter::empty())?;
+                crate::autograd::invoke(crate::op::lookup("zeros_like")?, &[&a], Some(&[&a]), std::iter::empty())?;
                 Ok(a)
             };
             let args: Vec<NDArray> = s.args.iter().zip(&t.args).map(|(sh, dt)| alloc(sh, dt)).collect::<Result<_>>()?;

@@ -1,16 +1,13 @@
 //! C API: what `import mxnet` asks of the library besides operators — MXKVStoreIsWorkerNode,
-//! the (empty) legacy function and data-iterator lists, the (empty) PackedFunc registry, and
-//! MXCustomOpRegister.
+//! the (empty) legacy function and data-iterator lists and the (empty) PackedFunc registry
+//! (MXCustomOpRegister is in `custom_op`).
 //!
 //! Lists we do not have are returned empty (the frontend then generates nothing for them);
-//! asking for an entry of an empty list is an error. Custom operator creators are recorded by
-//! name for the `Custom` operator (`op::custom`).
+//! asking for an entry of an empty list is an error.
 
 use super::ffi::{self, cstr, out};
-use super::types::{CustomOpPropCreator, DataIterCreator, DataIterHandle, FunctionHandle, MXCallbackList};
+use super::types::{DataIterCreator, DataIterHandle, FunctionHandle};
 use crate::error::{Error, Result};
-use crate::sync::Mutex;
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 
 /// This process is a worker (no parameter server): the frontend must not start a server.
@@ -190,37 +187,5 @@ pub unsafe extern "C" fn MXNetFuncGetGlobal(name: *const c_char, _out: *mut *mut
         // SAFETY: per this function's contract.
         let n = unsafe { cstr(name, "name")? };
         Err(Error::not_supported(format!("packed function {n}")))
-    })
-}
-
-type Creator =
-    unsafe extern "C" fn(*const c_char, c_int, *mut *const c_char, *mut *const c_char, *mut MXCallbackList) -> c_int;
-
-/// The custom operator property creators registered so far, by op_type.
-fn custom_op_creators() -> &'static Mutex<HashMap<String, Creator>> {
-    static M: std::sync::OnceLock<Mutex<HashMap<String, Creator>>> = std::sync::OnceLock::new();
-    M.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// The property creator registered under `op_type` (copied out: callers call it with no lock
-/// held).
-pub fn custom_op_creator(op_type: &str) -> Option<Creator> {
-    custom_op_creators().lock().get(op_type).copied()
-}
-
-/// Record a custom operator's property creator under `op_type` (re-registering replaces it).
-///
-/// # Safety
-/// `op_type` must be a string.
-#[no_mangle]
-pub unsafe extern "C" fn MXCustomOpRegister(op_type: *const c_char, creator: CustomOpPropCreator) -> c_int {
-    ffi::call("MXCustomOpRegister", || -> Result<()> {
-        // SAFETY: per this function's contract.
-        let name = unsafe { cstr(op_type, "op_type")? };
-        let Some(creator) = creator else {
-            return Err(Error::value(format!("creator for custom operator {name} is NULL")));
-        };
-        custom_op_creators().lock().insert(name.to_string(), creator);
-        Ok(())
     })
 }

@@ -4,6 +4,7 @@
 pub mod autograd;
 pub mod base;
 pub mod cached_op;
+pub mod custom_op;
 pub mod engine;
 pub mod env;
 pub mod executor;

@@ -13,7 +13,7 @@ use super::types::{AtomicSymbolCreator, NDArrayHandle, OpHandle};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
-use crate::op::{self, invoke, random};
+use crate::op::{self, random};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int};
 use std::sync::Arc;
@@ -268,7 +268,7 @@ unsafe fn invoke_c(
     let given = given_handles.map(|hs| hs.iter().map(|&h| arrays().get(h)).collect::<Result<Vec<_>>>()).transpose()?;
     let given_refs: Option<Vec<&NDArray>> = given.as_ref().map(|g| g.iter().map(|a| &**a).collect());
     // An iterator of two pointers, not the list moved through three calls.
-    let produced = invoke::invoke(op, &in_refs, given_refs.as_deref(), kv.iter().copied())?;
+    let produced = crate::autograd::invoke(op, &in_refs, given_refs.as_deref(), kv.iter().copied())?;
     INVOKE_OUT.with(|slot| -> Result<()> {
         let mut slot = slot.borrow_mut();
         let (hs, st) = &mut *slot;

@@ -16,7 +16,6 @@ use crate::config;
 use crate::engine::{self, ExecBulk};
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
-use crate::op::invoke;
 use crate::symbol::{Graph, Symbol};
 
 /// A graph ready to run.
@@ -170,7 +169,7 @@ impl Runner {
                     _ => None,
                 };
                 let target: Vec<&NDArray> = target.iter().collect();
-                invoke::invoke_attrs(op, &ins, (!target.is_empty()).then_some(&target[..]), attrs.clone())
+                crate::autograd::invoke_attrs(op, &ins, (!target.is_empty()).then_some(&target[..]), attrs.clone())
                     .map_err(|e| Error::new(e.kind(), format!("{} (node {})", e.message(), n.name)))?
             };
             vals[i] = outs;

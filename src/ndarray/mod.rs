@@ -128,7 +128,16 @@ pub struct NDArray {
     pub offset: usize,
     /// Where this array sits in a recorded autograd graph (a marked variable or a recorded
     /// call's output); views and copies start outside any graph.
-    pub ag: Option<crate::autograd::Entry>,
+    pub ag: Option<GraphLink>,
+}
+
+/// An array's place in a graph recorded by a layer above this one (autograd): output `index`
+/// of `node`. Opaque here, so arrays know nothing of what a graph node holds; only the
+/// recorder creates links and reads its nodes back (`downcast_ref`).
+#[derive(Clone)]
+pub struct GraphLink {
+    pub node: Arc<dyn std::any::Any + Send + Sync>,
+    pub index: usize,
 }
 
 impl std::fmt::Debug for NDArray {
@@ -171,9 +180,9 @@ impl NDArray {
     pub fn detached(&self) -> NDArray {
         NDArray { ag: None, ..self.clone() }
     }
-    /// This array as `entry` of an autograd graph.
-    pub fn with_entry(&self, entry: crate::autograd::Entry) -> NDArray {
-        NDArray { ag: Some(entry), ..self.clone() }
+    /// This array at `link` of a recorded graph.
+    pub fn with_link(&self, link: GraphLink) -> NDArray {
+        NDArray { ag: Some(link), ..self.clone() }
     }
     /// A placeholder with `meta`'s shape and dtype but no storage.
     pub fn none_like_meta(meta: &Meta) -> Self {

@@ -79,11 +79,8 @@ fn invoke_checked<'a>(
     outputs: Option<&[&NDArray]>,
     kv: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Result<Vec<NDArray>> {
-    if op.is_backward {
-        return Err(Error::not_supported(format!("calling {} directly (it runs inside autograd)", op.name)));
-    }
-    let attrs = op.parse_attrs(kv, inputs.len())?;
-    invoke_parsed(op, inputs, outputs, attrs)
+    let attrs = parse(op, kv, inputs.len())?;
+    invoke_parsed(op, inputs, outputs, attrs, false).map(Called::into_visible)
 }
 
 /// [`invoke`] with parameters already parsed (graph executors parse once per node).
@@ -93,17 +90,59 @@ pub fn invoke_attrs(
     outputs: Option<&[&NDArray]>,
     attrs: super::param::Attrs,
 ) -> Result<Vec<NDArray>> {
-    invoke_parsed(op, inputs, outputs, attrs).map_err(stock_class)
+    invoke_parsed(op, inputs, outputs, attrs, false).map(Called::into_visible).map_err(stock_class)
 }
 
+/// Parse `kv` as `op`'s parameters for a call with `n_inputs` inputs, refusing a backward
+/// operator (those run inside autograd).
+pub fn parse<'a>(
+    op: &'static OpDef,
+    kv: impl IntoIterator<Item = (&'a str, &'a str)>,
+    n_inputs: usize,
+) -> Result<super::param::Attrs> {
+    if op.is_backward {
+        return Err(Error::not_supported(format!("calling {} directly (it runs inside autograd)", op.name)));
+    }
+    op.parse_attrs(kv, n_inputs).map_err(stock_class)
+}
+
+/// What a call produced, for a recorder (autograd): every output, hidden ones after the
+/// visible ones, and the backward of a call that runs its own ([`super::CustomBackward`]).
+pub struct Called {
+    pub outputs: Vec<NDArray>,
+    pub visible: usize,
+    pub backward: Option<Arc<dyn super::CustomBackward>>,
+}
+
+impl Called {
+    fn into_visible(mut self) -> Vec<NDArray> {
+        self.outputs.truncate(self.visible);
+        self.outputs
+    }
+}
+
+/// [`invoke_attrs`] returning hidden outputs and any backward of the call's own too.
+pub fn call(
+    op: &'static OpDef,
+    inputs: &[&NDArray],
+    outputs: Option<&[&NDArray]>,
+    attrs: super::param::Attrs,
+) -> Result<Called> {
+    invoke_parsed(op, inputs, outputs, attrs, true).map_err(stock_class)
+}
+
+/// `all`: the caller wants every output with its metadata (a recorder), so the shortcut that
+/// skips inference is not taken.
 fn invoke_parsed(
     op: &'static OpDef,
     inputs: &[&NDArray],
     outputs: Option<&[&NDArray]>,
     attrs: super::param::Attrs,
-) -> Result<Vec<NDArray>> {
+    all: bool,
+) -> Result<Called> {
     if let Some(own) = op.invoke_with {
-        return own(op, inputs, outputs, attrs);
+        let (outputs, backward) = own(op, inputs, outputs, attrs)?;
+        return Ok(Called { visible: outputs.len(), outputs, backward });
     }
     let want = op.num_inputs(&attrs, inputs.len())?;
     if inputs.len() != want {
@@ -113,11 +152,11 @@ fn invoke_parsed(
             inputs.len()
         )));
     }
-    if let Some(ctx) = same_shape_call(op, &attrs, inputs, outputs) {
+    if let Some(ctx) = same_shape_call(op, &attrs, inputs, outputs).filter(|_| !all) {
         let ctx = ctx.check_available()?;
         let outs = vec![NDArray::new(inputs[0].shape.clone(), ctx, inputs[0].dtype, false)?];
         launch(op, attrs, inputs, &outs, ReqList::from_buf_and_len([Req::Write; 4], 1), ctx)?;
-        return Ok(outs);
+        return Ok(Called { outputs: outs, visible: 1, backward: None });
     }
     let mut in_meta = Vec::with_capacity(inputs.len());
     let mut ctx: Option<Context> = None;
@@ -192,19 +231,13 @@ fn invoke_parsed(
     }
 
     let req: ReqList = smallvec::smallvec![Req::Write; outs.len()];
-    if !crate::autograd::is_recording() {
-        launch(op, attrs, inputs, &outs, req, ctx)?;
-        outs.truncate(visible);
-        return Ok(outs);
-    }
-    crate::autograd::check_writable(&outs.iter().take(outputs.map_or(0, |g| g.len())).collect::<Vec<_>>())?;
-    launch(op, attrs.clone(), inputs, &outs, req, ctx)?;
-    Ok(crate::autograd::record(op, &attrs, inputs, outs, visible))
+    launch(op, attrs, inputs, &outs, req, ctx)?;
+    Ok(Called { outputs: outs, visible, backward: None })
 }
 
 /// Whether this call of a [`OpDef::same_shape`] operator is on inputs of one shape, dtype and
-/// context, into a new output, outside autograd: its inference is then known (one output like
-/// the inputs) and none runs. Returns the inputs' context; `None` sends the call down the
+/// context, into a new output, for a caller that does not record it: its inference is then
+/// known (one output like the inputs) and none runs. Returns the inputs' context; `None` sends the call down the
 /// general path (which reports any error).
 fn same_shape_call(
     op: &OpDef,
@@ -213,7 +246,7 @@ fn same_shape_call(
     outputs: Option<&[&NDArray]>,
 ) -> Option<Context> {
     let first = inputs.first()?;
-    if !op.same_shape || outputs.is_some() || attrs.has("ctx") || crate::autograd::is_recording() {
+    if !op.same_shape || outputs.is_some() || attrs.has("ctx") {
         return None;
     }
     let ctx = first.ctx()?;

@@ -89,9 +89,19 @@ pub type InferFn = Box<dyn Fn(&Attrs, &[Meta]) -> Result<Vec<Meta>> + Send + Syn
 pub type ComputeFn = Box<dyn Fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()> + Send + Sync>;
 /// Invocation of an operator that does not fit parse-infer-compute (see [`OpDef::invoke_with`]):
 /// the operator, its inputs, the caller's outputs if any, and the parsed parameters; returns
-/// the visible outputs.
-pub type InvokeFn =
-    fn(&'static OpDef, &[&ndarray::NDArray], Option<&[&ndarray::NDArray]>, Attrs) -> Result<Vec<ndarray::NDArray>>;
+/// the visible outputs and, for a call whose backward runs code of its own, that backward.
+pub type InvokeFn = fn(&'static OpDef, &[&ndarray::NDArray], Option<&[&ndarray::NDArray]>, Attrs) -> Result<OwnInvoked>;
+/// What an operator's own invocation returns: the visible outputs and the call's own backward.
+pub type OwnInvoked = (Vec<ndarray::NDArray>, Option<Arc<dyn CustomBackward>>);
+
+/// The backward of a call that runs code of its own rather than a backward operator's kernel
+/// (`Custom` here; `autograd.Function`, whose backward the C layer implements with the
+/// frontend's callback). Autograd keeps it with the recorded call.
+pub trait CustomBackward: Send + Sync {
+    /// Gradients of the call's inputs (`None` where `want` is false) from the gradients of its
+    /// visible outputs.
+    fn backward(&self, ograds: &[ndarray::NDArray], want: &[bool]) -> Result<Vec<Option<ndarray::NDArray>>>;
+}
 
 /// What a kernel gets besides its tensors.
 pub struct OpCtx<'a> {

@@ -1,16 +1,17 @@
 //! Custom operators: operators implemented in the frontend (`mx.operator.CustomOp` and
-//! `CustomOpProp`) and run through the C callbacks of the stock protocol (`MXCustomOpRegister`).
+//! `CustomOpProp`).
 //!
-//! Owns: the `Custom` and `_backward_Custom` operators; the callback protocol — a property
-//! ([`Prop`]) created per call by the registered creator from the call's extra parameters,
-//! with its argument/output/auxiliary lists, shape and type inference, backward dependencies
-//! and operator creation, and the operator ([`CustomState`]) with its forward and backward —;
-//! and how forward and backward run against the engine.
+//! Owns: the `Custom` and `_backward_Custom` operators; what the frontend provides, as traits
+//! ([`PropCreator`], [`FrontendProp`], [`FrontendOp`]) that the C layer implements over
+//! stock's callback protocol (`MXCustomOpRegister`), and their registry; the property
+//! ([`Prop`]) created per call from the call's extra parameters, with its lists, backward
+//! dependencies and the checks of what the frontend infers; the operator ([`CustomState`])
+//! with its forward and backward; and how those run against the engine.
 //!
 //! Running a callback: the operation pushed for a call is asynchronous and holds the real
 //! arrays' variables (inputs read; outputs, input gradients and auxiliary states written).
 //! Its function only queues a job for the custom-operator threads ([`worker`]) and returns, so
-//! no engine worker waits for the frontend. The job hands the frontend new handles over the
+//! no engine worker waits for the frontend. The job hands the frontend new arrays over the
 //! same memory under *alias* variables (one per distinct chunk, [`Var::alias`]), calls the
 //! callback with no lock of ours held (ctypes takes the GIL itself), then pushes a completion
 //! operation that writes every alias: it runs once all that the frontend pushed on them has
@@ -26,51 +27,77 @@ pub mod worker;
 use super::invoke;
 use super::param::{PType, ParamSpec};
 use super::{Grad, Inputs, Meta, OpDef, Req};
-use crate::c_api::ndarray::arrays;
-use crate::c_api::types::MXCallbackList;
 use crate::context::Context;
 use crate::engine::{self, Completion, FnProperty, Push, Var};
 use crate::error::{Error, Result};
 use crate::ndarray::{DType, NDArray};
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::sync::Arc;
+use crate::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
-// Stock's callback indices (CustomOpPropCallbacks, CustomOpCallbacks).
-const PROP_DELETE: usize = 0;
-const PROP_LIST_ARGUMENTS: usize = 1;
-const PROP_LIST_OUTPUTS: usize = 2;
-const PROP_LIST_AUX: usize = 3;
-const PROP_INFER_SHAPE: usize = 4;
-const PROP_BACKWARD_DEPS: usize = 5;
-const PROP_CREATE_OPERATOR: usize = 6;
-const PROP_INFER_TYPE: usize = 7;
-const OP_DELETE: usize = 0;
-const OP_FORWARD: usize = 1;
-const OP_BACKWARD: usize = 2;
+/// Which callback of the frontend's operator runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    Forward,
+    Backward,
+}
 
-// Array tags of the forward/backward callbacks.
-const TAG_IN: c_int = 0;
-const TAG_OUT: c_int = 1;
-const TAG_IN_GRAD: c_int = 2;
-const TAG_OUT_GRAD: c_int = 3;
-const TAG_AUX: c_int = 4;
+/// What an array handed to the frontend's forward or backward is (stock's `in_data`,
+/// `out_data`, `in_grad`, `out_grad`, `aux`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tag {
+    In,
+    Out,
+    InGrad,
+    OutGrad,
+    Aux,
+}
 
-type DelFn = unsafe extern "C" fn(*mut c_void) -> c_int;
-type ListFn = unsafe extern "C" fn(*mut *mut *mut c_char, *mut c_void) -> c_int;
-type InferShapeFn = unsafe extern "C" fn(c_int, *mut c_int, *mut *mut c_int, *mut c_void) -> c_int;
-type InferTypeFn = unsafe extern "C" fn(c_int, *mut c_int, *mut c_void) -> c_int;
-type BwdDepFn =
-    unsafe extern "C" fn(*const c_int, *const c_int, *const c_int, *mut c_int, *mut *mut c_int, *mut c_void) -> c_int;
-type CreateOpFn = unsafe extern "C" fn(
-    *const c_char,
-    c_int,
-    *mut *mut u32,
-    *mut c_int,
-    *mut c_int,
-    *mut MXCallbackList,
-    *mut c_void,
-) -> c_int;
-type FbFn = unsafe extern "C" fn(c_int, *mut *mut c_void, *mut c_int, *mut c_int, c_int, *mut c_void) -> c_int;
+/// Creates the frontend's property for one call (`CustomOpProp(**kwargs)`): what
+/// `mx.operator.register` registers. The C layer implements it over stock's callbacks.
+pub trait PropCreator: Send + Sync {
+    fn create(&self, op_type: &str, kwargs: &[(String, String)]) -> Result<Box<dyn FrontendProp>>;
+}
+
+/// The frontend's `CustomOpProp`. An `Err` names the failed step for the caller's message.
+/// Dropping it releases the frontend's object.
+pub trait FrontendProp: Send + Sync {
+    fn list_arguments(&self) -> Result<Vec<String>>;
+    fn list_outputs(&self) -> Result<Vec<String>>;
+    fn list_auxiliary_states(&self) -> Result<Vec<String>>;
+    /// The ids (of those given: output gradients, inputs, outputs) the backward reads.
+    fn declare_backward_dependency(
+        &self,
+        out_grad: &[usize],
+        in_data: &[usize],
+        out_data: &[usize],
+    ) -> Result<Vec<i64>>;
+    /// Every entry's shape (arguments, outputs, auxiliary states) from the known ones.
+    fn infer_shape(&self, known: &[Option<&[usize]>]) -> Result<Vec<Vec<usize>>>;
+    /// Every entry's dtype from the known ones; `None` when the frontend has no `infer_type`.
+    fn infer_type(&self, known: &[Option<DType>]) -> Result<Option<Vec<DType>>>;
+    /// The operator for inputs `inputs` (arguments then auxiliary states) on `ctx`.
+    fn create_operator(&self, ctx: Context, inputs: &[Meta]) -> Result<Box<dyn FrontendOp>>;
+}
+
+/// The frontend's `CustomOp`. Dropping it releases the frontend's object.
+pub trait FrontendOp: Send + Sync {
+    /// Run `pass` over `arrays` (new views the frontend owns from here; `NDArray::none()` for
+    /// an undeclared dependency), tagged by `tags`, writing the written ones per `reqs`.
+    /// Called on a custom-operator thread with no lock of ours held.
+    fn run(&self, pass: Pass, arrays: Vec<NDArray>, tags: &[Tag], reqs: &[Req], is_train: bool) -> Result<()>;
+}
+
+/// The property creators registered so far, by op_type.
+fn creators() -> &'static Mutex<HashMap<String, Arc<dyn PropCreator>>> {
+    static M: OnceLock<Mutex<HashMap<String, Arc<dyn PropCreator>>>> = OnceLock::new();
+    M.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Register `creator` under `op_type` (`mx.operator.register`; re-registering replaces it).
+pub fn register_prop(op_type: &str, creator: Arc<dyn PropCreator>) {
+    creators().lock().insert(op_type.to_string(), creator);
+}
 
 /// Run `f`, a forward or backward callback of the custom operator `op_type`. The single place
 /// where the profiler's `Custom Operator` scope belongs (an event `<op_type>::pure_python`
@@ -79,42 +106,10 @@ pub fn callback_scope<R>(op_type: &str, f: impl FnOnce() -> R) -> R {
     crate::profiler::custom_scope(op_type, f)
 }
 
-/// A copy of a callback list a frontend filled in (the frontend keeps the functions alive
-/// until the list's delete callback).
-struct Callbacks {
-    fns: Vec<*const ()>,
-    ctxs: Vec<*mut c_void>,
-}
-
-impl Callbacks {
-    /// # Safety
-    /// `list` must have been filled in by the frontend (or be all zero).
-    unsafe fn copy(list: &MXCallbackList, op_type: &str, what: &str, needed: usize) -> Result<Callbacks> {
-        let n = list.num_callbacks.max(0) as usize;
-        if n < needed || list.callbacks.is_null() || list.contexts.is_null() {
-            return Err(Error::mxnet(format!(
-                "custom operator {op_type}: the {what} gave {n} callbacks, {needed} are needed"
-            )));
-        }
-        // SAFETY: the frontend filled in `n` callbacks and contexts.
-        let (fns, ctxs) =
-            unsafe { (std::slice::from_raw_parts(list.callbacks, n), std::slice::from_raw_parts(list.contexts, n)) };
-        Ok(Callbacks {
-            fns: fns.iter().map(|f| f.map_or(std::ptr::null(), |f| f as *const ())).collect(),
-            ctxs: ctxs.to_vec(),
-        })
-    }
-
-    /// Callback `i` (NULL or missing: `None`) and its context.
-    fn get(&self, i: usize) -> Option<(*const (), *mut c_void)> {
-        self.fns.get(i).filter(|f| !f.is_null()).map(|&f| (f, self.ctxs[i]))
-    }
-}
-
 /// A custom operator's property: created by the registered creator for one call.
 pub struct Prop {
     pub op_type: Arc<str>,
-    cbs: Callbacks,
+    frontend: Box<dyn FrontendProp>,
     pub args: Vec<String>,
     pub outputs: Vec<String>,
     pub aux: Vec<String>,
@@ -123,113 +118,37 @@ pub struct Prop {
     pub bwd_deps: Vec<usize>,
 }
 
-// SAFETY: the callbacks are frontend functions that may be called from any thread (ctypes
-// callbacks take the GIL); the contexts are opaque values handed back to them.
-unsafe impl Send for Prop {}
-unsafe impl Sync for Prop {}
-
-impl Drop for Prop {
-    fn drop(&mut self) {
-        if let Some((f, ctx)) = self.cbs.get(PROP_DELETE) {
-            // SAFETY: the delete callback has stock's signature; called once, last.
-            unsafe { std::mem::transmute::<*const (), DelFn>(f)(ctx) };
-        }
-    }
-}
-
-fn failed(op_type: &str, what: &str) -> Error {
-    Error::mxnet(format!(
-        "custom operator {op_type}: {what} failed in the frontend (its error was printed by the frontend)"
-    ))
-}
-
 impl Prop {
     /// Create the property of `op_type` with `kwargs` (the call's parameters besides
     /// `op_type`) and read its lists and backward dependencies.
     pub fn create(op_type: &str, kwargs: &[(String, String)]) -> Result<Arc<Prop>> {
-        let creator = crate::c_api::frontend::custom_op_creator(op_type).ok_or_else(|| {
+        // Cloned out: the creator runs with no lock held.
+        let creator = creators().lock().get(op_type).cloned().ok_or_else(|| {
             Error::mxnet(format!(
                 "custom operator {op_type} is not registered (register it with mx.operator.register(\"{op_type}\"))"
             ))
         })?;
-        let c = |s: &str, what: &str| {
-            CString::new(s).map_err(|_| Error::value(format!("custom operator {op_type}: {what} {s:?} contains NUL")))
-        };
-        let c_type = c(op_type, "op_type")?;
-        let keys: Vec<CString> = kwargs.iter().map(|(k, _)| c(k, "parameter")).collect::<Result<_>>()?;
-        let vals: Vec<CString> = kwargs.iter().map(|(_, v)| c(v, "value")).collect::<Result<_>>()?;
-        let mut kp: Vec<*const c_char> = keys.iter().map(|k| k.as_ptr()).collect();
-        let mut vp: Vec<*const c_char> = vals.iter().map(|v| v.as_ptr()).collect();
-        let mut list =
-            MXCallbackList { num_callbacks: 0, callbacks: std::ptr::null_mut(), contexts: std::ptr::null_mut() };
-        // SAFETY: the creator has stock's signature; every pointer is valid for the call.
-        let ok =
-            unsafe { creator(c_type.as_ptr(), kwargs.len() as c_int, kp.as_mut_ptr(), vp.as_mut_ptr(), &mut list) };
-        if ok == 0 {
-            return Err(failed(op_type, "creating its CustomOpProp"));
-        }
-        // SAFETY: the creator succeeded, so it filled the list in.
-        let cbs = unsafe { Callbacks::copy(&list, op_type, "CustomOpProp", PROP_CREATE_OPERATOR + 1)? };
+        let frontend = creator.create(op_type, kwargs)?;
         let mut prop = Prop {
             op_type: Arc::from(op_type),
-            cbs,
-            args: Vec::new(),
-            outputs: Vec::new(),
-            aux: Vec::new(),
+            args: frontend.list_arguments()?,
+            outputs: frontend.list_outputs()?,
+            aux: frontend.list_auxiliary_states()?,
+            frontend,
             bwd_deps: Vec::new(),
         };
-        prop.args = prop.list(PROP_LIST_ARGUMENTS, "list_arguments")?;
-        prop.outputs = prop.list(PROP_LIST_OUTPUTS, "list_outputs")?;
-        prop.aux = prop.list(PROP_LIST_AUX, "list_auxiliary_states")?;
         prop.bwd_deps = prop.backward_deps()?;
         Ok(Arc::new(prop))
     }
 
-    fn callback(&self, i: usize, what: &str) -> Result<(*const (), *mut c_void)> {
-        self.cbs.get(i).ok_or_else(|| Error::mxnet(format!("custom operator {}: no {what} callback", self.op_type)))
-    }
-
-    fn list(&self, i: usize, what: &str) -> Result<Vec<String>> {
-        let (f, ctx) = self.callback(i, what)?;
-        let mut names: *mut *mut c_char = std::ptr::null_mut();
-        // SAFETY: a list callback with stock's signature; it points `names` at a NULL-ended
-        // array of strings it keeps alive until its next call.
-        let ok = unsafe { std::mem::transmute::<*const (), ListFn>(f)(&mut names, ctx) };
-        if ok == 0 || names.is_null() {
-            return Err(failed(&self.op_type, what));
-        }
-        let mut out = Vec::new();
-        // SAFETY: as above; read before anything can call the callback again.
-        unsafe {
-            while !(*names.add(out.len())).is_null() {
-                out.push(CStr::from_ptr(*names.add(out.len())).to_string_lossy().into_owned());
-            }
-        }
-        Ok(out)
-    }
-
     fn backward_deps(&self) -> Result<Vec<usize>> {
-        let (f, ctx) = self.callback(PROP_BACKWARD_DEPS, "declare_backward_dependency")?;
         let (n_out, n_args) = (self.outputs.len(), self.args.len());
-        let ids = |from: usize, n: usize| (from..from + n).map(|i| i as c_int).collect::<Vec<_>>();
-        let (og, ind, outd) = (ids(0, n_out), ids(n_out, n_args), ids(n_out + n_args, n_out));
-        let (mut n, mut deps): (c_int, *mut c_int) = (0, std::ptr::null_mut());
-        // SAFETY: stock's signature; the id arrays are as long as the lists say.
-        let ok = unsafe {
-            std::mem::transmute::<*const (), BwdDepFn>(f)(
-                og.as_ptr(),
-                ind.as_ptr(),
-                outd.as_ptr(),
-                &mut n,
-                &mut deps,
-                ctx,
-            )
-        };
-        if ok == 0 || (n > 0 && deps.is_null()) {
-            return Err(failed(&self.op_type, "declare_backward_dependency"));
-        }
-        // SAFETY: the callback gave `n` ids.
-        let raw = if n > 0 { unsafe { std::slice::from_raw_parts(deps, n as usize) }.to_vec() } else { Vec::new() };
+        let ids = |from: usize, n: usize| (from..from + n).collect::<Vec<_>>();
+        let raw = self.frontend.declare_backward_dependency(
+            &ids(0, n_out),
+            &ids(n_out, n_args),
+            &ids(n_out + n_args, n_out),
+        )?;
         let total = 2 * n_out + n_args;
         raw.into_iter()
             .map(|d| {
@@ -260,7 +179,7 @@ impl Prop {
             )));
         }
         let total = n_args + n_out + n_aux;
-        // The callback's order: arguments, outputs, auxiliary states.
+        // The frontend's order: arguments, outputs, auxiliary states.
         let at = |i: usize| {
             if i < n_args {
                 Some(&inputs[i])
@@ -270,8 +189,22 @@ impl Prop {
                 None
             }
         };
-        let shapes = self.infer_shapes(total, &at)?;
-        let dtypes = self.infer_types(total, &at)?;
+        let known: Vec<Option<&[usize]>> = (0..total).map(|i| at(i).map(|m| &m.shape[..])).collect();
+        let shapes = self.frontend.infer_shape(&known)?;
+        let first = at(0).map(|m| m.dtype).unwrap_or(DType::F32);
+        let dtypes = match self.frontend.infer_type(&(0..total).map(|i| at(i).map(|m| m.dtype)).collect::<Vec<_>>())? {
+            Some(d) => d,
+            // Frontends without infer_type: everything has the first input's dtype.
+            None => vec![first; total],
+        };
+        if shapes.len() != total || dtypes.len() != total {
+            return Err(Error::mxnet(format!(
+                "custom operator {}: infer_shape/infer_type gave {} shapes and {} dtypes for {total} entries",
+                self.op_type,
+                shapes.len(),
+                dtypes.len()
+            )));
+        }
         let mut out = Vec::with_capacity(n_out);
         for (i, (shape, dtype)) in shapes.into_iter().zip(dtypes).enumerate() {
             match at(i) {
@@ -291,102 +224,10 @@ impl Prop {
         Ok(out)
     }
 
-    fn infer_shapes<'a>(&self, total: usize, at: &dyn Fn(usize) -> Option<&'a Meta>) -> Result<Vec<Vec<usize>>> {
-        let (f, ctx) = self.callback(PROP_INFER_SHAPE, "infer_shape")?;
-        let mut bufs: Vec<Vec<c_int>> = Vec::with_capacity(total);
-        for i in 0..total {
-            let dims =
-                at(i).map(|m| m.shape.iter().map(|&d| c_int::try_from(d)).collect::<std::result::Result<Vec<_>, _>>());
-            let dims = dims.transpose().map_err(|_| {
-                Error::value(format!("custom operator {}: input {i} has a dimension beyond 2^31", self.op_type))
-            })?;
-            bufs.push(dims.unwrap_or_default());
-        }
-        let mut ndims: Vec<c_int> =
-            (0..total).map(|i| if at(i).is_some() { bufs[i].len() as c_int } else { -1 }).collect();
-        let mut ptrs: Vec<*mut c_int> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();
-        // SAFETY: stock's signature; `total` entries in both arrays; the callback replaces
-        // the pointers with buffers it keeps alive until its next call.
-        let ok = unsafe {
-            std::mem::transmute::<*const (), InferShapeFn>(f)(
-                total as c_int,
-                ndims.as_mut_ptr(),
-                ptrs.as_mut_ptr(),
-                ctx,
-            )
-        };
-        if ok == 0 {
-            return Err(failed(&self.op_type, "infer_shape"));
-        }
-        let mut shapes = Vec::with_capacity(total);
-        for i in 0..total {
-            let bad = || {
-                Error::value(format!(
-                    "custom operator {}: infer_shape gave an invalid shape for entry {i}",
-                    self.op_type
-                ))
-            };
-            let n = usize::try_from(ndims[i]).map_err(|_| bad())?;
-            if n > 0 && ptrs[i].is_null() {
-                return Err(bad());
-            }
-            // SAFETY: the callback gave `n` dimensions at `ptrs[i]`.
-            let dims = if n == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(ptrs[i], n) } };
-            shapes.push(dims.iter().map(|&d| usize::try_from(d).map_err(|_| bad())).collect::<Result<Vec<_>>>()?);
-        }
-        Ok(shapes)
-    }
-
-    fn infer_types<'a>(&self, total: usize, at: &dyn Fn(usize) -> Option<&'a Meta>) -> Result<Vec<DType>> {
-        let first = at(0).map(|m| m.dtype).unwrap_or(DType::F32);
-        let Some((f, ctx)) = self.cbs.get(PROP_INFER_TYPE) else {
-            // Frontends without infer_type: everything has the first input's dtype.
-            return Ok(vec![first; total]);
-        };
-        let mut types: Vec<c_int> = (0..total).map(|i| at(i).map_or(-1, |m| m.dtype as c_int)).collect();
-        // SAFETY: stock's signature; `total` entries.
-        let ok = unsafe { std::mem::transmute::<*const (), InferTypeFn>(f)(total as c_int, types.as_mut_ptr(), ctx) };
-        if ok == 0 {
-            return Err(failed(&self.op_type, "infer_type"));
-        }
-        types
-            .into_iter()
-            .map(|t| {
-                DType::from_code(t).map_err(|e| {
-                    Error::type_error(format!("custom operator {}: infer_type: {}", self.op_type, e.message()))
-                })
-            })
-            .collect()
-    }
-
     /// Create the operator for inputs `inputs` (arguments then auxiliary states) on `ctx`.
     pub fn create_operator(self: &Arc<Self>, ctx: Context, inputs: &[Meta]) -> Result<Arc<CustomState>> {
-        let (f, cctx) = self.callback(PROP_CREATE_OPERATOR, "create_operator")?;
-        let ctx_str = CString::new(ctx.to_string()).expect("no NUL in a context name");
-        let mut bufs: Vec<Vec<u32>> = inputs.iter().map(|m| m.shape.iter().map(|&d| d as u32).collect()).collect();
-        let mut shapes: Vec<*mut u32> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();
-        let mut ndims: Vec<c_int> = inputs.iter().map(|m| m.shape.len() as c_int).collect();
-        let mut dtypes: Vec<c_int> = inputs.iter().map(|m| m.dtype as c_int).collect();
-        let mut list =
-            MXCallbackList { num_callbacks: 0, callbacks: std::ptr::null_mut(), contexts: std::ptr::null_mut() };
-        // SAFETY: stock's signature; the arrays hold one entry per input.
-        let ok = unsafe {
-            std::mem::transmute::<*const (), CreateOpFn>(f)(
-                ctx_str.as_ptr(),
-                inputs.len() as c_int,
-                shapes.as_mut_ptr(),
-                ndims.as_mut_ptr(),
-                dtypes.as_mut_ptr(),
-                &mut list,
-                cctx,
-            )
-        };
-        if ok == 0 {
-            return Err(failed(&self.op_type, "create_operator"));
-        }
-        // SAFETY: the callback succeeded, so it filled the list in.
-        let cbs = unsafe { Callbacks::copy(&list, &self.op_type, "CustomOp", OP_BACKWARD + 1)? };
-        Ok(Arc::new(CustomState { prop: self.clone(), cbs, ctx }))
+        let frontend = self.frontend.create_operator(ctx, inputs)?;
+        Ok(Arc::new(CustomState { prop: self.clone(), frontend, ctx }))
     }
 }
 
@@ -394,38 +235,16 @@ impl Prop {
 /// backward with the same object (autograd keeps it from the forward).
 pub struct CustomState {
     pub prop: Arc<Prop>,
-    cbs: Callbacks,
+    frontend: Box<dyn FrontendOp>,
     ctx: Context,
-}
-
-// SAFETY: as for `Prop`.
-unsafe impl Send for CustomState {}
-unsafe impl Sync for CustomState {}
-
-impl Drop for CustomState {
-    fn drop(&mut self) {
-        if let Some((f, ctx)) = self.cbs.get(OP_DELETE) {
-            // SAFETY: the delete callback has stock's signature; called once, last.
-            unsafe { std::mem::transmute::<*const (), DelFn>(f)(ctx) };
-        }
-    }
 }
 
 /// One array of a forward or backward callback: `None` is an empty array (a backward input
 /// the property did not declare a dependency on).
 struct Entry {
     array: Option<NDArray>,
-    tag: c_int,
+    tag: Tag,
     write: bool,
-}
-
-fn req_code(r: Req) -> c_int {
-    match r {
-        Req::Null => 0,
-        Req::Write => 1,
-        Req::Inplace => 2,
-        Req::Add => 3,
-    }
 }
 
 fn push_unique(list: &mut Vec<Arc<Var>>, v: &Arc<Var>) {
@@ -493,11 +312,11 @@ pub fn forward(
     let state = prop.create_operator(ctx, &in_meta)?;
     let n_args = prop.args.len();
     let mut entries = Vec::with_capacity(inputs.len() + outs.len());
-    entries.extend(inputs[..n_args].iter().map(|x| Entry { array: Some((*x).clone()), tag: TAG_IN, write: false }));
-    entries.extend(outs.iter().map(|o| Entry { array: Some(o.clone()), tag: TAG_OUT, write: true }));
-    entries.extend(inputs[n_args..].iter().map(|x| Entry { array: Some((*x).clone()), tag: TAG_AUX, write: true }));
-    let reqs = vec![req_code(Req::Write); outs.len()];
-    push(&state, OP_FORWARD, entries, reqs, is_train, crate::intern::intern("Custom"))?;
+    entries.extend(inputs[..n_args].iter().map(|x| Entry { array: Some((*x).clone()), tag: Tag::In, write: false }));
+    entries.extend(outs.iter().map(|o| Entry { array: Some(o.clone()), tag: Tag::Out, write: true }));
+    entries.extend(inputs[n_args..].iter().map(|x| Entry { array: Some((*x).clone()), tag: Tag::Aux, write: true }));
+    let reqs = vec![Req::Write; outs.len()];
+    push(&state, Pass::Forward, entries, reqs, is_train, crate::intern::intern("Custom"))?;
     Ok((outs, state))
 }
 
@@ -542,11 +361,11 @@ pub fn backward(
         .map(|i| Entry {
             array: None,
             tag: if i < n_out {
-                TAG_OUT_GRAD
+                Tag::OutGrad
             } else if i < n_out + n_args {
-                TAG_IN
+                Tag::In
             } else {
-                TAG_OUT
+                Tag::Out
             },
             write: false,
         })
@@ -554,26 +373,20 @@ pub fn backward(
     for (&d, x) in prop.bwd_deps.iter().zip(inputs) {
         entries[d].array = Some((*x).clone());
     }
-    entries.extend(in_grads.iter().map(|g| Entry { array: Some((*g).clone()), tag: TAG_IN_GRAD, write: true }));
-    entries.extend(inputs[n_dep..].iter().map(|a| Entry { array: Some((*a).clone()), tag: TAG_AUX, write: true }));
-    let reqs = req.iter().map(|&r| req_code(r)).collect();
-    push(state, OP_BACKWARD, entries, reqs, is_train, crate::intern::intern("_backward_Custom"))
+    entries.extend(in_grads.iter().map(|g| Entry { array: Some((*g).clone()), tag: Tag::InGrad, write: true }));
+    entries.extend(inputs[n_dep..].iter().map(|a| Entry { array: Some((*a).clone()), tag: Tag::Aux, write: true }));
+    push(state, Pass::Backward, entries, req.to_vec(), is_train, crate::intern::intern("_backward_Custom"))
 }
 
-/// Push the asynchronous operation that runs callback `which` of `state` on `entries`.
+/// Push the asynchronous operation that runs `pass` of `state` on `entries`.
 fn push(
     state: &Arc<CustomState>,
-    which: usize,
+    pass: Pass,
     entries: Vec<Entry>,
-    reqs: Vec<c_int>,
+    reqs: Vec<Req>,
     is_train: bool,
     name: Arc<str>,
 ) -> Result<()> {
-    let (f, cctx) = state.cbs.get(which).ok_or_else(|| {
-        Error::mxnet(format!("custom operator {}: the operator has no callback {which}", state.prop.op_type))
-    })?;
-    // SAFETY: forward and backward callbacks have stock's signature.
-    let callback = unsafe { std::mem::transmute::<*const (), FbFn>(f) };
     let (mut reads, mut writes) = (Vec::new(), Vec::new());
     for e in entries.iter().filter(|e| e.write) {
         push_unique(&mut writes, e.array.as_ref().expect("written arrays exist").chunk()?);
@@ -610,9 +423,7 @@ fn push(
     }
     let job = CallbackJob {
         state: state.clone(),
-        which,
-        callback,
-        cctx: SendPtr(cctx),
+        pass,
         views,
         tags: entries.iter().map(|e| e.tag).collect(),
         reqs,
@@ -635,20 +446,13 @@ fn push(
     engine::global()?.submit(p)
 }
 
-#[derive(Clone, Copy)]
-struct SendPtr(*mut c_void);
-// SAFETY: an opaque callback context, only handed back to the frontend's callback.
-unsafe impl Send for SendPtr {}
-
 /// A forward or backward callback waiting for a custom-operator thread.
 struct CallbackJob {
     state: Arc<CustomState>,
-    which: usize,
-    callback: FbFn,
-    cctx: SendPtr,
+    pass: Pass,
     views: Vec<Option<NDArray>>,
-    tags: Vec<c_int>,
-    reqs: Vec<c_int>,
+    tags: Vec<Tag>,
+    reqs: Vec<Req>,
     is_train: bool,
     aliases: Vec<Arc<Var>>,
 }
@@ -657,33 +461,17 @@ impl CallbackJob {
     /// On a custom-operator thread: call the frontend, then complete the operation once
     /// everything the frontend pushed on the arrays has finished.
     fn run(self, completion: Completion) {
-        let CallbackJob { state, which, callback, cctx, views, mut tags, mut reqs, is_train, aliases } = self;
+        let CallbackJob { state, pass, views, tags, reqs, is_train, aliases } = self;
         let op_type = state.prop.op_type.clone();
         let ctx = state.ctx;
-        // The frontend owns these handles from here (its NDArray objects free them).
-        let mut handles: Vec<*mut c_void> =
-            views.into_iter().map(|v| arrays().insert(Arc::new(v.unwrap_or_else(NDArray::none)))).collect();
-        let what = if which == OP_FORWARD { "forward" } else { "backward" };
+        let arrays: Vec<NDArray> = views.into_iter().map(|v| v.unwrap_or_else(NDArray::none)).collect();
         let was_training = invoke::set_training(is_train);
-        let ok = callback_scope(&op_type, || {
-            // SAFETY: stock's signature; the arrays hold one entry per handle (reqs: one per
-            // written output), valid for the call.
-            unsafe {
-                callback(
-                    handles.len() as c_int,
-                    handles.as_mut_ptr(),
-                    tags.as_mut_ptr(),
-                    reqs.as_mut_ptr(),
-                    is_train as c_int,
-                    cctx.0,
-                )
-            }
-        });
+        let ran = callback_scope(&op_type, || state.frontend.run(pass, arrays, &tags, &reqs, is_train));
         invoke::set_training(was_training);
         // Release the operator here, on this thread, before the operation completes (unless a
-        // caller keeps it for a backward): its delete callback enters the frontend too.
+        // caller keeps it for a backward): its release enters the frontend too.
         drop(state);
-        let mut result = if ok != 0 { Ok(()) } else { Err(failed(&op_type, &format!("CustomOp.{what}"))) };
+        let mut result = ran;
         let watched = aliases.clone();
         let mut p = Push::sync(
             move |_| {
@@ -722,25 +510,18 @@ fn no_kernel(op: &'static str) -> super::ComputeFn {
 }
 
 fn invoke_custom(
-    op: &'static OpDef,
+    _: &'static OpDef,
     inputs: &[&NDArray],
     outputs: Option<&[&NDArray]>,
     attrs: super::param::Attrs,
-) -> Result<Vec<NDArray>> {
-    if let Some(given) = outputs {
-        crate::autograd::check_writable(given)?;
-    }
+) -> Result<super::OwnInvoked> {
     let (outs, state) = forward(attrs.str("op_type"), attrs.extra(), inputs, outputs, invoke::is_training())?;
-    if !crate::autograd::is_recording() {
-        return Ok(outs);
-    }
-    let n = outs.len();
-    let rec = Arc::new(Recorded {
+    let rec = Recorded {
         state,
         inputs: inputs.iter().map(|x| x.detached()).collect(),
         outputs: outs.iter().map(|x| x.detached()).collect(),
-    });
-    Ok(crate::autograd::record_with(op, &attrs, inputs, outs, n, Some(rec)))
+    };
+    Ok((outs, Some(Arc::new(rec))))
 }
 
 /// A custom operator call recorded by autograd: its operator and tensors.
@@ -751,7 +532,7 @@ struct Recorded {
     outputs: Vec<NDArray>,
 }
 
-impl crate::autograd::function::CustomBackward for Recorded {
+impl super::CustomBackward for Recorded {
     fn backward(&self, ograds: &[NDArray], want: &[bool]) -> Result<Vec<Option<NDArray>>> {
         let prop = &self.state.prop;
         let (n_args, n_out) = (prop.args.len(), prop.outputs.len());
@@ -791,7 +572,7 @@ fn invoke_backward(
     inputs: &[&NDArray],
     outputs: Option<&[&NDArray]>,
     attrs: super::param::Attrs,
-) -> Result<Vec<NDArray>> {
+) -> Result<super::OwnInvoked> {
     let op_type = attrs.str("op_type");
     let prop = Prop::create(op_type, attrs.extra())?;
     let (n_args, n_out, n_aux, n_dep) = (prop.args.len(), prop.outputs.len(), prop.aux.len(), prop.bwd_deps.len());
@@ -827,7 +608,7 @@ fn invoke_backward(
     let state = prop.create_operator(ctx, &in_meta)?;
     let refs: Vec<&NDArray> = grads.iter().collect();
     backward(&state, inputs, &refs, &vec![Req::Write; n_args], invoke::is_training())?;
-    Ok(grads)
+    Ok((grads, None))
 }
 
 /// The number of outputs of a `Custom` call (asks the frontend; 0 when it fails, and the call
