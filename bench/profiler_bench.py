@@ -31,7 +31,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer ops and repetitions")
     args = ap.parse_args()
     n, reps, rounds = (50_000, 3, 3) if args.quick else (200_000, 5, 9)
-    subprocess.run(["cargo", "build", "--release", "--lib", "--features", "no-profiler-sites",
+    subprocess.run(["cargo", "build", "--release", "--lib", "-p", "mxnet-rt", "--features", "no-profiler-sites",
                     "--target-dir", str(ROOT / "target" / "noprof")], check=True, cwd=ROOT)
     libs = libraries()
     variants = {

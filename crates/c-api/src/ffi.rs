@@ -1,0 +1,215 @@
+//! The C ABI boundary: the one wrapper every exported function runs its body in.
+//!
+//! Owns: panic containment, the thread-local last error behind `MXGetLastError`, the
+//! per-thread return buffers for strings handed out through out-params, and the null/UTF-8
+//! checks for pointers received from C.
+//!
+//! Conventions (also in the README): return 0 on success and -1 on failure; on failure the
+//! calling thread's `MXGetLastError` text starts with `ErrorType: message` and stays valid until
+//! the next failing call on that thread; out-params are written only on success; strings
+//! returned through out-params stay valid until the next call on the same thread that returns
+//! a string.
+
+use mxnet_core::error::{Error, Result};
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Once;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    static RET_STR: RefCell<CString> = RefCell::new(CString::default());
+    /// Where the last contained panic happened, recorded by the panic hook.
+    static PANIC_AT: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// Depth of C API calls on this thread (a panic inside one is reported, not printed).
+    static CALL_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Panics inside [`call`] become the error text (with their location) instead of a message on
+/// the host's stderr; panics elsewhere go to the previous hook unchanged.
+#[inline]
+fn install_panic_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            // Depth of `call`s on this thread: a panic inside one is reported, not printed.
+            if CALL_DEPTH.try_with(|d| d.get() > 0).unwrap_or(false) {
+                let at = info.location().map(|l| format!("{}:{}", l.file(), l.line()));
+                let _ = PANIC_AT.try_with(|p| *p.borrow_mut() = at);
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Run an exported function's body: `Ok` → 0; `Err` or a panic → -1 with the last error set.
+/// Nothing unwinds past this point. Inlined into each exported function (an engine push
+/// passes a dozen arguments through it); the failure handling is out of line.
+#[inline(always)]
+pub fn call(api: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
+    install_panic_hook();
+    let start = mxnet_core::profiler::api_on().then(mxnet_core::profiler::api_begin);
+    // Not inside `CALL_DEPTH.with(..)`: the body would be compiled into that closure, out of
+    // line.
+    CALL_DEPTH.with(|d| d.set(d.get() + 1));
+    let outcome = catch_unwind(AssertUnwindSafe(body));
+    CALL_DEPTH.with(|d| d.set(d.get() - 1));
+    if let Some(t) = start {
+        mxnet_core::profiler::api_call(api, t);
+    }
+    match outcome {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => failed(&e),
+        Err(payload) => panicked(api, payload),
+    }
+}
+
+/// [`call`]'s body failed: record the error; -1.
+#[cold]
+#[inline(never)]
+fn failed(e: &Error) -> c_int {
+    set_last_error(e);
+    -1
+}
+
+/// [`call`]'s body panicked: record the panic (with where it happened) as the error; -1.
+#[cold]
+#[inline(never)]
+fn panicked(api: &'static str, payload: Box<dyn Any + Send>) -> c_int {
+    let msg = panic_message(payload.as_ref());
+    let at = PANIC_AT.with(|p| p.borrow_mut().take()).map(|l| format!(" (at {l})"));
+    set_last_error(&Error::internal(format!("panic in {api}: {msg}{}", at.unwrap_or_default())));
+    -1
+}
+
+/// [`call`] for the most common shape of an exported function: compute one value and write
+/// it to a required out-param (only on success).
+///
+/// # Safety
+/// `out` must be NULL or valid for writes.
+pub unsafe fn call_out<T>(api: &'static str, out: *mut T, what: &str, value: impl FnOnce() -> Result<T>) -> c_int {
+    call(api, || {
+        // SAFETY: per this function's contract.
+        let o = unsafe { self::out(out, what) }?;
+        *o = value()?;
+        Ok(())
+    })
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// Record `e` as this thread's last error.
+pub fn set_last_error(e: &Error) {
+    let text = CString::new(e.to_string().replace('\0', "\\0")).unwrap_or_default();
+    // try_with: during thread teardown the slot may be gone; the error is then dropped.
+    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = text);
+}
+
+/// Pointer to this thread's last error text (empty string if none). Valid until the next
+/// failing call on this thread.
+pub fn last_error_ptr() -> *const c_char {
+    LAST_ERROR.try_with(|slot| slot.borrow().as_ptr()).unwrap_or(c"".as_ptr())
+}
+
+/// Store `s` in this thread's return buffer and return a pointer valid until the next call on
+/// this thread that returns a string.
+pub fn return_str(s: &str) -> Result<*const c_char> {
+    let c = CString::new(s).map_err(|_| Error::value("string contains a NUL byte"))?;
+    Ok(RET_STR.with(|slot| {
+        *slot.borrow_mut() = c;
+        slot.borrow().as_ptr()
+    }))
+}
+
+/// A required C string argument.
+///
+/// # Safety
+/// `p` must be NULL or point to a NUL-terminated string that outlives `'a`.
+pub unsafe fn cstr<'a>(p: *const c_char, what: &str) -> Result<&'a str> {
+    if p.is_null() {
+        return Err(Error::value(format!("{what} must not be NULL")));
+    }
+    // SAFETY: non-null and NUL-terminated per the caller's contract.
+    unsafe { CStr::from_ptr(p) }.to_str().map_err(|_| Error::value(format!("{what} is not valid UTF-8")))
+}
+
+/// An optional C string argument (NULL → `None`).
+///
+/// # Safety
+/// As [`cstr`].
+#[inline]
+pub unsafe fn opt_cstr<'a>(p: *const c_char, what: &str) -> Result<Option<&'a str>> {
+    if p.is_null() {
+        Ok(None)
+    } else {
+        // SAFETY: forwarded contract.
+        unsafe { cstr(p, what) }.map(Some)
+    }
+}
+
+/// A required out-param.
+///
+/// # Safety
+/// `p` must be NULL or valid for writes of `T` for `'a`.
+pub unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
+    // SAFETY: validity for writes is the caller's contract; NULL is checked here.
+    unsafe { p.as_mut() }.ok_or_else(|| Error::value(format!("{what} must not be NULL")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last() -> String {
+        // SAFETY: last_error_ptr always points at a live NUL-terminated buffer.
+        unsafe { CStr::from_ptr(last_error_ptr()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn ok_err_and_panic() {
+        assert_eq!(call("t", || Ok(())), 0);
+        assert_eq!(call("t", || Err(Error::index("out of range"))), -1);
+        assert_eq!(last(), "IndexError: out of range");
+        assert_eq!(call("MXTest", || panic!("boom {}", 1)), -1);
+        let e = last();
+        assert!(e.starts_with("InternalError: panic in MXTest: boom 1 (at crates/c-api/src/ffi.rs:"), "{e}");
+        // A later success leaves the last error as it was.
+        assert_eq!(call("t", || Ok(())), 0);
+        assert!(last().starts_with("InternalError"));
+    }
+
+    #[test]
+    fn errors_are_per_thread() {
+        call("t", || Err(Error::value("main thread")));
+        std::thread::spawn(|| {
+            call("t", || Err(Error::type_error("other thread")));
+            assert_eq!(last(), "TypeError: other thread");
+        })
+        .join()
+        .unwrap();
+        assert_eq!(last(), "ValueError: main thread");
+    }
+
+    #[test]
+    fn pointer_checks() {
+        // SAFETY: NULL and a static C string are valid inputs.
+        unsafe {
+            assert!(cstr(std::ptr::null(), "name").unwrap_err().to_string().contains("name must not be NULL"));
+            assert_eq!(cstr(c"abc".as_ptr(), "name").unwrap(), "abc");
+            assert_eq!(opt_cstr(std::ptr::null(), "v").unwrap(), None);
+            assert!(cstr(c"\xff".as_ptr(), "n").unwrap_err().to_string().contains("UTF-8"));
+            assert!(out::<i32>(std::ptr::null_mut(), "out").is_err());
+        }
+    }
+}

@@ -1,0 +1,692 @@
+//! Operators: the registry, their declarations and imperative invocation.
+//!
+//! Owns: [`OpDef`] (an operator under its MXNet name and aliases, with its parameter schema,
+//! tensor inputs, shape/dtype inference, in-place pairs, mutated inputs, resources, gradient
+//! declaration and CPU kernel), the process-wide [`Registry`] (built once, never changed, so an
+//! operator's address is its stable handle), and the C views of each declaration that the
+//! registry functions of the C API serve.
+//!
+//! Submodules: [`param`] (schemas and strict parsing), [`tensor`] (what kernels see),
+//! [`kernel`] (the data-parallel pool and operator tuning), [`invoke`] (imperative
+//! invocation through the engine), [`random`] (reproducible random streams), [`tune`]
+//! (convolution algorithm selection) and `ops` (the operator families).
+
+pub mod custom;
+pub mod grad;
+pub mod invoke;
+pub mod kernel;
+mod ops;
+pub mod param;
+pub mod random;
+pub mod resource;
+pub(crate) mod simd;
+pub mod tensor;
+pub mod tune;
+
+use crate::error::{Error, Result};
+use crate::ndarray;
+pub use crate::ndarray::Meta;
+use param::{Attrs, ParamSpec};
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CString};
+use std::sync::{Arc, OnceLock};
+use tensor::{OutBlob, TBlob};
+
+/// How a kernel writes an output (stock's OpReqType).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Req {
+    /// Do not write.
+    Null,
+    /// Overwrite.
+    Write,
+    /// Overwrite; the output is the same memory as a declared in-place input.
+    Inplace,
+    /// Add to what is there (gradient accumulation).
+    Add,
+}
+
+/// A resource an operator asks for (stock's ResourceRequest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resource {
+    /// Temporary workspace memory.
+    TempSpace,
+    /// A random stream (seeded by MXRandomSeed, reproducible).
+    Random,
+}
+
+/// What an operator's gradient is, declared for autograd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grad {
+    /// Not differentiable and not part of gradient graphs (creation, random, updates).
+    None,
+    /// Differentiable almost nowhere (comparisons, rounding, argmax): inputs get zero gradients.
+    Zero,
+    /// Computed by the backward operator `op`, which takes the output gradients followed by
+    /// the inputs (`inputs`) and/or outputs (`outputs`) of the forward call, in that order,
+    /// and produces one gradient per forward input.
+    Backward { op: &'static str, inputs: bool, outputs: bool },
+    /// Computed by the backward operator `op` with the forward call's state (`Custom`: the
+    /// frontend's operator object); which forward tensors it reads is decided by that state
+    /// (see `custom::backward`).
+    Stateful { op: &'static str },
+}
+
+/// Which tensor inputs an operator takes.
+#[derive(Clone, Copy)]
+pub enum Inputs {
+    /// Exactly these.
+    Fixed(&'static [&'static str]),
+    /// Any number (given by the `num_args`-style parameter), under one name.
+    Variadic(&'static str),
+    /// The first `count(attrs)` of these (optional trailing inputs such as a bias the frontend
+    /// drops when `no_bias` is set).
+    Leading(&'static [&'static str], fn(&Attrs) -> usize),
+}
+
+pub type InferFn = Box<dyn Fn(&Attrs, &[Meta]) -> Result<Vec<Meta>> + Send + Sync>;
+/// A kernel: reads the inputs, writes the outputs (followed by the mutated inputs, see
+/// [`OpDef::mutate_inputs`]).
+pub type ComputeFn = Box<dyn Fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()> + Send + Sync>;
+/// Invocation of an operator that does not fit parse-infer-compute (see [`OpDef::invoke_with`]):
+/// the operator, its inputs, the caller's outputs if any, and the parsed parameters; returns
+/// the visible outputs and, for a call whose backward runs code of its own, that backward.
+pub type InvokeFn = fn(&'static OpDef, &[&ndarray::NDArray], Option<&[&ndarray::NDArray]>, Attrs) -> Result<OwnInvoked>;
+/// What an operator's own invocation returns: the visible outputs and the call's own backward.
+pub type OwnInvoked = (Vec<ndarray::NDArray>, Option<Arc<dyn CustomBackward>>);
+
+/// The backward of a call that runs code of its own rather than a backward operator's kernel
+/// (`Custom` here; `autograd.Function`, whose backward the C layer implements with the
+/// frontend's callback). Autograd keeps it with the recorded call.
+pub trait CustomBackward: Send + Sync {
+    /// Gradients of the call's inputs (`None` where `want` is false) from the gradients of its
+    /// visible outputs.
+    fn backward(&self, ograds: &[ndarray::NDArray], want: &[bool]) -> Result<Vec<Option<ndarray::NDArray>>>;
+}
+
+/// What a kernel gets besides its tensors.
+pub struct OpCtx<'a> {
+    pub attrs: &'a Attrs,
+    /// One per output.
+    pub req: &'a [Req],
+    /// Present when the operator declared [`Resource::Random`].
+    pub rng: Option<random::Stream>,
+    /// Training mode (autograd's is_train), e.g. for Dropout and BatchNorm.
+    pub is_train: bool,
+    /// Present when the operator declared [`Resource::TempSpace`] and runs through the engine.
+    pub temp: Option<std::sync::Arc<resource::TempSpace>>,
+}
+
+impl OpCtx<'_> {
+    /// `bytes` of scratch memory for this kernel call: the operator's shared workspace, or
+    /// memory of its own when it has none (a kernel called directly, as tests do).
+    pub fn workspace(&self, bytes: usize) -> Result<resource::Scratch<'_>> {
+        match &self.temp {
+            Some(t) => t.get(bytes),
+            None => Ok(resource::Scratch::owned(bytes)),
+        }
+    }
+}
+
+/// Graph inference of an operator's parameter inputs: given its parameters, the data's shape
+/// (input 0; -1 for a dimension not known yet) and how many inputs the node has, the shapes of
+/// the other inputs it determines, as `(input, shape)`. An error names what is inconsistent.
+pub type ParamShapesFn = fn(&Attrs, &[i64], usize) -> Result<Vec<(usize, Vec<i64>)>>;
+
+/// An operator.
+pub struct OpDef {
+    pub name: &'static str,
+    pub aliases: Vec<&'static str>,
+    pub doc: String,
+    pub inputs: Inputs,
+    pub params: &'static [ParamSpec],
+    /// `num_args` for variadic operators whose count is a parameter; "" otherwise.
+    pub key_var_num_args: &'static str,
+    pub num_outputs: fn(&Attrs) -> usize,
+    /// Outputs the caller sees (the rest are internal, e.g. BatchNorm's saved statistics).
+    pub num_visible_outputs: fn(&Attrs) -> usize,
+    pub infer: InferFn,
+    pub compute: ComputeFn,
+    /// `(input, output)` pairs that may share memory.
+    pub inplace: &'static [(usize, usize)],
+    /// Inputs the kernel writes (stock's FMutateInputs: optimizer states, BatchNorm's moving
+    /// statistics). Indices past a call's input count are ignored, so a variadic operator
+    /// lists those of its largest call.
+    pub mutate_inputs: &'static [usize],
+    pub resources: &'static [Resource],
+    pub grad: Grad,
+    /// Caller-given outputs may have any dtype (the kernel converts, as `_copyto` does).
+    pub any_out_dtype: bool,
+    /// A stock operator mxnet-rt does not implement: every call fails with
+    /// NotImplementedError, whatever its parameters.
+    pub not_supported: bool,
+    /// Undeclared parameters are kept for the operator ([`Attrs::extra`]) instead of being
+    /// refused (`Custom`, whose parameters belong to the frontend's operator).
+    pub open_params: bool,
+    /// Takes over imperative invocation once the parameters are parsed: for operators whose
+    /// inference and computation call back into the frontend and complete asynchronously
+    /// (`Custom`). `infer` still serves graph shape inference; `compute` is not used.
+    pub invoke_with: Option<InvokeFn>,
+    /// A backward operator (`_backward_*`, see [`grad`]): run by autograd with the forward
+    /// call's parameters and the forward inputs' shapes; never invoked directly.
+    pub is_backward: bool,
+    /// The tensor inputs `MXSymbolGetAtomicSymbolInfo` lists when they differ from `inputs`
+    /// (stock lists only `data` for log_softmax and softmin, whose optional `length` input is
+    /// not a frontend argument, so `log_softmax(x, axis)` passes the axis as a parameter).
+    pub listed_inputs: Option<&'static [&'static str]>,
+    /// When every input has one shape and dtype, the output is one array of that shape and
+    /// dtype (element-wise operators, and broadcasting ones on equal shapes): the imperative
+    /// call then skips general inference ([`invoke`]'s same-shape path).
+    pub same_shape: bool,
+    /// The first this many inputs (all: `usize::MAX`) and the first output have one shape
+    /// (stock's element-wise shape rule): graph inference fills any of them that is unknown
+    /// from one that is known, in both directions. 0: no such rule.
+    pub elementwise_shape: usize,
+    /// Graph inference of parameter inputs (weights, biases, statistics) from the data shape
+    /// (input 0), for inputs whose shape is not given (stock's backward shape inference).
+    pub param_shapes: Option<ParamShapesFn>,
+    /// Stock's output names (FListOutputNames), when they are not just `output`.
+    pub output_names: &'static [&'static str],
+    /// Initialisers set on variable inputs when a symbol is composed (stock's
+    /// FSetInputVarAttrOnCompose): `(input, __init__ value)`.
+    pub input_inits: &'static [(usize, &'static str)],
+    /// Parameter inputs (all but input 0) are float32 when the data is float16 (stock's
+    /// normalizations): the dtype graph inference gives them when nothing else says.
+    pub float32_params: bool,
+    /// An AMP cast: output `i` is input `i` in another dtype (`MXSymbolRemoveAmpCast` takes
+    /// such nodes out of a graph).
+    pub amp_cast: bool,
+    /// Never recomputed by mirroring (`MXNET_BACKWARD_DO_MIRROR`): expensive, or not the same
+    /// when run twice.
+    pub never_mirrored: bool,
+    /// Name interned for the engine and profiler.
+    engine_name: OnceLock<Arc<str>>,
+    c_info: OnceLock<CInfo>,
+}
+
+fn one(_: &Attrs) -> usize {
+    1
+}
+
+impl OpDef {
+    /// A declaration with one output, no parameters, no gradient; completed with the builder
+    /// methods below.
+    pub fn new(name: &'static str, inputs: Inputs, infer: InferFn, compute: ComputeFn) -> Self {
+        OpDef {
+            name,
+            aliases: Vec::new(),
+            doc: String::new(),
+            inputs,
+            params: &[],
+            key_var_num_args: "",
+            num_outputs: one,
+            num_visible_outputs: one,
+            infer,
+            compute,
+            inplace: &[],
+            mutate_inputs: &[],
+            resources: &[],
+            grad: Grad::None,
+            any_out_dtype: false,
+            not_supported: false,
+            open_params: false,
+            invoke_with: None,
+            is_backward: false,
+            listed_inputs: None,
+            same_shape: false,
+            elementwise_shape: 0,
+            param_shapes: None,
+            output_names: &[],
+            input_inits: &[],
+            never_mirrored: false,
+            float32_params: false,
+            amp_cast: false,
+            engine_name: OnceLock::new(),
+            c_info: OnceLock::new(),
+        }
+    }
+    /// A backward operator (see [`grad`] for its calling convention): `params` are the
+    /// forward operator's (the call gets the forward call's parsed parameters), `compute`
+    /// writes one gradient per forward input whose request is not [`Req::Null`].
+    pub fn backward(name: &'static str, params: &'static [ParamSpec], compute: ComputeFn) -> Self {
+        let infer: InferFn = Box::new(move |_, _| {
+            Err(Error::not_supported(format!("calling {name} directly (it runs inside autograd)")))
+        });
+        let mut d = OpDef::new(name, Inputs::Variadic("grads_and_data"), infer, compute).params(params);
+        d.is_backward = true;
+        d
+    }
+    pub fn listed_inputs(mut self, names: &'static [&'static str]) -> Self {
+        self.listed_inputs = Some(names);
+        self
+    }
+    pub fn alias(mut self, names: &[&'static str]) -> Self {
+        self.aliases.extend_from_slice(names);
+        self
+    }
+    pub fn doc(mut self, doc: impl Into<String>) -> Self {
+        self.doc = doc.into();
+        self
+    }
+    pub fn params(mut self, params: &'static [ParamSpec]) -> Self {
+        self.params = params;
+        self
+    }
+    pub fn num_args_key(mut self, key: &'static str) -> Self {
+        self.key_var_num_args = key;
+        self
+    }
+    pub fn outputs(mut self, total: fn(&Attrs) -> usize, visible: fn(&Attrs) -> usize) -> Self {
+        self.num_outputs = total;
+        self.num_visible_outputs = visible;
+        self
+    }
+    pub fn inplace(mut self, pairs: &'static [(usize, usize)]) -> Self {
+        self.inplace = pairs;
+        self
+    }
+    /// See [`OpDef::same_shape`].
+    pub fn same_shape(mut self) -> Self {
+        self.same_shape = true;
+        self
+    }
+    /// See [`OpDef::elementwise_shape`]: every input.
+    pub fn elementwise_shape(self) -> Self {
+        self.elementwise_shape_of(usize::MAX)
+    }
+    /// See [`OpDef::elementwise_shape`]: the first `n` inputs.
+    pub fn elementwise_shape_of(mut self, n: usize) -> Self {
+        self.elementwise_shape = n;
+        self
+    }
+    /// See [`OpDef::param_shapes`].
+    pub fn param_shapes(mut self, f: ParamShapesFn) -> Self {
+        self.param_shapes = Some(f);
+        self
+    }
+    /// See [`OpDef::output_names`].
+    pub fn output_names(mut self, names: &'static [&'static str]) -> Self {
+        self.output_names = names;
+        self
+    }
+    /// See [`OpDef::input_inits`].
+    pub fn input_inits(mut self, inits: &'static [(usize, &'static str)]) -> Self {
+        self.input_inits = inits;
+        self
+    }
+    /// See [`OpDef::amp_cast`].
+    pub fn amp_cast(mut self) -> Self {
+        self.amp_cast = true;
+        self
+    }
+    /// See [`OpDef::float32_params`].
+    pub fn float32_params(mut self) -> Self {
+        self.float32_params = true;
+        self
+    }
+    /// See [`OpDef::never_mirrored`].
+    pub fn never_mirrored(mut self) -> Self {
+        self.never_mirrored = true;
+        self
+    }
+    pub fn mutates(mut self, inputs: &'static [usize]) -> Self {
+        self.mutate_inputs = inputs;
+        self
+    }
+    pub fn resources(mut self, r: &'static [Resource]) -> Self {
+        self.resources = r;
+        self
+    }
+    pub fn grad(mut self, g: Grad) -> Self {
+        self.grad = g;
+        self
+    }
+    pub fn any_out_dtype(mut self) -> Self {
+        self.any_out_dtype = true;
+        self
+    }
+    pub fn not_supported(mut self) -> Self {
+        self.not_supported = true;
+        self
+    }
+    pub fn open_params(mut self) -> Self {
+        self.open_params = true;
+        self
+    }
+    pub fn invoke_with(mut self, f: InvokeFn) -> Self {
+        self.invoke_with = Some(f);
+        self
+    }
+
+    /// The number of tensor inputs a call with these parameters takes (`given`: the number
+    /// the caller passed, which a variadic operator without a count parameter accepts).
+    pub fn num_inputs(&self, attrs: &Attrs, given: usize) -> Result<usize> {
+        Ok(match self.inputs {
+            Inputs::Fixed(names) => names.len(),
+            Inputs::Leading(_, count) => count(attrs),
+            Inputs::Variadic(_) if self.key_var_num_args.is_empty() => given,
+            Inputs::Variadic(_) => {
+                let n = attrs.int(self.key_var_num_args);
+                if n < 0 {
+                    return Err(Error::value(format!(
+                        "operator {}: {} must be >= 0, got {n}",
+                        self.name, self.key_var_num_args
+                    )));
+                }
+                n as usize
+            }
+        })
+    }
+
+    /// The operator's name, interned for the engine and profiler.
+    pub fn engine_name(&self) -> &Arc<str> {
+        self.engine_name.get_or_init(|| crate::intern::intern(self.name))
+    }
+
+    /// Parse the parameters of a call with `num_inputs` inputs, filling in `num_args` for
+    /// variadic operators when the caller did not send it.
+    pub fn parse_attrs<'a>(
+        &'static self,
+        kv: impl IntoIterator<Item = (&'a str, &'a str)>,
+        num_inputs: usize,
+    ) -> Result<Attrs> {
+        if self.not_supported {
+            return Err(Error::not_supported(format!("operator {}", self.name)));
+        }
+        if self.open_params {
+            return Attrs::parse_open(self.name, self.params, kv);
+        }
+        if self.key_var_num_args.is_empty() {
+            return Attrs::parse(self.name, self.params, kv);
+        }
+        let mut pairs: Vec<(&str, &str)> = kv.into_iter().collect();
+        let n = num_inputs.to_string();
+        if !pairs.iter().any(|(k, _)| *k == self.key_var_num_args) {
+            pairs.push((self.key_var_num_args, &n));
+        }
+        Attrs::parse(self.name, self.params, pairs)
+    }
+
+    /// The arguments `MXSymbolGetAtomicSymbolInfo` lists: tensor inputs, then parameters.
+    fn arguments(&self) -> Vec<(String, String, String)> {
+        let mut args = Vec::new();
+        match (self.listed_inputs, self.inputs) {
+            (Some(names), _) => {
+                for n in names {
+                    args.push((n.to_string(), "NDArray-or-Symbol".to_string(), format!("Input {n}")));
+                }
+            }
+            (None, Inputs::Fixed(names) | Inputs::Leading(names, _)) => {
+                for n in names {
+                    args.push((n.to_string(), "NDArray-or-Symbol".to_string(), format!("Input {n}")));
+                }
+            }
+            (None, Inputs::Variadic(n)) => {
+                args.push((n.to_string(), "NDArray-or-Symbol[]".to_string(), "Positional input arrays".to_string()))
+            }
+        }
+        for p in self.params {
+            args.push((p.name.to_string(), p.type_string(), p.doc.to_string()));
+        }
+        args
+    }
+
+    /// The C strings of this declaration, built on first use and kept for the process.
+    pub fn c_info(&self) -> &CInfo {
+        self.c_info.get_or_init(|| CInfo::new(self))
+    }
+}
+
+/// NUL-terminated copies of an operator's declaration, with pointer arrays into them.
+pub struct CInfo {
+    pub name: CString,
+    pub desc: CString,
+    pub key_var_num_args: CString,
+    _strings: Vec<CString>,
+    pub arg_names: Vec<*const c_char>,
+    pub arg_types: Vec<*const c_char>,
+    pub arg_descs: Vec<*const c_char>,
+}
+
+// SAFETY: the pointers address the CStrings owned by the same CInfo, which is never mutated.
+unsafe impl Send for CInfo {}
+unsafe impl Sync for CInfo {}
+
+fn c_string(s: &str) -> CString {
+    CString::new(s.replace('\0', " ")).expect("NULs replaced")
+}
+
+impl CInfo {
+    fn new(op: &OpDef) -> Self {
+        let args = op.arguments();
+        let mut strings = Vec::new();
+        let mut ptrs = |s: &str| {
+            let c = c_string(s);
+            let p = c.as_ptr();
+            strings.push(c);
+            p
+        };
+        let (mut n, mut t, mut d) = (Vec::new(), Vec::new(), Vec::new());
+        for (name, ty, desc) in &args {
+            n.push(ptrs(name));
+            t.push(ptrs(ty));
+            d.push(ptrs(desc));
+        }
+        let desc = if op.doc.is_empty() { format!("{} (mxnet-rt)", op.name) } else { op.doc.clone() };
+        CInfo {
+            name: c_string(op.name),
+            desc: c_string(&desc),
+            key_var_num_args: c_string(op.key_var_num_args),
+            _strings: strings,
+            arg_names: n,
+            arg_types: t,
+            arg_descs: d,
+        }
+    }
+}
+
+/// All operators.
+pub struct Registry {
+    ops: Vec<OpDef>,
+    by_name: HashMap<&'static str, usize>,
+    /// Every name (canonical and aliases), as C strings, and pointers to them.
+    _all_names: Vec<CString>,
+    all_name_ptrs: Vec<*const c_char>,
+    /// The operators' addresses (their handles), canonical order.
+    handles: Vec<*mut c_void>,
+}
+
+// SAFETY: built once and never mutated; the pointers address data owned by the registry.
+unsafe impl Send for Registry {}
+unsafe impl Sync for Registry {}
+
+impl Registry {
+    fn build() -> Registry {
+        let mut ops = Vec::new();
+        ops::register_all(&mut ops);
+        let mut by_name = HashMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            for n in std::iter::once(&op.name).chain(op.aliases.iter()) {
+                let prev = by_name.insert(*n, i);
+                assert!(prev.is_none(), "operator name {n} registered twice");
+            }
+        }
+        let mut names: Vec<&'static str> = by_name.keys().copied().collect();
+        names.sort_unstable();
+        let all_names: Vec<CString> = names.iter().map(|n| c_string(n)).collect();
+        let all_name_ptrs = all_names.iter().map(|c| c.as_ptr()).collect();
+        let mut reg = Registry { ops, by_name, _all_names: all_names, all_name_ptrs, handles: Vec::new() };
+        reg.handles = reg.ops.iter().map(|o| o as *const OpDef as *mut c_void).collect();
+        reg
+    }
+
+    pub fn ops(&self) -> &[OpDef] {
+        &self.ops
+    }
+    pub fn get(&self, name: &str) -> Option<&OpDef> {
+        self.by_name.get(name).map(|&i| &self.ops[i])
+    }
+    /// Every name, aliases included (sorted).
+    pub fn all_name_ptrs(&self) -> &[*const c_char] {
+        &self.all_name_ptrs
+    }
+    pub fn handles(&self) -> &[*mut c_void] {
+        &self.handles
+    }
+
+    /// The operator behind a handle given out by [`OpDef::handle`]; anything else is an error.
+    pub fn from_handle(&self, h: *const c_void) -> Result<&OpDef> {
+        if h.is_null() {
+            return Err(Error::value("operator handle is NULL"));
+        }
+        let base = self.ops.as_ptr() as usize;
+        let size = std::mem::size_of::<OpDef>();
+        let addr = h as usize;
+        if addr < base || (addr - base) % size != 0 || (addr - base) / size >= self.ops.len() {
+            return Err(Error::value(format!("{h:p} is not an operator handle")));
+        }
+        Ok(&self.ops[(addr - base) / size])
+    }
+}
+
+impl OpDef {
+    /// This operator's handle (its address in the registry; stable for the process).
+    pub fn handle(&self) -> *mut c_void {
+        self as *const OpDef as *mut c_void
+    }
+}
+
+/// The registry, built at first use.
+pub fn registry() -> &'static Registry {
+    static R: OnceLock<Registry> = OnceLock::new();
+    R.get_or_init(Registry::build)
+}
+
+/// The operator named `name` (canonical or alias).
+pub fn lookup(name: &str) -> Result<&'static OpDef> {
+    registry().get(name).ok_or_else(|| Error::value(format!("operator {name} is not registered")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_names_resolve_and_handles_roundtrip() {
+        let r = registry();
+        assert!(!r.ops().is_empty());
+        for op in r.ops() {
+            let h = op.handle();
+            assert!(std::ptr::eq(r.from_handle(h).unwrap(), op));
+            for a in &op.aliases {
+                assert!(std::ptr::eq(r.get(a).unwrap(), op), "alias {a} of {}", op.name);
+            }
+            let info = op.c_info();
+            assert_eq!(info.arg_names.len(), info.arg_types.len());
+            // Variadic operators name their count parameter, and it is declared.
+            if let (Inputs::Variadic(_), false) = (op.inputs, op.key_var_num_args.is_empty()) {
+                assert!(op.params.iter().any(|p| p.name == op.key_var_num_args), "{}", op.name);
+            }
+        }
+        assert!(r.from_handle(std::ptr::null()).is_err());
+        let bogus = (r.ops().as_ptr() as usize + 1) as *const c_void;
+        assert!(r.from_handle(bogus).is_err());
+    }
+
+    /// An operator is described in its declaration only: no code outside `crates/core/src/op` matches on
+    /// an operator's name (in a `match` arm, a comparison, `matches!`, or a list of names).
+    /// Looking an operator up by name (`op::lookup("...")`) is not matching.
+    #[test]
+    fn no_code_outside_src_op_matches_on_an_operator_name() {
+        let r = registry();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        // This crate and the C layer's.
+        let mut files = vec![root.clone(), root.join("../../c-api/src")];
+        let mut found = Vec::new();
+        // A list of strings (`["a", "b"]`), not an index into a map (`j["a"]`).
+        let list_literal = |code: &str| {
+            code.match_indices("[\"").any(|(i, _)| {
+                code[..i].chars().next_back().is_none_or(|c| !(c.is_alphanumeric() || c == ']' || c == ')' || c == '_'))
+            })
+        };
+        while let Some(p) = files.pop() {
+            if p.is_dir() {
+                if p != root.join("op") {
+                    files.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+                }
+                continue;
+            }
+            if p.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("").trim();
+                let matching = code.contains("=>")
+                    || code.contains("==")
+                    || code.contains("!=")
+                    || code.contains("matches!")
+                    || code.contains("[&str")
+                    || list_literal(code)
+                    || code.contains(".starts_with(")
+                    || code.contains(".eq(")
+                    || code.contains("&str = \"")
+                    || code.starts_with('|')
+                    || (code.starts_with('"') && (code.ends_with(',') || code.ends_with(']') || code.ends_with("];")));
+                if !matching {
+                    continue;
+                }
+                for lit in code.split('"').skip(1).step_by(2) {
+                    if r.get(lit).is_some() {
+                        found.push(format!("{}:{}: {}", p.display(), n + 1, line.trim()));
+                    }
+                }
+            }
+        }
+        assert!(found.is_empty(), "operator names matched outside crates/core/src/op:\n{}", found.join("\n"));
+    }
+
+    /// The rules graph inference and composition took from per-name tables are the
+    /// declarations' own now (issue 33): spot checks of each.
+    #[test]
+    fn declarations_carry_their_graph_rules() {
+        let r = registry();
+        for name in ["elemwise_add", "_plus", "relu", "exp", "_copy", "identity", "clip", "add_n", "ElementWiseSum"] {
+            assert_eq!(r.get(name).unwrap().elementwise_shape, usize::MAX, "{name}");
+        }
+        for name in ["Activation", "BlockGrad", "stop_gradient", "Dropout", "zeros_like", "ones_like", "_maximum"] {
+            assert_eq!(r.get(name).unwrap().elementwise_shape, usize::MAX, "{name}");
+        }
+        assert_eq!(r.get("softmax").unwrap().elementwise_shape, 1, "the length input has its own shape");
+        for name in ["broadcast_add", "dot", "Concat", "FullyConnected", "reshape"] {
+            assert_eq!(r.get(name).unwrap().elementwise_shape, 0, "{name}");
+        }
+        assert_eq!(r.get("BatchNorm").unwrap().output_names, ["output", "mean", "var"]);
+        assert_eq!(r.get("LayerNorm").unwrap().output_names, ["output", "mean", "std"]);
+        assert_eq!(r.get("Dropout").unwrap().output_names, ["output", "mask"]);
+        assert!(r.get("amp_cast").unwrap().amp_cast && !r.get("Cast").unwrap().amp_cast);
+        assert!(r.get("BatchNorm").unwrap().float32_params && r.get("LayerNorm").unwrap().float32_params);
+        assert_eq!(r.get("BatchNorm").unwrap().input_inits.iter().map(|p| p.0).collect::<Vec<_>>(), [3, 4]);
+        for name in
+            ["Convolution", "FullyConnected", "Concat", "SoftmaxOutput", "Dropout", "BatchNorm", "dot", "batch_dot"]
+        {
+            assert!(r.get(name).unwrap().never_mirrored, "{name}");
+        }
+        let attrs = |op: &'static OpDef, kv: &[(&str, &str)]| op.parse_attrs(kv.iter().copied(), 3).unwrap();
+        let fc = r.get("FullyConnected").unwrap();
+        let rule = fc.param_shapes.unwrap();
+        let a = attrs(fc, &[("num_hidden", "10")]);
+        assert_eq!(rule(&a, &[4, 3, 5], 3).unwrap(), [(1, vec![10, 15]), (2, vec![10])]);
+        assert_eq!(rule(&a, &[4, -1, 5], 3).unwrap(), [(1, vec![10, -1]), (2, vec![10])]);
+        let a = attrs(fc, &[("num_hidden", "10"), ("flatten", "False")]);
+        assert_eq!(rule(&a, &[4, 3, 5], 3).unwrap(), [(1, vec![10, 5]), (2, vec![10])]);
+        let conv = r.get("Convolution").unwrap();
+        let a = attrs(conv, &[("kernel", "(3,3)"), ("num_filter", "8"), ("num_group", "2")]);
+        assert_eq!(conv.param_shapes.unwrap()(&a, &[1, 4, 9, 9], 3).unwrap(), [(1, vec![8, 2, 3, 3]), (2, vec![8])]);
+        let err = conv.param_shapes.unwrap()(&a, &[1, 4, 9], 3).unwrap_err().to_string();
+        assert!(err.contains("a 2-d kernel needs 4-d data, got data shape (1,4,9)"), "{err}");
+        let bn = r.get("BatchNorm").unwrap();
+        let a = bn.parse_attrs([("axis", "-1")], 5).unwrap();
+        assert_eq!(bn.param_shapes.unwrap()(&a, &[2, 3, 7], 5).unwrap().len(), 4);
+        assert!(bn.param_shapes.unwrap()(&a, &[2, 3, 7], 5).unwrap().iter().all(|(_, s)| s == &[7]));
+    }
+}
