@@ -592,6 +592,109 @@ mod tests {
         assert!(r.from_handle(bogus).is_err());
     }
 
+    /// Every forward operator, called once on small float32 inputs with its defaults (required
+    /// parameters given a value of their type), reads only the parameter struct its own table
+    /// declares: `op_params!`'s `of` panics otherwise, and a helper shared by operators of
+    /// different tables is where that would hide.
+    #[test]
+    fn every_operator_reads_only_its_own_parameter_struct() {
+        use crate::context::Context;
+        use crate::ndarray::{DType, NDArray};
+        use param::PType;
+        let mut wrong = Vec::new();
+        let mut called = 0;
+        for op in registry().ops() {
+            if op.is_backward || op.not_supported || op.invoke_with.is_some() {
+                continue;
+            }
+            let dummy = |ty: PType| match ty {
+                PType::Bool => "False",
+                PType::Int => "1",
+                PType::Float => "1",
+                PType::Shape => "(1,)",
+                PType::OptShape => "(None,)",
+                PType::FloatTuple => "(1.0,)",
+                PType::Enum(names) => names[0],
+                PType::DType => "float32",
+                PType::Ctx => "cpu(0)",
+                PType::Str => "x",
+            };
+            let kv: Vec<(&str, &str)> =
+                op.params.iter().filter(|s| s.default.is_none()).map(|s| (s.name, dummy(s.ty))).collect();
+            let Ok(attrs) = op.parse_attrs(kv.iter().copied(), 2) else { continue };
+            let Ok(n) = op.num_inputs(&attrs, 2) else { continue };
+            let inputs: Vec<NDArray> =
+                (0..n).map(|_| NDArray::new(vec![2, 3, 4], Context::CPU, DType::F32, false).unwrap()).collect();
+            let refs: Vec<&NDArray> = inputs.iter().collect();
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let outs = invoke::invoke_attrs(op, &refs, None, attrs.clone())?;
+                outs.iter().try_for_each(|o| o.wait(false))
+            }));
+            called += 1;
+            let text = match outcome {
+                Err(payload) => {
+                    payload.downcast_ref::<String>().cloned().or(payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                }
+                Ok(Err(e)) => Some(e.to_string()),
+                Ok(Ok(())) => None,
+            };
+            if let Some(t) = text.filter(|t| t.contains("reads parameters of another table")) {
+                wrong.push(format!("{}: {t}", op.name));
+            }
+        }
+        assert!(called > 200, "only {called} operators were called");
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    /// Parameters are read through the struct their table declares (`op_params!`), not by
+    /// string key. Helpers shared by operators with different tables still read by name; this
+    /// count of such reads may only fall (lower `ALLOWED` when it does).
+    #[test]
+    fn parameters_are_read_through_declared_structs() {
+        const ALLOWED: usize = 87;
+        const GETTERS: &[&str] = &[
+            "int",
+            "float",
+            "bool",
+            "str",
+            "shape",
+            "opt_int",
+            "opt_float",
+            "opt_shape",
+            "opt_tuple",
+            "floats",
+            "dtype",
+            "ctx",
+            "is_none",
+        ];
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = vec![root.clone(), root.join("../../c-api/src")];
+        let mut reads = Vec::new();
+        while let Some(p) = files.pop() {
+            if p.is_dir() {
+                files.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+                continue;
+            }
+            if p.extension().is_none_or(|e| e != "rs") || p.ends_with("op/param.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                for g in GETTERS {
+                    let call = format!(".{g}(\"");
+                    reads.extend(line.match_indices(&call).map(|_| format!("{}:{}", p.display(), n + 1)));
+                }
+            }
+        }
+        assert!(
+            reads.len() <= ALLOWED,
+            "{} parameter reads by string key (allowed: {ALLOWED}); declare the parameters with op_params! and \
+             read the struct (docs/adding-an-operator.md):\n{}",
+            reads.len(),
+            reads.join("\n")
+        );
+    }
+
     /// An operator is described in its declaration only: no code outside `crates/core/src/op` matches on
     /// an operator's name (in a `match` arm, a comparison, `matches!`, or a list of names).
     /// Looking an operator up by name (`op::lookup("...")`) is not matching.

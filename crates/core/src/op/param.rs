@@ -8,6 +8,9 @@
 //! naming the operator, the parameter, the value and what is accepted. The one exception is an
 //! operator declared open ([`Attrs::parse_open`], `Custom`): it keeps unknown keys, in order,
 //! as extra string parameters for its implementation to interpret.
+//!
+//! Operators declare their parameters with [`op_params!`]: the table and a typed struct from
+//! one declaration, so kernels read `p.num_hidden`, not a string key.
 
 use crate::context::{Context, DevType};
 use crate::error::{Error, Result};
@@ -436,6 +439,141 @@ impl Attrs {
     }
 }
 
+/// A Rust type a parameter can have in an [`op_params!`] struct: which [`PType`] the frontend
+/// is told and parses with, and how the parsed [`Value`] is read, borrowed for `'a` (reading
+/// allocates nothing). `Option<T>` is the nullable form (the frontend may pass `None`).
+pub trait ParamType<'a>: Sized {
+    const PTYPE: PType;
+    const NULLABLE: bool = false;
+    /// `None` when `v` is not a value of this type (parsing by [`Self::PTYPE`] never gives one).
+    fn read(v: &'a Value) -> Option<Self>;
+}
+
+macro_rules! param_type {
+    ($ty:ty, $ptype:expr, $pat:pat => $out:expr) => {
+        impl<'a> ParamType<'a> for $ty {
+            const PTYPE: PType = $ptype;
+            fn read(v: &'a Value) -> Option<Self> {
+                match v {
+                    $pat => Some($out),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+param_type!(bool, PType::Bool, Value::Bool(b) => *b);
+param_type!(i64, PType::Int, Value::Int(i) => *i);
+param_type!(f64, PType::Float, Value::Float(f) => *f);
+param_type!(DType, PType::DType, Value::DType(d) => *d);
+// A tuple of integers, one whose entries may be `None`, a tuple of floats.
+param_type!(&'a [i64], PType::Shape, Value::Shape(s) => &s[..]);
+param_type!(&'a [Option<i64>], PType::OptShape, Value::OptShape(s) => &s[..]);
+param_type!(&'a [f64], PType::FloatTuple, Value::FloatTuple(s) => &s[..]);
+// Any string, or (declared `in [...]`) one of the listed ones.
+param_type!(&'a str, PType::Str, Value::Str(s) => s.as_str());
+
+impl<'a, T: ParamType<'a>> ParamType<'a> for Option<T> {
+    const PTYPE: PType = T::PTYPE;
+    const NULLABLE: bool = true;
+    fn read(v: &'a Value) -> Option<Self> {
+        match v {
+            Value::None => Some(None),
+            v => T::read(v).map(Some),
+        }
+    }
+}
+
+impl Attrs {
+    /// Parameter `i` of these attributes as a `T`, after checking that they were parsed
+    /// against `specs` (the same table, not a copy), the table the caller's struct declares.
+    /// For [`op_params!`] structs; reading a struct of another table is an error in the
+    /// operator's code and panics on every call (so any test of the operator finds it).
+    pub fn typed<'a, T: ParamType<'a>>(&'a self, specs: &'static [ParamSpec], i: usize) -> T {
+        if !std::ptr::eq(self.specs, specs) {
+            panic!(
+                "operator {} reads parameters of another table ({}) than it declares",
+                self.op,
+                specs.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+            );
+        }
+        let name = specs[i].name;
+        T::read(&self.values[i]).unwrap_or_else(|| self.mismatch(name, std::any::type_name::<T>()))
+    }
+}
+
+/// Declares an operator family's parameters once: the table (`ParamSpec`s: name, type,
+/// default, doc) that is served to the frontend and parsed against, and a struct with one
+/// typed field per parameter, read with `Struct::of(&attrs)` (by index, borrowing: it
+/// allocates nothing). A misspelt field does not compile, and a field's type is the type the
+/// frontend is told and parsed with. `of` panics for attributes parsed against another table
+/// (an operator reading a struct it does not declare).
+///
+/// ```ignore
+/// op_params! {
+///     /// Softmax's parameters.
+///     pub(super) struct SoftmaxParams<'a> => SOFTMAX_PARAMS {
+///         axis: i64 = "-1", "The axis along which to compute softmax.";
+///         temperature: Option<f64> = "None", "Temperature parameter in softmax";
+///         dtype: Option<&'a str> = "None" in ["float16", "float32", "float64"], "DType of the output.";
+///         kernel: &'a [i64] = required, "Kernel size.";
+///     }
+/// }
+/// ```
+/// `Option<T>` fields accept `None`; `&str` fields with `in [...]` (or `in *NAMES`, a
+/// `&[&str]` constant) after the default accept only those strings; `required` has no
+/// default.
+macro_rules! op_params {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident<$lt:lifetime> => $specs:ident {
+            $($field:ident : $ty:ty = $default:tt $(in $choices:expr)?, $doc:literal;)*
+        }
+    ) => {
+        $(#[$meta])*
+        // Every parameter the frontend may pass is declared, also those an operator ignores
+        // (`cudnn_off` on CPU).
+        #[allow(dead_code)]
+        #[derive(Debug, Clone, Copy)]
+        $vis struct $name<$lt> {
+            $(pub $field: $ty,)*
+            _attrs: std::marker::PhantomData<&$lt ()>,
+        }
+        #[allow(dead_code)]
+        impl<$lt> $name<$lt> {
+            const SPECS: &'static [$crate::op::param::ParamSpec] = &[
+                $($crate::op::param::ParamSpec {
+                    name: stringify!($field),
+                    ty: $crate::op::param::op_params!(@ty $lt, $ty $(, $choices)?),
+                    nullable: <$ty as $crate::op::param::ParamType<$lt>>::NULLABLE,
+                    default: $crate::op::param::op_params!(@default $default),
+                    doc: $doc,
+                },)*
+            ];
+
+            /// The parameters of a call of an operator that declares them.
+            #[allow(unused_assignments, unused_mut, unused_variables)]
+            $vis fn of(a: &$lt $crate::op::param::Attrs) -> Self {
+                let mut i = 0usize;
+                $name {
+                    $($field: {
+                        let v = a.typed::<$ty>($specs, i);
+                        i += 1;
+                        v
+                    },)*
+                    _attrs: std::marker::PhantomData,
+                }
+            }
+        }
+        $vis static $specs: &[$crate::op::param::ParamSpec] = $name::<'static>::SPECS;
+    };
+    (@ty $lt:lifetime, $ty:ty) => { <$ty as $crate::op::param::ParamType<$lt>>::PTYPE };
+    (@ty $lt:lifetime, $ty:ty, $choices:expr) => { $crate::op::param::PType::Enum(&$choices) };
+    (@default required) => { None };
+    (@default $d:literal) => { Some($d) };
+}
+pub(crate) use op_params;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -453,6 +591,42 @@ mod tests {
 
     fn parse(kv: &[(&str, &str)]) -> Result<Attrs> {
         Attrs::parse("test_op", SPECS, kv.iter().copied())
+    }
+
+    op_params! {
+        /// The table above, declared once with types.
+        struct TestParams<'a> => TEST_PARAMS {
+            shape: &'a [i64] = required, "output shape";
+            axis: Option<i64> = "None", "axis";
+            keepdims: bool = "False", "keep reduced axes";
+            scalar: f64 = "1", "scalar";
+            begin: &'a [Option<i64>] = "()", "begin";
+            mode: &'a str = "max" in ["max", "avg"], "mode";
+            dtype: Option<DType> = "None", "dtype";
+        }
+    }
+
+    #[test]
+    fn declared_params_are_one_table_and_one_typed_struct() {
+        // The table is what the hand-written one says (the frontend sees no difference).
+        assert_eq!(TEST_PARAMS.len(), 7);
+        for (typed, by_hand) in TEST_PARAMS.iter().zip(SPECS) {
+            assert_eq!((typed.name, typed.doc, typed.default), (by_hand.name, by_hand.doc, by_hand.default));
+            assert_eq!(typed.type_string(), by_hand.type_string(), "{}", typed.name);
+        }
+        let kv = [("shape", "(2, 3)"), ("axis", "-1"), ("mode", "avg"), ("dtype", "float16"), ("begin", "(None, 1)")];
+        let a = Attrs::parse("test_op", TEST_PARAMS, kv).unwrap();
+        let p = TestParams::of(&a);
+        assert_eq!((p.shape, p.axis, p.keepdims, p.scalar), (&[2, 3][..], Some(-1), false, 1.0));
+        assert_eq!((p.begin, p.mode, p.dtype), (&[None, Some(1)][..], "avg", Some(DType::F16)));
+        // Attributes parsed against another table, even one with the same names: refused.
+        let b = Attrs::parse("test_op", SPECS, kv).unwrap();
+        let refused = std::panic::catch_unwind(|| TestParams::of(&b).axis).unwrap_err();
+        let msg = refused.downcast_ref::<String>().unwrap();
+        assert!(msg.contains("reads parameters of another table"), "{msg}");
+        // Parsing is as strict as ever.
+        assert!(Attrs::parse("test_op", TEST_PARAMS, [("shape", "1"), ("mode", "min")]).is_err());
+        assert!(Attrs::parse("test_op", TEST_PARAMS, [("axis", "1")]).is_err());
     }
 
     #[test]

@@ -25,7 +25,7 @@
 pub mod worker;
 
 use super::invoke;
-use super::param::{PType, ParamSpec};
+use super::param::op_params;
 use super::{Grad, Inputs, Meta, OpDef, Req};
 use crate::context::Context;
 use crate::engine::{self, Completion, FnProperty, Push, Var};
@@ -499,11 +499,12 @@ impl CallbackJob {
     }
 }
 
-const CUSTOM_PARAMS: &[ParamSpec] = &[ParamSpec::req(
-    "op_type",
-    PType::Str,
-    "Name of the custom operator. This is the name that is passed to `mx.operator.register` to register the operator.",
-)];
+op_params! {
+    /// `Custom`'s one declared parameter; the others are the frontend's (`Attrs::extra`).
+    struct CustomParams<'a> => CUSTOM_PARAMS {
+        op_type: &'a str = required, "Name of the custom operator. This is the name that is passed to `mx.operator.register` to register the operator.";
+    }
+}
 
 fn no_kernel(op: &'static str) -> super::ComputeFn {
     Box::new(move |_, _, _| Err(Error::internal(format!("{op} runs through its own invocation, not a kernel"))))
@@ -515,7 +516,8 @@ fn invoke_custom(
     outputs: Option<&[&NDArray]>,
     attrs: super::param::Attrs,
 ) -> Result<super::OwnInvoked> {
-    let (outs, state) = forward(attrs.str("op_type"), attrs.extra(), inputs, outputs, invoke::is_training())?;
+    let (outs, state) =
+        forward(CustomParams::of(&attrs).op_type, attrs.extra(), inputs, outputs, invoke::is_training())?;
     let rec = Recorded {
         state,
         inputs: inputs.iter().map(|x| x.detached()).collect(),
@@ -573,7 +575,7 @@ fn invoke_backward(
     outputs: Option<&[&NDArray]>,
     attrs: super::param::Attrs,
 ) -> Result<super::OwnInvoked> {
-    let op_type = attrs.str("op_type");
+    let op_type = CustomParams::of(&attrs).op_type;
     let prop = Prop::create(op_type, attrs.extra())?;
     let (n_args, n_out, n_aux, n_dep) = (prop.args.len(), prop.outputs.len(), prop.aux.len(), prop.bwd_deps.len());
     if inputs.len() != n_dep + n_aux {
@@ -614,12 +616,12 @@ fn invoke_backward(
 /// The number of outputs of a `Custom` call (asks the frontend; 0 when it fails, and the call
 /// itself then reports why).
 fn num_outputs(a: &super::param::Attrs) -> usize {
-    Prop::create(a.str("op_type"), a.extra()).map_or(0, |p| p.outputs.len())
+    Prop::create(CustomParams::of(a).op_type, a.extra()).map_or(0, |p| p.outputs.len())
 }
 
 /// The number of outputs of a `_backward_Custom` call: one gradient per argument.
 fn num_in_grads(a: &super::param::Attrs) -> usize {
-    Prop::create(a.str("op_type"), a.extra()).map_or(0, |p| p.args.len())
+    Prop::create(CustomParams::of(a).op_type, a.extra()).map_or(0, |p| p.args.len())
 }
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
@@ -627,7 +629,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         OpDef::new(
             "Custom",
             Inputs::Variadic("data"),
-            Box::new(|a, inputs| Prop::create(a.str("op_type"), a.extra())?.infer(inputs)),
+            Box::new(|a, inputs| Prop::create(CustomParams::of(a).op_type, a.extra())?.infer(inputs)),
             no_kernel("Custom"),
         )
         .alias(&["_npi_Custom"])
@@ -642,7 +644,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         OpDef::new(
             "_backward_Custom",
             Inputs::Variadic("data"),
-            Box::new(|a, _| Err(Error::not_supported(format!("shape inference of _backward_Custom ({})", a.str("op_type"))))),
+            Box::new(|a, _| Err(Error::not_supported(format!("shape inference of _backward_Custom ({})", CustomParams::of(a).op_type)))),
             no_kernel("_backward_Custom"),
         )
         .params(CUSTOM_PARAMS)

@@ -5,11 +5,15 @@
 use super::common::all_same;
 use crate::error::Result;
 use crate::op::kernel::{par_for_mut, Cost};
-use crate::op::param::{PType, ParamSpec};
+use crate::op::param::op_params;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, OpCtx, OpDef, Req};
 
-const PARAMS: &[ParamSpec] = &[ParamSpec::req("num_args", PType::Int, "Number of inputs to be summed.")];
+op_params! {
+    pub(super) struct AddNParams<'a> => PARAMS {
+        num_args: i64 = required, "Number of inputs to be summed.";
+    }
+}
 
 fn sum<T: Elem>(ins: &[TBlob], out: &mut OutBlob) {
     let srcs: Vec<&[T]> = ins.iter().map(|b| b.as_slice::<T>()).collect();

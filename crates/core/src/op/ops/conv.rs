@@ -13,26 +13,29 @@ use super::nn::Real;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_items, par_tasks_mut, parts};
-use crate::op::param::{Attrs, PType, ParamSpec};
+use crate::op::param::op_params;
+use crate::op::param::Attrs;
 use crate::op::resource::Scratch;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::tune::{self, AlgoInfo, Request};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Resource};
 use half::f16;
 
-pub(super) const CONV_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("kernel", PType::Shape, "Convolution kernel size: (w,), (h, w) or (d, h, w)"),
-    ParamSpec::opt("stride", PType::Shape, "[]", "Convolution stride: (w,), (h, w) or (d, h, w). Defaults to 1 for each dimension."),
-    ParamSpec::opt("dilate", PType::Shape, "[]", "Convolution dilate: (w,), (h, w) or (d, h, w). Defaults to 1 for each dimension."),
-    ParamSpec::opt("pad", PType::Shape, "[]", "Zero pad for convolution: (w,), (h, w) or (d, h, w). Defaults to no padding."),
-    ParamSpec::req("num_filter", PType::Int, "Convolution filter(channel) number"),
-    ParamSpec::opt("num_group", PType::Int, "1", "Number of group partitions."),
-    ParamSpec::opt("workspace", PType::Int, "1024", "Maximum temporary workspace allowed (MB) in convolution."),
-    ParamSpec::opt("no_bias", PType::Bool, "False", "Whether to disable bias parameter."),
-    ParamSpec::or_none("cudnn_tune", PType::Enum(&["fastest", "limited_workspace", "off"]), "None", "Whether to pick convolution algo by running performance test."),
-    ParamSpec::opt("cudnn_off", PType::Bool, "False", "Turn off cudnn for this layer."),
-    ParamSpec::or_none("layout", PType::Enum(&["NCDHW", "NCHW", "NCW", "NDHWC", "NHWC"]), "None", "Set layout for input, output and weight. Empty for\n    default layout: NCW for 1d, NCHW for 2d and NCDHW for 3d."),
-];
+op_params! {
+    pub(super) struct ConvParams<'a> => CONV_PARAMS {
+        kernel: &'a [i64] = required, "Convolution kernel size: (w,), (h, w) or (d, h, w)";
+        stride: &'a [i64] = "[]", "Convolution stride: (w,), (h, w) or (d, h, w). Defaults to 1 for each dimension.";
+        dilate: &'a [i64] = "[]", "Convolution dilate: (w,), (h, w) or (d, h, w). Defaults to 1 for each dimension.";
+        pad: &'a [i64] = "[]", "Zero pad for convolution: (w,), (h, w) or (d, h, w). Defaults to no padding.";
+        num_filter: i64 = required, "Convolution filter(channel) number";
+        num_group: i64 = "1", "Number of group partitions.";
+        workspace: i64 = "1024", "Maximum temporary workspace allowed (MB) in convolution.";
+        no_bias: bool = "False", "Whether to disable bias parameter.";
+        cudnn_tune: Option<&'a str> = "None" in ["fastest", "limited_workspace", "off"], "Whether to pick convolution algo by running performance test.";
+        cudnn_off: bool = "False", "Turn off cudnn for this layer.";
+        layout: Option<&'a str> = "None" in ["NCDHW", "NCHW", "NCW", "NDHWC", "NHWC"], "Set layout for input, output and weight. Empty for\n    default layout: NCW for 1d, NCHW for 2d and NCDHW for 3d.";
+    }
+}
 
 /// A convolution problem with spatial dimensions widened to three (leading size-1 ones).
 #[derive(Debug, Clone, PartialEq)]
@@ -118,8 +121,9 @@ fn widen(op: &str, name: &str, v: &[i64], nsp: usize, default: usize, min: i64) 
 }
 
 pub(super) fn plan(a: &Attrs, data: &[usize]) -> Result<Plan> {
+    let params = ConvParams::of(a);
     let op = a.op;
-    let k = a.shape("kernel");
+    let k = params.kernel;
     let nsp = k.len();
     if !(1..=3).contains(&nsp) {
         return Err(Error::value(format!("operator {op}: kernel {k:?} must have 1, 2 or 3 entries")));
@@ -130,17 +134,14 @@ pub(super) fn plan(a: &Attrs, data: &[usize]) -> Result<Plan> {
             nsp + 2
         )));
     }
-    if !a.is_none("layout") && !a.str("layout").starts_with("NC") {
-        return Err(Error::not_supported(format!(
-            "operator {op} with layout {} (channel-first layouts only)",
-            a.str("layout")
-        )));
+    if let Some(layout) = params.layout.filter(|l| !l.starts_with("NC")) {
+        return Err(Error::not_supported(format!("operator {op} with layout {layout} (channel-first layouts only)")));
     }
     let kernel = widen(op, "kernel", k, nsp, 1, 1)?;
-    let stride = widen(op, "stride", a.shape("stride"), nsp, 1, 1)?;
-    let dilate = widen(op, "dilate", a.shape("dilate"), nsp, 1, 1)?;
-    let pad = widen(op, "pad", a.shape("pad"), nsp, 0, 0)?;
-    let (f, g) = (a.int("num_filter"), a.int("num_group"));
+    let stride = widen(op, "stride", params.stride, nsp, 1, 1)?;
+    let dilate = widen(op, "dilate", params.dilate, nsp, 1, 1)?;
+    let pad = widen(op, "pad", params.pad, nsp, 0, 0)?;
+    let (f, g) = (params.num_filter, params.num_group);
     if f < 1 || g < 1 {
         return Err(Error::value(format!("operator {op}: num_filter ({f}) and num_group ({g}) must be positive")));
     }
@@ -151,7 +152,7 @@ pub(super) fn plan(a: &Attrs, data: &[usize]) -> Result<Plan> {
             "operator {op}: channels ({c}) and num_filter ({f}) must be divisible by num_group ({g})"
         )));
     }
-    if a.int("workspace") < 0 {
+    if params.workspace < 0 {
         return Err(Error::value(format!("operator {op}: workspace must be >= 0")));
     }
     let mut input = [1; 3];
@@ -163,7 +164,7 @@ pub(super) fn plan(a: &Attrs, data: &[usize]) -> Result<Plan> {
         if span > padded {
             return Err(Error::value(format!(
                 "operator {op}: kernel {k:?} (dilate {:?}) is larger than the padded input {:?}",
-                a.shape("dilate"),
+                params.dilate,
                 &data[2..]
             )));
         }
@@ -177,7 +178,8 @@ pub(super) fn plan(a: &Attrs, data: &[usize]) -> Result<Plan> {
 }
 
 fn conv_inputs(a: &Attrs) -> usize {
-    if a.bool("no_bias") {
+    let params = ConvParams::of(a);
+    if params.no_bias {
         2
     } else {
         3
@@ -421,15 +423,16 @@ fn run_algo(op: &str, algo: usize, p: &Plan, ins: &[TBlob], out: &mut OutBlob, w
 
 /// The selection key of a call: operator, dtype, shapes and parameters.
 fn key(a: &Attrs, ins: &[TBlob]) -> String {
+    let params = ConvParams::of(a);
     format!(
         "Convolution;{};data={:?};weight={:?};stride={:?};dilate={:?};pad={:?};group={};bias={}",
         ins[0].dtype.name(),
         ins[0].shape,
         ins[1].shape,
-        a.shape("stride"),
-        a.shape("dilate"),
-        a.shape("pad"),
-        a.int("num_group"),
+        params.stride,
+        params.dilate,
+        params.pad,
+        params.num_group,
         ins.len() > 2
     )
 }
@@ -443,10 +446,11 @@ fn convolution(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let list = algos(&p, ins[0].dtype.size());
     // Heuristic: GEMM unless the reduced dimension is tiny.
     let heuristic = if p.kdim() >= 8 { IM2COL } else { DIRECT };
+    let params = ConvParams::of(a);
     let req = Request {
         key: key(a, ins),
-        per_op: (!a.is_none("cudnn_tune")).then(|| a.str("cudnn_tune")),
-        workspace_limit: (a.int("workspace") as usize).saturating_mul(1 << 20),
+        per_op: params.cudnn_tune,
+        workspace_limit: (params.workspace as usize).saturating_mul(1 << 20),
         algos: &list,
         heuristic,
     };

@@ -14,7 +14,7 @@ use super::common::{all_same, same_as_first};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, Cost};
-use crate::op::param::{PType, ParamSpec};
+use crate::op::param::op_params;
 use crate::op::tensor::{Elem, Operand, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, OpCtx, OpDef};
 
@@ -695,10 +695,12 @@ pub(crate) const BINS: &[BinDef] = &[
     ),
 ];
 
-pub(super) const SCALAR_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("scalar", PType::Float, "1", "scalar input value"),
-    ParamSpec::opt("is_int", PType::Bool, "True", "Indicate whether scalar input is int type"),
-];
+op_params! {
+    pub(super) struct ScalarParams<'a> => SCALAR_PARAMS {
+        scalar: f64 = "1", "scalar input value";
+        is_int: bool = "True", "Indicate whether scalar input is int type";
+    }
+}
 
 fn grad_of(g: Option<(&'static str, bool, bool)>) -> Grad {
     match g {
@@ -715,7 +717,7 @@ fn elemwise_compute(op: Bin) -> crate::op::ComputeFn {
 
 fn scalar_compute(op: Bin, reversed: bool) -> crate::op::ComputeFn {
     Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
-        let s = cx.attrs.float("scalar");
+        let s = ScalarParams::of(cx.attrs).scalar;
         let x = &ins[0];
         let n = x.size();
         dispatch_arith!(x.dtype, cx.attrs.op, T => {
@@ -1118,11 +1120,16 @@ const UNARY: &[UnDef] = &[
     ),
 ];
 
-pub(super) const CLIP_PARAMS: &[ParamSpec] =
-    &[ParamSpec::req("a_min", PType::Float, "Minimum value"), ParamSpec::req("a_max", PType::Float, "Maximum value")];
+op_params! {
+    pub(super) struct ClipParams<'a> => CLIP_PARAMS {
+        a_min: f64 = required, "Minimum value";
+        a_max: f64 = required, "Maximum value";
+    }
+}
 
 fn clip(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let (lo, hi) = (cx.attrs.float("a_min"), cx.attrs.float("a_max"));
+    let params = ClipParams::of(cx.attrs);
+    let (lo, hi) = (params.a_min, params.a_max);
     dispatch_arith!(ins[0].dtype, cx.attrs.op, T => {
         let (lo, hi) = (<T as Elem>::from_f64(lo).load(), <T as Elem>::from_f64(hi).load());
         let ([x], o) = outs[0].operands::<T, 1>(0, [&ins[0]]);

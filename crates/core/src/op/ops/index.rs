@@ -11,6 +11,7 @@ use super::strided::{by_size, contiguous_strides, copy, elems, elems_mut, pod, V
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, Cost};
+use crate::op::param::op_params;
 use crate::op::param::{Attrs, PType, ParamSpec};
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, InferFn, Inputs, Meta, OpCtx, OpDef, Req};
@@ -40,11 +41,13 @@ pub(super) fn read_indices(b: &TBlob) -> Vec<i64> {
 
 // ---- slice family ----
 
-const SLICE_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("begin", PType::OptShape, "starting indices for the slice operation, supports negative indices."),
-    ParamSpec::req("end", PType::OptShape, "ending indices for the slice operation, supports negative indices."),
-    ParamSpec::opt("step", PType::OptShape, "()", "step for the slice operation, supports negative values."),
-];
+op_params! {
+    pub(super) struct SliceParams<'a> => SLICE_PARAMS {
+        begin: &'a [Option<i64>] = required, "starting indices for the slice operation, supports negative indices.";
+        end: &'a [Option<i64>] = required, "ending indices for the slice operation, supports negative indices.";
+        step: &'a [Option<i64>] = "()", "step for the slice operation, supports negative values.";
+    }
+}
 
 /// Per axis: (begin, step, length) of a slice with stock's rules.
 pub(super) fn slice_ranges(
@@ -131,6 +134,8 @@ pub(super) fn slice_view(ranges: &[(i64, i64, usize)], shape: &[usize]) -> (View
     (v, ranges.iter().map(|r| r.2).collect())
 }
 
+/// The view `begin`/`end`/`step` select: `slice`, `_slice_assign` and `_slice_assign_scalar`
+/// (three tables that all declare them).
 pub(super) fn attr_slice(op: &str, a: &Attrs, shape: &[usize]) -> Result<(View, Vec<usize>)> {
     let r = slice_ranges(op, shape, a.opt_tuple("begin"), a.opt_tuple("end"), a.opt_tuple("step"))?;
     Ok(slice_view(&r, shape))
@@ -195,15 +200,15 @@ fn run_slice_axis(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()>
     Ok(())
 }
 
-const SLICE_LIKE_PARAMS: &[ParamSpec] = &[ParamSpec::opt(
-    "axes",
-    PType::Shape,
-    "()",
-    "List of axes on which input data will be sliced according to the corresponding size of the second input.",
-)];
+op_params! {
+    pub(super) struct SliceLikeParams<'a> => SLICE_LIKE_PARAMS {
+        axes: &'a [i64] = "()", "List of axes on which input data will be sliced according to the corresponding size of the second input.";
+    }
+}
 
 fn slice_like_shape(a: &Attrs, l: &[usize], r: &[usize]) -> Result<Vec<usize>> {
-    let axes = a.shape("axes");
+    let params = SliceLikeParams::of(a);
+    let axes = params.axes;
     let mut out = l.to_vec();
     if axes.is_empty() {
         if l.len() != r.len() {
@@ -267,12 +272,14 @@ fn run_slice_assign(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<(
     Ok(())
 }
 
-const SLICE_ASSIGN_SCALAR_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("scalar", PType::Float, "0", "The scalar value for assignment."),
-    ParamSpec::req("begin", PType::OptShape, "starting indices for the slice operation, supports negative indices."),
-    ParamSpec::req("end", PType::OptShape, "ending indices for the slice operation, supports negative indices."),
-    ParamSpec::opt("step", PType::OptShape, "()", "step for the slice operation, supports negative values."),
-];
+op_params! {
+    pub(super) struct SliceAssignScalarParams<'a> => SLICE_ASSIGN_SCALAR_PARAMS {
+        scalar: f64 = "0", "The scalar value for assignment.";
+        begin: &'a [Option<i64>] = required, "starting indices for the slice operation, supports negative indices.";
+        end: &'a [Option<i64>] = required, "ending indices for the slice operation, supports negative indices.";
+        step: &'a [Option<i64>] = "()", "step for the slice operation, supports negative values.";
+    }
+}
 
 fn infer_slice_assign_scalar(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     attr_slice("_slice_assign_scalar", a, &ins[0].shape)?;
@@ -294,7 +301,7 @@ fn run_slice_assign_scalar(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> R
         outs[0].copy_from(&ins[0]);
     }
     let (v, shape) = attr_slice("_slice_assign_scalar", cx.attrs, &ins[0].shape)?;
-    fill_view(&mut outs[0], &v, &shape, cx.attrs.float("scalar"));
+    fill_view(&mut outs[0], &v, &shape, SliceAssignScalarParams::of(cx.attrs).scalar);
     Ok(())
 }
 
@@ -302,15 +309,12 @@ fn run_slice_assign_scalar(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> R
 
 const TAKE_MODES: &[&str] = &["raise", "wrap", "clip"];
 
-const TAKE_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("axis", PType::Int, "0", "The axis of input array to be taken."),
-    ParamSpec::opt(
-        "mode",
-        PType::Enum(TAKE_MODES),
-        "clip",
-        "Specify how out-of-bound indices bahave: clip, wrap or raise.",
-    ),
-];
+op_params! {
+    pub(super) struct TakeParams<'a> => TAKE_PARAMS {
+        axis: i64 = "0", "The axis of input array to be taken.";
+        mode: &'a str = "clip" in *TAKE_MODES, "Specify how out-of-bound indices bahave: clip, wrap or raise.";
+    }
+}
 
 /// Resolve index `i` on an axis of length `n` under `mode` (`c`lip, `w`rap, `r`aise).
 pub(super) fn resolve(op: &str, i: i64, n: usize, mode: u8) -> Result<usize> {
@@ -332,11 +336,12 @@ pub(super) fn resolve(op: &str, i: i64, n: usize, mode: u8) -> Result<usize> {
 }
 
 fn infer_take(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = TakeParams::of(a);
     let s = &ins[0].shape;
     if s.is_empty() {
         return Err(Error::value("operator take: the data array must have at least one dimension"));
     }
-    let ax = norm_axis("take", a.int("axis"), s.len())?;
+    let ax = norm_axis("take", params.axis, s.len())?;
     let mut out = s[..ax].to_vec();
     out.extend_from_slice(&ins[1].shape);
     out.extend_from_slice(&s[ax + 1..]);
@@ -361,8 +366,9 @@ fn gather_blocks(data: &TBlob, out: &mut OutBlob, outer: usize, n: usize, idx: &
 
 fn run_take(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let s = &ins[0].shape;
-    let ax = norm_axis("take", cx.attrs.int("axis"), s.len())?;
-    let mode = cx.attrs.str("mode").as_bytes()[0];
+    let params = TakeParams::of(cx.attrs);
+    let ax = norm_axis("take", params.axis, s.len())?;
+    let mode = params.mode.as_bytes()[0];
     let idx = read_indices(&ins[1]);
     if idx.is_empty() || outs[0].size() == 0 {
         return Ok(());
@@ -372,39 +378,28 @@ fn run_take(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
-const PICK_PARAMS: &[ParamSpec] = &[
-    ParamSpec::or_none(
-        "axis",
-        PType::Int,
-        "-1",
-        "int or None. The axis to picking the elements. Negative values means indexing from right to left.",
-    ),
-    ParamSpec::opt(
-        "keepdims",
-        PType::Bool,
-        "False",
-        "If true, the axis where we pick the elements is left in the result as dimension with size one.",
-    ),
-    ParamSpec::opt(
-        "mode",
-        PType::Enum(TAKE_MODES),
-        "clip",
-        "Specify how out-of-bound indices behave: clip, wrap or raise.",
-    ),
-];
+op_params! {
+    pub(super) struct PickParams<'a> => PICK_PARAMS {
+        axis: Option<i64> = "-1", "int or None. The axis to picking the elements. Negative values means indexing from right to left.";
+        keepdims: bool = "False", "If true, the axis where we pick the elements is left in the result as dimension with size one.";
+        mode: &'a str = "clip" in *TAKE_MODES, "Specify how out-of-bound indices behave: clip, wrap or raise.";
+    }
+}
 
 pub(super) fn pick_axis(a: &Attrs, shape: &[usize]) -> Result<usize> {
-    match a.opt_int("axis") {
+    let params = PickParams::of(a);
+    match params.axis {
         Some(ax) => norm_axis("pick", ax, shape.len()),
         None => Err(Error::not_supported("operator pick with axis=None")),
     }
 }
 
 fn infer_pick(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = PickParams::of(a);
     let s = &ins[0].shape;
     let ax = pick_axis(a, s)?;
     let mut out = s.clone();
-    if a.bool("keepdims") {
+    if params.keepdims {
         out[ax] = 1;
     } else {
         out.remove(ax);
@@ -426,7 +421,7 @@ fn infer_pick(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 fn run_pick(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let s = &ins[0].shape;
     let ax = pick_axis(cx.attrs, s)?;
-    let mode = cx.attrs.str("mode").as_bytes()[0];
+    let mode = PickParams::of(cx.attrs).mode.as_bytes()[0];
     let (n, inner) = (s[ax], s[ax + 1..].iter().product::<usize>());
     let idx = read_indices(&ins[1]);
     if idx.is_empty() {
@@ -449,15 +444,18 @@ fn run_pick(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 const DTYPE_ENUM: &[&str] = &["bool", "float16", "float32", "float64", "int32", "int64", "int8", "uint8"];
 
-const ONE_HOT_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("depth", PType::Int, "Depth of the one hot dimension."),
-    ParamSpec::opt("on_value", PType::Float, "1", "The value assigned to the locations represented by indices."),
-    ParamSpec::opt("off_value", PType::Float, "0", "The value assigned to the locations not represented by indices."),
-    ParamSpec::opt("dtype", PType::Enum(DTYPE_ENUM), "float32", "DType of the output"),
-];
+op_params! {
+    pub(super) struct OneHotParams<'a> => ONE_HOT_PARAMS {
+        depth: i64 = required, "Depth of the one hot dimension.";
+        on_value: f64 = "1", "The value assigned to the locations represented by indices.";
+        off_value: f64 = "0", "The value assigned to the locations not represented by indices.";
+        dtype: &'a str = "float32" in *DTYPE_ENUM, "DType of the output";
+    }
+}
 
 fn infer_one_hot(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
-    let depth = a.int("depth");
+    let params = OneHotParams::of(a);
+    let depth = params.depth;
     if depth < 0 {
         return Err(Error::value(format!("operator one_hot: depth must be non-negative, got {depth}")));
     }
@@ -467,9 +465,10 @@ fn infer_one_hot(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 }
 
 fn run_one_hot(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let depth = cx.attrs.int("depth");
+    let params = OneHotParams::of(cx.attrs);
+    let depth = params.depth;
     let idx = read_indices(&ins[0]);
-    let (on, off) = (cx.attrs.float("on_value"), cx.attrs.float("off_value"));
+    let (on, off) = (params.on_value, params.off_value);
     super::init::fill(&mut outs[0], off);
     let d = depth as usize;
     dispatch_all!(outs[0].dtype, T => {
@@ -584,10 +583,15 @@ fn run_gather_nd(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
-const SCATTER_PARAMS: &[ParamSpec] = &[ParamSpec::req("shape", PType::Shape, "Shape of output.")];
+op_params! {
+    pub(super) struct ScatterParams<'a> => SCATTER_PARAMS {
+        shape: &'a [i64] = required, "Shape of output.";
+    }
+}
 
 fn infer_scatter_set_nd(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
-    let want = super::common::shape_param("_scatter_set_nd", "shape", a.shape("shape"))?;
+    let params = ScatterParams::of(a);
+    let want = super::common::shape_param("_scatter_set_nd", "shape", params.shape)?;
     let (l, r, i) = (&ins[0].shape, &ins[1].shape, &ins[2].shape);
     if *l != want {
         return Err(Error::value(format!("operator _scatter_set_nd: lhs has shape {l:?}, shape says {want:?}")));
@@ -654,44 +658,30 @@ fn run_fill_element_0index(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> R
 
 const IDX_DTYPES: &[&str] = &["float16", "float32", "float64", "int32", "int64", "uint8"];
 
-const SORT_PARAMS: &[ParamSpec] = &[
-    ParamSpec::or_none(
-        "axis",
-        PType::Int,
-        "-1",
-        "Axis along which to choose sort the input tensor. If not given, the flattened array is used. Default is -1.",
-    ),
-    ParamSpec::opt("is_ascend", PType::Bool, "True", "Whether to sort in ascending or descending order."),
-];
+op_params! {
+    pub(super) struct SortParams<'a> => SORT_PARAMS {
+        axis: Option<i64> = "-1", "Axis along which to choose sort the input tensor. If not given, the flattened array is used. Default is -1.";
+        is_ascend: bool = "True", "Whether to sort in ascending or descending order.";
+    }
+}
 
-const ARGSORT_PARAMS: &[ParamSpec] = &[
-    ParamSpec::or_none(
-        "axis",
-        PType::Int,
-        "-1",
-        "Axis along which to sort the input tensor. If not given, the flattened array is used. Default is -1.",
-    ),
-    ParamSpec::opt("is_ascend", PType::Bool, "True", "Whether to sort in ascending or descending order."),
-    ParamSpec::opt("dtype", PType::Enum(IDX_DTYPES), "float32", "DType of the output indices."),
-];
+op_params! {
+    pub(super) struct ArgsortParams<'a> => ARGSORT_PARAMS {
+        axis: Option<i64> = "-1", "Axis along which to sort the input tensor. If not given, the flattened array is used. Default is -1.";
+        is_ascend: bool = "True", "Whether to sort in ascending or descending order.";
+        dtype: &'a str = "float32" in *IDX_DTYPES, "DType of the output indices.";
+    }
+}
 
-const TOPK_PARAMS: &[ParamSpec] = &[
-    ParamSpec::or_none(
-        "axis",
-        PType::Int,
-        "-1",
-        "Axis along which to choose the top k indices. If not given, the flattened array is used. Default is -1.",
-    ),
-    ParamSpec::opt("k", PType::Int, "1", "Number of top elements to select; a global sort is performed if k < 1."),
-    ParamSpec::opt("ret_typ", PType::Enum(&["both", "indices", "mask", "value"]), "indices", "The return type."),
-    ParamSpec::opt("is_ascend", PType::Bool, "False", "Whether to choose k largest or k smallest elements."),
-    ParamSpec::opt(
-        "dtype",
-        PType::Enum(IDX_DTYPES),
-        "float32",
-        "DType of the output indices when ret_typ is \"indices\" or \"both\".",
-    ),
-];
+op_params! {
+    pub(super) struct TopkParams<'a> => TOPK_PARAMS {
+        axis: Option<i64> = "-1", "Axis along which to choose the top k indices. If not given, the flattened array is used. Default is -1.";
+        k: i64 = "1", "Number of top elements to select; a global sort is performed if k < 1.";
+        ret_typ: &'a str = "indices" in ["both", "indices", "mask", "value"], "The return type.";
+        is_ascend: bool = "False", "Whether to choose k largest or k smallest elements.";
+        dtype: &'a str = "float32" in *IDX_DTYPES, "DType of the output indices when ret_typ is \"indices\" or \"both\".";
+    }
+}
 
 /// Geometry of a sort: (axis or None for flattened, outer, n, inner, k).
 pub(super) struct SortGeom {
@@ -813,7 +803,8 @@ fn run_sort(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 }
 
 fn topk_count(a: &Attrs) -> usize {
-    if a.str("ret_typ") == "both" {
+    let params = TopkParams::of(a);
+    if params.ret_typ == "both" {
         2
     } else {
         1
@@ -821,14 +812,15 @@ fn topk_count(a: &Attrs) -> usize {
 }
 
 fn infer_topk(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = TopkParams::of(a);
     let x = &ins[0];
     if x.dtype == DType::Bool {
         return Err(Error::type_error("operator topk does not support dtype bool"));
     }
-    let g = sort_geom("topk", a, &x.shape, Some(a.int("k")))?;
+    let g = sort_geom("topk", a, &x.shape, Some(params.k))?;
     let s = sorted_shape(&g, &x.shape);
     let idx = enum_dtype(a, "dtype");
-    Ok(match a.str("ret_typ") {
+    Ok(match params.ret_typ {
         "value" => vec![Meta::new(s, x.dtype)],
         "indices" => vec![Meta::new(s, idx)],
         "mask" => vec![x.clone()],
@@ -838,10 +830,11 @@ fn infer_topk(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 
 fn run_topk(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
-    let g = sort_geom("topk", a, &ins[0].shape, Some(a.int("k")))?;
-    let ret = a.str("ret_typ");
+    let params = TopkParams::of(a);
+    let g = sort_geom("topk", a, &ins[0].shape, Some(params.k))?;
+    let ret = params.ret_typ;
     dispatch_num!(ins[0].dtype, "topk", T => {
-        let order = sort_order::<T>(&ins[0], &g, a.bool("is_ascend"));
+        let order = sort_order::<T>(&ins[0], &g, params.is_ascend);
         match ret {
             "value" => write_sorted::<T>(&ins[0], &g, &order, &mut outs[0], true)?,
             "indices" => write_sorted::<T>(&ins[0], &g, &order, &mut outs[0], false)?,

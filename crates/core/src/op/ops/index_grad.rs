@@ -17,6 +17,8 @@ use super::init::fill;
 use super::strided::{by_size, copy, elems, elems_mut, View};
 use crate::error::Result;
 use crate::op::kernel::{par_for_mut, Cost};
+use crate::op::ops::index::PickParams;
+use crate::op::ops::index::TakeParams;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{OpCtx, OpDef, Req};
 use crate::{dispatch_all, dispatch_float};
@@ -113,14 +115,15 @@ fn scatter_add<T: Arith>(g: &[T], dx: &mut [T], outer: usize, n: usize, idx: &[u
 
 /// take: inputs (ograd, a, indices).
 fn take_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let params = TakeParams::of(cx.attrs);
     zero_from(cx, outs, 1);
     if cx.req[0] == Req::Null {
         return Ok(());
     }
     let (g, dx) = (&ins[0], &mut outs[0]);
     let s = &dx.shape.clone();
-    let ax = super::common::norm_axis("take", cx.attrs.int("axis"), s.len())?;
-    let mode = cx.attrs.str("mode").as_bytes()[0];
+    let ax = super::common::norm_axis("take", params.axis, s.len())?;
+    let mode = params.mode.as_bytes()[0];
     fill(dx, 0.0);
     let idx = read_indices(&ins[2]);
     if idx.is_empty() || dx.size() == 0 {
@@ -134,6 +137,7 @@ fn take_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 /// pick: inputs (ograd, data, index); each output position picks one distinct element.
 fn pick_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let params = PickParams::of(cx.attrs);
     zero_from(cx, outs, 1);
     if cx.req[0] == Req::Null {
         return Ok(());
@@ -141,7 +145,7 @@ fn pick_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (g, dx) = (&ins[0], &mut outs[0]);
     let s = &dx.shape.clone();
     let ax = pick_axis(cx.attrs, s)?;
-    let mode = cx.attrs.str("mode").as_bytes()[0];
+    let mode = params.mode.as_bytes()[0];
     let (n, inner) = (s[ax], s[ax + 1..].iter().product::<usize>());
     fill(dx, 0.0);
     let idx = read_indices(&ins[2]);

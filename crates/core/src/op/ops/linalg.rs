@@ -12,7 +12,7 @@ use crate::dispatch_float;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{self, par_for_mut, par_tasks_mut, Cost};
-use crate::op::param::{PType, ParamSpec};
+use crate::op::param::op_params;
 use crate::op::tensor::{Elem, OutBlob, SendPtr, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef};
 use half::f16;
@@ -207,11 +207,13 @@ pub(crate) fn gemm<T: GemmElem>(
 // ---------------------------------------------------------------------------------------------
 // dot
 
-pub(super) const DOT_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("transpose_a", PType::Bool, "False", "If true then transpose the first input before dot."),
-    ParamSpec::opt("transpose_b", PType::Bool, "False", "If true then transpose the second input before dot."),
-    ParamSpec::or_none("forward_stype", PType::Enum(&["csr", "default", "row_sparse"]), "None", "The desired storage type of the forward output given by user, if thecombination of input storage types and this hint does not matchany implemented ones, the dot operator will perform fallback operationand still produce an output of the desired storage type."),
-];
+op_params! {
+    pub(super) struct DotParams<'a> => DOT_PARAMS {
+        transpose_a: bool = "False", "If true then transpose the first input before dot.";
+        transpose_b: bool = "False", "If true then transpose the second input before dot.";
+        forward_stype: Option<&'a str> = "None" in ["csr", "default", "row_sparse"], "The desired storage type of the forward output given by user, if thecombination of input storage types and this hint does not matchany implemented ones, the dot operator will perform fallback operationand still produce an output of the desired storage type.";
+    }
+}
 
 /// The matrix problem of a `dot` call: (m, n, k) and the output shape.
 pub(super) fn dot_plan(
@@ -281,14 +283,16 @@ fn same_dtype(op: &str, a: &Meta, b: &Meta, i: usize) -> Result<()> {
 }
 
 fn dot_infer(a: &crate::op::param::Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = DotParams::of(a);
     same_dtype(a.op, &ins[0], &ins[1], 1)?;
     float_dtype(a.op, ins[0].dtype)?;
-    let (_, _, _, out) = dot_plan(a.op, &ins[0].shape, &ins[1].shape, a.bool("transpose_a"), a.bool("transpose_b"))?;
+    let (_, _, _, out) = dot_plan(a.op, &ins[0].shape, &ins[1].shape, params.transpose_a, params.transpose_b)?;
     Ok(vec![Meta::new(out, ins[0].dtype)])
 }
 
 fn dot_compute(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let (ta, tb) = (cx.attrs.bool("transpose_a"), cx.attrs.bool("transpose_b"));
+    let params = DotParams::of(cx.attrs);
+    let (ta, tb) = (params.transpose_a, params.transpose_b);
     let (m, n, k, _) = dot_plan(cx.attrs.op, &ins[0].shape, &ins[1].shape, ta, tb)?;
     dispatch_float!(ins[0].dtype, cx.attrs.op, T => {
         gemm::<T>(m, n, k, ins[0].as_slice::<T>(), ta, ins[1].as_slice::<T>(), tb, outs[0].as_mut::<T>(), false)
@@ -323,9 +327,10 @@ pub(super) fn batch_plan(
 }
 
 fn batch_dot_infer(a: &crate::op::param::Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = DotParams::of(a);
     same_dtype(a.op, &ins[0], &ins[1], 1)?;
     float_dtype(a.op, ins[0].dtype)?;
-    let (b, m, n, _) = batch_plan(a.op, &ins[0].shape, &ins[1].shape, a.bool("transpose_a"), a.bool("transpose_b"))?;
+    let (b, m, n, _) = batch_plan(a.op, &ins[0].shape, &ins[1].shape, params.transpose_a, params.transpose_b)?;
     Ok(vec![Meta::new(vec![b, m, n], ins[0].dtype)])
 }
 
@@ -358,7 +363,8 @@ pub(crate) fn batched_gemm<T: GemmElem>(
 }
 
 fn batch_dot_compute(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let (ta, tb) = (cx.attrs.bool("transpose_a"), cx.attrs.bool("transpose_b"));
+    let params = DotParams::of(cx.attrs);
+    let (ta, tb) = (params.transpose_a, params.transpose_b);
     let (batch, m, n, k) = batch_plan(cx.attrs.op, &ins[0].shape, &ins[1].shape, ta, tb)?;
     dispatch_float!(ins[0].dtype, cx.attrs.op, T => {
         batched_gemm::<T>(batch, m, n, k, ins[0].as_slice::<T>(), ta, ins[1].as_slice::<T>(), tb, outs[0].as_mut::<T>())
@@ -369,19 +375,17 @@ fn batch_dot_compute(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<
 // ---------------------------------------------------------------------------------------------
 // FullyConnected
 
-pub(super) const FC_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("num_hidden", PType::Int, "Number of hidden nodes of the output."),
-    ParamSpec::opt("no_bias", PType::Bool, "False", "Whether to disable bias parameter."),
-    ParamSpec::opt(
-        "flatten",
-        PType::Bool,
-        "True",
-        "Whether to collapse all but the first axis of the input data tensor.",
-    ),
-];
+op_params! {
+    pub(super) struct FcParams<'a> => FC_PARAMS {
+        num_hidden: i64 = required, "Number of hidden nodes of the output.";
+        no_bias: bool = "False", "Whether to disable bias parameter.";
+        flatten: bool = "True", "Whether to collapse all but the first axis of the input data tensor.";
+    }
+}
 
 fn fc_inputs(a: &crate::op::param::Attrs) -> usize {
-    if a.bool("no_bias") {
+    let params = FcParams::of(a);
+    if params.no_bias {
         2
     } else {
         3
@@ -390,8 +394,9 @@ fn fc_inputs(a: &crate::op::param::Attrs) -> usize {
 
 /// (rows, in_units, output shape) of a FullyConnected call.
 pub(super) fn fc_plan(a: &crate::op::param::Attrs, data: &[usize]) -> Result<(usize, usize, Vec<usize>)> {
+    let params = FcParams::of(a);
     let op = a.op;
-    let hidden = a.int("num_hidden");
+    let hidden = params.num_hidden;
     if hidden < 1 {
         return Err(Error::value(format!("operator {op}: num_hidden must be positive, got {hidden}")));
     }
@@ -399,7 +404,7 @@ pub(super) fn fc_plan(a: &crate::op::param::Attrs, data: &[usize]) -> Result<(us
     if data.is_empty() {
         return Err(Error::value(format!("operator {op}: data must have at least one dimension")));
     }
-    if a.bool("flatten") {
+    if params.flatten {
         let rows = data[0];
         let k = data[1..].iter().product();
         Ok((rows, k, vec![rows, hidden]))
@@ -413,10 +418,11 @@ pub(super) fn fc_plan(a: &crate::op::param::Attrs, data: &[usize]) -> Result<(us
 }
 
 fn fc_infer(a: &crate::op::param::Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = FcParams::of(a);
     let op = a.op;
     float_dtype(op, ins[0].dtype)?;
     let (_, k, out) = fc_plan(a, &ins[0].shape)?;
-    let hidden = a.int("num_hidden") as usize;
+    let hidden = params.num_hidden as usize;
     same_dtype(op, &ins[0], &ins[1], 1)?;
     if ins[1].shape != [hidden, k] {
         return Err(Error::value(format!(
@@ -460,8 +466,9 @@ fn add_bias_f32(out: &mut [f32], bias: &[f32], cols: usize) {
 }
 
 fn fc_compute(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let params = FcParams::of(cx.attrs);
     let (rows, k, _) = fc_plan(cx.attrs, &ins[0].shape)?;
-    let hidden = cx.attrs.int("num_hidden") as usize;
+    let hidden = params.num_hidden as usize;
     dispatch_float!(ins[0].dtype, cx.attrs.op, T => {
         let o = outs[0].as_mut::<T>();
         gemm::<T>(rows, hidden, k, ins[0].as_slice::<T>(), false, ins[1].as_slice::<T>(), true, o, false);
@@ -479,11 +486,12 @@ fn fc_compute(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 /// Graph inference of the weight and bias from the data: `(num_hidden, features)` and
 /// `(num_hidden,)`, the features being the data's trailing axes (flattened) or its last axis.
 fn fc_param_shapes(a: &crate::op::param::Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Vec<i64>)>> {
-    let flatten = a.bool("flatten");
+    let params = FcParams::of(a);
+    let flatten = params.flatten;
     if data.len() < 2 && (flatten || data.is_empty()) {
         return Ok(vec![]);
     }
-    let nh = a.int("num_hidden");
+    let nh = params.num_hidden;
     let k = match (flatten, data.split_last()) {
         (false, Some((&last, _))) => last,
         _ if data[1..].iter().all(|&d| d >= 0) => data[1..].iter().product(),

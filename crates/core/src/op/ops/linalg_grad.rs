@@ -10,12 +10,15 @@ use crate::dispatch_float;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, Cost};
+use crate::op::ops::linalg::DotParams;
+use crate::op::ops::linalg::FcParams;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{OpCtx, OpDef, Req};
 
 /// `_backward_dot(dC, A, B) -> (dA, dB)` for `C = op(A)·op(B)`.
 fn dot_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let (ta, tb) = (cx.attrs.bool("transpose_a"), cx.attrs.bool("transpose_b"));
+    let params = DotParams::of(cx.attrs);
+    let (ta, tb) = (params.transpose_a, params.transpose_b);
     let (m, n, k, _) = dot_plan(cx.attrs.op, &ins[1].shape, &ins[2].shape, ta, tb)?;
     dispatch_float!(ins[1].dtype, cx.attrs.op, T => {
         let (dc, a, b) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>(), ins[2].as_slice::<T>());
@@ -45,7 +48,8 @@ fn dot_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 /// `_backward_batch_dot(dC, A, B) -> (dA, dB)`: [`dot_backward`] per batch entry.
 fn batch_dot_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let (ta, tb) = (cx.attrs.bool("transpose_a"), cx.attrs.bool("transpose_b"));
+    let params = DotParams::of(cx.attrs);
+    let (ta, tb) = (params.transpose_a, params.transpose_b);
     let (batch, m, n, k) = batch_plan(cx.attrs.op, &ins[1].shape, &ins[2].shape, ta, tb)?;
     dispatch_float!(ins[1].dtype, cx.attrs.op, T => {
         let (dc, a, b) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>(), ins[2].as_slice::<T>());
@@ -87,8 +91,9 @@ fn column_sums<T: Elem, R: Real>(g: &[T], cols: usize, out: &mut [T]) {
 
 /// `_backward_FullyConnected(dY, X, W[, b]) -> (dX, dW[, db])` for `Y = X·Wᵀ + b`.
 fn fc_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let params = FcParams::of(cx.attrs);
     let (rows, k, _) = fc_plan(cx.attrs, &ins[1].shape)?;
-    let hidden = cx.attrs.int("num_hidden") as usize;
+    let hidden = params.num_hidden as usize;
     dispatch_real!(ins[1].dtype, cx.attrs.op, T, R => {
         let (dy, x, w) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>(), ins[2].as_slice::<T>());
         if cx.req[0] != Req::Null {

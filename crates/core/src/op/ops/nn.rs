@@ -9,7 +9,8 @@ use super::common::norm_axis;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, par_for_zip, Cost};
-use crate::op::param::{Attrs, PType, ParamSpec};
+use crate::op::param::op_params;
+use crate::op::param::Attrs;
 use crate::op::tensor::{two_mut, Elem, Operand, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Resource};
 use std::ops::{Add, Div, Mul, Neg, Sub};
@@ -170,11 +171,11 @@ pub(super) fn write_f64(op: &str, b: &mut OutBlob, v: &[f64]) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // Activation
 
-pub(super) const ACT_PARAMS: &[ParamSpec] = &[ParamSpec::req(
-    "act_type",
-    PType::Enum(&["relu", "sigmoid", "softrelu", "softsign", "tanh"]),
-    "Activation function to be applied.",
-)];
+op_params! {
+    pub(super) struct ActParams<'a> => ACT_PARAMS {
+        act_type: &'a str = required in ["relu", "sigmoid", "softrelu", "softsign", "tanh"], "Activation function to be applied.";
+    }
+}
 
 #[inline(always)]
 fn sigmoid<R: Real>(x: R) -> R {
@@ -191,7 +192,7 @@ fn softrelu<R: Real>(x: R) -> R {
 }
 
 fn activation(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let act = cx.attrs.str("act_type");
+    let act = ActParams::of(cx.attrs).act_type;
     dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (x, o) = (&ins[0], &mut outs[0]);
         match act {
@@ -208,17 +209,14 @@ fn activation(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // LeakyReLU
 
-pub(super) const LEAKY_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt(
-        "act_type",
-        PType::Enum(&["elu", "gelu", "leaky", "prelu", "rrelu", "selu"]),
-        "leaky",
-        "Activation function to be applied.",
-    ),
-    ParamSpec::opt("slope", PType::Float, "0.25", "Init slope for the activation. (For leaky and elu only)"),
-    ParamSpec::opt("lower_bound", PType::Float, "0.125", "Lower bound of random slope. (For rrelu only)"),
-    ParamSpec::opt("upper_bound", PType::Float, "0.334", "Upper bound of random slope. (For rrelu only)"),
-];
+op_params! {
+    pub(super) struct LeakyParams<'a> => LEAKY_PARAMS {
+        act_type: &'a str = "leaky" in ["elu", "gelu", "leaky", "prelu", "rrelu", "selu"], "Activation function to be applied.";
+        slope: f64 = "0.25", "Init slope for the activation. (For leaky and elu only)";
+        lower_bound: f64 = "0.125", "Lower bound of random slope. (For rrelu only)";
+        upper_bound: f64 = "0.334", "Upper bound of random slope. (For rrelu only)";
+    }
+}
 
 pub(super) const SELU_ALPHA: f64 = 1.673_263_242_354_377_3;
 pub(super) const SELU_LAMBDA: f64 = 1.050_700_987_355_480_5;
@@ -240,7 +238,8 @@ pub(super) fn erf<R: Real>(x: R) -> R {
 }
 
 fn leaky_inputs(a: &Attrs) -> usize {
-    if a.str("act_type") == "prelu" {
+    let params = LeakyParams::of(a);
+    if params.act_type == "prelu" {
         2
     } else {
         1
@@ -248,7 +247,8 @@ fn leaky_inputs(a: &Attrs) -> usize {
 }
 
 fn leaky_outputs(a: &Attrs) -> usize {
-    if a.str("act_type") == "rrelu" {
+    let params = LeakyParams::of(a);
+    if params.act_type == "rrelu" {
         2
     } else {
         1
@@ -271,9 +271,10 @@ fn leaky_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 
 fn leaky(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
-    let slope = a.float("slope");
+    let params = LeakyParams::of(a);
+    let slope = params.slope;
     let (x, (o, rest)) = (&ins[0], outs.split_first_mut().expect("LeakyReLU has an output"));
-    match a.str("act_type") {
+    match params.act_type {
         "prelu" => {
             let gamma = read_f64(a.op, &ins[1])?;
             let shape = &x.shape;
@@ -292,7 +293,7 @@ fn leaky(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
             });
         }
         "rrelu" => {
-            let (lo, hi) = (a.float("lower_bound"), a.float("upper_bound"));
+            let (lo, hi) = (params.lower_bound, params.upper_bound);
             let train = cx.is_train;
             let rng = cx.rng.ok_or_else(|| Error::internal("LeakyReLU(rrelu) has no random stream"))?;
             dispatch_real!(x.dtype, a.op, T, R => {
@@ -325,15 +326,18 @@ fn leaky(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // softmax, log_softmax, softmin
 
-pub(super) const SOFTMAX_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("axis", PType::Int, "-1", "The axis along which to compute softmax."),
-    ParamSpec::or_none("temperature", PType::Float, "None", "Temperature parameter in softmax"),
-    ParamSpec::or_none("dtype", PType::Enum(&["float16", "float32", "float64"]), "None", "DType of the output in case this can't be inferred. Defaults to the same as input's dtype if not defined (dtype=None)."),
-    ParamSpec::or_none("use_length", PType::Bool, "False", "Whether to use the length input as a mask over the data input."),
-];
+op_params! {
+    pub(super) struct SoftmaxParams<'a> => SOFTMAX_PARAMS {
+        axis: i64 = "-1", "The axis along which to compute softmax.";
+        temperature: Option<f64> = "None", "Temperature parameter in softmax";
+        dtype: Option<&'a str> = "None" in ["float16", "float32", "float64"], "DType of the output in case this can't be inferred. Defaults to the same as input's dtype if not defined (dtype=None).";
+        use_length: Option<bool> = "False", "Whether to use the length input as a mask over the data input.";
+    }
+}
 
 fn use_length(a: &Attrs) -> bool {
-    !a.is_none("use_length") && a.bool("use_length")
+    let params = SoftmaxParams::of(a);
+    params.use_length == Some(true)
 }
 
 fn softmax_inputs(a: &Attrs) -> usize {
@@ -345,12 +349,13 @@ fn softmax_inputs(a: &Attrs) -> usize {
 }
 
 fn softmax_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = SoftmaxParams::of(a);
     float_only(a.op, ins[0].dtype)?;
     if ins[0].shape.is_empty() {
         return Err(Error::value(format!("operator {}: data must have at least one dimension", a.op)));
     }
-    let axis = norm_axis(a.op, a.int("axis"), ins[0].shape.len())?;
-    if let Some(t) = a.opt_float("temperature") {
+    let axis = norm_axis(a.op, params.axis, ins[0].shape.len())?;
+    if let Some(t) = params.temperature {
         if t == 0.0 {
             return Err(Error::value(format!("operator {}: temperature must not be 0", a.op)));
         }
@@ -365,10 +370,9 @@ fn softmax_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
             )));
         }
     }
-    let dtype = if a.is_none("dtype") {
-        ins[0].dtype
-    } else {
-        crate::op::param::dtype_from_name(a.str("dtype")).expect("enum")
+    let dtype = match params.dtype {
+        None => ins[0].dtype,
+        Some(name) => crate::op::param::dtype_from_name(name).expect("enum"),
     };
     Ok(vec![Meta::new(ins[0].shape.clone(), dtype)])
 }
@@ -482,8 +486,9 @@ fn softmax_into(
 fn softmax_family(log: bool, negate: bool) -> crate::op::ComputeFn {
     Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| {
         let a = cx.attrs;
-        let axis = norm_axis(a.op, a.int("axis"), ins[0].ndim())?;
-        let scale = 1.0 / a.opt_float("temperature").unwrap_or(1.0);
+        let params = SoftmaxParams::of(a);
+        let axis = norm_axis(a.op, params.axis, ins[0].ndim())?;
+        let scale = 1.0 / params.temperature.unwrap_or(1.0);
         let lengths = if ins.len() > 1 {
             let l = &ins[1];
             Some(crate::dispatch_all!(l.dtype, T => l.as_slice::<T>().iter().map(|v| v.to_f64()).collect::<Vec<f64>>()))
@@ -504,22 +509,25 @@ fn softmax_family(log: bool, negate: bool) -> crate::op::ComputeFn {
 // ---------------------------------------------------------------------------------------------
 // SoftmaxOutput
 
-pub(super) const SOFTMAX_OUTPUT_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("grad_scale", PType::Float, "1", "Scales the gradient by a float factor."),
-    ParamSpec::opt("ignore_label", PType::Float, "-1", "The instances whose `labels` == `ignore_label` will be ignored during backward, if `use_ignore` is set to ``true``)."),
-    ParamSpec::opt("multi_output", PType::Bool, "False", "If set to ``true``, the softmax function will be computed along axis ``1``."),
-    ParamSpec::opt("use_ignore", PType::Bool, "False", "If set to ``true``, the `ignore_label` value will not contribute to the backward gradient."),
-    ParamSpec::opt("preserve_shape", PType::Bool, "False", "If set to ``true``, the softmax function will be computed along the last axis (``-1``)."),
-    ParamSpec::opt("normalization", PType::Enum(&["batch", "null", "valid"]), "null", "Normalizes the gradient."),
-    ParamSpec::opt("out_grad", PType::Bool, "False", "Multiplies gradient with output gradient element-wise."),
-    ParamSpec::opt("smooth_alpha", PType::Float, "0", "Constant for computing a label smoothed version of cross-entropyfor the backwards pass."),
-];
+op_params! {
+    pub(super) struct SoftmaxOutputParams<'a> => SOFTMAX_OUTPUT_PARAMS {
+        grad_scale: f64 = "1", "Scales the gradient by a float factor.";
+        ignore_label: f64 = "-1", "The instances whose `labels` == `ignore_label` will be ignored during backward, if `use_ignore` is set to ``true``).";
+        multi_output: bool = "False", "If set to ``true``, the softmax function will be computed along axis ``1``.";
+        use_ignore: bool = "False", "If set to ``true``, the `ignore_label` value will not contribute to the backward gradient.";
+        preserve_shape: bool = "False", "If set to ``true``, the softmax function will be computed along the last axis (``-1``).";
+        normalization: &'a str = "null" in ["batch", "null", "valid"], "Normalizes the gradient.";
+        out_grad: bool = "False", "Multiplies gradient with output gradient element-wise.";
+        smooth_alpha: f64 = "0", "Constant for computing a label smoothed version of cross-entropyfor the backwards pass.";
+    }
+}
 
 pub(super) fn softmax_output_dims(a: &Attrs, shape: &[usize]) -> (usize, usize, usize) {
+    let params = SoftmaxOutputParams::of(a);
     let n = shape.first().copied().unwrap_or(1);
-    if a.bool("multi_output") && shape.len() > 1 {
+    if params.multi_output && shape.len() > 1 {
         split_at_axis(shape, 1)
-    } else if a.bool("preserve_shape") {
+    } else if params.preserve_shape {
         split_at_axis(shape, shape.len() - 1)
     } else {
         (n, shape[1..].iter().product(), 1)
@@ -527,17 +535,18 @@ pub(super) fn softmax_output_dims(a: &Attrs, shape: &[usize]) -> (usize, usize, 
 }
 
 fn softmax_output_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = SoftmaxOutputParams::of(a);
     float_only(a.op, ins[0].dtype)?;
     let d = &ins[0].shape;
     if d.is_empty() {
         return Err(Error::value(format!("operator {}: data must have at least one dimension", a.op)));
     }
     let l = &ins[1].shape;
-    let ok = if a.bool("multi_output") && d.len() > 1 {
+    let ok = if params.multi_output && d.len() > 1 {
         let mut want = vec![d[0]];
         want.extend_from_slice(&d[2..]);
         *l == want || ins[1].size() == want.iter().product::<usize>() || *l == *d
-    } else if a.bool("preserve_shape") {
+    } else if params.preserve_shape {
         *l == d[..d.len() - 1] || *l == *d
     } else {
         (l.first() == d.first() && ins[1].size() == d[0]) || *l == *d
@@ -556,22 +565,14 @@ fn softmax_output(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()>
 // ---------------------------------------------------------------------------------------------
 // Dropout
 
-pub(super) const DROPOUT_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("p", PType::Float, "0.5", "Fraction of the input that gets dropped out during training time."),
-    ParamSpec::opt(
-        "mode",
-        PType::Enum(&["always", "training"]),
-        "training",
-        "Whether to only turn on dropout during training or to also turn on for inference.",
-    ),
-    ParamSpec::opt("axes", PType::Shape, "[]", "Axes for variational dropout kernel."),
-    ParamSpec::or_none(
-        "cudnn_off",
-        PType::Bool,
-        "False",
-        "Whether to turn off cudnn in dropout operator. This option is ignored if axes is specified.",
-    ),
-];
+op_params! {
+    pub(super) struct DropoutParams<'a> => DROPOUT_PARAMS {
+        p: f64 = "0.5", "Fraction of the input that gets dropped out during training time.";
+        mode: &'a str = "training" in ["always", "training"], "Whether to only turn on dropout during training or to also turn on for inference.";
+        axes: &'a [i64] = "[]", "Axes for variational dropout kernel.";
+        cudnn_off: Option<bool> = "False", "Whether to turn off cudnn in dropout operator. This option is ignored if axes is specified.";
+    }
+}
 
 fn two(_: &Attrs) -> usize {
     2
@@ -581,12 +582,13 @@ fn one(_: &Attrs) -> usize {
 }
 
 fn dropout_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = DropoutParams::of(a);
     float_only(a.op, ins[0].dtype)?;
-    let p = a.float("p");
+    let p = params.p;
     if !(0.0..=1.0).contains(&p) {
         return Err(Error::value(format!("operator {}: p must be in [0, 1], got {p}", a.op)));
     }
-    for &ax in a.shape("axes") {
+    for &ax in params.axes {
         norm_axis(a.op, ax, ins[0].shape.len())?;
     }
     Ok(vec![ins[0].clone(), ins[0].clone()])
@@ -594,14 +596,15 @@ fn dropout_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 
 fn dropout(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
-    let p = a.float("p");
-    let apply = (a.str("mode") == "always" || cx.is_train) && p > 0.0;
+    let params = DropoutParams::of(a);
+    let p = params.p;
+    let apply = (params.mode == "always" || cx.is_train) && p > 0.0;
     let x = &ins[0];
     let (o, m) = two_mut(outs, 0, 1);
     let shape = &x.shape;
     // The mask's own shape: size 1 along the variational axes.
     let mut mshape = shape.clone();
-    for &ax in a.shape("axes") {
+    for &ax in params.axes {
         mshape[norm_axis(a.op, ax, shape.len())?] = 1;
     }
     let pkeep = 1.0 - p;
@@ -646,21 +649,24 @@ fn dropout(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // BatchNorm
 
-pub(super) const BN_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("eps", PType::Float, "0.001", "Epsilon to prevent div 0. Must be no less than CUDNN_BN_MIN_EPSILON defined in cudnn.h when using cudnn (usually 1e-5)"),
-    ParamSpec::opt("momentum", PType::Float, "0.9", "Momentum for moving average"),
-    ParamSpec::opt("fix_gamma", PType::Bool, "True", "Fix gamma while training"),
-    ParamSpec::opt("use_global_stats", PType::Bool, "False", "Whether use global moving statistics instead of local batch-norm. This will force change batch-norm into a scale shift operator."),
-    ParamSpec::opt("output_mean_var", PType::Bool, "False", "Output the mean and inverse std "),
-    ParamSpec::opt("axis", PType::Int, "1", "Specify which shape axis the channel is specified"),
-    ParamSpec::opt("cudnn_off", PType::Bool, "False", "Do not select CUDNN operator, if available"),
-    ParamSpec::or_none("min_calib_range", PType::Float, "None", "The minimum scalar value in the form of float32 obtained through calibration."),
-    ParamSpec::or_none("max_calib_range", PType::Float, "None", "The maximum scalar value in the form of float32 obtained through calibration."),
-];
+op_params! {
+    pub(super) struct BnParams<'a> => BN_PARAMS {
+        eps: f64 = "0.001", "Epsilon to prevent div 0. Must be no less than CUDNN_BN_MIN_EPSILON defined in cudnn.h when using cudnn (usually 1e-5)";
+        momentum: f64 = "0.9", "Momentum for moving average";
+        fix_gamma: bool = "True", "Fix gamma while training";
+        use_global_stats: bool = "False", "Whether use global moving statistics instead of local batch-norm. This will force change batch-norm into a scale shift operator.";
+        output_mean_var: bool = "False", "Output the mean and inverse std ";
+        axis: i64 = "1", "Specify which shape axis the channel is specified";
+        cudnn_off: bool = "False", "Do not select CUDNN operator, if available";
+        min_calib_range: Option<f64> = "None", "The minimum scalar value in the form of float32 obtained through calibration.";
+        max_calib_range: Option<f64> = "None", "The maximum scalar value in the form of float32 obtained through calibration.";
+    }
+}
 
 fn three(_: &Attrs) -> usize {
     3
 }
+/// BatchNorm's and LayerNorm's visible outputs (both tables declare `output_mean_var`).
 fn bn_visible(a: &Attrs) -> usize {
     if a.bool("output_mean_var") {
         3
@@ -670,12 +676,13 @@ fn bn_visible(a: &Attrs) -> usize {
 }
 
 fn bn_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = BnParams::of(a);
     let op = a.op;
     float_only(op, ins[0].dtype)?;
     if ins[0].shape.is_empty() {
         return Err(Error::value(format!("operator {op}: data must have at least one dimension")));
     }
-    let axis = norm_axis(op, a.int("axis"), ins[0].shape.len())?;
+    let axis = norm_axis(op, params.axis, ins[0].shape.len())?;
     let c = ins[0].shape[axis];
     let pdtype = ins[1].dtype;
     for (i, name) in [(1, "gamma"), (2, "beta"), (3, "moving_mean"), (4, "moving_var")] {
@@ -698,13 +705,14 @@ fn batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let op = a.op;
     let x = &ins[0];
-    let axis = norm_axis(op, a.int("axis"), x.ndim())?;
+    let params = BnParams::of(a);
+    let axis = norm_axis(op, params.axis, x.ndim())?;
     let (outer, c, inner) = split_at_axis(&x.shape, axis);
-    let eps = a.float("eps");
-    let momentum = a.float("momentum");
-    let gamma = if a.bool("fix_gamma") { vec![1.0; c] } else { read_f64(op, &ins[1])? };
+    let eps = params.eps;
+    let momentum = params.momentum;
+    let gamma = if params.fix_gamma { vec![1.0; c] } else { read_f64(op, &ins[1])? };
     let beta = read_f64(op, &ins[2])?;
-    let training = cx.is_train && !a.bool("use_global_stats");
+    let training = cx.is_train && !params.use_global_stats;
     let (mean, var) = if training {
         let mut mean = vec![0.0; c];
         let mut var = vec![0.0; c];
@@ -763,19 +771,22 @@ fn batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // LayerNorm
 
-pub(super) const LN_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("axis", PType::Int, "-1", "The axis to perform layer normalization. Usually, this should be be axis of the channel dimension. Negative values means indexing from right to left."),
-    ParamSpec::opt("eps", PType::Float, "9.99999975e-06", "An `epsilon` parameter to prevent division by 0."),
-    ParamSpec::opt("output_mean_var", PType::Bool, "False", "Output the mean and std calculated along the given axis."),
-];
+op_params! {
+    pub(super) struct LnParams<'a> => LN_PARAMS {
+        axis: i64 = "-1", "The axis to perform layer normalization. Usually, this should be be axis of the channel dimension. Negative values means indexing from right to left.";
+        eps: f64 = "9.99999975e-06", "An `epsilon` parameter to prevent division by 0.";
+        output_mean_var: bool = "False", "Output the mean and std calculated along the given axis.";
+    }
+}
 
 fn ln_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = LnParams::of(a);
     let op = a.op;
     float_only(op, ins[0].dtype)?;
     if ins[0].shape.is_empty() {
         return Err(Error::value(format!("operator {op}: data must have at least one dimension")));
     }
-    let axis = norm_axis(op, a.int("axis"), ins[0].shape.len())?;
+    let axis = norm_axis(op, params.axis, ins[0].shape.len())?;
     let c = ins[0].shape[axis];
     for (i, name) in [(1, "gamma"), (2, "beta")] {
         if ins[i].shape != [c] || ins[i].dtype != ins[0].dtype {
@@ -796,9 +807,10 @@ fn ln_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 fn layer_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let x = &ins[0];
-    let axis = norm_axis(a.op, a.int("axis"), x.ndim())?;
+    let params = LnParams::of(a);
+    let axis = norm_axis(a.op, params.axis, x.ndim())?;
     let (outer, len, inner) = split_at_axis(&x.shape, axis);
-    let eps = a.float("eps");
+    let eps = params.eps;
     let gamma = read_f64(a.op, &ins[1])?;
     let beta = read_f64(a.op, &ins[2])?;
     dispatch_real!(x.dtype, a.op, T, _R => {
@@ -841,18 +853,20 @@ fn layer_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // Pooling
 
-pub(super) const POOL_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("kernel", PType::Shape, "[]", "Pooling kernel size: (y, x) or (d, y, x)"),
-    ParamSpec::opt("pool_type", PType::Enum(&["avg", "lp", "max", "sum"]), "max", "Pooling type to be applied."),
-    ParamSpec::opt("global_pool", PType::Bool, "False", "Ignore kernel size, do global pooling based on current input feature map. "),
-    ParamSpec::opt("cudnn_off", PType::Bool, "False", "Turn off cudnn pooling and use MXNet pooling operator. "),
-    ParamSpec::opt("pooling_convention", PType::Enum(&["full", "same", "valid"]), "valid", "Pooling convention to be applied."),
-    ParamSpec::opt("stride", PType::Shape, "[]", "Stride: for pooling (y, x) or (d, y, x). Defaults to 1 for each dimension."),
-    ParamSpec::opt("pad", PType::Shape, "[]", "Pad for pooling: (y, x) or (d, y, x). Defaults to no padding."),
-    ParamSpec::or_none("p_value", PType::Int, "None", "Value of p for Lp pooling, can be 1 or 2, required for Lp Pooling."),
-    ParamSpec::or_none("count_include_pad", PType::Bool, "None", "Only used for AvgPool, specify whether to count padding elements for averagecalculation. For example, with a 5*5 kernel on a 3*3 corner of a image,the sum of the 9 valid elements will be divided by 25 if this is set to true,or it will be divided by 9 if this is set to false. Defaults to true."),
-    ParamSpec::or_none("layout", PType::Enum(&["NCDHW", "NCHW", "NCW", "NDHWC", "NHWC", "NWC"]), "None", "Set layout for input and output. Empty for\n    default layout: NCW for 1d, NCHW for 2d and NCDHW for 3d."),
-];
+op_params! {
+    pub(super) struct PoolParams<'a> => POOL_PARAMS {
+        kernel: &'a [i64] = "[]", "Pooling kernel size: (y, x) or (d, y, x)";
+        pool_type: &'a str = "max" in ["avg", "lp", "max", "sum"], "Pooling type to be applied.";
+        global_pool: bool = "False", "Ignore kernel size, do global pooling based on current input feature map. ";
+        cudnn_off: bool = "False", "Turn off cudnn pooling and use MXNet pooling operator. ";
+        pooling_convention: &'a str = "valid" in ["full", "same", "valid"], "Pooling convention to be applied.";
+        stride: &'a [i64] = "[]", "Stride: for pooling (y, x) or (d, y, x). Defaults to 1 for each dimension.";
+        pad: &'a [i64] = "[]", "Pad for pooling: (y, x) or (d, y, x). Defaults to no padding.";
+        p_value: Option<i64> = "None", "Value of p for Lp pooling, can be 1 or 2, required for Lp Pooling.";
+        count_include_pad: Option<bool> = "None", "Only used for AvgPool, specify whether to count padding elements for averagecalculation. For example, with a 5*5 kernel on a 3*3 corner of a image,the sum of the 9 valid elements will be divided by 25 if this is set to true,or it will be divided by 9 if this is set to false. Defaults to true.";
+        layout: Option<&'a str> = "None" in ["NCDHW", "NCHW", "NCW", "NDHWC", "NHWC", "NWC"], "Set layout for input and output. Empty for\n    default layout: NCW for 1d, NCHW for 2d and NCDHW for 3d.";
+    }
+}
 
 /// A pooling problem over up to three spatial dimensions (leading ones padded with size 1).
 #[derive(Debug, Clone, PartialEq)]
@@ -943,13 +957,14 @@ fn tuple3(op: &str, name: &str, v: &[i64], nsp: usize, default: usize) -> Result
 }
 
 pub(super) fn pool_plan(a: &Attrs, shape: &[usize]) -> Result<PoolPlan> {
+    let params = PoolParams::of(a);
     let op = a.op;
     if !(3..=5).contains(&shape.len()) {
         return Err(Error::value(format!(
             "operator {op}: data must be 3-D, 4-D or 5-D (N, C, spatial...), got {shape:?}"
         )));
     }
-    if let Some(l) = (!a.is_none("layout")).then(|| a.str("layout")) {
+    if let Some(l) = params.layout {
         if !l.starts_with("NC") {
             return Err(Error::not_supported(format!("operator {op} with layout {l} (channel-first layouts only)")));
         }
@@ -957,17 +972,17 @@ pub(super) fn pool_plan(a: &Attrs, shape: &[usize]) -> Result<PoolPlan> {
     let nsp = shape.len() - 2;
     let mut input = [1; 3];
     input[3 - nsp..].copy_from_slice(&shape[2..]);
-    let global = a.bool("global_pool");
+    let global = params.global_pool;
     let (kernel, stride, pad) = if global {
         (input, [1; 3], [0; 3])
     } else {
-        if a.shape("kernel").is_empty() {
+        if params.kernel.is_empty() {
             return Err(Error::value(format!("operator {op}: kernel must be given unless global_pool is set")));
         }
         (
-            tuple3(op, "kernel", a.shape("kernel"), nsp, 1)?,
-            tuple3(op, "stride", a.shape("stride"), nsp, 1)?,
-            tuple3(op, "pad", a.shape("pad"), nsp, 0)?,
+            tuple3(op, "kernel", params.kernel, nsp, 1)?,
+            tuple3(op, "stride", params.stride, nsp, 1)?,
+            tuple3(op, "pad", params.pad, nsp, 0)?,
         )
     };
     let mut pad = pad;
@@ -976,8 +991,7 @@ pub(super) fn pool_plan(a: &Attrs, shape: &[usize]) -> Result<PoolPlan> {
         if kernel[d] == 0 || stride[d] == 0 {
             return Err(Error::value(format!(
                 "operator {op}: kernel and stride must be positive, got {:?} and {:?}",
-                a.shape("kernel"),
-                a.shape("stride")
+                params.kernel, params.stride
             )));
         }
         let padded = input[d] + 2 * pad[d];
@@ -985,7 +999,7 @@ pub(super) fn pool_plan(a: &Attrs, shape: &[usize]) -> Result<PoolPlan> {
             output[d] = 1;
             continue;
         }
-        match a.str("pooling_convention") {
+        match params.pooling_convention {
             "same" => {
                 output[d] = input[d].div_ceil(stride[d]);
                 let need = ((output[d] - 1) * stride[d] + kernel[d]).saturating_sub(input[d]);
@@ -995,7 +1009,7 @@ pub(super) fn pool_plan(a: &Attrs, shape: &[usize]) -> Result<PoolPlan> {
                 if kernel[d] > padded {
                     return Err(Error::value(format!(
                         "operator {op}: kernel {:?} is larger than the padded input {:?}",
-                        a.shape("kernel"),
+                        params.kernel,
                         &shape[2..]
                     )));
                 }
@@ -1013,8 +1027,9 @@ pub(super) fn pool_plan(a: &Attrs, shape: &[usize]) -> Result<PoolPlan> {
 }
 
 fn pool_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = PoolParams::of(a);
     float_only(a.op, ins[0].dtype)?;
-    if a.str("pool_type") == "lp" && !matches!(a.opt_int("p_value"), Some(1..=3)) {
+    if params.pool_type == "lp" && !matches!(params.p_value, Some(1..=3)) {
         return Err(Error::value(format!("operator {}: lp pooling needs p_value 1, 2 or 3", a.op)));
     }
     let p = pool_plan(a, &ins[0].shape)?;
@@ -1031,11 +1046,12 @@ pub(super) enum PoolKind {
 
 /// The pooling a call asks for.
 pub(super) fn pool_kind(a: &Attrs) -> PoolKind {
-    match a.str("pool_type") {
+    let params = PoolParams::of(a);
+    match params.pool_type {
         "max" => PoolKind::Max,
-        "avg" => PoolKind::Avg { include_pad: a.is_none("count_include_pad") || a.bool("count_include_pad") },
+        "avg" => PoolKind::Avg { include_pad: params.count_include_pad != Some(false) },
         "sum" => PoolKind::Sum,
-        _ => PoolKind::Lp(a.opt_int("p_value").unwrap_or(2)),
+        _ => PoolKind::Lp(params.p_value.unwrap_or(2)),
     }
 }
 
@@ -1128,7 +1144,7 @@ fn pooling(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 /// `(sigma², 1 / sigma²)` as stock computes them: `sigma` (the `scalar` parameter) cast to the
 /// data's dtype and squared in it, the reciprocal in the compute type.
 fn smooth_l1_sigma<T: Elem, R: Real>(a: &Attrs) -> (R, R) {
-    let sigma = R::load(T::from_f64(a.float("scalar")));
+    let sigma = R::load(T::from_f64(super::elemwise::ScalarParams::of(a).scalar));
     let bsq = R::load(T::from_f64((sigma * sigma).f64()));
     (bsq, R::of(1.0) / bsq)
 }
@@ -1328,6 +1344,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::op::param::ParamSpec;
 
     fn blob(v: &mut [f32], shape: &[usize]) -> TBlob {
         // SAFETY: the vector outlives the blob within each test and is not written while the

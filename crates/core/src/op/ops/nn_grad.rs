@@ -15,6 +15,12 @@ use super::nn::{
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, par_for_zip, Cost};
+use crate::op::ops::nn::ActParams;
+use crate::op::ops::nn::BnParams;
+use crate::op::ops::nn::LeakyParams;
+use crate::op::ops::nn::LnParams;
+use crate::op::ops::nn::SoftmaxOutputParams;
+use crate::op::ops::nn::SoftmaxParams;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{ComputeFn, OpCtx, OpDef, Req};
 
@@ -63,7 +69,7 @@ fn activation_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Resul
     dispatch_real!(ins[0].dtype, a.op, T, R => {
         let (g, y) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>());
         let (zero, one) = (R::of(0.0), R::of(1.0));
-        match a.str("act_type") {
+        match ActParams::of(a).act_type {
             "relu" => map3::<T, R>(g, y, &[], &mut outs[0], Cost::CHEAP, |g, y, _| if y > zero { g } else { zero }),
             "sigmoid" => map3::<T, R>(g, y, &[], &mut outs[0], Cost::CHEAP, |g, y, _| g * y * (one - y)),
             "tanh" => map3::<T, R>(g, y, &[], &mut outs[0], Cost::CHEAP, |g, y, _| g * (one - y * y)),
@@ -80,8 +86,9 @@ fn activation_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Resul
 /// `_backward_LeakyReLU(dy, x[, gamma], y[, slopes]) -> (dx[, dgamma])`.
 fn leaky_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
-    let kind = a.str("act_type");
-    let slope = a.float("slope");
+    let params = LeakyParams::of(a);
+    let kind = params.act_type;
+    let slope = params.slope;
     let (g, x) = (&ins[0], &ins[1]);
     if kind == "prelu" {
         let gamma = read_f64(a.op, &ins[2])?;
@@ -215,8 +222,9 @@ fn softmax_backward(log: bool, negate: bool) -> ComputeFn {
             return Ok(());
         }
         let (g, y) = (&ins[0], &ins[ins.len() - 1]);
-        let axis = norm_axis(a.op, a.int("axis"), y.ndim())?;
-        let t = a.opt_float("temperature").unwrap_or(1.0);
+        let params = SoftmaxParams::of(a);
+        let axis = norm_axis(a.op, params.axis, y.ndim())?;
+        let t = params.temperature.unwrap_or(1.0);
         let scale = if negate { -1.0 / t } else { 1.0 / t };
         let lengths = if log && ins.len() == 4 {
             let l = &ins[2];
@@ -254,23 +262,24 @@ fn softmax_output_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> R
     let (g, label, y) = (&ins[0], &ins[2], &ins[3]);
     let labels: Vec<f64> =
         crate::dispatch_all!(label.dtype, T => label.as_slice::<T>().iter().map(|v| v.to_f64()).collect());
-    let grad_scale = a.float("grad_scale");
-    let out_grad = a.bool("out_grad");
+    let params = SoftmaxOutputParams::of(a);
+    let grad_scale = params.grad_scale;
+    let out_grad = params.out_grad;
     let (outer, k, inner) = softmax_output_dims(a, &y.shape);
-    let multi = a.bool("multi_output") && y.ndim() > 1;
-    let ignore = a.float("ignore_label");
-    let use_ignore = a.bool("use_ignore");
-    let alpha = a.float("smooth_alpha");
+    let multi = params.multi_output && y.ndim() > 1;
+    let ignore = params.ignore_label;
+    let use_ignore = params.use_ignore;
+    let alpha = params.smooth_alpha;
     let prob = label.shape == y.shape;
     let norm = if prob {
         grad_scale
     } else {
-        let valid = match a.str("normalization") {
+        let valid = match params.normalization {
             "batch" => outer,
             "valid" => labels.iter().filter(|&&l| l as i64 != ignore as i64).count().max(1),
             _ => 1,
         };
-        let per = if multi && a.str("normalization") != "valid" { inner } else { 1 };
+        let per = if multi && params.normalization != "valid" { inner } else { 1 };
         grad_scale / per as f64 / valid as f64
     };
     let (on, off) = if alpha != 0.0 && k > 1 { (1.0 - alpha, alpha / (k - 1) as f64) } else { (1.0, 0.0) };
@@ -330,13 +339,14 @@ fn batch_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Resul
     let op = a.op;
     let nv = ins.len() - 8;
     let (g, x) = (&ins[0], &ins[nv]);
-    let axis = norm_axis(op, a.int("axis"), x.ndim())?;
+    let params = BnParams::of(a);
+    let axis = norm_axis(op, params.axis, x.ndim())?;
     let (outer, c, inner) = split_at_axis(&x.shape, axis);
-    let fix_gamma = a.bool("fix_gamma");
+    let fix_gamma = params.fix_gamma;
     let gamma = if fix_gamma { vec![1.0; c] } else { read_f64(op, &ins[nv + 1])? };
     let mean = read_f64(op, &ins[nv + 6])?;
     let inv = read_f64(op, &ins[nv + 7])?;
-    let training = cx.is_train && !a.bool("use_global_stats");
+    let training = cx.is_train && !params.use_global_stats;
     let n = (outer * inner).max(1) as f64;
     // Per channel: Σ dy and Σ dy·(x - mean).
     let mut sg = vec![0.0f64; c];
@@ -405,7 +415,7 @@ fn layer_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Resul
     let op = a.op;
     let nv = ins.len() - 6;
     let (g, x) = (&ins[0], &ins[nv]);
-    let axis = norm_axis(op, a.int("axis"), x.ndim())?;
+    let axis = norm_axis(op, LnParams::of(a).axis, x.ndim())?;
     let (outer, len, inner) = split_at_axis(&x.shape, axis);
     let gamma = read_f64(op, &ins[nv + 1])?;
     let mean = read_f64(op, &ins[nv + 4])?;

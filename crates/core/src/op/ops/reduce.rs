@@ -16,7 +16,7 @@ use super::elemwise::{dispatch_arith, Arith, Calc};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_tasks, par_tasks_mut, pool_threads};
-use crate::op::param::{PType, ParamSpec};
+use crate::op::param::op_params;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef};
 use std::any::TypeId;
@@ -457,28 +457,29 @@ fn reduce_typed<T: Arith, Rd: Reducer<T>>(rd: Rd, plan: &RPlan, x: &[T], out: &m
     }
 }
 
-const REDUCE_PARAMS: &[ParamSpec] = &[
-    ParamSpec::or_none("axis", PType::Shape, "None", "The axis or axes along which to perform the reduction. The default, axis=(), will compute over all elements into a scalar array with shape (1,). If axis is int, a reduction is performed on a particular axis. If axis is a tuple of ints, a reduction is performed on all the axes specified in the tuple. If exclude is true, reduction will be performed on the axes that are NOT in axis instead. Negative values means indexing from right to left."),
-    ParamSpec::opt("keepdims", PType::Bool, "False", "If this is set to `True`, the reduced axes are left in the result as dimension with size one."),
-    ParamSpec::opt("exclude", PType::Bool, "False", "Whether to perform reduction on axis that are NOT in axis instead."),
-];
+op_params! {
+    pub(super) struct ReduceParams<'a> => REDUCE_PARAMS {
+        axis: Option<&'a [i64]> = "None", "The axis or axes along which to perform the reduction. The default, axis=(), will compute over all elements into a scalar array with shape (1,). If axis is int, a reduction is performed on a particular axis. If axis is a tuple of ints, a reduction is performed on all the axes specified in the tuple. If exclude is true, reduction will be performed on the axes that are NOT in axis instead. Negative values means indexing from right to left.";
+        keepdims: bool = "False", "If this is set to `True`, the reduced axes are left in the result as dimension with size one.";
+        exclude: bool = "False", "Whether to perform reduction on axis that are NOT in axis instead.";
+    }
+}
 
-const NORM_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("ord", PType::Int, "2", "Order of the norm. Currently ord=1 and ord=2 is supported."),
-    ParamSpec::or_none("axis", PType::Shape, "None", "The axis or axes along which to perform the reduction."),
-    ParamSpec::or_none("out_dtype", PType::DType, "None", "The data type of the output."),
-    ParamSpec::opt(
-        "keepdims",
-        PType::Bool,
-        "False",
-        "If this is set to `True`, the reduced axis is left in the result as dimension with size one.",
-    ),
-];
+op_params! {
+    pub(super) struct NormParams<'a> => NORM_PARAMS {
+        ord: i64 = "2", "Order of the norm. Currently ord=1 and ord=2 is supported.";
+        axis: Option<&'a [i64]> = "None", "The axis or axes along which to perform the reduction.";
+        out_dtype: Option<DType> = "None", "The data type of the output.";
+        keepdims: bool = "False", "If this is set to `True`, the reduced axis is left in the result as dimension with size one.";
+    }
+}
 
-const SEARCH_PARAMS: &[ParamSpec] = &[
-    ParamSpec::or_none("axis", PType::Int, "None", "The axis along which to perform the reduction. Negative values means indexing from right to left. ``Requires axis to be set as int, because global reduction is not supported yet.``"),
-    ParamSpec::opt("keepdims", PType::Bool, "False", "If this is set to `True`, the reduced axis is left in the result as dimension with size one."),
-];
+op_params! {
+    pub(super) struct SearchParams<'a> => SEARCH_PARAMS {
+        axis: Option<i64> = "None", "The axis along which to perform the reduction. Negative values means indexing from right to left. ``Requires axis to be set as int, because global reduction is not supported yet.``";
+        keepdims: bool = "False", "If this is set to `True`, the reduced axis is left in the result as dimension with size one.";
+    }
+}
 
 pub(super) fn flags_of(op: &str, a: &crate::op::param::Attrs, ndim: usize) -> Result<Vec<bool>> {
     let exclude = a.has("exclude") && a.bool("exclude");
@@ -488,11 +489,12 @@ pub(super) fn flags_of(op: &str, a: &crate::op::param::Attrs, ndim: usize) -> Re
 fn infer_reduce(op: &'static str) -> crate::op::InferFn {
     Box::new(move |a, ins: &[Meta]| {
         if op == "norm" {
-            let ord = a.int("ord");
+            let params = NormParams::of(a);
+            let ord = params.ord;
             if ord != 1 && ord != 2 {
                 return Err(Error::value(format!("operator norm: ord must be 1 or 2, got {ord}")));
             }
-            if let Some(d) = a.dtype("out_dtype") {
+            if let Some(d) = params.out_dtype {
                 if d != ins[0].dtype {
                     return Err(Error::not_supported(format!(
                         "operator norm with out_dtype {} (input {})",
@@ -503,6 +505,7 @@ fn infer_reduce(op: &'static str) -> crate::op::InferFn {
             }
         }
         let flags = flags_of(op, a, ins[0].shape.len())?;
+        // Every reduction's table declares keepdims (norm's too).
         Ok(vec![Meta::new(reduced_shape(&ins[0].shape, &flags, a.bool("keepdims")), ins[0].dtype)])
     })
 }
@@ -512,7 +515,7 @@ fn reduce_compute(kind: u8) -> crate::op::ComputeFn {
         let x = &ins[0];
         let flags = flags_of(cx.attrs.op, cx.attrs, x.ndim())?;
         let plan = RPlan::new(&x.shape, &flags);
-        let kind = if kind == NORM2 && cx.attrs.int("ord") == 1 { NORM1 } else { kind };
+        let kind = if kind == NORM2 && NormParams::of(cx.attrs).ord == 1 { NORM1 } else { kind };
         dispatch_arith!(x.dtype, cx.attrs.op, T => {
             let (x, o) = (x.as_slice::<T>(), outs[0].as_mut::<T>());
             match kind {

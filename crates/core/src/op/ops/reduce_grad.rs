@@ -13,6 +13,7 @@ use super::elemwise::{Arith, Calc};
 use super::reduce::{flags_of, RPlan};
 use crate::error::Result;
 use crate::op::kernel::{par_for_mut, Cost};
+use crate::op::ops::reduce::NormParams;
 use crate::op::tensor::{OutBlob, TBlob};
 use crate::op::{OpCtx, OpDef, Req};
 
@@ -163,7 +164,7 @@ fn compute(kind: u8) -> crate::op::ComputeFn {
         let dx = &mut outs[0];
         let flags = flags_of(cx.attrs.op, cx.attrs, dx.ndim())?;
         let plan = RPlan::new(&dx.shape, &flags);
-        let kind = if kind == NORM2 && cx.attrs.int("ord") == 1 { NORM1 } else { kind };
+        let kind = if kind == NORM2 && NormParams::of(cx.attrs).ord == 1 { NORM1 } else { kind };
         crate::dispatch_float!(dx.dtype, cx.attrs.op, T => {
             let g = ins[0].as_slice::<T>();
             let x = ins.get(1).map_or(&[][..], |b| b.as_slice::<T>());

@@ -12,7 +12,8 @@ use super::strided::{contiguous_strides, copy, copy_to, View};
 use crate::error::{Error, Result};
 use crate::ndarray::{infer_reshape, DType};
 use crate::op::kernel::{par_for_mut, Cost};
-use crate::op::param::{dtype_from_name, Attrs, PType, ParamSpec};
+use crate::op::param::op_params;
+use crate::op::param::{dtype_from_name, Attrs};
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, InferFn, Inputs, Meta, OpCtx, OpDef};
 use crate::{dispatch_all, dispatch_num};
@@ -50,27 +51,25 @@ fn infer_same(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![ins[0].clone()])
 }
 
-const RESHAPE_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("shape", PType::Shape, "()", "The target shape (codes 0, -1, -2, -3, -4 as in MXNet)"),
-    ParamSpec::opt("reverse", PType::Bool, "False", "If true then the special values are inferred from right to left"),
-    ParamSpec::opt("target_shape", PType::Shape, "()", "(Deprecated! Use ``shape`` instead.) Target new shape"),
-    ParamSpec::opt(
-        "keep_highest",
-        PType::Bool,
-        "False",
-        "(Deprecated! Use ``shape`` instead.) Keep the highest dimension",
-    ),
-];
+op_params! {
+    pub(super) struct ReshapeParams<'a> => RESHAPE_PARAMS {
+        shape: &'a [i64] = "()", "The target shape (codes 0, -1, -2, -3, -4 as in MXNet)";
+        reverse: bool = "False", "If true then the special values are inferred from right to left";
+        target_shape: &'a [i64] = "()", "(Deprecated! Use ``shape`` instead.) Target new shape";
+        keep_highest: bool = "False", "(Deprecated! Use ``shape`` instead.) Keep the highest dimension";
+    }
+}
 
 fn infer_reshape_op(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
-    let spec = a.shape("shape");
+    let params = ReshapeParams::of(a);
+    let spec = params.shape;
     if spec.is_empty() {
-        if !a.shape("target_shape").is_empty() {
+        if !params.target_shape.is_empty() {
             return Err(Error::not_supported("operator Reshape: the deprecated target_shape parameter (use shape)"));
         }
         return Err(Error::value("operator Reshape: the target shape must have at least one dimension"));
     }
-    let shape = infer_reshape(&ins[0].shape, spec, a.bool("reverse")).map_err(|e| named("Reshape", e))?;
+    let shape = infer_reshape(&ins[0].shape, spec, params.reverse).map_err(|e| named("Reshape", e))?;
     one_out(shape, ins[0].dtype)
 }
 
@@ -82,23 +81,29 @@ fn infer_flatten(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(vec![s[0], s[1..].iter().product()], ins[0].dtype)
 }
 
-const EXPAND_PARAMS: &[ParamSpec] =
-    &[ParamSpec::req("axis", PType::Int, "Position where the new axis is inserted; negative counts from the end")];
+op_params! {
+    pub(super) struct ExpandParams<'a> => EXPAND_PARAMS {
+        axis: i64 = required, "Position where the new axis is inserted; negative counts from the end";
+    }
+}
 
 fn infer_expand_dims(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let mut s = ins[0].shape.clone();
-    let ax = norm_axis("expand_dims", a.int("axis"), s.len() + 1)?;
+    let ax = norm_axis("expand_dims", ExpandParams::of(a).axis, s.len() + 1)?;
     s.insert(ax, 1);
     one_out(s, ins[0].dtype)
 }
 
-const SQUEEZE_PARAMS: &[ParamSpec] =
-    &[ParamSpec::or_none("axis", PType::Shape, "None", "Axes of size 1 to remove; None removes every axis of size 1")];
+op_params! {
+    pub(super) struct SqueezeParams<'a> => SQUEEZE_PARAMS {
+        axis: Option<&'a [i64]> = "None", "Axes of size 1 to remove; None removes every axis of size 1";
+    }
+}
 
 fn infer_squeeze(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let s = &ins[0].shape;
     let mut drop = vec![false; s.len()];
-    match a.opt_shape("axis") {
+    match SqueezeParams::of(a).axis {
         None => {
             for (i, &d) in s.iter().enumerate() {
                 drop[i] = d == 1;
@@ -127,12 +132,14 @@ fn infer_squeeze(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(out, ins[0].dtype)
 }
 
-const RESHAPE_LIKE_PARAMS: &[ParamSpec] = &[
-    ParamSpec::or_none("lhs_begin", PType::Int, "None", "First lhs axis to replace (default 0)"),
-    ParamSpec::or_none("lhs_end", PType::Int, "None", "Axis after the last lhs axis to replace (default ndim)"),
-    ParamSpec::or_none("rhs_begin", PType::Int, "None", "First rhs axis taken (default 0)"),
-    ParamSpec::or_none("rhs_end", PType::Int, "None", "Axis after the last rhs axis taken (default ndim)"),
-];
+op_params! {
+    pub(super) struct ReshapeLikeParams<'a> => RESHAPE_LIKE_PARAMS {
+        lhs_begin: Option<i64> = "None", "First lhs axis to replace (default 0)";
+        lhs_end: Option<i64> = "None", "Axis after the last lhs axis to replace (default ndim)";
+        rhs_begin: Option<i64> = "None", "First rhs axis taken (default 0)";
+        rhs_end: Option<i64> = "None", "Axis after the last rhs axis taken (default ndim)";
+    }
+}
 
 fn axis_range(op: &str, a: &Attrs, b: &str, e: &str, ndim: usize) -> Result<(usize, usize)> {
     let fix = |v: Option<i64>, dflt: usize, name: &str| -> Result<usize> {
@@ -173,8 +180,11 @@ fn infer_reshape_like(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 
 // ---- transpose, SwapAxis ----
 
-const TRANSPOSE_PARAMS: &[ParamSpec] =
-    &[ParamSpec::opt("axes", PType::Shape, "()", "Target axis order; empty reverses the axes")];
+op_params! {
+    pub(super) struct TransposeParams<'a> => TRANSPOSE_PARAMS {
+        axes: &'a [i64] = "()", "Target axis order; empty reverses the axes";
+    }
+}
 
 pub(super) fn transpose_perm(op: &str, axes: &[i64], ndim: usize) -> Result<Vec<usize>> {
     if axes.is_empty() {
@@ -196,7 +206,8 @@ pub(super) fn transpose_perm(op: &str, axes: &[i64], ndim: usize) -> Result<Vec<
 }
 
 fn infer_transpose(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
-    let perm = transpose_perm("transpose", a.shape("axes"), ins[0].shape.len())?;
+    let params = TransposeParams::of(a);
+    let perm = transpose_perm("transpose", params.axes, ins[0].shape.len())?;
     one_out(perm.iter().map(|&p| ins[0].shape[p]).collect(), ins[0].dtype)
 }
 
@@ -207,19 +218,22 @@ pub(super) fn permuted_copy(src: &TBlob, dst: &mut OutBlob, perm: &[usize]) {
 }
 
 fn run_transpose(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let perm = transpose_perm("transpose", cx.attrs.shape("axes"), ins[0].ndim())?;
+    let perm = transpose_perm("transpose", TransposeParams::of(cx.attrs).axes, ins[0].ndim())?;
     permuted_copy(&ins[0], &mut outs[0], &perm);
     Ok(())
 }
 
-const SWAP_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("dim1", PType::Int, "0", "the first axis to be swapped."),
-    ParamSpec::opt("dim2", PType::Int, "0", "the second axis to be swapped."),
-];
+op_params! {
+    pub(super) struct SwapParams<'a> => SWAP_PARAMS {
+        dim1: i64 = "0", "the first axis to be swapped.";
+        dim2: i64 = "0", "the second axis to be swapped.";
+    }
+}
 
 pub(super) fn swap_perm(a: &Attrs, ndim: usize) -> Result<Vec<usize>> {
-    let d1 = norm_axis("SwapAxis", a.int("dim1"), ndim)?;
-    let d2 = norm_axis("SwapAxis", a.int("dim2"), ndim)?;
+    let params = SwapParams::of(a);
+    let d1 = norm_axis("SwapAxis", params.dim1, ndim)?;
+    let d2 = norm_axis("SwapAxis", params.dim2, ndim)?;
     let mut perm: Vec<usize> = (0..ndim).collect();
     perm.swap(d1, d2);
     Ok(perm)
@@ -237,10 +251,15 @@ fn run_swap(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 // ---- Cast ----
 
-const CAST_PARAMS: &[ParamSpec] = &[ParamSpec::req("dtype", PType::DType, "Output data type.")];
+op_params! {
+    pub(super) struct CastParams<'a> => CAST_PARAMS {
+        dtype: DType = required, "Output data type.";
+    }
+}
 
 fn infer_cast(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
-    one_out(ins[0].shape.clone(), a.dtype("dtype").expect("dtype is required"))
+    let params = CastParams::of(a);
+    one_out(ins[0].shape.clone(), params.dtype)
 }
 
 fn cast_typed<S: Elem, D: Elem>(src: &TBlob, dst: &mut OutBlob) {
@@ -275,17 +294,20 @@ fn run_cast(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 // ---- Concat, stack ----
 
-const CONCAT_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("num_args", PType::Int, "Number of inputs to be concated."),
-    ParamSpec::opt("dim", PType::Int, "1", "the dimension to be concated."),
-];
+op_params! {
+    pub(super) struct ConcatParams<'a> => CONCAT_PARAMS {
+        num_args: i64 = required, "Number of inputs to be concated.";
+        dim: i64 = "1", "the dimension to be concated.";
+    }
+}
 
 fn infer_concat(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = ConcatParams::of(a);
     if ins.is_empty() {
         return Err(Error::value("operator Concat needs at least one input"));
     }
     let nd = ins[0].shape.len();
-    let dim = norm_axis("Concat", a.int("dim"), nd)?;
+    let dim = norm_axis("Concat", params.dim, nd)?;
     let mut out = ins[0].shape.clone();
     out[dim] = 0;
     for (i, m) in ins.iter().enumerate() {
@@ -310,7 +332,7 @@ fn infer_concat(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 
 fn run_concat(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let out = &mut outs[0];
-    let dim = norm_axis("Concat", cx.attrs.int("dim"), out.ndim())?;
+    let dim = norm_axis("Concat", ConcatParams::of(cx.attrs).dim, out.ndim())?;
     let os = contiguous_strides(&out.shape);
     let mut at = 0isize;
     for x in ins {
@@ -321,12 +343,15 @@ fn run_concat(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
-const STACK_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("axis", PType::Int, "0", "The axis in the result array along which the input arrays are stacked."),
-    ParamSpec::req("num_args", PType::Int, "Number of inputs to be stacked."),
-];
+op_params! {
+    pub(super) struct StackParams<'a> => STACK_PARAMS {
+        axis: i64 = "0", "The axis in the result array along which the input arrays are stacked.";
+        num_args: i64 = required, "Number of inputs to be stacked.";
+    }
+}
 
 fn infer_stack(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = StackParams::of(a);
     if ins.is_empty() {
         return Err(Error::value("operator stack needs at least one input"));
     }
@@ -334,14 +359,14 @@ fn infer_stack(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
         super::common::check_same("stack", &ins[0], m, i)?;
     }
     let mut out = ins[0].shape.clone();
-    let ax = norm_axis("stack", a.int("axis"), out.len() + 1)?;
+    let ax = norm_axis("stack", params.axis, out.len() + 1)?;
     out.insert(ax, ins.len());
     one_out(out, ins[0].dtype)
 }
 
 fn run_stack(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let out = &mut outs[0];
-    let ax = norm_axis("stack", cx.attrs.int("axis"), out.ndim())?;
+    let ax = norm_axis("stack", StackParams::of(cx.attrs).axis, out.ndim())?;
     let mut os = contiguous_strides(&out.shape);
     let step = os.remove(ax);
     for (i, x) in ins.iter().enumerate() {
@@ -353,23 +378,17 @@ fn run_stack(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 // ---- SliceChannel, _split_v2 ----
 
-const SPLIT_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req(
-        "num_outputs",
-        PType::Int,
-        "Number of splits. Note that this should evenly divide the length of the `axis`.",
-    ),
-    ParamSpec::opt("axis", PType::Int, "1", "Axis along which to split."),
-    ParamSpec::opt(
-        "squeeze_axis",
-        PType::Bool,
-        "False",
-        "If true, Removes the axis with length 1 from the shapes of the output arrays.",
-    ),
-];
+op_params! {
+    pub(super) struct SplitParams<'a> => SPLIT_PARAMS {
+        num_outputs: i64 = required, "Number of splits. Note that this should evenly divide the length of the `axis`.";
+        axis: i64 = "1", "Axis along which to split.";
+        squeeze_axis: bool = "False", "If true, Removes the axis with length 1 from the shapes of the output arrays.";
+    }
+}
 
 fn split_count(a: &Attrs) -> usize {
-    a.int("num_outputs").max(0) as usize
+    let params = SplitParams::of(a);
+    params.num_outputs.max(0) as usize
 }
 
 /// Split `shape` along `axis` into `[start, end)` parts; outputs drop the axis if `squeeze`.
@@ -401,11 +420,12 @@ fn split_parts(
 }
 
 pub(super) fn channel_bounds(a: &Attrs, shape: &[usize]) -> Result<(usize, Vec<(usize, usize)>)> {
-    let n = a.int("num_outputs");
+    let params = SplitParams::of(a);
+    let n = params.num_outputs;
     if n < 1 {
         return Err(Error::value(format!("operator SliceChannel: num_outputs must be at least 1, got {n}")));
     }
-    let axis = norm_axis("SliceChannel", a.int("axis"), shape.len())?;
+    let axis = norm_axis("SliceChannel", params.axis, shape.len())?;
     let n = n as usize;
     if shape[axis] % n != 0 {
         return Err(Error::value(format!(
@@ -418,8 +438,9 @@ pub(super) fn channel_bounds(a: &Attrs, shape: &[usize]) -> Result<(usize, Vec<(
 }
 
 fn infer_slice_channel(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = SplitParams::of(a);
     let (axis, bounds) = channel_bounds(a, &ins[0].shape)?;
-    split_parts("SliceChannel", &ins[0].shape, axis, &bounds, a.bool("squeeze_axis"), ins[0].dtype)
+    split_parts("SliceChannel", &ins[0].shape, axis, &bounds, params.squeeze_axis, ins[0].dtype)
 }
 
 fn copy_parts(x: &TBlob, outs: &mut [OutBlob], axis: usize, bounds: &[(usize, usize)]) {
@@ -438,40 +459,30 @@ fn run_slice_channel(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<
     Ok(())
 }
 
-const SPLIT_V2_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req(
-        "indices",
-        PType::Shape,
-        "Indices of splits. The elements should denote the boundaries of at which split is performed along the `axis`.",
-    ),
-    ParamSpec::opt("axis", PType::Int, "1", "Axis along which to split."),
-    ParamSpec::opt(
-        "squeeze_axis",
-        PType::Bool,
-        "False",
-        "If true, Removes the axis with length 1 from the shapes of the output arrays.",
-    ),
-    ParamSpec::opt(
-        "sections",
-        PType::Int,
-        "0",
-        "Number of sections if equally splitted. Default to 0 which means split by indices.",
-    ),
-];
+op_params! {
+    pub(super) struct SplitV2Params<'a> => SPLIT_V2_PARAMS {
+        indices: &'a [i64] = required, "Indices of splits. The elements should denote the boundaries of at which split is performed along the `axis`.";
+        axis: i64 = "1", "Axis along which to split.";
+        squeeze_axis: bool = "False", "If true, Removes the axis with length 1 from the shapes of the output arrays.";
+        sections: i64 = "0", "Number of sections if equally splitted. Default to 0 which means split by indices.";
+    }
+}
 
 fn split_v2_count(a: &Attrs) -> usize {
-    let s = a.int("sections");
+    let params = SplitV2Params::of(a);
+    let s = params.sections;
     if s > 0 {
         s as usize
     } else {
-        a.shape("indices").len()
+        params.indices.len()
     }
 }
 
 pub(super) fn split_v2_bounds(a: &Attrs, shape: &[usize]) -> Result<(usize, Vec<(usize, usize)>)> {
-    let axis = norm_axis("_split_v2", a.int("axis"), shape.len())?;
+    let params = SplitV2Params::of(a);
+    let axis = norm_axis("_split_v2", params.axis, shape.len())?;
     let len = shape[axis];
-    let sections = a.int("sections");
+    let sections = params.sections;
     if sections > 0 {
         let n = sections as usize;
         if len % n != 0 {
@@ -482,7 +493,7 @@ pub(super) fn split_v2_bounds(a: &Attrs, shape: &[usize]) -> Result<(usize, Vec<
         let k = len / n;
         return Ok((axis, (0..n).map(|i| (i * k, (i + 1) * k)).collect()));
     }
-    let idx = a.shape("indices");
+    let idx = params.indices;
     if idx.is_empty() {
         return Err(Error::value("operator _split_v2: indices must not be empty when sections is 0"));
     }
@@ -500,8 +511,9 @@ pub(super) fn split_v2_bounds(a: &Attrs, shape: &[usize]) -> Result<(usize, Vec<
 }
 
 fn infer_split_v2(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let params = SplitV2Params::of(a);
     let (axis, bounds) = split_v2_bounds(a, &ins[0].shape)?;
-    split_parts("_split_v2", &ins[0].shape, axis, &bounds, a.bool("squeeze_axis"), ins[0].dtype)
+    split_parts("_split_v2", &ins[0].shape, axis, &bounds, params.squeeze_axis, ins[0].dtype)
 }
 
 fn run_split_v2(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
@@ -535,12 +547,15 @@ fn check_broadcast(op: &str, src: &[usize], dst: &[usize]) -> Result<()> {
     Ok(())
 }
 
-const BROADCAST_TO_PARAMS: &[ParamSpec] =
-    &[ParamSpec::opt("shape", PType::Shape, "()", "The shape of the desired array; 0 keeps the input's dimension")];
+op_params! {
+    pub(super) struct BroadcastToParams<'a> => BROADCAST_TO_PARAMS {
+        shape: &'a [i64] = "()", "The shape of the desired array; 0 keeps the input's dimension";
+    }
+}
 
 fn infer_broadcast_to(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let src = &ins[0].shape;
-    let want = a.shape("shape");
+    let want = BroadcastToParams::of(a).shape;
     if want.len() != src.len() {
         return Err(Error::value(format!(
             "operator broadcast_to: shape {want:?} must have as many dimensions as the input {src:?}"
@@ -554,13 +569,16 @@ fn infer_broadcast_to(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(out, ins[0].dtype)
 }
 
-const BROADCAST_AXIS_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("axis", PType::Shape, "()", "The axes to perform the broadcasting."),
-    ParamSpec::opt("size", PType::Shape, "()", "Target sizes of the broadcasting axes."),
-];
+op_params! {
+    pub(super) struct BroadcastAxisParams<'a> => BROADCAST_AXIS_PARAMS {
+        axis: &'a [i64] = "()", "The axes to perform the broadcasting.";
+        size: &'a [i64] = "()", "Target sizes of the broadcasting axes.";
+    }
+}
 
 fn infer_broadcast_axis(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
-    let (axes, sizes) = (a.shape("axis"), a.shape("size"));
+    let params = BroadcastAxisParams::of(a);
+    let (axes, sizes) = (params.axis, params.size);
     if axes.len() != sizes.len() {
         return Err(Error::value(format!(
             "operator broadcast_axis: axis {axes:?} and size {sizes:?} differ in length"
@@ -580,14 +598,17 @@ fn infer_broadcast_axis(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(out, ins[0].dtype)
 }
 
-const BROADCAST_LIKE_PARAMS: &[ParamSpec] = &[
-    ParamSpec::or_none("lhs_axes", PType::Shape, "None", "Axes to perform broadcast on in the first input array"),
-    ParamSpec::or_none("rhs_axes", PType::Shape, "None", "Axes to copy from the second input array"),
-];
+op_params! {
+    pub(super) struct BroadcastLikeParams<'a> => BROADCAST_LIKE_PARAMS {
+        lhs_axes: Option<&'a [i64]> = "None", "Axes to perform broadcast on in the first input array";
+        rhs_axes: Option<&'a [i64]> = "None", "Axes to copy from the second input array";
+    }
+}
 
 fn infer_broadcast_like(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let (l, r) = (&ins[0].shape, &ins[1].shape);
-    let out = match (a.opt_shape("lhs_axes"), a.opt_shape("rhs_axes")) {
+    let params = BroadcastLikeParams::of(a);
+    let out = match (params.lhs_axes, params.rhs_axes) {
         (None, None) => r.clone(),
         (Some(la), Some(ra)) => {
             if la.is_empty() || ra.is_empty() {
@@ -614,12 +635,16 @@ fn infer_broadcast_like(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 
 // ---- tile, repeat, reverse ----
 
-const TILE_PARAMS: &[ParamSpec] =
-    &[ParamSpec::req("reps", PType::Shape, "The number of times for repeating the tensor a.")];
+op_params! {
+    pub(super) struct TileParams<'a> => TILE_PARAMS {
+        reps: &'a [i64] = required, "The number of times for repeating the tensor a.";
+    }
+}
 
 /// Input shape and reps padded with leading 1s to a common length.
 pub(super) fn tile_dims(a: &Attrs, shape: &[usize]) -> Result<(Vec<usize>, Vec<usize>)> {
-    let reps = shape_param("tile", "reps", a.shape("reps"))?;
+    let params = TileParams::of(a);
+    let reps = shape_param("tile", "reps", params.reps)?;
     let n = reps.len().max(shape.len());
     let mut s = vec![1; n - shape.len()];
     s.extend_from_slice(shape);
@@ -645,24 +670,22 @@ fn run_tile(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
-const REPEAT_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("repeats", PType::Int, "The number of repetitions for each element."),
-    ParamSpec::or_none(
-        "axis",
-        PType::Int,
-        "None",
-        "The axis along which to repeat values; None repeats the flattened input",
-    ),
-];
+op_params! {
+    pub(super) struct RepeatParams<'a> => REPEAT_PARAMS {
+        repeats: i64 = required, "The number of repetitions for each element.";
+        axis: Option<i64> = "None", "The axis along which to repeat values; None repeats the flattened input";
+    }
+}
 
 /// (view shape, view strides of the input, output shape).
 pub(super) fn repeat_view(a: &Attrs, shape: &[usize]) -> Result<(Vec<usize>, Vec<isize>, Vec<usize>)> {
-    let reps = a.int("repeats");
+    let params = RepeatParams::of(a);
+    let reps = params.repeats;
     if reps < 0 {
         return Err(Error::value(format!("operator repeat: repeats must be non-negative, got {reps}")));
     }
     let reps = reps as usize;
-    match a.opt_int("axis") {
+    match params.axis {
         None => {
             let n: usize = shape.iter().product();
             Ok((vec![n, reps], vec![1, 0], vec![n * reps]))
@@ -691,12 +714,17 @@ fn run_repeat(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
-const REVERSE_PARAMS: &[ParamSpec] = &[ParamSpec::req("axis", PType::Shape, "The axis which to reverse elements.")];
+op_params! {
+    pub(super) struct ReverseParams<'a> => REVERSE_PARAMS {
+        axis: &'a [i64] = required, "The axis which to reverse elements.";
+    }
+}
 
 pub(super) fn reverse_view(a: &Attrs, shape: &[usize]) -> Result<View> {
+    let params = ReverseParams::of(a);
     let mut v = View::contiguous(shape);
     let mut seen = vec![false; shape.len()];
-    for &ax in a.shape("axis") {
+    for &ax in params.axis {
         let k = norm_axis("reverse", ax, shape.len())?;
         if std::mem::replace(&mut seen[k], true) {
             return Err(Error::value(format!("operator reverse: axis {ax} is given twice")));
@@ -754,18 +782,17 @@ fn run_size_array(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> 
 
 // ---- Pad ----
 
-const PAD_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("mode", PType::Enum(&["constant", "edge", "reflect"]), "constant", "Padding type to use."),
-    ParamSpec::req(
-        "pad_width",
-        PType::Shape,
-        "Widths of the padding regions applied to the edges of each axis (before and after, per axis).",
-    ),
-    ParamSpec::opt("constant_value", PType::Float, "0", "The value used for padding when `mode` is 'constant'."),
-];
+op_params! {
+    pub(super) struct PadParams<'a> => PAD_PARAMS {
+        mode: &'a str = "constant" in ["constant", "edge", "reflect"], "Padding type to use.";
+        pad_width: &'a [i64] = required, "Widths of the padding regions applied to the edges of each axis (before and after, per axis).";
+        constant_value: f64 = "0", "The value used for padding when `mode` is 'constant'.";
+    }
+}
 
 pub(super) fn pad_widths(a: &Attrs, shape: &[usize]) -> Result<Vec<(usize, usize)>> {
-    let pw = a.shape("pad_width");
+    let params = PadParams::of(a);
+    let pw = params.pad_width;
     let nd = shape.len();
     if nd != 4 && nd != 5 {
         return Err(Error::value(format!("operator Pad: only 4-D and 5-D inputs are supported, got shape {shape:?}")));
@@ -783,7 +810,7 @@ pub(super) fn pad_widths(a: &Attrs, shape: &[usize]) -> Result<Vec<(usize, usize
     }
     let pw = shape_param("Pad", "pad_width", pw)?;
     let widths: Vec<(usize, usize)> = (0..nd).map(|k| (pw[2 * k], pw[2 * k + 1])).collect();
-    if a.str("mode") == "reflect" {
+    if params.mode == "reflect" {
         for (k, &(b, e)) in widths.iter().enumerate() {
             if b >= shape[k].max(1) || e >= shape[k].max(1) {
                 return Err(Error::value(format!(
@@ -855,28 +882,37 @@ fn pad_typed<T: Elem>(x: &TBlob, out: &mut OutBlob, widths: &[(usize, usize)], m
 
 fn run_pad(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let w = pad_widths(cx.attrs, &ins[0].shape)?;
-    let mode = cx.attrs.str("mode").as_bytes()[0];
-    let v = cx.attrs.float("constant_value");
+    let params = PadParams::of(cx.attrs);
+    let mode = params.mode.as_bytes()[0];
+    let v = params.constant_value;
     dispatch_num!(ins[0].dtype, "Pad", T => pad_typed::<T>(&ins[0], &mut outs[0], &w, mode, T::from_f64(v)));
     Ok(())
 }
 
 // ---- amp_cast, depth_to_space, space_to_depth, diag ----
 
-const AMP_CAST_PARAMS: &[ParamSpec] = &[ParamSpec::req("dtype", PType::DType, "Output data type.")];
+op_params! {
+    pub(super) struct AmpCastParams<'a> => AMP_CAST_PARAMS {
+        dtype: DType = required, "Output data type.";
+    }
+}
 
 fn infer_amp_cast(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let float = matches!(ins[0].dtype, DType::F32 | DType::F64 | DType::F16);
-    let dtype = if float { a.dtype("dtype").expect("dtype is required") } else { ins[0].dtype };
+    let dtype = if float { AmpCastParams::of(a).dtype } else { ins[0].dtype };
     one_out(ins[0].shape.clone(), dtype)
 }
 
-const BLOCK_PARAMS: &[ParamSpec] =
-    &[ParamSpec::req("block_size", PType::Int, "Blocks of [block_size. block_size] are moved")];
+op_params! {
+    pub(super) struct BlockParams<'a> => BLOCK_PARAMS {
+        block_size: i64 = required, "Blocks of [block_size. block_size] are moved";
+    }
+}
 
 /// The input view and output shape of depth_to_space (`to_space`) or space_to_depth on NCHW.
 fn block_view(op: &str, a: &Attrs, s: &[usize], to_space: bool) -> Result<(Vec<usize>, Vec<isize>, Vec<usize>)> {
-    let b = a.int("block_size");
+    let params = BlockParams::of(a);
+    let b = params.block_size;
     if s.len() != 4 || b < 1 {
         return Err(Error::value(format!(
             "operator {op}: needs a 4-D input and block_size >= 1, got shape {s:?}, block_size {b}"
@@ -934,26 +970,13 @@ fn run_s2d(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     run_block(cx, ins, outs, false)
 }
 
-const DIAG_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt(
-        "k",
-        PType::Int,
-        "0",
-        "Diagonal in question. The default is 0; k>0 above, k<0 below the main diagonal.",
-    ),
-    ParamSpec::opt(
-        "axis1",
-        PType::Int,
-        "0",
-        "The first axis of the sub-arrays of interest. Ignored when the input is a 1-D array.",
-    ),
-    ParamSpec::opt(
-        "axis2",
-        PType::Int,
-        "1",
-        "The second axis of the sub-arrays of interest. Ignored when the input is a 1-D array.",
-    ),
-];
+op_params! {
+    pub(super) struct DiagParams<'a> => DIAG_PARAMS {
+        k: i64 = "0", "Diagonal in question. The default is 0; k>0 above, k<0 below the main diagonal.";
+        axis1: i64 = "0", "The first axis of the sub-arrays of interest. Ignored when the input is a 1-D array.";
+        axis2: i64 = "1", "The second axis of the sub-arrays of interest. Ignored when the input is a 1-D array.";
+    }
+}
 
 /// For a 1-D input: (n, matrix size, offset of the diagonal). For more: the strided view of
 /// the diagonal and the output shape.
@@ -963,7 +986,8 @@ pub(super) enum DiagPlan {
 }
 
 pub(super) fn diag_plan(a: &Attrs, s: &[usize]) -> Result<DiagPlan> {
-    let k = a.int("k");
+    let params = DiagParams::of(a);
+    let k = params.k;
     if s.is_empty() {
         return Err(Error::value("operator diag: the input must have at least one dimension"));
     }
@@ -973,8 +997,8 @@ pub(super) fn diag_plan(a: &Attrs, s: &[usize]) -> Result<DiagPlan> {
         let off = if k >= 0 { k as isize } else { -k as isize * size as isize };
         return Ok(DiagPlan::Build { n, size, off });
     }
-    let a1 = norm_axis("diag", a.int("axis1"), s.len())?;
-    let a2 = norm_axis("diag", a.int("axis2"), s.len())?;
+    let a1 = norm_axis("diag", params.axis1, s.len())?;
+    let a2 = norm_axis("diag", params.axis2, s.len())?;
     if a1 == a2 {
         return Err(Error::value(format!("operator diag: axis1 and axis2 must differ, both are {a1}")));
     }
@@ -1226,6 +1250,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::op::param::ParamSpec;
 
     fn attrs(op: &'static str, specs: &'static [ParamSpec], kv: &[(&str, &str)]) -> Attrs {
         Attrs::parse(op, specs, kv.iter().copied()).unwrap()

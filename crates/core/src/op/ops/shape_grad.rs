@@ -22,6 +22,10 @@ use super::shape::{
 use super::strided::{contiguous_strides, copy, copy_to, unravel, View};
 use crate::error::Result;
 use crate::op::kernel::par_tasks_mut;
+use crate::op::ops::shape::ConcatParams;
+use crate::op::ops::shape::PadParams;
+use crate::op::ops::shape::StackParams;
+use crate::op::ops::shape::TransposeParams;
 use crate::op::tensor::{OutBlob, TBlob};
 use crate::op::{OpCtx, OpDef, Req};
 
@@ -54,10 +58,11 @@ fn cast_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 }
 
 fn transpose_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let params = TransposeParams::of(cx.attrs);
     if cx.req[0] == Req::Null {
         return Ok(());
     }
-    let perm = transpose_perm("transpose", cx.attrs.shape("axes"), outs[0].ndim())?;
+    let perm = transpose_perm("transpose", params.axes, outs[0].ndim())?;
     let mut inv = vec![0; perm.len()];
     for (k, &p) in perm.iter().enumerate() {
         inv[p] = k;
@@ -76,8 +81,9 @@ fn swap_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 /// Each input's gradient is its block of the output gradient along `dim` (Concat).
 fn concat_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let params = ConcatParams::of(cx.attrs);
     let g = &ins[0];
-    let dim = norm_axis("Concat", cx.attrs.int("dim"), g.ndim())?;
+    let dim = norm_axis("Concat", params.dim, g.ndim())?;
     let gs = contiguous_strides(&g.shape);
     let mut at = 0isize;
     for (o, r) in outs.iter_mut().zip(cx.req) {
@@ -91,8 +97,9 @@ fn concat_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 }
 
 fn stack_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let params = StackParams::of(cx.attrs);
     let g = &ins[0];
-    let ax = norm_axis("stack", cx.attrs.int("axis"), g.ndim())?;
+    let ax = norm_axis("stack", params.axis, g.ndim())?;
     let mut gs = contiguous_strides(&g.shape);
     let step = gs.remove(ax);
     for (i, (o, r)) in outs.iter_mut().zip(cx.req).enumerate() {
@@ -178,12 +185,13 @@ fn reverse_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 /// element's gradient to the element it copies. The first two axes are never padded, so each
 /// (n, c) plane is one task.
 fn pad_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let params = PadParams::of(cx.attrs);
     let (g, dx) = (&ins[0], &mut outs[0]);
     if cx.req[0] == Req::Null || dx.size() == 0 {
         return Ok(());
     }
     let w = pad_widths(cx.attrs, &dx.shape)?;
-    let mode = cx.attrs.str("mode").as_bytes()[0];
+    let mode = params.mode.as_bytes()[0];
     if mode == b'c' {
         let gs = contiguous_strides(&g.shape);
         let off = w.iter().zip(&gs).map(|(&(b, _), &s)| b as isize * s).sum();
