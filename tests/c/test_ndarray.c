@@ -152,6 +152,39 @@ int main(void) {
     CHECK(MXNDArrayFree(copy) == 0 && MXNDArrayFree(empty) == 0);
   }
 
+  /* Hostile sizes (issue 34): a shape whose product wraps, an index far past the end, more
+   * than 32 dimensions. Each is refused; nothing reads outside the array. */
+  {
+    NDArrayHandle base = NULL, v = NULL;
+    const uint32_t s46[2] = {4, 6};
+    int64_t wrap[2] = {((int64_t)1 << 62) + 6, 4};
+    int wrap32[3] = {2147418113, 1288529511, 40};
+    int64_t ones41[41];
+    uint32_t dims33[33];
+    float buf[24] = {0};
+    int i;
+    for (i = 0; i < 41; i++) ones41[i] = 1;
+    for (i = 0; i < 33; i++) dims33[i] = 1;
+    CHECK(MXNDArrayCreateEx(s46, 2, 1, 0, 0, 0, &base) == 0);
+    CHECK(MXNDArraySyncCopyFromCPU(base, buf, 24) == 0);
+    CHECK(MXNDArrayReshape64(base, 2, wrap, 0, &v) == -1 && strstr(MXGetLastError(), "too large") != NULL);
+    CHECK(MXNDArrayReshape(base, 3, wrap32, &v) == -1 && strstr(MXGetLastError(), "too large") != NULL);
+    CHECK(MXNDArrayAt64(base, (int64_t)1 << 40, &v) == -1 && strncmp(MXGetLastError(), "IndexError", 10) == 0);
+    CHECK(MXNDArraySlice64(base, 0, (int64_t)1 << 40, &v) == -1);
+    CHECK(MXNDArrayReshape64(base, 41, ones41, 0, &v) == -1 && strstr(MXGetLastError(), "at most 32") != NULL);
+    CHECK(MXNDArrayCreateEx(dims33, 33, 1, 0, 0, 0, &v) == -1 && strstr(MXGetLastError(), "at most 32") != NULL);
+    CHECK(MXNDArraySyncCopyToCPU(base, buf, 24) == 0);
+    CHECK(MXNDArrayFree(base) == 0);
+    /* A file that is not an NDArray list is refused at its header, not read whole. */
+    {
+      uint32_t n = 0, nn = 0;
+      NDArrayHandle *loaded = NULL;
+      const char **names = NULL;
+      CHECK(MXNDArrayLoad("/dev/zero", &n, &loaded, &nn, &names) == -1);
+      CHECK(strstr(MXGetLastError(), "not an NDArray list") != NULL);
+    }
+  }
+
   /* Storage: statistics per context, and emptying the cache. */
   {
     const char *json = NULL;

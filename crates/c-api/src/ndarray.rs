@@ -10,7 +10,7 @@ use crate::handle::HandleTable;
 use mxnet_core::context::Context;
 use mxnet_core::engine::Var;
 use mxnet_core::error::{Error, Result};
-use mxnet_core::ndarray::{np_shape, DType, NDArray};
+use mxnet_core::ndarray::{np_shape, DType, NDArray, MAX_NDIM};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::Ordering;
@@ -35,8 +35,8 @@ unsafe fn read_shape(shape: *const u32, ndim: u32) -> Result<Vec<usize>> {
     if shape.is_null() {
         return Err(Error::value(format!("shape is NULL but ndim is {ndim}")));
     }
-    if ndim > 32 {
-        return Err(Error::value(format!("ndim {ndim} exceeds the supported 32 dimensions")));
+    if ndim as usize > MAX_NDIM {
+        return Err(Error::value(format!("ndim {ndim}: an array has at most {MAX_NDIM} dimensions")));
     }
     // SAFETY: per this function's contract.
     Ok(unsafe { std::slice::from_raw_parts(shape, ndim as usize) }.iter().map(|&d| d as usize).collect())
@@ -408,8 +408,8 @@ pub unsafe extern "C" fn MXNDArrayAt(handle: NDArrayHandle, idx: u32, out: *mut 
 /// # Safety
 /// `dims` must point to `ndim` values when `ndim > 0`.
 unsafe fn read_dims<T: Copy + Into<i64>>(dims: *const T, ndim: c_int) -> Result<Vec<i64>> {
-    if !(0..=32).contains(&ndim) {
-        return Err(Error::value(format!("ndim must be in [0, 32], got {ndim}")));
+    if usize::try_from(ndim).map_or(true, |n| n > MAX_NDIM) {
+        return Err(Error::value(format!("ndim {ndim}: an array has 0 to at most {MAX_NDIM} dimensions")));
     }
     if ndim > 0 && dims.is_null() {
         return Err(Error::value(format!("dims is NULL but ndim is {ndim}")));

@@ -120,7 +120,7 @@ pub unsafe extern "C" fn MXNDArrayLoad(
     ffi::call("MXNDArrayLoad", || {
         // SAFETY: per this function's contract.
         let path = unsafe { cstr(fname, "fname") }?;
-        let bytes = std::fs::read(path).map_err(|e| Error::mxnet(format!("cannot read {path}: {e}")))?;
+        let bytes = io::read_list_file(path)?;
         let loaded = io::load_list(&bytes, np_shape::get() != 0)?;
         // SAFETY: per this function's contract.
         unsafe { hand_out(loaded, out_size, out_arr, out_name_size, out_names) }

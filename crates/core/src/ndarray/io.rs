@@ -11,6 +11,7 @@
 //! allocated, so a file can never make the loader allocate more than its own size justifies;
 //! truncated or corrupt input is an error, never a panic.
 
+use super::MAX_NDIM;
 use super::{byte_size, DType, NDArray};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -19,8 +20,6 @@ const LIST_MAGIC: u64 = 0x112;
 const V1_MAGIC: u32 = 0xF993_FAC8;
 const V2_MAGIC: u32 = 0xF993_FAC9;
 const V3_MAGIC: u32 = 0xF993_FACA;
-/// The largest number of dimensions a file may declare.
-const MAX_NDIM: usize = 32;
 
 fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::mxnet(format!("invalid NDArray file: {what}"))
@@ -121,6 +120,23 @@ pub fn save_array(a: &NDArray, np_shape: bool, out: &mut Vec<u8>) -> Result<()> 
     out.resize(start + bytes, 0);
     // SAFETY: the destination holds exactly the array's bytes.
     unsafe { a.copy_to_host(out[start..].as_mut_ptr(), a.size()) }
+}
+
+/// The bytes of the list file at `path`, refusing it at its header when it is not one (so
+/// `/dev/zero` or a large unrelated file is not read whole into memory first).
+pub fn read_list_file(path: &str) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let cannot = |e: std::io::Error| Error::mxnet(format!("cannot read {path}: {e}"));
+    let mut f = std::fs::File::open(path).map_err(cannot)?;
+    let mut head = [0u8; 8];
+    f.read_exact(&mut head).map_err(|_| corrupt(format!("{path} is shorter than the 8-byte header")))?;
+    let magic = u64::from_le_bytes(head);
+    if magic != LIST_MAGIC {
+        return Err(corrupt(format!("header {magic:#x} of {path} is not an NDArray list (expected 0x112)")));
+    }
+    let mut buf = head.to_vec();
+    f.read_to_end(&mut buf).map_err(cannot)?;
+    Ok(buf)
 }
 
 /// Load a list file: the arrays and their names (empty for a list).

@@ -151,8 +151,16 @@ impl std::fmt::Debug for NDArray {
     }
 }
 
-/// Number of elements and bytes of `shape` in `dtype`, refusing overflow.
+/// The most dimensions an array may have, everywhere: creation, views, operator outputs and
+/// the file format (so that whatever this library saves, it loads).
+pub const MAX_NDIM: usize = 32;
+
+/// Number of elements and bytes of `shape` in `dtype`, refusing overflow and more than
+/// [`MAX_NDIM`] dimensions.
 pub fn byte_size(shape: &[usize], dtype: DType) -> Result<(usize, usize)> {
+    if shape.len() > MAX_NDIM {
+        return Err(Error::value(format!("shape {shape:?} has {} dimensions (at most {MAX_NDIM})", shape.len())));
+    }
     let too_big = || Error::value(format!("shape {shape:?} of {} is too large", dtype.name()));
     let n = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(too_big)?;
     let bytes = n.checked_mul(dtype.size()).filter(|&b| b <= isize::MAX as usize).ok_or_else(too_big)?;
@@ -234,8 +242,31 @@ impl NDArray {
         Ok(self.chunk()?.data(self.chunk_bytes, self.ctx)?.wrapping_add(self.offset))
     }
 
+    /// A view of this array's storage with `shape` at byte `offset`. The one way a view is
+    /// made: its size is computed with checked arithmetic and it must lie inside the chunk, so
+    /// no shape or index a caller passes can reach memory outside it.
+    fn view(&self, shape: Vec<usize>, offset: usize) -> Result<NDArray> {
+        self.chunk()?;
+        let (_, bytes) = byte_size(&shape, self.dtype)?;
+        if offset.checked_add(bytes).is_none_or(|end| end > self.chunk_bytes) {
+            return Err(Error::value(format!(
+                "a view of shape {shape:?} at byte {offset} does not fit the array's {} bytes",
+                self.chunk_bytes
+            )));
+        }
+        Ok(NDArray { shape, offset, ag: None, ..self.clone() })
+    }
+
+    /// Bytes of one row of axis 0 (this view lies inside its chunk, so this cannot overflow).
     fn row_bytes(&self) -> usize {
         self.shape.iter().skip(1).product::<usize>() * self.dtype.size()
+    }
+
+    /// Byte offset of row `row` of axis 0, checked.
+    fn row_offset(&self, row: usize) -> Result<usize> {
+        row.checked_mul(self.row_bytes())
+            .and_then(|b| b.checked_add(self.offset))
+            .ok_or_else(|| Error::index(format!("row {row} of an array of shape {:?} is out of range", self.shape)))
     }
 
     /// This view over `alias`, an alias ([`Var::alias`]) of this array's chunk: the same
@@ -257,7 +288,7 @@ impl NDArray {
         }
         let mut shape = self.shape.clone();
         shape[0] = end - begin;
-        Ok(NDArray { shape, offset: self.offset + begin * self.row_bytes(), ag: None, ..self.clone() })
+        self.view(shape, self.row_offset(begin)?)
     }
 
     /// Row `idx` of axis 0 without that axis (a 1-d array gives shape `(1,)` in legacy mode,
@@ -272,7 +303,7 @@ impl NDArray {
         if shape.is_empty() && np_shape::get() == 0 {
             shape.push(1);
         }
-        Ok(NDArray { shape, offset: self.offset + idx * self.row_bytes(), ag: None, ..self.clone() })
+        self.view(shape, self.row_offset(idx)?)
     }
 
     /// The same data with another shape (MXNet's reshape codes 0, -1, -2, -3, -4; `reverse`
@@ -280,7 +311,7 @@ impl NDArray {
     pub fn reshape(&self, spec: &[i64], reverse: bool) -> Result<NDArray> {
         self.chunk()?;
         let shape = infer_reshape(&self.shape, spec, reverse)?;
-        Ok(NDArray { shape, ag: None, ..self.clone() })
+        self.view(shape, self.offset)
     }
 
     /// Copy `src` (same shape and dtype) into this array, ordered after pending work on both;
@@ -462,7 +493,7 @@ pub fn infer_reshape(src: &[usize], spec: &[i64], reverse: bool) -> Result<Vec<u
             -3 => {
                 let a = next_src(&mut si)?;
                 let b = next_src(&mut si)?;
-                out.push(a * b);
+                out.push(a.checked_mul(b).ok_or_else(|| bad("-3 merges dimensions too large".into()))?);
             }
             -4 => {
                 let (mut a, mut b) = match (spec_v.get(i + 1), spec_v.get(i + 2)) {
@@ -479,7 +510,7 @@ pub fn infer_reshape(src: &[usize], spec: &[i64], reverse: bool) -> Result<Vec<u
                 } else if b == -1 && a > 0 && whole % a == 0 {
                     b = whole / a;
                 }
-                if a <= 0 || b <= 0 || a * b != whole {
+                if a <= 0 || b <= 0 || a.checked_mul(b) != Some(whole) {
                     return Err(bad(format!("-4 cannot split {whole}")));
                 }
                 let (a, b) = if reverse { (b, a) } else { (a, b) };
@@ -490,16 +521,24 @@ pub fn infer_reshape(src: &[usize], spec: &[i64], reverse: bool) -> Result<Vec<u
         }
         i += 1;
     }
-    let total: usize = src.iter().product();
+    fn product(dims: impl Iterator<Item = usize>) -> Option<usize> {
+        dims.into_iter().try_fold(1usize, |acc, d| acc.checked_mul(d))
+    }
+    let too_large = || bad("the target shape is too large".into());
+    let total = product(src.iter().copied()).ok_or_else(too_large)?;
+    if out.len() > MAX_NDIM {
+        return Err(bad(format!("{} dimensions (at most {MAX_NDIM})", out.len())));
+    }
     if let Some(k) = infer {
-        let known: usize = out.iter().enumerate().filter(|(j, _)| *j != k).map(|(_, d)| *d).product();
+        let known = product(out.iter().enumerate().filter(|(j, _)| *j != k).map(|(_, d)| *d)).ok_or_else(too_large)?;
         if known == 0 || total % known != 0 {
             return Err(bad("the -1 dimension cannot be inferred".into()));
         }
         out[k] = total / known;
     }
-    if out.iter().product::<usize>() != total {
-        return Err(bad(format!("{} elements cannot become {}", total, out.iter().product::<usize>())));
+    let got = product(out.iter().copied()).ok_or_else(too_large)?;
+    if got != total {
+        return Err(bad(format!("{total} elements cannot become {got}")));
     }
     if reverse {
         out.reverse();

@@ -1,0 +1,87 @@
+"""Hostile sizes and deep graphs through the stock 1.9.1 frontend on mxnet-rt (issue 34): what
+used to crash (sizes whose product wraps, 200k-node graphs freed recursively) or lose data
+(arrays with more dimensions than a file may hold) is refused or handled."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+
+def run_child(code):
+    """Run `code` in a fresh interpreter on the same library; returns (rc, output)."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=dict(os.environ),
+                         capture_output=True, text=True, timeout=300)
+    return out.returncode, out.stdout + out.stderr
+
+
+def test_shapes_whose_size_wraps_are_refused():
+    x = mx.nd.arange(24).reshape((4, 6))
+    with pytest.raises(mx.base.MXNetError, match="too large"):
+        x.reshape(((1 << 62) + 6, 4))
+    with pytest.raises(mx.base.MXNetError, match="too large"):
+        x.reshape((2147418113, 1288529511, 40))
+    with pytest.raises(IndexError):
+        x[1 << 40]
+    assert x.asnumpy().sum() == 276  # the array is intact
+
+
+def test_one_dimension_limit_so_that_saved_arrays_load(tmp_path):
+    x = mx.nd.ones((1,))
+    for make in (lambda: x.reshape((1,) * 41), lambda: mx.nd.Reshape(x, shape=(1,) * 41),
+                 lambda: mx.nd.zeros((1,) * 33)):
+        with pytest.raises((ValueError, mx.base.MXNetError), match="32"):
+            make()
+    y = mx.nd.Reshape(x, shape=(1,) * 32)
+    path = str(tmp_path / "deep.nd")
+    mx.nd.save(path, [y])
+    assert mx.nd.load(path)[0].shape == (1,) * 32
+
+
+def test_a_file_that_is_not_an_ndarray_list_is_refused_at_its_header():
+    with pytest.raises(mx.base.MXNetError, match="not an NDArray list"):
+        mx.nd.load("/dev/zero")
+
+
+def test_a_200k_node_symbol_from_json_is_freed():
+    rc, out = run_child("""
+        import json, mxnet as mx
+        n = 200000
+        nodes = [{"op": "null", "name": "x", "inputs": []}]
+        nodes += [{"op": "relu", "name": "r%d" % i, "inputs": [[i - 1, 0, 0]]} for i in range(1, n + 1)]
+        s = mx.sym.load_json(json.dumps({"nodes": nodes, "arg_nodes": [0], "heads": [[n, 0, 0]]}))
+        assert s.list_arguments() == ["x"]
+        del s
+        print("freed")
+    """)
+    assert rc == 0 and "freed" in out, out[-2000:]
+
+
+def test_the_last_array_of_a_long_recorded_chain_is_freed_on_a_small_stack():
+    x = mx.nd.ones((1,))
+    x.attach_grad()
+    with mx.autograd.record():
+        y = x
+        for _ in range(100000):
+            y = y + 1
+    assert y.asscalar() == 100001
+    done = []
+
+    def free():
+        nonlocal y
+        del y
+        done.append(True)
+
+    old = threading.stack_size(512 << 10)
+    try:
+        t = threading.Thread(target=free)
+        t.start()
+        t.join()
+    finally:
+        threading.stack_size(old)
+    assert done == [True]
