@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 
-def run_child(code):
-    """Run `code` in a fresh interpreter on the same library; returns (rc, output)."""
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=dict(os.environ),
+def run_child(code, **env):
+    """Run `code` in a fresh interpreter on the same library (with `env` added); returns
+    (rc, output)."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=dict(os.environ, **env),
                          capture_output=True, text=True, timeout=300)
     return out.returncode, out.stdout + out.stderr
 
@@ -85,3 +86,33 @@ def test_the_last_array_of_a_long_recorded_chain_is_freed_on_a_small_stack():
     finally:
         threading.stack_size(old)
     assert done == [True]
+
+
+def test_a_count_that_would_exhaust_memory_is_refused_not_allocated():
+    rc, out = run_child("""
+        import mxnet as mx
+        x, w = mx.nd.ones((1, 1, 4, 4)), mx.nd.ones((1, 1, 3, 3))
+        try:
+            mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=1, no_bias=True).wait_to_read()
+            print("ran")
+        except (ValueError, mx.base.MXNetError) as e:
+            print("refused:", str(e).splitlines()[0])
+    """, MXNET_EXEC_NUM_TEMP="2147483648")
+    assert rc == 0 and "refused" in out and "MXNET_EXEC_NUM_TEMP" in out, out[-2000:]
+
+
+@pytest.mark.parametrize("name", ["MXNET_BACKWARD_DO_MIRROR", "MXNET_RT_CONV_ALGO_LOG"])
+def test_a_boolean_that_is_not_one_is_refused_not_read_as_0(name):
+    rc, out = run_child("""
+        import mxnet as mx
+        x, w = mx.nd.ones((1, 1, 4, 4)), mx.nd.ones((1, 1, 3, 3))
+        x.attach_grad()
+        try:
+            with mx.autograd.record():
+                y = mx.nd.relu(mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=1, no_bias=True))
+            y.wait_to_read()
+            print("ran")
+        except (ValueError, mx.base.MXNetError) as e:
+            print("refused:", str(e).splitlines()[0])
+    """, **{name: "garbage"})
+    assert rc == 0 and "refused" in out and name in out, out[-2000:]

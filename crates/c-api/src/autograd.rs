@@ -352,7 +352,7 @@ pub unsafe extern "C" fn MXCustomFunctionRecord(
         let op = mxnet_core::op::lookup("_CustomFunction")?;
         let attrs = mxnet_core::op::param::Attrs::parse(op.name, &[], std::iter::empty())?;
         let n = out_arrays.len();
-        let recorded = autograd::record_with(op, &attrs, &in_refs, out_arrays, n, Some(Arc::new(f)));
+        let recorded = autograd::record_with(op, &attrs, &in_refs, out_arrays, n, Some(Arc::new(f)))?;
         for (&h, a) in outs.iter().zip(recorded) {
             arrays().replace(h, Arc::new(a))?;
         }

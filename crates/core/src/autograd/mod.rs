@@ -170,9 +170,15 @@ enum Source {
     Recompute(Entry),
 }
 
-/// Whether a recorded call of `op` that keeps its outputs recomputes them in backward instead
-/// (`MXNET_BACKWARD_DO_MIRROR=1`, read per call).
-fn mirrored(op: &'static OpDef, attrs: &Attrs) -> bool {
+/// `MXNET_BACKWARD_DO_MIRROR`, read at each recorded call (a value that is not a boolean is an
+/// error, not a silent `0`).
+pub fn mirror_enabled() -> Result<bool> {
+    Ok(crate::config::global().get_bool("MXNET_BACKWARD_DO_MIRROR", "autograd recording")?.unwrap_or(false))
+}
+
+/// Whether a recorded call of `op` that keeps its outputs recomputes them in backward instead,
+/// with mirroring `enabled` ([`mirror_enabled`]).
+fn mirrored(op: &'static OpDef, attrs: &Attrs, enabled: bool) -> bool {
     let Grad::Backward { outputs: true, .. } = op.grad else { return false };
     if !op.mutate_inputs.is_empty()
         || !op.resources.is_empty()
@@ -182,13 +188,13 @@ fn mirrored(op: &'static OpDef, attrs: &Attrs) -> bool {
     {
         return false;
     }
-    crate::config::global().get_bool("MXNET_BACKWARD_DO_MIRROR", "autograd recording").ok().flatten().unwrap_or(false)
+    enabled
 }
 
 /// What a recorded call of `op` keeps for its gradient: (inputs, outputs). A mirrored call
 /// keeps its inputs (to recompute from) and not its outputs.
-pub fn keeps(op: &'static OpDef, attrs: &Attrs) -> (bool, bool) {
-    if mirrored(op, attrs) {
+pub fn keeps(op: &'static OpDef, attrs: &Attrs, mirror: bool) -> (bool, bool) {
+    if mirrored(op, attrs, mirror) {
         (true, false)
     } else {
         grad::needs(op)
@@ -331,7 +337,7 @@ pub fn invoke_attrs(
         check_writable(given)?;
     }
     let called = invoke::call(op, inputs, outputs, attrs.clone())?;
-    Ok(record_with(op, &attrs, inputs, called.outputs, called.visible, called.backward))
+    record_with(op, &attrs, inputs, called.outputs, called.visible, called.backward)
 }
 
 /// Record a call of `op` (when recording): `outs` are all its outputs, hidden ones included;
@@ -342,7 +348,7 @@ pub fn record(
     inputs: &[&NDArray],
     outs: Vec<NDArray>,
     visible: usize,
-) -> Vec<NDArray> {
+) -> Result<Vec<NDArray>> {
     record_with(op, attrs, inputs, outs, visible, None)
 }
 
@@ -354,15 +360,15 @@ pub fn record_with(
     mut outs: Vec<NDArray>,
     visible: usize,
     custom: Option<Arc<dyn CustomBackward>>,
-) -> Vec<NDArray> {
+) -> Result<Vec<NDArray>> {
     if !is_recording() {
         outs.truncate(visible);
-        return outs;
+        return Ok(outs);
     }
     let entries: Vec<Option<Entry>> = inputs.iter().map(|x| entry_of(x).filter(|e| e.node.need_grad)).collect();
     let need_grad = entries.iter().any(|e| e.is_some()) && (op.grad != Grad::None || custom.is_some());
     let (need_in, need_out) = if custom.is_some() { (false, false) } else { grad::needs(op) };
-    let saved = if need_grad && custom.is_none() && mirrored(op, attrs) {
+    let saved = if need_grad && custom.is_none() && mirrored(op, attrs, mirror_enabled()?) {
         let sources = inputs
             .iter()
             .map(|x| match entry_of(x) {
@@ -397,7 +403,7 @@ pub fn record_with(
     for (i, o) in outs.iter_mut().enumerate() {
         o.ag = Some(Entry { node: node.clone(), index: i }.link());
     }
-    outs
+    Ok(outs)
 }
 
 /// Record a view taken while recording as the call `op_name(params)` of `src`.
@@ -407,7 +413,7 @@ pub fn record_view(op_name: &str, params: &[(&str, &str)], src: &NDArray, view: 
     }
     let op = op::lookup(op_name)?;
     let attrs = op.parse_attrs(params.iter().copied(), 1)?;
-    Ok(record(op, &attrs, &[src], vec![view], 1).pop().expect("one output"))
+    Ok(record(op, &attrs, &[src], vec![view], 1)?.pop().expect("one output"))
 }
 
 /// A new array of `meta` filled with `value` (or `out`, filled).

@@ -479,7 +479,13 @@ mod tests {
         assert_eq!(r.get_str("MXNET_ENGINE_TYPE", "engine start").unwrap().as_deref(), Some("NaiveEngine"));
         // MXSetEnv validates before touching anything.
         let e = r.set_env("MXNET_CPU_WORKER_NTHREADS", Some("many")).unwrap_err();
-        assert!(e.to_string().contains("an integer >= 1"));
+        assert!(e.to_string().contains("an integer in [1, 1024]"), "{e}");
+        // Every numeric variable has a sensible range: a count that would exhaust memory is
+        // refused, not reported valid and then allocated.
+        for (name, huge) in [("MXNET_EXEC_NUM_TEMP", "2147483648"), ("MXNET_EXEC_NUM_TEMP", "100000000")] {
+            let e = r.set_env(name, Some(huge)).unwrap_err().to_string();
+            assert!(e.contains("an integer in [1, 64]"), "{e}");
+        }
         assert!(e.to_string().contains("(value from MXSetEnv)"), "{e}");
         assert_eq!(r.env_value("MXNET_CPU_WORKER_NTHREADS").as_deref(), Some("-2"));
     }

@@ -15,7 +15,10 @@ use super::spec::{Reading, Status, VarSpec, VarType};
 
 const ANY_INT: VarType = VarType::Int { min: i64::MIN, max: i64::MAX };
 const POS_INT: VarType = VarType::Int { min: 1, max: i64::MAX };
-const NONNEG_INT: VarType = VarType::Int { min: 0, max: i64::MAX };
+/// Thread counts: a value beyond this is a typo, and would start that many threads.
+const THREAD_COUNT: VarType = VarType::Int { min: 1, max: 1024 };
+/// Allocation round sizes in bytes (up to 1 GiB).
+const ROUND_BYTES: VarType = VarType::Int { min: 1, max: 1 << 30 };
 
 /// Build one row; keeps the table below to one call per variable.
 #[allow(clippy::too_many_arguments)]
@@ -51,26 +54,26 @@ pub static VARS: &[VarSpec] = &[
     var("MXNET_LIBRARY_PATH", VarType::AbsPath, None, Dynamic, Frontend, ENV,
         "Absolute path of libmxnet.so; the Python frontend and the mxnet-rt loaders load this file."),
     // --- Threads ---
-    var("MXNET_GPU_WORKER_NTHREADS", POS_INT, Some("2"), Once, Reserved, THREADS,
+    var("MXNET_GPU_WORKER_NTHREADS", THREAD_COUNT, Some("2"), Once, Reserved, THREADS,
         "Maximum number of compute threads per GPU."),
-    var("MXNET_GPU_COPY_NTHREADS", POS_INT, Some("2"), Once, Reserved, THREADS,
+    var("MXNET_GPU_COPY_NTHREADS", THREAD_COUNT, Some("2"), Once, Reserved, THREADS,
         "Maximum number of concurrent memory-copy threads per GPU."),
-    var("MXNET_CPU_WORKER_NTHREADS", POS_INT, Some("1"), Once, Active, THREADS,
+    var("MXNET_CPU_WORKER_NTHREADS", THREAD_COUNT, Some("1"), Once, Active, THREADS,
         "Number of CPU scheduling threads: how many operators run in parallel on the CPU."),
-    var("MXNET_CPU_PRIORITY_NTHREADS", POS_INT, Some("4"), Once, Active, THREADS,
+    var("MXNET_CPU_PRIORITY_NTHREADS", THREAD_COUNT, Some("4"), Once, Active, THREADS,
         "Number of threads for prioritized CPU operations."),
-    var("MXNET_CPU_NNPACK_NTHREADS", POS_INT, Some("4"), Once, Reserved, THREADS,
+    var("MXNET_CPU_NNPACK_NTHREADS", THREAD_COUNT, Some("4"), Once, Reserved, THREADS,
         "Number of threads used by NNPACK (this build has no NNPACK)."),
-    var("MXNET_MP_WORKER_NTHREADS", POS_INT, Some("1"), Once, Reserved, THREADS,
+    var("MXNET_MP_WORKER_NTHREADS", THREAD_COUNT, Some("1"), Once, Reserved, THREADS,
         "CPU scheduling threads in multiprocess data-loader workers."),
-    var("MXNET_MP_OPENCV_NUM_THREADS", NONNEG_INT, Some("0"), Once, Reserved, THREADS,
+    var("MXNET_MP_OPENCV_NUM_THREADS", VarType::Int { min: 0, max: 1024 }, Some("0"), Once, Reserved, THREADS,
         "OpenCV threads in multiprocess data-loader workers; 0 disables OpenCV multithreading."),
     // --- Memory ---
     var("MXNET_EXEC_ENABLE_INPLACE", VarType::Bool, Some("true"), Dynamic, Active, MEMORY,
         "In graph runs (CachedOp, executor), an operator that declares it writes its output over an intermediate input that nothing reads later (no gradient keeps it); false: always a new array."),
-    var("NNVM_EXEC_MATCH_RANGE", NONNEG_INT, Some("16"), Dynamic, Active, MEMORY,
+    var("NNVM_EXEC_MATCH_RANGE", VarType::Int { min: 0, max: 1 << 20 }, Some("16"), Dynamic, Active, MEMORY,
         "0 disables memory sharing between graph nodes: intermediate results (and in-place writes) are kept until the run ends. Above 0 an intermediate's memory returns to the pool after its last reader; the pool matches sizes by its own rounding, so the range value itself is not used."),
-    var("MXNET_EXEC_NUM_TEMP", POS_INT, Some("1"), Dynamic, Active, MEMORY,
+    var("MXNET_EXEC_NUM_TEMP", VarType::Int { min: 1, max: 64 }, Some("1"), Dynamic, Active, MEMORY,
         "Temporary workspaces per device, shared round robin by operators that need scratch memory (Convolution and its backward); operators sharing one run one at a time."),
     var("MXNET_GPU_MEM_POOL_RESERVE", VarType::Int { min: 0, max: 100 }, Some("5"), Once, Reserved, MEMORY,
         "Percentage of GPU memory kept free for things other than arrays."),
@@ -78,29 +81,29 @@ pub static VARS: &[VarSpec] = &[
         "GPU memory pool: Naive (exact sizes, cached), Round (rounded sizes, cached) or Unpooled."),
     var("MXNET_GPU_MEM_POOL_ROUND_LINEAR_CUTOFF", VarType::Int { min: 0, max: 62 }, Some("24"), Once, Reserved, MEMORY,
         "Round pool: below 2^T round to a power of two, above it to a multiple of 2^T."),
-    var("MXNET_GPU_MEM_LARGE_ALLOC_ROUND_SIZE", POS_INT, Some("2097152"), Once, Reserved, MEMORY,
+    var("MXNET_GPU_MEM_LARGE_ALLOC_ROUND_SIZE", ROUND_BYTES, Some("2097152"), Once, Reserved, MEMORY,
         "Naive pool: allocations larger than this are rounded up to a multiple of it; 1 disables."),
     var("MXNET_CPU_MEM_POOL_TYPE", VarType::Choice(&["Naive", "Round", "Unpooled"]), Some("Naive"), Once, Active, MEMORY,
         "CPU memory pool (as later MXNet versions name it): Naive, Round or Unpooled, as for GPUs."),
     var("MXNET_CPU_MEM_POOL_ROUND_LINEAR_CUTOFF", VarType::Int { min: 0, max: 62 }, Some("24"), Once, Active, MEMORY,
         "CPU Round pool: below 2^T round to a power of two, above it to a multiple of 2^T."),
-    var("MXNET_CPU_MEM_LARGE_ALLOC_ROUND_SIZE", POS_INT, Some("2097152"), Once, Active, MEMORY,
+    var("MXNET_CPU_MEM_LARGE_ALLOC_ROUND_SIZE", ROUND_BYTES, Some("2097152"), Once, Active, MEMORY,
         "CPU Naive pool: allocations larger than this are rounded up to a multiple of it; 1 disables."),
     // --- Engine ---
     var("MXNET_ENGINE_TYPE", VarType::Choice(&["NaiveEngine", "ThreadedEngine", "ThreadedEnginePerDevice"]),
         Some("ThreadedEnginePerDevice"), Once, Active, ENGINE,
         "Execution engine: NaiveEngine (synchronous), ThreadedEngine (one pool) or ThreadedEnginePerDevice."),
-    var("MXNET_ENGINE_MAX_PENDING_OPS", NONNEG_INT, Some("0"), Once, Active, ENGINE,
+    var("MXNET_ENGINE_MAX_PENDING_OPS", VarType::Int { min: 0, max: 1 << 30 }, Some("0"), Once, Active, ENGINE,
         "mxnet-rt addition: bound on pushed but unfinished operations; a push beyond it waits for work to drain. 0: unbounded (stock)."),
     // --- Execution ---
     var("MXNET_EXEC_BULK_EXEC_INFERENCE", VarType::Bool, Some("1"), Dynamic, Active, EXEC,
         "Run a graph's whole forward (CachedOp, executor) as one engine task during inference (profiles show ImperativeBulk); 0: operator by operator."),
     var("MXNET_EXEC_BULK_EXEC_TRAIN", VarType::Bool, Some("1"), Dynamic, Active, EXEC,
         "In training, run graph forwards and every backward pass in bulks of MAX_NODE_TRAIN operators; 0: operator by operator. No bulking while the profiler aggregates statistics."),
-    var("MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN", NONNEG_INT, Some("15"), Dynamic, Active, EXEC,
+    var("MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN", VarType::Int { min: 0, max: 1 << 16 }, Some("15"), Dynamic, Active, EXEC,
         "Most operators in one bulk during training; 0 or 1 turns training bulks off (as stock)."),
     // --- KVStore ---
-    var("MXNET_KVSTORE_REDUCTION_NTHREADS", POS_INT, Some("4"), Dynamic, Reserved, KVSTORE,
+    var("MXNET_KVSTORE_REDUCTION_NTHREADS", THREAD_COUNT, Some("4"), Dynamic, Reserved, KVSTORE,
         "CPU threads used to sum big arrays."),
     var("MXNET_KVSTORE_BIGARRAY_BOUND", POS_INT, Some("1000000"), Dynamic, Reserved, KVSTORE,
         "Minimum size of a big array (parallel reduction, partitioning across servers)."),
@@ -159,7 +162,7 @@ pub static VARS: &[VarSpec] = &[
     },
     var("MXNET_ENABLE_OPERATOR_TUNING", VarType::DTypeList, None, Once, Active, TUNING,
         "Name seed 001 also gives operator tuning; used when MXNET_USE_OPERATOR_TUNING is unset."),
-    var("MXNET_USE_NUM_CORES_OPERATOR_TUNING", POS_INT, None, Once, Active, TUNING,
+    var("MXNET_USE_NUM_CORES_OPERATOR_TUNING", THREAD_COUNT, None, Once, Active, TUNING,
         "Number of cores operator tuning assumes; unset: all cores of the machine."),
     // --- Read by the stock Python frontend and its test utilities ---
     var("MXNET_ENABLE_CYTHON", VarType::Bool, Some("1"), Dynamic, Frontend, FRONTEND,

@@ -84,9 +84,9 @@ fn inplace_candidate(
 
 /// Whether a recorded run keeps the value `entry` for a gradient: as its producer's output,
 /// or as an input of one of its `readers`.
-fn kept_for_gradient(graph: &Graph, entry: (usize, usize), readers: &[usize]) -> bool {
+fn kept_for_gradient(graph: &Graph, entry: (usize, usize), readers: &[usize], mirror: bool) -> bool {
     let keeps = |n: usize| match (graph.nodes[n].op, &graph.nodes[n].attrs) {
-        (Some(op), Some(attrs)) => crate::autograd::keeps(op, attrs),
+        (Some(op), Some(attrs)) => crate::autograd::keeps(op, attrs, mirror),
         _ => (true, true),
     };
     keeps(entry.0).1 || readers.iter().any(|&r| keeps(r).0)
@@ -142,6 +142,7 @@ impl Runner {
         }
         let plan = MemoryPlan::from_config()?;
         let recording = crate::autograd::is_recording();
+        let mirror = recording && crate::autograd::mirror_enabled()?;
         let mut vals: Vec<Vec<NDArray>> = vec![Vec::new(); self.graph.nodes.len()];
         for (&ni, x) in self.inputs.iter().zip(inputs) {
             vals[ni] = vec![x.clone()];
@@ -162,7 +163,7 @@ impl Runner {
                     Some((ii, readers))
                         if plan.inplace
                             && plan.share
-                            && !(recording && kept_for_gradient(&self.graph, n.inputs[*ii], readers)) =>
+                            && !(recording && kept_for_gradient(&self.graph, n.inputs[*ii], readers, mirror)) =>
                     {
                         inplace_target(op, attrs, &ins, *ii)
                     }

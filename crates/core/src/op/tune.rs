@@ -221,7 +221,7 @@ impl Tuner {
         let choice = Choice { algo: req.algos[chosen].name, mode, how };
         crate::profiler::annotate("algo", choice.algo);
         crate::profiler::annotate("algo_selection", how);
-        if reg.get_bool("MXNET_RT_CONV_ALGO_LOG", CONSUMER).ok().flatten().unwrap_or(false) {
+        if reg.get_bool("MXNET_RT_CONV_ALGO_LOG", CONSUMER)?.unwrap_or(false) {
             eprintln!("[mxnet-rt] {}: algorithm {} ({how}, mode {})", req.key, choice.algo, mode.name());
         }
         self.last.lock().insert(req.key.clone(), choice);
