@@ -402,7 +402,8 @@ int MXGetConfig(const char *name, const char **out_json);
 
 // Bind a symbol to arrays: `in_args`, `arg_grad_store` (entries may be NULL) and
 // `grad_req_type` (0 null, 1 write, 2 in-place, 3 add) in `list_arguments` order, `aux_states`
-// in `list_auxiliary_states` order. Device maps are not supported (one CPU context).
+// in `list_auxiliary_states` order. Device maps are not supported (one CPU context);
+// `shared_exec`, when given, must be a live executor (its memory is not shared).
 //
 // # Safety
 // Arrays must hold the counts given; `out` must be NULL or valid for writes.

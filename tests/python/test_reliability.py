@@ -116,3 +116,30 @@ def test_a_boolean_that_is_not_one_is_refused_not_read_as_0(name):
             print("refused:", str(e).splitlines()[0])
     """, **{name: "garbage"})
     assert rc == 0 and "refused" in out and name in out, out[-2000:]
+
+
+def test_bind_checks_its_shared_executor():
+    # Symbol.bind reads the executor's outputs at once, before any forward, as stock allows.
+    x = mx.sym.var("x")
+    y = x * 2
+    args = {"x": mx.nd.ones((2,))}
+    first = y.bind(mx.cpu(), args)
+    second = y.bind(mx.cpu(), args, shared_exec=first)  # a live executor: accepted
+    assert second.forward()[0].asnumpy().tolist() == [2, 2]
+
+    class NotAnExecutor:
+        handle = mx.base.ExecutorHandle(0xDEADBEEF)
+
+    with pytest.raises((ValueError, mx.base.MXNetError), match="not a valid Executor handle"):
+        y.bind(mx.cpu(), args, shared_exec=NotAnExecutor())
+
+
+@pytest.mark.parametrize("attr", [{"__shape__": "(2, three)"}, {"__dtype__": "float"}])
+def test_a_malformed_shape_or_dtype_attribute_is_an_error(attr):
+    graph = {"nodes": [{"op": "null", "name": "x", "attrs": attr, "inputs": []},
+                       {"op": "relu", "name": "r", "inputs": [[0, 0, 0]]}],
+             "arg_nodes": [0], "heads": [[1, 0, 0]]}
+    import json
+    s = mx.sym.load_json(json.dumps(graph))
+    with pytest.raises((ValueError, mx.base.MXNetError), match="is not a"):
+        s.infer_shape()

@@ -54,7 +54,8 @@ fn array(h: NDArrayHandle) -> Result<Option<NDArray>> {
 
 /// Bind a symbol to arrays: `in_args`, `arg_grad_store` (entries may be NULL) and
 /// `grad_req_type` (0 null, 1 write, 2 in-place, 3 add) in `list_arguments` order, `aux_states`
-/// in `list_auxiliary_states` order. Device maps are not supported (one CPU context).
+/// in `list_auxiliary_states` order. Device maps are not supported (one CPU context);
+/// `shared_exec`, when given, must be a live executor (its memory is not shared).
 ///
 /// # Safety
 /// Arrays must hold the counts given; `out` must be NULL or valid for writes.
@@ -76,11 +77,16 @@ pub unsafe extern "C" fn MXExecutorBindEX(
     shared_exec: ExecutorHandle,
     out: *mut ExecutorHandle,
 ) -> c_int {
-    let _ = (map_keys, map_dev_types, map_dev_ids, shared_exec);
+    let _ = (map_keys, map_dev_types, map_dev_ids);
     // SAFETY: per this function's contract.
     unsafe {
         ffi::call_out("MXExecutorBindEX", out, "out", || {
             Context::from_codes(dev_type, dev_id)?.check_available()?;
+            // Memory is not shared with `shared_exec` (results are the same without), but the
+            // handle must be a live executor.
+            if !shared_exec.is_null() {
+                executors().get(shared_exec)?;
+            }
             if num_map_keys > 0 {
                 return Err(Error::not_supported("group2ctx device maps in bind"));
             }

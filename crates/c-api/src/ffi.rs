@@ -15,6 +15,7 @@ use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Once;
 
 thread_local! {
@@ -112,14 +113,30 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 /// Record `e` as this thread's last error.
 pub fn set_last_error(e: &Error) {
     let text = CString::new(e.to_string().replace('\0', "\\0")).unwrap_or_default();
-    // try_with: during thread teardown the slot may be gone; the error is then dropped.
-    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = text);
+    // During thread teardown (a thread-local destructor freeing handles) this thread's slot
+    // may be gone: the text then goes to the process-wide slot, so it is never lost.
+    if LAST_ERROR.try_with(|slot| *slot.borrow_mut() = text.clone()).is_err() {
+        // Leaked on purpose: a pointer handed out earlier stays valid. Only calls that fail
+        // while their thread is being torn down come here.
+        let leaked: &'static CStr = Box::leak(text.into_boxed_c_str());
+        TEARDOWN_ERROR.store(leaked.as_ptr() as *mut c_char, Ordering::Release);
+    }
 }
+
+/// The last error of a call that failed while its thread was torn down (NULL: none).
+static TEARDOWN_ERROR: AtomicPtr<c_char> = AtomicPtr::new(std::ptr::null_mut());
 
 /// Pointer to this thread's last error text (empty string if none). Valid until the next
 /// failing call on this thread.
 pub fn last_error_ptr() -> *const c_char {
-    LAST_ERROR.try_with(|slot| slot.borrow().as_ptr()).unwrap_or(c"".as_ptr())
+    LAST_ERROR.try_with(|slot| slot.borrow().as_ptr()).unwrap_or_else(|_| {
+        let p = TEARDOWN_ERROR.load(Ordering::Acquire);
+        if p.is_null() {
+            c"".as_ptr()
+        } else {
+            p
+        }
+    })
 }
 
 /// Store `s` in this thread's return buffer and return a pointer valid until the next call on
@@ -187,6 +204,34 @@ mod tests {
         // A later success leaves the last error as it was.
         assert_eq!(call("t", || Ok(())), 0);
         assert!(last().starts_with("InternalError"));
+    }
+
+    /// A call that fails in a thread-local destructor, after this thread's error slot is gone,
+    /// still leaves its text for MXGetLastError.
+    #[test]
+    fn an_error_during_thread_teardown_keeps_its_text() {
+        struct FailOnDrop(std::sync::mpsc::Sender<(bool, i32, String)>);
+        impl Drop for FailOnDrop {
+            fn drop(&mut self) {
+                let slot_gone = LAST_ERROR.try_with(|_| ()).is_err();
+                let rc = call("MXTeardown", || Err(Error::value("failed in teardown")));
+                let _ = self.0.send((slot_gone, rc, last()));
+            }
+        }
+        thread_local! {
+            static GUARD: RefCell<Option<FailOnDrop>> = const { RefCell::new(None) };
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // Registered before the error slot, so destroyed after it.
+            GUARD.with(|g| *g.borrow_mut() = Some(FailOnDrop(tx)));
+            call("t", || Err(Error::value("first")));
+        })
+        .join()
+        .unwrap();
+        let (slot_gone, rc, text) = rx.recv().unwrap();
+        assert!(slot_gone, "the error slot outlived the guard: this test did not exercise teardown");
+        assert_eq!((rc, text.as_str()), (-1, "ValueError: failed in teardown"));
     }
 
     #[test]

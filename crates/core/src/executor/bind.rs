@@ -58,7 +58,8 @@ impl Executor {
         for (k, a) in aux.into_iter().enumerate() {
             inputs[pos(aux_nodes[k])] = a;
         }
-        Ok(Executor { runner, inputs, grads: gr, outputs: Mutex::new(Vec::new()) })
+        let outputs = Mutex::new(allocated_outputs(&runner, &inputs));
+        Ok(Executor { runner, inputs, grads: gr, outputs })
     }
 
     /// Run forward; in training mode the run is recorded for [`Executor::backward`].
@@ -117,6 +118,31 @@ impl Executor {
     pub fn outputs(&self) -> Vec<NDArray> {
         self.outputs.lock().iter().map(|o| o.detached()).collect()
     }
+}
+
+/// The heads as stock's bind allocates them, before any forward (the frontend's Executor reads
+/// them at once): shapes and dtypes inferred from the bound arrays, storage allocated at first
+/// use. Empty when inference cannot tell every head's shape (forward then makes them).
+fn allocated_outputs(runner: &Runner, inputs: &[NDArray]) -> Vec<NDArray> {
+    let g = &runner.graph;
+    let shapes: Vec<_> = inputs.iter().map(|a| Some(a.shape.iter().map(|&d| d as i64).collect())).collect();
+    let dtypes: Vec<_> = inputs.iter().map(|a| Some(a.dtype)).collect();
+    let np = crate::ndarray::np_shape::get() != 0;
+    let Ok(inferred) = crate::symbol::infer::infer(g, &shapes, &dtypes, np) else { return Vec::new() };
+    let ctx = inputs.iter().find_map(|a| a.ctx()).unwrap_or(crate::context::Context::CPU);
+    let mut outs = Vec::with_capacity(g.heads.len());
+    for &(node, i) in &g.heads {
+        let e = inferred.offsets[node] + i;
+        let (Some(shape), Some(dtype)) = (&inferred.shapes[e], inferred.dtypes[e]) else { return Vec::new() };
+        let Ok(shape) = shape.iter().map(|&d| usize::try_from(d)).collect::<std::result::Result<Vec<_>, _>>() else {
+            return Vec::new();
+        };
+        match NDArray::new(shape, ctx, dtype, true) {
+            Ok(a) => outs.push(a),
+            Err(_) => return Vec::new(),
+        }
+    }
+    outs
 }
 
 impl Executor {

@@ -139,17 +139,21 @@ pub fn infer(g: &Graph, in_shapes: &[PShape], in_dtypes: &[Option<DType>], np_sh
         let n = &g.nodes[node];
         let e = st.offsets[node];
         let what = || format!("variable {}", n.name);
+        // A malformed attribute (a hand-edited JSON file) is an error, not silently no shape.
         if let Some(attr) = n.raw.get("__shape__") {
-            if let Some(s) = parse_shape_attr(attr, np_shape) {
-                st.shapes[e] = s;
-            }
+            st.shapes[e] = parse_shape_attr(attr, np_shape)
+                .ok_or_else(|| Error::value(format!("{}: __shape__ {attr:?} is not a shape such as (2, 3)", what())))?;
         }
         if let Some(s) = in_shapes.get(k) {
             merge(&mut st.shapes[e], s, &what)?;
         }
-        if let Some(code) = n.raw.get("__dtype__").and_then(|c| c.trim().parse::<i32>().ok()) {
+        if let Some(attr) = n.raw.get("__dtype__") {
+            let code = attr
+                .trim()
+                .parse::<i32>()
+                .map_err(|_| Error::value(format!("{}: __dtype__ {attr:?} is not a dtype code", what())))?;
             if code >= 0 {
-                st.dtypes[e] = DType::from_code(code).ok();
+                st.dtypes[e] = Some(DType::from_code(code)?);
             }
         }
         if let Some(&d) = in_dtypes.get(k) {
