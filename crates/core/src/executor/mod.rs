@@ -54,11 +54,14 @@ impl MemoryPlan {
 }
 
 /// Which input of node `i` its output may overwrite (see [`Runner::inplace`]).
+/// `readers[src]`: the nodes reading an output of node `src` (each once, in order); `heads`:
+/// the graph's heads as a set. Both built once, so planning is linear in the graph.
 fn inplace_candidate(
     graph: &Graph,
     i: usize,
     last_use: &[usize],
-    heads: &[(usize, usize)],
+    heads: &std::collections::HashSet<(usize, usize)>,
+    readers: &[Vec<usize>],
 ) -> Option<(usize, Vec<usize>)> {
     let n = &graph.nodes[i];
     let op = n.op?;
@@ -76,7 +79,7 @@ fn inplace_candidate(
         {
             continue;
         }
-        let readers = (0..graph.nodes.len()).filter(|&r| graph.nodes[r].inputs.contains(&entry)).collect();
+        let readers = readers[src].iter().copied().filter(|&r| graph.nodes[r].inputs.contains(&entry)).collect();
         return Some((ii, readers));
     }
     None
@@ -108,7 +111,17 @@ impl Runner {
         for &(h, _) in &graph.heads {
             last_use[h] = usize::MAX;
         }
-        let inplace = (0..graph.nodes.len()).map(|i| inplace_candidate(&graph, i, &last_use, &graph.heads)).collect();
+        let mut readers: Vec<Vec<usize>> = vec![Vec::new(); graph.nodes.len()];
+        for (i, n) in graph.nodes.iter().enumerate() {
+            for &(src, _) in &n.inputs {
+                if readers[src].last() != Some(&i) {
+                    readers[src].push(i);
+                }
+            }
+        }
+        let heads: std::collections::HashSet<(usize, usize)> = graph.heads.iter().copied().collect();
+        let inplace =
+            (0..graph.nodes.len()).map(|i| inplace_candidate(&graph, i, &last_use, &heads, &readers)).collect();
         Ok(Runner { graph, inputs, last_use, inplace })
     }
 
