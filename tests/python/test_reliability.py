@@ -126,6 +126,13 @@ def test_bind_checks_its_shared_executor():
     first = y.bind(mx.cpu(), args)
     second = y.bind(mx.cpu(), args, shared_exec=first)  # a live executor: accepted
     assert second.forward()[0].asnumpy().tolist() == [2, 2]
+    # The arrays read at bind are the ones forward writes (output_dict keeps them).
+    held = first.output_dict[y.list_outputs()[0]]
+    first.forward()
+    assert held.asnumpy().tolist() == [2, 2]
+    first.arg_dict["x"][:] = 3
+    first.forward()
+    assert held.asnumpy().tolist() == [6, 6]
 
     class NotAnExecutor:
         handle = mx.base.ExecutorHandle(0xDEADBEEF)

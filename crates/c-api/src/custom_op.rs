@@ -319,6 +319,10 @@ impl FrontendProp for CProp {
         }
         // SAFETY: the callback succeeded, so it filled the list in.
         let cbs = unsafe { Callbacks::copy(&list, &self.0.op_type, "CustomOp", OP_BACKWARD + 1, OP_DELETE)? };
+        // Checked here, on the calling thread, so a missing one fails the call itself.
+        for (i, what) in [(OP_FORWARD, "forward"), (OP_BACKWARD, "backward")] {
+            cbs.need(i, what)?;
+        }
         Ok(Box::new(COp(cbs)))
     }
 }

@@ -81,7 +81,8 @@ fn failed(e: &Error) -> c_int {
 #[inline(never)]
 fn panicked(api: &'static str, payload: Box<dyn Any + Send>) -> c_int {
     let msg = panic_message(payload.as_ref());
-    let at = PANIC_AT.with(|p| p.borrow_mut().take()).map(|l| format!(" (at {l})"));
+    // try_with: during thread teardown the slot may be gone (a panic here would abort).
+    let at = PANIC_AT.try_with(|p| p.borrow_mut().take()).ok().flatten().map(|l| format!(" (at {l})"));
     set_last_error(&Error::internal(format!("panic in {api}: {msg}{}", at.unwrap_or_default())));
     -1
 }

@@ -336,6 +336,8 @@ pub fn invoke_attrs(
     if let Some(given) = outputs {
         check_writable(given)?;
     }
+    // Read before the call runs: a bad value fails the call before it writes anything.
+    mirror_enabled()?;
     let called = invoke::call(op, inputs, outputs, attrs.clone())?;
     record_with(op, &attrs, inputs, called.outputs, called.visible, called.backward)
 }

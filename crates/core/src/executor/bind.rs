@@ -15,7 +15,11 @@ pub struct Executor {
     /// Bound arrays per input node (`list_inputs` order), with their gradient arrays/requests.
     inputs: Vec<NDArray>,
     grads: Vec<(GradReq, Option<NDArray>)>,
-    pub outputs: Mutex<Vec<NDArray>>,
+    /// The output arrays the frontend holds: allocated at bind (as stock does), and each
+    /// forward writes its results into them.
+    outputs: Mutex<Vec<NDArray>>,
+    /// The last forward's results, linked to its recorded graph (the heads of backward).
+    heads: Mutex<Vec<NDArray>>,
 }
 
 impl Executor {
@@ -59,7 +63,7 @@ impl Executor {
             inputs[pos(aux_nodes[k])] = a;
         }
         let outputs = Mutex::new(allocated_outputs(&runner, &inputs));
-        Ok(Executor { runner, inputs, grads: gr, outputs })
+        Ok(Executor { runner, inputs, grads: gr, outputs, heads: Mutex::new(Vec::new()) })
     }
 
     /// Run forward; in training mode the run is recorded for [`Executor::backward`].
@@ -92,13 +96,23 @@ impl Executor {
                 autograd::set_training(prev_train);
                 r?
             };
-        *self.outputs.lock() = outs;
+        let mut bound = self.outputs.lock();
+        if bound.len() == outs.len() && bound.iter().zip(&outs).all(|(b, o)| b.shape == o.shape && b.dtype == o.dtype) {
+            // Into the arrays the frontend already holds (queued, not waited for).
+            let copy = crate::op::lookup("_copy")?;
+            for (b, o) in bound.iter().zip(&outs) {
+                crate::op::invoke::invoke(copy, &[o], Some(&[b]), std::iter::empty())?;
+            }
+        } else {
+            *bound = outs.iter().map(|o| o.detached()).collect();
+        }
+        *self.heads.lock() = outs;
         Ok(())
     }
 
     /// Backward from the last training forward, with head gradients (`None`: ones).
     pub fn backward(&self, head_grads: &[Option<NDArray>], is_train: bool) -> Result<()> {
-        let heads = self.outputs.lock().clone();
+        let heads = self.heads.lock().clone();
         if heads.is_empty() || heads.iter().all(|h| h.ag.is_none()) {
             return Err(Error::mxnet("Executor.backward needs a forward pass with is_train=True first"));
         }

@@ -257,14 +257,11 @@ impl NDArray {
         Ok(NDArray { shape, offset, ag: None, ..self.clone() })
     }
 
-    /// Bytes of one row of axis 0 (this view lies inside its chunk, so this cannot overflow).
-    fn row_bytes(&self) -> usize {
-        self.shape.iter().skip(1).product::<usize>() * self.dtype.size()
-    }
-
-    /// Byte offset of row `row` of axis 0, checked.
+    /// Byte offset of row `row` of axis 0, checked (a row's size can overflow when axis 0 is
+    /// empty: `(0, 2^32, 2^32, 2^32)` holds no bytes).
     fn row_offset(&self, row: usize) -> Result<usize> {
-        row.checked_mul(self.row_bytes())
+        let row_bytes = byte_size(self.shape.get(1..).unwrap_or(&[]), self.dtype)?.1;
+        row.checked_mul(row_bytes)
             .and_then(|b| b.checked_add(self.offset))
             .ok_or_else(|| Error::index(format!("row {row} of an array of shape {:?} is out of range", self.shape)))
     }

@@ -234,8 +234,10 @@ impl Prop {
 /// A custom operator created for a call: the frontend's `CustomOp` object, kept for a
 /// backward with the same object (autograd keeps it from the forward).
 pub struct CustomState {
-    pub prop: Arc<Prop>,
+    /// Declared first so that it is dropped first: the frontend's operator is deleted before
+    /// its property (fields drop in declaration order).
     frontend: Box<dyn FrontendOp>,
+    pub prop: Arc<Prop>,
     ctx: Context,
 }
 
