@@ -337,9 +337,9 @@ pub fn invoke_attrs(
         check_writable(given)?;
     }
     // Read before the call runs: a bad value fails the call before it writes anything.
-    mirror_enabled()?;
+    let mirror = mirror_enabled()?;
     let called = invoke::call(op, inputs, outputs, attrs.clone())?;
-    record_with(op, &attrs, inputs, called.outputs, called.visible, called.backward)
+    Ok(record_call(op, &attrs, inputs, called.outputs, called.visible, called.backward, mirror))
 }
 
 /// Record a call of `op` (when recording): `outs` are all its outputs, hidden ones included;
@@ -359,18 +359,34 @@ pub fn record_with(
     op: &'static OpDef,
     attrs: &Attrs,
     inputs: &[&NDArray],
-    mut outs: Vec<NDArray>,
+    outs: Vec<NDArray>,
     visible: usize,
     custom: Option<Arc<dyn CustomBackward>>,
 ) -> Result<Vec<NDArray>> {
+    // Only a recorded call without a backward of its own can be mirrored.
+    let mirror = is_recording() && custom.is_none() && mirror_enabled()?;
+    Ok(record_call(op, attrs, inputs, outs, visible, custom, mirror))
+}
+
+/// [`record_with`] with the mirroring setting already read.
+#[allow(clippy::too_many_arguments)]
+fn record_call(
+    op: &'static OpDef,
+    attrs: &Attrs,
+    inputs: &[&NDArray],
+    mut outs: Vec<NDArray>,
+    visible: usize,
+    custom: Option<Arc<dyn CustomBackward>>,
+    mirror: bool,
+) -> Vec<NDArray> {
     if !is_recording() {
         outs.truncate(visible);
-        return Ok(outs);
+        return outs;
     }
     let entries: Vec<Option<Entry>> = inputs.iter().map(|x| entry_of(x).filter(|e| e.node.need_grad)).collect();
     let need_grad = entries.iter().any(|e| e.is_some()) && (op.grad != Grad::None || custom.is_some());
     let (need_in, need_out) = if custom.is_some() { (false, false) } else { grad::needs(op) };
-    let saved = if need_grad && custom.is_none() && mirrored(op, attrs, mirror_enabled()?) {
+    let saved = if need_grad && custom.is_none() && mirrored(op, attrs, mirror) {
         let sources = inputs
             .iter()
             .map(|x| match entry_of(x) {
@@ -405,7 +421,7 @@ pub fn record_with(
     for (i, o) in outs.iter_mut().enumerate() {
         o.ag = Some(Entry { node: node.clone(), index: i }.link());
     }
-    Ok(outs)
+    outs
 }
 
 /// Record a view taken while recording as the call `op_name(params)` of `src`.
