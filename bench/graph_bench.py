@@ -37,7 +37,7 @@ print(json.dumps({"s": time.perf_counter() - t}))
 """
 
 CASES = [("load_json", 20000), ("load_json", 100000), ("cachedop", 20000), ("cachedop", 100000),
-         ("compose", 5000), ("compose", 20000)]
+         ("compose", 5000), ("compose", 20000), ("compose", 50000)]
 
 
 def main():

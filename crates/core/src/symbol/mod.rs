@@ -32,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::op::{param::Attrs, Inputs, OpDef};
 use crate::sync::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Attribute keys stored as `__key__` (stock's kHiddenKeys).
@@ -41,6 +42,11 @@ pub const HIDDEN_KEYS: [&str; 6] =
 /// A node of a symbolic graph: an operator application or a variable.
 pub struct Node {
     inner: RwLock<NodeData>,
+    /// How many times an entry of this node has been stored among some node's inputs. Never
+    /// decreased, so it bounds the number of consumers from above; composition's cycle check
+    /// uses it to skip walking argument graphs that cannot contain the symbol's nodes. A plain
+    /// counter: no other data is published through it.
+    uses: AtomicUsize,
 }
 
 /// What a node holds.
@@ -60,7 +66,14 @@ pub struct NodeData {
 
 impl Node {
     fn new(data: NodeData) -> Arc<Node> {
-        Arc::new(Node { inner: RwLock::new(data) })
+        for e in &data.inputs {
+            e.node.used();
+        }
+        Arc::new(Node { inner: RwLock::new(data), uses: AtomicUsize::new(0) })
+    }
+    /// Records that an entry of this node is about to be stored among another node's inputs.
+    fn used(&self) {
+        self.uses.fetch_add(1, Ordering::Relaxed);
     }
     /// A snapshot of the node.
     pub fn data(&self) -> NodeData {
@@ -316,15 +329,7 @@ impl Symbol {
             }
         }
         let node = self.outputs[0].node.clone();
-        // A composition must not make the graph cyclic.
-        let own: HashSet<usize> = self.topo_nodes().iter().filter(|n| !n.is_variable()).map(ptr).collect();
-        for a in args.iter().copied().chain(kwargs.iter().map(|(_, s)| *s)) {
-            if a.topo_nodes().iter().any(|n| own.contains(&ptr(n))) {
-                return Err(Error::mxnet(
-                    "Symbol.Compose: an argument depends on the symbol being composed (the graph would be cyclic)",
-                ));
-            }
-        }
+        self.check_acyclic(args.iter().copied().chain(kwargs.iter().map(|(_, s)| *s)))?;
         let name = name.filter(|n| !n.is_empty());
         if let Some(n) = name {
             node.inner.write().name = n.to_string();
@@ -334,6 +339,33 @@ impl Symbol {
         } else {
             self.compose_general(args, kwargs)
         }
+    }
+
+    /// A composition must not make the graph cyclic: no argument may reach one of this
+    /// symbol's operator nodes. An argument graph can reach one only through its head or
+    /// through a node outside this symbol that consumes one of them, so the argument graphs
+    /// are walked only when some operator node here has more uses than this symbol's own nodes
+    /// account for. Composing a fresh operator onto a long chain (`y = relu(y)`) then costs
+    /// the size of the operator, not of the chain.
+    fn check_acyclic<'s>(&self, args: impl Iterator<Item = &'s Symbol> + Clone) -> Result<()> {
+        let own_nodes: Vec<Arc<Node>> = self.topo_nodes().into_iter().filter(|n| !n.is_variable()).collect();
+        let own: HashSet<usize> = own_nodes.iter().map(ptr).collect();
+        let mut internal: HashMap<usize, usize> = HashMap::new();
+        for n in &own_nodes {
+            for e in n.inner.read().inputs.iter().filter(|e| own.contains(&ptr(&e.node))) {
+                *internal.entry(ptr(&e.node)).or_insert(0) += 1;
+            }
+        }
+        let shared =
+            own_nodes.iter().any(|n| n.uses.load(Ordering::Relaxed) > internal.get(&ptr(n)).copied().unwrap_or(0));
+        let cyclic = args.clone().any(|a| own.contains(&ptr(&a.outputs[0].node)))
+            || (shared && args.into_iter().any(|a| a.topo_nodes().iter().any(|n| own.contains(&ptr(n)))));
+        if cyclic {
+            return Err(Error::mxnet(
+                "Symbol.Compose: an argument depends on the symbol being composed (the graph would be cyclic)",
+            ));
+        }
+        Ok(())
     }
 
     fn compose_atomic(&self, node: &Arc<Node>, args: &[&Symbol], kwargs: &[(&str, &Symbol)]) -> Result<()> {
@@ -399,6 +431,9 @@ impl Symbol {
         }
         d.attrs = Some(parse_dict(op, &d.dict, inputs.len())?);
         set_input_var_attrs(op, &inputs);
+        for e in &inputs {
+            e.node.used();
+        }
         d.inputs = inputs;
         update_versions(&mut d)
     }
@@ -429,6 +464,7 @@ impl Symbol {
             let mut touched = false;
             for e in d.inputs.iter_mut() {
                 if let Some(r) = replace.get(&ptr(&e.node)) {
+                    r.node.used();
                     *e = r.clone();
                     touched = true;
                 }
@@ -864,6 +900,48 @@ mod tests {
         let mut a = Symbol::atomic(lookup("Activation").unwrap(), [("act_type", "relu")]).unwrap();
         let a2 = a.clone();
         assert!(a.compose(&[&a2], &[], Some("cyc")).is_err());
+    }
+
+    fn relu() -> Symbol {
+        Symbol::atomic(lookup("Activation").unwrap(), [("act_type", "relu")]).unwrap()
+    }
+
+    /// The cycle check's shortcut (skip argument graphs when no operator node of the symbol is
+    /// consumed from outside it) still refuses every cycle: through an argument's head,
+    /// through an outside consumer of an atomic node, and through one of a composed graph.
+    #[test]
+    fn compose_refuses_cycles_through_outside_consumers() {
+        let x = Symbol::variable("x");
+        // `b = relu(a)` while `a` has no inputs yet; composing `a` with `exp(b)` would close a loop.
+        let mut a = relu();
+        let mut b = relu();
+        b.compose(&[&a], &[], Some("b")).unwrap();
+        let mut c = Symbol::atomic(lookup("exp").unwrap(), std::iter::empty()).unwrap();
+        c.compose(&[&b], &[], Some("c")).unwrap();
+        let e = a.compose(&[&c], &[], Some("a")).unwrap_err().to_string();
+        assert!(e.contains("cyclic"), "{e}");
+        a.compose(&[&x], &[], Some("a")).unwrap();
+        // A composed graph `z = relu(relu(x))` whose head another graph consumes.
+        let mut y = relu();
+        y.compose(&[&x], &[], Some("y")).unwrap();
+        let mut z = relu();
+        z.compose(&[&y], &[], Some("z")).unwrap();
+        let mut w = Symbol::atomic(lookup("exp").unwrap(), std::iter::empty()).unwrap();
+        w.compose(&[&z], &[], Some("w")).unwrap();
+        let e = z.clone().compose(&[], &[("x", &w)], None).unwrap_err().to_string();
+        assert!(e.contains("cyclic"), "{e}");
+        // The same symbol with an unrelated argument composes (the walk finds nothing).
+        let mut z2 = z.clone();
+        z2.compose(&[], &[("x", &Symbol::variable("u"))], None).unwrap();
+        assert_eq!(z2.list_input_names(InputKind::All), ["u"]);
+        // A long chain of fresh operators composes without walking it, and stays acyclic.
+        let mut chain = x.clone();
+        for _ in 0..1000 {
+            let mut r = relu();
+            r.compose(&[&chain], &[], None).unwrap();
+            chain = r;
+        }
+        assert_eq!(chain.topo_nodes().len(), 1001);
     }
 
     #[test]
