@@ -785,7 +785,8 @@ int MXNDArrayCreateSparseEx(int storage_type,
                             const uint32_t *_aux_shape,
                             NDArrayHandle *_out);
 
-// MXNDArraySlice with 64-bit bounds (used by the frontend when INT64_TENSOR_SIZE is on).
+// MXNDArraySlice with 64-bit bounds (used by the frontend when INT64_TENSOR_SIZE is on);
+// recorded under autograd as `MXNDArraySlice` is.
 //
 // # Safety
 // `out` must be NULL or valid for writes.
@@ -794,7 +795,7 @@ int MXNDArraySlice64(NDArrayHandle handle,
                      int64_t slice_end,
                      NDArrayHandle *out);
 
-// MXNDArrayAt with a 64-bit index.
+// MXNDArrayAt with a 64-bit index; recorded under autograd as `MXNDArrayAt` is.
 //
 // # Safety
 // `out` must be NULL or valid for writes.

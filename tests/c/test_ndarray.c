@@ -185,6 +185,30 @@ int main(void) {
     }
   }
 
+  /* Views taken through the 64-bit entry points are recorded under autograd, as the 32-bit
+   * ones are: the gradient flows back to the rows viewed. */
+  {
+    uint32_t s23[2] = {2, 3};
+    uint32_t req = 1; /* write */
+    float x_in[6] = {1, 2, 3, 4, 5, 6}, grad[6] = {0};
+    const float want_at[6] = {0, 0, 0, 1, 1, 1}, want_slice[6] = {1, 1, 1, 0, 0, 0};
+    NDArrayHandle x = NULL, g = NULL, view = NULL;
+    int prev = 0, k;
+    for (k = 0; k < 2; k++) {
+      CHECK(MXNDArrayCreateEx(s23, 2, 1, 0, 0, 0, &x) == 0 && MXNDArrayCreateEx(s23, 2, 1, 0, 0, 0, &g) == 0);
+      CHECK(MXNDArraySyncCopyFromCPU(x, x_in, 6) == 0 && MXNDArraySyncCopyFromCPU(g, grad, 6) == 0);
+      CHECK(MXAutogradMarkVariables(1, &x, &req, &g) == 0);
+      CHECK(MXAutogradSetIsRecording(1, &prev) == 0);
+      CHECK((k == 0 ? MXNDArrayAt64(x, 1, &view) : MXNDArraySlice64(x, 0, 1, &view)) == 0);
+      CHECK(MXAutogradSetIsRecording(0, &prev) == 0);
+      CHECK(MXAutogradBackwardEx(1, &view, NULL, 0, NULL, 0, 0, 1, NULL, NULL) == 0);
+      CHECK(MXNDArraySyncCopyToCPU(g, grad, 6) == 0);
+      CHECK(memcmp(grad, k == 0 ? want_at : want_slice, sizeof grad) == 0);
+      memset(grad, 0, sizeof grad);
+      CHECK(MXNDArrayFree(view) == 0 && MXNDArrayFree(g) == 0 && MXNDArrayFree(x) == 0);
+    }
+  }
+
   /* Storage: statistics per context, and emptying the cache. */
   {
     const char *json = NULL;

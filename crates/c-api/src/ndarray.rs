@@ -639,7 +639,8 @@ pub unsafe extern "C" fn MXNDArrayCreateSparseEx(
     })
 }
 
-/// MXNDArraySlice with 64-bit bounds (used by the frontend when INT64_TENSOR_SIZE is on).
+/// MXNDArraySlice with 64-bit bounds (used by the frontend when INT64_TENSOR_SIZE is on);
+/// recorded under autograd as `MXNDArraySlice` is.
 ///
 /// # Safety
 /// `out` must be NULL or valid for writes.
@@ -657,12 +658,12 @@ pub unsafe extern "C" fn MXNDArraySlice64(
         let (Ok(b), Ok(e)) = (b, e) else {
             return Err(Error::index(format!("slice [{slice_begin}, {slice_end}) has a negative bound")));
         };
-        *o = new_view(handle, |nd| nd.slice(b, e))?;
+        *o = new_view(handle, |nd| mxnet_core::autograd::slice_view(nd, b, e))?;
         Ok(())
     })
 }
 
-/// MXNDArrayAt with a 64-bit index.
+/// MXNDArrayAt with a 64-bit index; recorded under autograd as `MXNDArrayAt` is.
 ///
 /// # Safety
 /// `out` must be NULL or valid for writes.
@@ -672,7 +673,7 @@ pub unsafe extern "C" fn MXNDArrayAt64(handle: NDArrayHandle, idx: i64, out: *mu
         // SAFETY: per this function's contract.
         let o = unsafe { ffi::out(out, "out") }?;
         let i = usize::try_from(idx).map_err(|_| Error::index(format!("index {idx} is negative")))?;
-        *o = new_view(handle, |nd| nd.at(i))?;
+        *o = new_view(handle, |nd| mxnet_core::autograd::at_view(nd, i))?;
         Ok(())
     })
 }
