@@ -409,7 +409,7 @@ impl Drop for Function {
     fn drop(&mut self) {
         if let Some((f, c)) = self.del {
             // SAFETY: the frontend's delete callback with its state, called once.
-            unsafe { f(c) };
+            mxnet_core::runtime::outside_call(|| unsafe { f(c) });
         }
     }
 }
@@ -431,7 +431,7 @@ impl mxnet_core::op::CustomBackward for Function {
         let reqs: Vec<c_int> = (0..grads.len()).map(|i| c_int::from(want.get(i).copied().unwrap_or(false))).collect();
         let is_train = c_int::from(mxnet_core::op::invoke::is_training());
         // SAFETY: the frontend's backward callback with its state; the arrays outlive the call.
-        let ok = unsafe {
+        let ok = mxnet_core::runtime::outside_call(|| unsafe {
             (self.bwd.0)(
                 ograds.len() as c_int,
                 grads.len() as c_int,
@@ -440,7 +440,7 @@ impl mxnet_core::op::CustomBackward for Function {
                 is_train,
                 self.bwd.1,
             )
-        };
+        });
         if ok == 0 {
             return Err(Error::mxnet("autograd.Function's backward failed (its traceback was printed above)"));
         }

@@ -15,6 +15,7 @@ use mxnet_core::error::{Error, Result};
 use mxnet_core::ndarray::{DType, Meta, NDArray};
 use mxnet_core::op::custom::{FrontendOp, FrontendProp, Pass, PropCreator, Tag};
 use mxnet_core::op::{self, Req};
+use mxnet_core::runtime::outside_call;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::Arc;
 
@@ -133,7 +134,7 @@ impl Drop for Callbacks {
     fn drop(&mut self) {
         if let Some((f, ctx)) = self.get(self.delete) {
             // SAFETY: the delete callback has stock's signature; called once, last.
-            unsafe { std::mem::transmute::<*const (), DelFn>(f)(ctx) };
+            outside_call(|| unsafe { std::mem::transmute::<*const (), DelFn>(f)(ctx) });
         }
     }
 }
@@ -157,8 +158,9 @@ impl PropCreator for CCreator {
         let mut vp: Vec<*const c_char> = vals.iter().map(|v| v.as_ptr()).collect();
         let mut list = empty_list();
         // SAFETY: the creator has stock's signature; every pointer is valid for the call.
-        let ok =
-            unsafe { (self.0)(c_type.as_ptr(), kwargs.len() as c_int, kp.as_mut_ptr(), vp.as_mut_ptr(), &mut list) };
+        let ok = outside_call(|| unsafe {
+            (self.0)(c_type.as_ptr(), kwargs.len() as c_int, kp.as_mut_ptr(), vp.as_mut_ptr(), &mut list)
+        });
         if ok == 0 {
             return Err(failed(op_type, "creating its CustomOpProp"));
         }
@@ -178,7 +180,7 @@ impl CProp {
         let mut names: *mut *mut c_char = std::ptr::null_mut();
         // SAFETY: a list callback with stock's signature; it points `names` at a NULL-ended
         // array of strings it keeps alive until its next call.
-        let ok = unsafe { std::mem::transmute::<*const (), ListFn>(f)(&mut names, ctx) };
+        let ok = outside_call(|| unsafe { std::mem::transmute::<*const (), ListFn>(f)(&mut names, ctx) });
         if ok == 0 || names.is_null() {
             return Err(failed(&self.0.op_type, what));
         }
@@ -213,7 +215,7 @@ impl FrontendProp for CProp {
         let (og, ind, outd) = (c_ints(og), c_ints(ind), c_ints(outd));
         let (mut n, mut deps): (c_int, *mut c_int) = (0, std::ptr::null_mut());
         // SAFETY: stock's signature; the id arrays are as long as the lists say.
-        let ok = unsafe {
+        let ok = outside_call(|| unsafe {
             std::mem::transmute::<*const (), BwdDepFn>(f)(
                 og.as_ptr(),
                 ind.as_ptr(),
@@ -222,7 +224,7 @@ impl FrontendProp for CProp {
                 &mut deps,
                 ctx,
             )
-        };
+        });
         if ok == 0 || (n > 0 && deps.is_null()) {
             return Err(failed(&self.0.op_type, "declare_backward_dependency"));
         }
@@ -248,14 +250,14 @@ impl FrontendProp for CProp {
         let mut ptrs: Vec<*mut c_int> = bufs.iter_mut().map(|b| b.as_mut_ptr()).collect();
         // SAFETY: stock's signature; `total` entries in both arrays; the callback replaces
         // the pointers with buffers it keeps alive until its next call.
-        let ok = unsafe {
+        let ok = outside_call(|| unsafe {
             std::mem::transmute::<*const (), InferShapeFn>(f)(
                 total as c_int,
                 ndims.as_mut_ptr(),
                 ptrs.as_mut_ptr(),
                 ctx,
             )
-        };
+        });
         if ok == 0 {
             return Err(failed(op_type, "infer_shape"));
         }
@@ -278,8 +280,9 @@ impl FrontendProp for CProp {
         let Some((f, ctx)) = self.0.get(PROP_INFER_TYPE) else { return Ok(None) };
         let mut types: Vec<c_int> = known.iter().map(|t| t.map_or(-1, |d| d as c_int)).collect();
         // SAFETY: stock's signature; one entry per known type.
-        let ok =
-            unsafe { std::mem::transmute::<*const (), InferTypeFn>(f)(types.len() as c_int, types.as_mut_ptr(), ctx) };
+        let ok = outside_call(|| unsafe {
+            std::mem::transmute::<*const (), InferTypeFn>(f)(types.len() as c_int, types.as_mut_ptr(), ctx)
+        });
         if ok == 0 {
             return Err(failed(&self.0.op_type, "infer_type"));
         }
@@ -303,7 +306,7 @@ impl FrontendProp for CProp {
         let mut dtypes: Vec<c_int> = inputs.iter().map(|m| m.dtype as c_int).collect();
         let mut list = empty_list();
         // SAFETY: stock's signature; the arrays hold one entry per input.
-        let ok = unsafe {
+        let ok = outside_call(|| unsafe {
             std::mem::transmute::<*const (), CreateOpFn>(f)(
                 ctx_str.as_ptr(),
                 inputs.len() as c_int,
@@ -313,7 +316,7 @@ impl FrontendProp for CProp {
                 &mut list,
                 cctx,
             )
-        };
+        });
         if ok == 0 {
             return Err(failed(&self.0.op_type, "create_operator"));
         }
@@ -345,7 +348,7 @@ impl FrontendOp for COp {
         let mut reqs: Vec<c_int> = reqs.iter().map(|&r| req_code(r)).collect();
         // SAFETY: stock's signature; the arrays hold one entry per handle (reqs: one per
         // written output), valid for the call.
-        let ok = unsafe {
+        let ok = outside_call(|| unsafe {
             callback(
                 handles.len() as c_int,
                 handles.as_mut_ptr(),
@@ -354,7 +357,7 @@ impl FrontendOp for COp {
                 is_train as c_int,
                 cctx,
             )
-        };
+        });
         if ok == 0 {
             return Err(failed(&self.0.op_type, what));
         }

@@ -191,7 +191,9 @@ pub(crate) unsafe fn push_c(
                 let p = p;
                 let token = completions().insert(Arc::new(Mutex::new(Some(done))));
                 // SAFETY: as above; `token` is completed through MXEngineCompleteAsync.
-                unsafe { f(rctx as *const RunContext as *mut c_void, token, p.0) };
+                mxnet_core::runtime::outside_call(|| unsafe {
+                    f(rctx as *const RunContext as *mut c_void, token, p.0)
+                });
             };
             (
                 engine::Func::Fn(engine::OprFn::Async(Box::new(run))),
@@ -301,7 +303,7 @@ pub unsafe extern "C" fn MXEnginePushSync(
 /// `error` must be NULL or a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn MXEngineCompleteAsync(on_complete: *mut c_void, error: *const c_char) -> c_int {
-    ffi::call("MXEngineCompleteAsync", || {
+    ffi::call_completing("MXEngineCompleteAsync", || {
         // SAFETY: per this function's contract.
         let error = unsafe { ffi::opt_cstr(error, "error") }?;
         let slot = completions().remove(on_complete)?;

@@ -12,7 +12,7 @@
 
 use mxnet_core::error::{Error, Result};
 use std::any::Any;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -23,8 +23,6 @@ thread_local! {
     static RET_STR: RefCell<CString> = RefCell::new(CString::default());
     /// Where the last contained panic happened, recorded by the panic hook.
     static PANIC_AT: RefCell<Option<String>> = const { RefCell::new(None) };
-    /// Depth of C API calls on this thread (a panic inside one is reported, not printed).
-    static CALL_DEPTH: Cell<u32> = const { Cell::new(0) };
 }
 
 /// Panics inside [`call`] become the error text (with their location) instead of a message on
@@ -35,8 +33,8 @@ fn install_panic_hook() {
     ONCE.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            // Depth of `call`s on this thread: a panic inside one is reported, not printed.
-            if CALL_DEPTH.try_with(|d| d.get() > 0).unwrap_or(false) {
+            // A panic inside a call is reported, not printed.
+            if mxnet_core::runtime::in_call() {
                 let at = info.location().map(|l| format!("{}:{}", l.file(), l.line()));
                 let _ = PANIC_AT.try_with(|p| *p.borrow_mut() = at);
             } else {
@@ -47,17 +45,32 @@ fn install_panic_hook() {
 }
 
 /// Run an exported function's body: `Ok` → 0; `Err` or a panic → -1 with the last error set.
-/// Nothing unwinds past this point. Inlined into each exported function (an engine push
+/// Nothing unwinds past this point. The body runs as a call of the fork protocol's call gate
+/// (`mxnet_core::runtime::enter_call`, which also counts the thread's nested calls). Inlined into each exported function (an engine push
 /// passes a dozen arguments through it); the failure handling is out of line.
 #[inline(always)]
 pub fn call(api: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
+    let gate = mxnet_core::runtime::enter_call();
+    let rc = run(api, body);
+    drop(gate);
+    rc
+}
+
+/// [`call`] for a function that completes engine work (`MXEngineCompleteAsync`): it passes the
+/// completion gate instead of the call gate, as a `fork` waits for that work with the call
+/// gate closed (`mxnet_core::runtime::enter_completion`).
+pub fn call_completing(api: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
+    let gate = mxnet_core::runtime::enter_completion();
+    let rc = run(api, body);
+    drop(gate);
+    rc
+}
+
+#[inline(always)]
+fn run(api: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
     install_panic_hook();
     let start = mxnet_core::profiler::api_on().then(mxnet_core::profiler::api_begin);
-    // Not inside `CALL_DEPTH.with(..)`: the body would be compiled into that closure, out of
-    // line.
-    CALL_DEPTH.with(|d| d.set(d.get() + 1));
     let outcome = catch_unwind(AssertUnwindSafe(body));
-    CALL_DEPTH.with(|d| d.set(d.get() - 1));
     if let Some(t) = start {
         mxnet_core::profiler::api_call(api, t);
     }

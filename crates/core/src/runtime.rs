@@ -3,14 +3,17 @@
 //! Owns: the state that outlives single calls and is not configuration: the kernel thread
 //! count set by `MXSetNumOMPThreads`, the shutdown flag, the build's feature list, and the
 //! fork protocol ([`on_fork`]: the order in which the parts that keep threads get ready for
-//! `fork` and start over in the child).
+//! `fork` and start over in the child, led by the call gate ([`enter_call`]) that keeps every
+//! call into the library out of the moment of `fork`).
 //! Later capabilities (engine, storage, profiler) hang off [`Runtime`] so that it alone fixes
 //! their order of creation and shutdown; no other static owns a thread or a resource.
 
 use crate::error::{Error, Result};
+use std::cell::{Cell, RefCell};
 use std::ffi::CStr;
+use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, PoisonError, RwLockReadGuard, RwLockWriteGuard};
 
 /// The MXNet version this library is ABI-compatible with, as `MXGetVersion` reports it:
 /// major*10000 + minor*100 + patch. The 1.9.1 Python frontend compares against it, so it is
@@ -29,6 +32,7 @@ static ON_LOAD: extern "C" fn() = on_load;
 #[cfg(target_os = "linux")]
 extern "C" fn on_load() {
     let _ = std::panic::catch_unwind(|| {
+        register_atfork();
         let reg = crate::config::global();
         if let Err(e) = crate::profiler::autostart(reg) {
             eprintln!("[mxnet-rt] profiler autostart: {e}");
@@ -36,56 +40,293 @@ extern "C" fn on_load() {
     });
 }
 
-/// The parts of the library that take part in the fork protocol, in the order their hooks
-/// run: before `fork` (in the parent) in this order, and in the child in this order, whatever
-/// order they started in. The engine comes first: quiescing it finishes the operations that
-/// could still use the other parts' threads.
+/// The parts of the library that take part in the fork protocol. Before `fork` (in the
+/// parent) their hooks run in this order; after it, in the parent and in the child, in the
+/// reverse order, whatever order they started in. The call gate comes first: once it is
+/// closed no thread is inside a call, so the engine can be quiesced without new pushes
+/// arriving, and quiescing it finishes the operations that could still use the other parts'
+/// threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ForkStage {
+    /// The call gate ([`enter_call`]): closed before `fork`, opened again after it.
+    CallGate = 0,
     /// Finish pushed work before `fork`; a child starts a new engine.
-    Engine = 0,
+    Engine = 1,
+    /// The completion gate ([`enter_completion`]): closed once the engine is idle.
+    CompletionGate = 2,
     /// The custom operators' helper threads: a child starts new ones.
-    CustomOpThreads = 1,
+    CustomOpThreads = 3,
     /// The kernel thread pool: a child builds a new one.
-    KernelPool = 2,
+    KernelPool = 4,
 }
 
-const FORK_STAGES: usize = 3;
+const FORK_STAGES: usize = 5;
 
-/// Each stage's hooks: (before `fork`, in the child).
-type ForkHooks = (Option<extern "C" fn()>, Option<extern "C" fn()>);
+/// One stage's hooks.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ForkHooks {
+    /// In the parent, before `fork`.
+    pub prepare: Option<extern "C" fn()>,
+    /// In the parent, after `fork`.
+    pub parent: Option<extern "C" fn()>,
+    /// In the child.
+    pub child: Option<extern "C" fn()>,
+}
+
+/// Where in the fork the hooks run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ForkPoint {
+    Prepare,
+    Parent,
+    Child,
+}
 
 static FORK_HOOKS: [OnceLock<ForkHooks>; FORK_STAGES] = [const { OnceLock::new() }; FORK_STAGES];
 
 /// The one fork protocol: `stage` takes part with these hooks (set once; later calls for the
-/// same stage are ignored). One `pthread_atfork` registration, made with the first stage,
-/// runs every registered stage's hooks in [`ForkStage`] order.
-pub fn on_fork(stage: ForkStage, prepare: Option<extern "C" fn()>, child: Option<extern "C" fn()>) {
-    let _ = FORK_HOOKS[stage as usize].set((prepare, child));
+/// same stage are ignored). One `pthread_atfork` registration runs every registered stage's
+/// hooks in [`ForkStage`] order.
+pub fn on_fork(stage: ForkStage, hooks: ForkHooks) {
+    let _ = FORK_HOOKS[stage as usize].set(hooks);
+    register_atfork();
+}
+
+/// Registers the fork protocol with `pthread_atfork` (once; at load, so that the call gate
+/// works from the first call).
+fn register_atfork() {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
     REGISTERED.call_once(|| {
+        let _ = FORK_HOOKS[ForkStage::CallGate as usize].set(ForkHooks {
+            prepare: Some(close_gate),
+            parent: Some(open_gate),
+            child: Some(open_gate),
+        });
+        let _ = FORK_HOOKS[ForkStage::CompletionGate as usize].set(ForkHooks {
+            prepare: Some(close_completion_gate),
+            parent: Some(open_gate),
+            child: Some(open_gate),
+        });
         // SAFETY: plain extern "C" functions with no captured state.
-        unsafe { libc::pthread_atfork(Some(fork_prepare), None, Some(fork_child)) };
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     });
 }
 
 extern "C" fn fork_prepare() {
-    run_fork_hooks(&FORK_HOOKS, false);
+    run_fork_hooks(&FORK_HOOKS, ForkPoint::Prepare);
+}
+
+extern "C" fn fork_parent() {
+    run_fork_hooks(&FORK_HOOKS, ForkPoint::Parent);
 }
 
 extern "C" fn fork_child() {
-    run_fork_hooks(&FORK_HOOKS, true);
+    run_fork_hooks(&FORK_HOOKS, ForkPoint::Child);
 }
 
-/// Run the registered hooks before `fork` (`child` false) or in the child, in stage order.
-fn run_fork_hooks(table: &[OnceLock<ForkHooks>], child: bool) {
-    for hooks in table {
-        if let Some(&(prepare, in_child)) = hooks.get() {
-            if let Some(f) = if child { in_child } else { prepare } {
+/// Run the registered hooks of one point: before `fork` in stage order, after it in reverse.
+fn run_fork_hooks(table: &[OnceLock<ForkHooks>], point: ForkPoint) {
+    let run = |hooks: &OnceLock<ForkHooks>| {
+        if let Some(h) = hooks.get() {
+            let f = match point {
+                ForkPoint::Prepare => h.prepare,
+                ForkPoint::Parent => h.parent,
+                ForkPoint::Child => h.child,
+            };
+            if let Some(f) = f {
                 f();
             }
         }
+    };
+    if point == ForkPoint::Prepare {
+        table.iter().for_each(run);
+    } else {
+        table.iter().rev().for_each(run);
     }
+}
+
+/// The call gate. Every call into the library from a thread the library does not own holds
+/// it shared for the whole call ([`enter_call`]); the fork protocol's first stage takes it
+/// exclusively, so at the moment of `fork` no such call is half done and no lock it takes
+/// (the handle table, the interned names, a storage pool, an engine variable) is held by a
+/// thread the child will not have. std's lock lets no new reader in while a writer waits,
+/// so a fork is not starved by threads that call without pause.
+///
+/// The library's own threads (engine workers, custom-operator threads) never take it: the
+/// engine stage waits for their work, and a custom operator's callback that calls the
+/// library from its thread must not wait for a fork that waits for that callback.
+static GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// How the calling thread stands with the gate.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum GateUse {
+    /// Outside any call.
+    Outside,
+    /// Inside a call: holds the gate shared (nested calls take nothing).
+    Inside,
+    /// One of the library's own threads: never takes the gate.
+    Own,
+}
+
+/// The calling thread's side of the gate, in one thread-local (each access to one costs a
+/// call into the dynamic loader in a shared library, and every call enters and leaves).
+struct GateSlot {
+    /// How many calls into the library are in progress on this thread (nested calls count).
+    depth: Cell<u32>,
+    /// The shared hold of the outermost call in progress on this thread.
+    held: RefCell<Option<RwLockReadGuard<'static, ()>>>,
+    /// One of the library's own threads.
+    own: Cell<bool>,
+}
+
+impl GateSlot {
+    fn usage(&self) -> GateUse {
+        if self.own.get() {
+            GateUse::Own
+        } else if self.held.borrow().is_some() {
+            GateUse::Inside
+        } else {
+            GateUse::Outside
+        }
+    }
+}
+
+thread_local! {
+    static GATE_SLOT: GateSlot =
+        const { GateSlot { depth: Cell::new(0), held: RefCell::new(None), own: Cell::new(false) } };
+    /// The exclusive holds taken before `fork` by the forking thread (the call gate, then the
+    /// completion gate); dropped after it, last first (in the parent, and in the child, where
+    /// the same thread continues).
+    static CLOSED: RefCell<Vec<RwLockWriteGuard<'static, ()>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The calling thread's standing (`Err` while the thread is being torn down).
+fn gate_use() -> std::result::Result<GateUse, std::thread::AccessError> {
+    GATE_SLOT.try_with(GateSlot::usage)
+}
+
+/// Whether the calling thread is inside a call into the library (for the C boundary's panic
+/// hook: a panic inside a call is reported as the call's error, not printed).
+pub fn in_call() -> bool {
+    GATE_SLOT.try_with(|s| s.depth.get() > 0).unwrap_or(false)
+}
+
+/// A call in progress: counted in the thread's depth, and holding the gate when it is the
+/// thread's outermost call (not for a library thread, nor while the thread is being torn
+/// down); released when dropped.
+pub struct CallGuard {
+    counted: bool,
+    outermost: bool,
+}
+
+impl Drop for CallGuard {
+    #[inline]
+    fn drop(&mut self) {
+        if self.counted {
+            let _ = GATE_SLOT.try_with(|s| {
+                s.depth.set(s.depth.get() - 1);
+                if self.outermost {
+                    s.held.borrow_mut().take();
+                }
+            });
+        }
+    }
+}
+
+fn release_gate() {
+    let _ = GATE_SLOT.try_with(|s| s.held.borrow_mut().take());
+}
+
+/// Enter a call into the library (the C boundary does, for every exported function): waits
+/// while a `fork` is being prepared.
+#[inline]
+pub fn enter_call() -> CallGuard {
+    GATE_SLOT
+        .try_with(|s| {
+            s.depth.set(s.depth.get() + 1);
+            let mut held = s.held.borrow_mut();
+            let outermost = !s.own.get() && held.is_none();
+            if outermost {
+                *held = Some(GATE.read().unwrap_or_else(PoisonError::into_inner));
+            }
+            CallGuard { counted: true, outermost }
+        })
+        .unwrap_or(CallGuard { counted: false, outermost: false })
+}
+
+/// Run frontend code (a callback the frontend registered) from inside a call: the gate is
+/// released meanwhile, as the frontend's own code is not inside the library. A Python
+/// callback needs the interpreter lock, which a thread forking from Python holds while it
+/// waits for the gate; holding the gate across the callback would deadlock the two.
+pub fn outside_call<R>(f: impl FnOnce() -> R) -> R {
+    /// Holds the gate again for the rest of the outer call when `f` returns (or unwinds);
+    /// the outer call's guard releases it.
+    struct Reenter;
+    impl Drop for Reenter {
+        fn drop(&mut self) {
+            let _ = GATE_SLOT
+                .try_with(|s| *s.held.borrow_mut() = Some(GATE.read().unwrap_or_else(PoisonError::into_inner)));
+        }
+    }
+    if gate_use() != Ok(GateUse::Inside) {
+        return f();
+    }
+    release_gate();
+    let _reenter = Reenter;
+    f()
+}
+
+/// The completion gate: calls that finish engine work instead of starting it (a C caller's
+/// `MXEngineCompleteAsync` for an asynchronous operation) pass this gate, not [`GATE`]: the
+/// engine stage waits for that operation, so the call must get through while [`GATE`] is
+/// closed. It closes after the engine is idle, so that no completion is half done at the fork.
+static COMPLETION_GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// A completing call in progress: counted in the thread's depth (not holding [`GATE`]), and
+/// holding the completion gate.
+pub struct CompletionGuard {
+    _call: CallGuard,
+    _held: RwLockReadGuard<'static, ()>,
+}
+
+/// Enter a call that completes engine work (see [`COMPLETION_GATE`]).
+pub fn enter_completion() -> CompletionGuard {
+    let call = match GATE_SLOT.try_with(|s| s.depth.set(s.depth.get() + 1)) {
+        Ok(()) => CallGuard { counted: true, outermost: false },
+        Err(_) => CallGuard { counted: false, outermost: false },
+    };
+    CompletionGuard { _call: call, _held: COMPLETION_GATE.read().unwrap_or_else(PoisonError::into_inner) }
+}
+
+/// Marks the calling thread as one of the library's own (see [`GATE`]).
+pub fn mark_library_thread() {
+    GATE_SLOT.with(|s| s.own.set(true));
+}
+
+/// Before `fork`: wait until no call is in progress, and let none start. A thread that forks
+/// from inside a call (a frontend callback) or from a library thread cannot wait for itself;
+/// it forks without closing the gates.
+extern "C" fn close_gate() {
+    close(&GATE);
+}
+
+/// Before `fork`, once the engine is idle: wait until no completion is in progress.
+extern "C" fn close_completion_gate() {
+    close(&COMPLETION_GATE);
+}
+
+fn close(gate: &'static std::sync::RwLock<()>) {
+    if gate_use() != Ok(GateUse::Outside) {
+        return;
+    }
+    let _ = catch_unwind(|| {
+        let g = gate.write().unwrap_or_else(PoisonError::into_inner);
+        CLOSED.with(|c| c.borrow_mut().push(g));
+    });
+}
+
+/// After `fork` (parent and child): open the gate closed last.
+extern "C" fn open_gate() {
+    let _ = catch_unwind(|| CLOSED.try_with(|c| c.borrow_mut().pop()));
 }
 
 /// The cores this process may use, read once: `available_parallelism` reads the cgroup and
@@ -250,8 +491,8 @@ mod fork_tests {
 
     static ORDER: Mutex<Vec<&str>> = Mutex::new(Vec::new());
 
-    /// Hooks run in stage order, whatever order the stages registered in (here the reverse),
-    /// and only the registered ones.
+    /// Hooks run in stage order before `fork` and in reverse order after it, whatever order
+    /// the stages registered in (here the reverse), and only the registered ones.
     #[test]
     fn hooks_run_in_stage_order_whatever_the_registration_order() {
         extern "C" fn engine_prepare() {
@@ -263,11 +504,65 @@ mod fork_tests {
         extern "C" fn kernel_child() {
             ORDER.lock().unwrap().push("kernel child");
         }
+        extern "C" fn gate_prepare() {
+            ORDER.lock().unwrap().push("gate prepare");
+        }
+        extern "C" fn gate_parent() {
+            ORDER.lock().unwrap().push("gate parent");
+        }
         let table: [OnceLock<ForkHooks>; FORK_STAGES] = [const { OnceLock::new() }; FORK_STAGES];
-        table[ForkStage::KernelPool as usize].set((None, Some(kernel_child))).unwrap();
-        table[ForkStage::Engine as usize].set((Some(engine_prepare), Some(engine_child))).unwrap();
-        run_fork_hooks(&table, false);
-        run_fork_hooks(&table, true);
-        assert_eq!(*ORDER.lock().unwrap(), ["engine prepare", "engine child", "kernel child"]);
+        let hooks = |prepare, parent, child| ForkHooks { prepare, parent, child };
+        table[ForkStage::KernelPool as usize].set(hooks(None, None, Some(kernel_child))).unwrap();
+        table[ForkStage::Engine as usize].set(hooks(Some(engine_prepare), None, Some(engine_child))).unwrap();
+        table[ForkStage::CallGate as usize].set(hooks(Some(gate_prepare), Some(gate_parent), None)).unwrap();
+        run_fork_hooks(&table, ForkPoint::Prepare);
+        run_fork_hooks(&table, ForkPoint::Parent);
+        run_fork_hooks(&table, ForkPoint::Child);
+        assert_eq!(
+            *ORDER.lock().unwrap(),
+            ["gate prepare", "engine prepare", "gate parent", "kernel child", "engine child"]
+        );
+    }
+
+    /// A call holds the gate shared; nested calls take nothing; a library thread never takes
+    /// it; closing it waits for the call in progress and keeps new ones out until it opens.
+    #[test]
+    fn the_gate_waits_for_calls_and_keeps_new_ones_out() {
+        let outer = enter_call();
+        assert!(outer.outermost);
+        let inner = enter_call();
+        assert!(!inner.outermost, "a nested call takes the gate again");
+        drop(inner);
+        assert!(gate_use().unwrap() == GateUse::Inside);
+        // Frontend code run from inside the call does not hold the gate; a call it makes does.
+        outside_call(|| {
+            assert!(gate_use().unwrap() == GateUse::Outside);
+            assert!(enter_call().outermost);
+        });
+        assert!(gate_use().unwrap() == GateUse::Inside);
+        // Another thread closes the gate: it has to wait for this call.
+        static OPENING: AtomicBool = AtomicBool::new(false);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let closer = std::thread::spawn(move || {
+            close_gate();
+            tx.send(()).unwrap();
+            // A library thread is not held up by the closed gate.
+            let own = std::thread::spawn(|| {
+                mark_library_thread();
+                !enter_call().outermost
+            });
+            assert!(own.join().unwrap());
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            OPENING.store(true, Ordering::SeqCst);
+            open_gate();
+        });
+        assert!(rx.recv_timeout(std::time::Duration::from_millis(100)).is_err(), "closed during a call");
+        drop(outer);
+        rx.recv_timeout(std::time::Duration::from_secs(10)).expect("closed once the call ended");
+        // New calls wait until the gate opens again.
+        drop(enter_call());
+        assert!(OPENING.load(Ordering::SeqCst), "a call entered while the gate was closed");
+        closer.join().unwrap();
+        assert!(gate_use().unwrap() == GateUse::Outside);
     }
 }

@@ -350,6 +350,7 @@ thread_local! {
 
 pub(crate) fn mark_worker_thread() {
     IS_WORKER.with(|w| w.set(true));
+    crate::runtime::mark_library_thread();
 }
 
 /// Exempt the calling thread from back-pressure (`MXNET_ENGINE_MAX_PENDING_OPS`): for threads
@@ -1426,7 +1427,10 @@ fn register_fork_handlers() {
     extern "C" fn child() {
         GLOBAL.store(std::ptr::null_mut(), Ordering::Release);
     }
-    crate::runtime::on_fork(crate::runtime::ForkStage::Engine, Some(prepare), Some(child));
+    crate::runtime::on_fork(
+        crate::runtime::ForkStage::Engine,
+        crate::runtime::ForkHooks { prepare: Some(prepare), parent: None, child: Some(child) },
+    );
 }
 
 /// Process shutdown: finish what was pushed (not from a worker thread, which would wait for

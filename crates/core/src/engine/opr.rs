@@ -115,9 +115,10 @@ impl RawFn {
 
     /// Call the function (then the deleter, as this is dropped).
     pub fn call(self, rctx: &RunContext) {
+        // The caller's code runs outside the library's call gate (see `runtime::outside_call`).
         // SAFETY: promised by `RawFn::new`'s caller; the function gets a RunContext that
         // lives for the call.
-        unsafe { (self.f)(rctx as *const RunContext as *mut c_void, self.param) }
+        crate::runtime::outside_call(|| unsafe { (self.f)(rctx as *const RunContext as *mut c_void, self.param) })
     }
 
     /// As a boxed closure (for a bulk, which runs several functions in one operation).
@@ -134,7 +135,7 @@ impl Drop for RawFn {
         if let Some(d) = self.deleter {
             // SAFETY: the caller's deleter for its own param, called exactly once (promised
             // callable by `RawFn::new`'s caller).
-            unsafe { d(self.param) }
+            crate::runtime::outside_call(|| unsafe { d(self.param) })
         }
     }
 }

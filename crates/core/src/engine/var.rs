@@ -111,13 +111,22 @@ impl Var {
         self.alias_of.as_ref().is_some_and(|a| Arc::ptr_eq(a, root))
     }
 
-    /// The data block's address, allocating `bytes` on `ctx` at the first call.
+    /// The data block's address, allocating `bytes` on `ctx` at the first call. Every kernel
+    /// launch asks, so the common case (an own block, already allocated) is inlined.
+    #[inline]
     pub fn data(&self, bytes: usize, ctx: Context) -> Result<*mut u8> {
+        if self.alias_of.is_none() {
+            if let Some(b) = self.block.get() {
+                return Ok(b.ptr());
+            }
+        }
+        self.data_slow(bytes, ctx)
+    }
+
+    #[inline(never)]
+    fn data_slow(&self, bytes: usize, ctx: Context) -> Result<*mut u8> {
         if let Some(owner) = &self.alias_of {
             return owner.data(bytes, ctx);
-        }
-        if let Some(b) = self.block.get() {
-            return Ok(b.ptr());
         }
         // Two threads asking first: one allocates, the other waits for its block.
         Ok(self.block.get_or_try_init(|| Block::alloc(bytes, ctx))?.ptr())

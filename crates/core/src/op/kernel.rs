@@ -54,7 +54,10 @@ fn register_fork_handler() {
     extern "C" fn child() {
         FORKS.fetch_add(1, Ordering::Relaxed);
     }
-    crate::runtime::on_fork(crate::runtime::ForkStage::KernelPool, None, Some(child));
+    crate::runtime::on_fork(
+        crate::runtime::ForkStage::KernelPool,
+        crate::runtime::ForkHooks { child: Some(child), ..Default::default() },
+    );
 }
 
 /// Threads requested for kernels: MXSetNumOMPThreads, else a valid OMP_NUM_THREADS, else cores.

@@ -99,7 +99,10 @@ fn register_fork_handler() {
     extern "C" fn child() {
         WORKERS.store(std::ptr::null_mut(), Ordering::Release);
     }
-    crate::runtime::on_fork(crate::runtime::ForkStage::CustomOpThreads, None, Some(child));
+    crate::runtime::on_fork(
+        crate::runtime::ForkStage::CustomOpThreads,
+        crate::runtime::ForkHooks { child: Some(child), ..Default::default() },
+    );
 }
 
 /// Whether the calling thread is a custom-operator thread.
@@ -143,6 +146,7 @@ pub fn submit(job: Job) {
 
 fn run(w: &'static Workers) {
     IS_CUSTOM_THREAD.with(|c| c.set(true));
+    crate::runtime::mark_library_thread();
     crate::engine::exempt_from_back_pressure();
     let mut s = w.state.lock();
     loop {
