@@ -229,3 +229,22 @@ def test_fork_while_threads_work_in_the_library(engine):
     # copies, frees, autograd.Function callbacks) must not hang, and neither may the parent.
     rc, out = run_child(FORK_UNDER_LOAD, MXNET_ENGINE_TYPE=engine)
     assert rc == 0 and "hung 0 failed 0 errors []" in out, out
+
+
+def test_an_array_larger_than_the_machine_is_an_error():
+    # Issue 34, item 4: a 4 TiB array used to be "allocated" (the global allocator reserves
+    # with MAP_NORESERVE) and the process was killed for memory while zeroing it. Stock's
+    # allocator is refused by the kernel the same way, unless every mapping is allowed.
+    with open("/proc/sys/vm/overcommit_memory") as f:
+        if f.read().strip() == "1":
+            pytest.skip("vm.overcommit_memory is 1: every mapping succeeds, for stock too")
+    rc, out = run_child("""
+        import mxnet as mx
+        try:
+            mx.nd.zeros((1 << 40,)).wait_to_read()
+            print("allocated")
+        except mx.base.MXNetError as e:
+            print("refused:", str(e).splitlines()[0])
+        print("after:", mx.nd.ones((1 << 24,)).sum().asscalar())
+        """)
+    assert rc == 0 and "refused: MXNetError: out of memory" in out and "after: 16777216.0" in out, out
