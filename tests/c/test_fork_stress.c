@@ -1,6 +1,8 @@
 /* fork() while other threads are inside the library (issue 34, item 5): four threads loop
- * create / copy in / relu / copy out / free, and a fifth pushes asynchronous operations that
- * a thread of its own completes a little later (a fork waits for them), while the main thread
+ * create / copy in / relu / copy out / free, and a fifth pushes C functions: synchronous ones,
+ * and asynchronous ones that a thread of its own completes a little later (a fork waits for
+ * them) and whose parameter deleter frees an array (a call made while completing), while the
+ * main thread
  * forks; each child creates an array, copies into it, runs relu and reads the result back,
  * then exits. A child that has not
  * exited within CHILD_TIMEOUT seconds is counted as hung and killed. Run once per engine type
@@ -69,14 +71,33 @@ static void start_async(void *rctx, void *on_complete, void *param) {
   pthread_detach(t);
 }
 
-static void *async_looper(void *arg) {
+static void free_array(void *param) {
+  if (MXNDArrayFree((NDArrayHandle)param) != 0) fprintf(stderr, "fork_stress: %s\n", MXGetLastError());
+}
+
+static volatile long sync_runs = 0;
+static void count_run(void *rctx, void *param) {
+  (void)rctx;
+  (void)param;
+  sync_runs++;
+}
+
+static void *engine_looper(void *arg) {
   static const int cpu_ctx[2] = {1, 0};
+  uint32_t shape[1] = {4};
   EngineVarHandle v = NULL;
+  NDArrayHandle param = NULL;
   long failures = 0;
   (void)arg;
   if (MXEngineNewVar(&v) != 0) return (void *)1L;
   while (!stop) {
-    failures += MXEnginePushAsync(start_async, NULL, NULL, (ContextHandle)cpu_ctx, NULL, 0, &v, 1, NULL, 0,
+    failures += MXEnginePushSync(count_run, NULL, NULL, (ContextHandle)cpu_ctx, NULL, 0, &v, 1, NULL, 0,
+                                 "sync_push") != 0;
+    if (MXNDArrayCreateEx(shape, 1, 1, 0, 0, 0, &param) != 0) {
+      failures++;
+      continue;
+    }
+    failures += MXEnginePushAsync(start_async, param, free_array, (ContextHandle)cpu_ctx, NULL, 0, &v, 1, NULL, 0,
                                   "completed_later", 0) != 0;
     failures += MXEngineWaitForVar(v, 1) != 0;
   }
@@ -106,7 +127,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   for (i = 0; i < LOOPERS; i++) pthread_create(&threads[i], NULL, looper, (void *)(long)i);
-  pthread_create(&threads[LOOPERS], NULL, async_looper, NULL);
+  pthread_create(&threads[LOOPERS], NULL, engine_looper, NULL);
 
   for (i = 0; i < forks && hung == 0; i++) {
     double start;
@@ -141,5 +162,6 @@ int main(int argc, char **argv) {
   }
   printf("fork_stress (%s): %d forks, %d hung, %d failed, %d failed rounds in the parent\n",
          engine ? engine : "default engine", done_forks, hung, failed, loop_failures);
-  return hung == 0 && failed == 0 && loop_failures == 0 ? 0 : 1;
+  if (sync_runs == 0) fprintf(stderr, "fork_stress: no pushed function ran\n");
+  return hung == 0 && failed == 0 && loop_failures == 0 && sync_runs > 0 ? 0 : 1;
 }

@@ -191,9 +191,8 @@ pub(crate) unsafe fn push_c(
                 let p = p;
                 let token = completions().insert(Arc::new(Mutex::new(Some(done))));
                 // SAFETY: as above; `token` is completed through MXEngineCompleteAsync.
-                mxnet_core::runtime::outside_call(|| unsafe {
-                    f(rctx as *const RunContext as *mut c_void, token, p.0)
-                });
+                // Inside the call gate, as every engine operation is (see `runtime::outside_call`).
+                unsafe { f(rctx as *const RunContext as *mut c_void, token, p.0) };
             };
             (
                 engine::Func::Fn(engine::OprFn::Async(Box::new(run))),

@@ -165,6 +165,9 @@ enum GateUse {
     Inside,
     /// One of the library's own threads: never takes the gate.
     Own,
+    /// Inside a call that completes engine work ([`enter_completion`]): nested calls take
+    /// nothing (the completion gate covers them).
+    Completing,
 }
 
 /// The calling thread's side of the gate, in one thread-local (each access to one costs a
@@ -172,6 +175,10 @@ enum GateUse {
 struct GateSlot {
     /// How many calls into the library are in progress on this thread (nested calls count).
     depth: Cell<u32>,
+    /// How many of them complete engine work ([`enter_completion`]).
+    completing: Cell<u32>,
+    /// How many engine operations this thread is running ([`in_operation`]).
+    operations: Cell<u32>,
     /// The shared hold of the outermost call in progress on this thread.
     held: RefCell<Option<RwLockReadGuard<'static, ()>>>,
     /// One of the library's own threads.
@@ -182,7 +189,9 @@ impl GateSlot {
     fn usage(&self) -> GateUse {
         if self.own.get() {
             GateUse::Own
-        } else if self.held.borrow().is_some() {
+        } else if self.completing.get() > 0 {
+            GateUse::Completing
+        } else if self.held.try_borrow().map_or(true, |h| h.is_some()) {
             GateUse::Inside
         } else {
             GateUse::Outside
@@ -192,7 +201,15 @@ impl GateSlot {
 
 thread_local! {
     static GATE_SLOT: GateSlot =
-        const { GateSlot { depth: Cell::new(0), held: RefCell::new(None), own: Cell::new(false) } };
+        const {
+            GateSlot {
+                depth: Cell::new(0),
+                completing: Cell::new(0),
+                operations: Cell::new(0),
+                held: RefCell::new(None),
+                own: Cell::new(false),
+            }
+        };
     /// The exclusive holds taken before `fork` by the forking thread (the call gate, then the
     /// completion gate); dropped after it, last first (in the parent, and in the child, where
     /// the same thread continues).
@@ -244,7 +261,7 @@ pub fn enter_call() -> CallGuard {
         .try_with(|s| {
             s.depth.set(s.depth.get() + 1);
             let mut held = s.held.borrow_mut();
-            let outermost = !s.own.get() && held.is_none();
+            let outermost = !s.own.get() && s.completing.get() == 0 && held.is_none();
             if outermost {
                 *held = Some(GATE.read().unwrap_or_else(PoisonError::into_inner));
             }
@@ -257,6 +274,13 @@ pub fn enter_call() -> CallGuard {
 /// released meanwhile, as the frontend's own code is not inside the library. A Python
 /// callback needs the interpreter lock, which a thread forking from Python holds while it
 /// waits for the gate; holding the gate across the callback would deadlock the two.
+///
+/// Inside an engine operation ([`in_operation`]) the gate is kept: the engine stage of a fork
+/// waits for every pending operation, and one that waited here to take the gate again would
+/// never finish. Callers hold no lock of the library across it: a fork may happen during
+/// `f`, and a lock held then would stay held in the child. Custom operators' forward and
+/// backward run on the library's own threads (nothing to release); their property callbacks,
+/// delete callbacks and `autograd.Function`'s backward come through here.
 pub fn outside_call<R>(f: impl FnOnce() -> R) -> R {
     /// Holds the gate again for the rest of the outer call when `f` returns (or unwinds);
     /// the outer call's guard releases it.
@@ -267,12 +291,32 @@ pub fn outside_call<R>(f: impl FnOnce() -> R) -> R {
                 .try_with(|s| *s.held.borrow_mut() = Some(GATE.read().unwrap_or_else(PoisonError::into_inner)));
         }
     }
-    if gate_use() != Ok(GateUse::Inside) {
+    let release = GATE_SLOT.try_with(|s| s.operations.get() == 0 && s.usage() == GateUse::Inside);
+    if release != Ok(true) {
         return f();
     }
     release_gate();
     let _reenter = Reenter;
     f()
+}
+
+/// An engine operation running on this thread (see [`in_operation`]).
+pub struct OperationScope(bool);
+
+impl Drop for OperationScope {
+    #[inline]
+    fn drop(&mut self) {
+        if self.0 {
+            let _ = GATE_SLOT.try_with(|s| s.operations.set(s.operations.get() - 1));
+        }
+    }
+}
+
+/// The engine runs every operation inside one: frontend code an operation calls keeps the
+/// gate (a fork waits for the operation, so the operation must not wait for the fork).
+#[inline]
+pub fn in_operation() -> OperationScope {
+    OperationScope(GATE_SLOT.try_with(|s| s.operations.set(s.operations.get() + 1)).is_ok())
 }
 
 /// The completion gate: calls that finish engine work instead of starting it (a C caller's
@@ -281,20 +325,35 @@ pub fn outside_call<R>(f: impl FnOnce() -> R) -> R {
 /// closed. It closes after the engine is idle, so that no completion is half done at the fork.
 static COMPLETION_GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
-/// A completing call in progress: counted in the thread's depth (not holding [`GATE`]), and
-/// holding the completion gate.
+/// A completing call in progress: counted in the thread's depth and as completing (calls it
+/// makes, such as a frontend deleter freeing arrays, take nothing), and holding the
+/// completion gate.
 pub struct CompletionGuard {
-    _call: CallGuard,
+    counted: bool,
     _held: RwLockReadGuard<'static, ()>,
+}
+
+impl Drop for CompletionGuard {
+    fn drop(&mut self) {
+        if self.counted {
+            let _ = GATE_SLOT.try_with(|s| {
+                s.depth.set(s.depth.get() - 1);
+                s.completing.set(s.completing.get() - 1);
+            });
+        }
+    }
 }
 
 /// Enter a call that completes engine work (see [`COMPLETION_GATE`]).
 pub fn enter_completion() -> CompletionGuard {
-    let call = match GATE_SLOT.try_with(|s| s.depth.set(s.depth.get() + 1)) {
-        Ok(()) => CallGuard { counted: true, outermost: false },
-        Err(_) => CallGuard { counted: false, outermost: false },
-    };
-    CompletionGuard { _call: call, _held: COMPLETION_GATE.read().unwrap_or_else(PoisonError::into_inner) }
+    let held = COMPLETION_GATE.read().unwrap_or_else(PoisonError::into_inner);
+    let counted = GATE_SLOT
+        .try_with(|s| {
+            s.depth.set(s.depth.get() + 1);
+            s.completing.set(s.completing.get() + 1);
+        })
+        .is_ok();
+    CompletionGuard { counted, _held: held }
 }
 
 /// Marks the calling thread as one of the library's own (see [`GATE`]).

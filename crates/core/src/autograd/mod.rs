@@ -676,8 +676,11 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
             saved.outputs = outputs;
         }
         let in_grads = if let Some(custom) = &call.custom {
+            // No lock is held across frontend code (`runtime::outside_call`).
+            drop(saved);
             custom.backward(&ograds, &want)?
         } else {
+            let saved = saved;
             let placeholders: Vec<NDArray>;
             let inputs: Vec<&NDArray> = if saved.inputs.is_empty() {
                 placeholders = call.in_meta.iter().map(NDArray::none_like_meta).collect();
@@ -689,7 +692,6 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
             let og: Vec<&NDArray> = ograds.iter().collect();
             grad::backward(call.op, &call.attrs, &og, &inputs, &outputs, &want, &into)?
         };
-        drop(saved);
         if !args.retain_graph {
             // The backward operation holds what it reads; the graph need not.
             *n.saved.lock() = Saved { released: true, ..Saved::default() };

@@ -293,6 +293,7 @@ struct OpTag<'a> {
 /// Run an operation's function on this thread, profiled, catching a panic.
 #[inline]
 fn run_here(tag: OpTag<'_>, ctx: Context, f: impl FnOnce(&RunContext) -> Result<()>) -> Outcome {
+    let _op = crate::runtime::in_operation();
     let rctx = RunContext::for_ctx(ctx, false);
     let ran =
         profiler::profiled(tag.symbolic, tag.name, ctx, tag.scope, || catch_unwind(AssertUnwindSafe(|| f(&rctx))));
@@ -781,6 +782,7 @@ impl Engine {
         while !op.completed.load(Ordering::Acquire) {
             let next = INLINE.with(|q| q.borrow_mut().as_mut().and_then(|q| q.pop_front()));
             if let Some(next) = next {
+                let _op = crate::runtime::in_operation();
                 self.execute(next);
                 continue;
             }
@@ -825,6 +827,7 @@ impl Engine {
         }
         INLINE.with(|q| *q.borrow_mut() = Some(VecDeque::new()));
         self.inline_threads.fetch_add(1, Ordering::Relaxed);
+        let _op = crate::runtime::in_operation();
         let mut next = Some(op);
         while let Some(op) = next {
             self.execute(op);
@@ -835,6 +838,8 @@ impl Engine {
     }
 
     /// Run a ready operation (on a worker, or inline for NaiveEngine).
+    /// Run an operation. Threads that are not the engine's workers enter
+    /// `runtime::in_operation` first (workers never take the call gate, so they need not).
     pub(crate) fn execute(&'static self, op: Arc<Opr>) {
         let inherited = if self.live_errors.load(Ordering::Acquire) > 0 && op.prop != FnProperty::NoSkip {
             op.vars.iter().find_map(|v| v.failure())

@@ -115,10 +115,11 @@ impl RawFn {
 
     /// Call the function (then the deleter, as this is dropped).
     pub fn call(self, rctx: &RunContext) {
-        // The caller's code runs outside the library's call gate (see `runtime::outside_call`).
+        // Inside the library's call gate, as every engine operation is: a fork waits for the
+        // operation, so the gate must not be released here (see `runtime::outside_call`).
         // SAFETY: promised by `RawFn::new`'s caller; the function gets a RunContext that
         // lives for the call.
-        crate::runtime::outside_call(|| unsafe { (self.f)(rctx as *const RunContext as *mut c_void, self.param) })
+        unsafe { (self.f)(rctx as *const RunContext as *mut c_void, self.param) }
     }
 
     /// As a boxed closure (for a bulk, which runs several functions in one operation).
@@ -135,7 +136,7 @@ impl Drop for RawFn {
         if let Some(d) = self.deleter {
             // SAFETY: the caller's deleter for its own param, called exactly once (promised
             // callable by `RawFn::new`'s caller).
-            crate::runtime::outside_call(|| unsafe { d(self.param) })
+            unsafe { d(self.param) }
         }
     }
 }

@@ -41,6 +41,8 @@ pub const MAP_THRESHOLD: usize = 64 << 20;
 impl Allocator for CpuAllocator {
     fn alloc(&self, size: usize) -> Result<NonNull<u8>> {
         let oom = || Error::mxnet(format!("out of memory: the system refused {size} bytes on {}", self.ctx));
+        let layout = Layout::from_size_align(size.max(1), ALIGN)
+            .map_err(|_| Error::value(format!("cannot allocate {size} bytes on {}: size too large", self.ctx)))?;
         if size >= MAP_THRESHOLD {
             // SAFETY: a new private anonymous mapping; no existing memory is touched.
             let p = unsafe {
@@ -59,8 +61,6 @@ impl Allocator for CpuAllocator {
             // Pages are 4 KiB or larger, so the mapping is 64-byte aligned.
             return NonNull::new(p.cast::<u8>()).ok_or_else(oom);
         }
-        let layout = Layout::from_size_align(size.max(1), ALIGN)
-            .map_err(|_| Error::value(format!("cannot allocate {size} bytes on {}: size too large", self.ctx)))?;
         // SAFETY: the layout has a non-zero size.
         NonNull::new(unsafe { alloc(layout) }).ok_or_else(oom)
     }

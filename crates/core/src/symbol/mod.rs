@@ -930,6 +930,11 @@ mod tests {
         w.compose(&[&z], &[], Some("w")).unwrap();
         let e = z.clone().compose(&[], &[("x", &w)], None).unwrap_err().to_string();
         assert!(e.contains("cyclic"), "{e}");
+        // ... and one whose inner node (not its head) another graph consumes.
+        let mut v = Symbol::atomic(lookup("exp").unwrap(), std::iter::empty()).unwrap();
+        v.compose(&[&y], &[], Some("v")).unwrap();
+        let e = z.clone().compose(&[], &[("x", &v)], None).unwrap_err().to_string();
+        assert!(e.contains("cyclic"), "{e}");
         // The same symbol with an unrelated argument composes (the walk finds nothing).
         let mut z2 = z.clone();
         z2.compose(&[], &[("x", &Symbol::variable("u"))], None).unwrap();
