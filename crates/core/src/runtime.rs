@@ -312,8 +312,9 @@ impl Drop for OperationScope {
     }
 }
 
-/// The engine runs every operation inside one: frontend code an operation calls keeps the
-/// gate (a fork waits for the operation, so the operation must not wait for the fork).
+/// The engine runs every operation it runs on a thread other than its workers inside one:
+/// frontend code an operation calls keeps the gate (a fork waits for the operation, so the
+/// operation must not wait for the fork). Workers never hold the gate, so need none.
 #[inline]
 pub fn in_operation() -> OperationScope {
     OperationScope(GATE_SLOT.try_with(|s| s.operations.set(s.operations.get() + 1)).is_ok())

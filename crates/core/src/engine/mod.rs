@@ -837,9 +837,9 @@ impl Engine {
         self.inline_threads.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// Run a ready operation (on a worker, or inline for NaiveEngine).
-    /// Run an operation. Threads that are not the engine's workers enter
-    /// `runtime::in_operation` first (workers never take the call gate, so they need not).
+    /// Run a ready operation (on a worker, or inline for NaiveEngine). Threads that are not
+    /// the engine's workers enter `runtime::in_operation` first (workers never take the call
+    /// gate, so they need not).
     pub(crate) fn execute(&'static self, op: Arc<Opr>) {
         let inherited = if self.live_errors.load(Ordering::Acquire) > 0 && op.prop != FnProperty::NoSkip {
             op.vars.iter().find_map(|v| v.failure())
