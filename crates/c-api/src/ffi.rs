@@ -46,8 +46,9 @@ fn install_panic_hook() {
 
 /// Run an exported function's body: `Ok` → 0; `Err` or a panic → -1 with the last error set.
 /// Nothing unwinds past this point. The body runs as a call of the fork protocol's call gate
-/// (`mxnet_core::runtime::enter_call`, which also counts the thread's nested calls). Inlined into each exported function (an engine push
-/// passes a dozen arguments through it); the failure handling is out of line.
+/// (`mxnet_core::runtime::enter_call`, which also counts the thread's nested calls). Inlined
+/// into each exported function (an engine push passes a dozen arguments through it); the
+/// failure handling is out of line.
 #[inline(always)]
 pub fn call(api: &'static str, body: impl FnOnce() -> Result<()>) -> c_int {
     let gate = mxnet_core::runtime::enter_call();
