@@ -152,7 +152,7 @@ fn invoke_parsed(
             inputs.len()
         )));
     }
-    if let Some(ctx) = same_shape_call(op, &attrs, inputs, outputs).filter(|_| !all) {
+    if let Some(ctx) = same_shape_call(op, inputs, outputs).filter(|_| !all) {
         let ctx = ctx.check_available()?;
         let outs = vec![NDArray::new(inputs[0].shape.clone(), ctx, inputs[0].dtype, false)?];
         launch(op, attrs, inputs, &outs, ReqList::from_buf_and_len([Req::Write; 4], 1), ctx)?;
@@ -174,10 +174,8 @@ fn invoke_parsed(
         ctx = Some(c);
         in_meta.push(Meta::new(x.shape.clone(), x.dtype));
     }
-    if attrs.has("ctx") {
-        if let Some(c) = attrs.ctx("ctx") {
-            ctx = Some(c);
-        }
+    if let Some(c) = op.ctx_of(&attrs) {
+        ctx = Some(c);
     }
     let ctx = ctx.unwrap_or(Context::CPU).check_available()?;
     let out_meta = (op.infer)(&attrs, &in_meta)?;
@@ -239,14 +237,9 @@ fn invoke_parsed(
 /// context, into a new output, for a caller that does not record it: its inference is then
 /// known (one output like the inputs) and none runs. Returns the inputs' context; `None` sends the call down the
 /// general path (which reports any error).
-fn same_shape_call(
-    op: &OpDef,
-    attrs: &super::param::Attrs,
-    inputs: &[&NDArray],
-    outputs: Option<&[&NDArray]>,
-) -> Option<Context> {
+fn same_shape_call(op: &OpDef, inputs: &[&NDArray], outputs: Option<&[&NDArray]>) -> Option<Context> {
     let first = inputs.first()?;
-    if !op.same_shape || outputs.is_some() || attrs.has("ctx") {
+    if !op.same_shape || outputs.is_some() || op.has_ctx() {
         return None;
     }
     let ctx = first.ctx()?;
@@ -640,8 +633,7 @@ mod tests {
             let ins: Vec<&NDArray> =
                 if name.starts_with("elemwise") || name.starts_with("broadcast") { vec![&x, &y] } else { vec![&x] };
             assert!(op.same_shape, "{name}");
-            let attrs = op.parse_attrs(kv.iter().copied(), ins.len()).unwrap();
-            assert!(same_shape_call(op, &attrs, &ins, None).is_some(), "{name}");
+            assert!(same_shape_call(op, &ins, None).is_some(), "{name}");
             let fast = invoke(op, &ins, None, kv.iter().copied()).unwrap();
             // Into a given output: the general path.
             let given = NDArray::new(vec![2, 2], Context::CPU, DType::F32, false).unwrap();
@@ -652,15 +644,14 @@ mod tests {
         }
         // Anything else takes the general path, with its errors.
         let add = lookup("elemwise_add").unwrap();
-        let attrs = add.parse_attrs([], 2).unwrap();
         let z = array_f32(&[2], &[1.0, 2.0]);
-        assert!(same_shape_call(add, &attrs, &[&x, &z], None).is_none());
+        assert!(same_shape_call(add, &[&x, &z], None).is_none());
         let e = invoke(add, &[&x, &z], None, []).unwrap_err().to_string();
         assert!(e.contains("shape"), "{e}");
         let h = NDArray::new(vec![2, 2], Context::CPU, DType::F16, false).unwrap();
-        assert!(same_shape_call(add, &attrs, &[&x, &h], None).is_none());
+        assert!(same_shape_call(add, &[&x, &h], None).is_none());
         assert!(invoke(add, &[&x, &h], None, []).is_err());
-        assert!(same_shape_call(add, &attrs, &[&x, &y], Some(&[&x])).is_none());
+        assert!(same_shape_call(add, &[&x, &y], Some(&[&x])).is_none());
         assert!(!lookup("dot").unwrap().same_shape);
     }
 }

@@ -340,11 +340,19 @@ impl Attrs {
         &self.extra
     }
 
+    /// Whether these attributes were parsed against `specs` (the table itself, not a copy):
+    /// a helper shared by operators of several tables picks the struct to read with it.
+    pub fn declares(&self, specs: &'static [ParamSpec]) -> bool {
+        std::ptr::eq(self.specs, specs)
+    }
+
     /// Whether `name` is a declared parameter.
+    #[cfg(test)]
     pub fn has(&self, name: &str) -> bool {
         self.specs.iter().any(|s| s.name == name)
     }
 
+    #[cfg(test)]
     pub fn get(&self, name: &str) -> &Value {
         let i = self
             .specs
@@ -353,24 +361,29 @@ impl Attrs {
             .unwrap_or_else(|| panic!("operator {} reads undeclared parameter {name}", self.op));
         &self.values[i]
     }
+    #[cfg(test)]
     fn mismatch(&self, name: &str, want: &str) -> ! {
         panic!("parameter {name} of {} is not {want}: {:?}", self.op, self.get(name))
     }
+    #[cfg(test)]
     pub fn is_none(&self, name: &str) -> bool {
         matches!(self.get(name), Value::None)
     }
+    #[cfg(test)]
     pub fn bool(&self, name: &str) -> bool {
         match self.get(name) {
             Value::Bool(b) => *b,
             _ => self.mismatch(name, "a bool"),
         }
     }
+    #[cfg(test)]
     pub fn int(&self, name: &str) -> i64 {
         match self.get(name) {
             Value::Int(v) => *v,
             _ => self.mismatch(name, "an int"),
         }
     }
+    #[cfg(test)]
     pub fn opt_int(&self, name: &str) -> Option<i64> {
         match self.get(name) {
             Value::None => None,
@@ -378,6 +391,7 @@ impl Attrs {
             _ => self.mismatch(name, "an int or None"),
         }
     }
+    #[cfg(test)]
     pub fn float(&self, name: &str) -> f64 {
         match self.get(name) {
             Value::Float(v) => *v,
@@ -385,6 +399,7 @@ impl Attrs {
             _ => self.mismatch(name, "a float"),
         }
     }
+    #[cfg(test)]
     pub fn opt_float(&self, name: &str) -> Option<f64> {
         match self.get(name) {
             Value::None => None,
@@ -392,12 +407,14 @@ impl Attrs {
             _ => self.mismatch(name, "a float or None"),
         }
     }
+    #[cfg(test)]
     pub fn shape(&self, name: &str) -> &[i64] {
         match self.get(name) {
             Value::Shape(v) => v,
             _ => self.mismatch(name, "a shape"),
         }
     }
+    #[cfg(test)]
     pub fn opt_shape(&self, name: &str) -> Option<&[i64]> {
         match self.get(name) {
             Value::None => None,
@@ -405,24 +422,28 @@ impl Attrs {
             _ => self.mismatch(name, "a shape or None"),
         }
     }
+    #[cfg(test)]
     pub fn opt_tuple(&self, name: &str) -> &[Option<i64>] {
         match self.get(name) {
             Value::OptShape(v) => v,
             _ => self.mismatch(name, "a tuple of optional ints"),
         }
     }
+    #[cfg(test)]
     pub fn floats(&self, name: &str) -> &[f64] {
         match self.get(name) {
             Value::FloatTuple(v) => v,
             _ => self.mismatch(name, "a tuple of floats"),
         }
     }
+    #[cfg(test)]
     pub fn str(&self, name: &str) -> &str {
         match self.get(name) {
             Value::Str(s) => s,
             _ => self.mismatch(name, "a string"),
         }
     }
+    #[cfg(test)]
     pub fn dtype(&self, name: &str) -> Option<DType> {
         match self.get(name) {
             Value::None => None,
@@ -430,6 +451,7 @@ impl Attrs {
             _ => self.mismatch(name, "a dtype"),
         }
     }
+    #[cfg(test)]
     pub fn ctx(&self, name: &str) -> Option<Context> {
         match self.get(name) {
             Value::None => None,
@@ -473,6 +495,19 @@ param_type!(&'a [f64], PType::FloatTuple, Value::FloatTuple(s) => &s[..]);
 // Any string, or (declared `in [...]`) one of the listed ones.
 param_type!(&'a str, PType::Str, Value::Str(s) => s.as_str());
 
+/// A context parameter: `None` when absent or empty (the frontend's `ctx=''`), not a
+/// nullable type for the frontend (stock describes it as a plain string).
+impl<'a> ParamType<'a> for Option<Context> {
+    const PTYPE: PType = PType::Ctx;
+    fn read(v: &'a Value) -> Option<Self> {
+        match v {
+            Value::None => Some(None),
+            Value::Ctx(c) => Some(Some(*c)),
+            _ => None,
+        }
+    }
+}
+
 impl<'a, T: ParamType<'a>> ParamType<'a> for Option<T> {
     const PTYPE: PType = T::PTYPE;
     const NULLABLE: bool = true;
@@ -490,6 +525,19 @@ impl Attrs {
     /// For [`op_params!`] structs; reading a struct of another table is an error in the
     /// operator's code and panics on every call (so any test of the operator finds it).
     pub fn typed<'a, T: ParamType<'a>>(&'a self, specs: &'static [ParamSpec], i: usize) -> T {
+        T::read(self.value(specs, i)).unwrap_or_else(|| {
+            panic!(
+                "parameter {} of {} is not {}: {:?}",
+                specs[i].name,
+                self.op,
+                std::any::type_name::<T>(),
+                self.values[i]
+            )
+        })
+    }
+
+    /// Parameter `i`'s parsed value, after the same check as [`Attrs::typed`].
+    pub fn value(&self, specs: &'static [ParamSpec], i: usize) -> &Value {
         if !std::ptr::eq(self.specs, specs) {
             panic!(
                 "operator {} reads parameters of another table ({}) than it declares",
@@ -497,8 +545,7 @@ impl Attrs {
                 specs.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
             );
         }
-        let name = specs[i].name;
-        T::read(&self.values[i]).unwrap_or_else(|| self.mismatch(name, std::any::type_name::<T>()))
+        &self.values[i]
     }
 }
 
@@ -522,18 +569,18 @@ impl Attrs {
 /// ```
 /// `Option<T>` fields accept `None`; `&str` fields with `in [...]` (or `in *NAMES`, a
 /// `&[&str]` constant) after the default accept only those strings; `required` has no
-/// default.
+/// default. A doc may be a `&str` constant, for a parameter several tables share.
 macro_rules! op_params {
     (
         $(#[$meta:meta])*
         $vis:vis struct $name:ident<$lt:lifetime> => $specs:ident {
-            $($field:ident : $ty:ty = $default:tt $(in $choices:expr)?, $doc:literal;)*
+            $($field:ident : $ty:ty = $default:tt $(in $choices:expr)?, $doc:expr;)*
         }
     ) => {
         $(#[$meta])*
         // Every parameter the frontend may pass is declared, also those an operator ignores
-        // (`cudnn_off` on CPU).
-        #[allow(dead_code)]
+        // (`cudnn_off` on CPU), under stock's names (`_eye`'s `N`).
+        #[allow(dead_code, non_snake_case)]
         #[derive(Debug, Clone, Copy)]
         $vis struct $name<$lt> {
             $(pub $field: $ty,)*

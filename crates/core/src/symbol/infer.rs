@@ -363,7 +363,7 @@ fn default_dtypes(op: &OpDef, a: &Attrs, ins: &mut [Option<DType>], outs: &mut [
         .or_else(|| ins.iter().flatten().next().copied())
         .or_else(|| outs.first().copied().flatten());
     let Some(d) = data else {
-        if let Some(t) = a.has("dtype").then(|| a.dtype("dtype")).flatten() {
+        if let Some(t) = op.dtype_of(a) {
             for o in outs.iter_mut().filter(|o| o.is_none()) {
                 *o = Some(t);
             }
@@ -376,7 +376,7 @@ fn default_dtypes(op: &OpDef, a: &Attrs, ins: &mut [Option<DType>], outs: &mut [
             *s = Some(if k == 0 { d } else { param_dtype });
         }
     }
-    let out = a.has("dtype").then(|| a.dtype("dtype")).flatten().unwrap_or(d);
+    let out = op.dtype_of(a).unwrap_or(d);
     for o in outs.iter_mut().filter(|o| o.is_none()) {
         *o = Some(out);
     }

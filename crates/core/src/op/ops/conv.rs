@@ -463,7 +463,8 @@ fn convolution(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 /// Graph inference of the weight and bias from the data: `(num_filter, channels / num_group,
 /// *kernel)` (the channels last for a channels-last layout) and `(num_filter,)`.
 fn conv_param_shapes(a: &Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Vec<i64>)>> {
-    let kernel = a.shape("kernel").to_vec();
+    let p = ConvParams::of(a);
+    let kernel = p.kernel.to_vec();
     if data.len() != kernel.len() + 2 {
         let shown: Vec<String> = data.iter().map(|d| if *d < 0 { "?".into() } else { d.to_string() }).collect();
         return Err(Error::mxnet(format!(
@@ -473,8 +474,8 @@ fn conv_param_shapes(a: &Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Ve
             shown.join(",")
         )));
     }
-    let (nf, g) = (a.int("num_filter"), a.int("num_group").max(1));
-    let channels_last = a.has("layout") && !a.is_none("layout") && a.str("layout").ends_with('C');
+    let (nf, g) = (p.num_filter, p.num_group.max(1));
+    let channels_last = p.layout.is_some_and(|l| l.ends_with('C'));
     let c = if channels_last { data[data.len() - 1] } else { data[1] };
     let per_group = if c < 0 || g <= 0 { -1 } else { c / g };
     let w = if channels_last {

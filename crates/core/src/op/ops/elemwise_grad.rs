@@ -10,7 +10,7 @@
 //! `elemwise` and have no kernel here; the binary same-shape and broadcast backward operators
 //! are in `broadcast_grad`.
 
-use super::elemwise::{Arith, Calc, CLIP_PARAMS, SCALAR_PARAMS};
+use super::elemwise::{Arith, Calc, ClipParams, ScalarParams, CLIP_PARAMS, SCALAR_PARAMS};
 use crate::error::Result;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{Attrs, ParamSpec};
@@ -127,7 +127,7 @@ fn typed<T: Arith>(d: D, a: &Attrs, g: &[T], v: &[T], o: &mut [T]) {
     let c = |x: f64| C::<T>::from_f64(x);
     let (zero, one) = (C::<T>::ZERO, C::<T>::ONE);
     // The scalar as the forward used it: cast to the input dtype first.
-    let s = || <T as Elem>::from_f64(a.float("scalar")).load();
+    let s = || <T as Elem>::from_f64(ScalarParams::of(a).scalar).load();
     macro_rules! go {
         ($cost:expr, |$g:ident, $v:ident| $e:expr) => {
             map2(g, v, o, $cost, |$g, $v| $e)
@@ -223,8 +223,8 @@ fn typed<T: Arith>(d: D, a: &Attrs, g: &[T], v: &[T], o: &mut [T]) {
             go!(Cost::MEDIUM, |g, x| g.mul(x).div(x.hypot(s)))
         }
         D::Clip => {
-            let lo = <T as Elem>::from_f64(a.float("a_min")).load();
-            let hi = <T as Elem>::from_f64(a.float("a_max")).load();
+            let p = ClipParams::of(a);
+            let (lo, hi) = (<T as Elem>::from_f64(p.a_min).load(), <T as Elem>::from_f64(p.a_max).load());
             go!(Cost::CHEAP, |g, x| if x < lo || x > hi { zero } else { g })
         }
         D::Sqrt => {

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::op_params;
-use crate::op::param::{Attrs, PType, ParamSpec};
+use crate::op::param::Attrs;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, InferFn, Inputs, Meta, OpCtx, OpDef, Req};
 use crate::{dispatch_all, dispatch_num};
@@ -134,10 +134,17 @@ pub(super) fn slice_view(ranges: &[(i64, i64, usize)], shape: &[usize]) -> (View
     (v, ranges.iter().map(|r| r.2).collect())
 }
 
-/// The view `begin`/`end`/`step` select: `slice`, `_slice_assign` and `_slice_assign_scalar`
-/// (three tables that all declare them).
+/// The view `begin`/`end`/`step` select: `slice` and `_slice_assign` (one table) and
+/// `_slice_assign_scalar` (its own).
 pub(super) fn attr_slice(op: &str, a: &Attrs, shape: &[usize]) -> Result<(View, Vec<usize>)> {
-    let r = slice_ranges(op, shape, a.opt_tuple("begin"), a.opt_tuple("end"), a.opt_tuple("step"))?;
+    let (begin, end, step) = if a.declares(SLICE_ASSIGN_SCALAR_PARAMS) {
+        let p = SliceAssignScalarParams::of(a);
+        (p.begin, p.end, p.step)
+    } else {
+        let p = SliceParams::of(a);
+        (p.begin, p.end, p.step)
+    };
+    let r = slice_ranges(op, shape, begin, end, step)?;
     Ok(slice_view(&r, shape))
 }
 
@@ -151,30 +158,27 @@ fn run_slice(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
-const SLICE_AXIS_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("axis", PType::Int, "Axis along which to be sliced, supports negative indexes."),
-    ParamSpec::req("begin", PType::Int, "The beginning index along the axis to be sliced, supports negative indexes."),
-    ParamSpec {
-        name: "end",
-        ty: PType::Int,
-        nullable: true,
-        default: None,
-        doc: "The ending index along the axis to be sliced, supports negative indexes; None is the end.",
-    },
-];
+op_params! {
+    pub(super) struct SliceAxisParams<'a> => SLICE_AXIS_PARAMS {
+        axis: i64 = required, "Axis along which to be sliced, supports negative indexes.";
+        begin: i64 = required, "The beginning index along the axis to be sliced, supports negative indexes.";
+        end: Option<i64> = required, "The ending index along the axis to be sliced, supports negative indexes; None is the end.";
+    }
+}
 
 pub(super) fn slice_axis_ranges(a: &Attrs, shape: &[usize]) -> Result<Vec<(i64, i64, usize)>> {
-    let ax = norm_axis("slice_axis", a.int("axis"), shape.len())?;
+    let p = SliceAxisParams::of(a);
+    let ax = norm_axis("slice_axis", p.axis, shape.len())?;
     let len = shape[ax] as i64;
     let mut r: Vec<(i64, i64, usize)> = shape.iter().map(|&d| (0, 1, d)).collect();
     if len == 0 {
         return Ok(r);
     }
-    let mut b = a.int("begin");
+    let mut b = p.begin;
     if b < 0 {
         b += len;
     }
-    let e = match a.opt_int("end") {
+    let e = match p.end {
         None => len,
         Some(e) if e < 0 => e + len,
         Some(e) => e,
@@ -182,8 +186,7 @@ pub(super) fn slice_axis_ranges(a: &Attrs, shape: &[usize]) -> Result<Vec<(i64, 
     if b < 0 || e > len || b >= e {
         return Err(Error::value(format!(
             "operator slice_axis: invalid begin={} end={:?} for axis {ax} of size {len}",
-            a.int("begin"),
-            a.opt_int("end")
+            p.begin, p.end
         )));
     }
     r[ax] = (b, 1, (e - b) as usize);
@@ -461,7 +464,7 @@ fn infer_one_hot(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     }
     let mut out = ins[0].shape.clone();
     out.push(depth as usize);
-    one_out(out, enum_dtype(a, "dtype"))
+    one_out(out, enum_dtype(params.dtype))
 }
 
 fn run_one_hot(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
@@ -692,8 +695,34 @@ pub(super) struct SortGeom {
     pub k: usize,
 }
 
-pub(super) fn sort_geom(op: &str, a: &Attrs, shape: &[usize], k: Option<i64>) -> Result<SortGeom> {
-    let (axis, outer, n, inner) = match a.opt_int("axis") {
+/// What the sort family's tables (`sort`, `argsort`, `topk`) share.
+pub(super) struct SortArgs<'a> {
+    pub axis: Option<i64>,
+    pub is_ascend: bool,
+    /// `topk`'s `k` and `ret_typ`.
+    pub topk: Option<(i64, &'a str)>,
+    /// The index dtype (`argsort`, `topk`); `sort` returns values.
+    pub index_dtype: Option<DType>,
+}
+
+impl<'a> SortArgs<'a> {
+    pub(super) fn of(a: &'a Attrs) -> Self {
+        if a.declares(SORT_PARAMS) {
+            let p = SortParams::of(a);
+            SortArgs { axis: p.axis, is_ascend: p.is_ascend, topk: None, index_dtype: None }
+        } else if a.declares(ARGSORT_PARAMS) {
+            let p = ArgsortParams::of(a);
+            SortArgs { axis: p.axis, is_ascend: p.is_ascend, topk: None, index_dtype: Some(enum_dtype(p.dtype)) }
+        } else {
+            let p = TopkParams::of(a);
+            let index_dtype = Some(enum_dtype(p.dtype));
+            SortArgs { axis: p.axis, is_ascend: p.is_ascend, topk: Some((p.k, p.ret_typ)), index_dtype }
+        }
+    }
+}
+
+pub(super) fn sort_geom(op: &str, axis: Option<i64>, shape: &[usize], k: Option<i64>) -> Result<SortGeom> {
+    let (axis, outer, n, inner) = match axis {
         None => (None, 1, shape.iter().product(), 1),
         Some(ax) => {
             let ax = norm_axis(op, ax, shape.len())?;
@@ -783,18 +812,20 @@ fn write_sorted<T: Elem>(x: &TBlob, g: &SortGeom, order: &[u32], out: &mut OutBl
 }
 
 fn infer_sort(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
-    let g = sort_geom(a.op, a, &ins[0].shape, None)?;
+    let args = SortArgs::of(a);
+    let g = sort_geom(a.op, args.axis, &ins[0].shape, None)?;
     if ins[0].dtype == DType::Bool {
         return Err(Error::type_error(format!("operator {} does not support dtype bool", a.op)));
     }
-    let dtype = if a.has("dtype") { enum_dtype(a, "dtype") } else { ins[0].dtype };
+    let dtype = args.index_dtype.unwrap_or(ins[0].dtype);
     one_out(sorted_shape(&g, &ins[0].shape), dtype)
 }
 
 fn run_sort(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let ascend = cx.attrs.bool("is_ascend");
-    let g = sort_geom(cx.attrs.op, cx.attrs, &ins[0].shape, None)?;
-    let vals = !cx.attrs.has("dtype");
+    let args = SortArgs::of(cx.attrs);
+    let ascend = args.is_ascend;
+    let g = sort_geom(cx.attrs.op, args.axis, &ins[0].shape, None)?;
+    let vals = args.index_dtype.is_none();
     dispatch_num!(ins[0].dtype, cx.attrs.op, T => {
         let order = sort_order::<T>(&ins[0], &g, ascend);
         write_sorted::<T>(&ins[0], &g, &order, &mut outs[0], vals)?;
@@ -817,9 +848,9 @@ fn infer_topk(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     if x.dtype == DType::Bool {
         return Err(Error::type_error("operator topk does not support dtype bool"));
     }
-    let g = sort_geom("topk", a, &x.shape, Some(params.k))?;
+    let g = sort_geom("topk", params.axis, &x.shape, Some(params.k))?;
     let s = sorted_shape(&g, &x.shape);
-    let idx = enum_dtype(a, "dtype");
+    let idx = enum_dtype(params.dtype);
     Ok(match params.ret_typ {
         "value" => vec![Meta::new(s, x.dtype)],
         "indices" => vec![Meta::new(s, idx)],
@@ -831,7 +862,7 @@ fn infer_topk(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 fn run_topk(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let params = TopkParams::of(a);
-    let g = sort_geom("topk", a, &ins[0].shape, Some(params.k))?;
+    let g = sort_geom("topk", params.axis, &ins[0].shape, Some(params.k))?;
     let ret = params.ret_typ;
     dispatch_num!(ins[0].dtype, "topk", T => {
         let order = sort_order::<T>(&ins[0], &g, params.is_ascend);

@@ -11,7 +11,7 @@ use super::common::params_of;
 use super::elemwise::{Arith, Calc};
 use super::index::{
     attr_slice, nd_geometry, nd_offsets, pick_axis, read_indices, resolve, slice_axis_ranges, slice_view, sort_geom,
-    sort_order,
+    sort_order, SortArgs,
 };
 use super::init::fill;
 use super::strided::{by_size, copy, elems, elems_mut, View};
@@ -226,14 +226,14 @@ fn topk_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let (x, dx) = (&ins[ins.len() - 1], &mut outs[0]);
     fill(dx, 0.0);
-    let topk = a.has("ret_typ");
-    if topk && !matches!(a.str("ret_typ"), "value" | "both") {
+    let args = SortArgs::of(a);
+    if args.topk.is_some_and(|(_, ret)| !matches!(ret, "value" | "both")) {
         return Ok(());
     }
-    let geom = sort_geom(a.op, a, &x.shape, topk.then(|| a.int("k")))?;
+    let geom = sort_geom(a.op, args.axis, &x.shape, args.topk.map(|(k, _)| k))?;
     let g = &ins[0];
     dispatch_float!(dx.dtype, "_backward_topk", T => {
-        let order = sort_order::<T>(x, &geom, a.bool("is_ascend"));
+        let order = sort_order::<T>(x, &geom, args.is_ascend);
         let (n, inner, k) = (geom.n, geom.inner, geom.k);
         let (gs, d) = (g.as_slice::<T>(), dx.as_mut::<T>());
         for (t, &gv) in gs.iter().enumerate() {

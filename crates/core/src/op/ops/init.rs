@@ -1,45 +1,50 @@
 //! Creation operators: `_zeros`, `_ones`, `_full`, `_arange`, `_linspace`, `_eye`.
 
 use super::common::shape_param;
+use crate::context::Context;
 use crate::dispatch_all;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, Cost};
-use crate::op::param::{PType, ParamSpec};
+use crate::op::param::op_params;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Inputs, Meta, OpCtx, OpDef};
 
 const DTYPES: &[&str] = &["bool", "float16", "float32", "float64", "int32", "int64", "int8", "uint8"];
 
-pub(super) const SHAPE_CTX_DTYPE: &[ParamSpec] = &[
-    ParamSpec::opt("shape", PType::Shape, "()", "The shape of the output"),
-    ParamSpec::opt(
-        "ctx",
-        PType::Ctx,
-        "",
-        "Context of output, in format [cpu|gpu|cpu_pinned](n). Only used for imperative calls.",
-    ),
-    ParamSpec::opt("dtype", PType::Enum(DTYPES), "float32", "Target data type."),
-];
+const CTX_DOC: &str = "Context of output, in format [cpu|gpu|cpu_pinned](n). Only used for imperative calls.";
 
-const FULL_PARAMS: &[ParamSpec] = &[
-    ParamSpec::opt("shape", PType::Shape, "()", "The shape of the output"),
-    ParamSpec::opt(
-        "ctx",
-        PType::Ctx,
-        "",
-        "Context of output, in format [cpu|gpu|cpu_pinned](n). Only used for imperative calls.",
-    ),
-    ParamSpec::opt("dtype", PType::Enum(DTYPES), "float32", "Target data type."),
-    ParamSpec::req("value", PType::Float, "Value with which to fill newly created tensor"),
-];
+op_params! {
+    /// `_zeros`' and `_ones`' parameters.
+    struct FillParams<'a> => SHAPE_CTX_DTYPE {
+        shape: &'a [i64] = "()", "The shape of the output";
+        ctx: Option<Context> = "", CTX_DOC;
+        dtype: &'a str = "float32" in *DTYPES, "Target data type.";
+    }
+}
 
-/// Output shape and dtype from `shape` and `dtype` parameters.
-pub(super) fn infer_shape_dtype(op: &'static str) -> crate::op::InferFn {
+op_params! {
+    /// `_full`'s parameters.
+    struct FullParams<'a> => FULL_PARAMS {
+        shape: &'a [i64] = "()", "The shape of the output";
+        ctx: Option<Context> = "", CTX_DOC;
+        dtype: &'a str = "float32" in *DTYPES, "Target data type.";
+        value: f64 = required, "Value with which to fill newly created tensor";
+    }
+}
+
+/// Output shape and dtype from the `shape` and `dtype` parameters of `_zeros`, `_ones` and
+/// `_full`.
+fn infer_shape_dtype(op: &'static str) -> crate::op::InferFn {
     Box::new(move |a, _| {
-        let shape = shape_param(op, "shape", a.shape("shape"))?;
-        let dtype = crate::op::param::dtype_from_name(a.str("dtype")).expect("enum of dtype names");
-        Ok(vec![Meta::new(shape, dtype)])
+        let (shape, dtype) = if a.declares(FULL_PARAMS) {
+            let p = FullParams::of(a);
+            (p.shape, p.dtype)
+        } else {
+            let p = FillParams::of(a);
+            (p.shape, p.dtype)
+        };
+        Ok(vec![Meta::new(shape_param(op, "shape", shape)?, dtype_named(dtype))])
     })
 }
 
@@ -74,54 +79,67 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .doc("fill target with ones"),
     );
     ops.push(
-        OpDef::new("_full", Inputs::Fixed(&[]), infer_shape_dtype("_full"), filler(|cx| cx.attrs.float("value")))
-            .params(FULL_PARAMS)
-            .doc("fill target with a scalar value"),
+        OpDef::new(
+            "_full",
+            Inputs::Fixed(&[]),
+            infer_shape_dtype("_full"),
+            filler(|cx| FullParams::of(cx.attrs).value),
+        )
+        .params(FULL_PARAMS)
+        .doc("fill target with a scalar value"),
     );
     register_ranges(ops);
 }
 
-const CTX_DOC: &str = "Context of output, in format [cpu|gpu|cpu_pinned](n). Only used for imperative calls.";
+op_params! {
+    /// `_arange`'s parameters.
+    struct ArangeParams<'a> => ARANGE_PARAMS {
+        start: f64 = required, "Start of interval. The interval includes this value. The default start value is 0.";
+        stop: Option<f64> = "None", "End of interval. The interval does not include this value, except in some cases where step is not an integer and floating point round-off affects the length of out.";
+        step: f64 = "1", "Spacing between values.";
+        repeat: i64 = "1", "The repeating time of all elements. E.g repeat=3, the element a will be repeated three times --> a, a, a.";
+        infer_range: bool = "False", "When set to True, infer the stop position from the start, step, repeat, and output tensor size.";
+        ctx: Option<Context> = "", CTX_DOC;
+        dtype: &'a str = "float32" in *DTYPES, "Target data type.";
+    }
+}
 
-const ARANGE_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("start", PType::Float, "Start of interval. The interval includes this value. The default start value is 0."),
-    ParamSpec::or_none("stop", PType::Float, "None", "End of interval. The interval does not include this value, except in some cases where step is not an integer and floating point round-off affects the length of out."),
-    ParamSpec::opt("step", PType::Float, "1", "Spacing between values."),
-    ParamSpec::opt("repeat", PType::Int, "1", "The repeating time of all elements. E.g repeat=3, the element a will be repeated three times --> a, a, a."),
-    ParamSpec::opt("infer_range", PType::Bool, "False", "When set to True, infer the stop position from the start, step, repeat, and output tensor size."),
-    ParamSpec::opt("ctx", PType::Ctx, "", CTX_DOC),
-    ParamSpec::opt("dtype", PType::Enum(DTYPES), "float32", "Target data type."),
-];
+op_params! {
+    /// `_linspace`'s parameters.
+    struct LinspaceParams<'a> => LINSPACE_PARAMS {
+        start: f64 = required, "Start of interval.";
+        stop: f64 = required, "End of interval, included unless endpoint is False.";
+        num: i64 = required, "Number of samples to generate. Must be non-negative.";
+        endpoint: bool = "True", "If True, stop is the last sample. Otherwise, it is not included.";
+        ctx: Option<Context> = "", CTX_DOC;
+        dtype: &'a str = "float32" in *DTYPES, "Target data type.";
+    }
+}
 
-const LINSPACE_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("start", PType::Float, "Start of interval."),
-    ParamSpec::req("stop", PType::Float, "End of interval, included unless endpoint is False."),
-    ParamSpec::req("num", PType::Int, "Number of samples to generate. Must be non-negative."),
-    ParamSpec::opt("endpoint", PType::Bool, "True", "If True, stop is the last sample. Otherwise, it is not included."),
-    ParamSpec::opt("ctx", PType::Ctx, "", CTX_DOC),
-    ParamSpec::opt("dtype", PType::Enum(DTYPES), "float32", "Target data type."),
-];
+op_params! {
+    /// `_eye`'s parameters.
+    struct EyeParams<'a> => EYE_PARAMS {
+        N: i64 = required, "Number of rows in the output.";
+        M: i64 = "0", "Number of columns in the output. If 0, defaults to N";
+        k: i64 = "0", "Index of the diagonal. 0 (the default) refers to the main diagonal.A positive value refers to an upper diagonal.A negative value to a lower diagonal.";
+        ctx: Option<Context> = "", CTX_DOC;
+        dtype: &'a str = "float32" in *DTYPES, "Target data type.";
+    }
+}
 
-const EYE_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("N", PType::Int, "Number of rows in the output."),
-    ParamSpec::opt("M", PType::Int, "0", "Number of columns in the output. If 0, defaults to N"),
-    ParamSpec::opt("k", PType::Int, "0", "Index of the diagonal. 0 (the default) refers to the main diagonal.A positive value refers to an upper diagonal.A negative value to a lower diagonal."),
-    ParamSpec::opt("ctx", PType::Ctx, "", CTX_DOC),
-    ParamSpec::opt("dtype", PType::Enum(DTYPES), "float32", "Target data type."),
-];
-
-fn dtype_of(a: &crate::op::param::Attrs) -> DType {
-    crate::op::param::dtype_from_name(a.str("dtype")).expect("enum of dtype names")
+/// The dtype a `dtype` parameter of [`DTYPES`] names.
+fn dtype_named(name: &str) -> DType {
+    crate::op::param::dtype_from_name(name).expect("enum of dtype names")
 }
 
 /// `_arange`'s (start, stop, step, repeat) after stock's rule that a missing stop means
 /// `[0, start)`, validated.
-fn range_of(a: &crate::op::param::Attrs) -> Result<(f64, f64, f64, usize)> {
+fn range_of(p: &ArangeParams) -> Result<(f64, f64, f64, usize)> {
     let op = "_arange";
-    let (mut start, step, repeat) = (a.float("start"), a.float("step"), a.int("repeat"));
-    let stop = match a.opt_float("stop") {
+    let (mut start, step, repeat) = (p.start, p.step, p.repeat);
+    let stop = match p.stop {
         Some(s) => s,
-        None if a.bool("infer_range") => {
+        None if p.infer_range => {
             return Err(Error::value(format!("operator {op}: infer_range=True needs the output size, which an imperative call does not give; pass stop")));
         }
         None => std::mem::replace(&mut start, 0.0),
@@ -146,8 +164,9 @@ fn arange_len(start: f64, stop: f64, step: f64, repeat: usize) -> usize {
 
 fn arange_infer() -> crate::op::InferFn {
     Box::new(|a, _| {
-        let (start, stop, step, repeat) = range_of(a)?;
-        Ok(vec![Meta::new(vec![arange_len(start, stop, step, repeat)], dtype_of(a))])
+        let p = ArangeParams::of(a);
+        let (start, stop, step, repeat) = range_of(&p)?;
+        Ok(vec![Meta::new(vec![arange_len(start, stop, step, repeat)], dtype_named(p.dtype))])
     })
 }
 
@@ -162,7 +181,7 @@ fn fill_index<T: Elem>(out: &mut OutBlob, f: impl Fn(usize) -> T + Sync + Send) 
 }
 
 fn arange(cx: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let (start, _, step, repeat) = range_of(cx.attrs)?;
+    let (start, _, step, repeat) = range_of(&ArangeParams::of(cx.attrs))?;
     let out = &mut outs[0];
     if matches!(out.dtype, DType::F32 | DType::F64 | DType::F16) {
         dispatch_all!(out.dtype, T => fill_index::<T>(out, |i| T::from_f64(start + (i / repeat) as f64 * step)));
@@ -178,17 +197,18 @@ fn arange(cx: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 fn linspace_infer() -> crate::op::InferFn {
     Box::new(|a, _| {
-        let num = a.int("num");
+        let p = LinspaceParams::of(a);
+        let num = p.num;
         if num < 0 {
             return Err(Error::value(format!("operator _linspace: num must be non-negative, got {num}")));
         }
-        Ok(vec![Meta::new(vec![num as usize], dtype_of(a))])
+        Ok(vec![Meta::new(vec![num as usize], dtype_named(p.dtype))])
     })
 }
 
 fn linspace(cx: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let a = cx.attrs;
-    let (start, stop, num, endpoint) = (a.float("start"), a.float("stop"), a.int("num") as usize, a.bool("endpoint"));
+    let p = LinspaceParams::of(cx.attrs);
+    let (start, stop, num, endpoint) = (p.start, p.stop, p.num as usize, p.endpoint);
     let steps = if endpoint { num.saturating_sub(1) } else { num };
     let step = if steps > 0 { (stop - start) / steps as f64 } else { 0.0 };
     dispatch_all!(outs[0].dtype, T => fill_index::<T>(&mut outs[0], |i| {
@@ -197,8 +217,8 @@ fn linspace(cx: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
-fn eye_dims(a: &crate::op::param::Attrs) -> Result<(usize, usize, i64)> {
-    let (n, m, k) = (a.int("N"), a.int("M"), a.int("k"));
+fn eye_dims(p: &EyeParams) -> Result<(usize, usize, i64)> {
+    let (n, m, k) = (p.N, p.M, p.k);
     if n < 0 || m < 0 {
         return Err(Error::value(format!("operator _eye: N and M must be non-negative, got N={n}, M={m}")));
     }
@@ -206,7 +226,7 @@ fn eye_dims(a: &crate::op::param::Attrs) -> Result<(usize, usize, i64)> {
 }
 
 fn eye(cx: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let (_, m, k) = eye_dims(cx.attrs)?;
+    let (_, m, k) = eye_dims(&EyeParams::of(cx.attrs))?;
     dispatch_all!(outs[0].dtype, T => fill_index::<T>(&mut outs[0], |i| {
         T::from_f64(if (i % m) as i64 - (i / m) as i64 == k { 1.0 } else { 0.0 })
     }));
@@ -230,8 +250,9 @@ fn register_ranges(ops: &mut Vec<OpDef>) {
             "_eye",
             Inputs::Fixed(&[]),
             Box::new(|a, _| {
-                let (n, m, _) = eye_dims(a)?;
-                Ok(vec![Meta::new(vec![n, m], dtype_of(a))])
+                let p = EyeParams::of(a);
+                let (n, m, _) = eye_dims(&p)?;
+                Ok(vec![Meta::new(vec![n, m], dtype_named(p.dtype))])
             }),
             Box::new(eye),
         )

@@ -668,7 +668,9 @@ fn three(_: &Attrs) -> usize {
 }
 /// BatchNorm's and LayerNorm's visible outputs (both tables declare `output_mean_var`).
 fn bn_visible(a: &Attrs) -> usize {
-    if a.bool("output_mean_var") {
+    let with_stats =
+        if a.declares(LN_PARAMS) { LnParams::of(a).output_mean_var } else { BnParams::of(a).output_mean_var };
+    if with_stats {
         3
     } else {
         1
@@ -1214,7 +1216,7 @@ fn register_smooth_l1(ops: &mut Vec<OpDef>) {
 
 /// Graph inference of PReLU's gamma from the data: one slope per channel (axis 1).
 fn leaky_param_shapes(a: &Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Vec<i64>)>> {
-    let prelu = a.has("act_type") && a.str("act_type") == "prelu";
+    let prelu = LeakyParams::of(a).act_type == "prelu";
     Ok(if prelu && data.len() >= 2 { vec![(1, vec![data[1]])] } else { vec![] })
 }
 
@@ -1222,7 +1224,7 @@ fn leaky_param_shapes(a: &Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, V
 /// statistics) from the data: the length of the normalized axis (`axis`, default 1).
 fn norm_param_shapes(a: &Attrs, data: &[i64], n_inputs: usize) -> Result<Vec<(usize, Vec<i64>)>> {
     let ndim = data.len() as i64;
-    let axis = if a.has("axis") { a.int("axis") } else { 1 };
+    let axis = if a.declares(LN_PARAMS) { LnParams::of(a).axis } else { BnParams::of(a).axis };
     let axis = if axis < 0 { axis + ndim } else { axis };
     if !(0..ndim).contains(&axis) {
         return Ok(vec![]);

@@ -13,7 +13,7 @@ use crate::dispatch_float;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_zip, Cost};
-use crate::op::param::{Attrs, PType, ParamSpec};
+use crate::op::param::{op_params, Attrs, ParamSpec};
 use crate::op::tensor::{Elem, Operand, OutBlob, TBlob};
 use crate::op::{Inputs, Meta, OpCtx, OpDef};
 use std::ops::{Add, Div, Mul, Neg, Sub};
@@ -157,126 +157,179 @@ struct Common {
     clip: f64,
 }
 
-fn common(a: &Attrs, clip_name: &str) -> Common {
-    Common { lr: a.float("lr"), wd: a.float("wd"), rescale: a.float("rescale_grad"), clip: a.float(clip_name) }
+/// The [`Common`] scalars of a parameter struct that has `lr`, `wd`, `rescale_grad` and a
+/// clip field (`clip_gradient` unless named).
+macro_rules! common {
+    ($p:expr) => {
+        common!($p, clip_gradient)
+    };
+    ($p:expr, $clip:ident) => {{
+        let p = &$p;
+        Common { lr: p.lr, wd: p.wd, rescale: p.rescale_grad, clip: p.$clip }
+    }};
 }
 
-const LR: ParamSpec = ParamSpec::req("lr", PType::Float, "Learning rate");
-const WD: ParamSpec = ParamSpec::opt(
-    "wd",
-    PType::Float,
-    "0",
-    "Weight decay augments the objective function with a regularization term that penalizes large weights. The penalty scales with the square of the magnitude of each weight.",
-);
-const RESCALE: ParamSpec =
-    ParamSpec::opt("rescale_grad", PType::Float, "1", "Rescale gradient to grad = rescale_grad*grad.");
-const CLIP: ParamSpec = ParamSpec::opt(
-    "clip_gradient",
-    PType::Float,
-    "-1",
-    "Clip gradient to the range of [-clip_gradient, clip_gradient] If clip_gradient <= 0, gradient clipping is turned off. grad = max(min(grad, clip_gradient), -clip_gradient).",
-);
-const MOMENTUM: ParamSpec =
-    ParamSpec::opt("momentum", PType::Float, "0", "The decay rate of momentum estimates at each epoch.");
-const LAZY: ParamSpec = ParamSpec::opt(
-    "lazy_update",
-    PType::Bool,
-    "True",
-    "If true, lazy updates are applied if gradient's stype is row_sparse.",
-);
-const EPS: ParamSpec = ParamSpec::opt("epsilon", PType::Float, "1e-08", "A small constant for numerical stability.");
-const CLIP_WEIGHTS: ParamSpec = ParamSpec::opt(
-    "clip_weights",
-    PType::Float,
-    "-1",
-    "Clip weights to the range of [-clip_weights, clip_weights] If clip_weights <= 0, weight clipping is turned off. weights = max(min(weights, clip_weights), -clip_weights).",
-);
+const WD_DOC: &str = "Weight decay augments the objective function with a regularization term that penalizes large weights. The penalty scales with the square of the magnitude of each weight.";
+const RESCALE_DOC: &str = "Rescale gradient to grad = rescale_grad*grad.";
+const CLIP_DOC: &str = "Clip gradient to the range of [-clip_gradient, clip_gradient] If clip_gradient <= 0, gradient clipping is turned off. grad = max(min(grad, clip_gradient), -clip_gradient).";
+const MOMENTUM_DOC: &str = "The decay rate of momentum estimates at each epoch.";
+const LAZY_DOC: &str = "If true, lazy updates are applied if gradient's stype is row_sparse.";
+const EPS_DOC: &str = "A small constant for numerical stability.";
+const CLIP_WEIGHTS_DOC: &str = "Clip weights to the range of [-clip_weights, clip_weights] If clip_weights <= 0, weight clipping is turned off. weights = max(min(weights, clip_weights), -clip_weights).";
 
-const SGD_PARAMS: &[ParamSpec] = &[LR, WD, RESCALE, CLIP, LAZY];
-const SGD_MOM_PARAMS: &[ParamSpec] = &[LR, MOMENTUM, WD, RESCALE, CLIP, LAZY];
-const NAG_PARAMS: &[ParamSpec] = &[LR, MOMENTUM, WD, RESCALE, CLIP];
-const SIGNSGD_PARAMS: &[ParamSpec] = &[LR, WD, RESCALE, CLIP];
-const SIGNUM_PARAMS: &[ParamSpec] = &[
-    LR,
-    MOMENTUM,
-    WD,
-    RESCALE,
-    CLIP,
-    ParamSpec::opt("wd_lh", PType::Float, "0", "The amount of weight decay that does not go into gradient/momentum calculationsotherwise do weight decay algorithmically only."),
-];
-const ADAM_PARAMS: &[ParamSpec] = &[
-    LR,
-    ParamSpec::opt("beta1", PType::Float, "0.9", "The decay rate for the 1st moment estimates."),
-    ParamSpec::opt("beta2", PType::Float, "0.999", "The decay rate for the 2nd moment estimates."),
-    EPS,
-    WD,
-    RESCALE,
-    CLIP,
-    LAZY,
-];
-const RMSPROP_PARAMS: &[ParamSpec] = &[
-    LR,
-    ParamSpec::opt("gamma1", PType::Float, "0.95", "The decay rate of momentum estimates."),
-    EPS,
-    WD,
-    RESCALE,
-    CLIP,
-    CLIP_WEIGHTS,
-];
-const RMSPROPALEX_PARAMS: &[ParamSpec] = &[
-    LR,
-    ParamSpec::opt("gamma1", PType::Float, "0.95", "Decay rate."),
-    ParamSpec::opt("gamma2", PType::Float, "0.9", "Decay rate."),
-    EPS,
-    WD,
-    RESCALE,
-    CLIP,
-    CLIP_WEIGHTS,
-];
-const FTML_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("lr", PType::Float, "Learning rate."),
-    ParamSpec::opt("beta1", PType::Float, "0.6", "Generally close to 0.5."),
-    ParamSpec::opt("beta2", PType::Float, "0.999", "Generally close to 1."),
-    ParamSpec::opt("epsilon", PType::Float, "1e-08", "Epsilon to prevent div 0."),
-    ParamSpec::req("t", PType::Int, "Number of update."),
-    WD,
-    RESCALE,
-    ParamSpec::opt(
-        "clip_grad",
-        PType::Float,
-        "-1",
-        "Clip gradient to the range of [-clip_gradient, clip_gradient] If clip_gradient <= 0, gradient clipping is turned off. grad = max(min(grad, clip_gradient), -clip_gradient).",
-    ),
-];
-const MP_SGD_PARAMS: &[ParamSpec] = &[LR, WD, RESCALE, CLIP, LAZY];
-const MP_SGD_MOM_PARAMS: &[ParamSpec] = &[LR, MOMENTUM, WD, RESCALE, CLIP, LAZY];
-const LRS: ParamSpec = ParamSpec::req("lrs", PType::FloatTuple, "Learning rates.");
-const WDS: ParamSpec = ParamSpec::req(
-    "wds",
-    PType::FloatTuple,
-    "Weight decay augments the objective function with a regularization term that penalizes large weights. The penalty scales with the square of the magnitude of each weight.",
-);
-const NUM_WEIGHTS: ParamSpec = ParamSpec::opt("num_weights", PType::Int, "1", "Number of updated weights.");
-const MULTI_SGD_PARAMS: &[ParamSpec] = &[LRS, WDS, RESCALE, CLIP, NUM_WEIGHTS];
-const MULTI_SGD_MOM_PARAMS: &[ParamSpec] = &[LRS, WDS, MOMENTUM, RESCALE, CLIP, NUM_WEIGHTS];
+op_params! {
+    /// `sgd_update`'s and `mp_sgd_update`'s parameters.
+    struct SgdParams<'a> => SGD_PARAMS {
+        lr: f64 = required, "Learning rate";
+        wd: f64 = "0", WD_DOC;
+        rescale_grad: f64 = "1", RESCALE_DOC;
+        clip_gradient: f64 = "-1", CLIP_DOC;
+        lazy_update: bool = "True", LAZY_DOC;
+    }
+}
 
-const FTRL_PARAMS: &[ParamSpec] = &[
-    LR,
-    ParamSpec::opt("lamda1", PType::Float, "0.01", "The L1 regularization coefficient."),
-    ParamSpec::opt("beta", PType::Float, "1", "Per-Coordinate Learning Rate beta."),
-    WD,
-    RESCALE,
-    CLIP,
-];
+op_params! {
+    /// `sgd_mom_update`'s and `mp_sgd_mom_update`'s parameters.
+    struct SgdMomParams<'a> => SGD_MOM_PARAMS {
+        lr: f64 = required, "Learning rate";
+        momentum: f64 = "0", MOMENTUM_DOC;
+        wd: f64 = "0", WD_DOC;
+        rescale_grad: f64 = "1", RESCALE_DOC;
+        clip_gradient: f64 = "-1", CLIP_DOC;
+        lazy_update: bool = "True", LAZY_DOC;
+    }
+}
+
+op_params! {
+    /// `nag_mom_update`'s and `mp_nag_mom_update`'s parameters.
+    struct NagParams<'a> => NAG_PARAMS {
+        lr: f64 = required, "Learning rate";
+        momentum: f64 = "0", MOMENTUM_DOC;
+        wd: f64 = "0", WD_DOC;
+        rescale_grad: f64 = "1", RESCALE_DOC;
+        clip_gradient: f64 = "-1", CLIP_DOC;
+    }
+}
+
+op_params! {
+    /// `signsgd_update`'s parameters.
+    struct SignsgdParams<'a> => SIGNSGD_PARAMS {
+        lr: f64 = required, "Learning rate";
+        wd: f64 = "0", WD_DOC;
+        rescale_grad: f64 = "1", RESCALE_DOC;
+        clip_gradient: f64 = "-1", CLIP_DOC;
+    }
+}
+
+op_params! {
+    /// `signum_update`'s parameters.
+    struct SignumParams<'a> => SIGNUM_PARAMS {
+        lr: f64 = required, "Learning rate";
+        momentum: f64 = "0", MOMENTUM_DOC;
+        wd: f64 = "0", WD_DOC;
+        rescale_grad: f64 = "1", RESCALE_DOC;
+        clip_gradient: f64 = "-1", CLIP_DOC;
+        wd_lh: f64 = "0", "The amount of weight decay that does not go into gradient/momentum calculationsotherwise do weight decay algorithmically only.";
+    }
+}
+
+op_params! {
+    /// `adam_update`'s parameters.
+    struct AdamParams<'a> => ADAM_PARAMS {
+        lr: f64 = required, "Learning rate";
+        beta1: f64 = "0.9", "The decay rate for the 1st moment estimates.";
+        beta2: f64 = "0.999", "The decay rate for the 2nd moment estimates.";
+        epsilon: f64 = "1e-08", EPS_DOC;
+        wd: f64 = "0", WD_DOC;
+        rescale_grad: f64 = "1", RESCALE_DOC;
+        clip_gradient: f64 = "-1", CLIP_DOC;
+        lazy_update: bool = "True", LAZY_DOC;
+    }
+}
+
+op_params! {
+    /// `rmsprop_update`'s parameters.
+    struct RmspropParams<'a> => RMSPROP_PARAMS {
+        lr: f64 = required, "Learning rate";
+        gamma1: f64 = "0.95", "The decay rate of momentum estimates.";
+        epsilon: f64 = "1e-08", EPS_DOC;
+        wd: f64 = "0", WD_DOC;
+        rescale_grad: f64 = "1", RESCALE_DOC;
+        clip_gradient: f64 = "-1", CLIP_DOC;
+        clip_weights: f64 = "-1", CLIP_WEIGHTS_DOC;
+    }
+}
+
+op_params! {
+    /// `rmspropalex_update`'s parameters.
+    struct RmspropalexParams<'a> => RMSPROPALEX_PARAMS {
+        lr: f64 = required, "Learning rate";
+        gamma1: f64 = "0.95", "Decay rate.";
+        gamma2: f64 = "0.9", "Decay rate.";
+        epsilon: f64 = "1e-08", EPS_DOC;
+        wd: f64 = "0", WD_DOC;
+        rescale_grad: f64 = "1", RESCALE_DOC;
+        clip_gradient: f64 = "-1", CLIP_DOC;
+        clip_weights: f64 = "-1", CLIP_WEIGHTS_DOC;
+    }
+}
+
+op_params! {
+    /// `ftml_update`'s parameters (its clip is named `clip_grad`).
+    struct FtmlParams<'a> => FTML_PARAMS {
+        lr: f64 = required, "Learning rate.";
+        beta1: f64 = "0.6", "Generally close to 0.5.";
+        beta2: f64 = "0.999", "Generally close to 1.";
+        epsilon: f64 = "1e-08", "Epsilon to prevent div 0.";
+        t: i64 = required, "Number of update.";
+        wd: f64 = "0", WD_DOC;
+        rescale_grad: f64 = "1", RESCALE_DOC;
+        clip_grad: f64 = "-1", CLIP_DOC;
+    }
+}
+
+op_params! {
+    /// `multi_sgd_update`'s and `multi_mp_sgd_update`'s parameters.
+    struct MultiSgdParams<'a> => MULTI_SGD_PARAMS {
+        lrs: &'a [f64] = required, "Learning rates.";
+        wds: &'a [f64] = required, WD_DOC;
+        rescale_grad: f64 = "1", RESCALE_DOC;
+        clip_gradient: f64 = "-1", CLIP_DOC;
+        num_weights: i64 = "1", "Number of updated weights.";
+    }
+}
+
+op_params! {
+    /// `multi_sgd_mom_update`'s and `multi_mp_sgd_mom_update`'s parameters.
+    struct MultiSgdMomParams<'a> => MULTI_SGD_MOM_PARAMS {
+        lrs: &'a [f64] = required, "Learning rates.";
+        wds: &'a [f64] = required, WD_DOC;
+        momentum: f64 = "0", MOMENTUM_DOC;
+        rescale_grad: f64 = "1", RESCALE_DOC;
+        clip_gradient: f64 = "-1", CLIP_DOC;
+        num_weights: i64 = "1", "Number of updated weights.";
+    }
+}
+
+op_params! {
+    /// `ftrl_update`'s parameters.
+    struct FtrlParams<'a> => FTRL_PARAMS {
+        lr: f64 = required, "Learning rate";
+        lamda1: f64 = "0.01", "The L1 regularization coefficient.";
+        beta: f64 = "1", "Per-Coordinate Learning Rate beta.";
+        wd: f64 = "0", WD_DOC;
+        rescale_grad: f64 = "1", RESCALE_DOC;
+        clip_gradient: f64 = "-1", CLIP_DOC;
+    }
+}
 
 fn sgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let c = common(cx.attrs, "clip_gradient");
-    sgd_core(cx.attrs.op, ins, outs, 1, 0, &c, None)
+    sgd_core(cx.attrs.op, ins, outs, 1, 0, &common!(SgdParams::of(cx.attrs)), None)
 }
 
 fn sgd_mom(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let c = common(cx.attrs, "clip_gradient");
-    sgd_core(cx.attrs.op, ins, outs, 1, 0, &c, Some(cx.attrs.float("momentum")))
+    let p = SgdMomParams::of(cx.attrs);
+    sgd_core(cx.attrs.op, ins, outs, 1, 0, &common!(p), Some(p.momentum))
 }
 
 /// SGD of weight `i` (of `nout`), with momentum (`ins` = weight, grad, mom per weight) or
@@ -381,37 +434,57 @@ fn mp_sgd_core(
     Ok(())
 }
 
-/// The single-weight mixed-precision forms: SGD, with momentum, or NAG.
-fn mp_single(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], momentum: bool, nag: bool) -> Result<()> {
-    let m = momentum.then(|| cx.attrs.float("momentum"));
-    mp_sgd_core(cx.attrs.op, ins, outs, (1, 0), &common(cx.attrs, "clip_gradient"), m, nag)
-}
-
 fn mp_sgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    mp_single(cx, ins, outs, false, false)
+    mp_sgd_core(cx.attrs.op, ins, outs, (1, 0), &common!(SgdParams::of(cx.attrs)), None, false)
 }
 
 fn mp_sgd_mom(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    mp_single(cx, ins, outs, true, false)
+    let p = SgdMomParams::of(cx.attrs);
+    mp_sgd_core(cx.attrs.op, ins, outs, (1, 0), &common!(p), Some(p.momentum), false)
 }
 
 fn mp_nag_mom(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    mp_single(cx, ins, outs, true, true)
+    let p = NagParams::of(cx.attrs);
+    mp_sgd_core(cx.attrs.op, ins, outs, (1, 0), &common!(p), Some(p.momentum), true)
+}
+
+/// The parameters of a multi-weight call, from either table (with or without momentum).
+struct Multi<'a> {
+    lrs: &'a [f64],
+    wds: &'a [f64],
+    rescale: f64,
+    clip: f64,
+    momentum: Option<f64>,
+    num_weights: i64,
+}
+
+impl<'a> Multi<'a> {
+    fn of(a: &'a Attrs, momentum: bool) -> Self {
+        if momentum {
+            let p = MultiSgdMomParams::of(a);
+            let (lrs, wds, rescale, clip) = (p.lrs, p.wds, p.rescale_grad, p.clip_gradient);
+            Multi { lrs, wds, rescale, clip, momentum: Some(p.momentum), num_weights: p.num_weights }
+        } else {
+            let p = MultiSgdParams::of(a);
+            let (lrs, wds, rescale, clip) = (p.lrs, p.wds, p.rescale_grad, p.clip_gradient);
+            Multi { lrs, wds, rescale, clip, momentum: None, num_weights: p.num_weights }
+        }
+    }
+
+    /// The output count: `num_weights`, within stock's limit (inference refuses the rest).
+    fn outputs(&self) -> usize {
+        self.num_weights.clamp(0, MAX_WEIGHTS as i64) as usize
+    }
 }
 
 /// The multi-weight SGD forms: `num_weights` groups of `stride` inputs (weight, grad, then
 /// mom and/or the float32 master weight), one output per weight, per-weight `lrs` and `wds`.
 fn multi_sgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], momentum: bool, mp: bool) -> Result<()> {
     let a = cx.attrs;
-    let m = if momentum { Some(a.float("momentum")) } else { None };
-    let nout = num_weights(a);
+    let p = Multi::of(a, momentum);
+    let (m, nout) = (p.momentum, p.outputs());
     for i in 0..nout {
-        let c = Common {
-            lr: a.floats("lrs")[i],
-            wd: a.floats("wds")[i],
-            rescale: a.float("rescale_grad"),
-            clip: a.float("clip_gradient"),
-        };
+        let c = Common { lr: p.lrs[i], wd: p.wds[i], rescale: p.rescale, clip: p.clip };
         if mp {
             mp_sgd_core(a.op, ins, outs, (nout, i), &c, m, false)?;
         } else {
@@ -422,8 +495,8 @@ fn multi_sgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], momentum: bool, mp
 }
 
 fn nag_mom(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let c = common(cx.attrs, "clip_gradient");
-    let m = cx.attrs.float("momentum");
+    let p = NagParams::of(cx.attrs);
+    let (c, m) = (common!(p), p.momentum);
     dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl, m) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip), R::of(m));
         let clipping = c.clip >= 0.0;
@@ -440,10 +513,9 @@ fn nag_mom(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 }
 
 fn adam(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let c = common(cx.attrs, "clip_gradient");
-    let a = cx.attrs;
-    let (b1, b2, eps) = (a.float("beta1"), a.float("beta2"), a.float("epsilon"));
-    dispatch_real!(ins[0].dtype, a.op, T, R => {
+    let p = AdamParams::of(cx.attrs);
+    let (c, b1, b2, eps) = (common!(p), p.beta1, p.beta2, p.epsilon);
+    dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (b1, b2, eps, one) = (R::of(b1), R::of(b2), R::of(eps), R::of(1.0));
         let clipping = c.clip >= 0.0;
@@ -459,10 +531,9 @@ fn adam(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 }
 
 fn rmsprop(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let c = common(cx.attrs, "clip_gradient");
-    let a = cx.attrs;
-    let (g1, eps, cw) = (a.float("gamma1"), a.float("epsilon"), a.float("clip_weights"));
-    dispatch_real!(ins[0].dtype, a.op, T, R => {
+    let p = RmspropParams::of(cx.attrs);
+    let (c, g1, eps, cw) = (common!(p), p.gamma1, p.epsilon, p.clip_weights);
+    dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (g1, eps, cwr, one) = (R::of(g1), R::of(eps), R::of(cw), R::of(1.0));
         let (clipping, clip_w) = (c.clip >= 0.0, cw >= 0.0);
@@ -478,10 +549,9 @@ fn rmsprop(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 }
 
 fn rmspropalex(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let c = common(cx.attrs, "clip_gradient");
-    let a = cx.attrs;
-    let (g1, g2, eps, cw) = (a.float("gamma1"), a.float("gamma2"), a.float("epsilon"), a.float("clip_weights"));
-    dispatch_real!(ins[0].dtype, a.op, T, R => {
+    let p = RmspropalexParams::of(cx.attrs);
+    let (c, g1, g2, eps, cw) = (common!(p), p.gamma1, p.gamma2, p.epsilon, p.clip_weights);
+    dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (g1, g2, eps, cwr, one) = (R::of(g1), R::of(g2), R::of(eps), R::of(cw), R::of(1.0));
         let (clipping, clip_w) = (c.clip >= 0.0, cw >= 0.0);
@@ -500,7 +570,7 @@ fn rmspropalex(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 fn signsgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     // Like stock, clip_gradient and rescale_grad do not change the sign of the gradient.
-    let c = common(cx.attrs, "clip_gradient");
+    let c = common!(SignsgdParams::of(cx.attrs));
     dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd) = (R::of(c.lr), R::of(c.wd));
         let decay = R::of(1.0) - lr * wd;
@@ -510,10 +580,9 @@ fn signsgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 }
 
 fn signum(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let c = common(cx.attrs, "clip_gradient");
-    let a = cx.attrs;
-    let (m, wd_lh) = (a.float("momentum"), a.float("wd_lh"));
-    dispatch_real!(ins[0].dtype, a.op, T, R => {
+    let p = SignumParams::of(cx.attrs);
+    let (c, m, wd_lh) = (common!(p), p.momentum, p.wd_lh);
+    dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (m, one) = (R::of(m), R::of(1.0));
         let decay = one - lr * R::of(wd_lh);
@@ -528,10 +597,9 @@ fn signum(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 }
 
 fn ftml(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let c = common(cx.attrs, "clip_grad");
-    let a = cx.attrs;
-    let (b1, b2, eps, t) = (a.float("beta1"), a.float("beta2"), a.float("epsilon"), a.int("t") as f64);
-    dispatch_real!(ins[0].dtype, a.op, T, R => {
+    let p = FtmlParams::of(cx.attrs);
+    let (c, b1, b2, eps, t) = (common!(p, clip_grad), p.beta1, p.beta2, p.epsilon, p.t as f64);
+    dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (b1, b2, eps, t, one) = (R::of(b1), R::of(b2), R::of(eps), R::of(t), R::of(1.0));
         let (c1, c2) = (one - b1.powf(t), one - b2.powf(t));
@@ -551,10 +619,9 @@ fn ftml(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 }
 
 fn ftrl(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let c = common(cx.attrs, "clip_gradient");
-    let a = cx.attrs;
-    let (l1, beta) = (a.float("lamda1"), a.float("beta"));
-    dispatch_real!(ins[0].dtype, a.op, T, R => {
+    let p = FtrlParams::of(cx.attrs);
+    let (c, l1, beta) = (common!(p), p.lamda1, p.beta);
+    dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (l1, beta, zero) = (R::of(l1), R::of(beta), R::of(0.0));
         let clipping = c.clip >= 0.0;
@@ -614,13 +681,10 @@ fn mp_infer(op: &'static str) -> crate::op::InferFn {
     Box::new(move |_, ins| Ok(vec![mp_group(op, ins, 0)?]))
 }
 
-fn num_weights(a: &Attrs) -> usize {
-    a.int("num_weights").clamp(0, MAX_WEIGHTS as i64) as usize
-}
-
-fn multi_infer(op: &'static str, stride: usize, mp: bool) -> crate::op::InferFn {
+fn multi_infer(op: &'static str, stride: usize, momentum: bool, mp: bool) -> crate::op::InferFn {
     Box::new(move |a, ins| {
-        let n = a.int("num_weights");
+        let p = Multi::of(a, momentum);
+        let n = p.num_weights;
         if n < 1 || n as usize > MAX_WEIGHTS {
             return Err(Error::value(format!("operator {op}: num_weights must be in [1, {MAX_WEIGHTS}], got {n}")));
         }
@@ -632,11 +696,11 @@ fn multi_infer(op: &'static str, stride: usize, mp: bool) -> crate::op::InferFn 
                 ins.len()
             )));
         }
-        for key in ["lrs", "wds"] {
-            if a.floats(key).len() != n {
+        for (key, values) in [("lrs", p.lrs), ("wds", p.wds)] {
+            if values.len() != n {
                 return Err(Error::value(format!(
                     "operator {op}: {key} has {} values, expected num_weights={n}",
-                    a.floats(key).len()
+                    values.len()
                 )));
             }
         }
@@ -676,7 +740,7 @@ fn register_sgd_variants(ops: &mut Vec<OpDef>) {
             mp_infer("mp_sgd_update"),
             Box::new(mp_sgd),
         )
-        .params(MP_SGD_PARAMS)
+        .params(SGD_PARAMS)
         .inplace(&[(0, 0)])
         .mutates(&[2])
         .doc("Updater function for multi-precision sgd optimizer"),
@@ -688,7 +752,7 @@ fn register_sgd_variants(ops: &mut Vec<OpDef>) {
             mp_infer("mp_sgd_mom_update"),
             Box::new(mp_sgd_mom),
         )
-        .params(MP_SGD_MOM_PARAMS)
+        .params(SGD_MOM_PARAMS)
         .inplace(&[(0, 0)])
         .mutates(&[2, 3])
         .doc("Updater function for multi-precision sgd optimizer"),
@@ -705,19 +769,22 @@ fn register_sgd_variants(ops: &mut Vec<OpDef>) {
         .mutates(&[2, 3])
         .doc("Update function for multi-precision Nesterov Accelerated Gradient( NAG) optimizer."),
     );
-    type Multi = (&'static str, usize, &'static [usize], bool, &'static [ParamSpec], Kernel);
-    let table: &[Multi] = &[
-        ("multi_sgd_update", 2, &[], false, MULTI_SGD_PARAMS, |cx, i, o| multi_sgd(cx, i, o, false, false)),
-        ("multi_sgd_mom_update", 3, &[2], false, MULTI_SGD_MOM_PARAMS, |cx, i, o| multi_sgd(cx, i, o, true, false)),
-        ("multi_mp_sgd_update", 3, &[2], true, MULTI_SGD_PARAMS, |cx, i, o| multi_sgd(cx, i, o, false, true)),
-        ("multi_mp_sgd_mom_update", 4, &[2, 3], true, MULTI_SGD_MOM_PARAMS, |cx, i, o| multi_sgd(cx, i, o, true, true)),
+    type Form = (&'static str, usize, &'static [usize], bool, bool, Kernel, fn(&Attrs) -> usize);
+    let plain: fn(&Attrs) -> usize = |a| Multi::of(a, false).outputs();
+    let with_mom: fn(&Attrs) -> usize = |a| Multi::of(a, true).outputs();
+    let table: &[Form] = &[
+        ("multi_sgd_update", 2, &[], false, false, |cx, i, o| multi_sgd(cx, i, o, false, false), plain),
+        ("multi_sgd_mom_update", 3, &[2], true, false, |cx, i, o| multi_sgd(cx, i, o, true, false), with_mom),
+        ("multi_mp_sgd_update", 3, &[2], false, true, |cx, i, o| multi_sgd(cx, i, o, false, true), plain),
+        ("multi_mp_sgd_mom_update", 4, &[2, 3], true, true, |cx, i, o| multi_sgd(cx, i, o, true, true), with_mom),
     ];
-    for &(name, stride, states, mp, params, kernel) in table {
+    for &(name, stride, states, momentum, mp, kernel, outputs) in table {
         let (pairs, muts) = multi_tables(stride, states);
+        let params = if momentum { MULTI_SGD_MOM_PARAMS } else { MULTI_SGD_PARAMS };
         ops.push(
-            OpDef::new(name, Inputs::Variadic("data"), multi_infer(name, stride, mp), Box::new(kernel))
+            OpDef::new(name, Inputs::Variadic("data"), multi_infer(name, stride, momentum, mp), Box::new(kernel))
                 .params(params)
-                .outputs(num_weights, num_weights)
+                .outputs(outputs, outputs)
                 .inplace(pairs)
                 .mutates(muts)
                 .doc(format!(

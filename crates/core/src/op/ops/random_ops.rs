@@ -9,10 +9,11 @@
 //! depend only on the seed and the order of calls, never on how the loop is split.
 
 use super::common::shape_param;
+use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, Cost};
-use crate::op::param::{dtype_from_name, Attrs, PType, ParamSpec};
+use crate::op::param::{dtype_from_name, op_params, Attrs, ParamSpec};
 use crate::op::random::Stream;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Resource};
@@ -117,7 +118,6 @@ fn poisson(lam: f64, g: &mut Local) -> f64 {
 /// `i` given the parameter values.
 struct Dist {
     name: &'static str,
-    params: [&'static str; 2],
     arity: usize,
     check: fn(&[f64; 2]) -> std::result::Result<(), String>,
     sample: fn(&[f64; 2], &Stream, u64) -> f64,
@@ -125,21 +125,18 @@ struct Dist {
 
 const UNIFORM: Dist = Dist {
     name: "uniform",
-    params: ["low", "high"],
     arity: 2,
     check: |p| if p[0] <= p[1] { Ok(()) } else { Err(format!("low ({}) must be <= high ({})", p[0], p[1])) },
     sample: |p, s, i| p[0] + (p[1] - p[0]) * s.uniform(2 * i),
 };
 const NORMAL: Dist = Dist {
     name: "normal",
-    params: ["loc", "scale"],
     arity: 2,
     check: |p| if p[1] >= 0.0 { Ok(()) } else { Err(format!("scale must be non-negative, got {}", p[1])) },
     sample: |p, s, i| p[0] + p[1] * s.normal(i),
 };
 const GAMMA: Dist = Dist {
     name: "gamma",
-    params: ["alpha", "beta"],
     arity: 2,
     check: |p| {
         if p[0] > 0.0 && p[1] > 0.0 {
@@ -152,14 +149,12 @@ const GAMMA: Dist = Dist {
 };
 const EXPONENTIAL: Dist = Dist {
     name: "exponential",
-    params: ["lam", ""],
     arity: 1,
     check: |p| if p[0] > 0.0 { Ok(()) } else { Err(format!("lam must be positive, got {}", p[0])) },
     sample: |p, s, i| -(1.0 - s.uniform(2 * i)).ln() / p[0],
 };
 const POISSON: Dist = Dist {
     name: "poisson",
-    params: ["lam", ""],
     arity: 1,
     check: |p| if p[0] >= 0.0 { Ok(()) } else { Err(format!("lam must be non-negative, got {}", p[0])) },
     sample: |p, s, i| poisson(p[0], &mut Local::new(s, i)),
@@ -183,34 +178,56 @@ fn fill<T: Elem>(out: &mut OutBlob, d: &Dist, s: Stream, per: usize, params: &(d
     });
 }
 
-fn float_dtype(a: &Attrs, default: DType) -> DType {
-    match a.str("dtype") {
+/// The dtype a `dtype` parameter of [`FLOAT_DTYPES`] names (`None`: `default`).
+fn float_dtype(name: &str, default: DType) -> DType {
+    match name {
         "None" => default,
         name => dtype_from_name(name).expect("enum of dtype names"),
     }
 }
 
-fn scalar_params(d: &Dist, a: &Attrs) -> Result<[f64; 2]> {
-    let p = [a.float(d.params[0]), if d.arity == 2 { a.float(d.params[1]) } else { 0.0 }];
+/// A distribution's scalar parameters (the second is 0 for one-parameter distributions),
+/// checked.
+fn checked(d: &Dist, a: &Attrs, p: [f64; 2]) -> Result<[f64; 2]> {
     (d.check)(&p).map_err(|m| Error::value(format!("operator {}: {m}", a.op)))?;
     Ok(p)
 }
+
+/// What a `_random_<dist>` call's parameters give: the distribution's scalars, the output
+/// shape and the dtype name.
+struct Draw<'a> {
+    scalars: [f64; 2],
+    shape: &'a [i64],
+    dtype: &'a str,
+}
+
+/// Reads a `_random_<dist>` table.
+type ReadDraw = for<'a> fn(&'a Attrs) -> Draw<'a>;
+
+/// Reads a `_random_<dist>_like` table: the distribution's scalars.
+type ReadScalars = fn(&Attrs) -> [f64; 2];
 
 fn rng(cx: &OpCtx) -> Result<Stream> {
     cx.rng.ok_or_else(|| Error::internal(format!("operator {} ran without its random stream", cx.attrs.op)))
 }
 
 /// `_random_<dist>`: scalar parameters, `shape`, `ctx`, `dtype`.
-fn random_op(d: &'static Dist, name: &'static str, alias: &'static str, params: &'static [ParamSpec]) -> OpDef {
+fn random_op(
+    d: &'static Dist,
+    name: &'static str,
+    alias: &'static str,
+    (params, read): (&'static [ParamSpec], ReadDraw),
+) -> OpDef {
     OpDef::new(
         name,
         Inputs::Fixed(&[]),
         Box::new(move |a, _| {
-            scalar_params(d, a)?;
-            Ok(vec![Meta::new(shape_param(a.op, "shape", a.shape("shape"))?, float_dtype(a, DType::F32))])
+            let p = read(a);
+            checked(d, a, p.scalars)?;
+            Ok(vec![Meta::new(shape_param(a.op, "shape", p.shape)?, float_dtype(p.dtype, DType::F32))])
         }),
         Box::new(move |cx, _, outs| {
-            let p = scalar_params(d, cx.attrs)?;
+            let p = checked(d, cx.attrs, read(cx.attrs).scalars)?;
             let s = rng(cx)?;
             dispatch_float!(outs[0].dtype, cx.attrs.op, T => fill::<T>(&mut outs[0], d, s, 1, &|_| p));
             Ok(())
@@ -224,12 +241,12 @@ fn random_op(d: &'static Dist, name: &'static str, alias: &'static str, params: 
 }
 
 /// `_random_<dist>_like`: scalar parameters, the shape and dtype of `data`.
-fn like_op(d: &'static Dist, name: &'static str, params: &'static [ParamSpec]) -> OpDef {
+fn like_op(d: &'static Dist, name: &'static str, (params, read): (&'static [ParamSpec], ReadScalars)) -> OpDef {
     OpDef::new(
         name,
         Inputs::Fixed(&["data"]),
         Box::new(move |a, ins| {
-            scalar_params(d, a)?;
+            checked(d, a, read(a))?;
             if !matches!(ins[0].dtype, DType::F32 | DType::F64 | DType::F16) {
                 return Err(Error::type_error(format!(
                     "operator {}: data must be float16, float32 or float64, got {}",
@@ -240,7 +257,7 @@ fn like_op(d: &'static Dist, name: &'static str, params: &'static [ParamSpec]) -
             Ok(vec![ins[0].clone()])
         }),
         Box::new(move |cx, _, outs| {
-            let p = scalar_params(d, cx.attrs)?;
+            let p = checked(d, cx.attrs, read(cx.attrs))?;
             let s = rng(cx)?;
             dispatch_float!(outs[0].dtype, cx.attrs.op, T => fill::<T>(&mut outs[0], d, s, 1, &|_| p));
             Ok(())
@@ -279,9 +296,10 @@ fn sample_op(d: &'static Dist, name: &'static str, alias: &'static str, inputs: 
                     )));
                 }
             }
+            let p = SampleParams::of(a);
             let mut shape = ins[0].shape.clone();
-            shape.extend(shape_param(a.op, "shape", a.shape("shape"))?);
-            Ok(vec![Meta::new(shape, float_dtype(a, ins[0].dtype))])
+            shape.extend(shape_param(a.op, "shape", p.shape)?);
+            Ok(vec![Meta::new(shape, float_dtype(p.dtype, ins[0].dtype))])
         }),
         Box::new(move |cx, ins, outs| {
             let op = cx.attrs.op;
@@ -309,45 +327,88 @@ fn sample_op(d: &'static Dist, name: &'static str, alias: &'static str, inputs: 
 
 const CTX_DOC: &str = "Context of output, in format [cpu|gpu|cpu_pinned](n). Only used for imperative calls.";
 const FLOAT_DTYPES: &[&str] = &["None", "float16", "float32", "float64"];
-const SHAPE: ParamSpec = ParamSpec::opt("shape", PType::Shape, "()", "Shape of the output.");
-const CTX: ParamSpec = ParamSpec::opt("ctx", PType::Ctx, "", CTX_DOC);
-const DTYPE: ParamSpec = ParamSpec::opt(
-    "dtype",
-    PType::Enum(FLOAT_DTYPES),
-    "None",
-    "DType of the output in case this can't be inferred. Defaults to float32 if not defined (dtype=None).",
-);
-const SAMPLE_PARAMS: &[ParamSpec] =
-    &[ParamSpec::opt("shape", PType::Shape, "[]", "Shape to be sampled from each random distribution."), DTYPE];
+const SHAPE_DOC: &str = "Shape of the output.";
+const DTYPE_DOC: &str =
+    "DType of the output in case this can't be inferred. Defaults to float32 if not defined (dtype=None).";
+const LOW_DOC: &str = "Lower bound of the distribution.";
+const HIGH_DOC: &str = "Upper bound of the distribution.";
+const LAM_DOC: &str = "Lambda parameter (rate) of the distribution.";
 
-const LOW: ParamSpec = ParamSpec::opt("low", PType::Float, "0", "Lower bound of the distribution.");
-const HIGH: ParamSpec = ParamSpec::opt("high", PType::Float, "1", "Upper bound of the distribution.");
-const LOC: ParamSpec = ParamSpec::opt("loc", PType::Float, "0", "Mean of the distribution.");
-const SCALE: ParamSpec = ParamSpec::opt("scale", PType::Float, "1", "Standard deviation of the distribution.");
-const ALPHA: ParamSpec =
-    ParamSpec::opt("alpha", PType::Float, "1", "Alpha parameter (shape) of the gamma distribution.");
-const BETA: ParamSpec = ParamSpec::opt("beta", PType::Float, "1", "Beta parameter (scale) of the distribution.");
-const LAM: ParamSpec = ParamSpec::opt("lam", PType::Float, "1", "Lambda parameter (rate) of the distribution.");
+op_params! {
+    /// The `_sample_<dist>` operators' parameters.
+    struct SampleParams<'a> => SAMPLE_PARAMS {
+        shape: &'a [i64] = "[]", "Shape to be sampled from each random distribution.";
+        dtype: &'a str = "None" in *FLOAT_DTYPES, DTYPE_DOC;
+    }
+}
 
-const UNIFORM_PARAMS: &[ParamSpec] = &[LOW, HIGH, SHAPE, CTX, DTYPE];
-const NORMAL_PARAMS: &[ParamSpec] = &[LOC, SCALE, SHAPE, CTX, DTYPE];
-const GAMMA_PARAMS: &[ParamSpec] = &[ALPHA, BETA, SHAPE, CTX, DTYPE];
-const LAM_PARAMS: &[ParamSpec] = &[LAM, SHAPE, CTX, DTYPE];
-const RANDINT_PARAMS: &[ParamSpec] = &[
-    ParamSpec::req("low", PType::Int, "Lower bound of the distribution."),
-    ParamSpec::req("high", PType::Int, "Upper bound of the distribution."),
-    SHAPE,
-    CTX,
-    ParamSpec::opt(
-        "dtype",
-        PType::Enum(&["None", "int32", "int64"]),
-        "None",
-        "DType of the output in case this can't be inferred. Defaults to int32 if not defined (dtype=None).",
-    ),
-];
+/// Declares a `_random_<dist>` table (the distribution's scalars, then `shape`, `ctx` and
+/// `dtype`) and its `_like` form (the scalars only), each with the function that reads it.
+macro_rules! dist_params {
+    ($draw:ident, $like:ident, $read:ident, $read_like:ident, $table:ident, $like_table:ident,
+     [$($field:ident = $default:literal, $doc:expr;)+]) => {
+        op_params! {
+            struct $draw<'a> => $table {
+                $($field: f64 = $default, $doc;)+
+                shape: &'a [i64] = "()", SHAPE_DOC;
+                ctx: Option<Context> = "", CTX_DOC;
+                dtype: &'a str = "None" in *FLOAT_DTYPES, DTYPE_DOC;
+            }
+        }
+        op_params! {
+            struct $like<'a> => $like_table {
+                $($field: f64 = $default, $doc;)+
+            }
+        }
+        fn $read(a: &Attrs) -> Draw<'_> {
+            let p = $draw::of(a);
+            let mut scalars = [0.0; 2];
+            for (s, v) in scalars.iter_mut().zip([$(p.$field),+]) {
+                *s = v;
+            }
+            Draw { scalars, shape: p.shape, dtype: p.dtype }
+        }
+        fn $read_like(a: &Attrs) -> [f64; 2] {
+            let p = $like::of(a);
+            let mut scalars = [0.0; 2];
+            for (s, v) in scalars.iter_mut().zip([$(p.$field),+]) {
+                *s = v;
+            }
+            scalars
+        }
+    };
+}
+
+dist_params!(UniformParams, UniformLikeParams, read_uniform, read_uniform_like, UNIFORM_PARAMS, UNIFORM_LIKE, [
+    low = "0", LOW_DOC;
+    high = "1", HIGH_DOC;
+]);
+dist_params!(NormalParams, NormalLikeParams, read_normal, read_normal_like, NORMAL_PARAMS, NORMAL_LIKE, [
+    loc = "0", "Mean of the distribution.";
+    scale = "1", "Standard deviation of the distribution.";
+]);
+dist_params!(GammaParams, GammaLikeParams, read_gamma, read_gamma_like, GAMMA_PARAMS, GAMMA_LIKE, [
+    alpha = "1", "Alpha parameter (shape) of the gamma distribution.";
+    beta = "1", "Beta parameter (scale) of the distribution.";
+]);
+dist_params!(LamParams, LamLikeParams, read_lam, read_lam_like, LAM_PARAMS, LAM_LIKE, [
+    lam = "1", LAM_DOC;
+]);
+
+op_params! {
+    /// `_random_randint`'s parameters.
+    struct RandintParams<'a> => RANDINT_PARAMS {
+        low: i64 = required, LOW_DOC;
+        high: i64 = required, HIGH_DOC;
+        shape: &'a [i64] = "()", SHAPE_DOC;
+        ctx: Option<Context> = "", CTX_DOC;
+        dtype: &'a str = "None" in ["None", "int32", "int64"], "DType of the output in case this can't be inferred. Defaults to int32 if not defined (dtype=None).";
+    }
+}
 
 fn randint_bounds(a: &Attrs) -> Result<(i64, i64)> {
-    let (lo, hi) = (a.int("low"), a.int("high"));
+    let p = RandintParams::of(a);
+    let (lo, hi) = (p.low, p.high);
     if lo >= hi {
         return Err(Error::value(format!("operator {}: low ({lo}) must be < high ({hi})", a.op)));
     }
@@ -369,7 +430,8 @@ fn randint_op() -> OpDef {
         Inputs::Fixed(&[]),
         Box::new(|a, _| {
             let (lo, hi) = randint_bounds(a)?;
-            let dtype = match a.str("dtype") {
+            let p = RandintParams::of(a);
+            let dtype = match p.dtype {
                 "int64" => DType::I64,
                 _ => DType::I32,
             };
@@ -379,7 +441,7 @@ fn randint_op() -> OpDef {
                     a.op
                 )));
             }
-            Ok(vec![Meta::new(shape_param(a.op, "shape", a.shape("shape"))?, dtype)])
+            Ok(vec![Meta::new(shape_param(a.op, "shape", p.shape)?, dtype)])
         }),
         Box::new(|cx, _, outs| {
             let (lo, hi) = randint_bounds(cx.attrs)?;
@@ -406,23 +468,20 @@ fn randint_op() -> OpDef {
     .doc("Draw random samples from a discrete uniform distribution.")
 }
 
-const UNIFORM_LIKE: &[ParamSpec] = &[LOW, HIGH];
-const NORMAL_LIKE: &[ParamSpec] = &[LOC, SCALE];
-const GAMMA_LIKE: &[ParamSpec] = &[ALPHA, BETA];
-const LAM_LIKE: &[ParamSpec] = &[LAM];
-
 pub(super) fn register(ops: &mut Vec<OpDef>) {
-    ops.push(random_op(&UNIFORM, "_random_uniform", "random_uniform", UNIFORM_PARAMS).alias(&["uniform"]));
-    ops.push(random_op(&NORMAL, "_random_normal", "random_normal", NORMAL_PARAMS).alias(&["normal"]));
-    ops.push(random_op(&GAMMA, "_random_gamma", "random_gamma", GAMMA_PARAMS));
-    ops.push(random_op(&EXPONENTIAL, "_random_exponential", "random_exponential", LAM_PARAMS));
-    ops.push(random_op(&POISSON, "_random_poisson", "random_poisson", LAM_PARAMS));
+    ops.push(
+        random_op(&UNIFORM, "_random_uniform", "random_uniform", (UNIFORM_PARAMS, read_uniform)).alias(&["uniform"]),
+    );
+    ops.push(random_op(&NORMAL, "_random_normal", "random_normal", (NORMAL_PARAMS, read_normal)).alias(&["normal"]));
+    ops.push(random_op(&GAMMA, "_random_gamma", "random_gamma", (GAMMA_PARAMS, read_gamma)));
+    ops.push(random_op(&EXPONENTIAL, "_random_exponential", "random_exponential", (LAM_PARAMS, read_lam)));
+    ops.push(random_op(&POISSON, "_random_poisson", "random_poisson", (LAM_PARAMS, read_lam)));
     ops.push(randint_op());
-    ops.push(like_op(&UNIFORM, "_random_uniform_like", UNIFORM_LIKE));
-    ops.push(like_op(&NORMAL, "_random_normal_like", NORMAL_LIKE));
-    ops.push(like_op(&GAMMA, "_random_gamma_like", GAMMA_LIKE));
-    ops.push(like_op(&EXPONENTIAL, "_random_exponential_like", LAM_LIKE));
-    ops.push(like_op(&POISSON, "_random_poisson_like", LAM_LIKE));
+    ops.push(like_op(&UNIFORM, "_random_uniform_like", (UNIFORM_LIKE, read_uniform_like)));
+    ops.push(like_op(&NORMAL, "_random_normal_like", (NORMAL_LIKE, read_normal_like)));
+    ops.push(like_op(&GAMMA, "_random_gamma_like", (GAMMA_LIKE, read_gamma_like)));
+    ops.push(like_op(&EXPONENTIAL, "_random_exponential_like", (LAM_LIKE, read_lam_like)));
+    ops.push(like_op(&POISSON, "_random_poisson_like", (LAM_LIKE, read_lam_like)));
     ops.push(sample_op(&UNIFORM, "_sample_uniform", "sample_uniform", &["low", "high"]));
     ops.push(sample_op(&NORMAL, "_sample_normal", "sample_normal", &["mu", "sigma"]));
     ops.push(sample_op(&GAMMA, "_sample_gamma", "sample_gamma", &["alpha", "beta"]));

@@ -481,9 +481,24 @@ op_params! {
     }
 }
 
+/// The axes a reduction (of [`REDUCE_PARAMS`] or `norm`'s table) reduces, as flags.
 pub(super) fn flags_of(op: &str, a: &crate::op::param::Attrs, ndim: usize) -> Result<Vec<bool>> {
-    let exclude = a.has("exclude") && a.bool("exclude");
-    reduced_axes(op, ndim, a.opt_shape("axis"), exclude)
+    let (axis, exclude) = if a.declares(NORM_PARAMS) {
+        (NormParams::of(a).axis, false)
+    } else {
+        let p = ReduceParams::of(a);
+        (p.axis, p.exclude)
+    };
+    reduced_axes(op, ndim, axis, exclude)
+}
+
+/// Whether a reduction (of [`REDUCE_PARAMS`] or `norm`'s table) keeps the reduced axes.
+fn keepdims_of(a: &crate::op::param::Attrs) -> bool {
+    if a.declares(NORM_PARAMS) {
+        NormParams::of(a).keepdims
+    } else {
+        ReduceParams::of(a).keepdims
+    }
 }
 
 fn infer_reduce(op: &'static str) -> crate::op::InferFn {
@@ -505,8 +520,7 @@ fn infer_reduce(op: &'static str) -> crate::op::InferFn {
             }
         }
         let flags = flags_of(op, a, ins[0].shape.len())?;
-        // Every reduction's table declares keepdims (norm's too).
-        Ok(vec![Meta::new(reduced_shape(&ins[0].shape, &flags, a.bool("keepdims")), ins[0].dtype)])
+        Ok(vec![Meta::new(reduced_shape(&ins[0].shape, &flags, keepdims_of(a)), ins[0].dtype)])
     })
 }
 
@@ -543,18 +557,19 @@ pub(super) fn sum_into(op: &str, x: &TBlob, shape: &[usize], flags: &[bool], out
     Ok(())
 }
 
-/// The axis a search reduces (None: the flattened array).
+/// The axis a search reduces (None: the flattened array); `argmax_channel`, which declares
+/// no parameters, searches axis 1.
 fn search_axis(cx_op: &str, a: &crate::op::param::Attrs, ndim: usize) -> Result<Option<usize>> {
-    if !a.has("axis") {
+    if !a.declares(SEARCH_PARAMS) {
         return norm_axis(cx_op, 1, ndim).map(Some);
     }
-    a.opt_int("axis").map(|ax| norm_axis(cx_op, ax, ndim)).transpose()
+    SearchParams::of(a).axis.map(|ax| norm_axis(cx_op, ax, ndim)).transpose()
 }
 
 fn infer_search(op: &'static str) -> crate::op::InferFn {
     Box::new(move |a, ins: &[Meta]| {
         let shape = &ins[0].shape;
-        let keepdims = a.has("keepdims") && a.bool("keepdims");
+        let keepdims = a.declares(SEARCH_PARAMS) && SearchParams::of(a).keepdims;
         let out = match search_axis(op, a, shape.len())? {
             None if keepdims => vec![1; shape.len()],
             None => vec![1],

@@ -141,7 +141,14 @@ op_params! {
     }
 }
 
-fn axis_range(op: &str, a: &Attrs, b: &str, e: &str, ndim: usize) -> Result<(usize, usize)> {
+/// The axes `[begin, end)` (parameters named `b` and `e`, for errors) of `ndim`, defaults
+/// `0` and `ndim`, negative from the end.
+fn axis_range(
+    op: &str,
+    (b, begin): (&str, Option<i64>),
+    (e, end): (&str, Option<i64>),
+    ndim: usize,
+) -> Result<(usize, usize)> {
     let fix = |v: Option<i64>, dflt: usize, name: &str| -> Result<usize> {
         let n = ndim as i64;
         match v {
@@ -156,7 +163,7 @@ fn axis_range(op: &str, a: &Attrs, b: &str, e: &str, ndim: usize) -> Result<(usi
             }
         }
     };
-    let (lo, hi) = (fix(a.opt_int(b), 0, b)?, fix(a.opt_int(e), ndim, e)?);
+    let (lo, hi) = (fix(begin, 0, b)?, fix(end, ndim, e)?);
     if lo > hi {
         return Err(Error::value(format!("operator {op}: {b} ({lo}) must not exceed {e} ({hi})")));
     }
@@ -165,8 +172,9 @@ fn axis_range(op: &str, a: &Attrs, b: &str, e: &str, ndim: usize) -> Result<(usi
 
 fn infer_reshape_like(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let (l, r) = (&ins[0].shape, &ins[1].shape);
-    let (lb, le) = axis_range("reshape_like", a, "lhs_begin", "lhs_end", l.len())?;
-    let (rb, re) = axis_range("reshape_like", a, "rhs_begin", "rhs_end", r.len())?;
+    let p = ReshapeLikeParams::of(a);
+    let (lb, le) = axis_range("reshape_like", ("lhs_begin", p.lhs_begin), ("lhs_end", p.lhs_end), l.len())?;
+    let (rb, re) = axis_range("reshape_like", ("rhs_begin", p.rhs_begin), ("rhs_end", p.rhs_end), r.len())?;
     let mut out = l[..lb].to_vec();
     out.extend_from_slice(&r[rb..re]);
     out.extend_from_slice(&l[le..]);
@@ -1045,9 +1053,9 @@ fn run_diag(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
-/// The dtype named by an enum parameter of dtype names.
-pub(super) fn enum_dtype(a: &Attrs, name: &str) -> DType {
-    dtype_from_name(a.str(name)).expect("enum of dtype names")
+/// The dtype named by the value of an enum parameter of dtype names.
+pub(super) fn enum_dtype(name: &str) -> DType {
+    dtype_from_name(name).expect("enum of dtype names")
 }
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
