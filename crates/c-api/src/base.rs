@@ -74,10 +74,7 @@ pub unsafe extern "C" fn MXLibInfoFeatures(lib_features: *mut *const LibFeature,
 #[no_mangle]
 pub extern "C" fn MXNotifyShutdown() -> c_int {
     ffi::call("MXNotifyShutdown", || {
-        runtime().notify_shutdown();
-        mxnet_core::engine::shutdown();
-        mxnet_core::op::custom::worker::shutdown();
-        mxnet_core::profiler::final_dump();
+        runtime().shutdown();
         Ok(())
     })
 }

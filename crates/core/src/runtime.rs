@@ -1,12 +1,21 @@
-//! The process-wide runtime.
+//! The process-wide runtime: the one owner of the library's lifecycle.
 //!
-//! Owns: the state that outlives single calls and is not configuration: the kernel thread
-//! count set by `MXSetNumOMPThreads`, the shutdown flag, the build's feature list, and the
-//! fork protocol ([`on_fork`]: the order in which the parts that keep threads get ready for
-//! `fork` and start over in the child, led by the call gate ([`enter_call`]) that keeps every
-//! call into the library out of the moment of `fork`).
-//! Later capabilities (engine, storage, profiler) hang off [`Runtime`] so that it alone fixes
-//! their order of creation and shutdown; no other static owns a thread or a resource.
+//! Owns: [`Runtime`], one static value built at compile time (no lazy initialisation on
+//! the path of every call): the call gate and the completion gate that keep calls out of the
+//! moment of `fork` ([`enter_call`], [`enter_completion`]), the kernel thread count set by
+//! `MXSetNumOMPThreads`, the shutdown flag, and the table of [`Part`]s, one per [`Stage`],
+//! through which it drives the fork protocol (`pthread_atfork`: prepare in stage order,
+//! parent and child in reverse) and shutdown (`MXNotifyShutdown`, and process exit) in one
+//! fixed order. Also the build's feature list.
+//!
+//! The parts' own state lives with them, each in one process-wide slot (the engine and the
+//! custom-operator threads in a [`crate::sync::Started`], the kernel pool behind its lock):
+//! the engine, operators and autograd sit above this module in the layers and reach their
+//! state without a context argument, so the runtime cannot hold it; instead each part hands
+//! the runtime its lifecycle hooks when it starts ([`Runtime::adopt`]). The parts below
+//! this module (configuration, storage, profiler) need no hooks at the fork (no call is in
+//! progress then), and the profiler's end-of-process dump is the runtime's last stage.
+//! `docs/design/runtime.md` lists every process-wide value and who owns it.
 
 use crate::error::{Error, Result};
 use std::cell::{Cell, RefCell};
@@ -20,19 +29,20 @@ use std::sync::{OnceLock, PoisonError, RwLockReadGuard, RwLockWriteGuard};
 /// the version of the ABI we implement, not of this crate (see `MXGetConfig` for ours).
 pub const MXNET_VERSION: i32 = 10901;
 
-/// Runs when the library is loaded (before `dlopen` returns): creates the configuration
-/// registry, which prints the warnings for unknown `MXNET_*` variables, so that they appear
-/// whatever the program calls first. A panic here is contained; the registry is then created
-/// at the first API call instead.
-#[cfg(target_os = "linux")]
+/// Runs when the library is loaded (before `dlopen` returns): registers the process hooks
+/// (fork and exit) and creates the configuration registry, which prints the warnings for
+/// unknown `MXNET_*` variables, so that they appear whatever the program calls first. A
+/// panic here is contained; the registry is then created at the first API call instead.
+#[cfg(any(target_os = "linux", target_os = "macos"))]
 #[used]
-#[link_section = ".init_array"]
+#[cfg_attr(target_os = "linux", link_section = ".init_array")]
+#[cfg_attr(target_os = "macos", link_section = "__DATA,__mod_init_func")]
 static ON_LOAD: extern "C" fn() = on_load;
 
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", target_os = "macos"))]
 extern "C" fn on_load() {
     let _ = std::panic::catch_unwind(|| {
-        register_atfork();
+        register_process_hooks();
         let reg = crate::config::global();
         if let Err(e) = crate::profiler::autostart(reg) {
             eprintln!("[mxnet-rt] profiler autostart: {e}");
@@ -40,121 +50,131 @@ extern "C" fn on_load() {
     });
 }
 
-/// The parts of the library that take part in the fork protocol. Before `fork` (in the
+/// The parts of the library the runtime drives, in their order. Before `fork` (in the
 /// parent) their hooks run in this order; after it, in the parent and in the child, in the
-/// reverse order, whatever order they started in. The call gate comes first: once it is
-/// closed no thread is inside a call, so the engine can be quiesced without new pushes
-/// arriving, and quiescing it finishes the operations that could still use the other parts'
-/// threads.
+/// reverse order, whatever order they started in. At shutdown they run in this order. The
+/// call gate comes first: once it is closed no thread is inside a call, so the engine can be
+/// quiesced without new pushes arriving, and quiescing it finishes the operations that could
+/// still use the later parts' threads; at shutdown the engine finishes what was pushed before
+/// the custom-operator threads stop, and the profiler writes its trace last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ForkStage {
+pub enum Stage {
     /// The call gate ([`enter_call`]): closed before `fork`, opened again after it.
     CallGate = 0,
-    /// Finish pushed work before `fork`; a child starts a new engine.
+    /// Finish pushed work before `fork` and at shutdown; a child starts a new engine.
     Engine = 1,
     /// The completion gate ([`enter_completion`]): closed once the engine is idle.
     CompletionGate = 2,
-    /// The custom operators' helper threads: a child starts new ones.
+    /// The custom operators' helper threads: stopped at shutdown; a child starts new ones.
     CustomOpThreads = 3,
     /// The kernel thread pool: a child builds a new one.
     KernelPool = 4,
+    /// The profiler: writes its trace at shutdown and at process exit if it ran.
+    Profiler = 5,
 }
 
-const FORK_STAGES: usize = 5;
+const STAGES: usize = 6;
 
-/// One stage's hooks.
-#[derive(Clone, Copy, Default, Debug)]
-pub struct ForkHooks {
+/// A part of the library whose lifecycle the runtime drives (see [`Stage`]). The hooks run
+/// inside `pthread_atfork` handlers and at exit: they take no lock that another thread may
+/// hold at that moment, and a panic in one is caught and skips only that hook.
+pub trait Part: Sync {
     /// In the parent, before `fork`.
-    pub prepare: Option<extern "C" fn()>,
+    fn prepare_fork(&self) {}
     /// In the parent, after `fork`.
-    pub parent: Option<extern "C" fn()>,
-    /// In the child.
-    pub child: Option<extern "C" fn()>,
+    fn parent_after_fork(&self) {}
+    /// In the child, after `fork`.
+    fn child_after_fork(&self) {}
+    /// `MXNotifyShutdown`: finish work and stop threads. Calls that arrive afterwards (the
+    /// frontend frees handles in `__del__` after it) must still work.
+    fn shutdown(&self) {}
+    /// At process exit (`atexit`).
+    fn at_exit(&self) {}
 }
 
-/// Where in the fork the hooks run.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum ForkPoint {
+/// Where in the lifecycle the hooks run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Point {
     Prepare,
     Parent,
     Child,
+    Shutdown,
+    Exit,
 }
 
-static FORK_HOOKS: [OnceLock<ForkHooks>; FORK_STAGES] = [const { OnceLock::new() }; FORK_STAGES];
-
-/// The one fork protocol: `stage` takes part with these hooks (set once; later calls for the
-/// same stage are ignored). One `pthread_atfork` registration runs every registered stage's
-/// hooks in [`ForkStage`] order.
-pub fn on_fork(stage: ForkStage, hooks: ForkHooks) {
-    let _ = FORK_HOOKS[stage as usize].set(hooks);
-    register_atfork();
-}
-
-/// Registers the fork protocol with `pthread_atfork` (once; at load, so that the call gate
-/// works from the first call).
-fn register_atfork() {
+/// Registers the process hooks with `pthread_atfork` and `atexit` (once; at load, so that
+/// the call gate works from the first call), and adopts the runtime's own parts.
+fn register_process_hooks() {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
     REGISTERED.call_once(|| {
-        let _ = FORK_HOOKS[ForkStage::CallGate as usize].set(ForkHooks {
-            prepare: Some(close_gate),
-            parent: Some(open_gate),
-            child: Some(open_gate),
-        });
-        let _ = FORK_HOOKS[ForkStage::CompletionGate as usize].set(ForkHooks {
-            prepare: Some(close_completion_gate),
-            parent: Some(open_gate),
-            child: Some(open_gate),
-        });
+        RUNTIME.adopt_own(Stage::CallGate, &CallGate);
+        RUNTIME.adopt_own(Stage::CompletionGate, &CompletionGate);
+        RUNTIME.adopt_own(Stage::Profiler, &ProfilerStage);
         // SAFETY: plain extern "C" functions with no captured state.
-        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+        unsafe {
+            libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child));
+            libc::atexit(at_exit);
+        }
     });
 }
 
 extern "C" fn fork_prepare() {
-    run_fork_hooks(&FORK_HOOKS, ForkPoint::Prepare);
+    RUNTIME.run(Point::Prepare);
 }
 
 extern "C" fn fork_parent() {
-    run_fork_hooks(&FORK_HOOKS, ForkPoint::Parent);
+    RUNTIME.run(Point::Parent);
 }
 
 extern "C" fn fork_child() {
-    run_fork_hooks(&FORK_HOOKS, ForkPoint::Child);
+    RUNTIME.run(Point::Child);
 }
 
-/// Run the registered hooks of one point: before `fork` in stage order, after it in reverse.
-fn run_fork_hooks(table: &[OnceLock<ForkHooks>], point: ForkPoint) {
-    let run = |hooks: &OnceLock<ForkHooks>| {
-        if let Some(h) = hooks.get() {
-            let f = match point {
-                ForkPoint::Prepare => h.prepare,
-                ForkPoint::Parent => h.parent,
-                ForkPoint::Child => h.child,
-            };
-            if let Some(f) = f {
-                f();
-            }
-        }
-    };
-    if point == ForkPoint::Prepare {
-        table.iter().for_each(run);
-    } else {
-        table.iter().rev().for_each(run);
+extern "C" fn at_exit() {
+    RUNTIME.run(Point::Exit);
+}
+
+/// The call gate's part in the fork protocol.
+struct CallGate;
+
+impl Part for CallGate {
+    fn prepare_fork(&self) {
+        close(&RUNTIME.gate);
+    }
+    fn parent_after_fork(&self) {
+        open_gate();
+    }
+    fn child_after_fork(&self) {
+        open_gate();
     }
 }
 
-/// The call gate. Every call into the library from a thread the library does not own holds
-/// it shared for the whole call ([`enter_call`]); the fork protocol's first stage takes it
-/// exclusively, so at the moment of `fork` no such call is half done and no lock it takes
-/// (the handle table, the interned names, a storage pool, an engine variable) is held by a
-/// thread the child will not have. std's lock lets no new reader in while a writer waits,
-/// so a fork is not starved by threads that call without pause.
-///
-/// The library's own threads (engine workers, custom-operator threads) never take it: the
-/// engine stage waits for their work, and a custom operator's callback that calls the
-/// library from its thread must not wait for a fork that waits for that callback.
-static GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+/// The completion gate's part in the fork protocol.
+struct CompletionGate;
+
+impl Part for CompletionGate {
+    fn prepare_fork(&self) {
+        close(&RUNTIME.completion_gate);
+    }
+    fn parent_after_fork(&self) {
+        open_gate();
+    }
+    fn child_after_fork(&self) {
+        open_gate();
+    }
+}
+
+/// The profiler's end: its trace, written if it ran and the file is not finished.
+struct ProfilerStage;
+
+impl Part for ProfilerStage {
+    fn shutdown(&self) {
+        crate::profiler::final_dump();
+    }
+    fn at_exit(&self) {
+        crate::profiler::final_dump();
+    }
+}
 
 /// How the calling thread stands with the gate.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -263,7 +283,7 @@ pub fn enter_call() -> CallGuard {
             let mut held = s.held.borrow_mut();
             let outermost = !s.own.get() && s.completing.get() == 0 && held.is_none();
             if outermost {
-                *held = Some(GATE.read().unwrap_or_else(PoisonError::into_inner));
+                *held = Some(RUNTIME.gate.read().unwrap_or_else(PoisonError::into_inner));
             }
             CallGuard { counted: true, outermost }
         })
@@ -288,7 +308,7 @@ pub fn outside_call<R>(f: impl FnOnce() -> R) -> R {
     impl Drop for Reenter {
         fn drop(&mut self) {
             let _ = GATE_SLOT
-                .try_with(|s| *s.held.borrow_mut() = Some(GATE.read().unwrap_or_else(PoisonError::into_inner)));
+                .try_with(|s| *s.held.borrow_mut() = Some(RUNTIME.gate.read().unwrap_or_else(PoisonError::into_inner)));
         }
     }
     let release = GATE_SLOT.try_with(|s| s.operations.get() == 0 && s.usage() == GateUse::Inside);
@@ -320,12 +340,6 @@ pub fn in_operation() -> OperationScope {
     OperationScope(GATE_SLOT.try_with(|s| s.operations.set(s.operations.get() + 1)).is_ok())
 }
 
-/// The completion gate: calls that finish engine work instead of starting it (a C caller's
-/// `MXEngineCompleteAsync` for an asynchronous operation) pass this gate, not [`GATE`]: the
-/// engine stage waits for that operation, so the call must get through while [`GATE`] is
-/// closed. It closes after the engine is idle, so that no completion is half done at the fork.
-static COMPLETION_GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
 /// A completing call in progress: counted in the thread's depth and as completing (calls it
 /// makes, such as a frontend deleter freeing arrays, take nothing), and holding the
 /// completion gate.
@@ -345,9 +359,9 @@ impl Drop for CompletionGuard {
     }
 }
 
-/// Enter a call that completes engine work (see [`COMPLETION_GATE`]).
+/// Enter a call that completes engine work: passes the completion gate (see [`Runtime`]).
 pub fn enter_completion() -> CompletionGuard {
-    let held = COMPLETION_GATE.read().unwrap_or_else(PoisonError::into_inner);
+    let held = RUNTIME.completion_gate.read().unwrap_or_else(PoisonError::into_inner);
     let counted = GATE_SLOT
         .try_with(|s| {
             s.depth.set(s.depth.get() + 1);
@@ -357,23 +371,15 @@ pub fn enter_completion() -> CompletionGuard {
     CompletionGuard { counted, _held: held }
 }
 
-/// Marks the calling thread as one of the library's own (see [`GATE`]).
+/// Marks the calling thread as one of the library's own: it never takes the call gate.
 pub fn mark_library_thread() {
     GATE_SLOT.with(|s| s.own.set(true));
 }
 
-/// Before `fork`: wait until no call is in progress, and let none start. A thread that forks
-/// from inside a call (a frontend callback) or from a library thread cannot wait for itself;
-/// it forks without closing the gates.
-extern "C" fn close_gate() {
-    close(&GATE);
-}
-
-/// Before `fork`, once the engine is idle: wait until no completion is in progress.
-extern "C" fn close_completion_gate() {
-    close(&COMPLETION_GATE);
-}
-
+/// Before `fork`: wait until no call is in progress on `gate` (the call gate, or once the
+/// engine is idle the completion gate), and let none start. A thread that forks from inside
+/// a call (a frontend callback) or from a library thread cannot wait for itself; it forks
+/// without closing the gates.
 fn close(gate: &'static std::sync::RwLock<()>) {
     if gate_use() != Ok(GateUse::Outside) {
         return;
@@ -385,30 +391,97 @@ fn close(gate: &'static std::sync::RwLock<()>) {
 }
 
 /// After `fork` (parent and child): open the gate closed last.
-extern "C" fn open_gate() {
+fn open_gate() {
     let _ = catch_unwind(|| CLOSED.try_with(|c| c.borrow_mut().pop()));
 }
 
 /// The cores this process may use, read once: `available_parallelism` reads the cgroup and
 /// affinity files at every call, and kernels ask for the thread count per loop.
 pub fn cores() -> usize {
-    static CORES: OnceLock<usize> = OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    *RUNTIME.cores.get_or_init(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
 }
 
-/// The process-wide runtime.
+/// The process-wide runtime (see the module's doc).
 pub struct Runtime {
+    /// The call gate. Every call into the library from a thread the library does not own holds
+    /// it shared for the whole call ([`enter_call`]); the fork protocol's first stage takes it
+    /// exclusively, so at the moment of `fork` no such call is half done and no lock it takes
+    /// (the handle table, the interned names, a storage pool, an engine variable) is held by a
+    /// thread the child will not have. std's lock lets no new reader in while a writer waits,
+    /// so a fork is not starved by threads that call without pause.
+    ///
+    /// The library's own threads (engine workers, custom-operator threads) never take it: the
+    /// engine stage waits for their work, and a custom operator's callback that calls the
+    /// library from its thread must not wait for a fork that waits for that callback.
+    gate: std::sync::RwLock<()>,
+    /// The completion gate: calls that finish engine work instead of starting it (a C caller's
+    /// `MXEngineCompleteAsync` for an asynchronous operation) pass this gate, not the call gate: the
+    /// engine stage waits for that operation, so the call must get through while the call gate is
+    /// closed. It closes after the engine is idle, so that no completion is half done at the fork.
+    completion_gate: std::sync::RwLock<()>,
+    /// The part of each [`Stage`], once it started.
+    parts: [OnceLock<&'static dyn Part>; STAGES],
+    /// `MXSetNumOMPThreads` (0: not set).
     omp_threads: AtomicUsize,
     shut_down: AtomicBool,
+    cores: OnceLock<usize>,
 }
 
-/// The runtime, created on first use.
+/// The runtime: built at compile time, so reaching it costs nothing.
+static RUNTIME: Runtime = Runtime::new();
+
+/// The process's runtime.
+#[inline]
 pub fn runtime() -> &'static Runtime {
-    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| Runtime { omp_threads: AtomicUsize::new(0), shut_down: AtomicBool::new(false) })
+    &RUNTIME
 }
 
 impl Runtime {
+    /// An empty runtime: no part adopted, no gate closed. The process has one ([`runtime`]);
+    /// a test may build its own to drive parts of its own.
+    pub const fn new() -> Runtime {
+        Runtime {
+            gate: std::sync::RwLock::new(()),
+            completion_gate: std::sync::RwLock::new(()),
+            parts: [const { OnceLock::new() }; STAGES],
+            omp_threads: AtomicUsize::new(0),
+            shut_down: AtomicBool::new(false),
+            cores: OnceLock::new(),
+        }
+    }
+
+    /// A part started: the runtime drives its lifecycle from now on, at its stage (the first
+    /// part adopted at a stage stays; later ones are ignored).
+    pub fn adopt(&self, stage: Stage, part: &'static dyn Part) {
+        self.adopt_own(stage, part);
+        if std::ptr::eq(self, &RUNTIME) {
+            register_process_hooks();
+        }
+    }
+
+    fn adopt_own(&self, stage: Stage, part: &'static dyn Part) {
+        let _ = self.parts[stage as usize].set(part);
+    }
+
+    /// Run the adopted parts' hooks of one point: before `fork` and at shutdown and exit in
+    /// stage order, after `fork` in reverse.
+    fn run(&self, point: Point) {
+        let run = |part: &OnceLock<&'static dyn Part>| {
+            let Some(&p) = part.get() else { return };
+            let _ = catch_unwind(std::panic::AssertUnwindSafe(|| match point {
+                Point::Prepare => p.prepare_fork(),
+                Point::Parent => p.parent_after_fork(),
+                Point::Child => p.child_after_fork(),
+                Point::Shutdown => p.shutdown(),
+                Point::Exit => p.at_exit(),
+            }));
+        };
+        match point {
+            Point::Prepare | Point::Shutdown | Point::Exit => self.parts.iter().for_each(run),
+            Point::Parent | Point::Child => self.parts.iter().rev().for_each(run),
+        }
+    }
+
     /// `MXSetNumOMPThreads`: the number of threads data-parallel kernels may use.
     pub fn set_kernel_threads(&self, n: i32) -> Result<()> {
         if n < 1 {
@@ -431,14 +504,23 @@ impl Runtime {
         }
     }
 
-    /// `MXNotifyShutdown`: idempotent. Calls that arrive afterwards (the frontend frees handles
-    /// in `__del__` after it) still work.
-    pub fn notify_shutdown(&self) {
+    /// `MXNotifyShutdown`: every part's shutdown, in stage order (the engine finishes what
+    /// was pushed, the custom-operator threads stop, the profiler writes its trace).
+    /// Idempotent; calls that arrive afterwards (the frontend frees handles in `__del__`
+    /// after it) still work.
+    pub fn shutdown(&self) {
         self.shut_down.store(true, Ordering::Release);
+        self.run(Point::Shutdown);
     }
 
     pub fn is_shut_down(&self) -> bool {
         self.shut_down.load(Ordering::Acquire)
+    }
+}
+
+impl Default for Runtime {
+    fn default() -> Self {
+        Runtime::new()
     }
 }
 
@@ -551,37 +633,80 @@ mod fork_tests {
 
     static ORDER: Mutex<Vec<&str>> = Mutex::new(Vec::new());
 
-    /// Hooks run in stage order before `fork` and in reverse order after it, whatever order
-    /// the stages registered in (here the reverse), and only the registered ones.
+    /// Hooks run in stage order before `fork`, at shutdown and at exit, and in reverse order
+    /// after `fork`, whatever order the parts started in (here the reverse), and only the
+    /// adopted parts'. The test drives a runtime of its own: the process's is untouched.
     #[test]
-    fn hooks_run_in_stage_order_whatever_the_registration_order() {
-        extern "C" fn engine_prepare() {
-            ORDER.lock().unwrap().push("engine prepare");
+    fn parts_run_in_stage_order_whatever_the_adoption_order() {
+        struct Kernel;
+        impl Part for Kernel {
+            fn child_after_fork(&self) {
+                ORDER.lock().unwrap().push("kernel child");
+            }
         }
-        extern "C" fn engine_child() {
-            ORDER.lock().unwrap().push("engine child");
+        struct Engine;
+        impl Part for Engine {
+            fn prepare_fork(&self) {
+                ORDER.lock().unwrap().push("engine prepare");
+            }
+            fn child_after_fork(&self) {
+                ORDER.lock().unwrap().push("engine child");
+            }
+            fn shutdown(&self) {
+                ORDER.lock().unwrap().push("engine shutdown");
+            }
         }
-        extern "C" fn kernel_child() {
-            ORDER.lock().unwrap().push("kernel child");
+        struct Gate;
+        impl Part for Gate {
+            fn prepare_fork(&self) {
+                ORDER.lock().unwrap().push("gate prepare");
+            }
+            fn parent_after_fork(&self) {
+                ORDER.lock().unwrap().push("gate parent");
+            }
         }
-        extern "C" fn gate_prepare() {
-            ORDER.lock().unwrap().push("gate prepare");
+        struct Profiler;
+        impl Part for Profiler {
+            fn shutdown(&self) {
+                ORDER.lock().unwrap().push("profiler shutdown");
+            }
+            fn at_exit(&self) {
+                ORDER.lock().unwrap().push("profiler exit");
+            }
         }
-        extern "C" fn gate_parent() {
-            ORDER.lock().unwrap().push("gate parent");
+        struct Panics;
+        impl Part for Panics {
+            fn shutdown(&self) {
+                panic!("a hook that fails is skipped");
+            }
         }
-        let table: [OnceLock<ForkHooks>; FORK_STAGES] = [const { OnceLock::new() }; FORK_STAGES];
-        let hooks = |prepare, parent, child| ForkHooks { prepare, parent, child };
-        table[ForkStage::KernelPool as usize].set(hooks(None, None, Some(kernel_child))).unwrap();
-        table[ForkStage::Engine as usize].set(hooks(Some(engine_prepare), None, Some(engine_child))).unwrap();
-        table[ForkStage::CallGate as usize].set(hooks(Some(gate_prepare), Some(gate_parent), None)).unwrap();
-        run_fork_hooks(&table, ForkPoint::Prepare);
-        run_fork_hooks(&table, ForkPoint::Parent);
-        run_fork_hooks(&table, ForkPoint::Child);
+        let rt = Runtime::new();
+        rt.adopt(Stage::Profiler, &Profiler);
+        rt.adopt(Stage::KernelPool, &Kernel);
+        rt.adopt(Stage::CustomOpThreads, &Panics);
+        rt.adopt(Stage::Engine, &Engine);
+        rt.adopt(Stage::CallGate, &Gate);
+        // A second part for a stage is ignored.
+        rt.adopt(Stage::Engine, &Kernel);
+        for point in [Point::Prepare, Point::Parent, Point::Child, Point::Shutdown, Point::Exit] {
+            rt.run(point);
+        }
         assert_eq!(
             *ORDER.lock().unwrap(),
-            ["gate prepare", "engine prepare", "gate parent", "kernel child", "engine child"]
+            [
+                "gate prepare",
+                "engine prepare",
+                "gate parent",
+                "kernel child",
+                "engine child",
+                "engine shutdown",
+                "profiler shutdown",
+                "profiler exit"
+            ]
         );
+        assert!(!rt.is_shut_down());
+        rt.shutdown();
+        assert!(rt.is_shut_down() && !runtime().is_shut_down());
     }
 
     /// A call holds the gate shared; nested calls take nothing; a library thread never takes
@@ -604,7 +729,7 @@ mod fork_tests {
         static OPENING: AtomicBool = AtomicBool::new(false);
         let (tx, rx) = std::sync::mpsc::channel();
         let closer = std::thread::spawn(move || {
-            close_gate();
+            close(&RUNTIME.gate);
             tx.send(()).unwrap();
             // A library thread is not held up by the closed gate.
             let own = std::thread::spawn(|| {

@@ -1,6 +1,7 @@
 //! Locks for the whole crate: a mutex, a condition variable, a reader-writer lock, a spin
-//! lock for the shortest critical sections on hot paths, and a set-once cell ([`SetOnce`])
-//! that can be built already set without an atomic operation.
+//! lock for the shortest critical sections on hot paths, a set-once cell ([`SetOnce`])
+//! that can be built already set without an atomic operation, and the slot of a
+//! process-wide part that owns threads ([`Started`]).
 //!
 //! Owns: the choice of lock implementation. The
 //! locks wrap std's futex-based locks, whose whole
@@ -17,7 +18,7 @@
 //! Condition variables take the guard by value and give it back (`g = cv.wait(g)`), as std's.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -326,9 +327,94 @@ impl<T> Drop for SetOnce<T> {
     }
 }
 
+/// The slot of a process-wide part that owns threads (the engine, the custom-operator
+/// threads): started at first use and never freed, as its threads may still refer to it.
+/// A forked child forgets it ([`Started::forget`], from an `atfork` handler) and its next use
+/// starts another: the old one's threads stayed in the parent, and its locks may be held by
+/// them. Reading it is one acquire load.
+pub struct Started<T: 'static> {
+    /// Null, or a value leaked by the `start` of [`Started::get_or_start`].
+    ptr: AtomicPtr<T>,
+    /// Serialises starts.
+    init: Mutex<()>,
+}
+
+impl<T: Sync + Send + 'static> Started<T> {
+    pub const fn new() -> Self {
+        Started { ptr: AtomicPtr::new(std::ptr::null_mut()), init: Mutex::new(()) }
+    }
+
+    /// The instance, if it started (and was not forgotten since).
+    #[inline]
+    pub fn get(&self) -> Option<&'static T> {
+        let p = self.ptr.load(Ordering::Acquire);
+        // SAFETY: `ptr` is null or was stored from a `&'static T` (`get_or_start`), which
+        // stays valid for ever; `T: Sync` makes sharing it between threads sound.
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+
+    /// The instance, started by `start` (once: concurrent callers wait for the first) if it
+    /// was not. A failed start leaves the slot empty for the next call to try again.
+    pub fn get_or_start<E>(&self, start: impl FnOnce() -> Result<&'static T, E>) -> Result<&'static T, E> {
+        if let Some(t) = self.get() {
+            return Ok(t);
+        }
+        let _g = self.init.lock();
+        if let Some(t) = self.get() {
+            return Ok(t);
+        }
+        let t = start()?;
+        self.ptr.store(t as *const T as *mut T, Ordering::Release);
+        Ok(t)
+    }
+
+    /// Forget the instance (in a forked child): the next [`Started::get_or_start`] starts a
+    /// new one. Takes no lock, so it may run in an `atfork` handler.
+    pub fn forget(&self) {
+        self.ptr.store(std::ptr::null_mut(), Ordering::Release);
+    }
+}
+
+impl<T: Sync + Send + 'static> Default for Started<T> {
+    fn default() -> Self {
+        Started::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One start however many threads ask at once; a failed start leaves the slot empty; a
+    /// forgotten instance is replaced by the next start and stays valid for its holders.
+    #[test]
+    fn started_starts_once_and_starts_again_after_forget() {
+        static SLOT: Started<AtomicBool> = Started::new();
+        static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let start = || -> Result<&'static AtomicBool, ()> {
+            STARTS.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(20));
+            Ok(Box::leak(Box::new(AtomicBool::new(false))))
+        };
+        assert!(SLOT.get().is_none());
+        assert_eq!(SLOT.get_or_start(|| Err::<&'static AtomicBool, _>("no")).err(), Some("no"));
+        assert!(SLOT.get().is_none());
+        let got: Vec<usize> = (0..4)
+            .map(|_| std::thread::spawn(move || SLOT.get_or_start(start).unwrap() as *const AtomicBool as usize))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect();
+        assert!(got.iter().all(|&p| p == got[0]));
+        assert_eq!(STARTS.load(Ordering::SeqCst), 1);
+        let first = SLOT.get().unwrap();
+        first.store(true, Ordering::SeqCst);
+        SLOT.forget();
+        assert!(SLOT.get().is_none());
+        let second = SLOT.get_or_start(start).unwrap();
+        assert!(!std::ptr::eq(first, second) && first.load(Ordering::SeqCst));
+        assert_eq!(STARTS.load(Ordering::SeqCst), 2);
+    }
     use std::sync::Arc;
 
     #[test]

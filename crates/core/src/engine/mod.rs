@@ -1382,68 +1382,50 @@ impl Drop for BulkScope {
 
 // --- the process-wide engine ---
 
-static GLOBAL: std::sync::atomic::AtomicPtr<Engine> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
-static GLOBAL_INIT: Mutex<()> = Mutex::new(());
+/// The process's engine; a forked child starts another.
+static ENGINE: crate::sync::Started<Engine> = crate::sync::Started::new();
 
 /// The process-wide engine, started at first use from the configuration. A bad engine
 /// setting fails this call (and every later one until it is corrected).
 #[inline]
 pub fn global() -> Result<&'static Engine> {
-    let p = GLOBAL.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: engines are leaked, never freed; a non-null pointer is a live engine.
-        return Ok(unsafe { &*p });
+    match ENGINE.get() {
+        Some(e) => Ok(e),
+        None => start_global(),
     }
-    start_global()
 }
 
 #[cold]
 fn start_global() -> Result<&'static Engine> {
-    let _g = GLOBAL_INIT.lock();
-    let p = GLOBAL.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: as above.
-        return Ok(unsafe { &*p });
-    }
-    let engine = Engine::start(Engine::options_from_config()?);
-    register_fork_handlers();
-    GLOBAL.store(engine as *const Engine as *mut Engine, Ordering::Release);
-    Ok(engine)
+    ENGINE.get_or_start(|| {
+        let engine = Engine::start(Engine::options_from_config()?);
+        crate::runtime::runtime().adopt(crate::runtime::Stage::Engine, &EngineStage);
+        Ok(engine)
+    })
 }
 
 /// The process-wide engine if it was started.
 pub fn global_if_started() -> Option<&'static Engine> {
-    let p = GLOBAL.load(Ordering::Acquire);
-    // SAFETY: as in `global`.
-    (!p.is_null()).then(|| unsafe { &*p })
+    ENGINE.get()
 }
 
-/// Around `fork`: the parent quiesces the engine first (so no lock is held and no operation
-/// is half done); the child forgets the parent's engine, whose worker threads do not exist
-/// there, and starts a new one (with new pools) at its first use. Variables stay valid.
-fn register_fork_handlers() {
-    extern "C" fn prepare() {
+/// The engine's part in the runtime's lifecycle: before `fork` and at shutdown it finishes
+/// what was pushed (not on a worker thread, which would wait for itself); a child starts a
+/// new engine. Failures stay recorded; nothing is torn down, so later calls still work.
+struct EngineStage;
+
+impl crate::runtime::Part for EngineStage {
+    fn prepare_fork(&self) {
+        self.shutdown();
+    }
+    fn child_after_fork(&self) {
+        ENGINE.forget();
+    }
+    fn shutdown(&self) {
         if let Some(e) = global_if_started() {
             if !on_worker_thread() {
-                let _ = catch_unwind(AssertUnwindSafe(|| e.wait_idle()));
+                e.wait_idle();
             }
-        }
-    }
-    extern "C" fn child() {
-        GLOBAL.store(std::ptr::null_mut(), Ordering::Release);
-    }
-    crate::runtime::on_fork(
-        crate::runtime::ForkStage::Engine,
-        crate::runtime::ForkHooks { prepare: Some(prepare), parent: None, child: Some(child) },
-    );
-}
-
-/// Process shutdown: finish what was pushed (not from a worker thread, which would wait for
-/// itself). Failures stay recorded; nothing is torn down, so later calls still work.
-pub fn shutdown() {
-    if let Some(e) = global_if_started() {
-        if !on_worker_thread() {
-            e.wait_idle();
         }
     }
 }

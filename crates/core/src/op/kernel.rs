@@ -41,29 +41,40 @@ struct KernelPool {
     threads: usize,
     /// Measured fork-join cost of one split loop, in nanoseconds.
     overhead_ns: f64,
-    /// [`FORKS`] when the pool was built: a pool built before a `fork` has no threads in
+    /// [`Kernels::forks`] when the pool was built: a pool built before a `fork` has no threads in
     /// the child.
     forks: usize,
 }
 
-/// How many times this process is a forked child of a process that used kernels (counted by
-/// an `atfork` handler registered with the first pool).
-static FORKS: AtomicUsize = AtomicUsize::new(0);
+/// The process's kernel execution state.
+struct Kernels {
+    /// How many times this process is a forked child of a process that used kernels
+    /// (counted by [`PoolStage`], adopted by the runtime with the first pool).
+    forks: AtomicUsize,
+    /// A valid `OMP_NUM_THREADS`, read once.
+    omp_env: OnceLock<Option<usize>>,
+    /// The pool, if a loop was split since the thread count last changed.
+    pool: Mutex<Option<Arc<KernelPool>>>,
+    /// The tuning configuration, read once.
+    tuning: OnceLock<Tuning>,
+}
 
-fn register_fork_handler() {
-    extern "C" fn child() {
-        FORKS.fetch_add(1, Ordering::Relaxed);
+static KERNELS: Kernels =
+    Kernels { forks: AtomicUsize::new(0), omp_env: OnceLock::new(), pool: Mutex::new(None), tuning: OnceLock::new() };
+
+/// The pool's part in the runtime's lifecycle: a forked child counts the fork, and builds a
+/// new pool at its next use.
+struct PoolStage;
+
+impl crate::runtime::Part for PoolStage {
+    fn child_after_fork(&self) {
+        KERNELS.forks.fetch_add(1, Ordering::Relaxed);
     }
-    crate::runtime::on_fork(
-        crate::runtime::ForkStage::KernelPool,
-        crate::runtime::ForkHooks { child: Some(child), ..Default::default() },
-    );
 }
 
 /// Threads requested for kernels: MXSetNumOMPThreads, else a valid OMP_NUM_THREADS, else cores.
 pub fn requested_threads() -> usize {
-    static OMP_ENV: OnceLock<Option<usize>> = OnceLock::new();
-    let env = *OMP_ENV.get_or_init(|| {
+    let env = *KERNELS.omp_env.get_or_init(|| {
         let raw = std::env::var("OMP_NUM_THREADS").ok()?;
         match raw.trim().split(',').next().and_then(|s| s.trim().parse::<usize>().ok()).filter(|&n| n > 0) {
             Some(n) => Some(n),
@@ -83,13 +94,12 @@ pub fn requested_threads() -> usize {
 }
 
 fn pool() -> Option<Arc<KernelPool>> {
-    static POOL: Mutex<Option<Arc<KernelPool>>> = Mutex::new(None);
     let want = requested_threads();
     if want <= 1 {
         return None;
     }
-    let mut slot = POOL.lock();
-    let forks = FORKS.load(Ordering::Relaxed);
+    let mut slot = KERNELS.pool.lock();
+    let forks = KERNELS.forks.load(Ordering::Relaxed);
     if slot.as_ref().is_some_and(|p| p.forks != forks) {
         // A forked child: the pool's threads stayed in the parent. Dropping it would signal
         // threads that do not exist here; leak it and build a new one.
@@ -98,7 +108,7 @@ fn pool() -> Option<Arc<KernelPool>> {
     if let Some(p) = slot.as_ref().filter(|p| p.threads == want) {
         return Some(p.clone());
     }
-    register_fork_handler();
+    runtime().adopt(crate::runtime::Stage::KernelPool, &PoolStage);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(want)
         .thread_name(|i| format!("mxnet-rt kernel {i}"))
@@ -136,8 +146,7 @@ struct Tuning {
 }
 
 fn tuning() -> &'static Tuning {
-    static T: OnceLock<Tuning> = OnceLock::new();
-    T.get_or_init(|| {
+    KERNELS.tuning.get_or_init(|| {
         let reg = config::global();
         let mut enabled = [true; 8];
         match reg.get("MXNET_USE_OPERATOR_TUNING", "operator tuning").map(|r| r.value) {

@@ -112,8 +112,7 @@ fn raw_ticks(tsc: bool) -> u64 {
 }
 
 fn clock() -> &'static Clock {
-    static CLOCK: OnceLock<Clock> = OnceLock::new();
-    CLOCK.get_or_init(|| {
+    BUFFERS.clock.get_or_init(|| {
         let tsc = cfg!(target_arch = "x86_64")
             && std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
                 .is_ok_and(|s| s.trim() == "tsc");
@@ -335,8 +334,17 @@ impl Drop for ThreadBuf {
     }
 }
 
-static NEXT_TID: AtomicU32 = AtomicU32::new(0);
-static BUFFERS: Mutex<Vec<Arc<ThreadBuf>>> = Mutex::new(Vec::new());
+/// Every thread's buffer, and what they share.
+struct Buffers {
+    /// The clock events are timed with (chosen and started at its first use).
+    clock: OnceLock<Clock>,
+    /// The trace tid of the next thread that records.
+    next_tid: AtomicU32,
+    /// The buffers of every thread that ever recorded (a thread's outlives it until drained).
+    list: Mutex<Vec<Arc<ThreadBuf>>>,
+}
+
+static BUFFERS: Buffers = Buffers { clock: OnceLock::new(), next_tid: AtomicU32::new(0), list: Mutex::new(Vec::new()) };
 
 /// An operation that finished inside a timed C API call on this thread, held back so that
 /// the call records both in one [`Rec::ApiOp`].
@@ -361,10 +369,10 @@ struct Local {
 impl Local {
     fn buf(&self) -> &ThreadBuf {
         self.buf.get_or_init(|| {
-            let tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
+            let tid = BUFFERS.next_tid.fetch_add(1, Ordering::Relaxed);
             let name = std::thread::current().name().map_or_else(|| format!("thread {tid}"), str::to_string);
             let b = Arc::new(ThreadBuf::new(tid, name));
-            BUFFERS.lock().push(b.clone());
+            BUFFERS.list.lock().push(b.clone());
             b
         })
     }
@@ -446,7 +454,7 @@ pub fn record_op(name: Option<Arc<str>>, ctx: Context, ts: f64, dur: f64) {
 pub(crate) fn drain() -> (Vec<Event>, Vec<(u32, String)>) {
     let mut all = Vec::new();
     let mut names = Vec::new();
-    let mut buffers = BUFFERS.lock();
+    let mut buffers = BUFFERS.list.lock();
     let mut exited = Vec::new();
     for b in buffers.iter() {
         // Only the registry holds the buffer of a thread that has exited (and only the
@@ -473,7 +481,7 @@ pub(crate) fn drain() -> (Vec<Event>, Vec<(u32, String)>) {
 /// Drop every buffered event (a new configuration starts empty; an operation held for a C API
 /// call still open on another thread is recorded with that call, into the new one).
 pub(crate) fn discard() {
-    for b in BUFFERS.lock().iter() {
+    for b in BUFFERS.list.lock().iter() {
         b.take(drop);
     }
 }

@@ -40,8 +40,30 @@ const ON: u32 = 16;
 /// Set with ON when aggregate statistics are collected.
 const AGGREGATE: u32 = 32;
 
-/// What is being recorded right now: mode bits | ON, or 0.
-static FLAGS: AtomicU32 = AtomicU32::new(0);
+/// The process's profiler. It records every thread's operations and calls into one trace
+/// and one set of statistics, so it is one per process (tests that run it take
+/// [`TEST_LOCK`]); the runtime writes its trace at shutdown and exit.
+struct Profiler {
+    /// What is being recorded right now: mode bits | ON, or 0.
+    flags: AtomicU32,
+    /// Whether [`set_scope`] was ever called: until then, pushes skip the [`SCOPE`] slot.
+    scope_used: AtomicBool,
+    /// Whether [`annotate`] was ever called: until then, operations skip the [`OP_ARGS`]
+    /// slot.
+    args_used: AtomicBool,
+    /// Configuration, run state, the trace and statistics collected so far, the dump thread.
+    state: Mutex<Option<State>>,
+    /// Wakes the continuous-dump thread to stop.
+    dumper_cv: Condvar,
+}
+
+static PROFILER: Profiler = Profiler {
+    flags: AtomicU32::new(0),
+    scope_used: AtomicBool::new(false),
+    args_used: AtomicBool::new(false),
+    state: Mutex::new(None),
+    dumper_cv: Condvar::new(),
+};
 
 /// Whether engine operations of this kind are being recorded.
 #[inline]
@@ -49,7 +71,7 @@ pub fn ops_on(symbolic: bool) -> bool {
     if cfg!(feature = "no-profiler-sites") {
         return false;
     }
-    FLAGS.load(Ordering::Relaxed) & if symbolic { SYMBOLIC } else { IMPERATIVE } != 0
+    PROFILER.flags.load(Ordering::Relaxed) & if symbolic { SYMBOLIC } else { IMPERATIVE } != 0
 }
 
 /// Whether C API calls are being recorded.
@@ -58,26 +80,21 @@ pub fn api_on() -> bool {
     if cfg!(feature = "no-profiler-sites") {
         return false;
     }
-    FLAGS.load(Ordering::Relaxed) & API != 0
+    PROFILER.flags.load(Ordering::Relaxed) & API != 0
 }
 
 /// Whether the profiler runs (and is not paused).
 #[inline]
 pub fn running() -> bool {
-    FLAGS.load(Ordering::Relaxed) & ON != 0
+    PROFILER.flags.load(Ordering::Relaxed) & ON != 0
 }
 
 /// Whether the profiler runs with aggregate statistics: the engine then bulks nothing, so
 /// the statistics list every operator (stock's `AggregateRunning`).
 #[inline]
 pub fn aggregate_running() -> bool {
-    FLAGS.load(Ordering::Relaxed) & AGGREGATE != 0
+    PROFILER.flags.load(Ordering::Relaxed) & AGGREGATE != 0
 }
-
-/// Whether [`set_scope`] was ever called: until then, pushes skip the [`SCOPE`] slot.
-static SCOPE_USED: AtomicBool = AtomicBool::new(false);
-/// Whether [`annotate`] was ever called: until then, operations skip the [`OP_ARGS`] slot.
-static ARGS_USED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// Extra `args` for the operation running on this thread (e.g. the convolution algorithm).
@@ -129,14 +146,14 @@ pub fn op_name(name: &Arc<str>) -> Arc<str> {
 /// Attach `"key":"value"` to the event of the operation running on this thread (recorded
 /// only when operations are being recorded).
 pub fn annotate(key: &str, value: &str) {
-    if FLAGS.load(Ordering::Relaxed) & (SYMBOLIC | IMPERATIVE) == 0 {
+    if PROFILER.flags.load(Ordering::Relaxed) & (SYMBOLIC | IMPERATIVE) == 0 {
         return;
     }
     let mut kv = String::new();
     trace::json_str(&mut kv, key);
     kv.push(':');
     trace::json_str(&mut kv, value);
-    ARGS_USED.store(true, Ordering::Relaxed);
+    PROFILER.args_used.store(true, Ordering::Relaxed);
     let _ = OP_ARGS.try_with(|a| {
         let mut a = a.borrow_mut();
         match a.as_mut() {
@@ -151,13 +168,13 @@ pub fn annotate(key: &str, value: &str) {
 
 /// `MXSetProfilerScope`: the scope operations pushed from this thread are tagged with.
 pub fn set_scope(scope: &str) {
-    SCOPE_USED.store(true, Ordering::Relaxed);
+    PROFILER.scope_used.store(true, Ordering::Relaxed);
     let _ = SCOPE.try_with(|s| *s.borrow_mut() = (!scope.is_empty()).then(|| Arc::from(scope)));
 }
 
 /// This thread's profiler scope, if one is set (captured when an operation is pushed).
 pub fn scope() -> Option<Arc<str>> {
-    if !SCOPE_USED.load(Ordering::Relaxed) {
+    if !PROFILER.scope_used.load(Ordering::Relaxed) {
         return None;
     }
     SCOPE.try_with(|s| s.borrow().clone()).ok().flatten()
@@ -165,7 +182,7 @@ pub fn scope() -> Option<Arc<str>> {
 
 /// The args [`annotate`]d on this thread since the last call.
 fn take_args() -> Option<String> {
-    if !ARGS_USED.load(Ordering::Relaxed) {
+    if !PROFILER.args_used.load(Ordering::Relaxed) {
         return None;
     }
     OP_ARGS.try_with(|a| a.borrow_mut().take()).ok().flatten()
@@ -379,14 +396,10 @@ struct State {
     /// Bumped to stop the continuous-dump thread.
     dumper_gen: u64,
     dumper: Option<std::thread::JoinHandle<()>>,
-    exit_hook: bool,
 }
 
-static STATE: Mutex<Option<State>> = Mutex::new(None);
-static DUMPER_CV: Condvar = Condvar::new();
-
 fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
-    let mut g = STATE.lock();
+    let mut g = PROFILER.state.lock();
     let st = g.get_or_insert_with(|| State {
         config: Config::default(),
         running: false,
@@ -396,7 +409,6 @@ fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
         aggregate: Aggregate::default(),
         dumper_gen: 0,
         dumper: None,
-        exit_hook: false,
     });
     f(st)
 }
@@ -405,7 +417,7 @@ fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
 fn apply_flags(st: &State) {
     let on = st.running && !st.paused;
     let flags = if on { st.config.mode | ON | if st.config.aggregate_stats { AGGREGATE } else { 0 } } else { 0 };
-    let memory_was = FLAGS.swap(flags, Ordering::SeqCst) & MEMORY != 0;
+    let memory_was = PROFILER.flags.swap(flags, Ordering::SeqCst) & MEMORY != 0;
     let memory = flags & MEMORY != 0;
     if memory && !memory_was {
         crate::storage::events::subscribe(Some(Arc::new(|e: &crate::storage::events::StorageEvent| {
@@ -454,7 +466,6 @@ pub fn set_state(run: bool) -> Result<()> {
             st.running = true;
             st.paused = false;
             st.has_run = true;
-            ensure_exit_hook(st);
             if st.config.continuous_dump && st.dumper.is_none() {
                 st.dumper_gen += 1;
                 let gen = st.dumper_gen;
@@ -468,7 +479,7 @@ pub fn set_state(run: bool) -> Result<()> {
             st.running = false;
             st.paused = false;
             st.dumper_gen += 1;
-            DUMPER_CV.notify_all();
+            PROFILER.dumper_cv.notify_all();
         }
         apply_flags(st);
         if !run {
@@ -484,9 +495,9 @@ pub fn set_state(run: bool) -> Result<()> {
 }
 
 fn continuous_dump(gen: u64, period: std::time::Duration) {
-    let mut g = STATE.lock();
+    let mut g = PROFILER.state.lock();
     loop {
-        g = DUMPER_CV.wait_for(g, period).0;
+        g = PROFILER.dumper_cv.wait_for(g, period).0;
         let Some(st) = g.as_mut() else { return };
         if st.dumper_gen != gen {
             return;
@@ -559,24 +570,11 @@ fn aggregate_count(category: &str, name: &str) -> u64 {
     })
 }
 
-fn ensure_exit_hook(st: &mut State) {
-    if st.exit_hook {
-        return;
-    }
-    st.exit_hook = true;
-    extern "C" fn at_exit() {
-        let _ = std::panic::catch_unwind(final_dump);
-    }
-    // SAFETY: registering a plain extern "C" function with no captured state.
-    unsafe {
-        libc::atexit(at_exit);
-    }
-}
-
-/// Write the trace if the profiler ran and the file was not finished (at `MXNotifyShutdown`
-/// and at process exit). Every dump is complete, so writing twice is harmless.
+/// Write the trace if the profiler ran and the file was not finished (the runtime's last
+/// stage, at `MXNotifyShutdown` and at process exit). Every dump is complete, so writing
+/// twice is harmless.
 pub fn final_dump() {
-    let Some(mut g) = STATE.try_lock_for(std::time::Duration::from_secs(2)) else { return };
+    let Some(mut g) = PROFILER.state.try_lock_for(std::time::Duration::from_secs(2)) else { return };
     if let Some(st) = g.as_mut() {
         if st.has_run {
             let _ = dump_locked(st, false);

@@ -19,13 +19,19 @@ pub enum StorageEvent {
 
 type Sink = Arc<dyn Fn(&StorageEvent) + Send + Sync>;
 
-static ACTIVE: AtomicBool = AtomicBool::new(false);
-static SINK: RwLock<Option<Sink>> = RwLock::new(None);
+/// The subscriber slot.
+struct Subscriber {
+    /// Whether `sink` holds one (read without the lock on every event).
+    active: AtomicBool,
+    sink: RwLock<Option<Sink>>,
+}
+
+static SUBSCRIBER: Subscriber = Subscriber { active: AtomicBool::new(false), sink: RwLock::new(None) };
 
 /// Send every storage event to `sink` (replacing a previous subscriber); `None` stops.
 pub fn subscribe(sink: Option<Sink>) {
-    let mut s = SINK.write();
-    ACTIVE.store(sink.is_some(), Ordering::Release);
+    let mut s = SUBSCRIBER.sink.write();
+    SUBSCRIBER.active.store(sink.is_some(), Ordering::Release);
     *s = sink;
 }
 
@@ -33,10 +39,10 @@ pub fn subscribe(sink: Option<Sink>) {
 /// pool's figures are not read for nobody).
 #[inline]
 pub(crate) fn emit(make: impl FnOnce() -> StorageEvent) {
-    if !ACTIVE.load(Ordering::Relaxed) {
+    if !SUBSCRIBER.active.load(Ordering::Relaxed) {
         return;
     }
-    if let Some(sink) = SINK.read().as_ref() {
+    if let Some(sink) = SUBSCRIBER.sink.read().as_ref() {
         sink(&make());
     }
 }

@@ -13,11 +13,10 @@
 //! forked child does not have its parent's threads and starts its own at its first job.
 
 use crate::error::{Error, Result};
-use crate::sync::{Condvar, Mutex, MutexGuard};
+use crate::sync::{Condvar, Mutex, MutexGuard, Started};
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicPtr, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -65,44 +64,41 @@ thread_local! {
     static IS_CUSTOM_THREAD: Cell<bool> = const { Cell::new(false) };
 }
 
-static WORKERS: AtomicPtr<Workers> = AtomicPtr::new(std::ptr::null_mut());
-static INIT: Mutex<()> = Mutex::new(());
+/// The process's custom-operator threads; a forked child starts others.
+static WORKERS: Started<Workers> = Started::new();
 
 fn started() -> Option<&'static Workers> {
-    let p = WORKERS.load(Ordering::Acquire);
-    // SAFETY: the pointer is null or a leaked `Workers` that is never freed.
-    (!p.is_null()).then(|| unsafe { &*p })
+    WORKERS.get()
 }
 
 fn workers() -> &'static Workers {
-    if let Some(w) = started() {
-        return w;
+    let started = WORKERS.get_or_start(|| {
+        crate::runtime::runtime().adopt(crate::runtime::Stage::CustomOpThreads, &WorkerStage);
+        Ok::<_, std::convert::Infallible>(&*Box::leak(Box::new(Workers {
+            state: Mutex::new(State::default()),
+            work: Condvar::new(),
+            watch: Condvar::new(),
+            exited: Condvar::new(),
+        })))
+    });
+    match started {
+        Ok(w) => w,
+        Err(never) => match never {},
     }
-    let _g = INIT.lock();
-    if let Some(w) = started() {
-        return w;
-    }
-    register_fork_handler();
-    let w: &'static Workers = Box::leak(Box::new(Workers {
-        state: Mutex::new(State::default()),
-        work: Condvar::new(),
-        watch: Condvar::new(),
-        exited: Condvar::new(),
-    }));
-    WORKERS.store(w as *const Workers as *mut Workers, Ordering::Release);
-    w
 }
 
-/// In a forked child the threads are gone: forget them (the old state is leaked, its lock may
-/// have been held by one of them at the fork).
-fn register_fork_handler() {
-    extern "C" fn child() {
-        WORKERS.store(std::ptr::null_mut(), Ordering::Release);
+/// The threads' part in the runtime's lifecycle: stopped at shutdown; in a forked child they
+/// are gone, so the child forgets them (the old state is leaked, its lock may have been held
+/// by one of them at the fork).
+struct WorkerStage;
+
+impl crate::runtime::Part for WorkerStage {
+    fn child_after_fork(&self) {
+        WORKERS.forget();
     }
-    crate::runtime::on_fork(
-        crate::runtime::ForkStage::CustomOpThreads,
-        crate::runtime::ForkHooks { child: Some(child), ..Default::default() },
-    );
+    fn shutdown(&self) {
+        shutdown();
+    }
 }
 
 /// Whether the calling thread is a custom-operator thread.
@@ -247,7 +243,7 @@ pub fn threads() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::mpsc;
 
     /// Job 1 blocks until job 2 has run; returns the order they finished in.
