@@ -381,6 +381,77 @@ fn run_take(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
+// ---- Embedding ----
+
+/// The dtypes stock's `Embedding` names for its weight (bfloat16 is refused at the call).
+const EMBEDDING_DTYPES: &[&str] = &["bfloat16", "float16", "float32", "float64", "int32", "int64", "int8", "uint8"];
+
+op_params! {
+    pub(super) struct EmbeddingParams<'a> => EMBEDDING_PARAMS {
+        input_dim: i64 = required, "Vocabulary size of the input indices.";
+        output_dim: i64 = required, "Dimension of the embedding vectors.";
+        dtype: &'a str = "float32" in *EMBEDDING_DTYPES, "Data type of weight.";
+        sparse_grad: bool = "0", "Compute row sparse gradient in the backward calculation. If set to True, the grad's storage type is row_sparse.";
+    }
+}
+
+/// `Embedding`'s validated (input_dim, output_dim, weight dtype).
+pub(super) fn embedding_dims(a: &Attrs) -> Result<(usize, usize, DType)> {
+    let p = EmbeddingParams::of(a);
+    for (name, v) in [("input_dim", p.input_dim), ("output_dim", p.output_dim)] {
+        if v < 1 {
+            return Err(Error::mxnet(format!("operator Embedding: {name} must be >= 1, got {v}")));
+        }
+    }
+    if p.sparse_grad {
+        return Err(Error::not_supported("Embedding with sparse_grad=True (row_sparse gradients)"));
+    }
+    let dtype = crate::op::param::dtype_from_name(p.dtype)
+        .ok_or_else(|| Error::not_supported(format!("Embedding with dtype {}", p.dtype)))?;
+    Ok((p.input_dim as usize, p.output_dim as usize, dtype))
+}
+
+fn infer_embedding(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let (vocab, dim, dtype) = embedding_dims(a)?;
+    let w = &ins[1];
+    if w.shape != [vocab, dim] {
+        return Err(Error::mxnet(format!(
+            "operator Embedding: weight has shape {:?}, expected ({vocab}, {dim}) from input_dim and output_dim",
+            w.shape
+        )));
+    }
+    if w.dtype != dtype {
+        return Err(Error::type_error(format!(
+            "operator Embedding: weight has dtype {}, the dtype parameter says {}",
+            w.dtype.name(),
+            dtype.name()
+        )));
+    }
+    let mut out = ins[0].shape.clone();
+    out.push(dim);
+    one_out(out, dtype)
+}
+
+/// Graph inference of the weight from the parameters.
+fn embedding_param_shapes(a: &Attrs, _: &[i64], _: usize) -> Result<Vec<(usize, Vec<i64>)>> {
+    let (vocab, dim, _) = embedding_dims(a)?;
+    Ok(vec![(1, vec![vocab as i64, dim as i64])])
+}
+
+/// `out[..., :] = weight[clip(data[...]), :]`: stock clips indices to `[0, input_dim)` (values
+/// are truncated toward zero first).
+fn run_embedding(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let w = &ins[1];
+    let (vocab, dim) = (w.shape[0], w.shape[1]);
+    let idx = read_indices(&ins[0]);
+    if idx.is_empty() || dim == 0 {
+        return Ok(());
+    }
+    let idx: Vec<usize> = idx.iter().map(|&i| resolve("Embedding", i, vocab, b'c')).collect::<Result<_>>()?;
+    gather_blocks(w, &mut outs[0], 1, vocab, &idx, dim);
+    Ok(())
+}
+
 op_params! {
     pub(super) struct PickParams<'a> => PICK_PARAMS {
         axis: Option<i64> = "-1", "int or None. The axis to picking the elements. Negative values means indexing from right to left.";
@@ -929,6 +1000,14 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .params(TAKE_PARAMS)
             .grad(bwd("_backward_take", true))
             .doc("Takes elements from an input array along the given axis."),
+    );
+    ops.push(
+        op("Embedding", Inputs::Fixed(&["data", "weight"]), infer_embedding, run_embedding)
+            .alias(&["_npx_embedding"])
+            .params(EMBEDDING_PARAMS)
+            .param_shapes(embedding_param_shapes)
+            .grad(bwd("_backward_Embedding", true))
+            .doc("Maps integer indices to vector representations (embeddings): row data[i] of weight, indices clipped to [0, input_dim)."),
     );
     ops.push(
         op("pick", Inputs::Fixed(&["data", "index"]), infer_pick, run_pick)

@@ -1,5 +1,6 @@
 //! Backward operators of the indexing family (see `op::grad` for the convention):
 //! `_backward_slice`, `_backward_slice_axis`, `_backward_slice_like`, `_backward_take`,
+//! `_backward_Embedding`,
 //! `_backward_pick`, `_backward_gather_nd`, `_backward_where`, `_backward_topk` and
 //! `_backward_sort`.
 //!
@@ -135,6 +136,24 @@ fn take_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
+/// Embedding: inputs (ograd, data, weight); outputs (data's gradient: zero, weight's: the
+/// output gradient's rows added at their clipped indices).
+fn embedding_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    zero_from(cx, outs, 0);
+    if cx.req.get(1).is_none_or(|r| *r == Req::Null) {
+        return Ok(());
+    }
+    let (vocab, dim) = (outs[1].shape[0], outs[1].shape[1]);
+    let idx = read_indices(&ins[1]);
+    if idx.is_empty() || dim == 0 {
+        return Ok(());
+    }
+    let idx: Vec<usize> = idx.iter().map(|&i| resolve("Embedding", i, vocab, b'c')).collect::<Result<_>>()?;
+    let dw = &mut outs[1];
+    dispatch_float!(dw.dtype, "_backward_Embedding", T => scatter_add::<T>(ins[0].as_slice::<T>(), dw.as_mut::<T>(), 1, vocab, &idx, dim));
+    Ok(())
+}
+
 /// pick: inputs (ograd, data, index); each output position picks one distinct element.
 fn pick_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let params = PickParams::of(cx.attrs);
@@ -253,6 +272,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ("_backward_slice_axis", "slice_axis", slice_axis_back),
         ("_backward_slice_like", "slice_like", slice_like_back),
         ("_backward_take", "take", take_back),
+        ("_backward_Embedding", "Embedding", embedding_back),
         ("_backward_pick", "pick", pick_back),
         ("_backward_gather_nd", "gather_nd", gather_nd_back),
         ("_backward_where", "where", where_back),

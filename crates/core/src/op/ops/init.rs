@@ -212,7 +212,7 @@ fn linspace(cx: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let steps = if endpoint { num.saturating_sub(1) } else { num };
     let step = if steps > 0 { (stop - start) / steps as f64 } else { 0.0 };
     dispatch_all!(outs[0].dtype, T => fill_index::<T>(&mut outs[0], |i| {
-        T::from_f64(if endpoint && i + 1 == num { stop } else { start + step * i as f64 })
+        T::from_f64(if endpoint && num > 1 && i + 1 == num { stop } else { start + step * i as f64 })
     }));
     Ok(())
 }

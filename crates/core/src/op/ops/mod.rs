@@ -7,6 +7,7 @@ mod add_n;
 mod broadcast;
 mod broadcast_grad;
 mod common;
+mod contrib;
 mod conv;
 mod conv_grad;
 mod elemwise;
@@ -16,6 +17,7 @@ mod index_grad;
 mod init;
 mod linalg;
 mod linalg_grad;
+mod loss;
 mod missing;
 mod nn;
 mod nn_grad;
@@ -23,8 +25,10 @@ mod optim;
 mod random_ops;
 mod reduce;
 mod reduce_grad;
+mod sequence;
 mod shape;
 mod shape_grad;
+mod special;
 mod strided;
 mod unsupported;
 
@@ -49,6 +53,10 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     reduce_grad::register(ops);
     shape_grad::register(ops);
     index_grad::register(ops);
+    sequence::register(ops);
+    loss::register(ops);
+    contrib::register(ops);
+    special::register(ops);
     super::custom::register(ops);
     unsupported::register(ops);
     // last: stubs for the stock names no family registered

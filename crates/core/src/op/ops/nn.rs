@@ -130,7 +130,7 @@ fn map<T: Elem, R: Real>(x: &TBlob, out: &mut OutBlob, cost: Cost, f: impl Fn(R)
     });
 }
 
-fn float_only(op: &str, d: DType) -> Result<()> {
+pub(super) fn float_only(op: &str, d: DType) -> Result<()> {
     match d {
         DType::F32 | DType::F64 | DType::F16 => Ok(()),
         other => {
@@ -139,7 +139,7 @@ fn float_only(op: &str, d: DType) -> Result<()> {
     }
 }
 
-fn infer_float_like_first(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+pub(super) fn infer_float_like_first(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     float_only(a.op, ins[0].dtype)?;
     Ok(vec![ins[0].clone()])
 }
@@ -812,7 +812,8 @@ fn layer_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let params = LnParams::of(a);
     let axis = norm_axis(a.op, params.axis, x.ndim())?;
     let (outer, len, inner) = split_at_axis(&x.shape, axis);
-    let eps = params.eps;
+    // Stock's LayerNormParam holds eps as a float32 (float64 data sees the rounded value).
+    let eps = params.eps as f32 as f64;
     let gamma = read_f64(a.op, &ins[1])?;
     let beta = read_f64(a.op, &ins[2])?;
     dispatch_real!(x.dtype, a.op, T, _R => {
