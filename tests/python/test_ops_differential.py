@@ -251,6 +251,7 @@ CASES += [
     case("arange_like", "nd.contrib.arange_like", r(2, 3)),
     case("arange_like-start-step", "nd.contrib.arange_like", r(2, 3, dtype="float64"), start=1.0, step=0.5),
     case("arange_like-repeat", "nd.contrib.arange_like", r(2, 3), repeat=2),
+    case("arange_like-int32-fractional-step", "nd.contrib.arange_like", a([[1, 2, 3], [4, 5, 6]], "int32"), start=1.5, step=0.5),
     case("arange_like-axis", "nd.contrib.arange_like", r(2, 5), axis=1, start=3.0),
     case("arange_like-axis-1", "nd.contrib.arange_like", r(2, 3, 4), axis=-1, step=2.0),
     # div_sqrt_dim
@@ -269,7 +270,9 @@ CASES += [
     case("maereg", "nd.MAERegressionOutput", r(3, 2), r(3, 2), grad=True, grad_scale=3.0),
     # allclose, all_finite, multi_all_finite
     case("allclose-true", "nd.contrib.allclose", a([1.0, 2.0]), a([1.0, 2.000001])),
-    case("allclose-false", "nd.contrib.allclose", a([1.0, 2.0]), a([1.0, 2.1]), rtol=1e-3, atol=0.0),
+    # The operator's own rtol/atol go in kwargs (case()'s rtol/atol are the comparison's).
+    differential.Case("allclose-false", "nd.contrib.allclose", [a([1.0, 2.0]), a([1.0, 2.1])], {"rtol": 1e-3, "atol": 0.0}),
+    differential.Case("allclose-loose", "nd.contrib.allclose", [a([1.0, 2.0]), a([1.0, 2.1])], {"rtol": 0.1, "atol": 0.0}),
     case("allclose-nan", "nd.contrib.allclose", a([np.nan, 1.0], "float64"), a([np.nan, 1.0], "float64")),
     case("allclose-nan-unequal", "nd.contrib.allclose", a([np.nan, 1.0]), a([np.nan, 1.0]), equal_nan=False),
     case("allclose-bad-shape", "nd.contrib.allclose", r(2, 3), r(3, 2), error=True),

@@ -248,3 +248,44 @@ def test_an_array_larger_than_the_machine_is_an_error():
         print("after:", mx.nd.ones((1 << 24,)).sum().asscalar())
         """)
     assert rc == 0 and "refused: MXNetError: out of memory" in out and "after: 16777216.0" in out, out
+
+
+def test_fork_while_the_profiler_dumps():
+    # The profiler's continuous-dump thread takes its state and buffer list outside any call,
+    # so the call gate does not keep it out of the moment of fork: a child forked during a
+    # dump inherited those locks held, and hung at its first recorded operation or profiler
+    # call. The runtime's profiler stage now holds them across the fork.
+    rc, out = run_child("""
+        import os, signal, tempfile, time
+        import mxnet as mx
+        d = tempfile.mkdtemp()
+        mx.profiler.set_config(profile_all=True, continuous_dump=True, dump_period=0.0001,
+                               filename=os.path.join(d, "p.json"))
+        mx.profiler.set_state("run")
+        x = mx.nd.ones((64, 64))
+        hung = 0
+        for i in range(40):
+            if hung >= 2:
+                break
+            for _ in range(20):
+                x = (x * 1.0001).sum(axis=0, keepdims=True) + mx.nd.ones((64, 64))
+            pid = os.fork()
+            if pid == 0:
+                y = mx.nd.ones((8, 8)) * 2
+                mx.profiler.set_state("stop")
+                os._exit(0 if y.sum().asscalar() == 128 else 3)
+            deadline = time.time() + 10
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                if time.time() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    hung += 1
+                    break
+                time.sleep(0.01)
+        mx.profiler.set_state("stop")
+        print("hung", hung)
+        """)
+    assert rc == 0 and "hung 0" in out, out

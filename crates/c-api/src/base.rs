@@ -73,10 +73,7 @@ pub unsafe extern "C" fn MXLibInfoFeatures(lib_features: *mut *const LibFeature,
 /// Idempotent; calls that arrive afterwards (frees from garbage collection) still succeed.
 #[no_mangle]
 pub extern "C" fn MXNotifyShutdown() -> c_int {
-    ffi::call("MXNotifyShutdown", || {
-        runtime().shutdown();
-        Ok(())
-    })
+    ffi::call("MXNotifyShutdown", || runtime().shutdown())
 }
 
 /// Set the number of threads data-parallel kernels use (>= 1).

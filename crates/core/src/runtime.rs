@@ -13,8 +13,10 @@
 //! the engine, operators and autograd sit above this module in the layers and reach their
 //! state without a context argument, so the runtime cannot hold it; instead each part hands
 //! the runtime its lifecycle hooks when it starts ([`Runtime::adopt`]). The parts below
-//! this module (configuration, storage, profiler) need no hooks at the fork (no call is in
-//! progress then), and the profiler's end-of-process dump is the runtime's last stage.
+//! this module need no hooks at the fork (configuration and storage are used only inside
+//! calls, and no call is in progress then), except the profiler, whose dump thread takes its
+//! locks outside calls: its stage, the last, holds them across the fork and writes the
+//! trace at shutdown and exit.
 //! `docs/design/runtime.md` lists every process-wide value and who owns it.
 
 use crate::error::{Error, Result};
@@ -69,15 +71,17 @@ pub enum Stage {
     CustomOpThreads = 3,
     /// The kernel thread pool: a child builds a new one.
     KernelPool = 4,
-    /// The profiler: writes its trace at shutdown and at process exit if it ran.
+    /// The profiler: holds its locks across `fork`; writes its trace at shutdown and at
+    /// process exit if it ran.
     Profiler = 5,
 }
 
 const STAGES: usize = 6;
 
 /// A part of the library whose lifecycle the runtime drives (see [`Stage`]). The hooks run
-/// inside `pthread_atfork` handlers and at exit: they take no lock that another thread may
-/// hold at that moment, and a panic in one is caught and skips only that hook.
+/// inside `pthread_atfork` handlers and at exit. A prepare hook may wait (for the gate, for
+/// pending work, for a lock it then holds across the fork); the hooks after `fork` take no
+/// lock another thread may hold. A panic in a hook is caught and skips only that hook.
 pub trait Part: Sync {
     /// In the parent, before `fork`.
     fn prepare_fork(&self) {}
@@ -119,19 +123,19 @@ fn register_process_hooks() {
 }
 
 extern "C" fn fork_prepare() {
-    RUNTIME.run(Point::Prepare);
+    let _ = RUNTIME.run(Point::Prepare);
 }
 
 extern "C" fn fork_parent() {
-    RUNTIME.run(Point::Parent);
+    let _ = RUNTIME.run(Point::Parent);
 }
 
 extern "C" fn fork_child() {
-    RUNTIME.run(Point::Child);
+    let _ = RUNTIME.run(Point::Child);
 }
 
 extern "C" fn at_exit() {
-    RUNTIME.run(Point::Exit);
+    let _ = RUNTIME.run(Point::Exit);
 }
 
 /// The call gate's part in the fork protocol.
@@ -164,10 +168,20 @@ impl Part for CompletionGate {
     }
 }
 
-/// The profiler's end: its trace, written if it ran and the file is not finished.
+/// The profiler: its locks across `fork` (its dump thread takes them outside any call), and
+/// its trace at the end, written if it ran and the file is not finished.
 struct ProfilerStage;
 
 impl Part for ProfilerStage {
+    fn prepare_fork(&self) {
+        crate::profiler::fork_prepare();
+    }
+    fn parent_after_fork(&self) {
+        crate::profiler::fork_release();
+    }
+    fn child_after_fork(&self) {
+        crate::profiler::fork_release();
+    }
     fn shutdown(&self) {
         crate::profiler::final_dump();
     }
@@ -464,21 +478,23 @@ impl Runtime {
     }
 
     /// Run the adopted parts' hooks of one point: before `fork` and at shutdown and exit in
-    /// stage order, after `fork` in reverse.
-    fn run(&self, point: Point) {
+    /// stage order, after `fork` in reverse. A hook that panics is skipped and the others
+    /// still run; returns how many panicked.
+    fn run(&self, point: Point) -> usize {
         let run = |part: &OnceLock<&'static dyn Part>| {
-            let Some(&p) = part.get() else { return };
-            let _ = catch_unwind(std::panic::AssertUnwindSafe(|| match point {
+            let Some(&p) = part.get() else { return 0 };
+            catch_unwind(std::panic::AssertUnwindSafe(|| match point {
                 Point::Prepare => p.prepare_fork(),
                 Point::Parent => p.parent_after_fork(),
                 Point::Child => p.child_after_fork(),
                 Point::Shutdown => p.shutdown(),
                 Point::Exit => p.at_exit(),
-            }));
+            }))
+            .is_err() as usize
         };
         match point {
-            Point::Prepare | Point::Shutdown | Point::Exit => self.parts.iter().for_each(run),
-            Point::Parent | Point::Child => self.parts.iter().rev().for_each(run),
+            Point::Prepare | Point::Shutdown | Point::Exit => self.parts.iter().map(run).sum(),
+            Point::Parent | Point::Child => self.parts.iter().rev().map(run).sum(),
         }
     }
 
@@ -508,9 +524,13 @@ impl Runtime {
     /// was pushed, the custom-operator threads stop, the profiler writes its trace).
     /// Idempotent; calls that arrive afterwards (the frontend frees handles in `__del__`
     /// after it) still work.
-    pub fn shutdown(&self) {
+    /// A part whose shutdown panicked is reported as an internal error after the others ran.
+    pub fn shutdown(&self) -> Result<()> {
         self.shut_down.store(true, Ordering::Release);
-        self.run(Point::Shutdown);
+        match self.run(Point::Shutdown) {
+            0 => Ok(()),
+            n => Err(Error::internal(format!("{n} part(s) of the library failed to shut down"))),
+        }
     }
 
     pub fn is_shut_down(&self) -> bool {
@@ -688,9 +708,9 @@ mod fork_tests {
         rt.adopt(Stage::CallGate, &Gate);
         // A second part for a stage is ignored.
         rt.adopt(Stage::Engine, &Kernel);
-        for point in [Point::Prepare, Point::Parent, Point::Child, Point::Shutdown, Point::Exit] {
-            rt.run(point);
-        }
+        let failed: Vec<usize> =
+            [Point::Prepare, Point::Parent, Point::Child, Point::Shutdown, Point::Exit].map(|p| rt.run(p)).to_vec();
+        assert_eq!(failed, [0, 0, 0, 1, 0], "the panicking shutdown hook is counted");
         assert_eq!(
             *ORDER.lock().unwrap(),
             [
@@ -705,7 +725,8 @@ mod fork_tests {
             ]
         );
         assert!(!rt.is_shut_down());
-        rt.shutdown();
+        let e = rt.shutdown().unwrap_err().to_string();
+        assert!(e.contains("1 part(s)"), "{e}");
         assert!(rt.is_shut_down() && !runtime().is_shut_down());
     }
 

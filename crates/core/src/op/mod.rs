@@ -146,7 +146,7 @@ impl ParamAt {
         ParamAt {
             num_args: at(&|p| !num_args_key.is_empty() && p.name == num_args_key && p.ty == param::PType::Int),
             ctx: at(&|p| p.ty == param::PType::Ctx),
-            dtype: at(&|p| p.name == "dtype" && p.ty == param::PType::DType),
+            dtype: at(&|p| p.name == "dtype" && matches!(p.ty, param::PType::DType | param::PType::Enum(_))),
         }
     }
 }
@@ -216,6 +216,9 @@ pub struct OpDef {
     /// Parameter inputs (all but input 0) are float32 when the data is float16 (stock's
     /// normalizations): the dtype graph inference gives them when nothing else says.
     pub float32_params: bool,
+    /// Parameter inputs (all but input 0) have the dtype the `dtype` parameter names when
+    /// nothing else says (`Embedding`'s weight), not the data's.
+    pub params_take_dtype: bool,
     /// An AMP cast: output `i` is input `i` in another dtype (`MXSymbolRemoveAmpCast` takes
     /// such nodes out of a graph).
     pub amp_cast: bool,
@@ -264,6 +267,7 @@ impl OpDef {
             input_inits: &[],
             never_mirrored: false,
             float32_params: false,
+            params_take_dtype: false,
             amp_cast: false,
             engine_name: OnceLock::new(),
             c_info: OnceLock::new(),
@@ -348,6 +352,11 @@ impl OpDef {
     /// See [`OpDef::float32_params`].
     pub fn float32_params(mut self) -> Self {
         self.float32_params = true;
+        self
+    }
+    /// See [`OpDef::params_take_dtype`].
+    pub fn params_take_dtype(mut self) -> Self {
+        self.params_take_dtype = true;
         self
     }
     /// See [`OpDef::never_mirrored`].
@@ -453,14 +462,14 @@ impl OpDef {
         self.param_at.ctx.and_then(|i| attrs.typed::<Option<crate::context::Context>>(self.params, i))
     }
 
-    /// The dtype a call's `dtype` parameter gives, for graph inference's default type rule
-    /// (None: the operator has no such parameter declared as a dtype, or the call gave
-    /// `None`). Parameters declared as an enum of dtype names (creation operators, sort
-    /// indices) describe their outputs in the operator's own inference instead.
+    /// The dtype a call's `dtype` parameter names, declared as a dtype or as an enum of dtype
+    /// names, for graph inference's default type rule (None: the operator has no such
+    /// parameter, or the call gave `None`).
     pub fn dtype_of(&self, attrs: &Attrs) -> Option<ndarray::DType> {
         let i = self.param_at.dtype?;
         match attrs.value(self.params, i) {
             param::Value::DType(d) => Some(*d),
+            param::Value::Str(name) => param::dtype_from_name(name),
             _ => None,
         }
     }

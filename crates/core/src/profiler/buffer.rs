@@ -346,6 +346,14 @@ struct Buffers {
 
 static BUFFERS: Buffers = Buffers { clock: OnceLock::new(), next_tid: AtomicU32::new(0), list: Mutex::new(Vec::new()) };
 
+/// The buffer list held (across `fork`, see `profiler::fork_prepare`).
+pub(super) struct ListHold(#[allow(dead_code)] crate::sync::MutexGuard<'static, Vec<Arc<ThreadBuf>>>);
+
+/// Take the buffer list: no thread adds a buffer or drains until the hold is dropped.
+pub(super) fn hold_list() -> ListHold {
+    ListHold(BUFFERS.list.lock())
+}
+
 /// An operation that finished inside a timed C API call on this thread, held back so that
 /// the call records both in one [`Rec::ApiOp`].
 struct HeldOp {

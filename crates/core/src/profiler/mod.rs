@@ -570,6 +570,27 @@ fn aggregate_count(category: &str, name: &str) -> u64 {
     })
 }
 
+thread_local! {
+    /// The profiler's locks, held by the thread that forks from before `fork` to after it.
+    static FORK_HOLD: RefCell<Option<(crate::sync::MutexGuard<'static, Option<State>>, buffer::ListHold)>> =
+        const { RefCell::new(None) };
+}
+
+/// Before `fork` (the runtime's profiler stage, after the engine is idle): take the state and
+/// the buffer list, in the order the continuous-dump thread takes them. That thread takes
+/// them outside any call, so the call gate does not keep it out of the moment of `fork`; held
+/// here, neither lock is held at the fork by a thread the child will not have.
+pub fn fork_prepare() {
+    let state = PROFILER.state.lock();
+    let list = buffer::hold_list();
+    let _ = FORK_HOLD.try_with(|h| *h.borrow_mut() = Some((state, list)));
+}
+
+/// After `fork`, in the parent and in the child: release what [`fork_prepare`] took.
+pub fn fork_release() {
+    let _ = FORK_HOLD.try_with(|h| h.borrow_mut().take());
+}
+
 /// Write the trace if the profiler ran and the file was not finished (the runtime's last
 /// stage, at `MXNotifyShutdown` and at process exit). Every dump is complete, so writing
 /// twice is harmless.

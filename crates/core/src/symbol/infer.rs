@@ -370,7 +370,13 @@ fn default_dtypes(op: &OpDef, a: &Attrs, ins: &mut [Option<DType>], outs: &mut [
         }
         return;
     };
-    let param_dtype = if op.float32_params && d == DType::F16 { DType::F32 } else { d };
+    let param_dtype = if op.float32_params && d == DType::F16 {
+        DType::F32
+    } else if op.params_take_dtype {
+        op.dtype_of(a).unwrap_or(d)
+    } else {
+        d
+    };
     for (k, s) in ins.iter_mut().enumerate() {
         if s.is_none() {
             *s = Some(if k == 0 { d } else { param_dtype });

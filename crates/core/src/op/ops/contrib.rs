@@ -86,12 +86,14 @@ fn infer_arange_like(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![Meta::new(shape, ins[0].dtype)])
 }
 
-/// `out[i] = start + (i / repeat) * step`, computed in float64 and converted.
+/// `out[i] = start + (i / repeat) * step`, with `start` and `step` first converted to the
+/// output's type (an integer output steps by the truncated step, as stock's).
 fn arange_like(cx: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let p = ArangeLikeParams::of(cx.attrs);
-    let (start, step, repeat) = (p.start, p.step, p.repeat.max(1) as usize);
+    let repeat = p.repeat.max(1) as usize;
     let out = &mut outs[0];
     dispatch_all!(out.dtype, T => {
+        let (start, step) = (T::from_f64(p.start).to_f64(), T::from_f64(p.step).to_f64());
         par_for_mut(out.as_mut::<T>(), 1, Cost::CHEAP, T::DTYPE, |r, o| {
             for (i, v) in r.zip(o.iter_mut()) {
                 *v = T::from_f64(start + (i / repeat) as f64 * step);
@@ -127,8 +129,9 @@ fn div_sqrt_dim(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
-/// `_backward_div_sqrt_dim`: inputs (output gradient, data); the gradient is the output
-/// gradient divided the same way (stock's gradient node is `_contrib_div_sqrt_dim` itself).
+/// `_backward_div_sqrt_dim`: input the output gradient (the data's shape); the gradient is
+/// the output gradient divided the same way (stock's gradient node is `_contrib_div_sqrt_dim`
+/// itself).
 fn div_sqrt_dim_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if cx.req[0] == Req::Null {
         return Ok(());
@@ -217,6 +220,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     );
     ops.push(
         OpDef::new("_contrib_arange_like", Inputs::Fixed(&["data"]), Box::new(infer_arange_like), Box::new(arange_like))
+            .alias(&["_npx_arange_like"])
             .params(ARANGE_LIKE_PARAMS)
             .grad(Grad::Zero)
             .doc("Return an array with evenly spaced values. If axis is not given, the output will have the same shape as the input array. Otherwise, the output will be a 1-D array with size of the specified axis in input shape."),

@@ -420,16 +420,12 @@ fn infer_embedding(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
             w.shape
         )));
     }
-    if w.dtype != dtype {
-        return Err(Error::type_error(format!(
-            "operator Embedding: weight has dtype {}, the dtype parameter says {}",
-            w.dtype.name(),
-            dtype.name()
-        )));
-    }
+    // As stock: the output has the weight's dtype (the `dtype` parameter only gives an
+    // unknown weight its type, in graph inference: `params_take_dtype`).
+    let _ = dtype;
     let mut out = ins[0].shape.clone();
     out.push(dim);
-    one_out(out, dtype)
+    one_out(out, w.dtype)
 }
 
 /// Graph inference of the weight from the parameters.
@@ -1006,6 +1002,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .alias(&["_npx_embedding"])
             .params(EMBEDDING_PARAMS)
             .param_shapes(embedding_param_shapes)
+            .params_take_dtype()
             .grad(bwd("_backward_Embedding", true))
             .doc("Maps integer indices to vector representations (embeddings): row data[i] of weight, indices clipped to [0, input_dim)."),
     );

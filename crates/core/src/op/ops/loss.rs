@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{op_params, Attrs};
-use crate::op::tensor::{Elem, OutBlob, TBlob};
+use crate::op::tensor::{Elem, Operand, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Req};
 
 op_params! {
@@ -112,12 +112,15 @@ fn regression(head: Head) -> crate::op::ComputeFn {
             return Ok(());
         }
         dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
-            let x = ins[0].as_slice::<T>();
-            par_for_mut(outs[0].as_mut::<T>(), 1, Cost::MATH, T::DTYPE, |r, o| {
-                for (o, &v) in o.iter_mut().zip(&x[r]) {
-                    let one = R::of(1.0);
-                    *o = (one / (one + (-R::load(v)).exp())).store();
-                }
+            // The data may be lent to the output (declared in place).
+            let ([x], o) = outs[0].operands::<T, 1>(0, [&ins[0]]);
+            let sigmoid = |v: T| {
+                let one = R::of(1.0);
+                (one / (one + (-R::load(v)).exp())).store::<T>()
+            };
+            par_for_mut(o, 1, Cost::MATH, T::DTYPE, |r, o| match x {
+                Operand::Input(x) => o.iter_mut().zip(&x[r]).for_each(|(o, &v)| *o = sigmoid(v)),
+                Operand::Output => o.iter_mut().for_each(|o| *o = sigmoid(*o)),
             });
         });
         Ok(())

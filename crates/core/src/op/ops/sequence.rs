@@ -132,6 +132,9 @@ fn infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 /// `SequenceMask` takes any (a length past the end masks nothing).
 fn lengths(op: &str, kind: Seq, ins: &[TBlob], g: &Geom, with_lengths: bool) -> Result<Vec<usize>> {
     if !with_lengths {
+        if matches!(kind, Seq::Last) && g.len == 0 {
+            return Err(Error::mxnet(format!("operator {op}: the sequence axis is empty (no last element)")));
+        }
         return Ok(vec![g.len; g.batch]);
     }
     let raw = super::index::read_indices(&ins[1]);
