@@ -384,3 +384,16 @@ def test_op(c, stock_results):
 @pytest.mark.parametrize("c", params(PENDING, pending=True))
 def test_pending_op(c, stock_results):
     check(c, stock_results[c.name])
+
+
+def test_graph_inference_of_embedding_and_dtype_parameters():
+    # Stock 1.9.1's answers (checked with the wheel's library): an Embedding's weight takes the
+    # `dtype` parameter, not the indices' dtype, and so does its output; a `dtype` enum gives
+    # type-only inference the output's dtype (one_hot).
+    def emb(**kw):
+        return mx.sym.Embedding(mx.sym.var("data"), input_dim=10, output_dim=4, name="emb", **kw)
+
+    assert emb().infer_type(data="int32") == ([np.int32, np.float32], [np.float32], [])
+    assert emb(dtype="float16").infer_type(data="int32") == ([np.int32, np.float16], [np.float16], [])
+    assert emb().infer_shape(data=(2, 3)) == ([(2, 3), (10, 4)], [(2, 3, 4)], [])
+    assert mx.sym.one_hot(mx.sym.var("x"), depth=3).infer_type(x="int32") == ([np.int32], [np.float32], [])

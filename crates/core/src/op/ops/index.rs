@@ -412,7 +412,10 @@ pub(super) fn embedding_dims(a: &Attrs) -> Result<(usize, usize, DType)> {
 }
 
 fn infer_embedding(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
-    let (vocab, dim, dtype) = embedding_dims(a)?;
+    // The parameters are checked (a bfloat16 `dtype` is refused) even though, as in stock,
+    // the output has the weight's dtype: the `dtype` parameter only gives an unknown weight
+    // its type, in graph inference (`params_take_dtype`).
+    let (vocab, dim, _) = embedding_dims(a)?;
     let w = &ins[1];
     if w.shape != [vocab, dim] {
         return Err(Error::mxnet(format!(
@@ -420,9 +423,6 @@ fn infer_embedding(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
             w.shape
         )));
     }
-    // As stock: the output has the weight's dtype (the `dtype` parameter only gives an
-    // unknown weight its type, in graph inference: `params_take_dtype`).
-    let _ = dtype;
     let mut out = ins[0].shape.clone();
     out.push(dim);
     one_out(out, w.dtype)
