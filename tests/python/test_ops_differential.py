@@ -318,6 +318,11 @@ CASES += [
     case("gamma-negative", "nd.gamma", a([-0.5, -1.5, -2.5, 0.25]), grad=True),
     case("gammaln-negative-f64", "nd.gammaln", a([-0.5, -1.5, -2.5], "float64"), grad=True, **F64_GRAD),
     case("erfinv-edges", "nd.erfinv", a([-1.0, 1.0, 0.0, 2.0])),
+    # Operators without parameters ignore attributes, as stock's do (Gluon's
+    # CosineEmbeddingLoss passes axis to broadcast_maximum); those with parameters refuse them.
+    case("broadcast_maximum-extra-attribute", "nd.broadcast_maximum", r(2, 3), r(1, 3), grad=True, axis=1),
+    case("exp-extra-attribute", "nd.exp", r(4), foo=2),
+    case("sum-unknown-parameter", "nd.sum", r(4), foo=2, error=True),
 ]
 
 # ------------------------------------------------------------------------------------------

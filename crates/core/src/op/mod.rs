@@ -222,6 +222,10 @@ pub struct OpDef {
     /// An AMP cast: output `i` is input `i` in another dtype (`MXSymbolRemoveAmpCast` takes
     /// such nodes out of a graph).
     pub amp_cast: bool,
+    /// For a stub ([`OpDef::not_supported`]): the count parameter and the arguments (name,
+    /// type) stock lists, which `MXSymbolGetAtomicSymbolInfo` reports in place of the
+    /// declaration's own, so the frontend generates stock's signature.
+    pub stub_schema: Option<(&'static str, Vec<(&'static str, &'static str)>)>,
     /// Never recomputed by mirroring (`MXNET_BACKWARD_DO_MIRROR`): expensive, or not the same
     /// when run twice.
     pub never_mirrored: bool,
@@ -269,6 +273,7 @@ impl OpDef {
             float32_params: false,
             params_take_dtype: false,
             amp_cast: false,
+            stub_schema: None,
             engine_name: OnceLock::new(),
             c_info: OnceLock::new(),
         }
@@ -384,6 +389,11 @@ impl OpDef {
         self.not_supported = true;
         self
     }
+    /// See [`OpDef::stub_schema`].
+    pub fn stub_schema(mut self, key: &'static str, args: Vec<(&'static str, &'static str)>) -> Self {
+        self.stub_schema = Some((key, args));
+        self
+    }
     pub fn open_params(mut self) -> Self {
         self.open_params = true;
         self
@@ -476,6 +486,9 @@ impl OpDef {
 
     /// The arguments `MXSymbolGetAtomicSymbolInfo` lists: tensor inputs, then parameters.
     fn arguments(&self) -> Vec<(String, String, String)> {
+        if let Some((_, stock)) = &self.stub_schema {
+            return stock.iter().map(|(n, t)| (n.to_string(), t.to_string(), String::new())).collect();
+        }
         let mut args = Vec::new();
         match (self.listed_inputs, self.inputs) {
             (Some(names), _) => {
@@ -543,7 +556,7 @@ impl CInfo {
         CInfo {
             name: c_string(op.name),
             desc: c_string(&desc),
-            key_var_num_args: c_string(op.key_var_num_args),
+            key_var_num_args: c_string(op.stub_schema.as_ref().map_or(op.key_var_num_args, |(key, _)| key)),
             _strings: strings,
             arg_names: n,
             arg_types: t,

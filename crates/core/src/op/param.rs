@@ -283,16 +283,13 @@ impl Attrs {
         let is_graph_attr = |k: &str| k.starts_with("__") && k.ends_with("__") && k.len() > 4;
         let unknown = |k: &str| {
             let known: Vec<&str> = specs.iter().map(|s| s.name).collect();
-            Error::value(format!(
-                "operator {op} has no parameter '{k}' (its parameters: {})",
-                if known.is_empty() { "none".to_string() } else { known.join(", ") }
-            ))
+            Error::value(format!("operator {op} has no parameter '{k}' (its parameters: {})", known.join(", ")))
         };
         if specs.is_empty() && !open {
-            // An operator without parameters (most element-wise ones): nothing to fill in.
-            if let Some((k, _)) = kv.into_iter().find(|(k, _)| !is_graph_attr(k)) {
-                return Err(unknown(k));
-            }
+            // An operator without parameters (most element-wise ones): nothing to fill in,
+            // and, as in stock (whose operators without a parameter structure never parse
+            // their attributes), any attribute given is ignored: Gluon's
+            // CosineEmbeddingLoss passes `axis` to broadcast_maximum.
             return Ok(Attrs { op, specs, values: Vec::new(), extra: Vec::new() });
         }
         let mut values: Vec<Option<Value>> = vec![None; specs.len()];
@@ -739,11 +736,11 @@ mod tests {
     }
 
     #[test]
-    fn an_operator_without_parameters_refuses_keys_but_not_graph_attributes() {
+    fn an_operator_without_parameters_ignores_attributes() {
         let a = Attrs::parse("no_params", &[], [("__layout__", "NC"), ("__ctx_group__", "g")]).unwrap();
         assert!(!a.has("scalar") && a.extra().is_empty());
-        let e = Attrs::parse("no_params", &[], [("__layout__", "NC"), ("scalar", "1")]).unwrap_err().to_string();
-        assert_eq!(e, "ValueError: operator no_params has no parameter 'scalar' (its parameters: none)");
+        let a = Attrs::parse("no_params", &[], [("__layout__", "NC"), ("scalar", "1")]).unwrap();
+        assert!(!a.has("scalar") && a.extra().is_empty());
         // An open operator without declared parameters keeps them instead.
         let a = Attrs::parse_open("open_none", &[], [("scalar", "1")]).unwrap();
         assert_eq!(a.extra(), &[("scalar".to_string(), "1".to_string())]);
