@@ -325,6 +325,36 @@ CASES += [
     case("sum-unknown-parameter", "nd.sum", r(4), foo=2, error=True),
 ]
 
+# The fused RNN operator (issue 35). The parameter vector's length follows stock's layout:
+# per layer and direction G·H·(in + H) weights, then 2·G·H biases each.
+def rnn_case(name, mode, t=3, n=2, i=4, h=5, layers=1, dirs=1, dtype="float32", state_outputs=True, grad=True, **kw):
+    gates = {"lstm": 4, "gru": 3}.get(mode, 1)
+    size = sum(dirs * gates * h * ((i if l == 0 else dirs * h) + h + 2) for l in range(layers))
+    inputs = [r(t, n, i, dtype=dtype), r(size, dtype=dtype, lo=-0.5, hi=0.5), r(layers * dirs, n, h, dtype=dtype)]
+    if mode == "lstm":
+        inputs.append(r(layers * dirs, n, h, dtype=dtype))
+    return case(name, "nd.RNN", *inputs, grad=grad, mode=mode, state_size=h, num_layers=layers,
+                bidirectional=dirs == 2, state_outputs=state_outputs, **kw)
+
+
+CASES += [
+    rnn_case("rnn-lstm", "lstm"),
+    rnn_case("rnn-lstm-2layer-bidir", "lstm", layers=2, dirs=2),
+    rnn_case("rnn-lstm-f64-no-states", "lstm", dtype="float64", state_outputs=False),
+    rnn_case("rnn-gru", "gru", t=4, n=3),
+    rnn_case("rnn-gru-3layer-f64", "gru", layers=3, dtype="float64"),
+    rnn_case("rnn-gru-bidir", "gru", dirs=2),
+    rnn_case("rnn-tanh-bidir-2layer", "rnn_tanh", layers=2, dirs=2),
+    rnn_case("rnn-relu", "rnn_relu", t=5),
+    rnn_case("rnn-lstm-one-step", "lstm", t=1, n=1),
+    rnn_case("rnn-lstm-f16", "lstm", dtype="float16", error=True),
+    case("rnn-bad-state-shape", "nd.RNN", r(3, 2, 4), r(3 * 5 * (4 + 5 + 2)), r(1, 3, 5), mode="gru", state_size=5, num_layers=1, error=True),
+    case("rnn-bad-param-size", "nd.RNN", r(3, 2, 4), r(10), r(1, 2, 5), mode="gru", state_size=5, num_layers=1, error=True),
+    case("rnn-bad-mode", "nd.RNN", r(3, 2, 4), r(55), r(1, 2, 5), mode="elman", state_size=5, num_layers=1, error=True),
+    case("rnn-sequence-length", "nd.RNN", r(3, 2, 4), r(165), r(1, 2, 5), a([1, 3]), mode="gru", state_size=5, num_layers=1,
+         use_sequence_length=True),
+]
+
 # ------------------------------------------------------------------------------------------
 # Operators our library does not implement yet: strict xfails until it does (then move them).
 
@@ -341,6 +371,8 @@ KNOWN_DIFFERENCES = {
     "leaky-selu": "stock's selu gradient is wrong for x < 0 (lambda * (out + alpha) instead of out + lambda * alpha); "
                   "ours is the true derivative",
     "dot-f16": "stock rejects float16 dot on CPU; ours computes it",
+    "rnn-sequence-length": "stock's CPU build ignores sequence_length (every sequence runs its full length); ours refuses "
+                           "use_sequence_length rather than give that answer",
 }
 
 ALL = CASES + PENDING

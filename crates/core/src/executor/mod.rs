@@ -31,7 +31,16 @@ pub struct Runner {
     /// node and by no head; with the nodes that read it (this one included), which decide
     /// whether a recorded run may (none of them keeps it for a gradient).
     inplace: Vec<Option<(usize, Vec<usize>)>>,
+    /// Creation nodes whose `shape` has a 0 dimension, "unknown" in the legacy shape semantics
+    /// (a hybridized RNN's begin state, `F.zeros((L, 0, H))`): each run gives them the shape
+    /// graph inference finds from the inputs (stock runs them with the inferred shape).
+    open_shapes: Vec<usize>,
+    /// The parameters those nodes ran with for the last input shapes seen.
+    resolved: std::sync::Mutex<Option<(Vec<Vec<usize>>, Resolved)>>,
 }
+
+/// Nodes and the parameters a run gives them (see [`Runner::open_shapes`]).
+type Resolved = Vec<(usize, crate::op::param::Attrs)>;
 
 /// How a run uses memory, from the configuration.
 struct MemoryPlan {
@@ -51,6 +60,17 @@ impl MemoryPlan {
             share: reg.get_int("NNVM_EXEC_MATCH_RANGE", BY)?.unwrap_or(16) > 0,
         })
     }
+}
+
+/// Whether node `i` creates an array (an operator with a `ctx` parameter and no inputs) whose
+/// `shape` parameter has a 0 dimension (see [`Runner::open_shapes`]).
+fn has_open_shape(graph: &Graph, i: usize) -> bool {
+    let n = &graph.nodes[i];
+    let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { return false };
+    if !op.has_ctx() || !n.inputs.is_empty() {
+        return false;
+    }
+    (op.infer)(attrs, &[]).is_ok_and(|outs| outs.iter().any(|m| m.shape.contains(&0)))
 }
 
 /// Which input of node `i` its output may overwrite (see [`Runner::inplace`]).
@@ -122,7 +142,50 @@ impl Runner {
         let heads: std::collections::HashSet<(usize, usize)> = graph.heads.iter().copied().collect();
         let inplace =
             (0..graph.nodes.len()).map(|i| inplace_candidate(&graph, i, &last_use, &heads, &readers)).collect();
-        Ok(Runner { graph, inputs, last_use, inplace })
+        let open_shapes = (0..graph.nodes.len()).filter(|&i| has_open_shape(&graph, i)).collect();
+        Ok(Runner { graph, inputs, last_use, inplace, open_shapes, resolved: std::sync::Mutex::new(None) })
+    }
+
+    /// The parameters of [`Runner::open_shapes`]' nodes for a run with `inputs`: their
+    /// `shape` is the one graph inference finds (legacy shape semantics only; with NumPy
+    /// shape semantics a 0 is a size).
+    fn resolve_open_shapes(&self, inputs: &[NDArray]) -> Result<Resolved> {
+        if self.open_shapes.is_empty() || crate::ndarray::np_shape::get() != 0 {
+            return Ok(Vec::new());
+        }
+        let key: Vec<Vec<usize>> = inputs.iter().map(|a| a.shape.clone()).collect();
+        if let Some((k, v)) = &*self.resolved.lock().unwrap_or_else(|e| e.into_inner()) {
+            if *k == key {
+                return Ok(v.clone());
+            }
+        }
+        let g = &self.graph;
+        let shapes: Vec<_> = key.iter().map(|s| Some(s.iter().map(|&d| d as i64).collect())).collect();
+        let dtypes: Vec<_> = inputs.iter().map(|a| Some(a.dtype)).collect();
+        let inferred = crate::symbol::infer::infer(g, &shapes, &dtypes, false)?;
+        let mut out = Vec::with_capacity(self.open_shapes.len());
+        for &i in &self.open_shapes {
+            let n = &g.nodes[i];
+            let op = n.op.expect("an operator node");
+            let shape = match &inferred.shapes[inferred.offsets[i]] {
+                Some(s) if s.iter().all(|&d| d >= 0) => s,
+                _ => {
+                    return Err(Error::mxnet(format!(
+                        "node {} ({}): its shape has an unknown (0) dimension that the graph does not determine",
+                        n.name, op.name
+                    )))
+                }
+            };
+            let text = format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "));
+            let kv: Vec<(&str, &str)> = n
+                .raw
+                .iter()
+                .map(|(k, v)| (k.as_str(), if k == "shape" { text.as_str() } else { v.as_str() }))
+                .collect();
+            out.push((i, op.parse_attrs(kv, 0)?));
+        }
+        *self.resolved.lock().unwrap_or_else(|e| e.into_inner()) = Some((key, out.clone()));
+        Ok(out)
     }
 
     /// The input names in `list_inputs` order.
@@ -156,12 +219,14 @@ impl Runner {
         let plan = MemoryPlan::from_config()?;
         let recording = crate::autograd::is_recording();
         let mirror = recording && crate::autograd::mirror_enabled()?;
+        let resolved = self.resolve_open_shapes(inputs)?;
         let mut vals: Vec<Vec<NDArray>> = vec![Vec::new(); self.graph.nodes.len()];
         for (&ni, x) in self.inputs.iter().zip(inputs) {
             vals[ni] = vec![x.clone()];
         }
         for (i, n) in self.graph.nodes.iter().enumerate() {
             let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { continue };
+            let attrs = resolved.iter().find(|(k, _)| *k == i).map_or(attrs, |(_, a)| a);
             let outs = {
                 let mut ins: Vec<&NDArray> = Vec::with_capacity(n.inputs.len());
                 for &(src, idx) in &n.inputs {

@@ -132,6 +132,13 @@ impl OpCtx<'_> {
 /// the other inputs it determines, as `(input, shape)`. An error names what is inconsistent.
 pub type ParamShapesFn = fn(&Attrs, &[i64], usize) -> Result<Vec<(usize, Vec<i64>)>>;
 
+/// Graph inference of inputs from outputs: given the parameters and the partial shapes of the
+/// inputs and outputs (`None`: unknown rank; -1: an unknown dimension), the input shapes they
+/// determine, as `(input, shape)` (stock's backward shape inference: a `Reshape` whose
+/// output is known fills its input's one unknown dimension; `_rnn_param_concat` its one
+/// unknown input).
+pub type InputShapesFn = fn(&Attrs, &[Option<Vec<i64>>], &[Option<Vec<i64>>]) -> Result<Vec<(usize, Vec<i64>)>>;
+
 /// The positions of the parameters that code outside an operator's kernels reads.
 #[derive(Debug, Clone, Copy, Default)]
 struct ParamAt {
@@ -208,6 +215,8 @@ pub struct OpDef {
     /// Graph inference of parameter inputs (weights, biases, statistics) from the data shape
     /// (input 0), for inputs whose shape is not given (stock's backward shape inference).
     pub param_shapes: Option<ParamShapesFn>,
+    /// Graph inference of inputs from the outputs (see [`InputShapesFn`]).
+    pub input_shapes: Option<InputShapesFn>,
     /// Stock's output names (FListOutputNames), when they are not just `output`.
     pub output_names: &'static [&'static str],
     /// Initialisers set on variable inputs when a symbol is composed (stock's
@@ -267,6 +276,7 @@ impl OpDef {
             same_shape: false,
             elementwise_shape: 0,
             param_shapes: None,
+            input_shapes: None,
             output_names: &[],
             input_inits: &[],
             never_mirrored: false,
@@ -337,6 +347,11 @@ impl OpDef {
     /// See [`OpDef::param_shapes`].
     pub fn param_shapes(mut self, f: ParamShapesFn) -> Self {
         self.param_shapes = Some(f);
+        self
+    }
+    /// See [`OpDef::input_shapes`].
+    pub fn input_shapes(mut self, f: InputShapesFn) -> Self {
+        self.input_shapes = Some(f);
         self
     }
     /// See [`OpDef::output_names`].

@@ -166,7 +166,7 @@ pub fn infer(g: &Graph, in_shapes: &[PShape], in_dtypes: &[Option<DType>], np_sh
             let order: Vec<usize> =
                 if pass % 2 == 0 { (0..g.nodes.len()).collect() } else { (0..g.nodes.len()).rev().collect() };
             for i in order {
-                changed |= visit(g, i, &mut st, heuristics)?;
+                changed |= visit(g, i, &mut st, heuristics, np_shape)?;
             }
             if !changed {
                 break;
@@ -260,7 +260,7 @@ pub fn infer_types(sym: &super::Symbol, given: Given<Option<DType>>) -> Result<R
 }
 
 /// One node; returns whether anything was learned.
-fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool) -> Result<bool> {
+fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: bool) -> Result<bool> {
     let node = &g.nodes[i];
     let (Some(op), Some(attrs)) = (node.op, node.attrs.as_ref()) else { return Ok(false) };
     let in_e: Vec<usize> = node.inputs.iter().map(|&(n, o)| st.offsets[n] + o).collect();
@@ -277,6 +277,7 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool) -> Result<boo
 
     let names: Vec<String> = node.inputs.iter().map(|&(src, _)| g.nodes[src].name.clone()).collect();
     param_shapes(op, attrs, node, &names, &mut ish)?;
+    input_shapes(op, attrs, node, &names, &mut ish, &osh)?;
     if ish.iter().all(is_complete) {
         let metas: Vec<Meta> = ish
             .iter()
@@ -288,8 +289,13 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool) -> Result<boo
         let outs = (op.infer)(attrs, &metas)
             .map_err(|e| Error::mxnet(format!("{} ({}): {}", node.name, op.name, e.message())))?;
         let dtypes_known = idt.iter().all(Option::is_some);
+        // A creation operator's `shape` parameter with a 0 dimension means "unknown" in the
+        // legacy shape semantics (stock's InitShape): `F.zeros((0, H))` as a begin state
+        // takes its batch size from the operator that reads it.
+        let unknown_zeros = !np_shape && op.has_ctx();
         for (k, m) in outs.iter().enumerate().take(osh.len()) {
-            merge(&mut osh[k], &Some(m.shape.iter().map(|&x| x as i64).collect()), &out_what(k))?;
+            let shape = m.shape.iter().map(|&x| if x == 0 && unknown_zeros { -1 } else { x as i64 }).collect();
+            merge(&mut osh[k], &Some(shape), &out_what(k))?;
             if dtypes_known {
                 merge_dtype(&mut odt[k], Some(m.dtype), &out_what(k))?;
             }
@@ -332,6 +338,27 @@ fn param_shapes(op: &OpDef, a: &Attrs, node: &GNode, names: &[String], ins: &mut
     }
     let derived =
         rule(a, &data, ins.len()).map_err(|e| Error::mxnet(format!("{} ({}): {}", node.name, op.name, e.message())))?;
+    for (k, shape) in derived {
+        set(ins, k, shape, node, names)?;
+    }
+    Ok(())
+}
+
+/// Input shapes from the outputs, by the operator's rule ([`OpDef::input_shapes`]).
+fn input_shapes(
+    op: &OpDef,
+    a: &Attrs,
+    node: &GNode,
+    names: &[String],
+    ins: &mut [PShape],
+    outs: &[PShape],
+) -> Result<()> {
+    let Some(rule) = op.input_shapes else { return Ok(()) };
+    if ins.iter().all(is_complete) || !outs.iter().any(is_complete) {
+        return Ok(());
+    }
+    let derived =
+        rule(a, ins, outs).map_err(|e| Error::mxnet(format!("{} ({}): {}", node.name, op.name, e.message())))?;
     for (k, shape) in derived {
         set(ins, k, shape, node, names)?;
     }

@@ -500,6 +500,27 @@ fn fc_param_shapes(a: &crate::op::param::Attrs, data: &[i64], _: usize) -> Resul
     Ok(vec![(1, vec![nh, k]), (2, vec![nh])])
 }
 
+/// The data's batch dimensions from the output's (stock's backward rule: an unrolled cell's
+/// begin state `F.zeros((0, H))` takes its batch size from the products it feeds).
+fn fc_input_shapes(
+    a: &crate::op::param::Attrs,
+    ins: &[Option<Vec<i64>>],
+    outs: &[Option<Vec<i64>>],
+) -> Result<Vec<(usize, Vec<i64>)>> {
+    let (Some(Some(data)), Some(Some(out))) = (ins.first(), outs.first()) else { return Ok(vec![]) };
+    let leading = if FcParams::of(a).flatten { 1 } else { data.len().saturating_sub(1) };
+    if data.len() < leading || out.len() < leading + 1 {
+        return Ok(vec![]);
+    }
+    let mut shape = data.clone();
+    for k in 0..leading {
+        if shape[k] < 0 {
+            shape[k] = out[k];
+        }
+    }
+    Ok(if shape == *data { vec![] } else { vec![(0, shape)] })
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("dot", Inputs::Fixed(&["lhs", "rhs"]), Box::new(dot_infer), Box::new(dot_compute))
@@ -527,6 +548,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         .alias(&["_npx_fully_connected", "_sparse_FullyConnected"])
         .params(FC_PARAMS)
         .param_shapes(fc_param_shapes)
+        .input_shapes(fc_input_shapes)
         .never_mirrored()
         .grad(Grad::Backward { op: "_backward_FullyConnected", inputs: true, outputs: false })
         .doc("Applies a linear transformation: Y = XW^T + b."),

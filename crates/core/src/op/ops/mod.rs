@@ -25,6 +25,7 @@ mod optim;
 mod random_ops;
 mod reduce;
 mod reduce_grad;
+mod rnn;
 mod sequence;
 mod shape;
 mod shape_grad;
@@ -54,6 +55,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     shape_grad::register(ops);
     index_grad::register(ops);
     sequence::register(ops);
+    rnn::register(ops);
     loss::register(ops);
     contrib::register(ops);
     special::register(ops);

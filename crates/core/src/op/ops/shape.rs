@@ -338,6 +338,53 @@ fn infer_concat(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(out, ins[0].dtype)
 }
 
+/// `Reshape` keeps the size: a known output fills the input's one unknown dimension.
+fn same_size_input(_: &Attrs, ins: &[Option<Vec<i64>>], outs: &[Option<Vec<i64>>]) -> Result<Vec<(usize, Vec<i64>)>> {
+    let (Some(Some(input)), Some(Some(out))) = (ins.first(), outs.first()) else { return Ok(vec![]) };
+    let unknown: Vec<usize> = (0..input.len()).filter(|&k| input[k] < 0).collect();
+    if unknown.len() != 1 || out.iter().any(|&d| d < 0) {
+        return Ok(vec![]);
+    }
+    let size: i64 = out.iter().product();
+    let known: i64 = input.iter().filter(|&&d| d >= 0).product();
+    if known == 0 || size % known != 0 {
+        return Err(Error::value(format!(
+            "operator Reshape: an output of shape {out:?} cannot come from an input of shape {input:?}"
+        )));
+    }
+    let mut shape = input.clone();
+    shape[unknown[0]] = size / known;
+    Ok(vec![(0, shape)])
+}
+
+/// `_rnn_param_concat`: a known output and all inputs but one or two known give those (stock's
+/// rule, which lets Gluon's fused RNN layers infer the input size of their first layer).
+fn concat_unknown_input(
+    a: &Attrs,
+    ins: &[Option<Vec<i64>>],
+    outs: &[Option<Vec<i64>>],
+) -> Result<Vec<(usize, Vec<i64>)>> {
+    let Some(Some(out)) = outs.first() else { return Ok(vec![]) };
+    let complete = |s: &Option<Vec<i64>>| s.as_ref().is_some_and(|v| v.iter().all(|&d| d >= 0));
+    let unknown: Vec<usize> = (0..ins.len()).filter(|&k| !complete(&ins[k])).collect();
+    if !(1..=2).contains(&unknown.len()) || !complete(&outs[0]) {
+        return Ok(vec![]);
+    }
+    let dim = norm_axis(a.op, ConcatParams::of(a).dim, out.len())?;
+    let rest: i64 =
+        ins.iter().flatten().filter(|s| s.iter().all(|&d| d >= 0)).map(|s| s.get(dim).copied().unwrap_or(0)).sum();
+    if rest > out[dim] {
+        return Err(Error::value(format!(
+            "operator {}: the known inputs are longer ({rest}) than the output ({}) along dim {dim}",
+            a.op, out[dim]
+        )));
+    }
+    // Two unknown inputs (a bidirectional layer's two input weights) share the rest evenly.
+    let mut shape = out.clone();
+    shape[dim] = (out[dim] - rest) / unknown.len() as i64;
+    Ok(unknown.into_iter().map(|k| (k, shape.clone())).collect())
+}
+
 fn run_concat(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let out = &mut outs[0];
     let dim = norm_axis("Concat", ConcatParams::of(cx.attrs).dim, out.ndim())?;
@@ -1073,6 +1120,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .alias(&["reshape"])
             .params(RESHAPE_PARAMS)
             .inplace(&[(0, 0)])
+            .input_shapes(same_size_input)
             .grad(bwd("_backward_reshape"))
             .doc("Reshapes the input array (special codes 0, -1, -2, -3, -4)."),
     );
@@ -1134,6 +1182,16 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .num_args_key("num_args")
             .grad(bwd("_backward_Concat"))
             .doc("Joins input arrays along a given axis."),
+    );
+    ops.push(
+        op("_rnn_param_concat", Inputs::Variadic("data"), infer_concat, run_concat)
+            .never_mirrored()
+            .alias(&["_npi_rnn_param_concat"])
+            .params(CONCAT_PARAMS)
+            .num_args_key("num_args")
+            .input_shapes(concat_unknown_input)
+            .grad(bwd("_backward_Concat"))
+            .doc("Concat for the parameters of the fused RNN operator: graph inference also fills one unknown input from the output."),
     );
     ops.push(
         op("stack", Inputs::Variadic("data"), infer_stack, run_stack)

@@ -1,0 +1,123 @@
+"""Gluon's recurrent layers on this library against stock 1.9.1 (issue 35).
+
+Each model runs in two subprocesses, one on this library (MXNET_LIBRARY_PATH) and one on the
+wheel's own: deferred initialisation infers the first layer's input size through
+`_rnn_param_concat` and `Reshape`, the parameters are then set from one seeded NumPy stream
+(the libraries' random generators differ), and the script records the outputs, every
+parameter's gradient, and the outputs again after one SGD step. Both sides must agree.
+"""
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif("MXNET_LIBRARY_PATH" not in os.environ,
+                                reason="MXNET_LIBRARY_PATH is not set: this would compare stock with itself")
+
+SCRIPT = r"""
+import pickle, sys
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, gluon
+
+name, hybrid, out_path = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+rng = np.random.RandomState(0)
+T, N, V = 5, 3, 20
+
+
+class LanguageModel(gluon.HybridBlock):
+    def __init__(self, cell, **kw):
+        super().__init__(**kw)
+        with self.name_scope():
+            self.embed = gluon.nn.Embedding(V, 8)
+            self.rnn = cell
+            self.out = gluon.nn.Dense(V, flatten=False)
+
+    def hybrid_forward(self, F, x):
+        return self.out(self.rnn(self.embed(x)))
+
+
+class Unrolled(gluon.HybridBlock):
+    # An LSTMCell unrolled from begin_state zeros of unknown batch size (0), as GluonNLP does.
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        with self.name_scope():
+            self.cell = gluon.rnn.LSTMCell(12)
+
+    def hybrid_forward(self, F, x):
+        states = [F.zeros((0, 12)), F.zeros((0, 12))]
+        outs, _ = self.cell.unroll(T, x, states, layout="TNC", merge_outputs=True)
+        return outs
+
+
+train = True
+if name == "lstm-lm":
+    net, x = LanguageModel(gluon.rnn.LSTM(16, num_layers=2)), rng.randint(0, V, (T, N)).astype("float32")
+elif name == "gru-bidir-ntc":
+    net, x = gluon.rnn.GRU(10, num_layers=2, bidirectional=True, layout="NTC"), rng.uniform(-1, 1, (N, T, 6))
+elif name == "rnn-relu-states":
+    net, x = gluon.rnn.RNN(7, activation="relu", num_layers=1), rng.uniform(-1, 1, (T, N, 4))
+elif name == "lstm-projection":
+    # Stock's CPU build runs a projection only outside autograd: inference.
+    net, x, train = gluon.rnn.LSTM(16, num_layers=2, projection_size=6), rng.uniform(-1, 1, (T, N, 5)), False
+elif name == "lstmcell-unrolled":
+    net, x = Unrolled(), rng.uniform(-1, 1, (T, N, 6))
+x = mx.nd.array(x, dtype="float32")
+net.initialize(mx.init.Zero())
+if hybrid:
+    net.hybridize()
+states = None
+if name == "rnn-relu-states":
+    states = net.begin_state(N)
+run = (lambda: net(x, states)[0]) if states is not None else (lambda: net(x))
+run()  # deferred initialisation
+for p in sorted(net.collect_params().values(), key=lambda p: p.name):
+    p.set_data(mx.nd.array(rng.uniform(-0.4, 0.4, p.shape)))
+result = {"params": {p.name: p.shape for p in net.collect_params().values()}}
+if train:
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.5})
+    with autograd.record():
+        y = run()
+        loss = (y * y).sum()
+    loss.backward()
+    result["out"] = y.asnumpy()
+    result["grads"] = {p.name: p.grad().asnumpy() for p in net.collect_params().values()}
+    trainer.step(1)
+    result["after_step"] = run().asnumpy()
+else:
+    result["out"] = run().asnumpy()
+with open(out_path, "wb") as f:
+    pickle.dump(result, f)
+"""
+
+MODELS = ["lstm-lm", "gru-bidir-ntc", "rnn-relu-states", "lstm-projection", "lstmcell-unrolled"]
+
+
+def run_model(name, hybrid, ours, tmp_path):
+    env = dict(os.environ)
+    if not ours:
+        env.pop("MXNET_LIBRARY_PATH")
+    out = tmp_path / f"{name}-{hybrid}-{'ours' if ours else 'stock'}.pkl"
+    res = subprocess.run([sys.executable, "-W", "ignore", "-c", SCRIPT, name, "1" if hybrid else "0", str(out)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"{'ours' if ours else 'stock'} failed:\n{res.stderr[-3000:]}"
+    with open(out, "rb") as f:
+        return pickle.load(f)
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["imperative", "hybridized"])
+@pytest.mark.parametrize("name", MODELS)
+def test_recurrent_model_matches_stock(name, hybrid, tmp_path):
+    if name == "lstmcell-unrolled" and not hybrid:
+        pytest.skip("imperatively F.zeros((0, 12)) is an empty array, on stock too")
+    stock = run_model(name, hybrid, False, tmp_path)
+    ours = run_model(name, hybrid, True, tmp_path)
+    assert ours["params"] == stock["params"]
+    np.testing.assert_allclose(ours["out"], stock["out"], rtol=1e-4, atol=1e-5)
+    for k in stock.get("grads", {}):
+        np.testing.assert_allclose(ours["grads"][k], stock["grads"][k], rtol=1e-4, atol=1e-5, err_msg=k)
+    if "after_step" in stock:
+        np.testing.assert_allclose(ours["after_step"], stock["after_step"], rtol=1e-4, atol=1e-5)
