@@ -355,6 +355,53 @@ CASES += [
          use_sequence_length=True),
 ]
 
+# Deconvolution (issue 35): weight [channels, num_filter / num_group, *kernel].
+CASES += [
+    case("deconv-2d", "nd.Deconvolution", r(2, 3, 4, 5), r(3, 4, 3, 3), grad=True, kernel=(3, 3), num_filter=4),
+    case("deconv-2d-stride-pad-bias", "nd.Deconvolution", r(1, 2, 3, 3), r(2, 3, 4, 4), r(3), grad=True, kernel=(4, 4),
+         stride=(2, 2), pad=(1, 1), num_filter=3, no_bias=False),
+    case("deconv-2d-adj-dilate-f64", "nd.Deconvolution", r(2, 2, 3, 4, dtype="float64"), r(2, 2, 3, 2, dtype="float64"), grad=True,
+         kernel=(3, 2), stride=(2, 3), adj=(1, 2), dilate=(2, 1), num_filter=2),
+    case("deconv-2d-groups", "nd.Deconvolution", r(2, 4, 3, 3), r(4, 3, 2, 2), grad=True, kernel=(2, 2), stride=(2, 2),
+         num_filter=6, num_group=2),
+    # float64 where stock's oneDNN (float32) path refuses the problem ("could not create a
+    # descriptor for a dilated deconvolution").
+    case("deconv-2d-target-shape", "nd.Deconvolution", r(1, 2, 4, 4, dtype="float64"), r(2, 2, 3, 3, dtype="float64"), grad=True, kernel=(3, 3), stride=(2, 2),
+         target_shape=(8, 8), num_filter=2, dilate=(1, 1)),
+    case("deconv-1d", "nd.Deconvolution", r(2, 3, 5, dtype="float64"), r(3, 2, 3, dtype="float64"), r(2, dtype="float64"), grad=True, kernel=(3,), stride=(2,), num_filter=2, no_bias=False,
+         dilate=(1,)),
+    case("deconv-2d-adj-dilate", "nd.Deconvolution", r(2, 2, 3, 4), r(2, 2, 3, 2), grad=True, kernel=(3, 2), stride=(2, 3), adj=(1, 2),
+         dilate=(2, 1), num_filter=2),
+    case("deconv-3d", "nd.Deconvolution", r(1, 2, 2, 3, 2), r(2, 2, 2, 2, 2), grad=True, kernel=(2, 2, 2), num_filter=2),
+    case("deconv-f16", "nd.Deconvolution", r(1, 2, 3, 3, dtype="float16"), r(2, 2, 2, 2, dtype="float16"), kernel=(2, 2), num_filter=2),
+    case("deconv-bad-weight", "nd.Deconvolution", r(1, 2, 3, 3), r(3, 2, 2, 2), kernel=(2, 2), num_filter=2, error=True),
+    case("deconv-bad-kernel-rank", "nd.Deconvolution", r(1, 2, 3, 3), r(2, 2, 2), kernel=(2,), num_filter=2, error=True),
+]
+
+# Spatial resampling (issue 35).
+CASES += [
+    case("adaptive-avg-pool", "nd.contrib.AdaptiveAvgPooling2D", r(2, 3, 7, 5), grad=True, output_size=(3, 2)),
+    case("adaptive-avg-pool-global-f64", "nd.contrib.AdaptiveAvgPooling2D", r(1, 2, 4, 4, dtype="float64"), grad=True),
+    case("adaptive-avg-pool-int", "nd.contrib.AdaptiveAvgPooling2D", r(1, 2, 5, 6), grad=True, output_size=4),
+    case("adaptive-avg-pool-larger", "nd.contrib.AdaptiveAvgPooling2D", r(1, 1, 2, 3), grad=True, output_size=(5, 4)),
+    case("bilinear-size", "nd.contrib.BilinearResize2D", r(2, 3, 4, 5), grad=True, height=7, width=9),
+    case("bilinear-down-no-align", "nd.contrib.BilinearResize2D", r(1, 2, 8, 6), grad=True, height=3, width=4, align_corners=False),
+    case("bilinear-up-no-align-f64", "nd.contrib.BilinearResize2D", r(1, 2, 3, 3, dtype="float64"), grad=True, height=7, width=5,
+         align_corners=False),
+    case("bilinear-scale", "nd.contrib.BilinearResize2D", r(1, 1, 4, 6), grad=True, scale_height=2.0, scale_width=1.5),
+    case("bilinear-odd-scale", "nd.contrib.BilinearResize2D", r(1, 1, 5, 4), grad=True, scale_height=2.0, scale_width=0.5, mode="odd_scale"),
+    case("bilinear-like", "nd.contrib.BilinearResize2D", r(1, 2, 3, 4), r(1, 1, 6, 5), grad=[0], mode="like"),
+    case("bilinear-to-even-up", "nd.contrib.BilinearResize2D", r(1, 1, 5, 4), grad=True, mode="to_even_up"),
+    case("bilinear-to-odd-down", "nd.contrib.BilinearResize2D", r(1, 1, 5, 4), grad=True, mode="to_odd_down"),
+    case("bilinear-same-size", "nd.contrib.BilinearResize2D", r(1, 2, 3, 4), grad=True, height=3, width=4),
+    case("bilinear-bad-rank", "nd.contrib.BilinearResize2D", r(2, 3, 4), height=2, width=2, error=True),
+    case("upsampling-nearest", "nd.UpSampling", r(2, 3, 2, 3), grad=True, scale=2, sample_type="nearest"),
+    case("upsampling-nearest-concat", "nd.UpSampling", r(1, 2, 2, 2), r(1, 1, 4, 4), grad=True, scale=2, sample_type="nearest", num_args=2),
+    case("upsampling-nearest-sum-f64", "nd.UpSampling", r(1, 2, 2, 2, dtype="float64"), r(1, 2, 1, 1, dtype="float64"), grad=True, scale=3,
+         sample_type="nearest", num_args=2, multi_input_mode="sum"),
+    case("upsampling-bad-divide", "nd.UpSampling", r(1, 1, 2, 2), r(1, 1, 3, 3), scale=2, sample_type="nearest", num_args=2, error=True),
+]
+
 # ------------------------------------------------------------------------------------------
 # Operators our library does not implement yet: strict xfails until it does (then move them).
 
@@ -371,6 +418,9 @@ KNOWN_DIFFERENCES = {
     "leaky-selu": "stock's selu gradient is wrong for x < 0 (lambda * (out + alpha) instead of out + lambda * alpha); "
                   "ours is the true derivative",
     "dot-f16": "stock rejects float16 dot on CPU; ours computes it",
+    "deconv-f16": "stock rejects float16 Deconvolution on CPU (no float16 GEMM); ours computes it",
+    "deconv-2d-adj-dilate-f64": "stock's float64 Deconvolution (its non-oneDNN path) is wrong when both stride and dilate exceed 1: "
+                                "it is not the adjoint of its own Convolution; its float32 (oneDNN) result agrees with ours",
     "rnn-sequence-length": "stock's CPU build ignores sequence_length (every sequence runs its full length); ours refuses "
                            "use_sequence_length rather than give that answer",
 }

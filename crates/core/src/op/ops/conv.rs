@@ -103,7 +103,7 @@ pub(super) fn copy_row<T: Copy>(dst: &mut [T], src: &[T]) {
     }
 }
 
-fn widen(op: &str, name: &str, v: &[i64], nsp: usize, default: usize, min: i64) -> Result<[usize; 3]> {
+pub(super) fn widen(op: &str, name: &str, v: &[i64], nsp: usize, default: usize, min: i64) -> Result<[usize; 3]> {
     let mut r = [default; 3];
     if v.is_empty() {
         return Ok(r);
@@ -157,24 +157,43 @@ pub(super) fn plan(a: &Attrs, data: &[usize]) -> Result<Plan> {
     }
     let mut input = [1; 3];
     input[3 - nsp..].copy_from_slice(&data[2..]);
-    let mut output = [1; 3];
-    for d in 0..3 {
-        let span = dilate[d] * (kernel[d] - 1) + 1;
-        let padded = input[d] + 2 * pad[d];
-        if span > padded {
-            return Err(Error::value(format!(
-                "operator {op}: kernel {k:?} (dilate {:?}) is larger than the padded input {:?}",
-                params.dilate,
-                &data[2..]
-            )));
+    Plan::build(op, nsp, [n, c, f, g], input, kernel, stride, dilate, pad)
+}
+
+impl Plan {
+    /// The convolution of `[n, c, *input]` data by `f` filters in `g` groups (`nsp` spatial
+    /// dimensions, widened to three); checks that the padded input holds the kernel.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn build(
+        op: &str,
+        nsp: usize,
+        [n, c, f, g]: [usize; 4],
+        input: [usize; 3],
+        kernel: [usize; 3],
+        stride: [usize; 3],
+        dilate: [usize; 3],
+        pad: [usize; 3],
+    ) -> Result<Plan> {
+        let mut output = [1; 3];
+        for d in 0..3 {
+            let span = dilate[d] * (kernel[d] - 1) + 1;
+            let padded = input[d] + 2 * pad[d];
+            if span > padded {
+                return Err(Error::value(format!(
+                    "operator {op}: kernel {:?} (dilate {:?}) is larger than the padded input {:?}",
+                    &kernel[3 - nsp..],
+                    &dilate[3 - nsp..],
+                    &input[3 - nsp..]
+                )));
+            }
+            output[d] = (padded - span) / stride[d] + 1;
         }
-        output[d] = (padded - span) / stride[d] + 1;
+        let mut out_shape = vec![n, f];
+        out_shape.extend_from_slice(&output[3 - nsp..]);
+        let mut weight_shape = vec![f, c / g];
+        weight_shape.extend_from_slice(&kernel[3 - nsp..]);
+        Ok(Plan { n, c, f, g, input, kernel, stride, dilate, pad, output, out_shape, weight_shape })
     }
-    let mut out_shape = vec![n, f];
-    out_shape.extend_from_slice(&output[3 - nsp..]);
-    let mut weight_shape = vec![f, c / g];
-    weight_shape.extend_from_slice(&kernel[3 - nsp..]);
-    Ok(Plan { n, c, f, g, input, kernel, stride, dilate, pad, output, out_shape, weight_shape })
 }
 
 fn conv_inputs(a: &Attrs) -> usize {

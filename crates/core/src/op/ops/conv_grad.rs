@@ -21,7 +21,7 @@ use half::f16;
 
 /// Add one image's block of the column matrix `col` (kdim rows of osz entries, `ld` apart)
 /// back onto its input planes `dx` (cg × isz), which it overwrites.
-fn col2im<T: Elem, R: Real>(p: &Plan, col: &[T], ld: usize, dx: &mut [T]) {
+pub(super) fn col2im<T: Elem, R: Real>(p: &Plan, col: &[T], ld: usize, dx: &mut [T]) {
     let (isz, osz, sw) = (p.isz(), p.osz(), p.stride[2]);
     dx.fill(T::zero());
     if p.unpadded_2d() {

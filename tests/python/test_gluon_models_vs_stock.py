@@ -1,8 +1,11 @@
-"""Gluon's recurrent layers on this library against stock 1.9.1 (issue 35).
+"""Small Gluon models built from the operators of issue 35 on this library against stock 1.9.1:
+recurrent layers (fused LSTM/GRU/RNN, an unrolled LSTMCell), a segmentation head
+(Conv2DTranspose, bilinear resizing, nearest upsampling) and a squeeze-and-excitation block
+(adaptive average pooling).
 
 Each model runs in two subprocesses, one on this library (MXNET_LIBRARY_PATH) and one on the
-wheel's own: deferred initialisation infers the first layer's input size through
-`_rnn_param_concat` and `Reshape`, the parameters are then set from one seeded NumPy stream
+wheel's own: deferred initialisation infers the parameters' shapes (for the fused RNN
+through `_rnn_param_concat` and `Reshape`), the parameters are then set from one seeded NumPy stream
 (the libraries' random generators differ), and the script records the outputs, every
 parameter's gradient, and the outputs again after one SGD step. Both sides must agree.
 """
@@ -53,8 +56,43 @@ class Unrolled(gluon.HybridBlock):
         return outs
 
 
+class SegmentationHead(gluon.HybridBlock):
+    # FCN/pose-style: downsample, upsample back with a transposed convolution, bilinear
+    # resizing and nearest upsampling, per-pixel class scores.
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        with self.name_scope():
+            self.down = gluon.nn.Conv2D(8, 3, strides=2, padding=1, activation="relu")
+            self.up = gluon.nn.Conv2DTranspose(6, 4, strides=2, padding=1)
+            self.score = gluon.nn.Conv2D(3, 1)
+
+    def hybrid_forward(self, F, x):
+        y = self.up(self.down(x))
+        y = F.contrib.BilinearResize2D(y, height=12, width=10, align_corners=False)
+        y = F.UpSampling(y, scale=2, sample_type="nearest")
+        return self.score(y)
+
+
+class SEBlock(gluon.HybridBlock):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        with self.name_scope():
+            self.conv = gluon.nn.Conv2D(8, 3, padding=1)
+            self.fc1 = gluon.nn.Dense(4, activation="relu")
+            self.fc2 = gluon.nn.Dense(8, activation="sigmoid")
+
+    def hybrid_forward(self, F, x):
+        y = self.conv(x)
+        w = self.fc2(self.fc1(F.contrib.AdaptiveAvgPooling2D(y, output_size=1)))
+        return F.broadcast_mul(y, w.reshape((0, 0, 1, 1)))
+
+
 train = True
-if name == "lstm-lm":
+if name == "segmentation-head":
+    net, x = SegmentationHead(), rng.uniform(-1, 1, (2, 3, 8, 6))
+elif name == "se-block":
+    net, x = SEBlock(), rng.uniform(-1, 1, (2, 5, 6, 6))
+elif name == "lstm-lm":
     net, x = LanguageModel(gluon.rnn.LSTM(16, num_layers=2)), rng.randint(0, V, (T, N)).astype("float32")
 elif name == "gru-bidir-ntc":
     net, x = gluon.rnn.GRU(10, num_layers=2, bidirectional=True, layout="NTC"), rng.uniform(-1, 1, (N, T, 6))
@@ -93,7 +131,7 @@ with open(out_path, "wb") as f:
     pickle.dump(result, f)
 """
 
-MODELS = ["lstm-lm", "gru-bidir-ntc", "rnn-relu-states", "lstm-projection", "lstmcell-unrolled"]
+MODELS = ["lstm-lm", "gru-bidir-ntc", "rnn-relu-states", "lstm-projection", "lstmcell-unrolled", "segmentation-head", "se-block"]
 
 
 def run_model(name, hybrid, ours, tmp_path):
