@@ -402,6 +402,18 @@ CASES += [
     case("upsampling-bad-divide", "nd.UpSampling", r(1, 1, 2, 2), r(1, 1, 3, 3), scale=2, sample_type="nearest", num_args=2, error=True),
 ]
 
+# Interleaved multi-head attention (issue 35): T=5 (queries 4), batch 2, 3 heads of size 4.
+QKV, ATT = r(5, 2, 3 * 3 * 4), r(2 * 3, 5, 5)
+CASES += [
+    case("selfatt-qk", "nd.contrib.interleaved_matmul_selfatt_qk", QKV, grad=True, heads=3),
+    case("selfatt-valatt", "nd.contrib.interleaved_matmul_selfatt_valatt", QKV, ATT, grad=True, heads=3),
+    case("encdec-qk", "nd.contrib.interleaved_matmul_encdec_qk", r(4, 2, 3 * 4), r(5, 2, 3 * 2 * 4), grad=True, heads=3),
+    case("encdec-valatt", "nd.contrib.interleaved_matmul_encdec_valatt", r(5, 2, 3 * 2 * 4), r(6, 4, 5), grad=True, heads=3),
+    case("selfatt-qk-one-head", "nd.contrib.interleaved_matmul_selfatt_qk", r(3, 1, 3 * 8), grad=True, heads=1),
+    case("selfatt-valatt-bad-att", "nd.contrib.interleaved_matmul_selfatt_valatt", QKV, r(6, 5, 4), heads=3, error=True),
+    case("encdec-qk-bad-kv", "nd.contrib.interleaved_matmul_encdec_qk", r(4, 2, 12), r(5, 2, 12), heads=3, error=True),
+]
+
 # ------------------------------------------------------------------------------------------
 # Operators our library does not implement yet: strict xfails until it does (then move them).
 

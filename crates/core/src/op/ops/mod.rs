@@ -4,6 +4,7 @@
 use super::OpDef;
 
 mod add_n;
+mod attention;
 mod broadcast;
 mod broadcast_grad;
 mod common;
@@ -60,6 +61,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     index_grad::register(ops);
     sequence::register(ops);
     rnn::register(ops);
+    attention::register(ops);
     loss::register(ops);
     contrib::register(ops);
     special::register(ops);

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Recurrent models on mxnet-rt vs stock MXNet 1.9.1 (whose CPU build runs the fused RNN
-through oneDNN), both under the same stock Python frontend, in one run (issue 35):
+"""NLP workloads on mxnet-rt vs stock MXNet 1.9.1 (whose CPU build runs the fused RNN
+through oneDNN and the attention products through MKL), both under the same stock Python
+frontend, in one run (issue 35):
 
 - `lm-train`: one training step of Gluon's word language model, small PTB configuration
   (Embedding 10000→200, 2-layer LSTM of 200, dropout 0, Dense 200→10000; sequence 35, batch
@@ -8,13 +9,16 @@ through oneDNN), both under the same stock Python frontend, in one run (issue 35
   backward, trainer.step, waitall;
 - `lstm-train`: the same without the embedding and the decoder: the 2-layer LSTM alone
   (loss = sum of its output), so the recurrent kernels' share is visible;
-- `lstm-infer`: the 2-layer LSTM's forward alone, outside autograd.
+- `lstm-infer`: the 2-layer LSTM's forward alone, outside autograd;
+- `bert-attention`: one BERT-base self-attention block's core, forward and backward under
+  autograd (sequence 128, batch 4, 12 heads of 64): interleaved_matmul_selfatt_qk, softmax,
+  interleaved_matmul_selfatt_valatt, a residual add and LayerNorm over 768 features.
 
 Each configuration runs in a fresh interpreter per library, the libraries alternating; the
 table gives the median step over `steps` steps × `reps` processes and the ratio mxnet-rt /
-stock. Markdown on stdout and in bench/results/rnn.md.
+stock. Markdown on stdout and in bench/results/nlp.md.
 
-    .venv/bin/python bench/rnn_bench.py [steps] [reps]
+    .venv/bin/python bench/nlp_bench.py [steps] [reps]
 """
 import json
 import os
@@ -48,20 +52,36 @@ class LM(gluon.HybridBlock):
 
 rng = np.random.RandomState(0)
 mx.random.seed(1)
-if mode == "lm-train":
+if mode == "bert-attention":
+    TB, B, HEADS, D = 128, 4, 12, 64
+    qkv = mx.nd.array(rng.uniform(-1, 1, (TB, B, HEADS * 3 * D)))
+    resid = mx.nd.array(rng.uniform(-1, 1, (TB, B, HEADS * D)))
+    gamma, beta = mx.nd.ones((HEADS * D,)), mx.nd.zeros((HEADS * D,))
+    qkv.attach_grad()
+
+    def step():
+        with autograd.record():
+            att = mx.nd.contrib.interleaved_matmul_selfatt_qk(qkv, heads=HEADS)
+            att = mx.nd.softmax(att, axis=-1)
+            ctx = mx.nd.contrib.interleaved_matmul_selfatt_valatt(qkv, att, heads=HEADS)
+            out = mx.nd.LayerNorm(ctx + resid, gamma, beta, axis=-1)
+        out.backward()
+        mx.nd.waitall()
+elif mode == "lm-train":
     net = LM()
     x = mx.nd.array(rng.randint(0, V, (T, N)))
     label = mx.nd.array(rng.randint(0, V, (T, N)))
-else:
+elif mode != "bert-attention":
     net = gluon.rnn.LSTM(H, num_layers=2, input_size=E)
     x = mx.nd.array(rng.uniform(-1, 1, (T, N, E)))
-net.initialize(mx.init.Uniform(0.1))
-net.hybridize()
-trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
-loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+if mode != "bert-attention":
+    net.initialize(mx.init.Uniform(0.1))
+    net.hybridize()
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
 
 
-def step():
+def rnn_step():
     if mode == "lstm-infer":
         net(x)
     else:
@@ -73,6 +93,8 @@ def step():
     mx.nd.waitall()
 
 
+if mode != "bert-attention":
+    step = rnn_step
 for _ in range(3):
     step()
 times = []
@@ -83,7 +105,7 @@ for _ in range(steps):
 print(json.dumps({"step_ms": statistics.median(times) * 1e3}))
 """
 
-MODES = ["lm-train", "lstm-train", "lstm-infer"]
+MODES = ["lm-train", "lstm-train", "lstm-infer", "bert-attention"]
 
 
 def child(lib_name, lib, mode, steps):
@@ -109,14 +131,14 @@ def main():
             for name, lib in order:
                 res[(name, m)].append(child(name, lib, m, steps))
     rt, st = "mxnet-rt", "stock 1.9.1"
-    lines = [f"Recurrent models, {os.cpu_count()} cores (median of {steps} steps × {reps} processes per library, "
+    lines = [f"NLP workloads, {os.cpu_count()} cores (median of {steps} steps × {reps} processes per library, "
              "alternating). Word LM: small PTB configuration (Embedding 10000→200, 2-layer LSTM 200, Dense 200→10000; "
-             "sequence 35, batch 20), hybridized.", "",
+             "sequence 35, batch 20), hybridized. BERT attention: sequence 128, batch 4, 12 heads of 64, forward + backward.", "",
              "| workload | mxnet-rt ms | stock ms | ratio (≤ 1 wanted) |", "|---|---|---|---|"]
     for m in MODES:
         a, b = statistics.median(res[(rt, m)]), statistics.median(res[(st, m)])
         lines.append(f"| {m} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
-    write_result("rnn.md", "\n".join(lines))
+    write_result("nlp.md", "\n".join(lines))
 
 
 if __name__ == "__main__":
