@@ -414,6 +414,19 @@ CASES += [
     case("encdec-qk-bad-kv", "nd.contrib.interleaved_matmul_encdec_qk", r(4, 2, 12), r(5, 2, 12), heads=3, error=True),
 ]
 
+# Per-instance normalisations (issue 35).
+CASES += [
+    case("instance-norm", "nd.InstanceNorm", r(2, 3, 4, 5), r(3), r(3), grad=True),
+    case("instance-norm-3d-eps", "nd.InstanceNorm", r(2, 2, 6), r(2), r(2), grad=True, eps=0.01),
+    case("group-norm", "nd.GroupNorm", r(2, 4, 3, 3), r(2), r(2), grad=True, num_groups=2),
+    case("group-norm-one-group-f64", "nd.GroupNorm", r(3, 6, 5, dtype="float64"), r(1, dtype="float64"), r(1, dtype="float64"), grad=True),
+    case("group-norm-bad-groups", "nd.GroupNorm", r(2, 4, 3), r(3), r(3), num_groups=3, error=True),
+    case("l2norm-instance", "nd.L2Normalization", r(3, 4, 5), grad=True),
+    case("l2norm-channel", "nd.L2Normalization", r(2, 3, 4, 2), grad=True, mode="channel"),
+    case("l2norm-spatial-f64", "nd.L2Normalization", r(2, 3, 4, 2, dtype="float64"), grad=True, mode="spatial"),
+    case("l2norm-2d-channel", "nd.L2Normalization", r(4, 5), mode="channel", error=True),
+]
+
 # ------------------------------------------------------------------------------------------
 # Operators our library does not implement yet: strict xfails until it does (then move them).
 

@@ -23,6 +23,7 @@ mod loss;
 mod missing;
 mod nn;
 mod nn_grad;
+mod norms;
 mod optim;
 mod random_ops;
 mod reduce;
@@ -51,6 +52,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     linalg_grad::register(ops);
     nn::register(ops);
     nn_grad::register(ops);
+    norms::register(ops);
     conv::register(ops);
     conv_grad::register(ops);
     deconv::register(ops);
