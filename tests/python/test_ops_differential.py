@@ -425,6 +425,8 @@ CASES += [
     case("l2norm-channel", "nd.L2Normalization", r(2, 3, 4, 2), grad=True, mode="channel"),
     case("l2norm-spatial-f64", "nd.L2Normalization", r(2, 3, 4, 2, dtype="float64"), grad=True, mode="spatial"),
     case("l2norm-2d-channel", "nd.L2Normalization", r(4, 5), mode="channel", error=True),
+    # cast_storage to dense storage copies (test_utils.check_numeric_gradient calls it).
+    case("cast_storage-default", "nd.cast_storage", r(3, 4), grad=True, stype="default"),
 ]
 
 # ------------------------------------------------------------------------------------------

@@ -134,3 +134,8 @@ def test_a_stub_called_with_stock_arguments_is_not_implemented():
         mx.nd.random.multinomial(mx.nd.array([[0.5, 0.5]]), shape=2)
     with pytest.raises(NotImplementedError, match="is not supported yet"):
         mx.sym.random.multinomial(mx.sym.var("p"), shape=2)
+
+
+def test_sparse_cast_storage_is_not_implemented():
+    with pytest.raises(NotImplementedError, match="sparse storage"):
+        mx.nd.cast_storage(mx.nd.ones((2, 2)), stype="csr")

@@ -45,6 +45,32 @@ fn run_copy(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
+// ---- cast_storage ----
+
+op_params! {
+    pub(super) struct CastStorageParams<'a> => CAST_STORAGE_PARAMS {
+        stype: &'a str = required in ["csr", "default", "row_sparse"], "Output storage type.";
+    }
+}
+
+/// `cast_storage` to dense storage copies (every array here is dense, as
+/// `mxnet.test_utils.check_numeric_gradient` casts them); sparse storage is not supported.
+fn infer_cast_storage(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let stype = CastStorageParams::of(a).stype;
+    if stype != "default" {
+        return Err(Error::not_supported(format!("sparse storage (cast_storage to {stype})")));
+    }
+    Ok(vec![ins[0].clone()])
+}
+
+/// `_backward_cast_storage(dY, data) -> dData`: the gradient passes through.
+fn cast_storage_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    if cx.req[0] != crate::op::Req::Null {
+        outs[0].copy_from(&ins[0]);
+    }
+    Ok(())
+}
+
 // ---- _copyto, Reshape, Flatten, expand_dims, squeeze, reshape_like ----
 
 fn infer_same(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
@@ -1183,6 +1209,14 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .grad(bwd("_backward_Concat"))
             .doc("Joins input arrays along a given axis."),
     );
+    ops.push(
+        op("cast_storage", data, infer_cast_storage, run_copy)
+            .alias(&["_sparse_cast_storage"])
+            .params(CAST_STORAGE_PARAMS)
+            .grad(Grad::Backward { op: "_backward_cast_storage", inputs: false, outputs: false })
+            .doc("Casts tensor storage type to the new type (dense storage only in mxnet-rt)."),
+    );
+    ops.push(OpDef::backward("_backward_cast_storage", CAST_STORAGE_PARAMS, Box::new(cast_storage_backward)));
     ops.push(
         op("_rnn_param_concat", Inputs::Variadic("data"), infer_concat, run_concat)
             .never_mirrored()
