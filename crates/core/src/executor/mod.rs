@@ -62,12 +62,12 @@ impl MemoryPlan {
     }
 }
 
-/// Whether node `i` creates an array (an operator with a `ctx` parameter and no inputs) whose
-/// `shape` parameter has a 0 dimension (see [`Runner::open_shapes`]).
+/// Whether node `i` creates an array from its `shape` parameter (no inputs) and that shape
+/// has a 0 dimension (see [`Runner::open_shapes`]).
 fn has_open_shape(graph: &Graph, i: usize) -> bool {
     let n = &graph.nodes[i];
     let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { return false };
-    if !op.has_ctx() || !n.inputs.is_empty() {
+    if !n.inputs.is_empty() || !op.params.iter().any(|p| p.name == "shape") {
         return false;
     }
     (op.infer)(attrs, &[]).is_ok_and(|outs| outs.iter().any(|m| m.shape.contains(&0)))
@@ -148,7 +148,7 @@ impl Runner {
 
     /// The parameters of [`Runner::open_shapes`]' nodes for a run with `inputs`: their
     /// `shape` is the one graph inference finds (legacy shape semantics only; with NumPy
-    /// shape semantics a 0 is a size).
+    /// shape semantics a 0 is a size); nodes it does not determine keep their own.
     fn resolve_open_shapes(&self, inputs: &[NDArray]) -> Result<Resolved> {
         if self.open_shapes.is_empty() || crate::ndarray::np_shape::get() != 0 {
             return Ok(Vec::new());
@@ -162,19 +162,16 @@ impl Runner {
         let g = &self.graph;
         let shapes: Vec<_> = key.iter().map(|s| Some(s.iter().map(|&d| d as i64).collect())).collect();
         let dtypes: Vec<_> = inputs.iter().map(|a| Some(a.dtype)).collect();
-        let inferred = crate::symbol::infer::infer(g, &shapes, &dtypes, false)?;
+        // A node the graph does not determine (or a graph inference cannot complete) keeps
+        // its literal shape, 0 and all, as before.
         let mut out = Vec::with_capacity(self.open_shapes.len());
+        let Ok(inferred) = crate::symbol::infer::infer(g, &shapes, &dtypes, false) else { return Ok(out) };
         for &i in &self.open_shapes {
             let n = &g.nodes[i];
             let op = n.op.expect("an operator node");
             let shape = match &inferred.shapes[inferred.offsets[i]] {
                 Some(s) if s.iter().all(|&d| d >= 0) => s,
-                _ => {
-                    return Err(Error::mxnet(format!(
-                        "node {} ({}): its shape has an unknown (0) dimension that the graph does not determine",
-                        n.name, op.name
-                    )))
-                }
+                _ => continue,
             };
             let text = format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "));
             let kv: Vec<(&str, &str)> = n

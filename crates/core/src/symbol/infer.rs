@@ -289,10 +289,10 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: boo
         let outs = (op.infer)(attrs, &metas)
             .map_err(|e| Error::mxnet(format!("{} ({}): {}", node.name, op.name, e.message())))?;
         let dtypes_known = idt.iter().all(Option::is_some);
-        // A creation operator's `shape` parameter with a 0 dimension means "unknown" in the
+        // A creation operator's `shape` parameter (no inputs) with a 0 dimension means "unknown" in the
         // legacy shape semantics (stock's InitShape): `F.zeros((0, H))` as a begin state
         // takes its batch size from the operator that reads it.
-        let unknown_zeros = !np_shape && op.has_ctx();
+        let unknown_zeros = !np_shape && node.inputs.is_empty() && op.params.iter().any(|p| p.name == "shape");
         for (k, m) in outs.iter().enumerate().take(osh.len()) {
             let shape = m.shape.iter().map(|&x| if x == 0 && unknown_zeros { -1 } else { x as i64 }).collect();
             merge(&mut osh[k], &Some(shape), &out_what(k))?;

@@ -77,7 +77,7 @@ fn mm<T: GemmElem>(m: usize, n: usize, k: usize, a: View<T>, b: View<T>, scale: 
     );
     if scale != 1.0 {
         for v in c.iter_mut() {
-            *v = T::from_f64((v.to_f64() as f32 * scale) as f64);
+            *v = T::from_f64(v.to_f64() * scale as f64);
         }
     }
 }

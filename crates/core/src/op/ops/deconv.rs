@@ -81,18 +81,20 @@ fn deconv_plan(a: &Attrs, data: &[usize]) -> Result<Deconv> {
     }
     let mut input = [1; 3];
     input[3 - nsp..].copy_from_slice(&data[2..]);
-    let span = |d: usize| dilate[d] * (kernel[d] - 1) + 1;
+    // Output extents in u128 (no overflow); anything past isize::MAX is refused below.
+    let span = |d: usize| dilate[d] as u128 * (kernel[d] as u128 - 1) + 1;
+    let full_of = |d: usize| stride[d] as u128 * input[d].saturating_sub(1) as u128 + span(d);
     if p.target_shape.iter().any(|&t| t != 0) {
         let target = widen(op, "target_shape", p.target_shape, nsp, 1, 0)?;
         for d in 3 - nsp..3 {
-            let full = stride[d] * input[d].saturating_sub(1) + span(d);
-            if target[d] > full {
+            let full = full_of(d);
+            if target[d] as u128 > full || full > isize::MAX as u128 {
                 return Err(Error::value(format!(
                     "operator {op}: target_shape {:?} is too big for data {data:?}",
                     p.target_shape
                 )));
             }
-            let total = full - target[d];
+            let total = (full - target[d] as u128) as usize;
             adj[d] = total % 2;
             pad[d] = total.div_ceil(2);
         }
@@ -102,8 +104,12 @@ fn deconv_plan(a: &Attrs, data: &[usize]) -> Result<Deconv> {
         if adj[d] >= stride[d] && (d >= 3 - nsp) {
             return Err(Error::value(format!("operator {op}: adj {:?} must be smaller than stride", p.adj)));
         }
-        let full = stride[d] * input[d].saturating_sub(1) + span(d) + adj[d];
-        if input[d] == 0 || full < 2 * pad[d] + 1 {
+        let full = full_of(d) + adj[d] as u128;
+        if full > isize::MAX as u128 / 8 {
+            return Err(Error::value(format!("operator {op}: data {data:?} gives an output too large to allocate")));
+        }
+        let full = full as usize;
+        if input[d] == 0 || full < pad[d].saturating_mul(2).saturating_add(1) {
             return Err(Error::value(format!(
                 "operator {op}: data {data:?} with pad {:?} gives an empty output",
                 &pad[3 - nsp..]
@@ -113,7 +119,13 @@ fn deconv_plan(a: &Attrs, data: &[usize]) -> Result<Deconv> {
     }
     // The convolution from the output back to the data.
     let conv = Plan::build(op, nsp, [n, f, c, g], output, kernel, stride, dilate, pad)?;
-    debug_assert_eq!(conv.output, input);
+    if conv.output != input {
+        return Err(Error::value(format!(
+            "operator {op}: pad {:?} and adj {:?} do not invert the matching convolution for data {data:?}",
+            &pad[3 - nsp..],
+            &adj[3 - nsp..]
+        )));
+    }
     let mut out_shape = vec![n, f];
     out_shape.extend_from_slice(&output[3 - nsp..]);
     let mut weight_shape = vec![c, f / g];

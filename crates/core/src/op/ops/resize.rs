@@ -88,8 +88,14 @@ fn adaptive_taps(ih: usize, iw: usize, oh: usize, ow: usize) -> Vec<(usize, usiz
 }
 
 fn adaptive_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
-    let [n, c, _, _] = nchw(a.op, &ins[0].shape)?;
+    let [n, c, h, w] = nchw(a.op, &ins[0].shape)?;
+    if h == 0 || w == 0 {
+        return Err(Error::value(format!("operator {}: the input height and width must be positive", a.op)));
+    }
     let (oh, ow) = adaptive_out(a)?.unwrap_or((1, 1));
+    if oh.checked_mul(ow).is_none_or(|s| s > isize::MAX as usize / 64) {
+        return Err(Error::value(format!("operator {}: output_size ({oh}, {ow}) is too large", a.op)));
+    }
     Ok(vec![Meta::new(vec![n, c, oh, ow], ins[0].dtype)])
 }
 
@@ -130,6 +136,9 @@ fn adaptive_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<
     let [_, _, ih, iw] = nchw(a.op, &ins[1].shape)?;
     let [_, _, oh, ow] = nchw(a.op, &ins[0].shape)?;
     let (isz, osz) = (ih * iw, oh * ow);
+    if outs[0].size() == 0 {
+        return Ok(());
+    }
     let bins = adaptive_taps(ih, iw, oh, ow);
     dispatch_real!(ins[1].dtype, a.op, T, R => {
         let g = ins[0].as_slice::<T>();
@@ -213,7 +222,10 @@ fn bilinear_size(a: &Attrs, ins: &[Meta]) -> Result<(usize, usize)> {
 }
 
 fn bilinear_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
-    let [n, c, _, _] = nchw(a.op, &ins[0].shape)?;
+    let [n, c, h, w] = nchw(a.op, &ins[0].shape)?;
+    if h == 0 || w == 0 {
+        return Err(Error::value(format!("operator {}: the input height and width must be positive", a.op)));
+    }
     let (oh, ow) = bilinear_size(a, ins)?;
     Ok(vec![Meta::new(vec![n, c, oh, ow], ins[0].dtype)])
 }
@@ -318,6 +330,9 @@ fn bilinear_forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<(
     let a = cx.attrs;
     let [_, _, ih, iw] = nchw(a.op, &ins[0].shape)?;
     let [_, _, oh, ow] = nchw(a.op, &outs[0].shape)?;
+    if outs[0].size() == 0 {
+        return Ok(());
+    }
     let taps = bilinear_taps(a, (ih, iw), (oh, ow));
     resample_forward(a.op, &taps, &ins[0], &mut outs[0], ih * iw)
 }
@@ -330,7 +345,7 @@ fn bilinear_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<
     if outs.len() > 1 && cx.req[1] != Req::Null {
         super::init::fill(&mut outs[1], 0.0);
     }
-    if cx.req[0] == Req::Null {
+    if cx.req[0] == Req::Null || outs[0].size() == 0 {
         return Ok(());
     }
     let taps = bilinear_taps(a, (ih, iw), (oh, ow));
@@ -355,7 +370,10 @@ fn up_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let scale = up_check(a)?;
     let sum = UpParams::of(a).multi_input_mode == "sum";
     let [n, _, h, w] = nchw(a.op, &ins[0].shape)?;
-    let (oh, ow) = (h * scale, w * scale);
+    let (oh, ow) = match (h.checked_mul(scale), w.checked_mul(scale)) {
+        (Some(oh), Some(ow)) if oh.checked_mul(ow).is_some_and(|s| s <= isize::MAX as usize / 64) => (oh, ow),
+        _ => return Err(Error::value(format!("operator {}: scale {scale} makes the output too large", a.op))),
+    };
     let mut channels = 0;
     for (k, m) in ins.iter().enumerate() {
         let [kn, c, ih, iw] = nchw(a.op, &m.shape)?;
@@ -368,7 +386,7 @@ fn up_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
         if m.dtype != ins[0].dtype {
             return Err(Error::type_error(format!("operator {}: input {k} has another dtype than input 0", a.op)));
         }
-        if sum && channels != 0 && channels != c {
+        if sum && k > 0 && channels != c {
             return Err(Error::value(format!(
                 "operator {}: with multi_input_mode=sum every input needs {channels} channels",
                 a.op
@@ -392,6 +410,9 @@ fn up_forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let [n, oc, oh, ow] = nchw(a.op, &outs[0].shape)?;
     let osz = oh * ow;
     let dtype = outs[0].dtype;
+    if outs[0].size() == 0 {
+        return Ok(());
+    }
     dispatch_real!(dtype, a.op, T, R => {
         let out = outs[0].as_mut::<T>();
         let mut at = 0;
@@ -424,6 +445,14 @@ fn up_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let sum = UpParams::of(a).multi_input_mode == "sum";
     let [n, oc, oh, ow] = nchw(a.op, &ins[0].shape)?;
     let osz = oh * ow;
+    if ins[0].size() == 0 {
+        for (o, r) in outs.iter_mut().zip(cx.req) {
+            if *r != Req::Null {
+                super::init::fill(o, 0.0);
+            }
+        }
+        return Ok(());
+    }
     dispatch_real!(ins[0].dtype, a.op, T, R => {
         let g = ins[0].as_slice::<T>();
         let mut at = 0;

@@ -173,7 +173,29 @@ impl Geom {
         self.gh() * (self.input(l) + self.ho()) + self.p * self.h
     }
     fn w_off(&self, l: usize, d: usize) -> usize {
-        (0..l).map(|k| self.dirs * self.w_len(k)).sum::<usize>() + d * self.w_len(l)
+        // Every layer after the first has the same size.
+        let before = if l == 0 { 0 } else { self.dirs * (self.w_len(0) + (l - 1) * self.w_len(1)) };
+        before + d * self.w_len(l)
+    }
+
+    /// Refuses sizes whose parameter vector, states or reserve would not fit in memory
+    /// (so the unchecked arithmetic elsewhere cannot overflow).
+    fn check_sizes(&self, op: &str) -> Result<()> {
+        let (t, n, i, h, p) = (self.t as u128, self.n as u128, self.i as u128, self.h as u128, self.p as u128);
+        let (l, d, g) = (self.layers as u128, self.dirs as u128, self.mode.gates() as u128);
+        let ho = if p > 0 { p } else { h };
+        let params = d * g * h * (i + ho + 2) + (l - 1) * d * g * h * (d * ho + ho + 2) + p * h * l * d;
+        let reserve = l * d * t * n * 6 * h + l * t * n * d * ho * 2;
+        let limit = isize::MAX as u128 / 8;
+        if params > limit || reserve > limit || l * d * n * h > limit {
+            return Err(Error::value(format!(
+                "operator {op}: state_size {}, num_layers {} and data {:?} give arrays too large to allocate",
+                self.h,
+                self.layers,
+                [self.t, self.n, self.i]
+            )));
+        }
+        Ok(())
     }
     fn b_off(&self, l: usize, d: usize) -> usize {
         self.w_off(self.layers, 0) + (l * self.dirs + d) * 2 * self.gh()
@@ -238,6 +260,7 @@ fn num_visible(a: &Attrs) -> usize {
 fn infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let op = a.op;
     let g = Geom::new(a)?.with_data(op, &ins[0].shape)?;
+    g.check_sizes(op)?;
     let dtype = ins[0].dtype;
     if !matches!(dtype, DType::F32 | DType::F64) {
         return Err(Error::type_error(format!("operator {op} supports float32 and float64, not {}", dtype.name())));
@@ -284,6 +307,7 @@ fn param_shapes(a: &Attrs, data: &[i64], n: usize) -> Result<Vec<(usize, Vec<i64
     }
     if data[2] >= 0 {
         g.i = data[2] as usize;
+        g.check_sizes(a.op)?;
         out.push((1, vec![g.param_len() as i64]));
     }
     Ok(out)
@@ -848,7 +872,11 @@ fn backward_typed<T: Float>(cx: &OpCtx, g: &Geom, nv: usize, ins: &[TBlob], outs
     let mut dw = vec![zero; w.len()];
     let mut dhx = vec![zero; hx.len()];
     let mut dcx = vec![zero; c0.len()];
-    if g.t > 0 && g.n > 0 {
+    if g.t == 0 || g.n == 0 {
+        // The final states are the initial ones.
+        dhx.copy_from_slice(dhy);
+        dcx.copy_from_slice(dcy);
+    } else {
         let mut dy: Vec<T> = dy_top.to_vec();
         for l in (0..g.layers).rev() {
             let input = g.input(l);

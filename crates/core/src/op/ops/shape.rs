@@ -373,7 +373,10 @@ fn same_size_input(_: &Attrs, ins: &[Option<Vec<i64>>], outs: &[Option<Vec<i64>>
     }
     let size: i64 = out.iter().product();
     let known: i64 = input.iter().filter(|&&d| d >= 0).product();
-    if known == 0 || size % known != 0 {
+    if known == 0 {
+        return Ok(vec![]);
+    }
+    if size % known != 0 {
         return Err(Error::value(format!(
             "operator Reshape: an output of shape {out:?} cannot come from an input of shape {input:?}"
         )));
@@ -406,6 +409,14 @@ fn concat_unknown_input(
         )));
     }
     // Two unknown inputs (a bidirectional layer's two input weights) share the rest evenly.
+    if (out[dim] - rest) % unknown.len() as i64 != 0 {
+        return Err(Error::value(format!(
+            "operator {}: the rest of the output ({}) does not split evenly between {} unknown inputs",
+            a.op,
+            out[dim] - rest,
+            unknown.len()
+        )));
+    }
     let mut shape = out.clone();
     shape[dim] = (out[dim] - rest) / unknown.len() as i64;
     Ok(unknown.into_iter().map(|k| (k, shape.clone())).collect())
