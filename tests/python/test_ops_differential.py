@@ -420,6 +420,7 @@ CASES += [
     case("instance-norm-3d-eps", "nd.InstanceNorm", r(2, 2, 6), r(2), r(2), grad=True, eps=0.01),
     case("group-norm", "nd.GroupNorm", r(2, 4, 3, 3), r(2), r(2), grad=True, num_groups=2),
     case("group-norm-one-group-f64", "nd.GroupNorm", r(3, 6, 5, dtype="float64"), r(1, dtype="float64"), r(1, dtype="float64"), grad=True),
+    case("instance-norm-bad-gamma-dtype", "nd.InstanceNorm", r(2, 3, 4), r(3, dtype="float64"), r(3), error=True),
     case("group-norm-bad-groups", "nd.GroupNorm", r(2, 4, 3), r(3), r(3), num_groups=3, error=True),
     case("l2norm-instance", "nd.L2Normalization", r(3, 4, 5), grad=True),
     case("l2norm-channel", "nd.L2Normalization", r(2, 3, 4, 2), grad=True, mode="channel"),

@@ -36,6 +36,29 @@ pub fn check_same(op: &str, a: &Meta, b: &Meta, i: usize) -> Result<()> {
     Ok(())
 }
 
+/// The inputs of a float operator: input 0 is float32, float64 or float16 and every other
+/// input has its dtype (the weights and statistics of convolutions and normalisations).
+pub fn floats_like_first(op: &str, ins: &[Meta]) -> Result<crate::ndarray::DType> {
+    use crate::ndarray::DType;
+    let dt = ins[0].dtype;
+    if !matches!(dt, DType::F32 | DType::F64 | DType::F16) {
+        return Err(Error::type_error(format!(
+            "operator {op} supports float32, float64 and float16, not {}",
+            dt.name()
+        )));
+    }
+    for (i, m) in ins.iter().enumerate().skip(1) {
+        if m.dtype != dt {
+            return Err(Error::type_error(format!(
+                "operator {op}: input {i} has dtype {}, expected {}",
+                m.dtype.name(),
+                dt.name()
+            )));
+        }
+    }
+    Ok(dt)
+}
+
 /// Normalise an axis in `[-ndim, ndim)` to `[0, ndim)`.
 pub fn norm_axis(op: &str, axis: i64, ndim: usize) -> Result<usize> {
     let n = ndim as i64;

@@ -207,23 +207,8 @@ fn conv_inputs(a: &Attrs) -> usize {
 
 fn conv_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let op = a.op;
-    let dt = ins[0].dtype;
-    if !matches!(dt, DType::F32 | DType::F64 | DType::F16) {
-        return Err(Error::type_error(format!(
-            "operator {op} supports float32, float64 and float16, not {}",
-            dt.name()
-        )));
-    }
+    let dt = super::common::floats_like_first(op, ins)?;
     let p = plan(a, &ins[0].shape)?;
-    for (i, m) in ins.iter().enumerate().skip(1) {
-        if m.dtype != dt {
-            return Err(Error::type_error(format!(
-                "operator {op}: input {i} has dtype {}, expected {}",
-                m.dtype.name(),
-                dt.name()
-            )));
-        }
-    }
     if ins[1].shape != p.weight_shape {
         return Err(Error::value(format!(
             "operator {op}: weight has shape {:?}, expected {:?}",

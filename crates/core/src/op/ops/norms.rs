@@ -137,13 +137,7 @@ fn one(_: &Attrs) -> usize {
 
 fn infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let op = a.op;
-    let dt = ins[0].dtype;
-    if !matches!(dt, DType::F32 | DType::F64 | DType::F16) {
-        return Err(Error::type_error(format!(
-            "operator {op} supports float32, float64 and float16, not {}",
-            dt.name()
-        )));
-    }
+    let dt = super::common::floats_like_first(op, ins)?;
     let (b, stat) = blocks(a, &ins[0].shape)?;
     let out = Meta::new(ins[0].shape.clone(), dt);
     if kind(a) == Kind::L2 {
