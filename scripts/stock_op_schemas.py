@@ -5,7 +5,11 @@ stub with this schema, so the frontend's generated function takes stock's argume
 call reaches the library (which answers NotImplementedError).
 
 Run with the stock wheel (no MXNET_LIBRARY_PATH): .venv/bin/python scripts/stock_op_schemas.py
+With `--json NAME...` it prints those operators' schemas as JSON instead
+(`{name: [[[arg, type], ...], count_parameter]}`; tests/python/test_ops_registry.py compares the
+stubs with them).
 """
+import json
 import ctypes
 import os
 import sys
@@ -52,4 +56,11 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--json"]:
+        out = {}
+        for name in sys.argv[2:]:
+            key, args = schema(name)
+            out[name] = (args, key)
+        print(json.dumps(out))
+    else:
+        main()

@@ -262,17 +262,24 @@ def test_batch_norm_inference():
         mx.nd.BatchNorm(mx.nd.array(x), mx.nd.ones((4,)), *args[2:]).wait_to_read()
 
 
-def test_batch_norm_training_updates_moving_stats():
+def test_batch_norm_backward_updates_moving_stats():
+    # Stock 1.9.1's rule: the training forward uses the batch statistics and leaves the moving
+    # ones; the backward updates them (tests/python/test_batchnorm_stats_vs_stock.py compares
+    # with stock itself).
     x = arr(4, 3, 5, 5, lo=-2, hi=3)
     b = arr(3)
     mm, mv = arr(3), arr(3, lo=0.5, hi=2)
     args = [mx.nd.array(v) for v in (x, arr(3), b, mm, mv)]
-    with train_mode():
+    args[0].attach_grad()
+    with mx.autograd.record():
         out, mean, invstd = mx.nd.BatchNorm(*args, fix_gamma=True, output_mean_var=True, momentum=0.8)
     bm, bv = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
     close(mean.asnumpy(), bm, scale=5)
     close(invstd.asnumpy(), 1 / np.sqrt(bv + 1e-3), scale=5)
     close(out.asnumpy(), (x - bm.reshape(1, 3, 1, 1)) / np.sqrt(bv.reshape(1, 3, 1, 1) + 1e-3) + b.reshape(1, 3, 1, 1), scale=10)
+    np.testing.assert_array_equal(args[3].asnumpy(), mm.astype(np.float32))
+    np.testing.assert_array_equal(args[4].asnumpy(), mv.astype(np.float32))
+    out.backward()
     close(args[3].asnumpy(), mm * 0.8 + bm * 0.2, scale=5)
     close(args[4].asnumpy(), mv * 0.8 + bv * 0.2, scale=5)
 

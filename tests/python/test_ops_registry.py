@@ -91,22 +91,7 @@ def test_unsupported_is_not_implemented():
         _imperative_invoke(handle.value, [mx.nd.ones((2,))], [], [], None, False, False)
 
 
-STOCK_SCHEMA = """
-import ctypes, json, sys
-from mxnet.base import _LIB, c_str, check_call, py_str
-out = {}
-for name in sys.argv[1:]:
-    h = ctypes.c_void_p()
-    check_call(_LIB.NNGetOpHandle(c_str(name), ctypes.byref(h)))
-    real, desc, key, ret = (ctypes.c_char_p() for _ in range(4))
-    n = ctypes.c_uint()
-    names, types, descs = (ctypes.POINTER(ctypes.c_char_p)() for _ in range(3))
-    check_call(_LIB.MXSymbolGetAtomicSymbolInfo(h, ctypes.byref(real), ctypes.byref(desc), ctypes.byref(n),
-                                                ctypes.byref(names), ctypes.byref(types), ctypes.byref(descs),
-                                                ctypes.byref(key), ctypes.byref(ret)))
-    out[name] = [[py_str(names[i]), py_str(types[i])] for i in range(n.value)], py_str(key.value or b"")
-print(json.dumps(out))
-"""
+STOCK_SCHEMAS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "stock_op_schemas.py")
 
 
 @pytest.mark.skipif("MXNET_LIBRARY_PATH" not in os.environ, reason="compares this library with stock")
@@ -117,7 +102,7 @@ def test_stubs_have_stock_signatures():
     stubs = [n for n in all_names() if info(n)[2] == f"{n}: not supported by mxnet-rt yet."]
     assert len(stubs) > 10
     env = {k: v for k, v in os.environ.items() if k != "MXNET_LIBRARY_PATH"}
-    res = subprocess.run([sys.executable, "-W", "ignore", "-c", STOCK_SCHEMA, *stubs], env=env,
+    res = subprocess.run([sys.executable, "-W", "ignore", STOCK_SCHEMAS, "--json", *stubs], env=env,
                          capture_output=True, text=True, timeout=300, check=True)
     stock = json.loads(res.stdout.strip().splitlines()[-1])
     for name in stubs:

@@ -180,7 +180,7 @@ pub fn mirror_enabled() -> Result<bool> {
 /// with mirroring `enabled` ([`mirror_enabled`]).
 fn mirrored(op: &'static OpDef, attrs: &Attrs, enabled: bool) -> bool {
     let Grad::Backward { outputs: true, .. } = op.grad else { return false };
-    if !op.mutate_inputs.is_empty()
+    if op.mutates_any()
         || !op.resources.is_empty()
         || op.invoke_with.is_some()
         || (op.num_outputs)(attrs) != 1

@@ -67,7 +67,7 @@ impl MemoryPlan {
 fn has_open_shape(graph: &Graph, i: usize) -> bool {
     let n = &graph.nodes[i];
     let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { return false };
-    if !n.inputs.is_empty() || !op.params.iter().any(|p| p.name == "shape") {
+    if !op.creates_from_shape() {
         return false;
     }
     (op.infer)(attrs, &[]).is_ok_and(|outs| outs.iter().any(|m| m.shape.contains(&0)))

@@ -311,8 +311,7 @@ fn fill_blobs(
     blobs: &mut Blobs,
     snapshots: &mut Vec<Block>,
 ) -> Result<()> {
-    let mutated: smallvec::SmallVec<[usize; 4]> =
-        op.mutate_inputs.iter().copied().filter(|&i| i < inputs.len()).collect();
+    let mutated = op.mutated_inputs(inputs.len());
     in_blobs.reserve(inputs.len());
     for x in inputs {
         // SAFETY: the address lies in the chunk, which the pushed operation holds for reading;
@@ -423,14 +422,15 @@ fn var_lists(
     temp: Option<&Arc<Var>>,
 ) -> Result<(engine::VarList, engine::VarList)> {
     // Inline for the common few (no allocation unless the operation has more).
-    let mut mutable = engine::VarList::with_capacity(outs.len() + op.mutate_inputs.len());
+    let mutated = op.mutated_inputs(inputs.len());
+    let mut mutable = engine::VarList::with_capacity(outs.len() + mutated.len());
     for (o, r) in outs.iter().zip(req) {
         if *r != Req::Null {
             push_unique(&mut mutable, o.chunk()?);
         }
     }
     // Variadic operators declare the mutated inputs of their largest call.
-    for &i in op.mutate_inputs.iter().filter(|&&i| i < inputs.len()) {
+    for i in mutated {
         push_unique(&mut mutable, inputs[i].chunk()?);
     }
     let mut constant = engine::VarList::with_capacity(inputs.len());

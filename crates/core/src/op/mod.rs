@@ -83,9 +83,19 @@ pub enum Inputs {
     Leading(&'static [&'static str], fn(&Attrs) -> usize),
 }
 
+/// Which inputs an operator writes ([`OpDef::mutated_inputs`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Mutates {
+    /// Input indices; those past a call's input count are ignored, so a variadic operator
+    /// lists those of its largest call.
+    At(&'static [usize]),
+    /// Positions counted from the end (1 = the last input).
+    FromEnd(&'static [usize]),
+}
+
 pub type InferFn = Box<dyn Fn(&Attrs, &[Meta]) -> Result<Vec<Meta>> + Send + Sync>;
 /// A kernel: reads the inputs, writes the outputs (followed by the mutated inputs, see
-/// [`OpDef::mutate_inputs`]).
+/// [`OpDef::mutated_inputs`]).
 pub type ComputeFn = Box<dyn Fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()> + Send + Sync>;
 /// Invocation of an operator that does not fit parse-infer-compute (see [`OpDef::invoke_with`]):
 /// the operator, its inputs, the caller's outputs if any, and the parsed parameters; returns
@@ -145,6 +155,7 @@ struct ParamAt {
     num_args: Option<usize>,
     ctx: Option<usize>,
     dtype: Option<usize>,
+    shape: Option<usize>,
 }
 
 impl ParamAt {
@@ -154,6 +165,7 @@ impl ParamAt {
             num_args: at(&|p| !num_args_key.is_empty() && p.name == num_args_key && p.ty == param::PType::Int),
             ctx: at(&|p| p.ty == param::PType::Ctx),
             dtype: at(&|p| p.name == "dtype" && matches!(p.ty, param::PType::DType | param::PType::Enum(_))),
+            shape: at(&|p| p.name == "shape"),
         }
     }
 }
@@ -180,9 +192,8 @@ pub struct OpDef {
     /// `(input, output)` pairs that may share memory.
     pub inplace: &'static [(usize, usize)],
     /// Inputs the kernel writes (stock's FMutateInputs: optimizer states, BatchNorm's moving
-    /// statistics). Indices past a call's input count are ignored, so a variadic operator
-    /// lists those of its largest call.
-    pub mutate_inputs: &'static [usize],
+    /// statistics); see [`OpDef::mutated_inputs`].
+    pub mutate_inputs: Mutates,
     pub resources: &'static [Resource],
     pub grad: Grad,
     /// Caller-given outputs may have any dtype (the kernel converts, as `_copyto` does).
@@ -264,7 +275,7 @@ impl OpDef {
             infer,
             compute,
             inplace: &[],
-            mutate_inputs: &[],
+            mutate_inputs: Mutates::At(&[]),
             resources: &[],
             grad: Grad::None,
             any_out_dtype: false,
@@ -385,8 +396,30 @@ impl OpDef {
         self
     }
     pub fn mutates(mut self, inputs: &'static [usize]) -> Self {
-        self.mutate_inputs = inputs;
+        self.mutate_inputs = Mutates::At(inputs);
         self
+    }
+    /// Mutated inputs counted from the end of the input list (1 = the last input): for a
+    /// backward operator whose leading inputs (output gradients) vary in number.
+    pub fn mutates_from_end(mut self, inputs: &'static [usize]) -> Self {
+        self.mutate_inputs = Mutates::FromEnd(inputs);
+        self
+    }
+    /// The inputs a call with `n_inputs` inputs writes, in declaration order (the kernel finds
+    /// their blobs after its outputs in this order).
+    pub fn mutated_inputs(&self, n_inputs: usize) -> smallvec::SmallVec<[usize; 4]> {
+        match self.mutate_inputs {
+            Mutates::At(at) => at.iter().copied().filter(|&i| i < n_inputs).collect(),
+            Mutates::FromEnd(back) => {
+                back.iter().filter(|&&k| k >= 1 && k <= n_inputs).map(|&k| n_inputs - k).collect()
+            }
+        }
+    }
+    /// Whether some call of the operator writes one of its inputs.
+    pub fn mutates_any(&self) -> bool {
+        match self.mutate_inputs {
+            Mutates::At(l) | Mutates::FromEnd(l) => !l.is_empty(),
+        }
     }
     pub fn resources(mut self, r: &'static [Resource]) -> Self {
         self.resources = r;
@@ -653,6 +686,13 @@ impl Registry {
 }
 
 impl OpDef {
+    /// Whether the operator creates its output from a `shape` parameter, without tensor
+    /// inputs (`_zeros`, `_full`, the samplers): in legacy shape semantics a 0 dimension of
+    /// that shape means "unknown" (stock's InitShape), which graph inference fills in.
+    pub fn creates_from_shape(&self) -> bool {
+        self.param_at.shape.is_some() && matches!(self.inputs, Inputs::Fixed(&[]))
+    }
+
     /// This operator's handle (its address in the registry; stable for the process).
     pub fn handle(&self) -> *mut c_void {
         self as *const OpDef as *mut c_void

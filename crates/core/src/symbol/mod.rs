@@ -20,7 +20,7 @@
 //! - [`Graph::input_nodes`]: the variable nodes in `list_inputs` order (arguments and
 //!   auxiliary states interleaved as they appear); [`Graph::arg_nodes`] and
 //!   [`Graph::aux_nodes`] split them as `list_arguments` / `list_auxiliary_states` do
-//!   (auxiliary = inputs an operator mutates, `OpDef::mutate_inputs`);
+//!   (auxiliary = inputs an operator mutates, `OpDef::mutated_inputs`);
 //! - [`Graph::num_outputs`] (all outputs of a node, visible or not) and
 //!   [`Graph::entry_offsets`] (nnvm's `node_row_ptr`: entry id = offset[node] + output);
 //! - [`Graph::to_symbol`] turns a (possibly rewritten) graph back into a symbol.
@@ -697,7 +697,7 @@ fn mutated_inputs(nodes: &[Arc<Node>]) -> HashSet<usize> {
     for n in nodes {
         let d = n.inner.read();
         if let Some(op) = d.op {
-            for &i in op.mutate_inputs {
+            for i in op.mutated_inputs(d.inputs.len()) {
                 if let Some(e) = d.inputs.get(i) {
                     set.insert(ptr(&e.node));
                 }
@@ -717,7 +717,7 @@ fn update_versions(d: &mut NodeData) -> Result<()> {
         }
     }
     if let Some(op) = d.op {
-        for &i in op.mutate_inputs {
+        for i in op.mutated_inputs(d.inputs.len()) {
             let Some(e) = d.inputs.get_mut(i) else { continue };
             let mut v = e.node.inner.write();
             if v.op.is_some() {
@@ -794,7 +794,7 @@ impl Graph {
         let mut set = HashSet::new();
         for n in &self.nodes {
             if let Some(op) = n.op {
-                for &i in op.mutate_inputs {
+                for i in op.mutated_inputs(n.inputs.len()) {
                     if let Some(&(src, _)) = n.inputs.get(i) {
                         set.insert(src);
                     }

@@ -38,7 +38,7 @@ fn forward(
     let mut out_vals: Vec<Vec<f64>> = outs.iter().map(|m| vec![0.0; m.size()]).collect();
     // Mutated inputs are written through their own blobs after the outputs (copies here, so
     // the finite differences always start from the same inputs).
-    let mutated: Vec<usize> = op.mutate_inputs.iter().copied().filter(|&i| i < ins.len()).collect();
+    let mutated = op.mutated_inputs(ins.len());
     let mut mut_vals: Vec<Vec<f64>> = mutated.iter().map(|&i| ins[i].clone()).collect();
     let mut out_blobs: Vec<OutBlob> = out_vals.iter_mut().zip(outs).map(|(v, m)| out_blob(v, &m.shape)).collect();
     out_blobs.extend(mut_vals.iter_mut().zip(&mutated).map(|(v, &i)| out_blob(v, &shapes[i])));
@@ -89,13 +89,18 @@ pub fn check_tol(
 
     let (need_in, need_out) = needs(op);
     let run_backward = |req: &[Req], xs: &[Vec<f64>]| -> Vec<Vec<f64>> {
-        let mut args: Vec<TBlob> = ograds.iter().zip(&outs).map(|(g, m)| blob(g, &m.shape)).collect();
+        let mut arg_vals: Vec<(&[f64], &[usize])> =
+            ograds.iter().zip(&outs).map(|(g, m)| (&g[..], &m.shape[..])).collect();
         if need_in {
-            args.extend(xs.iter().zip(&shapes).map(|(v, s)| blob(v, s)));
+            arg_vals.extend(xs.iter().zip(&shapes).map(|(v, s)| (&v[..], &s[..])));
         }
         if need_out {
-            args.extend(ys.iter().zip(&outs).map(|(v, m)| blob(v, &m.shape)));
+            arg_vals.extend(ys.iter().zip(&outs).map(|(v, m)| (&v[..], &m.shape[..])));
         }
+        let args: Vec<TBlob> = arg_vals.iter().map(|(v, s)| blob(v, s)).collect();
+        // Inputs the backward operator writes (BatchNorm's moving statistics): copies.
+        let bmutated = bop.mutated_inputs(args.len());
+        let mut bmut_vals: Vec<Vec<f64>> = bmutated.iter().map(|&i| arg_vals[i].0.to_vec()).collect();
         let mut grads: Vec<Vec<f64>> = metas.iter().map(|m| vec![f64::NAN; m.size()]).collect();
         let mut gblobs: Vec<OutBlob> = grads
             .iter_mut()
@@ -110,6 +115,7 @@ pub fn check_tol(
                 }
             })
             .collect();
+        gblobs.extend(bmut_vals.iter_mut().zip(&bmutated).map(|(v, &i)| out_blob(v, arg_vals[i].1)));
         let cx = OpCtx { attrs: &attrs, req, rng, is_train: true, temp: None };
         (bop.compute)(&cx, &args, &mut gblobs).unwrap_or_else(|e| panic!("{}: {e}", bop.name));
         drop(gblobs);

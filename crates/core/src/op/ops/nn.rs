@@ -711,7 +711,6 @@ fn batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let axis = norm_axis(op, params.axis, x.ndim())?;
     let (outer, c, inner) = split_at_axis(&x.shape, axis);
     let eps = params.eps;
-    let momentum = params.momentum;
     let gamma = if params.fix_gamma { vec![1.0; c] } else { read_f64(op, &ins[1])? };
     let beta = read_f64(op, &ins[2])?;
     let training = cx.is_train && !params.use_global_stats;
@@ -738,13 +737,8 @@ fn batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
                 }
             });
         });
-        // The moving statistics are mutated inputs 3 and 4: writable blobs 3 and 4.
-        let mm = read_out_f64(op, &outs[3])?;
-        let mv = read_out_f64(op, &outs[4])?;
-        let new_mm: Vec<f64> = mm.iter().zip(&mean).map(|(o, m)| o * momentum + m * (1.0 - momentum)).collect();
-        let new_mv: Vec<f64> = mv.iter().zip(&var).map(|(o, v)| o * momentum + v * (1.0 - momentum)).collect();
-        write_f64(op, &mut outs[3], &new_mm)?;
-        write_f64(op, &mut outs[4], &new_mv)?;
+        // The moving statistics (mutated inputs 3 and 4, writable blobs 3 and 4) are updated
+        // by the backward pass, as in stock 1.9.1: a forward without a backward leaves them.
         (mean, var)
     } else {
         (read_out_f64(op, &outs[3])?, read_out_f64(op, &outs[4])?)
@@ -1320,6 +1314,8 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .float32_params()
             .input_inits(&[(3, "[\"zero\", {}]"), (4, "[\"one\", {}]")])
             .never_mirrored()
+            // Written by the backward operator in training; declared here too,
+            // which makes them auxiliary states and orders the forward after earlier updates.
             .mutates(&[3, 4])
             .grad(Grad::Backward { op: "_backward_BatchNorm", inputs: true, outputs: true })
             .doc("Batch normalization. Outputs the normalized data and (with output_mean_var) the batch mean and inverse std."),
@@ -1422,7 +1418,7 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn batch_norm_training_uses_batch_stats_and_updates_moving_ones() {
+    fn batch_norm_training_uses_batch_stats_and_leaves_moving_ones() {
         // (N=2, C=2, 2): channel 0 holds 1,2,3,4 and channel 1 holds 10,10,10,10.
         let mut x = vec![1.0f32, 2.0, 10.0, 10.0, 3.0, 4.0, 10.0, 10.0];
         let (mut g, mut b, mut mm, mut mv) = (vec![2.0f32; 2], vec![0.5f32; 2], vec![0.0f32; 2], vec![1.0f32; 2]);
@@ -1446,13 +1442,15 @@ pub(super) mod tests {
         run(BN_PARAMS, &[("fix_gamma", "False"), ("eps", "0"), ("momentum", "0.5")], true, batch_norm, &ins, &mut outs);
         assert_eq!(mean, [2.5, 10.0]);
         assert!((inv[0] - 1.0 / 1.25f32.sqrt()).abs() < 1e-6);
-        assert_eq!(mm, [1.25, 5.0]);
-        assert_eq!(mv, [1.125, 0.5]);
+        // The backward updates the moving statistics (stock 1.9.1), not the forward.
+        assert_eq!(mm, [0.0, 0.0]);
+        assert_eq!(mv, [1.0, 1.0]);
         assert!((out[0] - (0.5 + 2.0 * (1.0 - 2.5) / 1.25f32.sqrt())).abs() < 1e-5);
-        // Inference uses the (updated) moving statistics and leaves them alone.
+        // Inference uses the moving statistics and leaves them alone.
         run(BN_PARAMS, &[("fix_gamma", "True"), ("eps", "0")], false, batch_norm, &ins, &mut outs);
-        assert!((out[0] - (0.5 + (1.0 - 1.25) / 1.125f32.sqrt())).abs() < 1e-5);
-        assert_eq!(mm, [1.25, 5.0]);
+        assert!((out[0] - 1.5).abs() < 1e-6);
+        assert_eq!(mean, [0.0, 0.0]);
+        assert_eq!((mm, mv), (vec![0.0, 0.0], vec![1.0, 1.0]));
     }
 
     #[test]

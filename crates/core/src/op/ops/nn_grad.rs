@@ -8,8 +8,8 @@
 
 use super::common::norm_axis;
 use super::nn::{
-    dispatch_real, erf, pool_kind, pool_plan, read_f64, softmax_output_dims, split_at_axis, write_f64, PoolKind,
-    PoolPlan, Real, ACT_PARAMS, BN_PARAMS, DROPOUT_PARAMS, LEAKY_PARAMS, LN_PARAMS, POOL_PARAMS, SELU_ALPHA,
+    dispatch_real, erf, pool_kind, pool_plan, read_f64, read_out_f64, softmax_output_dims, split_at_axis, write_f64,
+    PoolKind, PoolPlan, Real, ACT_PARAMS, BN_PARAMS, DROPOUT_PARAMS, LEAKY_PARAMS, LN_PARAMS, POOL_PARAMS, SELU_ALPHA,
     SELU_LAMBDA, SOFTMAX_OUTPUT_PARAMS, SOFTMAX_PARAMS,
 };
 use crate::error::{Error, Result};
@@ -332,8 +332,11 @@ fn dropout_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<(
 
 /// `_backward_BatchNorm(dy[, dmean, dinvstd], data, gamma, beta, moving_mean, moving_var, y,
 /// mean, invstd) -> (ddata, dgamma, dbeta, 0, 0)`. Training mode differentiates through the
-/// batch statistics; `use_global_stats` (or inference) treats the saved statistics as
-/// constants. The gradients of the optional mean/invstd outputs are ignored, as in stock.
+/// batch statistics and updates the moving statistics from them (stock 1.9.1's rule, in its
+/// backward: `moving = moving * momentum + batch * (1 - momentum)`, the batch variance
+/// recovered from the saved inverse std); `use_global_stats` (or inference) treats the saved
+/// statistics as constants. The gradients of the optional mean/invstd outputs are ignored, as
+/// in stock.
 fn batch_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let op = a.op;
@@ -347,6 +350,17 @@ fn batch_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Resul
     let mean = read_f64(op, &ins[nv + 6])?;
     let inv = read_f64(op, &ins[nv + 7])?;
     let training = cx.is_train && !params.use_global_stats;
+    if training {
+        // The moving statistics are the mutated inputs: writable blobs 5 and 6.
+        let (eps, momentum) = (params.eps, params.momentum);
+        let mm = read_out_f64(op, &outs[5])?;
+        let mv = read_out_f64(op, &outs[6])?;
+        let new_mm: Vec<f64> = mm.iter().zip(&mean).map(|(o, m)| o * momentum + m * (1.0 - momentum)).collect();
+        let new_mv: Vec<f64> =
+            mv.iter().zip(&inv).map(|(o, i)| o * momentum + (1.0 / (i * i) - eps) * (1.0 - momentum)).collect();
+        write_f64(op, &mut outs[5], &new_mm)?;
+        write_f64(op, &mut outs[6], &new_mv)?;
+    }
     let n = (outer * inner).max(1) as f64;
     // Per channel: Σ dy and Σ dy·(x - mean).
     let mut sg = vec![0.0f64; c];
@@ -769,7 +783,9 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(OpDef::backward("_backward_softmin", SOFTMAX_PARAMS, softmax_backward(false, true)));
     ops.push(OpDef::backward("_backward_SoftmaxOutput", SOFTMAX_OUTPUT_PARAMS, Box::new(softmax_output_backward)));
     ops.push(OpDef::backward("_backward_Dropout", DROPOUT_PARAMS, Box::new(dropout_backward)));
-    ops.push(OpDef::backward("_backward_BatchNorm", BN_PARAMS, Box::new(batch_norm_backward)));
+    ops.push(
+        OpDef::backward("_backward_BatchNorm", BN_PARAMS, Box::new(batch_norm_backward)).mutates_from_end(&[5, 4]),
+    );
     ops.push(OpDef::backward("_backward_LayerNorm", LN_PARAMS, Box::new(layer_norm_backward)));
     ops.push(OpDef::backward("_backward_Pooling", POOL_PARAMS, Box::new(pooling_backward)));
 }
@@ -957,6 +973,71 @@ mod tests {
             &[],
         );
         check("Pooling", &[("kernel", "(2, 2, 2)"), ("pool_type", "avg")], &[(&[1, 2, 4, 4, 4], x3)], &[]);
+    }
+
+    #[test]
+    fn batch_norm_backward_updates_the_moving_statistics() {
+        // (N=2, C=2, 2) with output_mean_var: dy, dmean, dinvstd, data, gamma, beta,
+        // moving_mean, moving_var, y, mean, invstd; the saved batch statistics are
+        // mean (2.5, 10) and variance (1.25, 0.5) with eps 0.25.
+        let bop = lookup("_backward_BatchNorm").unwrap();
+        assert_eq!(&bop.mutated_inputs(11)[..], &[6, 7]);
+        assert_eq!(&bop.mutated_inputs(9)[..], &[4, 5]);
+        let attrs = bop.parse_attrs([("momentum", "0.75"), ("eps", "0.25"), ("output_mean_var", "True")], 11).unwrap();
+        let (s8, s2): (&[usize], &[usize]) = (&[2, 2, 2], &[2]);
+        let mut v8: Vec<Vec<f64>> = (0..3).map(|i| vec![i as f64; 8]).collect();
+        let mut v2: Vec<Vec<f64>> = vec![
+            vec![0.0; 2],
+            vec![0.0; 2],
+            vec![1.0; 2],
+            vec![0.0; 2],
+            vec![4.0, 8.0],
+            vec![2.5, 10.0],
+            vec![1.0 / 1.5f64.sqrt(), 1.0 / 0.75f64.sqrt()],
+        ];
+        let (mut mm, mut mv) = (vec![1.0, 2.0], vec![3.0, 4.0]);
+        let [dy, x, y] = &mut v8[..] else { unreachable!() };
+        let [dmean, dinv, gamma, beta, _, mean, inv] = &mut v2[..] else { unreachable!() };
+        let ins = [
+            blob(dy, s8),
+            blob(dmean, s2),
+            blob(dinv, s2),
+            blob(x, s8),
+            blob(gamma, s2),
+            blob(beta, s2),
+            blob(&mut mm, s2).lend(5),
+            blob(&mut mv, s2).lend(6),
+            blob(y, s8),
+            blob(mean, s2),
+            blob(inv, s2),
+        ];
+        let (mut dx, mut dg, mut db) = (vec![0.0; 8], vec![0.0; 2], vec![0.0; 2]);
+        // SAFETY: the vectors outlive the call and are read only after it; the moving
+        // statistics are written through these blobs only (their input blobs are lent).
+        let mut outs = unsafe {
+            [
+                OutBlob::new(dx.as_mut_ptr().cast(), s8, DType::F64),
+                OutBlob::new(dg.as_mut_ptr().cast(), s2, DType::F64),
+                OutBlob::new(db.as_mut_ptr().cast(), s2, DType::F64),
+                OutBlob::new(std::ptr::null_mut(), s2, DType::F64),
+                OutBlob::new(std::ptr::null_mut(), s2, DType::F64),
+                OutBlob::new(mm.as_mut_ptr().cast(), s2, DType::F64),
+                OutBlob::new(mv.as_mut_ptr().cast(), s2, DType::F64),
+            ]
+        };
+        let req = [Req::Write, Req::Write, Req::Write, Req::Null, Req::Null];
+        let mut cx = OpCtx { attrs: &attrs, req: &req, rng: None, is_train: true, temp: None };
+        (bop.compute)(&cx, &ins, &mut outs).unwrap();
+        let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-12);
+        // moving = moving * 0.75 + batch * 0.25, batch variance = 1 / invstd^2 - eps.
+        assert!(close(&mm, &[1.0 * 0.75 + 2.5 * 0.25, 2.0 * 0.75 + 10.0 * 0.25]), "{mm:?}");
+        assert!(close(&mv, &[3.0 * 0.75 + 1.25 * 0.25, 4.0 * 0.75 + 0.5 * 0.25]), "{mv:?}");
+        // Outside training they stay.
+        let (mm0, mv0) = (mm.clone(), mv.clone());
+        cx.is_train = false;
+        (bop.compute)(&cx, &ins, &mut outs).unwrap();
+        drop(outs);
+        assert_eq!((mm, mv), (mm0, mv0));
     }
 
     fn blob(v: &mut [f64], shape: &[usize]) -> TBlob {
