@@ -355,6 +355,64 @@ CASES += [
          use_sequence_length=True),
 ]
 
+# Detection boxes (issue 35).
+def boxes(*lead, dtype="float32", size=1.0):
+    xy = RNG.uniform(0, size, lead + (2,))
+    wh = RNG.uniform(0.1 * size, 0.6 * size, lead + (2,))
+    return np.concatenate([xy, xy + wh], axis=-1).astype(dtype)
+
+
+def detections(batch, n, classes=3, dtype="float32", ties=False):
+    # Rows (class id, score, xmin, ymin, xmax, ymax), clustered so that suppression happens.
+    ids = RNG.randint(0, classes, (batch, n, 1)).astype(dtype)
+    scores = RNG.uniform(0, 1, (batch, n, 1)).astype(dtype)
+    if ties:
+        scores = np.round(scores * 3) / 3
+    centres = RNG.uniform(0.3, 0.7, (batch, n, 2))
+    half = RNG.uniform(0.1, 0.3, (batch, n, 2))
+    return np.concatenate([ids, scores, (centres - half).astype(dtype), (centres + half).astype(dtype)], axis=-1)
+
+
+CASES += [
+    case("box_iou-corner", "nd.contrib.box_iou", boxes(5), boxes(3)),
+    case("box_iou-3d-center", "nd.contrib.box_iou", boxes(2, 3), boxes(4), format="center"),
+    case("box_iou-f64-grad", "nd.contrib.box_iou", boxes(3, dtype="float64"), boxes(2, dtype="float64"), grad=True),
+    case("box_iou-disjoint", "nd.contrib.box_iou", a([[0, 0, 1, 1]]), a([[2, 2, 3, 3], [0.5, 0.5, 1.5, 1.5]])),
+    case("box_iou-bad-last", "nd.contrib.box_iou", r(3, 3), boxes(2), error=True),
+    case("box_nms-default", "nd.contrib.box_nms", detections(1, 8)[0], grad=True),
+    case("box_nms-batch-classes", "nd.contrib.box_nms", detections(2, 10), grad=True, id_index=0, overlap_thresh=0.3),
+    case("box_nms-force-topk", "nd.contrib.box_nms", detections(2, 10), id_index=0, force_suppress=True, topk=4,
+         overlap_thresh=0.2),
+    case("box_nms-background-valid", "nd.contrib.box_nms", detections(3, 7, ties=True), id_index=0, background_id=1,
+         valid_thresh=0.3),
+    case("box_nms-center-to-corner", "nd.contrib.box_nms", detections(1, 9), in_format="center", out_format="corner",
+         overlap_thresh=0.4),
+    case("box_nms-corner-to-center", "nd.contrib.box_nms", detections(2, 6), out_format="center"),
+    case("box_nms-layout", "nd.contrib.box_nms", np.roll(detections(2, 6), 2, axis=-1), coord_start=0, score_index=5,
+         id_index=4),
+    case("box_nms-topk0", "nd.contrib.box_nms", detections(1, 5), topk=0, out_format="center"),
+    case("box_nms-f64", "nd.contrib.box_nms", detections(2, 8, dtype="float64"), grad=True, id_index=0),
+    case("box_nms-none-valid", "nd.contrib.box_nms", detections(2, 4), valid_thresh=2.0),
+    case("box_nms-narrow", "nd.contrib.box_nms", r(2, 4), error=True),
+    case("box_nms-score-in-coords", "nd.contrib.box_nms", detections(1, 4), score_index=3, error=True),
+    case("bipartite-desc", "nd.contrib.bipartite_matching", r(2, 3, 4, lo=0, hi=1), threshold=0.2),
+    case("bipartite-asc-topk", "nd.contrib.bipartite_matching", r(5, 4, lo=0, hi=1), is_ascend=True, threshold=0.8,
+         topk=2),
+    case("bipartite-ties", "nd.contrib.bipartite_matching", a([[0.5, 0.5, 0.1], [0.5, 0.9, 0.5]]), threshold=0.3),
+    case("bipartite-1d", "nd.contrib.bipartite_matching", r(4), threshold=0.1, error=True),
+    case("box_encode", "nd.contrib.box_encode", a([[1, -1, 1, 0, 1]]), a([[0, 1, 2, 0, 1]]), boxes(1, 5), boxes(1, 3),
+         a([0, 0, 0, 0]), a([0.1, 0.1, 0.2, 0.2])),
+    case("box_encode-batch-f64", "nd.contrib.box_encode", a([[1, 1], [-1, 1]], "float64"), a([[1, 0], [0, 1]], "float64"),
+         boxes(2, 2, dtype="float64"), boxes(2, 2, dtype="float64"), a([0.1, 0, 0, 0.1], "float64"),
+         a([1, 1, 1, 1], "float64"), grad=True),
+    case("box_encode-bad-refs", "nd.contrib.box_encode", a([[1, 1]]), a([[0, 0]]), boxes(1, 2), boxes(1, 2, 3)[..., :3],
+         a([0, 0, 0, 0]), a([1, 1, 1, 1]), error=True),
+    case("box_decode-center", "nd.contrib.box_decode", r(2, 4, 4), boxes(1, 4)),
+    case("box_decode-corner-clip", "nd.contrib.box_decode", r(2, 4, 4, lo=-2, hi=2), boxes(1, 4), format="corner",
+         clip=0.5, std0=0.1, std1=0.1, std2=0.2, std3=0.2, grad=True),
+    case("box_decode-bad-anchors", "nd.contrib.box_decode", r(2, 4, 4), boxes(1, 3), error=True),
+]
+
 # Deconvolution (issue 35): weight [channels, num_filter / num_group, *kernel].
 CASES += [
     case("deconv-2d", "nd.Deconvolution", r(2, 3, 4, 5), r(3, 4, 3, 3), grad=True, kernel=(3, 3), num_filter=4),

@@ -1,0 +1,618 @@
+//! Bounding-box operators of object detectors: `_contrib_box_iou`, `_contrib_box_nms` (with its
+//! backward), `_contrib_bipartite_matching`, `_contrib_box_encode` and `_contrib_box_decode`;
+//! and the SSD family, `_contrib_MultiBoxPrior`, `_contrib_MultiBoxTarget` and
+//! `_contrib_MultiBoxDetection`.
+//!
+//! Boxes are the last axis of 4 (corner: xmin, ymin, xmax, ymax; centre: x, y, width, height).
+//! The arithmetic runs in the data's own precision (float16 in float32), in stock 1.9.1's order
+//! of operations, so overlaps at a threshold decide as stock's do; sorts are stable (stock's
+//! CPU sorts are), so equal scores keep their input order. Per-batch work runs on the kernel
+//! pool. Only non-maximum suppression has a gradient (routed back to the kept boxes); the
+//! other operators' inputs get zero gradients, as in stock.
+
+use super::nn::{dispatch_real, Real};
+use crate::error::{Error, Result};
+use crate::ndarray::DType;
+use crate::op::kernel::{par_for_mut, par_items, Cost};
+use crate::op::param::{op_params, Attrs};
+use crate::op::tensor::{Elem, OutBlob, TBlob};
+use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Req};
+
+const FORMAT_DOC: &str = "The box encoding type. \n \"corner\" means boxes are encoded as [xmin, ymin, xmax, ymax], \"center\" means boxes are encodes as [x, y, width, height].";
+
+fn is_corner(format: &str) -> bool {
+    format == "corner"
+}
+
+/// The overlap of two boxes' extents along one axis: `a`/`b` hold (start, _, end) in corner
+/// format, (centre, _, size) in centre format (stock's Intersect).
+#[inline]
+fn intersect<R: Real>(a0: R, a2: R, b0: R, b2: R, corner: bool) -> R {
+    let (left, right) = if corner {
+        (if a0 > b0 { a0 } else { b0 }, if a2 < b2 { a2 } else { b2 })
+    } else {
+        let (aw, bw) = (a2 / R::of(2.0), b2 / R::of(2.0));
+        let (al, ar, bl, br) = (a0 - aw, a0 + aw, b0 - bw, b0 + bw);
+        (if bl > al { bl } else { al }, if br < ar { br } else { ar })
+    };
+    let w = right - left;
+    if w > R::of(0.0) {
+        w
+    } else {
+        R::of(0.0)
+    }
+}
+
+#[inline]
+fn area<R: Real>(b: [R; 4], corner: bool) -> R {
+    let (w, h) = if corner { (b[2] - b[0], b[3] - b[1]) } else { (b[2], b[3]) };
+    if w < R::of(0.0) || h < R::of(0.0) {
+        R::of(0.0)
+    } else {
+        w * h
+    }
+}
+
+#[inline]
+fn overlap_area<R: Real>(a: [R; 4], b: [R; 4], corner: bool) -> R {
+    intersect(a[0], a[2], b[0], b[2], corner) * intersect(a[1], a[3], b[1], b[3], corner)
+}
+
+fn load4<T: Elem, R: Real>(s: &[T]) -> [R; 4] {
+    [R::load(s[0]), R::load(s[1]), R::load(s[2]), R::load(s[3])]
+}
+
+fn last_is_4(op: &str, what: &str, shape: &[usize], min_ndim: usize) -> Result<()> {
+    if shape.len() < min_ndim || shape.last() != Some(&4) {
+        return Err(Error::value(format!(
+            "operator {op}: {what} must have at least {min_ndim} dimensions, the last of size 4, got {shape:?}"
+        )));
+    }
+    Ok(())
+}
+
+fn same_dtypes(op: &str, ins: &[Meta]) -> Result<()> {
+    super::nn::float_only(op, ins[0].dtype)?;
+    if let Some(m) = ins.iter().find(|m| m.dtype != ins[0].dtype) {
+        return Err(Error::type_error(format!(
+            "operator {op}: inputs have dtypes {} and {}; they must be equal",
+            ins[0].dtype.name(),
+            m.dtype.name()
+        )));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// box_iou
+
+op_params! {
+    pub(super) struct BoxIouParams<'a> => BOX_IOU_PARAMS {
+        format: &'a str = "corner" in ["center", "corner"], FORMAT_DOC;
+    }
+}
+
+fn box_iou_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    same_dtypes(a.op, ins)?;
+    last_is_4(a.op, "lhs", &ins[0].shape, 2)?;
+    last_is_4(a.op, "rhs", &ins[1].shape, 2)?;
+    let (l, r) = (&ins[0].shape, &ins[1].shape);
+    let shape = l[..l.len() - 1].iter().chain(&r[..r.len() - 1]).copied().collect();
+    Ok(vec![Meta::new(shape, ins[0].dtype)])
+}
+
+fn box_iou(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let corner = is_corner(BoxIouParams::of(cx.attrs).format);
+    let rn = ins[1].size() / 4;
+    dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
+        let (l, r) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>());
+        par_for_mut(outs[0].as_mut::<T>(), rn.max(1), Cost(rn as f64 * 10.0), T::DTYPE, |rows, part| {
+            for (li, orow) in rows.zip(part.chunks_mut(rn.max(1))) {
+                let a: [R; 4] = load4(&l[li * 4..]);
+                for (ri, o) in orow.iter_mut().enumerate() {
+                    let b: [R; 4] = load4(&r[ri * 4..]);
+                    let inter = overlap_area(a, b, corner);
+                    *o = if inter <= R::of(0.0) {
+                        R::of(0.0)
+                    } else {
+                        inter / (area(a, corner) + area(b, corner) - inter)
+                    }
+                    .store();
+                }
+            }
+        });
+    });
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// box_nms
+
+op_params! {
+    pub(super) struct NmsParams<'a> => NMS_PARAMS {
+        overlap_thresh: f64 = "0.5", "Overlapping(IoU) threshold to suppress object with smaller score.";
+        valid_thresh: f64 = "0", "Filter input boxes to those whose scores greater than valid_thresh.";
+        topk: i64 = "-1", "Apply nms to topk boxes with descending scores, -1 to no restriction.";
+        coord_start: i64 = "2", "Start index of the consecutive 4 coordinates.";
+        score_index: i64 = "1", "Index of the scores/confidence of boxes.";
+        id_index: i64 = "-1", "Optional, index of the class categories, -1 to disable.";
+        background_id: i64 = "-1", "Optional, id of the background class which will be ignored in nms.";
+        force_suppress: bool = "False", "Optional, if set false and id_index is provided, nms will only apply to boxes belongs to the same category";
+        in_format: &'a str = "corner" in ["center", "corner"], "The input box encoding type. \n \"corner\" means boxes are encoded as [xmin, ymin, xmax, ymax], \"center\" means boxes are encodes as [x, y, width, height].";
+        out_format: &'a str = "corner" in ["center", "corner"], "The output box encoding type. \n \"corner\" means boxes are encoded as [xmin, ymin, xmax, ymax], \"center\" means boxes are encodes as [x, y, width, height].";
+    }
+}
+
+/// Box NMS's checked layout: (batches, boxes per batch, row width, score, coordinates, class).
+struct NmsLayout {
+    batches: usize,
+    boxes: usize,
+    width: usize,
+    score: usize,
+    coord: usize,
+    id: Option<usize>,
+}
+
+fn nms_layout(a: &Attrs, shape: &[usize]) -> Result<NmsLayout> {
+    let op = a.op;
+    let p = NmsParams::of(a);
+    if shape.len() < 2 {
+        return Err(Error::value(format!(
+            "operator {op}: data must have at least 2 dimensions (boxes, box width), got {shape:?}"
+        )));
+    }
+    let width = shape[shape.len() - 1];
+    let expected = if p.id_index >= 0 { 6 } else { 5 };
+    if width < expected {
+        return Err(Error::value(format!(
+            "operator {op}: the last dimension must have at least {expected} elements (score, 4 coordinates{}), got {width}",
+            if p.id_index >= 0 { ", class id" } else { "" }
+        )));
+    }
+    let w = width as i64;
+    let (cs, ce) = (p.coord_start, p.coord_start + 3);
+    if p.score_index < 0 || p.score_index >= w {
+        return Err(Error::value(format!("operator {op}: score_index {} is out of range [0, {w})", p.score_index)));
+    }
+    if p.score_index >= cs && p.score_index <= ce {
+        return Err(Error::value(format!(
+            "operator {op}: score_index {} conflicts with the coordinates ({cs}, {ce})",
+            p.score_index
+        )));
+    }
+    if cs < 0 || ce >= w {
+        return Err(Error::value(format!(
+            "operator {op}: coord_start {cs}: coordinates ({cs}, {ce}) out of range [0, {w})"
+        )));
+    }
+    let id = if p.id_index >= 0 {
+        if p.id_index >= w || (p.id_index >= cs && p.id_index <= ce) || p.id_index == p.score_index {
+            return Err(Error::value(format!(
+                "operator {op}: id_index {} is out of range [0, {w}) or conflicts with the score or coordinates",
+                p.id_index
+            )));
+        }
+        Some(p.id_index as usize)
+    } else {
+        None
+    };
+    Ok(NmsLayout {
+        batches: shape[..shape.len() - 2].iter().product(),
+        boxes: shape[shape.len() - 2],
+        width,
+        score: p.score_index as usize,
+        coord: cs as usize,
+        id,
+    })
+}
+
+fn nms_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    super::nn::float_only(a.op, ins[0].dtype)?;
+    nms_layout(a, &ins[0].shape)?;
+    let mut record = ins[0].shape.clone();
+    *record.last_mut().expect("at least 2 dimensions") = 1;
+    Ok(vec![ins[0].clone(), Meta::new(record, ins[0].dtype)])
+}
+
+/// Converts one box in place between corner and centre format, unless its first coordinate
+/// is negative (stock skips those: they mark removed boxes).
+fn convert_box<R: Real>(b: &mut [R], to_center: bool) {
+    if b[0] < R::of(0.0) {
+        return;
+    }
+    let two = R::of(2.0);
+    if to_center {
+        let (l, t, r, bo) = (b[0], b[1], b[2], b[3]);
+        b.copy_from_slice(&[(l + r) / two, (t + bo) / two, r - l, bo - t]);
+    } else {
+        let (x, y, w, h) = (b[0], b[1], b[2] / two, b[3] / two);
+        b.copy_from_slice(&[x - w, y - h, x + w, y + h]);
+    }
+}
+
+/// One batch of box NMS: writes the kept rows (by descending score) to `out` and their
+/// global input indices to `record`, -1 elsewhere.
+#[allow(clippy::too_many_arguments)]
+fn nms_batch<R: Real>(
+    data: &[R],
+    out: &mut [R],
+    record: &mut [R],
+    first: usize,
+    lay: &NmsLayout,
+    p: &NmsParams,
+    topk: usize,
+) {
+    let w = lay.width;
+    let score = |i: usize| data[i * w + lay.score];
+    let valid_thresh = R::of(p.valid_thresh);
+    let mut order: Vec<usize> = (0..lay.boxes)
+        .filter(|&i| score(i) > valid_thresh && lay.id.is_none_or(|c| data[i * w + c] != R::of(p.background_id as f64)))
+        .collect();
+    order.sort_by(|&a, &b| score(b).partial_cmp(&score(a)).unwrap_or(std::cmp::Ordering::Equal));
+    order.truncate(topk);
+    let corner = is_corner(p.in_format);
+    let boxes: Vec<[R; 4]> = order
+        .iter()
+        .map(|&i| {
+            let b = &data[i * w + lay.coord..];
+            [b[0], b[1], b[2], b[3]]
+        })
+        .collect();
+    let areas: Vec<R> = boxes.iter().map(|&b| area(b, corner)).collect();
+    let mut kept = vec![true; order.len()];
+    let thresh = R::of(p.overlap_thresh as f32 as f64);
+    for r in 0..order.len() {
+        if !kept[r] {
+            continue;
+        }
+        for q in r + 1..order.len() {
+            if !kept[q] {
+                continue;
+            }
+            if let (Some(c), false) = (lay.id, p.force_suppress) {
+                if data[order[r] * w + c].f64() as i64 != data[order[q] * w + c].f64() as i64 {
+                    continue;
+                }
+            }
+            let inter = overlap_area(boxes[r], boxes[q], corner);
+            if inter / (areas[r] + areas[q] - inter) > thresh {
+                kept[q] = false;
+            }
+        }
+    }
+    out.fill(R::of(-1.0));
+    record.fill(R::of(-1.0));
+    for (k, &i) in order.iter().zip(&kept).filter(|(_, &k)| k).map(|(i, _)| i).enumerate() {
+        out[k * w..(k + 1) * w].copy_from_slice(&data[i * w..(i + 1) * w]);
+        record[k] = R::of((first + i) as f64);
+    }
+}
+
+fn box_nms(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let a = cx.attrs;
+    let p = NmsParams::of(a);
+    let lay = nms_layout(a, &ins[0].shape)?;
+    let (n, w) = (lay.boxes, lay.width);
+    let topk = if p.topk < 0 { n } else { n.min(p.topk as usize) };
+    let to_center = is_corner(p.in_format) && !is_corner(p.out_format);
+    let convert = p.in_format != p.out_format;
+    dispatch_real!(ins[0].dtype, a.op, T, R => {
+        let data: Vec<R> = ins[0].as_slice::<T>().iter().map(|&v| R::load(v)).collect();
+        let mut out = vec![R::of(0.0); data.len()];
+        let mut record = vec![R::of(0.0); lay.batches * n];
+        if topk == 0 {
+            // Stock returns the input unchanged (no format conversion) and every index.
+            out.copy_from_slice(&data);
+            record.iter_mut().enumerate().for_each(|(i, r)| *r = R::of(i as f64));
+        } else if n > 0 {
+            let items: Vec<(&mut [R], &mut [R])> = out.chunks_mut(n * w).zip(record.chunks_mut(n)).collect();
+            let cost = (lay.batches * topk * topk) as f64 * 4.0;
+            par_items(items, cost, T::DTYPE, |b, (o, rec)| {
+                nms_batch(&data[b * n * w..(b + 1) * n * w], o, rec, b * n, &lay, &p, topk);
+            });
+            if convert {
+                for row in out.chunks_mut(w) {
+                    convert_box(&mut row[lay.coord..lay.coord + 4], to_center);
+                }
+            }
+        }
+        for (o, v) in outs[0].as_mut::<T>().iter_mut().zip(&out) {
+            *o = v.store();
+        }
+        if cx.req.get(1).is_some_and(|r| *r != Req::Null) {
+            for (o, v) in outs[1].as_mut::<T>().iter_mut().zip(&record) {
+                *o = v.store();
+            }
+        }
+    });
+    Ok(())
+}
+
+/// `_backward_contrib_box_nms(dout, out, record) -> ddata`: each kept row's gradient goes back
+/// to the input row it came from; removed rows get zero.
+fn box_nms_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let (g, record) = (&ins[0], &ins[ins.len() - 1]);
+    let w = g.shape.last().copied().unwrap_or(1).max(1);
+    let rows = g.size() / w;
+    dispatch_real!(g.dtype, cx.attrs.op, T, _R => {
+        let (gs, rec) = (g.as_slice::<T>(), record.as_slice::<T>());
+        let dx = outs[0].as_mut::<T>();
+        dx.fill(T::from_f64(0.0));
+        for (i, r) in rec.iter().enumerate().take(rows) {
+            let src = r.to_f64();
+            if src >= 0.0 && (src as usize) < rows {
+                let s = src as usize;
+                dx[s * w..(s + 1) * w].copy_from_slice(&gs[i * w..(i + 1) * w]);
+            }
+        }
+    });
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// bipartite_matching
+
+op_params! {
+    pub(super) struct MatchingParams<'a> => MATCHING_PARAMS {
+        is_ascend: bool = "False", "Use ascend order for scores instead of descending. Please set threshold accordingly.";
+        threshold: f64 = required, "Ignore matching when score < thresh, if is_ascend=false, or ignore score > thresh, if is_ascend=true.";
+        topk: i64 = "-1", "Limit the number of matches to topk, set -1 for no limit";
+    }
+}
+
+fn matching_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    super::nn::float_only(a.op, ins[0].dtype)?;
+    let s = &ins[0].shape;
+    if s.len() < 2 {
+        return Err(Error::value(format!(
+            "operator {}: the score matrix must have at least 2 dimensions, got {s:?}",
+            a.op
+        )));
+    }
+    let rows = s[..s.len() - 1].to_vec();
+    let mut cols = s[..s.len() - 1].to_vec();
+    *cols.last_mut().expect("at least 1") = s[s.len() - 1];
+    Ok(vec![Meta::new(rows, ins[0].dtype), Meta::new(cols, ins[0].dtype)])
+}
+
+fn bipartite_matching(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let p = MatchingParams::of(cx.attrs);
+    let s = &ins[0].shape;
+    let (nr, nc) = (s[s.len() - 2], s[s.len() - 1]);
+    let stride = nr * nc;
+    if stride == 0 {
+        dispatch_real!(ins[0].dtype, cx.attrs.op, T, _R => {
+            outs[0].as_mut::<T>().fill(T::from_f64(-1.0));
+            outs[1].as_mut::<T>().fill(T::from_f64(-1.0));
+        });
+        return Ok(());
+    }
+    dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
+        let x = ins[0].as_slice::<T>();
+        let thresh = R::of(p.threshold as f32 as f64);
+        let (rm, cm) = outs.split_at_mut(1);
+        let (rm, cm) = (rm[0].as_mut::<T>(), cm[0].as_mut::<T>());
+        for ((sc, rmark), cmark) in x.chunks(stride).zip(rm.chunks_mut(nr)).zip(cm.chunks_mut(nc)) {
+            let mut idx: Vec<usize> = (0..stride).collect();
+            let key = |i: usize| R::load(sc[i]);
+            if p.is_ascend {
+                idx.sort_by(|&a, &b| key(a).partial_cmp(&key(b)).unwrap_or(std::cmp::Ordering::Equal));
+            } else {
+                idx.sort_by(|&a, &b| key(b).partial_cmp(&key(a)).unwrap_or(std::cmp::Ordering::Equal));
+            }
+            rmark.fill(T::from_f64(-1.0));
+            cmark.fill(T::from_f64(-1.0));
+            let (mut rows, mut cols) = (vec![false; nr], vec![false; nc]);
+            let mut count = 0i64;
+            for &i in &idx {
+                let (r, c) = (i / nc, i % nc);
+                if rows[r] || cols[c] {
+                    continue;
+                }
+                let v = key(i);
+                if (!p.is_ascend && v > thresh) || (p.is_ascend && v < thresh) {
+                    rows[r] = true;
+                    cols[c] = true;
+                    rmark[r] = T::from_f64(c as f64);
+                    cmark[c] = T::from_f64(r as f64);
+                    count += 1;
+                    // Stock stops after topk + 1 matches.
+                    if p.topk > 0 && count > p.topk {
+                        break;
+                    }
+                } else {
+                    break;
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// box_encode, box_decode
+
+fn box_encode_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let op = a.op;
+    same_dtypes(op, ins)?;
+    let (s, m, an, r) = (&ins[0].shape, &ins[1].shape, &ins[2].shape, &ins[3].shape);
+    if an.len() != 3 || an[2] != 4 {
+        return Err(Error::value(format!("operator {op}: anchors must be (B, N, 4), got {an:?}")));
+    }
+    let (b, n) = (an[0], an[1]);
+    if s != &[b, n] || m != &[b, n] {
+        return Err(Error::value(format!(
+            "operator {op}: samples and matches must be (B, N) = ({b}, {n}), got {s:?} and {m:?}"
+        )));
+    }
+    if r.len() != 3 || r[0] != b || r[2] != 4 {
+        return Err(Error::value(format!("operator {op}: refs must be (B, M, 4) with B = {b}, got {r:?}")));
+    }
+    for (i, name) in [(4, "means"), (5, "stds")] {
+        if ins[i].shape != [4] {
+            return Err(Error::value(format!("operator {op}: {name} must have shape (4,), got {:?}", ins[i].shape)));
+        }
+    }
+    Ok(vec![ins[2].clone(), ins[2].clone()])
+}
+
+/// A corner box as (centre x, centre y, width, height), in stock's order of operations.
+fn center_of<R: Real>(b: [R; 4]) -> [R; 4] {
+    let (w, h) = (b[2] - b[0], b[3] - b[1]);
+    [b[0] + w * R::of(0.5), b[1] + h * R::of(0.5), w, h]
+}
+
+fn box_encode(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let op = cx.attrs.op;
+    let (n, m) = (ins[2].shape[1], ins[3].shape[1]);
+    dispatch_real!(ins[0].dtype, op, T, R => {
+        let (samples, matches, anchors, refs) =
+            (ins[0].as_slice::<T>(), ins[1].as_slice::<T>(), ins[2].as_slice::<T>(), ins[3].as_slice::<T>());
+        let means: [R; 4] = load4(ins[4].as_slice::<T>());
+        let stds: [R; 4] = load4(ins[5].as_slice::<T>());
+        let mut targets = vec![R::of(0.0); anchors.len()];
+        let mut masks = vec![R::of(0.0); anchors.len()];
+        for i in 0..samples.len() {
+            let valid = R::load(samples[i]) > R::of(0.5);
+            if !valid {
+                continue;
+            }
+            let j = i / n.max(1);
+            let mf = matches[i].to_f64();
+            if !(mf >= 0.0 && (mf as usize) < m) {
+                return Err(Error::value(format!(
+                    "operator {op}: sample {i} is positive but its match {mf} is outside [0, {m})"
+                )));
+            }
+            let r = center_of(load4::<T, R>(&refs[(j * m + mf as usize) * 4..]));
+            let a = center_of(load4::<T, R>(&anchors[i * 4..]));
+            let enc = [
+                (r[0] - a[0]) / a[2],
+                (r[1] - a[1]) / a[3],
+                (r[2] / a[2]).ln(),
+                (r[3] / a[3]).ln(),
+            ];
+            for k in 0..4 {
+                targets[i * 4 + k] = (enc[k] - means[k]) / stds[k];
+                masks[i * 4 + k] = R::of(1.0);
+            }
+        }
+        for (o, v) in outs[0].as_mut::<T>().iter_mut().zip(&targets) {
+            *o = v.store();
+        }
+        if cx.req[1] != Req::Null {
+            for (o, v) in outs[1].as_mut::<T>().iter_mut().zip(&masks) {
+                *o = v.store();
+            }
+        }
+    });
+    Ok(())
+}
+
+op_params! {
+    pub(super) struct BoxDecodeParams<'a> => BOX_DECODE_PARAMS {
+        std0: f64 = "1", "value to be divided from the 1st encoded values";
+        std1: f64 = "1", "value to be divided from the 2nd encoded values";
+        std2: f64 = "1", "value to be divided from the 3rd encoded values";
+        std3: f64 = "1", "value to be divided from the 4th encoded values";
+        clip: f64 = "-1", "If larger than 0, bounding box target will be clipped to this value.";
+        format: &'a str = "center" in ["center", "corner"], FORMAT_DOC;
+    }
+}
+
+fn box_decode_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let op = a.op;
+    same_dtypes(op, ins)?;
+    let (d, an) = (&ins[0].shape, &ins[1].shape);
+    if d.len() != 3 || d[2] != 4 {
+        return Err(Error::value(format!("operator {op}: data must be (B, N, 4), got {d:?}")));
+    }
+    last_is_4(op, "anchors", an, 3)?;
+    if an.iter().product::<usize>() != d[1] * 4 {
+        return Err(Error::value(format!("operator {op}: anchors must be (1, N, 4) with N = {}, got {an:?}", d[1])));
+    }
+    Ok(vec![ins[0].clone()])
+}
+
+fn box_decode(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let p = BoxDecodeParams::of(cx.attrs);
+    let n = ins[0].shape[1].max(1);
+    let corner = is_corner(p.format);
+    dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
+        let (x, anchors) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>());
+        let f = |v: f64| R::of(v as f32 as f64);
+        let (std, clip) = ([f(p.std0), f(p.std1), f(p.std2), f(p.std3)], f(p.clip));
+        let has_clip = p.clip > 0.0;
+        par_for_mut(outs[0].as_mut::<T>(), 4, Cost(40.0), T::DTYPE, |rows, part| {
+            for (i, o) in rows.zip(part.chunks_mut(4)) {
+                let mut a: [R; 4] = load4(&anchors[(i % n) * 4..]);
+                if corner {
+                    a = center_of(a);
+                }
+                let v: [R; 4] = load4(&x[i * 4..]);
+                let ox = v[0] * std[0] * a[2] + a[0];
+                let oy = v[1] * std[1] * a[3] + a[1];
+                let (mut dw, mut dh) = (v[2] * std[2], v[3] * std[3]);
+                if has_clip {
+                    dw = if dw < clip { dw } else { clip };
+                    dh = if dh < clip { dh } else { clip };
+                }
+                let ow = dw.exp() * a[2] * R::of(0.5);
+                let oh = dh.exp() * a[3] * R::of(0.5);
+                for (o, v) in o.iter_mut().zip([ox - ow, oy - oh, ox + ow, oy + oh]) {
+                    *o = v.store();
+                }
+            }
+        });
+    });
+    Ok(())
+}
+
+fn one(_: &Attrs) -> usize {
+    1
+}
+fn two(_: &Attrs) -> usize {
+    2
+}
+
+pub(super) fn register(ops: &mut Vec<OpDef>) {
+    ops.push(
+        OpDef::new("_contrib_box_iou", Inputs::Fixed(&["lhs", "rhs"]), Box::new(box_iou_infer), Box::new(box_iou))
+            .params(BOX_IOU_PARAMS)
+            .grad(Grad::Zero)
+            .doc("Bounding box overlap of two arrays: the intersection over union of every pair of boxes in lhs (..., 4) and rhs (..., 4), shape lhs.shape[:-1] + rhs.shape[:-1]."),
+    );
+    ops.push(
+        OpDef::new("_contrib_box_nms", Inputs::Fixed(&["data"]), Box::new(nms_infer), Box::new(box_nms))
+            .alias(&["_contrib_box_non_maximum_suppression"])
+            .params(NMS_PARAMS)
+            .outputs(two, one)
+            .grad(Grad::Backward { op: "_backward_contrib_box_nms", inputs: false, outputs: true })
+            .doc("Apply non-maximum suppression to input. The boxes of each batch above valid_thresh (and not of background_id) are sorted by descending score; up to topk of them are kept unless a higher-scoring kept box overlaps them by more than overlap_thresh (of the same class unless force_suppress). Kept boxes come first, the rest of the output is -1."),
+    );
+    ops.push(OpDef::backward("_backward_contrib_box_nms", NMS_PARAMS, Box::new(box_nms_backward)));
+    ops.push(
+        OpDef::new("_contrib_bipartite_matching", Inputs::Fixed(&["data"]), Box::new(matching_infer), Box::new(bipartite_matching))
+            .params(MATCHING_PARAMS)
+            .outputs(two, two)
+            .grad(Grad::Zero)
+            .doc("Compute bipartite matching. Greedily matches the best-scoring (row, column) pairs of each (..., rows, cols) score matrix; outputs the matched column of each row and the matched row of each column, -1 where unmatched."),
+    );
+    ops.push(
+        OpDef::new(
+            "_contrib_box_encode",
+            Inputs::Fixed(&["samples", "matches", "anchors", "refs", "means", "stds"]),
+            Box::new(box_encode_infer),
+            Box::new(box_encode),
+        )
+        .outputs(two, two)
+        .grad(Grad::Zero)
+        .doc("Encode bounding boxes training target with normalized center offsets. Outputs the encoded targets (B, N, 4) of the positive samples' matched reference boxes relative to their anchors, and the masks."),
+    );
+    ops.push(
+        OpDef::new("_contrib_box_decode", Inputs::Fixed(&["data", "anchors"]), Box::new(box_decode_infer), Box::new(box_decode))
+            .params(BOX_DECODE_PARAMS)
+            .grad(Grad::Zero)
+            .doc("Decode bounding boxes training target with normalized center offsets: (B, N, 4) offsets relative to (1, N, 4) anchors to corner boxes."),
+    );
+}
