@@ -413,6 +413,51 @@ CASES += [
     case("box_decode-bad-anchors", "nd.contrib.box_decode", r(2, 4, 4), boxes(1, 3), error=True),
 ]
 
+# SSD's MultiBox operators (issue 35).
+def ssd_labels(batch, n, pad=1, dtype="float32"):
+    lab = np.concatenate([RNG.randint(0, 3, (batch, n, 1)), boxes(batch, n)], axis=-1).astype(dtype)
+    lab[1:, n - pad:] = -1  # padding rows in every batch but the first
+    return lab
+
+
+def softmax_probs(batch, classes, n, dtype="float32"):
+    x = RNG.uniform(-2, 2, (batch, classes, n))
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return (e / e.sum(axis=1, keepdims=True)).astype(dtype)
+
+
+CASES += [
+    case("mbprior-default", "nd.contrib.MultiBoxPrior", r(1, 3, 4, 5)),
+    case("mbprior-sizes-ratios-clip", "nd.contrib.MultiBoxPrior", r(2, 3, 3, 6), sizes=(0.3, 0.6, 0.9), ratios=(1, 2, 0.5),
+         clip=True, grad=True),
+    case("mbprior-steps-offsets", "nd.contrib.MultiBoxPrior", r(1, 2, 5, 3), sizes=(0.25,), ratios=(1, 3),
+         steps=(0.2, 0.3), offsets=(0.25, 0.75)),
+    case("mbprior-f64", "nd.contrib.MultiBoxPrior", r(1, 2, 5, 3, dtype="float64"), error=True),
+    case("mbprior-bad-offsets", "nd.contrib.MultiBoxPrior", r(1, 3, 4, 5), offsets=(1.5, 0.5), error=True),
+    case("mbprior-3d", "nd.contrib.MultiBoxPrior", r(3, 4, 5), error=True),
+    case("mbtarget-default", "nd.contrib.MultiBoxTarget", boxes(1, 30), ssd_labels(2, 3), r(2, 4, 30), grad=True),
+    case("mbtarget-mining", "nd.contrib.MultiBoxTarget", boxes(1, 30), ssd_labels(3, 4, pad=2), r(3, 4, 30),
+         negative_mining_ratio=3, negative_mining_thresh=0.5, overlap_threshold=0.3, ignore_label=-2),
+    case("mbtarget-no-threshold", "nd.contrib.MultiBoxTarget", boxes(1, 12), ssd_labels(2, 2), r(2, 3, 12),
+         overlap_threshold=0, variances=(1, 1, 1, 1)),
+    case("mbtarget-f64", "nd.contrib.MultiBoxTarget", boxes(1, 12, dtype="float64"), ssd_labels(2, 2, dtype="float64"),
+         r(2, 3, 12, dtype="float64"), error=True),
+    case("mbtarget-all-padding", "nd.contrib.MultiBoxTarget", boxes(1, 6), -np.ones((1, 2, 5), "float32"), r(1, 3, 6)),
+    case("mbtarget-bad-anchor", "nd.contrib.MultiBoxTarget", boxes(2, 6), ssd_labels(2, 2), r(2, 3, 6), error=True),
+    case("mbdetect-default", "nd.contrib.MultiBoxDetection", softmax_probs(2, 4, 30), r(2, 120, lo=-0.5, hi=0.5),
+         boxes(1, 30), grad=True),
+    case("mbdetect-force-topk-noclip", "nd.contrib.MultiBoxDetection", softmax_probs(2, 4, 30),
+         r(2, 120, lo=-0.5, hi=0.5), boxes(1, 30, size=1.5), force_suppress=True, nms_topk=6, clip=False,
+         threshold=0.2, nms_threshold=0.3),
+    case("mbdetect-no-nms", "nd.contrib.MultiBoxDetection", softmax_probs(1, 3, 10), r(1, 40), boxes(1, 10),
+         nms_threshold=0, variances=(0.2, 0.2, 0.1, 0.1)),
+    case("mbdetect-f64", "nd.contrib.MultiBoxDetection", softmax_probs(1, 3, 10, dtype="float64"),
+         r(1, 40, dtype="float64"), boxes(1, 10, dtype="float64"), error=True),
+    case("mbdetect-high-threshold", "nd.contrib.MultiBoxDetection", softmax_probs(1, 3, 10), r(1, 40), boxes(1, 10),
+         threshold=0.99),
+    case("mbdetect-bad-loc", "nd.contrib.MultiBoxDetection", softmax_probs(1, 3, 10), r(1, 36), boxes(1, 10), error=True),
+]
+
 # Deconvolution (issue 35): weight [channels, num_filter / num_group, *kernel].
 CASES += [
     case("deconv-2d", "nd.Deconvolution", r(2, 3, 4, 5), r(3, 4, 3, 3), grad=True, kernel=(3, 3), num_filter=4),

@@ -568,11 +568,483 @@ fn box_decode(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
+// ---------------------------------------------------------------------------------------------
+// MultiBoxPrior, MultiBoxTarget, MultiBoxDetection (SSD)
+
+op_params! {
+    pub(super) struct PriorParams<'a> => PRIOR_PARAMS {
+        sizes: &'a [f64] = "[1]", "List of sizes of generated MultiBoxPriores.";
+        ratios: &'a [f64] = "[1]", "List of aspect ratios of generated MultiBoxPriores.";
+        clip: bool = "False", "Whether to clip out-of-boundary boxes.";
+        steps: &'a [f64] = "[-1,-1]", "Priorbox step across y and x, -1 for auto calculation.";
+        offsets: &'a [f64] = "[0.5,0.5]", "Priorbox center offsets, y and x respectively";
+    }
+}
+
+/// The prior operator's checked (height, width, anchors per location).
+fn prior_layout(a: &Attrs, shape: &[usize]) -> Result<(usize, usize, usize)> {
+    let op = a.op;
+    let p = PriorParams::of(a);
+    if shape.len() < 4 || shape[2] == 0 || shape[3] == 0 {
+        return Err(Error::value(format!(
+            "operator {op}: data must be 4-D (batch, channel, y, x) with a nonzero height and width, got {shape:?}"
+        )));
+    }
+    if p.sizes.is_empty() || p.ratios.is_empty() {
+        return Err(Error::value(format!("operator {op}: sizes and ratios must not be empty")));
+    }
+    if p.steps.len() != 2 || p.offsets.len() != 2 {
+        return Err(Error::value(format!("operator {op}: steps and offsets must have 2 values (y, x)")));
+    }
+    if p.offsets.iter().any(|&o| !(0.0..=1.0).contains(&(o as f32))) {
+        return Err(Error::value(format!("operator {op}: offsets must lie in [0, 1], got {:?}", p.offsets)));
+    }
+    if p.steps[0] as f32 * p.steps[1] as f32 <= 0.0 && (p.steps[0] > 0.0 || p.steps[1] > 0.0) {
+        return Err(Error::value(format!("operator {op}: specify both steps (y and x) or neither, got {:?}", p.steps)));
+    }
+    Ok((shape[2], shape[3], p.sizes.len() + p.ratios.len() - 1))
+}
+
+/// The MultiBox operators take float32 only, as stock's (legacy operators of the default type).
+fn float32_only(op: &str, ins: &[Meta]) -> Result<()> {
+    match ins.iter().find(|m| m.dtype != DType::F32) {
+        Some(m) => Err(Error::type_error(format!("operator {op} supports float32 only, not {}", m.dtype.name()))),
+        None => Ok(()),
+    }
+}
+
+fn prior_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    float32_only(a.op, ins)?;
+    let (h, w, k) = prior_layout(a, &ins[0].shape)?;
+    let n = h
+        .checked_mul(w)
+        .and_then(|v| v.checked_mul(k))
+        .ok_or_else(|| Error::value(format!("operator {}: too many anchors", a.op)))?;
+    Ok(vec![Meta::new(vec![1, n, 4], ins[0].dtype)])
+}
+
+fn multibox_prior(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let a = cx.attrs;
+    let p = PriorParams::of(a);
+    let (h, w, _) = prior_layout(a, &ins[0].shape)?;
+    let f = |v: f64| v as f32;
+    let (mut step_y, mut step_x) = (f(p.steps[0]), f(p.steps[1]));
+    if step_y <= 0.0 || step_x <= 0.0 {
+        step_y = 1.0 / h as f32;
+        step_x = 1.0 / w as f32;
+    }
+    let (off_y, off_x) = (f(p.offsets[0]), f(p.offsets[1]));
+    let sizes: Vec<f32> = p.sizes.iter().map(|&v| f(v)).collect();
+    let ratios: Vec<f32> = p.ratios.iter().map(|&v| f(v)).collect();
+    // Per location: every size at the first ratio, then the first size at every other ratio.
+    let shapes: Vec<(f32, f32)> = sizes
+        .iter()
+        .map(|&s| (s, ratios[0].sqrt()))
+        .chain(ratios[1..].iter().map(|&r| (sizes[0], r.sqrt())))
+        .map(|(s, r)| (s * h as f32 / w as f32 * r / 2.0, s / r / 2.0))
+        .collect();
+    let mut boxes = Vec::with_capacity(h * w * shapes.len() * 4);
+    for r in 0..h {
+        let cy = (r as f32 + off_y) * step_y;
+        for c in 0..w {
+            let cx_ = (c as f32 + off_x) * step_x;
+            for &(bw, bh) in &shapes {
+                boxes.extend_from_slice(&[cx_ - bw, cy - bh, cx_ + bw, cy + bh]);
+            }
+        }
+    }
+    if p.clip {
+        boxes.iter_mut().for_each(|v| *v = v.clamp(0.0, 1.0));
+    }
+    dispatch_real!(ins[0].dtype, a.op, T, _R => {
+        for (o, &v) in outs[0].as_mut::<T>().iter_mut().zip(&boxes) {
+            *o = T::from_f64(v as f64);
+        }
+    });
+    Ok(())
+}
+
+op_params! {
+    pub(super) struct TargetParams<'a> => TARGET_PARAMS {
+        overlap_threshold: f64 = "0.5", "Anchor-GT overlap threshold to be regarded as a positive match.";
+        ignore_label: f64 = "-1", "Label for ignored anchors.";
+        negative_mining_ratio: f64 = "-1", "Max negative to positive samples ratio, use -1 to disable mining";
+        negative_mining_thresh: f64 = "0.5", "Threshold used for negative mining.";
+        minimum_negative_samples: i64 = "0", "Minimum number of negative samples.";
+        variances: &'a [f64] = "[0.1,0.1,0.2,0.2]", "Variances to be encoded in box regression target.";
+    }
+}
+
+fn target_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let op = a.op;
+    float32_only(op, ins)?;
+    let (an, l, c) = (&ins[0].shape, &ins[1].shape, &ins[2].shape);
+    if an.len() != 3 || an[0] != 1 || an[1] == 0 || an[2] != 4 {
+        return Err(Error::value(format!("operator {op}: anchor must be (1, N, 4) with N > 0, got {an:?}")));
+    }
+    if l.len() != 3 || l[1] == 0 || l[2] < 5 {
+        return Err(Error::value(format!("operator {op}: label must be (batch, labels > 0, width >= 5), got {l:?}")));
+    }
+    if c.len() != 3 || c[2] != an[1] || c[0] != l[0] {
+        return Err(Error::value(format!(
+            "operator {op}: cls_pred must be (batch, classes, N) = ({}, _, {}), got {c:?}",
+            l[0], an[1]
+        )));
+    }
+    if TargetParams::of(a).variances.len() != 4 {
+        return Err(Error::value(format!("operator {op}: variances must have 4 values")));
+    }
+    let (b, n) = (l[0], an[1]);
+    let d = ins[0].dtype;
+    Ok(vec![Meta::new(vec![b, n * 4], d), Meta::new(vec![b, n * 4], d), Meta::new(vec![b, n], d)])
+}
+
+/// One batch of MultiBoxTarget in stock's float32 arithmetic: (location targets, masks,
+/// class targets) for `anchors` (N×4), `labels` (rows of width `lw`: class, corner box) and
+/// `preds` (classes×N).
+fn target_batch(
+    p: &TargetParams,
+    anchors: &[f32],
+    labels: &[f32],
+    lw: usize,
+    preds: &[f32],
+    classes: usize,
+) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    let na = anchors.len() / 4;
+    let mut loc = vec![0.0f32; na * 4];
+    let mut mask = vec![0.0f32; na * 4];
+    let mut cls = vec![p.ignore_label as f32; na];
+    let nl = labels.len() / lw;
+    let valid = (0..nl).take_while(|&i| labels[i * lw] != -1.0).count();
+    if valid == 0 {
+        return Ok((loc, mask, cls));
+    }
+    let overlap = |j: usize, k: usize| -> f32 {
+        let (a, g) = (&anchors[j * 4..j * 4 + 4], &labels[k * lw + 1..k * lw + 5]);
+        let iw = (a[2].min(g[2]) - a[0].max(g[0])).max(0.0);
+        let ih = (a[3].min(g[3]) - a[1].max(g[1])).max(0.0);
+        let inter = iw * ih;
+        let union = (a[2] - a[0]) * (a[3] - a[1]) + (g[2] - g[0]) * (g[3] - g[1]) - inter;
+        if union == 0.0 {
+            0.0
+        } else {
+            inter / union
+        }
+    };
+    let ious: Vec<f32> = (0..na).flat_map(|j| (0..valid).map(move |k| (j, k))).map(|(j, k)| overlap(j, k)).collect();
+    let best = |j: usize| -> (f32, usize) {
+        let mut m = (-1.0f32, usize::MAX);
+        for k in 0..valid {
+            if ious[j * valid + k] > m.0 {
+                m = (ious[j * valid + k], k);
+            }
+        }
+        m
+    };
+    // Anchor flags: None = don't care, Some(true) positive, Some(false) negative.
+    let mut flag: Vec<Option<bool>> = vec![None; na];
+    let mut matched: Vec<(f32, usize)> = vec![(-1.0, usize::MAX); na];
+    let mut gt_done = vec![false; valid];
+    let mut positives = 0usize;
+    // Each ground truth, best first, takes its best free anchor.
+    while gt_done.iter().any(|d| !d) {
+        let mut pick: Option<(usize, usize)> = None;
+        let mut max = 1e-6f32;
+        for j in (0..na).filter(|&j| flag[j] != Some(true)) {
+            for k in (0..valid).filter(|&k| !gt_done[k]) {
+                if ious[j * valid + k] > max {
+                    pick = Some((j, k));
+                    max = ious[j * valid + k];
+                }
+            }
+        }
+        let Some((j, k)) = pick else { break };
+        matched[j] = (max, k);
+        positives += 1;
+        gt_done[k] = true;
+        flag[j] = Some(true);
+    }
+    let threshold = p.overlap_threshold as f32;
+    if threshold > 0.0 {
+        for j in 0..na {
+            if flag[j] == Some(true) {
+                continue;
+            }
+            let (m, k) = best(j);
+            if k != usize::MAX {
+                matched[j] = (m, k);
+                if m > threshold {
+                    positives += 1;
+                    gt_done[k] = true;
+                    flag[j] = Some(true);
+                }
+            }
+        }
+    }
+    let ratio = p.negative_mining_ratio as f32;
+    if ratio > 0.0 {
+        let thresh = p.negative_mining_thresh as f32;
+        if thresh <= 0.0 {
+            return Err(Error::value(
+                "operator _contrib_MultiBoxTarget: negative_mining_thresh must be > 0".to_string(),
+            ));
+        }
+        let negatives = ((positives as f32 * ratio) as usize).min(na - positives);
+        if negatives > 0 {
+            let mut cand: Vec<(f32, usize)> = Vec::new();
+            for j in (0..na).filter(|&j| flag[j] != Some(true)) {
+                if matched[j].0 < 0.0 {
+                    let (m, k) = best(j);
+                    if k != usize::MAX {
+                        matched[j] = (m, k);
+                    }
+                }
+                if matched[j].0 < thresh && flag[j].is_none() {
+                    let logit = |c: usize| preds[c * na + j];
+                    let max = (1..classes).fold(logit(0), |m, c| if logit(c) > m { logit(c) } else { m });
+                    let sum: f32 = (0..classes).map(|c| (logit(c) - max).exp()).sum();
+                    cand.push((-((logit(0) - max).exp() / sum), j));
+                }
+            }
+            if cand.len() < negatives {
+                return Err(Error::value(format!(
+                    "operator _contrib_MultiBoxTarget: {} negative candidates for {negatives} negatives (raise negative_mining_thresh)",
+                    cand.len()
+                )));
+            }
+            // Hardest negatives (least background probability) first, ties in anchor order.
+            cand.sort_by(|x, y| y.0.partial_cmp(&x.0).unwrap_or(std::cmp::Ordering::Equal));
+            for &(_, j) in &cand[..negatives] {
+                flag[j] = Some(false);
+            }
+        }
+    } else {
+        flag.iter_mut().filter(|f| **f != Some(true)).for_each(|f| *f = Some(false));
+    }
+    let v: Vec<f32> = p.variances.iter().map(|&x| x as f32).collect();
+    for j in 0..na {
+        match flag[j] {
+            Some(true) => {
+                let k = matched[j].1;
+                cls[j] = labels[k * lw] + 1.0;
+                mask[j * 4..j * 4 + 4].fill(1.0);
+                let (a, g) = (&anchors[j * 4..j * 4 + 4], &labels[k * lw + 1..k * lw + 5]);
+                let (aw, ah) = (a[2] - a[0], a[3] - a[1]);
+                let (ax, ay) = ((a[0] + a[2]) * 0.5, (a[1] + a[3]) * 0.5);
+                let (gw, gh) = (g[2] - g[0], g[3] - g[1]);
+                let (gx, gy) = ((g[0] + g[2]) * 0.5, (g[1] + g[3]) * 0.5);
+                loc[j * 4..j * 4 + 4].copy_from_slice(&[
+                    (gx - ax) / aw / v[0],
+                    (gy - ay) / ah / v[1],
+                    (gw / aw).ln() / v[2],
+                    (gh / ah).ln() / v[3],
+                ]);
+            }
+            Some(false) => cls[j] = 0.0,
+            None => {}
+        }
+    }
+    Ok((loc, mask, cls))
+}
+
+fn multibox_target(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let a = cx.attrs;
+    let p = TargetParams::of(a);
+    let (lb, lw) = (ins[1].shape[0], ins[1].shape[2]);
+    let classes = ins[2].shape[1];
+    dispatch_real!(ins[0].dtype, a.op, T, _R => {
+        let f32s = |b: &TBlob| -> Vec<f32> { b.as_slice::<T>().iter().map(|v| v.to_f64() as f32).collect() };
+        let (anchors, labels, preds) = (f32s(&ins[0]), f32s(&ins[1]), f32s(&ins[2]));
+        let na = anchors.len() / 4;
+        let per_label = labels.len() / lb.max(1);
+        let mut all = Vec::with_capacity(lb);
+        for b in 0..lb {
+            all.push(target_batch(
+                &p,
+                &anchors,
+                &labels[b * per_label..(b + 1) * per_label],
+                lw,
+                &preds[b * classes * na..(b + 1) * classes * na],
+                classes,
+            )?);
+        }
+        for (k, pick) in [0usize, 1, 2].into_iter().enumerate() {
+            if cx.req[k] == Req::Null {
+                continue;
+            }
+            let flat = all.iter().flat_map(|t| match pick { 0 => &t.0, 1 => &t.1, _ => &t.2 }.iter());
+            for (o, &v) in outs[k].as_mut::<T>().iter_mut().zip(flat) {
+                *o = T::from_f64(v as f64);
+            }
+        }
+    });
+    Ok(())
+}
+
+op_params! {
+    pub(super) struct DetectionParams<'a> => DETECTION_PARAMS {
+        clip: bool = "True", "Clip out-of-boundary boxes.";
+        threshold: f64 = "0.00999999978", "Threshold to be a positive prediction.";
+        background_id: i64 = "0", "Background id.";
+        nms_threshold: f64 = "0.5", "Non-maximum suppression threshold.";
+        force_suppress: bool = "False", "Suppress all detections regardless of class_id.";
+        variances: &'a [f64] = "[0.1,0.1,0.2,0.2]", "Variances to be decoded from box regression output.";
+        nms_topk: i64 = "-1", "Keep maximum top k detections before nms, -1 for no limit.";
+    }
+}
+
+fn detection_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let op = a.op;
+    float32_only(op, ins)?;
+    let (c, l, an) = (&ins[0].shape, &ins[1].shape, &ins[2].shape);
+    if c.len() != 3 || l.len() != 2 || an.len() != 3 {
+        return Err(Error::value(format!(
+            "operator {op}: cls_prob must be 3-D, loc_pred 2-D and anchor 3-D, got {c:?}, {l:?}, {an:?}"
+        )));
+    }
+    if c[2] != an[1] || an[1] == 0 || an[2] != 4 || l[1] != c[2] * 4 || l[0] != c[0] || an[0] != 1 {
+        return Err(Error::value(format!(
+            "operator {op}: anchors mismatch: cls_prob {c:?} (batch, classes, N), loc_pred {l:?} (batch, N*4), anchor {an:?} (1, N, 4)"
+        )));
+    }
+    if DetectionParams::of(a).variances.len() != 4 {
+        return Err(Error::value(format!("operator {op}: variances must have 4 values")));
+    }
+    Ok(vec![Meta::new(vec![c[0], an[1], 6], ins[0].dtype)])
+}
+
+/// One batch of MultiBoxDetection into `out` (N rows of class, score, corner box).
+fn detection_batch<R: Real>(p: &DetectionParams, probs: &[R], loc: &[R], anchors: &[R], classes: usize, out: &mut [R]) {
+    let na = anchors.len() / 4;
+    let v: Vec<R> = p.variances.iter().map(|&x| R::of(x as f32 as f64)).collect();
+    let (zero, one, two) = (R::of(0.0), R::of(1.0), R::of(2.0));
+    let clip = |x: R| {
+        if p.clip {
+            if x > one {
+                one
+            } else if x < zero {
+                zero
+            } else {
+                x
+            }
+        } else {
+            x
+        }
+    };
+    let threshold = R::of(p.threshold as f32 as f64);
+    out.fill(-one);
+    let mut count = 0;
+    for i in 0..na {
+        let (mut score, mut id) = (-one, 0usize);
+        for j in 1..classes {
+            if probs[j * na + i] > score {
+                score = probs[j * na + i];
+                id = j;
+            }
+        }
+        if id == 0 || score < threshold {
+            continue;
+        }
+        let (a, l) = (&anchors[i * 4..i * 4 + 4], &loc[i * 4..i * 4 + 4]);
+        let (aw, ah) = (a[2] - a[0], a[3] - a[1]);
+        let (ax, ay) = ((a[0] + a[2]) / two, (a[1] + a[3]) / two);
+        let (ox, oy) = (l[0] * v[0] * aw + ax, l[1] * v[1] * ah + ay);
+        let (ow, oh) = ((l[2] * v[2]).exp() * aw / two, (l[3] * v[3]).exp() * ah / two);
+        out[count * 6..count * 6 + 6].copy_from_slice(&[
+            R::of(id as f64 - 1.0),
+            score,
+            clip(ox - ow),
+            clip(oy - oh),
+            clip(ox + ow),
+            clip(oy + oh),
+        ]);
+        count += 1;
+    }
+    let nms = p.nms_threshold as f32 as f64;
+    if count == 0 || nms <= 0.0 || nms > 1.0 {
+        return;
+    }
+    let nms = R::of(nms);
+    let mut order: Vec<usize> = (0..count).collect();
+    order.sort_by(|&x, &y| out[y * 6 + 1].partial_cmp(&out[x * 6 + 1]).unwrap_or(std::cmp::Ordering::Equal));
+    let keep = if p.nms_topk > 0 && (p.nms_topk as usize) < count { p.nms_topk as usize } else { count };
+    let unsorted = out[..count * 6].to_vec();
+    for i in keep..count {
+        out[i * 6] = -one;
+    }
+    for (i, &src) in order[..keep].iter().enumerate() {
+        out[i * 6..i * 6 + 6].copy_from_slice(&unsorted[src * 6..src * 6 + 6]);
+    }
+    let iou = |a: &[R], b: &[R]| -> R {
+        let w = {
+            let d = (if a[2] < b[2] { a[2] } else { b[2] }) - (if a[0] > b[0] { a[0] } else { b[0] });
+            if d > zero {
+                d
+            } else {
+                zero
+            }
+        };
+        let h = {
+            let d = (if a[3] < b[3] { a[3] } else { b[3] }) - (if a[1] > b[1] { a[1] } else { b[1] });
+            if d > zero {
+                d
+            } else {
+                zero
+            }
+        };
+        let i = w * h;
+        let u = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - i;
+        if u <= zero {
+            zero
+        } else {
+            i / u
+        }
+    };
+    for i in 0..keep {
+        if out[i * 6] < zero {
+            continue;
+        }
+        for j in i + 1..keep {
+            if out[j * 6] < zero {
+                continue;
+            }
+            if (p.force_suppress || out[i * 6] == out[j * 6])
+                && iou(&out[i * 6 + 2..i * 6 + 6], &out[j * 6 + 2..j * 6 + 6]) >= nms
+            {
+                out[j * 6] = -one;
+            }
+        }
+    }
+}
+
+fn multibox_detection(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let a = cx.attrs;
+    let p = DetectionParams::of(a);
+    let (b, classes, na) = (ins[0].shape[0], ins[0].shape[1], ins[0].shape[2]);
+    dispatch_real!(ins[0].dtype, a.op, T, R => {
+        let load = |t: &TBlob| -> Vec<R> { t.as_slice::<T>().iter().map(|&v| R::load(v)).collect() };
+        let (probs, loc, anchors) = (load(&ins[0]), load(&ins[1]), load(&ins[2]));
+        let mut out = vec![R::of(0.0); b * na * 6];
+        let items: Vec<&mut [R]> = out.chunks_mut((na * 6).max(1)).collect();
+        par_items(items, (na * classes + na * na) as f64 * 2.0, T::DTYPE, |i, o| {
+            let probs = &probs[i * classes * na..(i + 1) * classes * na];
+            detection_batch(&p, probs, &loc[i * na * 4..(i + 1) * na * 4], &anchors, classes, o);
+        });
+        for (o, v) in outs[0].as_mut::<T>().iter_mut().zip(&out) {
+            *o = v.store();
+        }
+    });
+    Ok(())
+}
+
 fn one(_: &Attrs) -> usize {
     1
 }
 fn two(_: &Attrs) -> usize {
     2
+}
+fn three(_: &Attrs) -> usize {
+    3
 }
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
@@ -614,5 +1086,37 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .params(BOX_DECODE_PARAMS)
             .grad(Grad::Zero)
             .doc("Decode bounding boxes training target with normalized center offsets: (B, N, 4) offsets relative to (1, N, 4) anchors to corner boxes."),
+    );
+    ops.push(
+        OpDef::new("_contrib_MultiBoxPrior", Inputs::Fixed(&["data"]), Box::new(prior_infer), Box::new(multibox_prior))
+            .alias(&["_npx_multibox_prior"])
+            .params(PRIOR_PARAMS)
+            .grad(Grad::Zero)
+            .doc("Generate prior(anchor) boxes from data, sizes and ratios: (1, height*width*(sizes+ratios-1), 4) corner boxes centred on every location of the feature map."),
+    );
+    ops.push(
+        OpDef::new(
+            "_contrib_MultiBoxTarget",
+            Inputs::Fixed(&["anchor", "label", "cls_pred"]),
+            Box::new(target_infer),
+            Box::new(multibox_target),
+        )
+        .alias(&["_npx_multibox_target"])
+        .params(TARGET_PARAMS)
+        .outputs(three, three)
+        .grad(Grad::Zero)
+        .doc("Compute Multibox training targets: location targets, location masks and class targets of every anchor from the ground-truth labels (with optional hard negative mining)."),
+    );
+    ops.push(
+        OpDef::new(
+            "_contrib_MultiBoxDetection",
+            Inputs::Fixed(&["cls_prob", "loc_pred", "anchor"]),
+            Box::new(detection_infer),
+            Box::new(multibox_detection),
+        )
+        .alias(&["_npx_multibox_detection"])
+        .params(DETECTION_PARAMS)
+        .grad(Grad::Zero)
+        .doc("Convert multibox detection predictions: decode the boxes, pick each anchor's best class, and suppress overlapping detections (rows of class id, score, xmin, ymin, xmax, ymax; -1 for removed)."),
     );
 }
