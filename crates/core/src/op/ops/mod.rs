@@ -18,6 +18,7 @@ mod elemwise_grad;
 mod index;
 mod index_grad;
 mod init;
+mod la;
 mod linalg;
 mod linalg_grad;
 mod loss;
@@ -68,6 +69,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     attention::register(ops);
     detection::register(ops);
     roi::register(ops);
+    la::register(ops);
     loss::register(ops);
     contrib::register(ops);
     special::register(ops);

@@ -1,0 +1,5 @@
+//! Linear algebra operators (`linalg_*`): not yet written.
+
+use crate::op::OpDef;
+
+pub(super) fn register(_ops: &mut Vec<OpDef>) {}
