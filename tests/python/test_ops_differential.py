@@ -413,6 +413,35 @@ CASES += [
     case("box_decode-bad-anchors", "nd.contrib.box_decode", r(2, 4, 4), boxes(1, 3), error=True),
 ]
 
+# Older layer and loss operators (issue 35).
+CASES += [
+    case("lrn", "nd.LRN", r(2, 6, 3, 4), grad=True, nsize=3),
+    case("lrn-params", "nd.LRN", r(1, 7, 2, 2, lo=-3, hi=3), grad=True, nsize=5, alpha=0.01, beta=0.5, knorm=1.5),
+    case("lrn-even-nsize", "nd.LRN", r(1, 6, 2, 2), grad=True, nsize=4),
+    case("lrn-3d", "nd.LRN", r(4, 2, 2), nsize=3, error=True),
+    case("lrn-f64", "nd.LRN", r(1, 4, 2, 2, dtype="float64"), nsize=3, error=True),
+    case("softmax_activation-instance", "nd.SoftmaxActivation", r(3, 4), grad=True),
+    case("softmax_activation-instance-3d", "nd.SoftmaxActivation", r(3, 4, 2)),
+    case("softmax_activation-instance-3d-grad", "nd.SoftmaxActivation", r(3, 4, 2), grad=True),
+    case("softmax_activation-channel", "nd.SoftmaxActivation", r(2, 3, 2, 2, lo=-4, hi=4), grad=True, mode="channel"),
+    case("softmax_activation-channel-2d", "nd.SoftmaxActivation", r(2, 3), mode="channel", error=True),
+    case("crop-hw", "nd.Crop", r(2, 3, 6, 7), grad=True, num_args=1, h_w=(3, 4), offset=(1, 2)),
+    case("crop-center-like", "nd.Crop", r(1, 2, 7, 6), r(1, 5, 4, 3), grad=True, num_args=2, center_crop=True),
+    case("crop-like-offset", "nd.Crop", r(1, 2, 5, 5), r(1, 1, 2, 2), num_args=2, offset=(3, 3)),
+    case("crop-too-big", "nd.Crop", r(1, 2, 3, 3), num_args=1, h_w=(4, 2), error=True),
+    case("crop-bad-offset", "nd.Crop", r(1, 2, 5, 5), num_args=1, h_w=(2, 2), offset=(4, 0), error=True),
+    case("svm-l2", "nd.SVMOutput", r(4, 5, lo=-2, hi=2), a([0, 4, 2, 1]), grad=True),
+    case("svm-l1-margin", "nd.SVMOutput", r(4, 5, lo=-2, hi=2), a([3, 0, 2, 2]), grad=True, use_linear=True, margin=0.5,
+         regularization_coefficient=0.3),
+    case("svm-f64", "nd.SVMOutput", r(3, 2, 4, dtype="float64"), a([[1, 3], [0, 0], [2, 1]], "float64"), grad=True),
+    case("svm-bad-label", "nd.SVMOutput", r(4, 5), a([0, 1, 2]), error=True),
+    case("softmax_cross_entropy", "nd.softmax_cross_entropy", r(4, 5, lo=-3, hi=3), a([0, 4, 2, 2])),
+    case("softmax_cross_entropy-f64", "nd.softmax_cross_entropy", r(3, 6, dtype="float64"), a([5, 1, 0], "float64")),
+    case("softmax_cross_entropy-bad", "nd.softmax_cross_entropy", r(3, 6), a([1, 2]), error=True),
+    case("hard_sigmoid", "nd.hard_sigmoid", r(3, 4, lo=-5, hi=5), grad=True),
+    case("hard_sigmoid-params-f64", "nd.hard_sigmoid", r(10, lo=-3, hi=3, dtype="float64"), grad=True, alpha=0.4, beta=0.3),
+]
+
 # SSD's MultiBox operators (issue 35).
 def ssd_labels(batch, n, pad=1, dtype="float32"):
     lab = np.concatenate([RNG.randint(0, 3, (batch, n, 1)), boxes(batch, n)], axis=-1).astype(dtype)
@@ -538,6 +567,58 @@ CASES += [
 
 PENDING = []
 
+# Region-of-interest pooling: ROIAlign and ROIPooling. Rois rows are (batch_index, x1, y1, x2, y2)
+# in image coordinates: across both images, partly off the map, and (last row) malformed.
+ROIS = a([[0, 1.5, 2.0, 6.0, 7.5], [1, 0.0, 0.0, 7.0, 7.0], [0, -3.0, -2.0, 4.0, 3.0], [1, 5.0, 6.0, 12.0, 11.0],
+          [0, 4.0, 4.0, 3.0, 2.0]])
+ROIS_X2 = np.concatenate([ROIS[:, :1], ROIS[:, 1:] * 2], axis=1)
+# Stock's ROIAlign aborts on a non-positive roi size with aligned=True, so those cases skip the last row.
+ROIS_OK = ROIS[:4]
+CASES += [
+    case("roi_align", "nd.contrib.ROIAlign", r(2, 3, 8, 8), ROIS, grad=True, pooled_size=(2, 2), spatial_scale=1.0),
+    case("roi_align-half-scale-sample2", "nd.contrib.ROIAlign", r(2, 3, 8, 8), ROIS_X2, grad=True, pooled_size=(3, 2),
+         spatial_scale=0.5, sample_ratio=2),
+    case("roi_align-aligned", "nd.contrib.ROIAlign", r(2, 3, 8, 8), ROIS_OK, grad=True, pooled_size=(2, 3), spatial_scale=1.0,
+         aligned=True),
+    case("roi_align-aligned-sample2-f64", "nd.contrib.ROIAlign", r(2, 2, 8, 8, dtype="float64"), ROIS_X2[:4].astype("float64"),
+         grad=True, pooled_size=(4, 4), spatial_scale=0.5, sample_ratio=2, aligned=True),
+    case("roi_align-position-sensitive", "nd.contrib.ROIAlign", r(2, 8, 6, 6), ROIS, grad=True, pooled_size=(2, 2),
+         spatial_scale=1.0, position_sensitive=True),
+    case("roi_align-ps-aligned-f64", "nd.contrib.ROIAlign", r(2, 18, 6, 6, dtype="float64"), ROIS_OK.astype("float64"), grad=True,
+         pooled_size=(3, 3), spatial_scale=1.0, position_sensitive=True, aligned=True),
+    case("roi_align-large-grid", "nd.contrib.ROIAlign", r(1, 2, 16, 16), a([[0, 0, 0, 15, 15], [0, 2.3, 1.7, 13.9, 10.2]]),
+         grad=True, pooled_size=(2, 2), spatial_scale=1.0),
+    case("roi_align-f16", "nd.contrib.ROIAlign", r(2, 2, 8, 8, dtype="float16"), ROIS.astype("float16"), grad=True,
+         pooled_size=(2, 2), spatial_scale=1.0),
+    case("roi_align-bad-rois-cols", "nd.contrib.ROIAlign", r(1, 2, 4, 4), a([[0, 0, 0, 2, 2, 0]]), pooled_size=(2, 2),
+         spatial_scale=1.0, error=True),
+    case("roi_align-bad-data-rank", "nd.contrib.ROIAlign", r(2, 4, 4), ROIS, pooled_size=(2, 2), spatial_scale=1.0, error=True),
+    case("roi_align-bad-pooled-size", "nd.contrib.ROIAlign", r(2, 2, 4, 4), ROIS, pooled_size=(2,), spatial_scale=1.0, error=True),
+    case("roi_align-bad-scale", "nd.contrib.ROIAlign", r(2, 2, 4, 4), ROIS, pooled_size=(2, 2), spatial_scale=2.0, error=True),
+    case("roi_align-ps-bad-channels", "nd.contrib.ROIAlign", r(2, 3, 4, 4), ROIS, pooled_size=(2, 2), spatial_scale=1.0,
+         position_sensitive=True, error=True),
+    case("roi_align-rois-dtype", "nd.contrib.ROIAlign", r(2, 2, 4, 4), ROIS.astype("float64"), pooled_size=(2, 2),
+         spatial_scale=1.0, error=True),
+    # ROIPooling: stock's documented example, then rois with batch indices -1 and N (ignored: 0).
+    case("roi_pooling-doc", "nd.ROIPooling", np.arange(48, dtype="float32").reshape(1, 1, 8, 6), a([[0, 0, 0, 4, 4]]), grad=True,
+         pooled_size=(2, 2), spatial_scale=1.0),
+    case("roi_pooling-doc-scale", "nd.ROIPooling", np.arange(48, dtype="float32").reshape(1, 1, 8, 6), a([[0, 0, 0, 4, 4]]),
+         grad=True, pooled_size=(2, 2), spatial_scale=0.7),
+    case("roi_pooling", "nd.ROIPooling", r(2, 3, 7, 9), np.concatenate([ROIS_X2, a([[-1, 0, 0, 4, 4], [2, 0, 0, 4, 4]])]),
+         grad=True, pooled_size=(3, 3), spatial_scale=0.5),
+    case("roi_pooling-f64", "nd.ROIPooling", r(2, 2, 6, 8, dtype="float64"), ROIS.astype("float64"), grad=True, pooled_size=(2, 4),
+         spatial_scale=1.0),
+    case("roi_pooling-one-bin", "nd.ROIPooling", r(2, 2, 5, 5), ROIS, grad=True, pooled_size=(1, 1), spatial_scale=1.0),
+    case("roi_pooling-f16", "nd.ROIPooling", r(2, 2, 6, 6, dtype="float16"), ROIS.astype("float16"), grad=True,
+         pooled_size=(2, 2), spatial_scale=0.5),
+    case("roi_pooling-bad-rois", "nd.ROIPooling", r(2, 2, 4, 4), a([[0, 0, 0, 2]]), pooled_size=(2, 2), spatial_scale=1.0,
+         error=True),
+    case("roi_pooling-bad-data-rank", "nd.ROIPooling", r(4, 4), ROIS, pooled_size=(2, 2), spatial_scale=1.0, error=True),
+    case("roi_pooling-bad-pooled-size", "nd.ROIPooling", r(2, 2, 4, 4), ROIS, pooled_size=(2, 2, 2), spatial_scale=1.0,
+         error=True),
+    case("roi_pooling-bad-scale", "nd.ROIPooling", r(2, 2, 4, 4), ROIS, pooled_size=(2, 2), spatial_scale=-0.5, error=True),
+]
+
 # Cases for implemented operators where our library differs from stock: strict xfails that
 # say what differs. Fix the library (or decide that stock's behaviour is a bug not to copy and
 # drop the case), then delete the entry.
@@ -552,6 +633,9 @@ KNOWN_DIFFERENCES = {
     "deconv-f16": "stock rejects float16 Deconvolution on CPU (no float16 GEMM); ours computes it",
     "deconv-2d-adj-dilate-f64": "stock's float64 Deconvolution (its non-oneDNN path) is wrong when both stride and dilate exceed 1: "
                                 "it is not the adjoint of its own Convolution; its float32 (oneDNN) result agrees with ours",
+    "softmax_activation-instance-3d-grad": "stock's instance-mode forward is a softmax over the last axis but its "
+                                           "backward differentiates over axis 1 (the same axis only for 2-D data); "
+                                           "ours is the gradient of the forward",
     "rnn-sequence-length": "stock's CPU build ignores sequence_length (every sequence runs its full length); ours refuses "
                            "use_sequence_length rather than give that answer",
 }

@@ -19,6 +19,7 @@ mod index;
 mod index_grad;
 mod init;
 mod la;
+mod legacy_nn;
 mod linalg;
 mod linalg_grad;
 mod loss;
@@ -70,6 +71,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     detection::register(ops);
     roi::register(ops);
     la::register(ops);
+    legacy_nn::register(ops);
     loss::register(ops);
     contrib::register(ops);
     special::register(ops);
