@@ -60,6 +60,15 @@ pub fn floats_like_first(op: &str, ins: &[Meta]) -> Result<crate::ndarray::DType
 }
 
 /// Normalise an axis in `[-ndim, ndim)` to `[0, ndim)`.
+/// Inference check of stock's legacy float32-only operators (`real_t` kernels): every input is
+/// float32.
+pub fn float32_only(op: &str, ins: &[Meta]) -> Result<()> {
+    match ins.iter().find(|m| m.dtype != crate::ndarray::DType::F32) {
+        Some(m) => Err(Error::type_error(format!("operator {op} supports float32 only, not {}", m.dtype.name()))),
+        None => Ok(()),
+    }
+}
+
 pub fn norm_axis(op: &str, axis: i64, ndim: usize) -> Result<usize> {
     let n = ndim as i64;
     if axis < -n || axis >= n {

@@ -4,12 +4,14 @@
 //! `_contrib_MultiBoxDetection`.
 //!
 //! Boxes are the last axis of 4 (corner: xmin, ymin, xmax, ymax; centre: x, y, width, height).
-//! The arithmetic runs in the data's own precision (float16 in float32), in stock 1.9.1's order
-//! of operations, so overlaps at a threshold decide as stock's do; sorts are stable (stock's
-//! CPU sorts are), so equal scores keep their input order. Per-batch work runs on the kernel
+//! The MultiBox operators take float32 only, as stock's legacy kernels do; the others take
+//! every float type. The arithmetic runs in the data's own precision (float16 in float32), in
+//! stock 1.9.1's order of operations, so overlaps at a threshold decide as stock's do; sorts
+//! are stable (stock's CPU sorts are), so equal scores keep their input order. Per-batch work runs on the kernel
 //! pool. Only non-maximum suppression has a gradient (routed back to the kept boxes); the
 //! other operators' inputs get zero gradients, as in stock.
 
+use super::common::float32_only;
 use super::nn::{dispatch_real, Real};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
@@ -603,14 +605,6 @@ fn prior_layout(a: &Attrs, shape: &[usize]) -> Result<(usize, usize, usize)> {
         return Err(Error::value(format!("operator {op}: specify both steps (y and x) or neither, got {:?}", p.steps)));
     }
     Ok((shape[2], shape[3], p.sizes.len() + p.ratios.len() - 1))
-}
-
-/// The MultiBox operators take float32 only, as stock's (legacy operators of the default type).
-fn float32_only(op: &str, ins: &[Meta]) -> Result<()> {
-    match ins.iter().find(|m| m.dtype != DType::F32) {
-        Some(m) => Err(Error::type_error(format!("operator {op} supports float32 only, not {}", m.dtype.name()))),
-        None => Ok(()),
-    }
 }
 
 fn prior_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {

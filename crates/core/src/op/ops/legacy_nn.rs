@@ -7,6 +7,7 @@
 //! `SVMOutput` is an output layer like `SoftmaxOutput`: its forward is the identity and its
 //! backward ignores the head gradient, giving the hinge-loss gradient for the labels.
 
+use super::common::float32_only;
 use super::nn::{dispatch_real, Real};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
@@ -14,13 +15,6 @@ use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{op_params, Attrs};
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Req};
-
-fn float32_only(op: &str, ins: &[Meta]) -> Result<()> {
-    match ins.iter().find(|m| m.dtype != DType::F32) {
-        Some(m) => Err(Error::type_error(format!("operator {op} supports float32 only, not {}", m.dtype.name()))),
-        None => Ok(()),
-    }
-}
 
 fn four_d(op: &str, shape: &[usize]) -> Result<[usize; 4]> {
     <[usize; 4]>::try_from(shape).map_err(|_| {
