@@ -397,7 +397,7 @@ fn sce_forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
             let j = label_index(op, R::load(*l).f64(), k)?;
             softmax_row(row, &mut sm);
             let p = if sm[j] > R::of(1e-8f32 as f64) { sm[j] } else { R::of(1e-8f32 as f64) };
-            total = total + -p.ln();
+            total += -p.ln();
         }
         outs[0].as_mut::<T>()[0] = total.store();
     });
@@ -420,7 +420,7 @@ fn sce_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
         for ((row, l), drow) in x.chunks(k).zip(ins[2].as_slice::<T>()).zip(d.chunks_mut(k)) {
             let j = label_index(op, R::load(*l).f64(), k)?;
             softmax_row(row, &mut sm);
-            sm[j] = sm[j] - R::of(1.0);
+            sm[j] -= R::of(1.0);
             for (o, &v) in drow.iter_mut().zip(&sm) {
                 *o = (scale * v).store();
             }
