@@ -1114,3 +1114,57 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         .doc("Convert multibox detection predictions: decode the boxes, pick each anchor's best class, and suppress overlapping detections (rows of class id, score, xmin, ymin, xmax, ymax; -1 for removed)."),
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlaps_in_both_formats() {
+        let a = [0.0f64, 0.0, 2.0, 2.0];
+        let b = [1.0f64, 1.0, 3.0, 3.0];
+        // Intersection 1, union 4 + 4 - 1.
+        assert_eq!(overlap_area(a, b, true), 1.0);
+        assert_eq!(area(a, true), 4.0);
+        // The same boxes as (centre, size).
+        let (ac, bc) = ([1.0f64, 1.0, 2.0, 2.0], [2.0f64, 2.0, 2.0, 2.0]);
+        assert_eq!(overlap_area(ac, bc, false), 1.0);
+        // An inverted box has no area.
+        assert_eq!(area([2.0f64, 0.0, 1.0, 1.0], true), 0.0);
+    }
+
+    #[test]
+    fn nms_keeps_the_best_of_each_cluster_per_class() {
+        // Rows (id, score, x1, y1, x2, y2): boxes 0 and 1 overlap (IoU 0.81), box 2 is apart,
+        // box 3 overlaps box 0 but has another class, box 4 is below valid_thresh.
+        let data: Vec<f64> = [
+            [0.0, 0.6, 0.0, 0.0, 1.0, 1.0],
+            [0.0, 0.9, 0.0, 0.0, 0.9, 0.9],
+            [0.0, 0.7, 2.0, 2.0, 3.0, 3.0],
+            [1.0, 0.5, 0.0, 0.0, 1.0, 1.0],
+            [0.0, 0.05, 5.0, 5.0, 6.0, 6.0],
+        ]
+        .concat();
+        let lay = NmsLayout { batches: 1, boxes: 5, width: 6, score: 1, coord: 2, id: Some(0) };
+        let attrs = lookup_attrs(&[("id_index", "0"), ("valid_thresh", "0.1")]);
+        let p = NmsParams::of(&attrs);
+        let (mut out, mut record) = (vec![0.0; 30], vec![0.0; 5]);
+        nms_batch(&data, &mut out, &mut record, 10, &lay, &p, 5);
+        // By descending score: 1 (0.9), 2 (0.7), 3 (0.5, other class); 0 suppressed by 1.
+        assert_eq!(record, [11.0, 12.0, 13.0, -1.0, -1.0]);
+        assert_eq!(&out[..6], &data[6..12]);
+        assert!(out[18..].iter().all(|&v| v == -1.0));
+        // With force_suppress the other class's box goes too.
+        let attrs = lookup_attrs(&[("id_index", "0"), ("valid_thresh", "0.1"), ("force_suppress", "True")]);
+        let p = NmsParams::of(&attrs);
+        nms_batch(&data, &mut out, &mut record, 0, &lay, &p, 5);
+        assert_eq!(record, [1.0, 2.0, -1.0, -1.0, -1.0]);
+        // topk 1 considers only the best box.
+        nms_batch(&data, &mut out, &mut record, 0, &lay, &p, 1);
+        assert_eq!(record, [1.0, -1.0, -1.0, -1.0, -1.0]);
+    }
+
+    fn lookup_attrs(kv: &[(&str, &str)]) -> Attrs {
+        crate::op::lookup("_contrib_box_nms").unwrap().parse_attrs(kv.iter().copied(), 1).unwrap()
+    }
+}
