@@ -355,6 +355,123 @@ CASES += [
          use_sequence_length=True),
 ]
 
+# Linear algebra (_linalg_*). Factorizations run in float64 here and in the data's precision
+# (LAPACK) in stock: float32 cases compare with a tolerance for stock's rounding.
+def spd(*lead, n=3, dtype="float32"):
+    x = RNG.uniform(-1, 1, lead + (n, n))
+    return (x @ np.swapaxes(x, -1, -2) + n * np.eye(n)).astype(dtype)
+
+
+def tri(*lead, n=3, lower=True, dtype="float32"):
+    # Triangular with a dominant diagonal; the other triangle holds noise the operators ignore.
+    x = RNG.uniform(-1, 1, lead + (n, n)) + 3 * np.eye(n)
+    keep = np.tril(np.ones((n, n))) if lower else np.triu(np.ones((n, n)))
+    return (x * keep + RNG.uniform(-1, 1, lead + (n, n)) * (1 - keep)).astype(dtype)
+
+
+def cond(*lead, n=3, dtype="float32"):
+    # Well-conditioned general matrices.
+    return (RNG.uniform(-1, 1, lead + (n, n)) + 2.5 * np.eye(n)).astype(dtype)
+
+
+LA = dict(rtol=1e-4, atol=1e-5)
+CASES += [
+    # gemm / gemm2
+    case("linalg-gemm", "nd.linalg.gemm", r(3, 4), r(4, 5), r(3, 5), grad=True),
+    case("linalg-gemm-batch-ta-tb", "nd.linalg.gemm", r(2, 4, 3), r(2, 5, 4), r(2, 3, 5), grad=True,
+         transpose_a=True, transpose_b=True, alpha=-1.5, beta=0.5),
+    case("linalg-gemm-4d-f64", "nd.linalg.gemm", r(2, 2, 3, 4, dtype="float64"), r(2, 2, 4, 2, dtype="float64"),
+         r(2, 2, 3, 2, dtype="float64"), grad=True, alpha=2.0, beta=-3.0),
+    case("linalg-gemm-axis", "nd.linalg.gemm", r(2, 3, 4, 5), r(2, 5, 4, 3), r(2, 3, 4, 3), grad=True, axis=1),
+    case("linalg-gemm-bad-c", "nd.linalg.gemm", r(3, 4), r(4, 5), r(3, 4), error=True),
+    case("linalg-gemm2", "nd.linalg.gemm2", r(3, 4), r(4, 2), grad=True),
+    case("linalg-gemm2-tb-alpha", "nd.linalg.gemm2", r(2, 3, 4), r(2, 5, 4), grad=True, transpose_b=True, alpha=2.0),
+    case("linalg-gemm2-ta-4d-f64", "nd.linalg.gemm2", r(2, 3, 4, 2, dtype="float64"), r(2, 3, 4, 3, dtype="float64"),
+         grad=True, transpose_a=True),
+    case("linalg-gemm2-axis0", "nd.linalg.gemm2", r(3, 2, 4), r(4, 2, 5), grad=True, axis=0, transpose_a=False),
+    case("linalg-gemm2-axis-3-ta", "nd.linalg.gemm2", r(4, 2, 3, 3), r(4, 2, 3, 5), grad=True, axis=-3, transpose_a=True),
+    case("linalg-gemm2-bad-k", "nd.linalg.gemm2", r(3, 4), r(3, 4), error=True),
+    case("linalg-gemm2-bad-batch", "nd.linalg.gemm2", r(2, 3, 4), r(3, 4, 5), error=True),
+    case("linalg-gemm2-bad-axis", "nd.linalg.gemm2", r(3, 4), r(4, 5), axis=1, error=True),
+    case("linalg-gemm2-f16", "nd.linalg.gemm2", r(3, 4, dtype="float16"), r(4, 5, dtype="float16"), error=True),
+    # potrf / potri
+    case("linalg-potrf", "nd.linalg.potrf", spd(), grad=True, **LA),
+    case("linalg-potrf-batch-f64", "nd.linalg.potrf", spd(2, 3, n=4, dtype="float64"), grad=True),
+    case("linalg-potrf-upper", "nd.linalg.potrf", spd(2, n=3), grad=True, lower=False, **LA),
+    case("linalg-potrf-not-pd", "nd.linalg.potrf", a([[1.0, 2.0], [2.0, 1.0]]), error=True),
+    case("linalg-potrf-not-square", "nd.linalg.potrf", r(2, 3), error=True),
+    case("linalg-potri", "nd.linalg.potri", tri(), grad=True, **LA),
+    case("linalg-potri-batch-f64", "nd.linalg.potri", tri(2, 2, n=4, dtype="float64"), grad=True),
+    case("linalg-potri-upper", "nd.linalg.potri", tri(3, lower=False), grad=True, lower=False, **LA),
+    # trmm / trsm
+    case("linalg-trmm", "nd.linalg.trmm", tri(), r(3, 4), grad=True),
+    case("linalg-trmm-right-t", "nd.linalg.trmm", tri(2, n=4), r(2, 3, 4), grad=True, rightside=True, transpose=True, alpha=2.0),
+    case("linalg-trmm-upper-f64", "nd.linalg.trmm", tri(2, 2, lower=False, dtype="float64"), r(2, 2, 3, 2, dtype="float64"),
+         grad=True, lower=False, alpha=-0.5),
+    case("linalg-trmm-upper-right", "nd.linalg.trmm", tri(n=2, lower=False), r(3, 2), grad=True, lower=False, rightside=True),
+    case("linalg-trmm-bad-shape", "nd.linalg.trmm", tri(), r(4, 3), error=True),
+    case("linalg-trmm-not-square", "nd.linalg.trmm", r(3, 4), r(4, 2), error=True),
+    case("linalg-trsm", "nd.linalg.trsm", tri(), r(3, 4), grad=True, **LA),
+    case("linalg-trsm-t-alpha", "nd.linalg.trsm", tri(2), r(2, 3, 2), grad=True, transpose=True, alpha=0.5, **LA),
+    case("linalg-trsm-right-f64", "nd.linalg.trsm", tri(2, 2, n=4, dtype="float64"), r(2, 2, 3, 4, dtype="float64"),
+         grad=True, rightside=True),
+    case("linalg-trsm-upper-right-t", "nd.linalg.trsm", tri(lower=False), r(2, 3), grad=True, lower=False, rightside=True,
+         transpose=True, **LA),
+    case("linalg-trsm-upper", "nd.linalg.trsm", tri(2, lower=False), r(2, 3, 3), grad=True, lower=False, alpha=-2.0, **LA),
+    case("linalg-trsm-bad-shape", "nd.linalg.trsm", tri(), r(3, 4), rightside=True, error=True),
+    # syrk
+    case("linalg-syrk", "nd.linalg.syrk", r(3, 4), grad=True),
+    case("linalg-syrk-t-alpha", "nd.linalg.syrk", r(2, 3, 4), grad=True, transpose=True, alpha=0.5),
+    case("linalg-syrk-4d-f64", "nd.linalg.syrk", r(2, 2, 3, 2, dtype="float64"), grad=True, alpha=-2.0),
+    # sumlogdiag
+    case("linalg-sumlogdiag", "nd.linalg.sumlogdiag", spd(), grad=True),
+    case("linalg-sumlogdiag-batch-f64", "nd.linalg.sumlogdiag", spd(2, 3, n=2, dtype="float64"), grad=True),
+    case("linalg-sumlogdiag-not-square", "nd.linalg.sumlogdiag", r(2, 3), error=True),
+    # extractdiag / makediag
+    case("linalg-extractdiag", "nd.linalg.extractdiag", r(3, 3), grad=True),
+    case("linalg-extractdiag-offset", "nd.linalg.extractdiag", r(2, 4, 4), grad=True, offset=1),
+    case("linalg-extractdiag-neg-f64", "nd.linalg.extractdiag", r(2, 2, 3, 3, dtype="float64"), grad=True, offset=-2),
+    case("linalg-extractdiag-bad-offset", "nd.linalg.extractdiag", r(3, 3), offset=3, error=True),
+    case("linalg-extractdiag-not-square", "nd.linalg.extractdiag", r(3, 4), error=True),
+    case("linalg-makediag", "nd.linalg.makediag", r(3), grad=True),
+    case("linalg-makediag-offset", "nd.linalg.makediag", r(2, 3), grad=True, offset=2),
+    case("linalg-makediag-neg-f64", "nd.linalg.makediag", r(2, 2, 2, dtype="float64"), grad=True, offset=-1),
+    # extracttrian / maketrian
+    case("linalg-extracttrian", "nd.linalg.extracttrian", r(3, 3), grad=True),
+    case("linalg-extracttrian-upper", "nd.linalg.extracttrian", r(2, 4, 4), grad=True, lower=False),
+    case("linalg-extracttrian-offset", "nd.linalg.extracttrian", r(2, 4, 4), grad=True, offset=1),
+    case("linalg-extracttrian-neg-f64", "nd.linalg.extracttrian", r(2, 2, 4, 4, dtype="float64"), grad=True, offset=-2),
+    case("linalg-extracttrian-bad-offset", "nd.linalg.extracttrian", r(3, 3), offset=-3, error=True),
+    case("linalg-maketrian", "nd.linalg.maketrian", r(6), grad=True),
+    case("linalg-maketrian-upper", "nd.linalg.maketrian", r(2, 3), grad=True, lower=False),
+    case("linalg-maketrian-offset", "nd.linalg.maketrian", r(2, 6), grad=True, offset=1),
+    case("linalg-maketrian-neg-f64", "nd.linalg.maketrian", r(2, 2, 3, dtype="float64"), grad=True, offset=-2),
+    case("linalg-maketrian-bad-len", "nd.linalg.maketrian", r(2, 5), error=True),
+    # gelqf
+    case("linalg-gelqf", "nd.linalg.gelqf", r(2, 3), grad=True, **LA),
+    case("linalg-gelqf-square", "nd.linalg.gelqf", cond(), grad=True, **LA),
+    case("linalg-gelqf-batch-f64", "nd.linalg.gelqf", r(2, 2, 3, 5, dtype="float64"), grad=True),
+    case("linalg-gelqf-tall", "nd.linalg.gelqf", r(3, 2), error=True),
+    # syevd
+    case("linalg-syevd", "nd.linalg.syevd", spd(), grad=True, **LA),
+    case("linalg-syevd-batch-f64", "nd.linalg.syevd", spd(2, 2, n=4, dtype="float64"), grad=True, rtol=1e-8, atol=1e-10),
+    case("linalg-syevd-lower-only", "nd.linalg.syevd", tri(2, n=4), **LA),
+    case("linalg-syevd-not-square", "nd.linalg.syevd", r(2, 3), error=True),
+    # inverse / det / slogdet
+    case("linalg-inverse", "nd.linalg.inverse", cond(), grad=True, **LA),
+    case("linalg-inverse-batch-f64", "nd.linalg.inverse", cond(2, 3, n=4, dtype="float64"), grad=True),
+    case("linalg-inverse-singular", "nd.linalg.inverse", a([[1.0, 2.0], [2.0, 4.0]]), error=True),
+    case("linalg-inverse-not-square", "nd.linalg.inverse", r(3, 2), error=True),
+    case("linalg-det", "nd.linalg.det", cond(), grad=True, **LA),
+    case("linalg-det-batch-f64", "nd.linalg.det", cond(2, 3, n=4, dtype="float64"), grad=True),
+    case("linalg-det-singular", "nd.linalg.det", a([[[1.0, 2.0], [2.0, 4.0]], [[1.0, 4.0], [2.0, 3.0]]]), grad=True),
+    case("linalg-det-not-square", "nd.linalg.det", r(2, 3), error=True),
+    case("linalg-slogdet", "nd.linalg.slogdet", cond(3, n=3) - 2.5 * np.eye(3, dtype="float32"), grad=True, **LA),
+    case("linalg-slogdet-f64", "nd.linalg.slogdet", cond(2, 2, n=4, dtype="float64"), grad=True),
+    case("linalg-slogdet-singular", "nd.linalg.slogdet", a([[[2.0, 3.0], [1.0, 4.0]], [[1.0, 2.0], [2.0, 4.0]]]), grad=True),
+    case("linalg-slogdet-f16", "nd.linalg.slogdet", r(2, 2, dtype="float16"), error=True),
+]
+
 # Detection boxes (issue 35).
 def boxes(*lead, dtype="float32", size=1.0):
     xy = RNG.uniform(0, size, lead + (2,))
@@ -440,6 +557,13 @@ CASES += [
     case("softmax_cross_entropy-bad", "nd.softmax_cross_entropy", r(3, 6), a([1, 2]), error=True),
     case("hard_sigmoid", "nd.hard_sigmoid", r(3, 4, lo=-5, hi=5), grad=True),
     case("hard_sigmoid-params-f64", "nd.hard_sigmoid", r(10, lo=-3, hi=3, dtype="float64"), grad=True, alpha=0.4, beta=0.3),
+]
+
+CASES += [
+    case("gradientmultiplier", "nd.contrib.gradientmultiplier", r(3, 4), grad=True, scalar=-0.5),
+    case("gradientmultiplier-f64", "nd.contrib.gradientmultiplier", r(5, dtype="float64"), grad=True, scalar=3),
+    case("round_ste", "nd.contrib.round_ste", r(3, 4, lo=-3, hi=3), grad=True),
+    case("sign_ste-f64", "nd.contrib.sign_ste", r(6, lo=-3, hi=3, dtype="float64"), grad=True),
 ]
 
 # SSD's MultiBox operators (issue 35).

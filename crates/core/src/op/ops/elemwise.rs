@@ -1112,6 +1112,20 @@ const UNARY: &[UnDef] = &[
     ),
     ("logical_not", &[], Un::Not, None, "Returns the result of logical NOT (!) function (1 or 0)."),
     (
+        "_contrib_round_ste",
+        &["_sparse__contrib_round_ste"],
+        Un::Round,
+        Some(("_backward_copy", false, false)),
+        "Straight-through-estimator of `round()`: rounds forward, passes the gradient through unchanged.",
+    ),
+    (
+        "_contrib_sign_ste",
+        &["_sparse__contrib_sign_ste"],
+        Un::Sign,
+        Some(("_backward_copy", false, false)),
+        "Straight-through-estimator of `sign()`: the sign forward, the gradient passed through unchanged.",
+    ),
+    (
         "_copy",
         &["identity", "_sparse_copy"],
         Un::Copy,
@@ -1191,6 +1205,15 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
                 .doc(doc),
         );
     }
+    ops.push(
+        OpDef::new("_contrib_gradientmultiplier", Inputs::Fixed(&["data"]), same_as_first(), unary_compute(Un::Copy))
+            .same_shape()
+            .elementwise_shape()
+            .params(SCALAR_PARAMS)
+            .inplace(&[(0, 0)])
+            .grad(Grad::Backward { op: "_backward_mul_scalar", inputs: false, outputs: false })
+            .doc("This operator implements the gradient multiplier function: the identity forward, the gradient multiplied by scalar backward (a negative scalar makes a gradient reversal layer)."),
+    );
     ops.push(
         OpDef::new("BlockGrad", Inputs::Fixed(&["data"]), same_as_first(), unary_compute(Un::Copy))
             .alias(&["stop_gradient"])
