@@ -597,6 +597,8 @@ CASES += [
          r(2, 3, 12, dtype="float64"), error=True),
     case("mbtarget-all-padding", "nd.contrib.MultiBoxTarget", boxes(1, 6), -np.ones((1, 2, 5), "float32"), r(1, 3, 6)),
     case("mbtarget-bad-anchor", "nd.contrib.MultiBoxTarget", boxes(2, 6), ssd_labels(2, 2), r(2, 3, 6), error=True),
+    case("mbtarget-no-classes", "nd.contrib.MultiBoxTarget", boxes(1, 6), ssd_labels(2, 2), np.zeros((2, 0, 6), "float32"),
+         negative_mining_ratio=3, error=True),
     case("mbdetect-default", "nd.contrib.MultiBoxDetection", softmax_probs(2, 4, 30), r(2, 120, lo=-0.5, hi=0.5),
          boxes(1, 30), grad=True),
     case("mbdetect-force-topk-noclip", "nd.contrib.MultiBoxDetection", softmax_probs(2, 4, 30),

@@ -679,9 +679,9 @@ fn target_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     if l.len() != 3 || l[1] == 0 || l[2] < 5 {
         return Err(Error::value(format!("operator {op}: label must be (batch, labels > 0, width >= 5), got {l:?}")));
     }
-    if c.len() != 3 || c[2] != an[1] || c[0] != l[0] {
+    if c.len() != 3 || c[1] == 0 || c[2] != an[1] || c[0] != l[0] {
         return Err(Error::value(format!(
-            "operator {op}: cls_pred must be (batch, classes, N) = ({}, _, {}), got {c:?}",
+            "operator {op}: cls_pred must be (batch, classes > 0, N) = ({}, _, {}), got {c:?}",
             l[0], an[1]
         )));
     }
