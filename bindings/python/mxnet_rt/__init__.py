@@ -240,7 +240,7 @@ def set_num_omp_threads(n: int) -> None:
 
 
 def gpu_count() -> int:
-    """Number of GPUs visible to the library (0 in a build without CUDA)."""
+    """Number of GPUs visible to the library (0 on a machine without a CUDA driver or GPU)."""
     return _int_call("MXGetGPUCount")
 
 

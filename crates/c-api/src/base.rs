@@ -4,7 +4,8 @@
 //! MXGetGPUCount, MXGetGPUMemoryInformation(64), and our MXGetNumOMPThreads.
 
 use super::ffi::{self, out};
-use mxnet_core::error::Error;
+use mxnet_core::context::Context;
+use mxnet_core::error::Result;
 use mxnet_core::runtime::{feature_list, runtime, MXNET_VERSION};
 use std::ffi::{c_char, c_int};
 
@@ -97,24 +98,28 @@ pub unsafe extern "C" fn MXGetNumOMPThreads(out: *mut c_int) -> c_int {
     }
 }
 
-/// Number of GPUs: 0 in a build without CUDA (success, as stock without GPUs).
+/// Number of GPUs: 0 on a machine without a CUDA driver or GPU (success, as stock).
 ///
 /// # Safety
 /// `out` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXGetGPUCount(out: *mut c_int) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXGetGPUCount", out, "out", || Ok(0)) }
+    unsafe {
+        ffi::call_out("MXGetGPUCount", out, "out", || {
+            Ok(mxnet_core::cuda::device_count().min(c_int::MAX as usize) as c_int)
+        })
+    }
 }
 
-fn no_gpu(dev: c_int) -> Error {
-    Error::mxnet(format!(
-        "gpu({dev}) is not available: this build of mxnet-rt has no CUDA support \
-         (MXGetGPUCount reports 0 GPUs)"
-    ))
+/// Free and total memory of GPU `dev`, in bytes. Fails for a GPU the machine does not have.
+fn gpu_memory(dev: c_int) -> Result<(u64, u64)> {
+    Context::from_codes(2, dev)?.check_available()?;
+    let (free, total) = mxnet_core::cuda::memory_info(dev)?;
+    Ok((free as u64, total as u64))
 }
 
-/// Free and total memory of GPU `dev`, in bytes. Fails without a GPU.
+/// Free and total memory of GPU `dev`, in bytes. Fails without that GPU.
 ///
 /// # Safety
 /// `free_mem` and `total_mem` must be NULL or valid for writes.
@@ -122,12 +127,15 @@ fn no_gpu(dev: c_int) -> Error {
 pub unsafe extern "C" fn MXGetGPUMemoryInformation64(dev: c_int, free_mem: *mut u64, total_mem: *mut u64) -> c_int {
     ffi::call("MXGetGPUMemoryInformation64", || {
         // SAFETY: per this function's contract.
-        unsafe { (out(free_mem, "free_mem")?, out(total_mem, "total_mem")?) };
-        Err(no_gpu(dev))
+        let (f, t) = unsafe { (out(free_mem, "free_mem")?, out(total_mem, "total_mem")?) };
+        let (free, total) = gpu_memory(dev)?;
+        (*f, *t) = (free, total);
+        Ok(())
     })
 }
 
-/// Deprecated int version of [`MXGetGPUMemoryInformation64`]. Fails without a GPU.
+/// Deprecated int version of [`MXGetGPUMemoryInformation64`]: bytes in an int, clamped to
+/// `INT_MAX` (stock casts, which wraps on any GPU of 2 GiB or more).
 ///
 /// # Safety
 /// `free_mem` and `total_mem` must be NULL or valid for writes.
@@ -135,7 +143,10 @@ pub unsafe extern "C" fn MXGetGPUMemoryInformation64(dev: c_int, free_mem: *mut 
 pub unsafe extern "C" fn MXGetGPUMemoryInformation(dev: c_int, free_mem: *mut c_int, total_mem: *mut c_int) -> c_int {
     ffi::call("MXGetGPUMemoryInformation", || {
         // SAFETY: per this function's contract.
-        unsafe { (out(free_mem, "free_mem")?, out(total_mem, "total_mem")?) };
-        Err(no_gpu(dev))
+        let (f, t) = unsafe { (out(free_mem, "free_mem")?, out(total_mem, "total_mem")?) };
+        let (free, total) = gpu_memory(dev)?;
+        let clamp = |v: u64| v.min(c_int::MAX as u64) as c_int;
+        (*f, *t) = (clamp(free), clamp(total));
+        Ok(())
     })
 }

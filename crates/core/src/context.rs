@@ -1,8 +1,8 @@
 //! Device contexts: where data lives and where an operation runs.
 //!
 //! Owns: [`Context`] and its device types, with the stock C codes (1 cpu, 2 gpu, 3 cpu_pinned,
-//! 5 cpu_shared) and the stock text form (`cpu(0)`, `gpu(1)`). GPUs are known here already;
-//! whether one is available is decided by the device layer (none without CUDA).
+//! 5 cpu_shared) and the stock text form (`cpu(0)`, `gpu(1)`). Whether a GPU is available is
+//! the [`crate::cuda`] layer's answer (none without a CUDA driver).
 
 use crate::error::{Error, Result};
 use std::fmt;
@@ -67,14 +67,22 @@ impl Context {
     pub fn gpu(dev_id: i32) -> Self {
         Context { dev_type: DevType::Gpu, dev_id }
     }
-    /// Fails for a device this build cannot use (any GPU without CUDA).
+    /// Fails for a device this machine does not have (a GPU without a CUDA driver, or
+    /// past the number of GPUs found).
     #[inline]
     pub fn check_available(self) -> Result<Self> {
         if self.dev_type == DevType::Gpu {
-            return Err(Error::mxnet(format!(
-                "{self} is not available: this build of mxnet-rt has no CUDA support \
-                 (MXGetGPUCount reports 0 GPUs)"
-            )));
+            let n = crate::cuda::device_count();
+            if (self.dev_id as usize) >= n {
+                return Err(Error::mxnet(if n == 0 {
+                    format!(
+                        "{self} is not available: no CUDA driver or GPU was found \
+                         (MXGetGPUCount reports 0 GPUs)"
+                    )
+                } else {
+                    format!("{self} is not available: this machine has {n} GPU(s)")
+                }));
+            }
         }
         Ok(self)
     }
@@ -96,7 +104,7 @@ mod tests {
         assert_eq!(Context::from_codes(5, 2).unwrap().to_string(), "cpu_shared(2)");
         assert!(Context::from_codes(4, 0).is_err());
         assert!(Context::from_codes(1, -1).is_err());
-        assert!(Context::gpu(1).check_available().unwrap_err().to_string().contains("gpu(1)"));
+        assert!(Context::gpu(4096).check_available().unwrap_err().to_string().contains("gpu(4096)"));
         assert!(Context::CPU.check_available().is_ok());
     }
 }

@@ -4,6 +4,7 @@
 /// Lowest first; modules in one inner list are one layer and may not use each other.
 const LAYERS: &[&[&str]] = &[
     &["error", "sync", "heap"],
+    &["cuda"],
     &["context", "intern"],
     &["config"],
     &["storage"],

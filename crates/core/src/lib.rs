@@ -5,17 +5,18 @@
 //! fails on an arrow up):
 //! 1. [`error`] (the error kinds the frontend maps), [`sync`] (locks), `heap` (the global
 //!    allocator);
-//! 2. [`context`] (devices), [`intern`] (interned names);
-//! 3. [`config`] (every environment variable);
-//! 4. [`storage`] (memory and its pools);
-//! 5. [`profiler`] (traces and statistics);
-//! 6. [`runtime`] (process-wide state and the fork protocol);
-//! 7. [`engine`] (the dependency engine);
-//! 8. [`ndarray`] (arrays over storage, ordered by the engine);
-//! 9. [`op`] (operators: one declaration each, kernels, imperative invocation);
-//! 10. [`autograd`] (recording calls and computing gradients);
-//! 11. [`symbol`] (symbolic graphs: composition, JSON, inference);
-//! 12. [`executor`] (CachedOp and Executor).
+//! 2. [`cuda`] (the CUDA driver, loaded at run time: devices, memory, copies, kernels);
+//! 3. [`context`] (devices), [`intern`] (interned names);
+//! 4. [`config`] (every environment variable);
+//! 5. [`storage`] (memory and its pools);
+//! 6. [`profiler`] (traces and statistics);
+//! 7. [`runtime`] (process-wide state and the fork protocol);
+//! 8. [`engine`] (the dependency engine);
+//! 9. [`ndarray`] (arrays over storage, ordered by the engine);
+//! 10. [`op`] (operators: one declaration each, kernels, imperative invocation);
+//! 11. [`autograd`] (recording calls and computing gradients);
+//! 12. [`symbol`] (symbolic graphs: composition, JSON, inference);
+//! 13. [`executor`] (CachedOp and Executor).
 //!
 //! What the frontend implements in its own language (custom operators, `autograd.Function`)
 //! the domain declares as traits ([`op::custom::FrontendProp`], [`op::CustomBackward`]); the C
@@ -24,6 +25,7 @@
 pub mod autograd;
 pub mod config;
 pub mod context;
+pub mod cuda;
 pub mod engine;
 pub mod error;
 pub mod executor;

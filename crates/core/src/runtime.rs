@@ -549,10 +549,12 @@ impl Default for Runtime {
 pub fn feature_list() -> Vec<(&'static CStr, bool)> {
     let simd = cpu_simd();
     vec![
-        (c"CUDA", false),
+        // CUDA is loaded at run time: on when a driver and a GPU were found (cuDNN and NCCL
+        // are not used yet).
+        (c"CUDA", crate::cuda::available()),
         (c"CUDNN", false),
         (c"NCCL", false),
-        (c"CUDA_RTC", false),
+        (c"CUDA_RTC", crate::cuda::rtc::available()),
         (c"TENSORRT", false),
         (c"CPU_SSE", simd.sse),
         (c"CPU_SSE2", simd.sse2),
@@ -632,7 +634,8 @@ mod tests {
             assert!(names.contains(&required), "{required}");
         }
         let on = |n: &str| feature_list().iter().any(|(k, v)| k.to_str().unwrap() == n && *v);
-        assert!(!on("CUDA") && !on("TVM_OP") && !on("INT64_TENSOR_SIZE"));
+        assert!(!on("TVM_OP") && !on("INT64_TENSOR_SIZE"));
+        assert_eq!(on("CUDA"), crate::cuda::available());
         #[cfg(target_arch = "x86_64")]
         assert!(on("CPU_SSE2"), "x86-64 always has SSE2");
     }

@@ -334,18 +334,19 @@ impl NDArray {
         let bytes = self.size() * self.dtype.size();
         let threads = copy_threads(bytes)?;
         let (sp, dp) = (SendPtr(src.data()?), SendPtr(self.data()?));
+        let (sc, dc) = (src.ctx, self.ctx);
         let mut p = Push::sync(
             move |_| {
                 let (sp, dp) = (sp, dp);
                 // SAFETY: both ranges lie in their chunks, held for reading and writing.
-                unsafe { copy_bytes(sp.0, dp.0, bytes, threads) };
-                Ok(())
+                unsafe { copy_between(sp.0, sc, dp.0, dc, bytes, threads) }
             },
             vec![s.clone()],
             vec![d.clone()],
         );
         p.wait = true;
-        let name = crate::intern::intern("CopyCPU2CPU");
+        let side = |c: Context| if c.dev_type.is_host() { "CPU" } else { "GPU" };
+        let name = crate::intern::intern(&format!("Copy{}2{}", side(sc), side(dc)));
         p.name = Some(&name);
         engine::global()?.submit(p)?;
         take_failure(&d)
@@ -362,13 +363,13 @@ impl NDArray {
         let chunk = self.chunk()?.clone();
         let dst = SendPtr(self.data()?);
         let src = SendPtr(src as *mut u8);
+        let ctx = self.ctx;
         let mut p = Push::sync(
             move |_| {
                 let (s, d) = (src, dst);
                 // SAFETY: the caller keeps `src` valid until this (waited-for) op finished;
                 // the destination range lies in the chunk, which this op holds for writing.
-                unsafe { copy_bytes(s.0, d.0, bytes, threads) };
-                Ok(())
+                unsafe { copy_between(s.0, Context::CPU, d.0, ctx, bytes, threads) }
             },
             vec![],
             vec![chunk.clone()],
@@ -392,12 +393,12 @@ impl NDArray {
         let chunk = self.chunk()?.clone();
         let src = SendPtr(self.data()?);
         let dst = SendPtr(dst);
+        let ctx = self.ctx;
         let mut p = Push::sync(
             move |_| {
                 let (s, d) = (src, dst);
                 // SAFETY: as in copy_from_host, with the chunk held for reading.
-                unsafe { copy_bytes(s.0, d.0, bytes, threads) };
-                Ok(())
+                unsafe { copy_between(s.0, ctx, d.0, Context::CPU, bytes, threads) }
             },
             vec![chunk.clone()],
             vec![],
@@ -424,6 +425,35 @@ fn copy_threads(bytes: usize) -> Result<usize> {
     }
     let threshold = config::global().get_int("MXNET_CPU_PARALLEL_COPY_SIZE", "array copy")?.unwrap_or(200_000);
     Ok(if (bytes / 4) as i64 >= threshold { threads } else { 1 })
+}
+
+/// Copy `bytes` bytes from `src` on `sctx` to `dst` on `dctx`: host memory on `threads`
+/// threads, anything involving a GPU through CUDA (waited for).
+///
+/// # Safety
+/// As `ptr::copy_nonoverlapping` for `bytes` bytes, each address in its context's memory.
+unsafe fn copy_between(
+    src: *const u8,
+    sctx: Context,
+    dst: *mut u8,
+    dctx: Context,
+    bytes: usize,
+    threads: usize,
+) -> Result<()> {
+    if sctx.dev_type.is_host() && dctx.dev_type.is_host() {
+        // SAFETY: per this function's contract.
+        unsafe { copy_bytes(src, dst, bytes, threads) };
+        return Ok(());
+    }
+    let mem = |p: *const u8, c: Context| {
+        if c.dev_type.is_host() {
+            crate::cuda::Mem::Host(p)
+        } else {
+            crate::cuda::Mem::Device(c.dev_id, p as usize as u64)
+        }
+    };
+    // SAFETY: per this function's contract.
+    unsafe { crate::cuda::copy(mem(src, sctx), mem(dst, dctx), bytes) }
 }
 
 /// Copy bytes on `threads` threads.

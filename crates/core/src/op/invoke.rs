@@ -13,7 +13,7 @@
 
 use super::tensor::{OutBlob, TBlob};
 use super::{random, Meta, OpCtx, OpDef, Req, Resource};
-use crate::context::Context;
+use crate::context::{Context, DevType};
 use crate::engine::{self, Push, Var};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ndarray::NDArray;
@@ -189,6 +189,24 @@ fn invoke_parsed(
         )));
     }
 
+    // `_copyto` into another device's array (`copyto(mx.gpu())`, `as_in_context`): a copy
+    // between the devices, not a kernel.
+    if let (Some(&[o]), true) = (outputs, op.name == "_copyto") {
+        let oc = o.ctx();
+        if oc.is_some_and(|c| c != ctx && !(c.dev_type.is_host() && ctx.dev_type.is_host())) {
+            if o.dtype != inputs[0].dtype || o.shape != inputs[0].shape {
+                return Err(Error::not_supported(format!(
+                    "_copyto between devices with a change of dtype or shape ({} {:?} to {} {:?})",
+                    inputs[0].dtype.name(),
+                    inputs[0].shape,
+                    o.dtype.name(),
+                    o.shape
+                )));
+            }
+            o.copy_from(inputs[0])?;
+            return Ok(Called { outputs: vec![o.clone()], visible: 1, backward: None });
+        }
+    }
     // Outputs: the caller's (checked against inference) or new arrays.
     let mut outs: Vec<NDArray> = Vec::with_capacity(total);
     if let Some(given) = outputs {
@@ -340,6 +358,12 @@ fn fill_blobs(
         let clash = inputs.iter().enumerate().any(|(ii, x)| overlaps(o, x) && !lendable(ii, x))
             || outs[..oi].iter().zip(&req[..oi]).any(|(p, r)| *r != Req::Null && overlaps(o, p));
         if clash {
+            if !ctx.dev_type.is_host() {
+                return Err(Error::not_supported(format!(
+                    "operator {} on {ctx} with an output that overlaps its inputs",
+                    op.name
+                )));
+            }
             let block = Block::alloc((o.size() * o.dtype.size()).max(1), ctx)?;
             // SAFETY: the temporary block is owned by the operation, sized for the output and
             // seen by nothing else; the real output overlaps inputs or other outputs, so it is
@@ -374,6 +398,12 @@ fn fill_blobs(
         in_blobs[m] = in_blobs[m].clone().lend(outs.len() + j);
         for (ii, y) in inputs.iter().enumerate() {
             if ii != m && !mutated.contains(&ii) && overlaps(x, y) {
+                if !ctx.dev_type.is_host() {
+                    return Err(Error::not_supported(format!(
+                        "operator {} on {ctx} reading an input that overlaps one it writes",
+                        op.name
+                    )));
+                }
                 let n = y.size() * y.dtype.size();
                 let block = Block::alloc(n.max(1), ctx)?;
                 // SAFETY: `y`'s bytes are readable (the chunk is alive; the operation has not
@@ -457,6 +487,9 @@ pub(crate) fn launch(
     req: ReqList,
     ctx: Context,
 ) -> Result<()> {
+    if !ctx.dev_type.is_host() && (op.gpu.is_none() || op.resources.contains(&Resource::TempSpace)) {
+        return Err(Error::not_supported(format!("operator {} on {ctx}", op.name)));
+    }
     // The call the engine runs, made in place (moving its views would cost more than the rest
     // of a tiny call); run where it is when the engine runs it here, boxed only when queued.
     let mut slot = Some(KernelCall {
@@ -464,6 +497,7 @@ pub(crate) fn launch(
         attrs,
         req,
         rng: None,
+        ctx,
         is_train: is_training(),
         temp: None,
         in_blobs: InBlobs::new(),
@@ -506,6 +540,8 @@ struct KernelCall {
     attrs: super::param::Attrs,
     req: ReqList,
     rng: Option<random::Stream>,
+    /// Where the kernel runs: on a GPU context, the operator's GPU form.
+    ctx: Context,
     is_train: bool,
     temp: Option<Arc<super::resource::TempSpace>>,
     in_blobs: InBlobs,
@@ -528,7 +564,14 @@ impl KernelCall {
             is_train: self.is_train,
             temp: self.temp.take(),
         };
-        let done = run_kernel(self.op, &cx, &self.in_blobs, &mut self.blobs);
+        let done = match (self.ctx.dev_type, self.op.gpu) {
+            (DevType::Gpu, Some(k)) => {
+                super::gpu::run(self.op.name, k, &cx, self.ctx.dev_id, &self.in_blobs, &mut self.blobs.outs)
+                    .map_err(stock_class)
+            }
+            (DevType::Gpu, None) => Err(Error::not_supported(format!("operator {} on {}", self.op.name, self.ctx))),
+            _ => run_kernel(self.op, &cx, &self.in_blobs, &mut self.blobs),
+        };
         drop(std::mem::take(&mut self.snapshots));
         done
     }

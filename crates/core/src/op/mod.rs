@@ -12,6 +12,7 @@
 //! (convolution algorithm selection) and `ops` (the operator families).
 
 pub mod custom;
+pub mod gpu;
 pub mod grad;
 pub mod invoke;
 pub mod kernel;
@@ -249,6 +250,8 @@ pub struct OpDef {
     /// Never recomputed by mirroring (`MXNET_BACKWARD_DO_MIRROR`): expensive, or not the same
     /// when run twice.
     pub never_mirrored: bool,
+    /// How the operator runs on a GPU ([`gpu`]); `None`: not on GPUs yet.
+    pub gpu: Option<gpu::GpuKernel>,
     /// Name interned for the engine and profiler.
     engine_name: OnceLock<Arc<str>>,
     c_info: OnceLock<CInfo>,
@@ -295,6 +298,7 @@ impl OpDef {
             params_take_dtype: false,
             amp_cast: false,
             stub_schema: None,
+            gpu: None,
             engine_name: OnceLock::new(),
             c_info: OnceLock::new(),
         }
@@ -316,6 +320,11 @@ impl OpDef {
     }
     pub fn alias(mut self, names: &[&'static str]) -> Self {
         self.aliases.extend_from_slice(names);
+        self
+    }
+    /// The operator's GPU form.
+    pub fn gpu(mut self, kernel: gpu::GpuKernel) -> Self {
+        self.gpu = Some(kernel);
         self
     }
     pub fn doc(mut self, doc: impl Into<String>) -> Self {

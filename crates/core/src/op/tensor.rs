@@ -239,6 +239,11 @@ impl TBlob {
     pub unsafe fn new(ptr: *const u8, shape: &[usize], dtype: DType) -> Self {
         TBlob { ptr, shape: BlobShape::from_slice(shape), dtype, lent_to: None }
     }
+    /// The address as a device address, for GPU kernels (which reach the bytes on the
+    /// device; nothing on the host reads through it). A lent input gives the output's address.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr as u64
+    }
     /// This input read through output `out` only (an in-place pair or a mutated input).
     pub fn lend(mut self, out: usize) -> Self {
         self.lent_to = Some(out);
@@ -304,6 +309,10 @@ impl OutBlob {
     /// through this blob); or be null for an output that must not be touched.
     pub unsafe fn new(ptr: *mut u8, shape: &[usize], dtype: DType) -> Self {
         OutBlob { ptr, shape: BlobShape::from_slice(shape), dtype }
+    }
+    /// The address as a device address, for GPU kernels (see [`TBlob::device_ptr`]).
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr as u64
     }
     pub fn size(&self) -> usize {
         self.shape.iter().product()

@@ -1,7 +1,8 @@
 //! Allocators: where a pool gets memory from and gives it back to.
 //!
-//! Owns: the [`Allocator`] trait that pools sit on (a CUDA allocator implements it later
-//! without touching pool code) and [`CpuAllocator`], 64-byte aligned host memory.
+//! Owns: the [`Allocator`] trait that pools sit on, [`CpuAllocator`] (64-byte aligned host
+//! memory) and [`CudaAllocator`] (device memory, with the reserve rule of
+//! `MXNET_GPU_MEM_POOL_RESERVE`).
 
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -21,6 +22,46 @@ pub trait Allocator: Send + Sync {
     /// `ptr` must come from `alloc(size)` of this allocator and not be used afterwards.
     unsafe fn free(&self, ptr: NonNull<u8>, size: usize);
     fn ctx(&self) -> Context;
+    /// Whether the pool should release its cache before allocating `size` more bytes (a
+    /// GPU whose free memory would fall below its reserve).
+    fn wants_release(&self, _size: usize) -> bool {
+        false
+    }
+}
+
+/// Device memory of one GPU, from the CUDA driver.
+pub struct CudaAllocator {
+    pub ctx: Context,
+    /// Percentage of the device's memory kept free of cached blocks
+    /// (`MXNET_GPU_MEM_POOL_RESERVE`).
+    pub reserve_percent: usize,
+}
+
+/// Whether allocating `size` bytes with `free` of `total` bytes free leaves less than
+/// `reserve_percent` of the device free (stock: release the pool's cache first).
+pub fn below_reserve(free: usize, total: usize, size: usize, reserve_percent: usize) -> bool {
+    let reserve = (total as u128 * reserve_percent.min(100) as u128 / 100) as usize;
+    free.saturating_sub(size) < reserve
+}
+
+impl Allocator for CudaAllocator {
+    fn alloc(&self, size: usize) -> Result<NonNull<u8>> {
+        let p = crate::cuda::malloc(self.ctx.dev_id, size)?;
+        NonNull::new(p as usize as *mut u8)
+            .ok_or_else(|| Error::internal(format!("cuMemAlloc returned address 0 on {}", self.ctx)))
+    }
+    unsafe fn free(&self, ptr: NonNull<u8>, _size: usize) {
+        // SAFETY: per the trait's contract, from `alloc` above; a block is freed only when
+        // the operations using it are done (they wait for their streams before finishing).
+        unsafe { crate::cuda::free(self.ctx.dev_id, ptr.as_ptr() as usize as u64) }
+    }
+    fn ctx(&self) -> Context {
+        self.ctx
+    }
+    fn wants_release(&self, size: usize) -> bool {
+        crate::cuda::memory_info(self.ctx.dev_id)
+            .is_ok_and(|(free, total)| below_reserve(free, total, size, self.reserve_percent))
+    }
 }
 
 /// Host memory, 64-byte aligned, not zeroed (as stock): from the global allocator, and blocks
@@ -107,5 +148,16 @@ mod tests {
         }
         let e = a.alloc(1 << 46).unwrap_err().to_string();
         assert!(e.starts_with("MXNetError: out of memory"), "{e}");
+    }
+
+    #[test]
+    fn gpu_reserve_arithmetic() {
+        let gib = 1usize << 30;
+        // 80 GiB card, 5% reserve = 4 GiB.
+        assert!(!below_reserve(10 * gib, 80 * gib, 5 * gib, 5));
+        assert!(below_reserve(10 * gib, 80 * gib, 7 * gib, 5));
+        assert!(!below_reserve(gib, 80 * gib, 2 * gib, 0));
+        assert!(below_reserve(gib, 80 * gib, gib, 100));
+        assert!(below_reserve(gib, 80 * gib, 1, 1000)); // clamped to 100%
     }
 }

@@ -3,8 +3,8 @@
 //! Owns: the storage manager (one [`pool::Pool`] per context, created at first use with the
 //! bucketing policy from the configuration), [`Block`] (a pooled allocation that returns to
 //! its pool when dropped), `MXStorageEmptyCache` and the per-context statistics. Pools sit on
-//! the [`alloc::Allocator`] trait; CPU memory comes from [`alloc::CpuAllocator`], a CUDA
-//! allocator plugs in there later.
+//! the [`alloc::Allocator`] trait; CPU memory comes from [`alloc::CpuAllocator`], GPU memory
+//! from [`alloc::CudaAllocator`].
 
 pub mod alloc;
 pub mod events;
@@ -112,7 +112,12 @@ impl Manager {
             return Ok(p);
         }
         ctx.check_available()?;
-        let allocator = Box::new(alloc::CpuAllocator { ctx });
+        let allocator: Box<dyn alloc::Allocator> = if ctx.dev_type == DevType::Gpu {
+            let reserve = config::global().get_int("MXNET_GPU_MEM_POOL_RESERVE", "storage pool start")?.unwrap_or(5);
+            Box::new(alloc::CudaAllocator { ctx, reserve_percent: reserve.clamp(0, 100) as usize })
+        } else {
+            Box::new(alloc::CpuAllocator { ctx })
+        };
         let pool: &'static Pool = Box::leak(Box::new(Pool::new(policy_for(ctx.dev_type)?, allocator)));
         pools.insert(ctx, pool);
         if let Some(slot) = fast {
@@ -170,7 +175,7 @@ mod tests {
         assert!(after.bytes_cached >= 1000 || after.bytes_in_use < before.bytes_in_use);
         assert_eq!(Block::alloc(0, Context::CPU).unwrap().size(), 0);
         assert!(Block::alloc(usize::MAX - 10, Context::CPU).is_err());
-        assert!(Block::alloc(8, Context::gpu(0)).is_err());
+        assert!(Block::alloc(8, Context::gpu(4096)).is_err());
         assert!(manager().stats_json()["cpu(0)"]["allocations"].as_u64().unwrap() >= 1);
     }
 }

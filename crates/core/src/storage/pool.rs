@@ -2,7 +2,9 @@
 //!
 //! Owns: [`Bucketing`] (the seeds' rounding rules: `Naive`, `Round`, `Unpooled`), [`Pool`]
 //! (cached free blocks per bucket size over an [`Allocator`]), the out-of-memory retry
-//! (release the cache, try once more, then fail with the pool's figures) and [`PoolStats`].
+//! (release the cache, try once more, then fail with the pool's figures), the release of the
+//! cache before an allocation the allocator says would cut into its reserve, and
+//! [`PoolStats`].
 
 use super::alloc::Allocator;
 use crate::error::{Error, Result};
@@ -138,6 +140,11 @@ impl Pool {
                 Self::handed_out(&mut st.stats, bucket);
                 return Ok((p, bucket));
             }
+        }
+        if self.allocator.wants_release(bucket) {
+            // Below the device's reserve (`MXNET_GPU_MEM_POOL_RESERVE`): give the cache back
+            // first, as stock does.
+            self.empty_cache();
         }
         let p = match self.allocator.alloc(bucket) {
             Ok(p) => p,

@@ -261,6 +261,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         let mut def = OpDef::new(name, Inputs::Fixed(&["lhs", "rhs"]), infer_broadcast(name), compute(b.op))
             .alias(b.broadcast_aliases)
             .same_shape()
+            .gpu(crate::op::gpu::GpuKernel::Map2(b.op.cuda()))
             .inplace(&[(0, 0), (1, 0)])
             .doc(format!("{name}: {} of the two inputs with broadcasting.", b.doc));
         def = def.grad(match b.broadcast_grad {

@@ -13,6 +13,7 @@ use super::broadcast::{run_bin, run_bin_rmw, BPlan};
 use super::common::{all_same, same_as_first};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
+use crate::op::gpu::GpuKernel;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::op_params;
 use crate::op::tensor::{Elem, Operand, OutBlob, TBlob};
@@ -850,6 +851,79 @@ fn un_typed<T: Arith>(op: Un, x: Operand<T>, o: &mut [T]) {
     }
 }
 
+impl Un {
+    /// The function as a CUDA expression in `x` (the GPU form of the operator).
+    pub(crate) fn cuda(self) -> &'static str {
+        match self {
+            Un::Neg => "-x",
+            Un::Abs => "fabs(x)",
+            Un::Sign => "mx_sign(x)",
+            Un::Round => "round(x)",
+            Un::Rint => "rint(x)",
+            Un::Ceil => "ceil(x)",
+            Un::Floor => "floor(x)",
+            Un::Trunc => "trunc(x)",
+            Un::Square => "x * x",
+            Un::Sqrt => "sqrt(x)",
+            Un::Rsqrt => "rsqrt(x)",
+            Un::Cbrt => "cbrt(x)",
+            Un::Rcbrt => "rcbrt(x)",
+            Un::Exp => "exp(x)",
+            Un::Expm1 => "expm1(x)",
+            Un::Log => "log(x)",
+            Un::Log10 => "log10(x)",
+            Un::Log2 => "log2(x)",
+            Un::Log1p => "log1p(x)",
+            Un::Sin => "sin(x)",
+            Un::Cos => "cos(x)",
+            Un::Tan => "tan(x)",
+            Un::Asin => "asin(x)",
+            Un::Acos => "acos(x)",
+            Un::Atan => "atan(x)",
+            Un::Sinh => "sinh(x)",
+            Un::Cosh => "cosh(x)",
+            Un::Tanh => "tanh(x)",
+            Un::Asinh => "asinh(x)",
+            Un::Acosh => "acosh(x)",
+            Un::Atanh => "atanh(x)",
+            Un::Degrees => "x * (T(180) / T(3.141592653589793))",
+            Un::Radians => "x * (T(3.141592653589793) / T(180))",
+            Un::Recip => "T(1) / x",
+            Un::Relu => "x > T(0) ? x : T(0)",
+            Un::Sigmoid => "T(1) / (T(1) + exp(-x))",
+            Un::Softsign => "x / (T(1) + fabs(x))",
+            Un::Not => "x == T(0) ? T(1) : T(0)",
+            Un::Copy => "x",
+        }
+    }
+}
+
+impl Bin {
+    /// The function as a CUDA expression in `x` and `y` (the GPU form of the operator).
+    pub(crate) fn cuda(self) -> &'static str {
+        match self {
+            Bin::Add => "x + y",
+            Bin::Sub => "x - y",
+            Bin::Mul => "x * y",
+            Bin::Div => "x / y",
+            Bin::Mod => "mx_mod(x, y)",
+            Bin::Pow => "pow(x, y)",
+            Bin::Max => "mx_max(x, y)",
+            Bin::Min => "mx_min(x, y)",
+            Bin::Hypot => "hypot(x, y)",
+            Bin::Eq => "x == y ? T(1) : T(0)",
+            Bin::Ne => "x != y ? T(1) : T(0)",
+            Bin::Gt => "x > y ? T(1) : T(0)",
+            Bin::Ge => "x >= y ? T(1) : T(0)",
+            Bin::Lt => "x < y ? T(1) : T(0)",
+            Bin::Le => "x <= y ? T(1) : T(0)",
+            Bin::And => "(x != T(0) && y != T(0)) ? T(1) : T(0)",
+            Bin::Or => "(x != T(0) || y != T(0)) ? T(1) : T(0)",
+            Bin::Xor => "((x != T(0)) != (y != T(0))) ? T(1) : T(0)",
+        }
+    }
+}
+
 fn unary_compute(op: Un) -> crate::op::ComputeFn {
     Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
         if op == Un::Copy {
@@ -1161,6 +1235,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ops.push(
             OpDef::new(name, Inputs::Fixed(&["lhs", "rhs"]), all_same(name), elemwise_compute(b.op))
                 .alias(aliases)
+                .gpu(GpuKernel::Map2(b.op.cuda()))
                 .same_shape()
                 .elementwise_shape()
                 .inplace(&[(0, 0), (1, 0)])
@@ -1174,6 +1249,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ops.push(
             OpDef::new(name, Inputs::Fixed(&["data"]), same_as_first(), scalar_compute(b.op, false))
                 .alias(aliases)
+                .gpu(GpuKernel::Scalar(b.op.cuda(), false, |a| ScalarParams::of(a).scalar))
                 .same_shape()
                 .elementwise_shape()
                 .params(SCALAR_PARAMS)
@@ -1185,6 +1261,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             ops.push(
                 OpDef::new(name, Inputs::Fixed(&["data"]), same_as_first(), scalar_compute(b.op, true))
                     .alias(aliases)
+                    .gpu(GpuKernel::Scalar(b.op.cuda(), true, |a| ScalarParams::of(a).scalar))
                     .same_shape()
                     .elementwise_shape()
                     .params(SCALAR_PARAMS)
@@ -1198,6 +1275,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ops.push(
             OpDef::new(name, Inputs::Fixed(&["data"]), same_as_first(), unary_compute(op))
                 .alias(aliases)
+                .gpu(GpuKernel::Map1(op.cuda()))
                 .same_shape()
                 .elementwise_shape()
                 .inplace(&[(0, 0)])

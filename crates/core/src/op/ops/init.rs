@@ -5,6 +5,7 @@ use crate::context::Context;
 use crate::dispatch_all;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
+use crate::op::gpu::GpuKernel;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::op_params;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
@@ -71,11 +72,13 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("_zeros", Inputs::Fixed(&[]), infer_shape_dtype("_zeros"), filler(|_| 0.0))
             .params(SHAPE_CTX_DTYPE)
+            .gpu(GpuKernel::Fill(|_| 0.0))
             .doc("fill target with zeros"),
     );
     ops.push(
         OpDef::new("_ones", Inputs::Fixed(&[]), infer_shape_dtype("_ones"), filler(|_| 1.0))
             .params(SHAPE_CTX_DTYPE)
+            .gpu(GpuKernel::Fill(|_| 1.0))
             .doc("fill target with ones"),
     );
     ops.push(
@@ -86,6 +89,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             filler(|cx| FullParams::of(cx.attrs).value),
         )
         .params(FULL_PARAMS)
+        .gpu(GpuKernel::Fill(|cx| FullParams::of(cx.attrs).value))
         .doc("fill target with a scalar value"),
     );
     register_ranges(ops);

@@ -524,6 +524,10 @@ fn fc_input_shapes(
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("dot", Inputs::Fixed(&["lhs", "rhs"]), Box::new(dot_infer), Box::new(dot_compute))
+            .gpu(crate::op::gpu::GpuKernel::Dot(|a| {
+                let p = DotParams::of(a);
+                (p.transpose_a, p.transpose_b)
+            }))
             .alias(&["_sparse_dot"])
             .params(DOT_PARAMS)
             .never_mirrored()
@@ -532,6 +536,10 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     );
     ops.push(
         OpDef::new("batch_dot", Inputs::Fixed(&["lhs", "rhs"]), Box::new(batch_dot_infer), Box::new(batch_dot_compute))
+            .gpu(crate::op::gpu::GpuKernel::BatchDot(|a| {
+                let p = DotParams::of(a);
+                (p.transpose_a, p.transpose_b)
+            }))
             .alias(&["_npx_batch_dot"])
             .params(DOT_PARAMS)
             .never_mirrored()
@@ -547,6 +555,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         )
         .alias(&["_npx_fully_connected", "_sparse_FullyConnected"])
         .params(FC_PARAMS)
+        .gpu(crate::op::gpu::GpuKernel::FullyConnected(|a| FcParams::of(a).no_bias))
         .param_shapes(fc_param_shapes)
         .input_shapes(fc_input_shapes)
         .never_mirrored()

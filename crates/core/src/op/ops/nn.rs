@@ -8,6 +8,7 @@
 use super::common::norm_axis;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
+use crate::op::gpu::GpuKernel;
 use crate::op::kernel::{par_for_mut, par_for_zip, Cost};
 use crate::op::param::op_params;
 use crate::op::param::Attrs;
@@ -1233,6 +1234,16 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         OpDef::new("Activation", Inputs::Fixed(&["data"]), Box::new(infer_float_like_first), Box::new(activation))
             .alias(&["_npx_activation"])
             .params(ACT_PARAMS)
+            .gpu(GpuKernel::MapBy(|a| {
+                let e = match ActParams::of(a).act_type {
+                    "relu" => "x > T(0) ? x : T(0)",
+                    "sigmoid" => "T(1) / (T(1) + exp(-x))",
+                    "tanh" => "tanh(x)",
+                    "softrelu" => "x > T(20) ? x : log1p(exp(x))",
+                    _ => "x / (T(1) + fabs(x))",
+                };
+                Some((e, 0.0))
+            }))
             .inplace(&[(0, 0)])
             .elementwise_shape()
             .grad(Grad::Backward { op: "_backward_Activation", inputs: false, outputs: true })
@@ -1247,6 +1258,18 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         )
         .alias(&["_npx_leaky_relu"])
         .params(LEAKY_PARAMS)
+        .gpu(GpuKernel::MapBy(|a| {
+            let p = LeakyParams::of(a);
+            let e = match p.act_type {
+                "leaky" => "x > T(0) ? x : y * x",
+                "elu" => "x > T(0) ? x : y * (exp(x) - T(1))",
+                "selu" => "T(1.0507009873554805) * (x > T(0) ? x : T(1.6732632423543773) * (exp(x) - T(1)))",
+                "gelu" => "T(0.5) * x * (T(1) + erf(x * T(0.7071067811865476)))",
+                // prelu's gamma broadcasts along axis 1 and rrelu draws random slopes.
+                _ => return None,
+            };
+            Some((e, p.slope))
+        }))
         .param_shapes(leaky_param_shapes)
         .outputs(leaky_outputs, one)
         .resources(&[Resource::Random])
@@ -1265,6 +1288,14 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             softmax_family(log, neg),
         )
         .params(SOFTMAX_PARAMS)
+        .gpu(GpuKernel::Softmax {
+            log,
+            neg,
+            params: |a| {
+                let p = SoftmaxParams::of(a);
+                (p.axis, p.temperature, p.use_length == Some(true))
+            },
+        })
         // The optional length input has its own shape.
         .elementwise_shape_of(1)
         // log_softmax's gradient needs the length mask (its masked outputs are 0, not -inf).

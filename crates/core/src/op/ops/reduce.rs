@@ -15,6 +15,7 @@ use super::common::norm_axis;
 use super::elemwise::{dispatch_arith, Arith, Calc};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
+use crate::op::gpu::{self, GpuKernel};
 use crate::op::kernel::{par_tasks, par_tasks_mut, pool_threads};
 use crate::op::param::op_params;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
@@ -696,6 +697,9 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ops.push(
             OpDef::new(name, Inputs::Fixed(&["data"]), infer_reduce(name), reduce_compute(kind))
                 .alias(aliases)
+                .gpu(GpuKernel::Reduce(
+                    gpu::Reduction::named(name, |a, ndim| flags_of(a.op, a, ndim)).expect("a stock reduction"),
+                ))
                 .params(REDUCE_PARAMS)
                 .grad(Grad::Backward { op, inputs, outputs })
                 .doc(doc),

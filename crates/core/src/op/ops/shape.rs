@@ -1146,6 +1146,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     let data = Inputs::Fixed(&["data"]);
     ops.push(
         op("_copyto", data, infer_same, run_cast)
+            .gpu(crate::op::gpu::GpuKernel::Map1("x"))
             .alias(&["_npi_copyto"])
             .any_out_dtype()
             .inplace(&[(0, 0)])
@@ -1154,6 +1155,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     );
     ops.push(
         op("Reshape", data, infer_reshape_op, run_copy)
+            .gpu(crate::op::gpu::GpuKernel::Map1("x"))
             .alias(&["reshape"])
             .params(RESHAPE_PARAMS)
             .inplace(&[(0, 0)])
@@ -1163,6 +1165,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     );
     ops.push(
         op("Flatten", data, infer_flatten, run_copy)
+            .gpu(crate::op::gpu::GpuKernel::Map1("x"))
             .alias(&["flatten", "_npx_batch_flatten"])
             .inplace(&[(0, 0)])
             .grad(bwd("_backward_reshape"))
@@ -1170,6 +1173,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     );
     ops.push(
         op("expand_dims", data, infer_expand_dims, run_copy)
+            .gpu(crate::op::gpu::GpuKernel::Map1("x"))
             .alias(&["_npi_expand_dims"])
             .params(EXPAND_PARAMS)
             .inplace(&[(0, 0)])
@@ -1178,6 +1182,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     );
     ops.push(
         op("squeeze", data, infer_squeeze, run_copy)
+            .gpu(crate::op::gpu::GpuKernel::Map1("x"))
             .params(SQUEEZE_PARAMS)
             .inplace(&[(0, 0)])
             .grad(bwd("_backward_squeeze"))
@@ -1206,6 +1211,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     );
     ops.push(
         op("Cast", data, infer_cast, run_cast)
+            .gpu(crate::op::gpu::GpuKernel::Map1("x"))
             .alias(&["cast"])
             .params(CAST_PARAMS)
             .grad(bwd("_backward_cast"))

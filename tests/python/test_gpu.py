@@ -1,0 +1,155 @@
+"""GPU contexts through the stock 1.9.1 frontend: every operator with a GPU form on gpu(0)
+against the same call on cpu(0) (whose results the other suites compare with stock), copies
+between devices, a Gluon MLP imperative and hybridized, and the clear error of an operator
+without a GPU form. Skips (saying so) on a machine without a CUDA driver or GPU; there it
+checks that gpu(0) is refused with a clear error."""
+import numpy as np
+import pytest
+
+import mxnet as mx
+
+GPUS = mx.context.num_gpus()
+needs_gpu = pytest.mark.skipif(GPUS == 0, reason="no CUDA driver or GPU on this machine")
+RNG = np.random.default_rng(7)
+
+
+def rand(*shape, dtype="float32", positive=False):
+    x = RNG.random(shape) * 2 + 0.1 if positive else RNG.random(shape) * 4 - 2
+    return x.astype(dtype)
+
+
+def both(fn, *arrays, **kw):
+    """fn on cpu copies and on gpu copies of `arrays`; returns (gpu result, cpu result)."""
+    c = [mx.nd.array(a, ctx=mx.cpu(), dtype=a.dtype) for a in arrays]
+    g = [mx.nd.array(a, ctx=mx.gpu(0), dtype=a.dtype) for a in arrays]
+    rg, rc = fn(*g, **kw), fn(*c, **kw)
+    assert rg.context == mx.gpu(0), rg.context
+    return rg.asnumpy(), rc.asnumpy()
+
+
+def close(g, c, dtype):
+    tol = 2e-5 if dtype == "float32" else 1e-12
+    assert g.dtype == c.dtype and g.shape == c.shape
+    np.testing.assert_allclose(g, c, rtol=tol, atol=tol)
+
+
+@pytest.mark.skipif(GPUS > 0, reason="this machine has a GPU")
+def test_without_a_gpu_gpu0_is_refused_clearly():
+    with pytest.raises(mx.MXNetError, match=r"gpu\(0\) is not available"):
+        mx.nd.zeros((2,), ctx=mx.gpu(0)).wait_to_read()
+    assert mx.context.num_gpus() == 0
+
+
+UNARY = ["abs", "sign", "round", "ceil", "floor", "square", "exp", "sin", "tanh", "sigmoid", "relu",
+         "negative", "softsign"]
+POSITIVE = ["sqrt", "rsqrt", "log", "log1p", "reciprocal", "cbrt"]
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_elementwise_broadcast_and_scalars(dtype):
+    for name in UNARY:
+        close(*both(getattr(mx.nd, name), rand(3, 50, dtype=dtype)), dtype)
+    for name in POSITIVE:
+        close(*both(getattr(mx.nd, name), rand(3, 50, dtype=dtype, positive=True)), dtype)
+    a, b = rand(4, 1, 5, dtype=dtype), rand(3, 1, dtype=dtype)
+    for fn in [lambda x, y: x + y, lambda x, y: x - y, lambda x, y: x * y, lambda x, y: x / y,
+               lambda x, y: mx.nd.broadcast_maximum(x, y), lambda x, y: x > y, lambda x, y: x % y]:
+        close(*both(fn, a, b), dtype)
+        close(*both(fn, a, a), dtype)
+    x = rand(7, 9, dtype=dtype)
+    for fn in [lambda v: v + 1.5, lambda v: 2 - v, lambda v: v * 3, lambda v: 1 / (v + 10),
+               lambda v: v ** 2, lambda v: v % 0.7, lambda v: v >= 0.25]:
+        close(*both(fn, x), dtype)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_reductions_softmax_activations(dtype):
+    x = rand(4, 5, 6, dtype=dtype)
+    for name in ["sum", "mean", "max", "min", "prod", "nansum"]:
+        fn = getattr(mx.nd, name)
+        close(*both(fn, x), dtype)
+        close(*both(fn, x, axis=1), dtype)
+        close(*both(fn, x, axis=(0, 2), keepdims=True), dtype)
+        close(*both(fn, x, axis=1, exclude=True), dtype)
+    for fn in [mx.nd.softmax, mx.nd.log_softmax, mx.nd.softmin]:
+        close(*both(fn, x), dtype)
+        close(*both(fn, x, axis=1, temperature=2.0), dtype)
+        close(*both(fn, x, axis=0), dtype)
+    for act in ["relu", "sigmoid", "tanh", "softrelu", "softsign"]:
+        close(*both(mx.nd.Activation, x, act_type=act), dtype)
+    for act in ["leaky", "elu", "selu", "gelu"]:
+        g, c = both(mx.nd.LeakyReLU, x, act_type=act, slope=0.3)
+        np.testing.assert_allclose(g, c, rtol=1e-6, atol=1e-6)  # the CPU's erf is an approximation
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_matrix_products(dtype):
+    tol = 1e-4 if dtype == "float32" else 1e-12
+    cases = [
+        (mx.nd.dot, (rand(64, 128, dtype=dtype), rand(128, 32, dtype=dtype)), {}),
+        (mx.nd.dot, (rand(128, 64, dtype=dtype), rand(32, 128, dtype=dtype)), {"transpose_a": True, "transpose_b": True}),
+        (mx.nd.batch_dot, (rand(6, 16, 24, dtype=dtype), rand(6, 24, 8, dtype=dtype)), {}),
+        (mx.nd.FullyConnected, (rand(16, 3, 20, dtype=dtype), rand(10, 60, dtype=dtype), rand(10, dtype=dtype)), {"num_hidden": 10}),
+        (mx.nd.FullyConnected, (rand(4, 6, 60, dtype=dtype), rand(10, 60, dtype=dtype)), {"num_hidden": 10, "no_bias": True, "flatten": False}),
+    ]
+    for fn, arrays, kw in cases:
+        g, c = both(fn, *arrays, **kw)
+        np.testing.assert_allclose(g, c, rtol=tol, atol=tol)
+
+
+@needs_gpu
+def test_copies_fills_and_conversions():
+    x = rand(5, 7)
+    g = mx.nd.array(x, ctx=mx.gpu(0))
+    np.testing.assert_array_equal(g.asnumpy(), x)
+    np.testing.assert_array_equal(g.as_in_context(mx.cpu()).asnumpy(), x)
+    np.testing.assert_array_equal(g.copyto(mx.gpu(0)).asnumpy(), x)
+    np.testing.assert_array_equal(mx.nd.array(x).copyto(mx.gpu(0)).asnumpy(), x)
+    np.testing.assert_array_equal(g.astype("float64").asnumpy(), x.astype("float64"))
+    np.testing.assert_array_equal(g.reshape((7, 5)).asnumpy(), x.reshape(7, 5))
+    np.testing.assert_array_equal(mx.nd.ones((3, 4), ctx=mx.gpu(0)).asnumpy(), np.ones((3, 4), "float32"))
+    np.testing.assert_array_equal(mx.nd.full((2, 2), 2.5, ctx=mx.gpu(0), dtype="float64").asnumpy(), np.full((2, 2), 2.5))
+    np.testing.assert_array_equal(mx.nd.zeros((3,), ctx=mx.gpu(0)).asnumpy(), np.zeros(3, "float32"))
+    g += 1
+    np.testing.assert_allclose(g.asnumpy(), x + 1, rtol=1e-6)
+    free, total = mx.context.gpu_memory_info(0)
+    assert 0 < free <= total
+
+
+@needs_gpu
+def test_gluon_mlp_on_gpu_equals_cpu():
+    def build():
+        net = mx.gluon.nn.HybridSequential()
+        net.add(mx.gluon.nn.Dense(64, activation="relu"), mx.gluon.nn.Dense(32, activation="tanh"),
+                mx.gluon.nn.Dense(10))
+        return net
+
+    x = rand(8, 20)
+    cpu_net = build()
+    cpu_net.initialize(mx.init.Xavier(), ctx=mx.cpu())
+    want = cpu_net(mx.nd.array(x)).softmax().asnumpy()
+    gpu_net = build()
+    gpu_net.initialize(ctx=mx.cpu())
+    gpu_net(mx.nd.array(x))
+    for (_, p), (_, q) in zip(sorted(gpu_net.collect_params().items()), sorted(cpu_net.collect_params().items())):
+        p.set_data(q.data())
+    gpu_net.collect_params().reset_ctx(mx.gpu(0))
+    for hybrid in [False, True]:
+        if hybrid:
+            gpu_net.hybridize()
+        got = gpu_net(mx.nd.array(x, ctx=mx.gpu(0))).softmax()
+        assert got.context == mx.gpu(0)
+        np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-5, atol=1e-6)
+
+
+@needs_gpu
+def test_an_operator_without_a_gpu_form_says_so():
+    x = mx.nd.ones((1, 1, 4, 4), ctx=mx.gpu(0))
+    w = mx.nd.ones((1, 1, 3, 3), ctx=mx.gpu(0))
+    with pytest.raises(NotImplementedError, match=r"operator Convolution on gpu\(0\) is not supported yet"):
+        mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=1, no_bias=True).wait_to_read()
+    with pytest.raises((mx.MXNetError, ValueError), match="one context"):
+        (x + mx.nd.ones((1, 1, 4, 4))).wait_to_read()
