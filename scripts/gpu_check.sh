@@ -57,7 +57,7 @@ ln -sf "$PWD/.gpu/pymx/mxnet" /tmp/mxshim/mxnet
 ln -sf "$PWD/tests/python/numpy2_shim.py" /tmp/mxshim/numpy2_shim.py
 printf '/tmp/mxshim\nimport numpy2_shim\n' > "$site/mxnet_rt_shim.pth"
 export MXNET_LIBRARY_PATH="$PWD/.gpu/libmxnet.so" PYTHONUNBUFFERED=1
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/python/test_gpu.py -rs || status=1
+timeout 300 python3 -m pytest -q -p no:cacheprovider --tb=short -W ignore::DeprecationWarning tests/python/test_gpu.py -rs || status=1
 
 echo "== benchmark (bench/gpu_bench.py)"
 timeout 200 python3 bench/gpu_bench.py 5 || status=1

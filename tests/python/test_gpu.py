@@ -153,3 +153,80 @@ def test_an_operator_without_a_gpu_form_says_so():
         mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=1, no_bias=True).wait_to_read()
     with pytest.raises((mx.MXNetError, ValueError), match="one context"):
         (x + mx.nd.ones((1, 1, 4, 4))).wait_to_read()
+
+
+def grads_both(fn, *arrays):
+    """d(sum(fn(*x)))/dx on cpu and on gpu: lists of (gpu grad, cpu grad)."""
+    out = []
+    for ctx in [mx.gpu(0), mx.cpu()]:
+        xs = [mx.nd.array(a, ctx=ctx, dtype=a.dtype) for a in arrays]
+        for x in xs:
+            x.attach_grad()
+        with mx.autograd.record():
+            y = fn(*xs)
+        y.backward()
+        out.append([x.grad.asnumpy() for x in xs])
+    return list(zip(*out))
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gradients_on_gpu_equal_cpu(dtype):
+    tol = 2e-5 if dtype == "float32" else 1e-12
+    x = rand(4, 6, dtype=dtype, positive=True)
+    b = rand(1, 6, dtype=dtype)
+    cases = [
+        (lambda v: mx.nd.exp(v) + mx.nd.log(v) * 2, (x,)),
+        (lambda v: mx.nd.square(v) - mx.nd.sqrt(v) / 3 + mx.nd.sigmoid(v) * mx.nd.tanh(v), (x,)),
+        (lambda v: mx.nd.Activation(v - 1, act_type="relu") + mx.nd.Activation(v, act_type="softrelu"), (x,)),
+        (lambda v, w: mx.nd.broadcast_mul(v, w) + mx.nd.broadcast_add(v, w) - mx.nd.broadcast_sub(w, v), (x, b)),
+        (lambda v: mx.nd.sum(v, axis=1) * mx.nd.mean(v, axis=1), (x,)),
+        (lambda v: 3 * v + 1 - 2 / v, (x,)),
+        (lambda v, w: mx.nd.FullyConnected(v, w, mx.nd.ones((1,), ctx=v.context, dtype=v.dtype), num_hidden=1), (x, b)),
+    ]
+    for k, (fn, arrays) in enumerate(cases):
+        for j, (g, c) in enumerate(grads_both(fn, *arrays)):
+            np.testing.assert_allclose(g, c, rtol=tol, atol=tol, err_msg=f"case {k}, input {j}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_gluon_mlp_training_on_gpu_equals_cpu(hybrid):
+    """Three SGD steps of an MLP with L2 loss: the same losses and weights on gpu(0) as on cpu(0)."""
+    x = rand(16, 20)
+    y = rand(16, 5)
+    results = []
+    init = None
+    for ctx in [mx.cpu(), mx.gpu(0)]:
+        net = mx.gluon.nn.HybridSequential()
+        net.add(mx.gluon.nn.Dense(32, activation="relu"), mx.gluon.nn.Dense(5))
+        net.initialize(mx.init.Xavier(), ctx=mx.cpu())
+        net(mx.nd.array(x))
+        params = sorted(net.collect_params().items())
+        if init is None:
+            init = [p.data().asnumpy() for _, p in params]
+        for (_, p), v in zip(params, init):
+            p.set_data(mx.nd.array(v))
+        net.collect_params().reset_ctx(ctx)
+        if hybrid:
+            net.hybridize()
+        trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "wd": 1e-3})
+        loss_fn = mx.gluon.loss.L2Loss()
+        losses, first_grads = [], None
+        xd, yd = mx.nd.array(x, ctx=ctx), mx.nd.array(y, ctx=ctx)
+        for _ in range(3):
+            with mx.autograd.record():
+                loss = loss_fn(net(xd), yd)
+            loss.backward()
+            if first_grads is None:
+                first_grads = [(n, p.grad().asnumpy()) for n, p in sorted(net.collect_params().items())]
+            trainer.step(16)
+            losses.append(loss.mean().asscalar())
+        results.append((losses, [p.data().asnumpy() for _, p in sorted(net.collect_params().items())], first_grads))
+    (cl, cw, cg), (gl, gw, gg) = results
+    for (name, g), (_, c) in zip(gg, cg):
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=1e-6, err_msg=f"first gradient of {name}")
+    np.testing.assert_allclose(gl, cl, rtol=1e-5)
+    assert gl[-1] < gl[0]
+    for g, c in zip(gw, cw):
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=1e-5)

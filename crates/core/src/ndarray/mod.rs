@@ -208,6 +208,13 @@ impl NDArray {
         Ok(NDArray { chunk: Some(chunk), ctx, chunk_bytes: bytes, shape, dtype, offset: 0, ag: None })
     }
 
+    /// An array said to be on `ctx` whose memory is never allocated (tests of the device
+    /// checks on machines without that device).
+    #[cfg(test)]
+    pub(crate) fn unallocated_on(ctx: Context, shape: Vec<usize>, dtype: DType) -> NDArray {
+        NDArray { chunk: Some(Var::new()), ctx, chunk_bytes: 0, shape, dtype, offset: 0, ag: None }
+    }
+
     pub fn chunk(&self) -> Result<&Arc<Chunk>> {
         self.chunk.as_ref().ok_or_else(|| Error::value("the NDArray is empty (created with MXNDArrayCreateNone)"))
     }

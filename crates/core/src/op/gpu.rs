@@ -42,6 +42,31 @@ pub enum GpuKernel {
     /// `softmax` (`log`: log_softmax; `neg`: softmin); the function reads (axis,
     /// temperature, use_length).
     Softmax { log: bool, neg: bool, params: fn(&Attrs) -> (i64, Option<f64>, bool) },
+    /// A backward operator's `out = e(x, y, s)`: `x` the output gradient (input 0), `y` input
+    /// 1 when there is one, `s` the scalar the function reads (none: 0).
+    MapGrad(&'static str, Option<fn(&Attrs) -> f64>),
+    /// Likewise, the expression chosen by the parameters (`_backward_Activation`).
+    MapGradBy(fn(&Attrs) -> &'static str),
+    /// `out = e(x, y)` of inputs 0 and 1 with four scalars `p0..p3` read from the parameters
+    /// (the optimizers' updates, written over input 0).
+    Map2P(&'static str, fn(&Attrs) -> [f64; 4]),
+    /// The backward of `sum` (`mean`: divided by the count): the output gradient broadcast
+    /// back over the reduced axes the function flags.
+    ReduceGrad { mean: bool, flags: fn(&Attrs, usize) -> Result<Vec<bool>> },
+    /// The backward of a binary function: per input, the expression in `x` (the output
+    /// gradient) and `y` (the backward input named, if any), summed back onto the input's
+    /// shape where it was broadcast.
+    BinaryGrad([(&'static str, Option<usize>); 2]),
+    /// `_backward_FullyConnected`; the function reads `no_bias`.
+    FullyConnectedGrad(fn(&Attrs) -> bool),
+    /// `add_n`: the sum of every input.
+    AddN,
+    /// `multi_sgd_update`: `sgd_update`'s expression (a [`GpuKernel::Map2P`]) over each
+    /// (weight, gradient) pair, with that weight's `p0..p3` from the function.
+    MultiMap2P(&'static str, fn(&Attrs) -> Vec<[f64; 4]>),
+    /// The backward of a copy or reshape: output 0 is the output gradient (converted to its
+    /// dtype), any further output (the gradient of `reshape_like`'s shape input) zero.
+    CopyGrad,
 }
 
 /// A reduction's GPU form: `init` folded with `combine(a, b)` over `pre(v)` of each element
@@ -86,6 +111,15 @@ impl std::fmt::Debug for GpuKernel {
             GpuKernel::MapBy(_) => write!(f, "MapBy"),
             GpuKernel::Reduce(r) => write!(f, "Reduce({}, {})", r.pre, r.combine),
             GpuKernel::Softmax { log, neg, .. } => write!(f, "Softmax(log {log}, neg {neg})"),
+            GpuKernel::MapGrad(e, _) => write!(f, "MapGrad({e})"),
+            GpuKernel::MapGradBy(_) => write!(f, "MapGradBy"),
+            GpuKernel::Map2P(e, _) => write!(f, "Map2P({e})"),
+            GpuKernel::ReduceGrad { mean, .. } => write!(f, "ReduceGrad(mean {mean})"),
+            GpuKernel::BinaryGrad(sides) => write!(f, "BinaryGrad({sides:?})"),
+            GpuKernel::FullyConnectedGrad(_) => write!(f, "FullyConnectedGrad"),
+            GpuKernel::AddN => write!(f, "AddN"),
+            GpuKernel::CopyGrad => write!(f, "CopyGrad"),
+            GpuKernel::MultiMap2P(e, _) => write!(f, "MultiMap2P({e})"),
         }
     }
 }
@@ -126,6 +160,11 @@ pub struct Geo {
     pub sb: [i64; MAX_DIMS],
 }
 
+/// The kernel's four extra scalars `p0..p3` (must match the `P4` struct of [`map_source`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct P4([f64; 4]);
+
 /// The C type of `dtype` in generated source (None: no GPU kernels for it yet).
 pub fn ctype(dtype: DType) -> Option<&'static str> {
     Some(match dtype {
@@ -150,6 +189,7 @@ template <typename T> __device__ __forceinline__ T mx_max(T x, T y) { return (x 
 template <typename T> __device__ __forceinline__ T mx_min(T x, T y) { return (x < y || x != x) ? x : y; }
 template <typename T> __device__ __forceinline__ T mx_sign(T x) { return x > T(0) ? T(1) : (x < T(0) ? T(-1) : T(0)); }
 __device__ __forceinline__ double mx_inf() { return __longlong_as_double(0x7ff0000000000000LL); }
+template <typename T> __device__ __forceinline__ T mx_clip(T x, T c) { return x > c ? c : (x < -c ? -c : x); }
 "#;
 
 /// The CUDA source of one reduction kernel `mx_reduce`: a block per output element (grid
@@ -311,9 +351,12 @@ pub fn map_source(form: Form, ti: &str, to: &str, expr: &str) -> String {
         r#"typedef {ti} T;
 typedef {to} TO;
 struct Geo {{ long long ndim; long long shape[{MAX_DIMS}]; long long sa[{MAX_DIMS}]; long long sb[{MAX_DIMS}]; }};
+struct P4 {{ double v[4]; }};
 {PRELUDE}
-extern "C" __global__ void mx_map(TO* out, const T* a, const T* b, unsigned long long n, double s_in, int add, Geo g) {{
+extern "C" __global__ void mx_map(TO* out, const T* a, const T* b, unsigned long long n, double s_in, int add, Geo g, P4 p) {{
   const T s = (T)s_in;
+  const T p0 = (T)p.v[0], p1 = (T)p.v[1], p2 = (T)p.v[2], p3 = (T)p.v[3];
+  (void)s; (void)p0; (void)p1; (void)p2; (void)p3;
   const unsigned long long step = (unsigned long long)blockDim.x * gridDim.x;
   for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {{
     long long ia = (long long)i, ib = (long long)i;
@@ -415,24 +458,59 @@ fn float_dtype(op: &str, dtype: DType) -> Result<cuda::blas::Real> {
 
 /// Run `k`, the GPU form of operator `op`, on GPU `dev`; returns when the device is done.
 pub(crate) fn run(op: &str, k: GpuKernel, cx: &OpCtx, dev: i32, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let req0 = cx.req[0];
+    let none = [0.0; 4];
     match k {
-        GpuKernel::Map1(e) => map(op, dev, cx, Form::Unary, e, ins, outs, 0.0)?,
-        GpuKernel::Map2(e) => map(op, dev, cx, Form::Binary, e, ins, outs, 0.0)?,
+        GpuKernel::Map1(e) => map(op, dev, req0, Form::Unary, e, ins, &outs[0], 0.0, none)?,
+        GpuKernel::Map2(e) => map(op, dev, req0, Form::Binary, e, ins, &outs[0], 0.0, none)?,
         GpuKernel::Scalar(e, rev, scalar) => {
-            let s = scalar(cx.attrs);
-            map(op, dev, cx, if rev { Form::RScalar } else { Form::Scalar }, e, ins, outs, s)?
+            let form = if rev { Form::RScalar } else { Form::Scalar };
+            map(op, dev, req0, form, e, ins, &outs[0], scalar(cx.attrs), none)?
         }
-        GpuKernel::Fill(value) => map(op, dev, cx, Form::Fill, "x", ins, outs, value(cx))?,
+        GpuKernel::Fill(value) => map(op, dev, req0, Form::Fill, "x", ins, &outs[0], value(cx), none)?,
         GpuKernel::Dot(t) => dot(op, dev, cx, ins, outs, false, t(cx.attrs))?,
         GpuKernel::BatchDot(t) => dot(op, dev, cx, ins, outs, true, t(cx.attrs))?,
         GpuKernel::FullyConnected(no_bias) => fully_connected(op, dev, cx, ins, outs, no_bias(cx.attrs))?,
         GpuKernel::MapBy(choose) => {
             let (e, s) = choose(cx.attrs)
                 .ok_or_else(|| Error::not_supported(format!("operator {op} on a GPU with these parameters")))?;
-            map(op, dev, cx, Form::Scalar, e, &ins[..1], &mut outs[..1], s)?
+            map(op, dev, req0, Form::Scalar, e, &ins[..1], &outs[0], s, none)?
         }
         GpuKernel::Reduce(r) => reduce(op, dev, cx, &r, ins, outs)?,
         GpuKernel::Softmax { log, neg, params } => softmax(op, dev, cx, log, neg, params(cx.attrs), ins, outs)?,
+        GpuKernel::MapGrad(e, scalar) => {
+            let form = if ins.len() > 1 { Form::Binary } else { Form::Unary };
+            let s = scalar.map_or(0.0, |f| f(cx.attrs));
+            map(op, dev, req0, form, e, &ins[..ins.len().min(2)], &outs[0], s, none)?
+        }
+        GpuKernel::MapGradBy(choose) => {
+            map(op, dev, req0, Form::Binary, choose(cx.attrs), &ins[..2], &outs[0], 0.0, none)?
+        }
+        GpuKernel::Map2P(e, params) => map(op, dev, req0, Form::Binary, e, &ins[..2], &outs[0], 0.0, params(cx.attrs))?,
+        GpuKernel::ReduceGrad { mean, flags } => reduce_grad(op, dev, cx, mean, flags, ins, outs)?,
+        GpuKernel::BinaryGrad(sides) => binary_grad(op, dev, cx, sides, ins, outs)?,
+        GpuKernel::FullyConnectedGrad(no_bias) => fully_connected_grad(op, dev, cx, ins, outs, no_bias(cx.attrs))?,
+        GpuKernel::MultiMap2P(e, params) => {
+            let ps = params(cx.attrs);
+            if ins.len() != 2 * ps.len() || outs.len() < ps.len() {
+                return Err(Error::internal(format!("{op}: {} inputs for {} weights", ins.len(), ps.len())));
+            }
+            for (i, p) in ps.into_iter().enumerate() {
+                map(op, dev, cx.req[i], Form::Binary, e, &ins[2 * i..2 * i + 2], &outs[i], 0.0, p)?;
+            }
+        }
+        GpuKernel::CopyGrad => {
+            map(op, dev, req0, Form::Unary, "x", &ins[..1], &outs[0], 0.0, none)?;
+            for (o, &req) in outs.iter().zip(cx.req).skip(1) {
+                map(op, dev, req, Form::Fill, "x", &[], o, 0.0, none)?;
+            }
+        }
+        GpuKernel::AddN => {
+            for (j, x) in ins.iter().enumerate() {
+                let req = if j == 0 { req0 } else { Req::Add };
+                map(op, dev, req, Form::Unary, "x", std::slice::from_ref(x), &outs[0], 0.0, none)?;
+            }
+        }
     }
     cuda::sync(dev)
 }
@@ -445,18 +523,17 @@ fn add_of(req: Req) -> i32 {
 fn map(
     op: &str,
     dev: i32,
-    cx: &OpCtx,
+    req: Req,
     form: Form,
     expr: &str,
     ins: &[TBlob],
-    outs: &mut [OutBlob],
+    o: &OutBlob,
     s: f64,
+    p: [f64; 4],
 ) -> Result<()> {
-    let req = cx.req[0];
     if req == Req::Null {
         return Ok(());
     }
-    let o = &outs[0];
     let in_dtype = ins.first().map_or(o.dtype, |x| x.dtype);
     let float = matches!(in_dtype, DType::F32 | DType::F64);
     // Integer data only converts and fills: the expressions are written for floats.
@@ -481,7 +558,7 @@ fn map(
     let b = ins.get(1).map_or(0, TBlob::device_ptr);
     // SAFETY: `a` and `b` address the inputs' elements as the geometry indexes them and the
     // output holds its `size()` elements, all device memory of `dev` held by this operation.
-    unsafe { launch_map(dev, &kern, o.device_ptr(), a, b, o.size(), s, add_of(req), geo) }
+    unsafe { launch_map(dev, &kern, o.device_ptr(), a, b, o.size(), s, add_of(req), geo, p) }
 }
 
 /// Launch an `mx_map` kernel ([`map_source`]) over `n` outputs.
@@ -500,9 +577,11 @@ unsafe fn launch_map(
     s: f64,
     add: i32,
     geo: Geo,
+    p: [f64; 4],
 ) -> Result<()> {
     let (mut out, mut a, mut b, mut n64, mut s, mut add, mut geo) = (out, a, b, n as u64, s, add, geo);
-    let mut params = kernel_args![out, a, b, n64, s, add, geo];
+    let mut p = P4(p);
+    let mut params = kernel_args![out, a, b, n64, s, add, geo, p];
     // SAFETY: the parameters match `mx_map`'s signature in order and type (pointers as
     // 64-bit device addresses, `Geo` as the `#[repr(C)]` struct of the same layout); the
     // memory they reach is the caller's contract.
@@ -510,30 +589,214 @@ unsafe fn launch_map(
 }
 
 fn reduce(op: &str, dev: i32, cx: &OpCtx, r: &Reduction, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let req = cx.req[0];
+    let x = &ins[0];
+    let flags = (r.flags)(cx.attrs, x.ndim())?;
+    // SAFETY: the input's elements and the output (the reduced shape's elements) are device
+    // memory of `dev` held by this operation.
+    unsafe { reduce_into(op, dev, cx.req[0], r, x.dtype, &x.shape, &flags, x.device_ptr(), outs[0].device_ptr()) }
+}
+
+/// Reduce the flagged axes of `shape` (elements of `dtype` at `input`) into `out` (the kept
+/// axes' elements, in order).
+///
+/// # Safety
+/// `input` and `out` must be device memory of `dev` holding those elements, `out` apart from
+/// `input` and writable.
+#[allow(clippy::too_many_arguments)]
+unsafe fn reduce_into(
+    op: &str,
+    dev: i32,
+    req: Req,
+    r: &Reduction,
+    dtype: DType,
+    shape: &[usize],
+    flags: &[bool],
+    input: u64,
+    out: u64,
+) -> Result<()> {
     if req == Req::Null {
         return Ok(());
     }
-    let x = &ins[0];
-    let t = match x.dtype {
-        DType::F32 | DType::F64 => ctype(x.dtype).expect("float"),
+    let t = match dtype {
+        DType::F32 | DType::F64 => ctype(dtype).expect("float"),
         d => return Err(Error::not_supported(format!("operator {op} on a GPU for {}", d.name()))),
     };
-    let flags = (r.flags)(cx.attrs, x.ndim())?;
-    let (mut geo, m, k) = reduce_geometry(&x.shape, &flags)?;
+    let (mut geo, m, k) = reduce_geometry(shape, flags)?;
     if m == 0 {
         return Ok(());
     }
     let key = format!("reduce/{t}/{}/{}/{}/{}", r.init, r.pre, r.combine, r.mean);
     let kern = cuda::rtc::kernel(dev, &key, "mx_reduce", || reduce_source(t, r))?;
-    let (mut out, mut a) = (outs[0].device_ptr(), x.device_ptr());
+    let (mut out, mut a) = (out, input);
     let (mut m64, mut k64) = (m as u64, k as u64);
     let mut add = add_of(req);
     let mut params = kernel_args![out, a, m64, k64, add, geo];
     // SAFETY: `mx_reduce`'s parameters in order and type (`RGeo` is `#[repr(C)]` like the
     // source's struct); the geometry addresses only the input's elements and `out` holds the
-    // `m` outputs, device memory of `dev` held by this operation.
+    // `m` outputs (the caller's contract).
     unsafe { cuda::rtc::launch_blocks(dev, &kern, m.min(cuda::rtc::MAX_BLOCKS), &mut params) }
+}
+
+/// The plain sum, for gradients summed back onto a broadcast input.
+fn sum_reduction() -> Reduction {
+    Reduction { init: "T(0)", pre: "v", combine: "a + b", mean: false, flags: |_, n| Ok(vec![true; n]) }
+}
+
+/// `_backward_sum`/`_backward_mean`: dx (the input's shape) = the output gradient broadcast
+/// back over the reduced axes (divided by their count for `mean`).
+fn reduce_grad(
+    op: &str,
+    dev: i32,
+    cx: &OpCtx,
+    mean: bool,
+    flags: fn(&Attrs, usize) -> Result<Vec<bool>>,
+    ins: &[TBlob],
+    outs: &mut [OutBlob],
+) -> Result<()> {
+    let dx = &outs[0];
+    let fl = flags(cx.attrs, dx.ndim())?;
+    let kept: Vec<usize> = dx.shape.iter().zip(&fl).map(|(&d, &r)| if r { 1 } else { d }).collect();
+    let count: usize = dx.shape.iter().zip(&fl).filter(|(_, &r)| r).map(|(&d, _)| d).product();
+    let s = if mean && count > 0 { 1.0 / count as f64 } else { 1.0 };
+    let g = &ins[0];
+    if g.size() != kept.iter().product::<usize>() {
+        return Err(Error::internal(format!("{op}: gradient of {} elements for a reduction to {kept:?}", g.size())));
+    }
+    let (ti, to) = float_types(op, g.dtype, dx.dtype)?;
+    let geo = geometry(&kept, &kept, &dx.shape)?;
+    let kern = cuda::rtc::kernel(dev, &format!("map/Binary/{ti}/{to}/x * s"), "mx_map", || {
+        map_source(Form::Binary, ti, to, "x * s")
+    })?;
+    // SAFETY: the gradient holds the kept shape's elements (checked), indexed by the
+    // geometry; dx holds its shape's elements; device memory of `dev` of this operation.
+    unsafe {
+        launch_map(
+            dev,
+            &kern,
+            dx.device_ptr(),
+            g.device_ptr(),
+            g.device_ptr(),
+            dx.size(),
+            s,
+            add_of(cx.req[0]),
+            geo,
+            [0.0; 4],
+        )
+    }
+}
+
+fn float_types(op: &str, a: DType, b: DType) -> Result<(&'static str, &'static str)> {
+    match (a, b) {
+        (DType::F32 | DType::F64, DType::F32 | DType::F64) => Ok((ctype(a).expect("float"), ctype(b).expect("float"))),
+        _ => Err(Error::not_supported(format!("operator {op} on a GPU for {} to {}", a.name(), b.name()))),
+    }
+}
+
+/// The gradients of a binary function (`sides[i]` for input `i`), each summed back onto its
+/// input's shape where the forward broadcast it.
+fn binary_grad(
+    op: &str,
+    dev: i32,
+    cx: &OpCtx,
+    sides: [(&'static str, Option<usize>); 2],
+    ins: &[TBlob],
+    outs: &mut [OutBlob],
+) -> Result<()> {
+    let g = &ins[0];
+    let t = float_types(op, g.dtype, g.dtype)?.0;
+    for (i, (expr, operand)) in sides.into_iter().enumerate() {
+        let req = cx.req[i];
+        if req == Req::Null || i >= outs.len() {
+            continue;
+        }
+        let y = operand.map_or(g, |j| &ins[j]);
+        let geo = geometry(&g.shape, &y.shape, &g.shape)?;
+        let kern = cuda::rtc::kernel(dev, &format!("map/Binary/{t}/{t}/{expr}"), "mx_map", || {
+            map_source(Form::Binary, t, t, expr)
+        })?;
+        let o = &outs[i];
+        if o.size() == g.size() {
+            // SAFETY: g and y are read as the geometry indexes them; the output holds g's
+            // size; device memory of `dev` held by this operation.
+            unsafe {
+                launch_map(
+                    dev,
+                    &kern,
+                    o.device_ptr(),
+                    g.device_ptr(),
+                    y.device_ptr(),
+                    g.size(),
+                    0.0,
+                    add_of(req),
+                    geo,
+                    [0.0; 4],
+                )?
+            };
+            continue;
+        }
+        // Broadcast in the forward: the full-size gradient into a temporary, summed over the
+        // broadcast axes (leading ones, and those of size 1 in the input).
+        let lead = g.ndim() - o.ndim();
+        let flags: Vec<bool> = (0..g.ndim()).map(|d| d < lead || (o.shape[d - lead] == 1 && g.shape[d] != 1)).collect();
+        let tmp = crate::storage::Block::alloc(g.bytes().max(1), crate::context::Context::gpu(dev))?;
+        let tmp_ptr = tmp.ptr() as usize as u64;
+        // SAFETY: the temporary holds g's size, owned here; then it is reduced into the
+        // output (the kept axes of g's shape are the output's elements, in order). The stream
+        // is waited for before the temporary goes back to its pool.
+        unsafe {
+            launch_map(dev, &kern, tmp_ptr, g.device_ptr(), y.device_ptr(), g.size(), 0.0, 0, geo, [0.0; 4])?;
+            reduce_into(op, dev, req, &sum_reduction(), g.dtype, &g.shape, &flags, tmp_ptr, o.device_ptr())?;
+        }
+        cuda::sync(dev)?;
+        drop(tmp);
+    }
+    Ok(())
+}
+
+/// `_backward_FullyConnected(dy, x, w) -> (dx, dw[, db])`.
+fn fully_connected_grad(
+    op: &str,
+    dev: i32,
+    cx: &OpCtx,
+    ins: &[TBlob],
+    outs: &mut [OutBlob],
+    no_bias: bool,
+) -> Result<()> {
+    let (dy, x, w) = (&ins[0], &ins[1], &ins[2]);
+    let real = float_dtype(op, dy.dtype)?;
+    let hidden = w.shape[0];
+    let k = w.shape.get(1).copied().unwrap_or(1);
+    let rows = dy.size().checked_div(hidden).unwrap_or(0);
+    if rows * hidden * k == 0 {
+        return Err(Error::not_supported(format!("{op} with an empty dimension on a GPU")));
+    }
+    if cx.req[0] != Req::Null {
+        let g = gemm(real, cx.req[0], (false, false), (rows, k, hidden))?;
+        // SAFETY: dy (rows, hidden), w (hidden, k), dx (rows, k): device memory of `dev`.
+        unsafe { cuda::blas::gemm(dev, &g, dy.device_ptr(), w.device_ptr(), outs[0].device_ptr())? };
+    }
+    if cx.req[1] != Req::Null {
+        let g = gemm(real, cx.req[1], (true, false), (hidden, k, rows))?;
+        // SAFETY: dyᵀ (hidden, rows), x (rows, k), dw (hidden, k): device memory of `dev`.
+        unsafe { cuda::blas::gemm(dev, &g, dy.device_ptr(), x.device_ptr(), outs[1].device_ptr())? };
+    }
+    if !no_bias && outs.len() > 2 && cx.req[2] != Req::Null {
+        // SAFETY: dy's (rows, hidden) elements summed over rows into db's hidden elements.
+        unsafe {
+            reduce_into(
+                op,
+                dev,
+                cx.req[2],
+                &sum_reduction(),
+                dy.dtype,
+                &[rows, hidden],
+                &[true, false],
+                dy.device_ptr(),
+                outs[2].device_ptr(),
+            )?
+        };
+    }
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -705,7 +968,18 @@ fn fully_connected(op: &str, dev: i32, cx: &OpCtx, ins: &[TBlob], outs: &mut [Ou
         // SAFETY: the output holds rows × hidden elements (read as `x` and written, adding),
         // the bias its hidden elements, indexed by the geometry.
         unsafe {
-            launch_map(dev, &kern, o.device_ptr(), o.device_ptr(), bias.device_ptr(), rows * hidden, 0.0, 1, geo)?
+            launch_map(
+                dev,
+                &kern,
+                o.device_ptr(),
+                o.device_ptr(),
+                bias.device_ptr(),
+                rows * hidden,
+                0.0,
+                1,
+                geo,
+                [0.0; 4],
+            )?
         };
     }
     Ok(())
@@ -741,7 +1015,7 @@ mod tests {
             src.starts_with("typedef float T;\ntypedef float TO;\nstruct Geo { long long ndim; long long shape[8];")
         );
         assert!(src.contains(
-            "extern \"C\" __global__ void mx_map(TO* out, const T* a, const T* b, unsigned long long n, double s_in, int add, Geo g) {"
+            "extern \"C\" __global__ void mx_map(TO* out, const T* a, const T* b, unsigned long long n, double s_in, int add, Geo g, P4 p) {"
         ));
         assert!(src.contains("    const T x = a[ia];\n    const T y = s;\n"));
         assert!(src.contains("    const TO v = (TO)(mx_mod(x, y));\n    out[i] = add ? (TO)(out[i] + v) : v;\n"));

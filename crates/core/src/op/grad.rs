@@ -74,7 +74,9 @@ pub fn backward(
     if need_out {
         args.extend_from_slice(outputs);
     }
-    let ctx = inputs.first().or(ograds.first()).and_then(|x| x.ctx()).unwrap_or(Context::CPU);
+    // The first array that has memory decides (an input the backward does not need may be
+    // an empty placeholder).
+    let ctx = ograds.iter().chain(inputs).chain(outputs).find_map(|x| x.ctx()).unwrap_or(Context::CPU);
     let mut outs = Vec::with_capacity(inputs.len());
     let mut req = Vec::with_capacity(inputs.len());
     for (i, x) in inputs.iter().enumerate() {

@@ -177,6 +177,8 @@ fn invoke_parsed(
     if let Some(c) = op.ctx_of(&attrs) {
         ctx = Some(c);
     }
+    // No input and no `ctx` parameter: where the caller's outputs are (`_zeros(out=...)`).
+    let ctx = ctx.or_else(|| outputs.and_then(|o| o.iter().find_map(|x| x.ctx())));
     let ctx = ctx.unwrap_or(Context::CPU).check_available()?;
     let out_meta = (op.infer)(&attrs, &in_meta)?;
     let total = (op.num_outputs)(&attrs);
@@ -263,6 +265,26 @@ fn same_shape_call(op: &OpDef, inputs: &[&NDArray], outputs: Option<&[&NDArray]>
     let ctx = first.ctx()?;
     let alike = |x: &&&NDArray| x.ctx() == Some(ctx) && x.dtype == first.dtype && x.shape == first.shape;
     inputs[1..].iter().all(|x| alike(&x)).then_some(ctx)
+}
+
+/// Every array of an operation on `ctx` must be memory that its kernel can reach: on a GPU,
+/// that GPU's; on the host, host memory (the host contexts share one address space). A CPU
+/// kernel handed device memory would read and write through device addresses; this is the
+/// one check that keeps every caller (autograd, graphs, the C API) from doing so.
+fn check_devices(op: &OpDef, inputs: &[&NDArray], outs: &[NDArray], ctx: Context) -> Result<()> {
+    let host = ctx.dev_type.is_host();
+    for x in inputs.iter().copied().chain(outs) {
+        if let Some(c) = x.ctx() {
+            if (host && !c.dev_type.is_host()) || (!host && c != ctx) {
+                return Err(Error::value(format!(
+                    "operator {}: an array on {c} cannot be used by an operation on {ctx} \
+                     (copy it with copyto or as_in_context first)",
+                    op.name
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The body of an imperative operation: the kernel, then the copies of outputs computed into
@@ -490,6 +512,7 @@ pub(crate) fn launch(
     if !ctx.dev_type.is_host() && (op.gpu.is_none() || op.resources.contains(&Resource::TempSpace)) {
         return Err(Error::not_supported(format!("operator {} on {ctx}", op.name)));
     }
+    check_devices(op, inputs, outs, ctx)?;
     // The call the engine runs, made in place (moving its views would cost more than the rest
     // of a tiny call); run where it is when the engine runs it here, boxed only when queued.
     let mut slot = Some(KernelCall {
@@ -590,6 +613,28 @@ impl engine::Job for Option<KernelCall> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CPU kernel is never handed device memory, nor a GPU kernel host memory or another
+    /// GPU's, whoever computed the operation's context.
+    #[test]
+    fn arrays_on_another_device_are_refused_before_any_kernel() {
+        use crate::ndarray::DType;
+        let op = crate::op::lookup("elemwise_add").unwrap();
+        let gpu = NDArray::unallocated_on(Context::gpu(0), vec![3], DType::F32);
+        let gpu1 = NDArray::unallocated_on(Context::gpu(1), vec![3], DType::F32);
+        let cpu = NDArray::new(vec![3], Context::CPU, DType::F32, false).unwrap();
+        let pinned = NDArray::unallocated_on(Context::new(DevType::CpuPinned, 0).unwrap(), vec![3], DType::F32);
+        let e = check_devices(op, &[&cpu, &gpu], &[], Context::CPU).unwrap_err().to_string();
+        assert!(e.contains("an array on gpu(0) cannot be used by an operation on cpu(0)"), "{e}");
+        assert!(check_devices(op, &[&cpu], std::slice::from_ref(&gpu), Context::CPU).is_err());
+        assert!(check_devices(op, &[&gpu, &cpu], &[], Context::gpu(0)).is_err());
+        assert!(check_devices(op, &[&gpu, &gpu1], &[], Context::gpu(0)).is_err());
+        assert!(check_devices(op, &[&gpu, &gpu], &[], Context::gpu(0)).is_ok());
+        assert!(check_devices(op, &[&cpu, &pinned], std::slice::from_ref(&cpu), Context::CPU).is_ok());
+        // Through the public path, on a machine without that GPU too.
+        let e = invoke(op, &[&cpu, &gpu], None, std::iter::empty()).unwrap_err().to_string();
+        assert!(e.contains("gpu(0)"), "{e}");
+    }
     use crate::ndarray::testing::{array_f32, values};
     use crate::ndarray::DType;
     use crate::op::lookup;

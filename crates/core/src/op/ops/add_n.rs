@@ -62,6 +62,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("add_n", Inputs::Variadic("args"), all_same("add_n"), Box::new(add_n))
             .alias(&["ElementWiseSum", "_sparse_ElementWiseSum", "_sparse_add_n"])
+            .gpu(crate::op::gpu::GpuKernel::AddN)
             .elementwise_shape()
             .params(PARAMS)
             .num_args_key("num_args")

@@ -327,8 +327,20 @@ fn compute(op: Bin, name: &'static str) -> crate::op::ComputeFn {
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     for b in BINS {
+        // GPU forms: each side's derivative in the output gradient `x` and one backward
+        // input `y` (1: lhs, 2: rhs); the other functions need both inputs (none yet).
+        let gpu = match b.op {
+            Bin::Add => Some([("x", None), ("x", None)]),
+            Bin::Sub => Some([("x", None), ("-x", None)]),
+            Bin::Mul => Some([("x * y", Some(2)), ("x * y", Some(1))]),
+            _ => None,
+        };
         for name in [b.elemwise_grad, b.broadcast_grad].into_iter().flatten() {
-            ops.push(OpDef::backward(name, &[], compute(b.op, name)));
+            let mut def = OpDef::backward(name, &[], compute(b.op, name));
+            if let Some(sides) = gpu {
+                def = def.gpu(crate::op::gpu::GpuKernel::BinaryGrad(sides));
+            }
+            ops.push(def);
         }
     }
 }

@@ -12,6 +12,7 @@
 
 use super::elemwise::{Arith, Calc, ClipParams, ScalarParams, CLIP_PARAMS, SCALAR_PARAMS};
 use crate::error::Result;
+use crate::op::gpu::GpuKernel;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{Attrs, ParamSpec};
 use crate::op::tensor::{Elem, OutBlob, TBlob};
@@ -247,6 +248,57 @@ fn typed<T: Arith>(d: D, a: &Attrs, g: &[T], v: &[T], o: &mut [T]) {
     }
 }
 
+impl D {
+    /// The derivative as a CUDA expression in `x` (the output gradient), `y` (the saved input
+    /// or output) and `s` (the forward's scalar): the GPU form. `None`: none yet.
+    fn cuda(self) -> Option<&'static str> {
+        Some(match self {
+            D::Neg => "-x",
+            D::Degrees => "x * T(57.29577951308232)",
+            D::Radians => "x * T(0.017453292519943295)",
+            D::MulScalar => "x * s",
+            D::DivScalar => "x / s",
+            D::ModScalar => "x",
+            D::Abs => "y > T(0) ? x : (y < T(0) ? -x : T(0))",
+            D::Square => "x * T(2) * y",
+            D::Rsqrt => "x * T(-0.5) * rsqrt(y) / y",
+            D::Rcbrt => "x * T(-1.0 / 3.0) * rcbrt(y) / y",
+            D::Expm1 => "x * exp(y)",
+            D::Log => "x / y",
+            D::Log10 => "x / (y * T(2.302585092994046))",
+            D::Log2 => "x / (y * T(0.6931471805599453))",
+            D::Log1p => "x / (T(1) + y)",
+            D::Sin => "x * cos(y)",
+            D::Cos => "-(x * sin(y))",
+            D::Asin => "x / sqrt(T(1) - y * y)",
+            D::Acos => "-(x / sqrt(T(1) - y * y))",
+            D::Atan => "x / (T(1) + y * y)",
+            D::Sinh => "x * cosh(y)",
+            D::Cosh => "x * sinh(y)",
+            D::Asinh => "x / sqrt(y * y + T(1))",
+            D::Acosh => "x / sqrt(y * y - T(1))",
+            D::Atanh => "x / (T(1) - y * y)",
+            D::Recip => "-(x / (y * y))",
+            D::Softsign => "x / ((T(1) + fabs(y)) * (T(1) + fabs(y)))",
+            D::RdivScalar => "-(x * s / (y * y))",
+            D::RmodScalar => "-(x * floor(s / y))",
+            D::PowerScalar => "x * s * pow(y, s - T(1))",
+            D::MaximumScalar => "y >= s ? x : T(0)",
+            D::MinimumScalar => "y <= s ? x : T(0)",
+            D::HypotScalar => "x * y / hypot(y, s)",
+            D::Clip => return None,
+            D::Sqrt => "x * T(0.5) / y",
+            D::Cbrt => "x / (T(3) * y * y)",
+            D::Exp => "x * y",
+            D::Tan => "x * (T(1) + y * y)",
+            D::Tanh => "x * (T(1) - y * y)",
+            D::Relu => "y > T(0) ? x : T(0)",
+            D::Sigmoid => "x * y * (T(1) - y)",
+            D::RpowerScalar => "x * y * log(s)",
+        })
+    }
+}
+
 fn compute(name: &'static str, d: D) -> crate::op::ComputeFn {
     Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
         if cx.req[0] == Req::Null {
@@ -270,14 +322,46 @@ fn copy_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     for &(name, d, params) in TABLE {
-        ops.push(OpDef::backward(name, params, compute(name, d)));
+        let mut def = OpDef::backward(name, params, compute(name, d));
+        if let Some(e) = d.cuda() {
+            // The derivatives of the scalar forms read the forward's `scalar`.
+            let scalar: Option<fn(&Attrs) -> f64> = if params.first().is_some_and(|p| p.name == "scalar") {
+                Some(|a| ScalarParams::of(a).scalar)
+            } else {
+                None
+            };
+            def = def.gpu(GpuKernel::MapGrad(e, scalar));
+        }
+        ops.push(def);
     }
-    ops.push(OpDef::backward("_backward_copy", &[], Box::new(copy_back)));
+    ops.push(OpDef::backward("_backward_copy", &[], Box::new(copy_back)).gpu(GpuKernel::CopyGrad));
 }
 
 #[cfg(test)]
 mod tests {
     use crate::op::grad::check::{check, values};
+
+    /// The GPU forms of the scalar derivatives read the forward's scalar (a form without it
+    /// would compute with 0: `_backward_mul_scalar` gave zero gradients on a GPU once).
+    #[test]
+    fn gpu_forms_of_scalar_derivatives_read_the_scalar() {
+        use crate::op::gpu::GpuKernel;
+        for (name, d, params) in super::TABLE {
+            let op = crate::op::lookup(name).unwrap();
+            let Some(GpuKernel::MapGrad(_, scalar)) = op.gpu else {
+                assert!(d.cuda().is_none(), "{name} has a derivative but no GPU form");
+                continue;
+            };
+            let wants = params.first().is_some_and(|p| p.name == "scalar");
+            assert_eq!(scalar.is_some(), wants, "{name}");
+            if let Some(f) = scalar {
+                // A backward call gets its forward call's parameters.
+                let fwd = crate::op::lookup("_mul_scalar").unwrap();
+                let attrs = fwd.parse_attrs([("scalar", "2.5")], 1).unwrap();
+                assert_eq!(f(&attrs), 2.5, "{name}");
+            }
+        }
+    }
 
     /// Every differentiable unary operator, with a range of inputs away from kinks and poles.
     const UNARY: &[(&str, f64, f64)] = &[

@@ -112,7 +112,10 @@ fn fc_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(OpDef::backward("_backward_dot", DOT_PARAMS, Box::new(dot_backward)));
     ops.push(OpDef::backward("_backward_batch_dot", DOT_PARAMS, Box::new(batch_dot_backward)));
-    ops.push(OpDef::backward("_backward_FullyConnected", FC_PARAMS, Box::new(fc_backward)));
+    ops.push(
+        OpDef::backward("_backward_FullyConnected", FC_PARAMS, Box::new(fc_backward))
+            .gpu(crate::op::gpu::GpuKernel::FullyConnectedGrad(|a| FcParams::of(a).no_bias)),
+    );
 }
 
 #[cfg(test)]

@@ -776,7 +776,15 @@ fn pooling_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<(
 }
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
-    ops.push(OpDef::backward("_backward_Activation", ACT_PARAMS, Box::new(activation_backward)));
+    ops.push(OpDef::backward("_backward_Activation", ACT_PARAMS, Box::new(activation_backward)).gpu(
+        crate::op::gpu::GpuKernel::MapGradBy(|a| match ActParams::of(a).act_type {
+            "relu" => "y > T(0) ? x : T(0)",
+            "sigmoid" => "x * y * (T(1) - y)",
+            "tanh" => "x * (T(1) - y * y)",
+            "softrelu" => "x * (T(1) - exp(-y))",
+            _ => "x * (T(1) - fabs(y)) * (T(1) - fabs(y))",
+        }),
+    ));
     ops.push(OpDef::backward("_backward_LeakyReLU", LEAKY_PARAMS, Box::new(leaky_backward)));
     ops.push(OpDef::backward("_backward_softmax", SOFTMAX_PARAMS, softmax_backward(false, false)));
     ops.push(OpDef::backward("_backward_log_softmax", SOFTMAX_PARAMS, softmax_backward(true, false)));

@@ -732,6 +732,11 @@ fn multi_tables(stride: usize, states: &[usize]) -> (&'static [(usize, usize)], 
     (Box::leak(pairs.into_boxed_slice()), Box::leak(muts.into_boxed_slice()))
 }
 
+/// SGD without momentum on a GPU: weight `x`, gradient `y`; `p0..p3` are lr, wd,
+/// rescale_grad and clip_gradient (< 0: none), in the CPU kernel's order of operations.
+const SGD_GPU: &str =
+    "p3 >= T(0) ? (T(1) - p0 * p1) * x - p0 * mx_clip(p2 * y, p3) : (T(1) - p0 * p1) * x - (p0 * p2) * y";
+
 fn register_sgd_variants(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new(
@@ -781,7 +786,7 @@ fn register_sgd_variants(ops: &mut Vec<OpDef>) {
     for &(name, stride, states, momentum, mp, kernel, outputs) in table {
         let (pairs, muts) = multi_tables(stride, states);
         let params = if momentum { MULTI_SGD_MOM_PARAMS } else { MULTI_SGD_PARAMS };
-        ops.push(
+        let mut def =
             OpDef::new(name, Inputs::Variadic("data"), multi_infer(name, stride, momentum, mp), Box::new(kernel))
                 .params(params)
                 .outputs(outputs, outputs)
@@ -789,8 +794,14 @@ fn register_sgd_variants(ops: &mut Vec<OpDef>) {
                 .mutates(muts)
                 .doc(format!(
                     "{name}: SGD update of num_weights weights in one call (inputs: weight, grad, ... per weight)."
-                )),
-        );
+                ));
+        if name == "multi_sgd_update" {
+            def = def.gpu(crate::op::gpu::GpuKernel::MultiMap2P(SGD_GPU, |a| {
+                let m = Multi::of(a, false);
+                (0..m.outputs()).map(|i| [m.lrs[i], m.wds[i], m.rescale, m.clip]).collect()
+            }));
+        }
+        ops.push(def);
     }
 }
 
@@ -897,14 +908,19 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ),
     ];
     for &(name, aliases, inputs, params, mutates, kernel, doc) in table {
-        ops.push(
-            OpDef::new(name, Inputs::Fixed(inputs), all_same(name), Box::new(kernel))
-                .alias(aliases)
-                .params(params)
-                .inplace(&[(0, 0)])
-                .mutates(mutates)
-                .doc(doc),
-        );
+        let mut def = OpDef::new(name, Inputs::Fixed(inputs), all_same(name), Box::new(kernel))
+            .alias(aliases)
+            .params(params)
+            .inplace(&[(0, 0)])
+            .mutates(mutates)
+            .doc(doc);
+        if name == "sgd_update" {
+            def = def.gpu(crate::op::gpu::GpuKernel::Map2P(SGD_GPU, |a| {
+                let c = common!(SgdParams::of(a));
+                [c.lr, c.wd, c.rescale, c.clip]
+            }));
+        }
+        ops.push(def);
     }
     register_sgd_variants(ops);
 }

@@ -196,7 +196,14 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ("_backward_min", EXTREME),
     ] {
         let params = params_of(ops, "sum");
-        ops.push(OpDef::backward(name, params, compute(kind)));
+        let mut def = OpDef::backward(name, params, compute(kind));
+        if kind == SUM || kind == MEAN {
+            def = def.gpu(crate::op::gpu::GpuKernel::ReduceGrad {
+                mean: kind == MEAN,
+                flags: |a, ndim| flags_of(a.op, a, ndim),
+            });
+        }
+        ops.push(def);
     }
     let params = params_of(ops, "norm");
     ops.push(OpDef::backward("_backward_norm", params, compute(NORM2)));

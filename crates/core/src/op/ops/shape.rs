@@ -1190,6 +1190,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     );
     ops.push(
         op("reshape_like", Inputs::Fixed(&["lhs", "rhs"]), infer_reshape_like, run_copy)
+            .gpu(crate::op::gpu::GpuKernel::Map1("x"))
             .alias(&["_npx_reshape_like"])
             .params(RESHAPE_LIKE_PARAMS)
             .inplace(&[(0, 0)])
@@ -1308,6 +1309,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     );
     ops.push(
         op("zeros_like", data, infer_same, run_zeros)
+            .gpu(crate::op::gpu::GpuKernel::Fill(|_| 0.0))
             .alias(&["_sparse_zeros_like"])
             .elementwise_shape()
             .grad(Grad::Zero)
@@ -1315,6 +1317,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     );
     ops.push(
         op("ones_like", data, infer_same, run_ones)
+            .gpu(crate::op::gpu::GpuKernel::Fill(|_| 1.0))
             .elementwise_shape()
             .grad(Grad::Zero)
             .doc("Return an array of ones with the same shape and type as the input array."),

@@ -290,8 +290,15 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ("_backward_space_to_depth", "space_to_depth", s2d_back),
         ("_backward_diag", "diag", diag_back),
     ];
+    // Copies: their GPU form is a (converting) copy of the output gradient.
+    const COPIES: &[&str] =
+        &["_backward_reshape", "_backward_squeeze", "_backward_reshape_like", "_backward_cast", "_backward_amp_cast"];
     for &(name, fwd, f) in table {
-        ops.push(OpDef::backward(name, params_of(ops, fwd), Box::new(f)));
+        let mut def = OpDef::backward(name, params_of(ops, fwd), Box::new(f));
+        if COPIES.contains(&name) {
+            def = def.gpu(crate::op::gpu::GpuKernel::CopyGrad);
+        }
+        ops.push(def);
     }
 }
 
