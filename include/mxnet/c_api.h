@@ -231,19 +231,20 @@ int MXSetNumOMPThreads(int thread_num);
 // `out` must be NULL or valid for writes.
 int MXGetNumOMPThreads(int *out);
 
-// Number of GPUs: 0 in a build without CUDA (success, as stock without GPUs).
+// Number of GPUs: 0 on a machine without a CUDA driver or GPU (success, as stock).
 //
 // # Safety
 // `out` must be NULL or valid for writes.
 int MXGetGPUCount(int *out);
 
-// Free and total memory of GPU `dev`, in bytes. Fails without a GPU.
+// Free and total memory of GPU `dev`, in bytes. Fails without that GPU.
 //
 // # Safety
 // `free_mem` and `total_mem` must be NULL or valid for writes.
 int MXGetGPUMemoryInformation64(int dev, uint64_t *free_mem, uint64_t *total_mem);
 
-// Deprecated int version of [`MXGetGPUMemoryInformation64`]. Fails without a GPU.
+// Deprecated int version of [`MXGetGPUMemoryInformation64`]: bytes in an int, clamped to
+// `INT_MAX` (stock casts, which wraps on any GPU of 2 GiB or more).
 //
 // # Safety
 // `free_mem` and `total_mem` must be NULL or valid for writes.
