@@ -41,18 +41,20 @@ static void library_info(void) {
   CHECK(starts_with(MXGetLastError(), "ValueError: out must not be NULL"));
   CHECK(MXGetVersion(&version) == 0 && version == 10901);
 
+  /* CUDA is found at run time: on exactly where the machine has a GPU (none in CI). */
+  CHECK(MXGetGPUCount(&count) == 0 && count >= 0);
   CHECK(MXLibInfoFeatures(&features, &n) == 0 && n == 32);
   CHECK(MXLibInfoFeatures(&again, &n) == 0 && again == features); /* static lifetime */
   for (i = 0; i < n; i++) {
     if (strcmp(features[i].name, "TVM_OP") == 0) seen_tvm = !features[i].enabled;
     if (strcmp(features[i].name, "INT64_TENSOR_SIZE") == 0) seen_int64 = !features[i].enabled;
-    if (strcmp(features[i].name, "CUDA") == 0) CHECK(!features[i].enabled);
+    if (strcmp(features[i].name, "CUDA") == 0) CHECK(features[i].enabled == (count > 0));
   }
   CHECK(seen_tvm && seen_int64);
 
-  CHECK(MXGetGPUCount(&count) == 0 && count == 0);
-  CHECK(MXGetGPUMemoryInformation64(0, &free_mem, &total_mem) == -1);
-  CHECK(starts_with(MXGetLastError(), "MXNetError: gpu(0) is not available"));
+  CHECK(MXGetGPUMemoryInformation64(count, &free_mem, &total_mem) == -1);
+  CHECK(starts_with(MXGetLastError(), "MXNetError: gpu("));
+  CHECK(strstr(MXGetLastError(), ") is not available") != NULL);
 
   CHECK(MXSetNumOMPThreads(0) == -1);
   CHECK(starts_with(MXGetLastError(), "ValueError:"));
