@@ -60,6 +60,10 @@ typedef void (*EngineSyncFunc)(void*, void*);
 
 typedef void *ExecutorHandle;
 
+// An executor monitor's callback (stock `ExecutorMonitorCallback`): a name, a new array
+// handle the callee owns (and frees), and the pointer given with it.
+typedef void (*ExecutorMonitorCallback)(const char *name, NDArrayHandle array, void *handle);
+
 typedef void *DataIterCreator;
 
 typedef void *DataIterHandle;
@@ -403,7 +407,7 @@ int MXGetConfig(const char *name, const char **out_json);
 
 // Bind a symbol to arrays: `in_args`, `arg_grad_store` (entries may be NULL) and
 // `grad_req_type` (0 null, 1 write, 2 in-place, 3 add) in `list_arguments` order, `aux_states`
-// in `list_auxiliary_states` order. Device maps are not supported (one CPU context);
+// in `list_auxiliary_states` order. Device maps are accepted when every device is the host (see `check_group2ctx`);
 // `shared_exec`, when given, must be a live executor (its memory is not shared).
 //
 // # Safety
@@ -424,9 +428,48 @@ int MXExecutorBindEX(SymbolHandle symbol_handle,
                      ExecutorHandle shared_exec,
                      ExecutorHandle *out);
 
+// [`MXExecutorBindEX`] without a shared executor.
+//
+// # Safety
+// As for [`MXExecutorBindEX`].
+int MXExecutorBindX(SymbolHandle symbol_handle,
+                    int dev_type,
+                    int dev_id,
+                    uint32_t num_map_keys,
+                    const char **map_keys,
+                    const int *map_dev_types,
+                    const int *map_dev_ids,
+                    uint32_t len,
+                    NDArrayHandle *in_args,
+                    NDArrayHandle *arg_grad_store,
+                    uint32_t *grad_req_type,
+                    uint32_t aux_states_len,
+                    NDArrayHandle *aux_states,
+                    ExecutorHandle *out);
+
+// [`MXExecutorBindEX`] without device maps or a shared executor.
+//
+// # Safety
+// As for [`MXExecutorBindEX`].
+int MXExecutorBind(SymbolHandle symbol_handle,
+                   int dev_type,
+                   int dev_id,
+                   uint32_t len,
+                   NDArrayHandle *in_args,
+                   NDArrayHandle *arg_grad_store,
+                   uint32_t *grad_req_type,
+                   uint32_t aux_states_len,
+                   NDArrayHandle *aux_states,
+                   ExecutorHandle *out);
+
 // Bind with arrays allocated here from shapes (and dtypes) given by name; see stock's
-// documentation of the arguments. Shared buffers, shared executors, device maps and
-// non-default storage types are not supported.
+// documentation of the arguments. With a shared buffer (`shared_buffer_len` >= 0; as in
+// stock, the shared names and executor are ignored without one), arguments named in
+// `shared_arg_name_list` (the model's parameters) are taken with their gradients from
+// `shared_exec_handle` when given (as are the auxiliary states), else made; the others, and
+// their gradients (`grad of <name>`), reuse the buffer's arrays of that name when large
+// enough, and new ones are added to it. The updated buffer comes back as new handles.
+// Device maps onto GPUs and non-default storage types are not supported.
 //
 // # Safety
 // Arrays must hold the counts given; out-params valid for writes.
@@ -464,6 +507,155 @@ int MXExecutorSimpleBindEx(SymbolHandle symbol_handle,
                            NDArrayHandle **aux_states,
                            ExecutorHandle shared_exec_handle,
                            ExecutorHandle *out);
+
+// [`MXExecutorSimpleBindEx`] with unsigned 32-bit shape data (the oldest form).
+//
+// # Safety
+// As for [`MXExecutorSimpleBindEx`].
+int MXExecutorSimpleBind(SymbolHandle symbol_handle,
+                         int dev_type,
+                         int dev_id,
+                         uint32_t num_g2c_keys,
+                         const char **g2c_keys,
+                         const int *g2c_dev_types,
+                         const int *g2c_dev_ids,
+                         uint32_t provided_grad_req_list_len,
+                         const char **provided_grad_req_names,
+                         const char **provided_grad_req_types,
+                         uint32_t num_provided_arg_shapes,
+                         const char **provided_arg_shape_names,
+                         const uint32_t *provided_arg_shape_data,
+                         const uint32_t *provided_arg_shape_idx,
+                         uint32_t num_provided_arg_dtypes,
+                         const char **provided_arg_dtype_names,
+                         const int *provided_arg_dtypes,
+                         uint32_t num_provided_arg_stypes,
+                         const char **provided_arg_stype_names,
+                         const int *provided_arg_stypes,
+                         uint32_t num_shared_arg_names,
+                         const char **shared_arg_name_list,
+                         int *shared_buffer_len,
+                         const char **shared_buffer_name_list,
+                         NDArrayHandle *shared_buffer_handle_list,
+                         const char ***updated_shared_buffer_name_list,
+                         NDArrayHandle **updated_shared_buffer_handle_list,
+                         uint32_t *num_in_args,
+                         NDArrayHandle **in_args,
+                         NDArrayHandle **arg_grads,
+                         uint32_t *num_aux_states,
+                         NDArrayHandle **aux_states,
+                         ExecutorHandle shared_exec_handle,
+                         ExecutorHandle *out);
+
+// [`MXExecutorSimpleBindEx`] with 64-bit shape data (the frontend's large-tensor form).
+//
+// # Safety
+// As for [`MXExecutorSimpleBindEx`].
+int MXExecutorSimpleBindEx64(SymbolHandle symbol_handle,
+                             int dev_type,
+                             int dev_id,
+                             uint32_t num_g2c_keys,
+                             const char **g2c_keys,
+                             const int *g2c_dev_types,
+                             const int *g2c_dev_ids,
+                             uint32_t provided_grad_req_list_len,
+                             const char **provided_grad_req_names,
+                             const char **provided_grad_req_types,
+                             uint32_t num_provided_arg_shapes,
+                             const char **provided_arg_shape_names,
+                             const int64_t *provided_arg_shape_data,
+                             const uint32_t *provided_arg_shape_idx,
+                             uint32_t num_provided_arg_dtypes,
+                             const char **provided_arg_dtype_names,
+                             const int *provided_arg_dtypes,
+                             uint32_t num_provided_arg_stypes,
+                             const char **provided_arg_stype_names,
+                             const int *provided_arg_stypes,
+                             uint32_t num_shared_arg_names,
+                             const char **shared_arg_name_list,
+                             int *shared_buffer_len,
+                             const char **shared_buffer_name_list,
+                             NDArrayHandle *shared_buffer_handle_list,
+                             const char ***updated_shared_buffer_name_list,
+                             NDArrayHandle **updated_shared_buffer_handle_list,
+                             uint32_t *num_in_args,
+                             NDArrayHandle **in_args,
+                             NDArrayHandle **arg_grads,
+                             uint32_t *num_aux_states,
+                             NDArrayHandle **aux_states,
+                             ExecutorHandle shared_exec_handle,
+                             ExecutorHandle *out);
+
+// A new executor for new input shapes over `shared_exec`'s memory (see
+// `Executor::reshape`): arrays that shrink or keep their size are views of the old ones,
+// larger ones are new and need `allow_up_sizing`; a shape that changes without being given
+// needs `partial_shaping`. Device maps onto GPUs are not supported.
+//
+// # Safety
+// Arrays must hold the counts given; out-params valid for writes.
+int MXExecutorReshapeEx(int partial_shaping,
+                        int allow_up_sizing,
+                        int dev_type,
+                        int dev_id,
+                        uint32_t num_map_keys,
+                        const char **map_keys,
+                        const int *map_dev_types,
+                        const int *map_dev_ids,
+                        uint32_t num_provided_arg_shapes,
+                        const char **provided_arg_shape_names,
+                        const int *provided_arg_shape_data,
+                        const uint32_t *provided_arg_shape_idx,
+                        uint32_t *num_in_args,
+                        NDArrayHandle **in_args,
+                        NDArrayHandle **arg_grads,
+                        uint32_t *num_aux_states,
+                        NDArrayHandle **aux_states,
+                        ExecutorHandle shared_exec,
+                        ExecutorHandle *out);
+
+// [`MXExecutorReshapeEx`] with unsigned 32-bit shape data.
+//
+// # Safety
+// As for [`MXExecutorReshapeEx`].
+int MXExecutorReshape(int partial_shaping,
+                      int allow_up_sizing,
+                      int dev_type,
+                      int dev_id,
+                      uint32_t num_map_keys,
+                      const char **map_keys,
+                      const int *map_dev_types,
+                      const int *map_dev_ids,
+                      uint32_t num_provided_arg_shapes,
+                      const char **provided_arg_shape_names,
+                      const uint32_t *provided_arg_shape_data,
+                      const uint32_t *provided_arg_shape_idx,
+                      uint32_t *num_in_args,
+                      NDArrayHandle **in_args,
+                      NDArrayHandle **arg_grads,
+                      uint32_t *num_aux_states,
+                      NDArrayHandle **aux_states,
+                      ExecutorHandle shared_exec,
+                      ExecutorHandle *out);
+
+// Call `callback` after each operator of later forwards with each output (`<node>_output`),
+// as a new handle the callee frees; NULL removes the monitor.
+int MXExecutorSetMonitorCallback(ExecutorHandle handle,
+                                 ExecutorMonitorCallback callback,
+                                 void *callback_handle);
+
+// [`MXExecutorSetMonitorCallback`]; with `monitor_all`, each operator's inputs are shown
+// first (`<node>_<input>`, a variable input under its own name as well).
+int MXExecutorSetMonitorCallbackEX(ExecutorHandle handle,
+                                   ExecutorMonitorCallback callback,
+                                   void *callback_handle,
+                                   bool monitor_all);
+
+// The executor's symbol (a copy; this runtime runs the bound graph as it is, with no graph
+// rewriting, so it is the symbol that was bound).
+//
+// # Safety
+// `out` must be NULL or valid for writes.
+int MXExecutorGetOptimizedSymbol(ExecutorHandle handle, SymbolHandle *out);
 
 // Run forward (`is_train`: record for backward, training mode).
 int MXExecutorForward(ExecutorHandle handle, int is_train);

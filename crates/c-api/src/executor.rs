@@ -1,20 +1,24 @@
-//! C API: the symbolic Executor (MXExecutorBindEX, MXExecutorSimpleBindEx, Forward,
-//! Backward[Ex], Outputs, Print, Free). Bound graphs run through `executor::bind`; outputs use
-//! a per-thread array valid until the next `MXExecutorOutputs` on the same thread, and
-//! SimpleBind's array lists likewise until its next call.
+//! C API: the symbolic Executor (MXExecutorBind[X|EX], MXExecutorSimpleBind[Ex|Ex64] with
+//! the Module API's shared parameters, buffers and executors, MXExecutorReshape[Ex], Forward,
+//! Backward[Ex], Outputs, SetMonitorCallback[EX], GetOptimizedSymbol, Print, Free). Bound
+//! graphs run through `executor::bind`; outputs use a per-thread array valid until the next
+//! `MXExecutorOutputs` on the same thread, and the array lists of SimpleBind and Reshape
+//! likewise until the next such call.
 
 use super::ffi::{self, cstr};
 use super::ndarray::arrays;
-use super::types::{ExecutorHandle, NDArrayHandle, SymbolHandle};
+use super::types::{ExecutorHandle, ExecutorMonitorCallback, NDArrayHandle, SymbolHandle};
 use crate::handle::HandleTable;
 use mxnet_core::autograd::GradReq;
 use mxnet_core::context::Context;
 use mxnet_core::error::{Error, Result};
-use mxnet_core::executor::bind::Executor;
+use mxnet_core::executor::bind::{Executor, Sharing};
+use mxnet_core::executor::Monitor;
 use mxnet_core::ndarray::{DType, NDArray};
 use mxnet_core::symbol::infer::{self, Given};
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int, CString};
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::{Arc, OnceLock};
 
 fn executors() -> &'static HandleTable<Executor> {
@@ -25,9 +29,13 @@ fn executors() -> &'static HandleTable<Executor> {
 /// The three handle arrays `MXExecutorBindEX` returns (arguments, gradients, auxiliary states).
 type BindArrays = (Vec<NDArrayHandle>, Vec<NDArrayHandle>, Vec<NDArrayHandle>);
 
+/// The shared buffer SimpleBind hands back: names (and their C strings) and new handles.
+type BufferOut = (Vec<CString>, Vec<*const c_char>, Vec<NDArrayHandle>);
+
 thread_local! {
     static OUTPUTS: RefCell<Vec<NDArrayHandle>> = const { RefCell::new(Vec::new()) };
     static BIND_OUT: RefCell<Box<BindArrays>> = RefCell::new(Box::default());
+    static BUFFER_OUT: RefCell<Box<BufferOut>> = RefCell::new(Box::default());
     static PRINT: RefCell<CString> = RefCell::new(CString::default());
 }
 
@@ -54,7 +62,7 @@ fn array(h: NDArrayHandle) -> Result<Option<NDArray>> {
 
 /// Bind a symbol to arrays: `in_args`, `arg_grad_store` (entries may be NULL) and
 /// `grad_req_type` (0 null, 1 write, 2 in-place, 3 add) in `list_arguments` order, `aux_states`
-/// in `list_auxiliary_states` order. Device maps are not supported (one CPU context);
+/// in `list_auxiliary_states` order. Device maps are accepted when every device is the host (see `check_group2ctx`);
 /// `shared_exec`, when given, must be a live executor (its memory is not shared).
 ///
 /// # Safety
@@ -77,19 +85,17 @@ pub unsafe extern "C" fn MXExecutorBindEX(
     shared_exec: ExecutorHandle,
     out: *mut ExecutorHandle,
 ) -> c_int {
-    let _ = (map_keys, map_dev_types, map_dev_ids);
+    let _ = map_keys;
     // SAFETY: per this function's contract.
     unsafe {
         ffi::call_out("MXExecutorBindEX", out, "out", || {
-            Context::from_codes(dev_type, dev_id)?.check_available()?;
+            let ctx = Context::from_codes(dev_type, dev_id)?.check_available()?;
             // Memory is not shared with `shared_exec` (results are the same without), but the
             // handle must be a live executor.
             if !shared_exec.is_null() {
                 executors().get(shared_exec)?;
             }
-            if num_map_keys > 0 {
-                return Err(Error::not_supported("group2ctx device maps in bind"));
-            }
+            check_group2ctx(ctx, num_map_keys, map_dev_types, map_dev_ids, "bind")?;
             let sym = super::symbol::symbol(symbol_handle)?;
             let args = list(in_args, len, "in_args")?
                 .iter()
@@ -117,6 +123,88 @@ pub unsafe extern "C" fn MXExecutorBindEX(
     }
 }
 
+/// [`MXExecutorBindEX`] without a shared executor.
+///
+/// # Safety
+/// As for [`MXExecutorBindEX`].
+#[no_mangle]
+pub unsafe extern "C" fn MXExecutorBindX(
+    symbol_handle: SymbolHandle,
+    dev_type: c_int,
+    dev_id: c_int,
+    num_map_keys: u32,
+    map_keys: *mut *const c_char,
+    map_dev_types: *const c_int,
+    map_dev_ids: *const c_int,
+    len: u32,
+    in_args: *mut NDArrayHandle,
+    arg_grad_store: *mut NDArrayHandle,
+    grad_req_type: *mut u32,
+    aux_states_len: u32,
+    aux_states: *mut NDArrayHandle,
+    out: *mut ExecutorHandle,
+) -> c_int {
+    // SAFETY: per this function's contract.
+    unsafe {
+        MXExecutorBindEX(
+            symbol_handle,
+            dev_type,
+            dev_id,
+            num_map_keys,
+            map_keys,
+            map_dev_types,
+            map_dev_ids,
+            len,
+            in_args,
+            arg_grad_store,
+            grad_req_type,
+            aux_states_len,
+            aux_states,
+            std::ptr::null_mut(),
+            out,
+        )
+    }
+}
+
+/// [`MXExecutorBindEX`] without device maps or a shared executor.
+///
+/// # Safety
+/// As for [`MXExecutorBindEX`].
+#[no_mangle]
+pub unsafe extern "C" fn MXExecutorBind(
+    symbol_handle: SymbolHandle,
+    dev_type: c_int,
+    dev_id: c_int,
+    len: u32,
+    in_args: *mut NDArrayHandle,
+    arg_grad_store: *mut NDArrayHandle,
+    grad_req_type: *mut u32,
+    aux_states_len: u32,
+    aux_states: *mut NDArrayHandle,
+    out: *mut ExecutorHandle,
+) -> c_int {
+    // SAFETY: per this function's contract.
+    unsafe {
+        MXExecutorBindEX(
+            symbol_handle,
+            dev_type,
+            dev_id,
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+            len,
+            in_args,
+            arg_grad_store,
+            grad_req_type,
+            aux_states_len,
+            aux_states,
+            std::ptr::null_mut(),
+            out,
+        )
+    }
+}
+
 fn req_from_name(s: &str) -> Result<GradReq> {
     match s {
         "null" => Ok(GradReq::Null),
@@ -126,9 +214,233 @@ fn req_from_name(s: &str) -> Result<GradReq> {
     }
 }
 
+/// Group-to-context maps (model parallelism): accepted when the default device and every
+/// device they name are the host, where placement changes nothing (CPU contexts share one
+/// memory); maps onto other devices are not supported yet.
+///
+/// # Safety
+/// `types` and `ids` must hold `n` values when `n > 0`.
+unsafe fn check_group2ctx(default: Context, n: u32, types: *const c_int, ids: *const c_int, what: &str) -> Result<()> {
+    // SAFETY: per this function's contract.
+    let (types, ids) = unsafe { (list(types, n, "group2ctx device types")?, list(ids, n, "group2ctx device ids")?) };
+    for (&t, &i) in types.iter().zip(ids) {
+        if !(default.dev_type.is_host() && Context::from_codes(t, i)?.dev_type.is_host()) {
+            return Err(Error::not_supported(format!("group2ctx device maps onto GPUs in {what}")));
+        }
+    }
+    Ok(())
+}
+
+/// `names[k]` with the dimensions `data[idx[k]..idx[k + 1]]` (the frontend's shape lists).
+///
+/// # Safety
+/// `names` must hold `n` strings, `idx` `n + 1` offsets and `data` `idx[n]` values.
+unsafe fn named_shapes<T: Copy + Into<i64>>(
+    n: u32,
+    names: *const *const c_char,
+    data: *const T,
+    idx: *const u32,
+) -> Result<Vec<(String, Vec<i64>)>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: per this function's contract.
+    unsafe {
+        let names = list(names, n, "provided_arg_shape_names")?;
+        let idx = list(idx, n + 1, "provided_arg_shape_idx")?;
+        let mut out = Vec::with_capacity(names.len());
+        for (k, &name) in names.iter().enumerate() {
+            let (a, b) = (idx[k] as usize, idx[k + 1] as usize);
+            if b < a {
+                return Err(Error::value("provided_arg_shape_idx is not increasing"));
+            }
+            let dims = list(data.wrapping_add(a), (b - a) as u32, "provided_arg_shape_data")?;
+            out.push((cstr(name, "shape name")?.to_string(), dims.iter().map(|&d| d.into()).collect()));
+        }
+        Ok(out)
+    }
+}
+
+/// Hand the bound arrays to the caller through this thread's [`BIND_OUT`].
+///
+/// # Safety
+/// Out-params must be NULL or valid for writes.
+unsafe fn hand_out_arrays(
+    e: &Executor,
+    num_in_args: *mut u32,
+    in_args: *mut *mut NDArrayHandle,
+    arg_grads: *mut *mut NDArrayHandle,
+    num_aux_states: *mut u32,
+    aux_states: *mut *mut NDArrayHandle,
+) -> Result<()> {
+    BIND_OUT.with(|slot| -> Result<()> {
+        let mut slot = slot.borrow_mut();
+        let (a, g, x) = &mut **slot;
+        *a = e.arg_arrays().into_iter().map(|v| arrays().insert(Arc::new(v))).collect();
+        *g = e
+            .grad_arrays()
+            .into_iter()
+            .map(|v| v.map_or(std::ptr::null_mut(), |v| arrays().insert(Arc::new(v))))
+            .collect();
+        *x = e.aux_arrays().into_iter().map(|v| arrays().insert(Arc::new(v))).collect();
+        // SAFETY: per this function's contract.
+        unsafe {
+            *ffi::out(num_in_args, "num_in_args")? = a.len() as u32;
+            *ffi::out(in_args, "in_args")? = a.as_mut_ptr();
+            *ffi::out(arg_grads, "arg_grads")? = g.as_mut_ptr();
+            *ffi::out(num_aux_states, "num_aux_states")? = x.len() as u32;
+            *ffi::out(aux_states, "aux_states")? = x.as_mut_ptr();
+        }
+        Ok(())
+    })
+}
+
+/// The body of the three SimpleBind entry points, which differ in the type of the shape data.
+///
+/// # Safety
+/// As for [`MXExecutorSimpleBindEx`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn simple_bind<T: Copy + Into<i64>>(
+    symbol_handle: SymbolHandle,
+    dev_type: c_int,
+    dev_id: c_int,
+    num_g2c_keys: u32,
+    g2c_dev_types: *const c_int,
+    g2c_dev_ids: *const c_int,
+    provided_grad_req_list_len: u32,
+    provided_grad_req_names: *const *const c_char,
+    provided_grad_req_types: *const *const c_char,
+    num_provided_arg_shapes: u32,
+    provided_arg_shape_names: *const *const c_char,
+    provided_arg_shape_data: *const T,
+    provided_arg_shape_idx: *const u32,
+    num_provided_arg_dtypes: u32,
+    provided_arg_dtype_names: *const *const c_char,
+    provided_arg_dtypes: *const c_int,
+    num_provided_arg_stypes: u32,
+    provided_arg_stypes: *const c_int,
+    num_shared_arg_names: u32,
+    shared_arg_name_list: *const *const c_char,
+    shared_buffer_len: *mut c_int,
+    shared_buffer_name_list: *const *const c_char,
+    shared_buffer_handle_list: *const NDArrayHandle,
+    updated_shared_buffer_name_list: *mut *mut *const c_char,
+    updated_shared_buffer_handle_list: *mut *mut NDArrayHandle,
+    num_in_args: *mut u32,
+    in_args: *mut *mut NDArrayHandle,
+    arg_grads: *mut *mut NDArrayHandle,
+    num_aux_states: *mut u32,
+    aux_states: *mut *mut NDArrayHandle,
+    shared_exec_handle: ExecutorHandle,
+    out: *mut ExecutorHandle,
+) -> Result<()> {
+    let ctx = Context::from_codes(dev_type, dev_id)?.check_available()?;
+    // SAFETY: per this function's contract.
+    unsafe { check_group2ctx(ctx, num_g2c_keys, g2c_dev_types, g2c_dev_ids, "simple_bind")? };
+    // SAFETY: per this function's contract.
+    unsafe {
+        if list(provided_arg_stypes, num_provided_arg_stypes, "provided_arg_stypes")?.iter().any(|&s| s != 0) {
+            return Err(Error::not_supported("sparse storage types in simple_bind"));
+        }
+        let sym = super::symbol::symbol(symbol_handle)?;
+        let shapes = named_shapes(
+            num_provided_arg_shapes,
+            provided_arg_shape_names,
+            provided_arg_shape_data,
+            provided_arg_shape_idx,
+        )?
+        .into_iter()
+        .map(|(n, s)| (n, Some(s)))
+        .collect();
+        let dnames = list(provided_arg_dtype_names, num_provided_arg_dtypes, "provided_arg_dtype_names")?;
+        let dcodes = list(provided_arg_dtypes, num_provided_arg_dtypes, "provided_arg_dtypes")?;
+        let dtypes = dnames
+            .iter()
+            .zip(dcodes)
+            .map(|(&n, &c)| Ok((cstr(n, "dtype name")?.to_string(), Some(DType::from_code(c)?))))
+            .collect::<Result<Vec<_>>>()?;
+        let s = infer::infer_shapes(&sym, Given::Keyword(shapes), mxnet_core::ndarray::np_shape::get() != 0)?;
+        if !s.complete {
+            return Err(Error::mxnet("simple_bind: the given shapes do not determine every argument's shape"));
+        }
+        let t = infer::infer_types(&sym, Given::Keyword(dtypes))?;
+        let arg_names = sym.list_input_names(mxnet_core::symbol::InputKind::Args);
+        let rnames = list(provided_grad_req_names, provided_grad_req_list_len, "provided_grad_req_names")?;
+        let rtypes = list(provided_grad_req_types, provided_grad_req_list_len, "provided_grad_req_types")?;
+        let mut reqs = vec![GradReq::Write; arg_names.len()];
+        if provided_grad_req_list_len > 0 && provided_grad_req_names.is_null() {
+            // One request for all.
+            let r = req_from_name(cstr(rtypes[0], "grad req")?)?;
+            reqs.iter_mut().for_each(|x| *x = r);
+        } else if provided_grad_req_list_len > 0 {
+            for (&n, &r) in rnames.iter().zip(rtypes) {
+                let (n, r) = (cstr(n, "grad req name")?, req_from_name(cstr(r, "grad req")?)?);
+                let k = arg_names
+                    .iter()
+                    .position(|a| a == n)
+                    .ok_or_else(|| Error::value(format!("grad_req names unknown argument {n}")))?;
+                reqs[k] = r;
+            }
+        }
+        let spec = |shape: &Option<Vec<i64>>, dt: &Option<DType>| -> (Vec<usize>, DType) {
+            let shape = shape.as_ref().map_or(Vec::new(), |s| s.iter().map(|&d| d.max(0) as usize).collect());
+            (shape, dt.unwrap_or(DType::F32))
+        };
+        let args: Vec<_> = s.args.iter().zip(&t.args).map(|(sh, dt)| spec(sh, dt)).collect();
+        let aux: Vec<_> = s.aux.iter().zip(&t.aux).map(|(sh, dt)| spec(sh, dt)).collect();
+        let shared_exec = if shared_exec_handle.is_null() { None } else { Some(executors().get(shared_exec_handle)?) };
+        let arg_names = list(shared_arg_name_list, num_shared_arg_names, "shared_arg_name_list")?
+            .iter()
+            .map(|&n| cstr(n, "shared argument name").map(str::to_string))
+            .collect::<Result<HashSet<_>>>()?;
+        // A negative length (or none): the frontend passed no buffer.
+        let buffer_len = if shared_buffer_len.is_null() { -1 } else { *shared_buffer_len };
+        let mut buffer = if buffer_len < 0 {
+            None
+        } else {
+            let names = list(shared_buffer_name_list, buffer_len as u32, "shared_buffer_name_list")?;
+            let handles = list(shared_buffer_handle_list, buffer_len as u32, "shared_buffer_handle_list")?;
+            let mut m = BTreeMap::new();
+            for (&n, &h) in names.iter().zip(handles) {
+                let a = array(h)?.ok_or_else(|| Error::value("shared_buffer_handle_list holds a NULL handle"))?;
+                m.insert(cstr(n, "shared buffer name")?.to_string(), a);
+            }
+            Some(m)
+        };
+        // As in stock, the shared names and executor count only with a buffer.
+        let sharing = buffer.as_mut().map(|buffer| Sharing { arg_names, exec: shared_exec.as_deref(), buffer });
+        let exec = Executor::simple_bind(&sym, ctx, &args, &aux, reqs, sharing)?;
+        hand_out_arrays(&exec, num_in_args, in_args, arg_grads, num_aux_states, aux_states)?;
+        if let Some(buffer) = buffer {
+            BUFFER_OUT.with(|slot| -> Result<()> {
+                let mut slot = slot.borrow_mut();
+                let (names, ptrs, handles) = &mut **slot;
+                *names = buffer
+                    .keys()
+                    .map(|k| CString::new(k.as_str()).map_err(|_| Error::value("a shared buffer name holds a NUL")))
+                    .collect::<Result<_>>()?;
+                *ptrs = names.iter().map(|c| c.as_ptr()).collect();
+                *handles = buffer.into_values().map(|a| arrays().insert(Arc::new(a))).collect();
+                *ffi::out(shared_buffer_len, "shared_buffer_len")? = handles.len() as c_int;
+                *ffi::out(updated_shared_buffer_name_list, "updated_shared_buffer_name_list")? = ptrs.as_mut_ptr();
+                *ffi::out(updated_shared_buffer_handle_list, "updated_shared_buffer_handle_list")? =
+                    handles.as_mut_ptr();
+                Ok(())
+            })?;
+        }
+        *ffi::out(out, "out")? = executors().insert(Arc::new(exec));
+        Ok(())
+    }
+}
+
 /// Bind with arrays allocated here from shapes (and dtypes) given by name; see stock's
-/// documentation of the arguments. Shared buffers, shared executors, device maps and
-/// non-default storage types are not supported.
+/// documentation of the arguments. With a shared buffer (`shared_buffer_len` >= 0; as in
+/// stock, the shared names and executor are ignored without one), arguments named in
+/// `shared_arg_name_list` (the model's parameters) are taken with their gradients from
+/// `shared_exec_handle` when given (as are the auxiliary states), else made; the others, and
+/// their gradients (`grad of <name>`), reuse the buffer's arrays of that name when large
+/// enough, and new ones are added to it. The updated buffer comes back as new handles.
+/// Device maps onto GPUs and non-default storage types are not supported.
 ///
 /// # Safety
 /// Arrays must hold the counts given; out-params valid for writes.
@@ -169,116 +481,432 @@ pub unsafe extern "C" fn MXExecutorSimpleBindEx(
     shared_exec_handle: ExecutorHandle,
     out: *mut ExecutorHandle,
 ) -> c_int {
-    let _ = (
-        g2c_keys,
-        g2c_dev_types,
-        g2c_dev_ids,
-        provided_arg_stype_names,
-        shared_arg_name_list,
-        shared_buffer_name_list,
-        shared_buffer_handle_list,
-        updated_shared_buffer_name_list,
-        updated_shared_buffer_handle_list,
-    );
-    ffi::call("MXExecutorSimpleBindEx", || {
-        let ctx = Context::from_codes(dev_type, dev_id)?.check_available()?;
-        if num_g2c_keys > 0 {
-            return Err(Error::not_supported("group2ctx device maps in simple_bind"));
-        }
-        if num_shared_arg_names > 0
-            || !shared_exec_handle.is_null()
-            || (!shared_buffer_len.is_null() && unsafe { *shared_buffer_len } > 0)
-        {
-            return Err(Error::not_supported("shared arguments, buffers or executors in simple_bind"));
-        }
-        // SAFETY: per this function's contract.
-        unsafe {
-            if list(provided_arg_stypes, num_provided_arg_stypes, "provided_arg_stypes")?.iter().any(|&s| s != 0) {
-                return Err(Error::not_supported("sparse storage types in simple_bind"));
-            }
-            let sym = super::symbol::symbol(symbol_handle)?;
-            let names = list(provided_arg_shape_names, num_provided_arg_shapes, "provided_arg_shape_names")?;
-            let idx = list(provided_arg_shape_idx, num_provided_arg_shapes + 1, "provided_arg_shape_idx")?;
-            let mut shapes = Vec::with_capacity(names.len());
-            for (k, &n) in names.iter().enumerate() {
-                let (a, b) = (idx[k] as usize, idx[k + 1] as usize);
-                if b < a {
-                    return Err(Error::value("provided_arg_shape_idx is not increasing"));
-                }
-                let dims = list(provided_arg_shape_data.add(a), (b - a) as u32, "provided_arg_shape_data")?;
-                shapes.push((cstr(n, "shape name")?.to_string(), Some(dims.iter().map(|&d| d as i64).collect())));
-            }
-            let dnames = list(provided_arg_dtype_names, num_provided_arg_dtypes, "provided_arg_dtype_names")?;
-            let dcodes = list(provided_arg_dtypes, num_provided_arg_dtypes, "provided_arg_dtypes")?;
-            let dtypes = dnames
-                .iter()
-                .zip(dcodes)
-                .map(|(&n, &c)| Ok((cstr(n, "dtype name")?.to_string(), Some(DType::from_code(c)?))))
-                .collect::<Result<Vec<_>>>()?;
-            let s = infer::infer_shapes(&sym, Given::Keyword(shapes), mxnet_core::ndarray::np_shape::get() != 0)?;
-            if !s.complete {
-                return Err(Error::mxnet("simple_bind: the given shapes do not determine every argument's shape"));
-            }
-            let t = infer::infer_types(&sym, Given::Keyword(dtypes))?;
-            let arg_names = sym.list_input_names(mxnet_core::symbol::InputKind::Args);
-            let rnames = list(provided_grad_req_names, provided_grad_req_list_len, "provided_grad_req_names")?;
-            let rtypes = list(provided_grad_req_types, provided_grad_req_list_len, "provided_grad_req_types")?;
-            let mut reqs = vec![GradReq::Write; arg_names.len()];
-            if provided_grad_req_list_len > 0 && provided_grad_req_names.is_null() {
-                // One request for all.
-                let r = req_from_name(cstr(rtypes[0], "grad req")?)?;
-                reqs.iter_mut().for_each(|x| *x = r);
-            } else if provided_grad_req_list_len > 0 {
-                for (&n, &r) in rnames.iter().zip(rtypes) {
-                    let (n, r) = (cstr(n, "grad req name")?, req_from_name(cstr(r, "grad req")?)?);
-                    let k = arg_names
-                        .iter()
-                        .position(|a| a == n)
-                        .ok_or_else(|| Error::value(format!("grad_req names unknown argument {n}")))?;
-                    reqs[k] = r;
-                }
-            }
-            let alloc = |shape: &Option<Vec<i64>>, dt: &Option<DType>| -> Result<NDArray> {
-                let shape: Vec<usize> = shape.as_ref().expect("complete").iter().map(|&d| d as usize).collect();
-                let a = NDArray::new(shape, ctx, dt.unwrap_or(DType::F32), false)?;
-                mxnet_core::autograd::invoke(
-                    mxnet_core::op::lookup("zeros_like")?,
-                    &[&a],
-                    Some(&[&a]),
-                    std::iter::empty(),
-                )?;
-                Ok(a)
-            };
-            let args: Vec<NDArray> = s.args.iter().zip(&t.args).map(|(sh, dt)| alloc(sh, dt)).collect::<Result<_>>()?;
-            let grads: Vec<Option<NDArray>> = s
-                .args
-                .iter()
-                .zip(&t.args)
-                .zip(&reqs)
-                .map(|((sh, dt), r)| if *r == GradReq::Null { Ok(None) } else { alloc(sh, dt).map(Some) })
-                .collect::<Result<_>>()?;
-            let aux: Vec<NDArray> = s.aux.iter().zip(&t.aux).map(|(sh, dt)| alloc(sh, dt)).collect::<Result<_>>()?;
-            let exec = Executor::bind(&sym, args.clone(), grads.clone(), reqs, aux.clone())?;
-            BIND_OUT.with(|slot| -> Result<()> {
-                let mut slot = slot.borrow_mut();
-                let (a, g, x) = &mut **slot;
-                *a = args.into_iter().map(|v| arrays().insert(Arc::new(v))).collect();
-                *g = grads
-                    .into_iter()
-                    .map(|v| v.map_or(std::ptr::null_mut(), |v| arrays().insert(Arc::new(v))))
-                    .collect();
-                *x = aux.into_iter().map(|v| arrays().insert(Arc::new(v))).collect();
-                *ffi::out(num_in_args, "num_in_args")? = a.len() as u32;
-                *ffi::out(in_args, "in_args")? = a.as_mut_ptr();
-                *ffi::out(arg_grads, "arg_grads")? = g.as_mut_ptr();
-                *ffi::out(num_aux_states, "num_aux_states")? = x.len() as u32;
-                *ffi::out(aux_states, "aux_states")? = x.as_mut_ptr();
-                Ok(())
-            })?;
-            *ffi::out(out, "out")? = executors().insert(Arc::new(exec));
-            Ok(())
-        }
+    let _ = (g2c_keys, provided_arg_stype_names);
+    // SAFETY: per this function's contract.
+    ffi::call("MXExecutorSimpleBindEx", || unsafe {
+        simple_bind(
+            symbol_handle,
+            dev_type,
+            dev_id,
+            num_g2c_keys,
+            g2c_dev_types,
+            g2c_dev_ids,
+            provided_grad_req_list_len,
+            provided_grad_req_names,
+            provided_grad_req_types,
+            num_provided_arg_shapes,
+            provided_arg_shape_names,
+            provided_arg_shape_data,
+            provided_arg_shape_idx,
+            num_provided_arg_dtypes,
+            provided_arg_dtype_names,
+            provided_arg_dtypes,
+            num_provided_arg_stypes,
+            provided_arg_stypes,
+            num_shared_arg_names,
+            shared_arg_name_list,
+            shared_buffer_len,
+            shared_buffer_name_list,
+            shared_buffer_handle_list,
+            updated_shared_buffer_name_list,
+            updated_shared_buffer_handle_list,
+            num_in_args,
+            in_args,
+            arg_grads,
+            num_aux_states,
+            aux_states,
+            shared_exec_handle,
+            out,
+        )
     })
+}
+
+/// [`MXExecutorSimpleBindEx`] with unsigned 32-bit shape data (the oldest form).
+///
+/// # Safety
+/// As for [`MXExecutorSimpleBindEx`].
+#[no_mangle]
+pub unsafe extern "C" fn MXExecutorSimpleBind(
+    symbol_handle: SymbolHandle,
+    dev_type: c_int,
+    dev_id: c_int,
+    num_g2c_keys: u32,
+    g2c_keys: *mut *const c_char,
+    g2c_dev_types: *const c_int,
+    g2c_dev_ids: *const c_int,
+    provided_grad_req_list_len: u32,
+    provided_grad_req_names: *mut *const c_char,
+    provided_grad_req_types: *mut *const c_char,
+    num_provided_arg_shapes: u32,
+    provided_arg_shape_names: *mut *const c_char,
+    provided_arg_shape_data: *const u32,
+    provided_arg_shape_idx: *const u32,
+    num_provided_arg_dtypes: u32,
+    provided_arg_dtype_names: *mut *const c_char,
+    provided_arg_dtypes: *const c_int,
+    num_provided_arg_stypes: u32,
+    provided_arg_stype_names: *mut *const c_char,
+    provided_arg_stypes: *const c_int,
+    num_shared_arg_names: u32,
+    shared_arg_name_list: *mut *const c_char,
+    shared_buffer_len: *mut c_int,
+    shared_buffer_name_list: *mut *const c_char,
+    shared_buffer_handle_list: *mut NDArrayHandle,
+    updated_shared_buffer_name_list: *mut *mut *const c_char,
+    updated_shared_buffer_handle_list: *mut *mut NDArrayHandle,
+    num_in_args: *mut u32,
+    in_args: *mut *mut NDArrayHandle,
+    arg_grads: *mut *mut NDArrayHandle,
+    num_aux_states: *mut u32,
+    aux_states: *mut *mut NDArrayHandle,
+    shared_exec_handle: ExecutorHandle,
+    out: *mut ExecutorHandle,
+) -> c_int {
+    let _ = (g2c_keys, provided_arg_stype_names);
+    // SAFETY: per this function's contract.
+    ffi::call("MXExecutorSimpleBind", || unsafe {
+        simple_bind(
+            symbol_handle,
+            dev_type,
+            dev_id,
+            num_g2c_keys,
+            g2c_dev_types,
+            g2c_dev_ids,
+            provided_grad_req_list_len,
+            provided_grad_req_names,
+            provided_grad_req_types,
+            num_provided_arg_shapes,
+            provided_arg_shape_names,
+            provided_arg_shape_data,
+            provided_arg_shape_idx,
+            num_provided_arg_dtypes,
+            provided_arg_dtype_names,
+            provided_arg_dtypes,
+            num_provided_arg_stypes,
+            provided_arg_stypes,
+            num_shared_arg_names,
+            shared_arg_name_list,
+            shared_buffer_len,
+            shared_buffer_name_list,
+            shared_buffer_handle_list,
+            updated_shared_buffer_name_list,
+            updated_shared_buffer_handle_list,
+            num_in_args,
+            in_args,
+            arg_grads,
+            num_aux_states,
+            aux_states,
+            shared_exec_handle,
+            out,
+        )
+    })
+}
+
+/// [`MXExecutorSimpleBindEx`] with 64-bit shape data (the frontend's large-tensor form).
+///
+/// # Safety
+/// As for [`MXExecutorSimpleBindEx`].
+#[no_mangle]
+pub unsafe extern "C" fn MXExecutorSimpleBindEx64(
+    symbol_handle: SymbolHandle,
+    dev_type: c_int,
+    dev_id: c_int,
+    num_g2c_keys: u32,
+    g2c_keys: *mut *const c_char,
+    g2c_dev_types: *const c_int,
+    g2c_dev_ids: *const c_int,
+    provided_grad_req_list_len: u32,
+    provided_grad_req_names: *mut *const c_char,
+    provided_grad_req_types: *mut *const c_char,
+    num_provided_arg_shapes: u32,
+    provided_arg_shape_names: *mut *const c_char,
+    provided_arg_shape_data: *const i64,
+    provided_arg_shape_idx: *const u32,
+    num_provided_arg_dtypes: u32,
+    provided_arg_dtype_names: *mut *const c_char,
+    provided_arg_dtypes: *const c_int,
+    num_provided_arg_stypes: u32,
+    provided_arg_stype_names: *mut *const c_char,
+    provided_arg_stypes: *const c_int,
+    num_shared_arg_names: u32,
+    shared_arg_name_list: *mut *const c_char,
+    shared_buffer_len: *mut c_int,
+    shared_buffer_name_list: *mut *const c_char,
+    shared_buffer_handle_list: *mut NDArrayHandle,
+    updated_shared_buffer_name_list: *mut *mut *const c_char,
+    updated_shared_buffer_handle_list: *mut *mut NDArrayHandle,
+    num_in_args: *mut u32,
+    in_args: *mut *mut NDArrayHandle,
+    arg_grads: *mut *mut NDArrayHandle,
+    num_aux_states: *mut u32,
+    aux_states: *mut *mut NDArrayHandle,
+    shared_exec_handle: ExecutorHandle,
+    out: *mut ExecutorHandle,
+) -> c_int {
+    let _ = (g2c_keys, provided_arg_stype_names);
+    // SAFETY: per this function's contract.
+    ffi::call("MXExecutorSimpleBindEx64", || unsafe {
+        simple_bind(
+            symbol_handle,
+            dev_type,
+            dev_id,
+            num_g2c_keys,
+            g2c_dev_types,
+            g2c_dev_ids,
+            provided_grad_req_list_len,
+            provided_grad_req_names,
+            provided_grad_req_types,
+            num_provided_arg_shapes,
+            provided_arg_shape_names,
+            provided_arg_shape_data,
+            provided_arg_shape_idx,
+            num_provided_arg_dtypes,
+            provided_arg_dtype_names,
+            provided_arg_dtypes,
+            num_provided_arg_stypes,
+            provided_arg_stypes,
+            num_shared_arg_names,
+            shared_arg_name_list,
+            shared_buffer_len,
+            shared_buffer_name_list,
+            shared_buffer_handle_list,
+            updated_shared_buffer_name_list,
+            updated_shared_buffer_handle_list,
+            num_in_args,
+            in_args,
+            arg_grads,
+            num_aux_states,
+            aux_states,
+            shared_exec_handle,
+            out,
+        )
+    })
+}
+
+/// The body of the two Reshape entry points, which differ in the type of the shape data.
+///
+/// # Safety
+/// As for [`MXExecutorReshapeEx`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn reshape<T: Copy + Into<i64>>(
+    partial_shaping: c_int,
+    allow_up_sizing: c_int,
+    dev_type: c_int,
+    dev_id: c_int,
+    num_map_keys: u32,
+    map_dev_types: *const c_int,
+    map_dev_ids: *const c_int,
+    num_provided_arg_shapes: u32,
+    provided_arg_shape_names: *const *const c_char,
+    provided_arg_shape_data: *const T,
+    provided_arg_shape_idx: *const u32,
+    num_in_args: *mut u32,
+    in_args: *mut *mut NDArrayHandle,
+    arg_grads: *mut *mut NDArrayHandle,
+    num_aux_states: *mut u32,
+    aux_states: *mut *mut NDArrayHandle,
+    shared_exec: ExecutorHandle,
+    out: *mut ExecutorHandle,
+) -> Result<()> {
+    let ctx = Context::from_codes(dev_type, dev_id)?.check_available()?;
+    // SAFETY: per this function's contract.
+    unsafe { check_group2ctx(ctx, num_map_keys, map_dev_types, map_dev_ids, "reshape")? };
+    let old = executors().get(shared_exec)?;
+    // SAFETY: per this function's contract.
+    unsafe {
+        let provided = named_shapes(
+            num_provided_arg_shapes,
+            provided_arg_shape_names,
+            provided_arg_shape_data,
+            provided_arg_shape_idx,
+        )?;
+        let exec = old.reshape(partial_shaping != 0, allow_up_sizing != 0, &provided)?;
+        hand_out_arrays(&exec, num_in_args, in_args, arg_grads, num_aux_states, aux_states)?;
+        *ffi::out(out, "out")? = executors().insert(Arc::new(exec));
+    }
+    Ok(())
+}
+
+/// A new executor for new input shapes over `shared_exec`'s memory (see
+/// `Executor::reshape`): arrays that shrink or keep their size are views of the old ones,
+/// larger ones are new and need `allow_up_sizing`; a shape that changes without being given
+/// needs `partial_shaping`. Device maps onto GPUs are not supported.
+///
+/// # Safety
+/// Arrays must hold the counts given; out-params valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXExecutorReshapeEx(
+    partial_shaping: c_int,
+    allow_up_sizing: c_int,
+    dev_type: c_int,
+    dev_id: c_int,
+    num_map_keys: u32,
+    map_keys: *mut *const c_char,
+    map_dev_types: *const c_int,
+    map_dev_ids: *const c_int,
+    num_provided_arg_shapes: u32,
+    provided_arg_shape_names: *mut *const c_char,
+    provided_arg_shape_data: *const c_int,
+    provided_arg_shape_idx: *const u32,
+    num_in_args: *mut u32,
+    in_args: *mut *mut NDArrayHandle,
+    arg_grads: *mut *mut NDArrayHandle,
+    num_aux_states: *mut u32,
+    aux_states: *mut *mut NDArrayHandle,
+    shared_exec: ExecutorHandle,
+    out: *mut ExecutorHandle,
+) -> c_int {
+    let _ = map_keys;
+    // SAFETY: per this function's contract.
+    ffi::call("MXExecutorReshapeEx", || unsafe {
+        reshape(
+            partial_shaping,
+            allow_up_sizing,
+            dev_type,
+            dev_id,
+            num_map_keys,
+            map_dev_types,
+            map_dev_ids,
+            num_provided_arg_shapes,
+            provided_arg_shape_names,
+            provided_arg_shape_data,
+            provided_arg_shape_idx,
+            num_in_args,
+            in_args,
+            arg_grads,
+            num_aux_states,
+            aux_states,
+            shared_exec,
+            out,
+        )
+    })
+}
+
+/// [`MXExecutorReshapeEx`] with unsigned 32-bit shape data.
+///
+/// # Safety
+/// As for [`MXExecutorReshapeEx`].
+#[no_mangle]
+pub unsafe extern "C" fn MXExecutorReshape(
+    partial_shaping: c_int,
+    allow_up_sizing: c_int,
+    dev_type: c_int,
+    dev_id: c_int,
+    num_map_keys: u32,
+    map_keys: *mut *const c_char,
+    map_dev_types: *const c_int,
+    map_dev_ids: *const c_int,
+    num_provided_arg_shapes: u32,
+    provided_arg_shape_names: *mut *const c_char,
+    provided_arg_shape_data: *const u32,
+    provided_arg_shape_idx: *const u32,
+    num_in_args: *mut u32,
+    in_args: *mut *mut NDArrayHandle,
+    arg_grads: *mut *mut NDArrayHandle,
+    num_aux_states: *mut u32,
+    aux_states: *mut *mut NDArrayHandle,
+    shared_exec: ExecutorHandle,
+    out: *mut ExecutorHandle,
+) -> c_int {
+    let _ = map_keys;
+    // SAFETY: per this function's contract.
+    ffi::call("MXExecutorReshape", || unsafe {
+        reshape(
+            partial_shaping,
+            allow_up_sizing,
+            dev_type,
+            dev_id,
+            num_map_keys,
+            map_dev_types,
+            map_dev_ids,
+            num_provided_arg_shapes,
+            provided_arg_shape_names,
+            provided_arg_shape_data,
+            provided_arg_shape_idx,
+            num_in_args,
+            in_args,
+            arg_grads,
+            num_aux_states,
+            aux_states,
+            shared_exec,
+            out,
+        )
+    })
+}
+
+/// A frontend's monitor callback and its pointer.
+struct CMonitor {
+    f: unsafe extern "C" fn(*const c_char, NDArrayHandle, *mut c_void),
+    data: *mut c_void,
+}
+
+// SAFETY: stock's contract for `MXExecutorSetMonitorCallback`: the callback may be called
+// on whichever thread runs the executor's forward, and `data` stays valid (it is only handed
+// back to the callback) until another callback is set or the executor is freed.
+unsafe impl Send for CMonitor {}
+unsafe impl Sync for CMonitor {}
+
+impl CMonitor {
+    fn call(&self, name: &CString, array: NDArrayHandle) {
+        // SAFETY: the callback's contract (see `CMonitor`); the handle is new and the
+        // callee's to free.
+        unsafe { (self.f)(name.as_ptr(), array, self.data) };
+    }
+}
+
+fn set_monitor(handle: ExecutorHandle, callback: ExecutorMonitorCallback, data: *mut c_void, all: bool) -> Result<()> {
+    let e = executors().get(handle)?;
+    let Some(f) = callback else {
+        e.set_monitor(None);
+        return Ok(());
+    };
+    let c = CMonitor { f, data };
+    let callback = move |name: &str, a: &NDArray| {
+        // A name with a NUL (impossible for graph names) is not reported.
+        let Ok(name) = CString::new(name) else { return };
+        let h = arrays().insert(Arc::new(a.detached()));
+        c.call(&name, h);
+    };
+    e.set_monitor(Some(Monitor { all, callback: Arc::new(callback) }));
+    Ok(())
+}
+
+/// Call `callback` after each operator of later forwards with each output (`<node>_output`),
+/// as a new handle the callee frees; NULL removes the monitor.
+#[no_mangle]
+pub extern "C" fn MXExecutorSetMonitorCallback(
+    handle: ExecutorHandle,
+    callback: ExecutorMonitorCallback,
+    callback_handle: *mut c_void,
+) -> c_int {
+    ffi::call("MXExecutorSetMonitorCallback", || set_monitor(handle, callback, callback_handle, false))
+}
+
+/// [`MXExecutorSetMonitorCallback`]; with `monitor_all`, each operator's inputs are shown
+/// first (`<node>_<input>`, a variable input under its own name as well).
+#[no_mangle]
+pub extern "C" fn MXExecutorSetMonitorCallbackEX(
+    handle: ExecutorHandle,
+    callback: ExecutorMonitorCallback,
+    callback_handle: *mut c_void,
+    monitor_all: bool,
+) -> c_int {
+    ffi::call("MXExecutorSetMonitorCallbackEX", || set_monitor(handle, callback, callback_handle, monitor_all))
+}
+
+/// The executor's symbol (a copy; this runtime runs the bound graph as it is, with no graph
+/// rewriting, so it is the symbol that was bound).
+///
+/// # Safety
+/// `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXExecutorGetOptimizedSymbol(handle: ExecutorHandle, out: *mut SymbolHandle) -> c_int {
+    // SAFETY: per this function's contract.
+    unsafe {
+        ffi::call_out("MXExecutorGetOptimizedSymbol", out, "out", || {
+            Ok(super::symbol::new_handle(executors().get(handle)?.symbol()))
+        })
+    }
 }
 
 /// Run forward (`is_train`: record for backward, training mode).

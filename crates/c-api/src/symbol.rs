@@ -33,7 +33,7 @@ pub fn symbol(h: SymbolHandle) -> Result<Symbol> {
     Ok(snapshot)
 }
 
-fn new_handle(s: Symbol) -> SymbolHandle {
+pub(crate) fn new_handle(s: Symbol) -> SymbolHandle {
     symbols().insert(Arc::new(RwLock::new(s)))
 }
 

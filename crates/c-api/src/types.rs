@@ -49,3 +49,8 @@ pub type CustomOpPropCreator = Option<
         ret: *mut MXCallbackList,
     ) -> std::ffi::c_int,
 >;
+
+/// An executor monitor's callback (stock `ExecutorMonitorCallback`): a name, a new array
+/// handle the callee owns (and frees), and the pointer given with it.
+pub type ExecutorMonitorCallback =
+    Option<unsafe extern "C" fn(name: *const std::ffi::c_char, array: NDArrayHandle, handle: *mut c_void)>;

@@ -1,17 +1,27 @@
-//! The symbolic Executor (`MXExecutorBindEX`, `MXExecutorSimpleBindEx`): bound argument,
-//! gradient and auxiliary arrays; forward (recorded in training mode) and backward into the
-//! bound gradient arrays per their requests.
+//! The symbolic Executor (`MXExecutorBindEX`, `MXExecutorSimpleBindEx`,
+//! `MXExecutorReshapeEx`): bound argument, gradient and auxiliary arrays; simple binding with
+//! the Module API's sharing (parameters from a shared executor, data arrays from a shared
+//! buffer); reshaping into a new executor over the same memory; forward (recorded in training
+//! mode, optionally monitored) and backward into the bound gradient arrays per their requests.
 
-use super::Runner;
+use super::{Monitor, Runner};
 use crate::autograd::{self, BackwardArgs, GradReq};
+use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::ndarray::NDArray;
+use crate::ndarray::{DType, NDArray};
 use crate::symbol::Symbol;
 use crate::sync::Mutex;
+use std::collections::{BTreeMap, HashSet};
 
 /// A bound executor.
 pub struct Executor {
     runner: Runner,
+    /// The bound symbol (a copy: later changes to the caller's symbol do not reach it).
+    sym: Symbol,
+    /// Argument and auxiliary-state names (`list_arguments`, `list_auxiliary_states` order)
+    /// with their positions in `inputs`.
+    args: Vec<(String, usize)>,
+    aux: Vec<(String, usize)>,
     /// Bound arrays per input node (`list_inputs` order), with their gradient arrays/requests.
     inputs: Vec<NDArray>,
     grads: Vec<(GradReq, Option<NDArray>)>,
@@ -20,6 +30,88 @@ pub struct Executor {
     outputs: Mutex<Vec<NDArray>>,
     /// The last forward's results, linked to its recorded graph (the heads of backward).
     heads: Mutex<Vec<NDArray>>,
+    monitor: Mutex<Option<Monitor>>,
+}
+
+/// What a simple-bound executor shares, as the Module API asks (stock's `shared_arg_names`,
+/// `shared_exec` and `shared_buffer`; stock applies the first two only with a buffer, hence
+/// one value).
+pub struct Sharing<'a> {
+    /// The model parameters: taken (with their gradients) from `exec` when given, else new.
+    pub arg_names: HashSet<String>,
+    /// Also gives every auxiliary state.
+    pub exec: Option<&'a Executor>,
+    /// Arrays by name that other arguments and their gradients (`grad of <name>`) reuse when
+    /// large enough (a view of their first elements); new arrays are added to it.
+    pub buffer: &'a mut BTreeMap<String, NDArray>,
+}
+
+/// An array's shape and dtype, as simple binding is given them.
+pub type ArraySpec = (Vec<usize>, DType);
+
+/// An array filled with zeros.
+fn zeros(shape: &[usize], ctx: Context, dtype: DType) -> Result<NDArray> {
+    let a = NDArray::new(shape.to_vec(), ctx, dtype, false)?;
+    crate::autograd::invoke(crate::op::lookup("zeros_like")?, &[&a], Some(&[&a]), std::iter::empty())?;
+    Ok(a)
+}
+
+/// The array `shared` holds for `name` (`what`: which of the shared executor's arrays) when it
+/// has the inferred shape and dtype; stock's messages otherwise.
+fn reuse(name: &str, what: &str, shared: Option<&NDArray>, shape: &[usize], dtype: DType) -> Result<NDArray> {
+    let a = shared.ok_or_else(|| Error::mxnet(format!("the shared executor has no {what} named {name}")))?;
+    if a.shape != shape {
+        return Err(Error::mxnet(format!(
+            "Inferred shape does not match shared_exec.{what}'s shape. Therefore, the allocated memory for \
+             shared_exec.{what} cannot be reused for the argument {name} of the current executor \
+             (inferred {shape:?}, shared {:?})",
+            a.shape
+        )));
+    }
+    if a.dtype != dtype {
+        return Err(Error::mxnet(format!(
+            "Inferred dtype does not match shared_exec.{what}'s dtype ({} vs {}) for the argument {name}",
+            dtype.name(),
+            a.dtype.name()
+        )));
+    }
+    Ok(a.clone())
+}
+
+/// Stock's `ReshapeOrCreate`: `name`'s array in `buffer` viewed with `shape` when it holds
+/// enough elements, else a new array of zeros, which the buffer then keeps under `name`.
+fn reshape_or_create(
+    name: &str,
+    shape: &[usize],
+    dtype: DType,
+    ctx: Context,
+    buffer: &mut BTreeMap<String, NDArray>,
+) -> Result<NDArray> {
+    let need: usize = shape.iter().product();
+    if let Some(old) = buffer.get(name) {
+        if old.size() >= need {
+            if old.dtype != dtype {
+                return Err(Error::mxnet(format!(
+                    "Requested arg array's dtype does not match that of the reusable ndarray: {name} is {} in the \
+                     shared buffer, {} here",
+                    old.dtype.name(),
+                    dtype.name()
+                )));
+            }
+            return old.prefix_view(shape);
+        }
+    }
+    if let Some(old) = buffer.get(name) {
+        eprintln!(
+            "[mxnet-rt] Bucketing: data {name} has a shape {shape:?}, which is larger than already allocated \
+             shape {:?}. Need to re-allocate. Consider putting default bucket key to be the bucket taking the \
+             largest input for better memory sharing.",
+            old.shape
+        );
+    }
+    let a = zeros(shape, ctx, dtype)?;
+    buffer.insert(name.to_string(), a.clone());
+    Ok(a)
 }
 
 impl Executor {
@@ -53,49 +145,241 @@ impl Executor {
         let mut inputs = vec![NDArray::none(); runner.inputs.len()];
         let mut gr = vec![(GradReq::Null, None); runner.inputs.len()];
         let pos = |node: usize| runner.inputs.iter().position(|&n| n == node).expect("inputs are variable nodes");
-        for (k, ((a, g), r)) in args.into_iter().zip(grads).zip(reqs).enumerate() {
-            let p = pos(arg_nodes[k]);
+        let named = |nodes: &[usize]| -> Vec<(String, usize)> {
+            nodes.iter().map(|&n| (runner.graph.nodes[n].name.clone(), pos(n))).collect()
+        };
+        let (arg_pos, aux_pos) = (named(&arg_nodes), named(&aux_nodes));
+        for ((a, g), (r, (_, p))) in args.into_iter().zip(grads).zip(reqs.into_iter().zip(&arg_pos)) {
             let r = if g.is_none() { GradReq::Null } else { r };
-            inputs[p] = a;
-            gr[p] = (r, g);
+            inputs[*p] = a;
+            gr[*p] = (r, g);
         }
-        for (k, a) in aux.into_iter().enumerate() {
-            inputs[pos(aux_nodes[k])] = a;
+        for (a, (_, p)) in aux.into_iter().zip(&aux_pos) {
+            inputs[*p] = a;
         }
         let outputs = Mutex::new(allocated_outputs(&runner, &inputs));
-        Ok(Executor { runner, inputs, grads: gr, outputs, heads: Mutex::new(Vec::new()) })
+        Ok(Executor {
+            runner,
+            sym: sym.deep_copy(),
+            args: arg_pos,
+            aux: aux_pos,
+            inputs,
+            grads: gr,
+            outputs,
+            heads: Mutex::new(Vec::new()),
+            monitor: Mutex::new(None),
+        })
+    }
+
+    /// Bind new arrays of the inferred shapes and dtypes (`args`, `reqs` in `list_arguments`
+    /// order, `aux` in `list_auxiliary_states` order), zero-filled, or shared as `sharing`
+    /// says (stock's `SimpleBind`; without sharing every array is new).
+    pub fn simple_bind(
+        sym: &Symbol,
+        ctx: Context,
+        args: &[ArraySpec],
+        aux: &[ArraySpec],
+        reqs: Vec<GradReq>,
+        mut sharing: Option<Sharing>,
+    ) -> Result<Executor> {
+        let g = sym.graph();
+        let arg_names: Vec<&str> = g.arg_nodes().into_iter().map(|n| g.nodes[n].name.as_str()).collect();
+        let aux_names: Vec<&str> = g.aux_nodes().into_iter().map(|n| g.nodes[n].name.as_str()).collect();
+        if args.len() != arg_names.len() || reqs.len() != args.len() || aux.len() != aux_names.len() {
+            return Err(Error::value(format!(
+                "simple_bind: the symbol has {} arguments and {} auxiliary states, got {} argument shapes, {} \
+                 requests and {} auxiliary shapes",
+                arg_names.len(),
+                aux_names.len(),
+                args.len(),
+                reqs.len(),
+                aux.len()
+            )));
+        }
+        let (mut bound, mut grads) = (Vec::with_capacity(args.len()), Vec::with_capacity(args.len()));
+        for ((&name, (shape, dt)), &req) in arg_names.iter().zip(args).zip(&reqs) {
+            let wants_grad = req != GradReq::Null;
+            let (a, g) = match &mut sharing {
+                None => (zeros(shape, ctx, *dt)?, wants_grad.then(|| zeros(shape, ctx, *dt)).transpose()?),
+                Some(sh) if sh.arg_names.contains(name) => match sh.exec {
+                    Some(e) => {
+                        let a = reuse(name, "arg_array", e.arg(name), shape, *dt)?;
+                        let g = match (wants_grad, e.grad(name)) {
+                            (false, _) => None,
+                            (true, Some(g)) => Some(reuse(name, "grad_array", Some(g), shape, *dt)?),
+                            (true, None) => Some(zeros(shape, ctx, *dt)?),
+                        };
+                        (a, g)
+                    }
+                    None => (zeros(shape, ctx, *dt)?, wants_grad.then(|| zeros(shape, ctx, *dt)).transpose()?),
+                },
+                Some(sh) => {
+                    let a = reshape_or_create(name, shape, *dt, ctx, sh.buffer)?;
+                    let g = wants_grad
+                        .then(|| reshape_or_create(&format!("grad of {name}"), shape, *dt, ctx, sh.buffer))
+                        .transpose()?;
+                    (a, g)
+                }
+            };
+            bound.push(a);
+            grads.push(g);
+        }
+        let aux = aux_names
+            .iter()
+            .zip(aux)
+            .map(|(&name, (shape, dt))| match sharing.as_ref().and_then(|sh| sh.exec) {
+                Some(e) => reuse(name, "aux_array", e.aux_state(name), shape, *dt),
+                None => zeros(shape, ctx, *dt),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Executor::bind(sym, bound, grads, reqs, aux)
+    }
+
+    /// A new executor for new input shapes (`provided`, by name) over this one's memory (stock's
+    /// `Reshape`): an array keeps its memory, viewed with the new shape, when that holds no more
+    /// elements; a larger one is new (zero-filled) and needs `allow_up_sizing`. An array whose
+    /// shape was not given and changes is an error unless `partial_shaping`.
+    pub fn reshape(
+        &self,
+        partial_shaping: bool,
+        allow_up_sizing: bool,
+        provided: &[(String, Vec<i64>)],
+    ) -> Result<Executor> {
+        let g = &self.runner.graph;
+        let given: Vec<Option<Vec<i64>>> = self
+            .runner
+            .inputs
+            .iter()
+            .map(|&n| provided.iter().find(|(k, _)| *k == g.nodes[n].name).map(|(_, s)| s.clone()))
+            .collect();
+        for (k, _) in provided {
+            if !self.runner.inputs.iter().any(|&n| g.nodes[n].name == *k) {
+                return Err(Error::value(format!("reshape: the symbol has no input named {k}")));
+            }
+        }
+        let inferred = crate::symbol::infer::infer(g, &given, &[], crate::ndarray::np_shape::get() != 0)?;
+        let new_shape = |pos: usize, name: &str| -> Result<Vec<usize>> {
+            let e = inferred.offsets[self.runner.inputs[pos]];
+            inferred.shapes[e]
+                .as_ref()
+                .and_then(|s| s.iter().map(|&d| usize::try_from(d).ok()).collect::<Option<Vec<_>>>())
+                .ok_or_else(|| Error::mxnet(format!("reshape: the new shape of {name} cannot be inferred")))
+        };
+        let resize = |name: &str, a: &NDArray, shape: &[usize]| -> Result<NDArray> {
+            if shape.iter().product::<usize>() > a.size() {
+                if !allow_up_sizing {
+                    return Err(Error::mxnet(format!(
+                        "New shape of arg: {name} is larger than original. First making a big executor and then \
+                         down sizing it is more efficient than the reverse. If you really want to up size, set \
+                         allow_up_sizing=True to enable allocation of new arrays."
+                    )));
+                }
+                zeros(shape, a.ctx().unwrap_or(Context::CPU), a.dtype)
+            } else {
+                a.prefix_view(shape)
+            }
+        };
+        let check_kept = |name: &str, given: bool, old: &[usize], new: &[usize]| -> Result<()> {
+            if partial_shaping || given || old == new {
+                Ok(())
+            } else {
+                Err(Error::mxnet(format!(
+                    "Shape of unspecified arg: {name} changed ({old:?} to {new:?}). This can cause the new executor \
+                     to not share parameters with the old one. Please check for error in network. If this is \
+                     intended, set partial_shaping=True to suppress this warning."
+                )))
+            }
+        };
+        let (mut args, mut grads, mut reqs) = (Vec::new(), Vec::new(), Vec::new());
+        for (name, p) in &self.args {
+            let shape = new_shape(*p, name)?;
+            let a = &self.inputs[*p];
+            check_kept(name, given[*p].is_some(), &a.shape, &shape)?;
+            args.push(resize(name, a, &shape)?);
+            let (r, g) = &self.grads[*p];
+            grads.push(g.as_ref().map(|g| resize(name, g, &shape)).transpose()?);
+            reqs.push(*r);
+        }
+        let mut aux = Vec::new();
+        for (name, p) in &self.aux {
+            let shape = new_shape(*p, name)?;
+            let a = &self.inputs[*p];
+            check_kept(name, false, &a.shape, &shape)?;
+            aux.push(resize(name, a, &shape)?);
+        }
+        let new = Executor::bind(&self.sym, args, grads, reqs, aux)?;
+        // The outputs share memory too (stock's reshaped executor plans its memory in the
+        // original's): where an old output holds enough elements, the new one is a view of it.
+        {
+            let old = self.outputs.lock();
+            let mut outs = new.outputs.lock();
+            for (o, prev) in outs.iter_mut().zip(old.iter()) {
+                if o.dtype == prev.dtype && o.size() <= prev.size() && prev.ctx() == o.ctx() {
+                    *o = prev.prefix_view(&o.shape)?;
+                }
+            }
+        }
+        Ok(new)
+    }
+
+    /// The bound argument arrays (`list_arguments` order).
+    pub fn arg_arrays(&self) -> Vec<NDArray> {
+        self.args.iter().map(|(_, p)| self.inputs[*p].clone()).collect()
+    }
+    /// The bound gradient arrays (`list_arguments` order; `None` where the request is null).
+    pub fn grad_arrays(&self) -> Vec<Option<NDArray>> {
+        self.args.iter().map(|(_, p)| self.grads[*p].1.clone()).collect()
+    }
+    /// The bound auxiliary states (`list_auxiliary_states` order).
+    pub fn aux_arrays(&self) -> Vec<NDArray> {
+        self.aux.iter().map(|(_, p)| self.inputs[*p].clone()).collect()
+    }
+    fn arg(&self, name: &str) -> Option<&NDArray> {
+        self.args.iter().find(|(n, _)| n == name).map(|(_, p)| &self.inputs[*p])
+    }
+    fn grad(&self, name: &str) -> Option<&NDArray> {
+        self.args.iter().find(|(n, _)| n == name).and_then(|(_, p)| self.grads[*p].1.as_ref())
+    }
+    fn aux_state(&self, name: &str) -> Option<&NDArray> {
+        self.aux.iter().find(|(n, _)| n == name).map(|(_, p)| &self.inputs[*p])
+    }
+    /// The bound symbol (stock's "optimized" symbol: this runtime rewrites no graph).
+    pub fn symbol(&self) -> Symbol {
+        self.sym.deep_copy()
+    }
+
+    /// Show each later forward's operator outputs (and inputs) to `monitor`; `None` stops.
+    pub fn set_monitor(&self, monitor: Option<Monitor>) {
+        *self.monitor.lock() = monitor;
     }
 
     /// Run forward; in training mode the run is recorded for [`Executor::backward`].
     pub fn forward(&self, is_train: bool) -> Result<()> {
-        let outs =
-            if is_train {
-                let inputs: Vec<NDArray> =
-                    self.inputs
-                        .iter()
-                        .zip(&self.grads)
-                        .map(|(x, (r, g))| {
-                            if *r == GradReq::Null {
-                                Ok(x.detached())
-                            } else {
-                                autograd::mark_variable(x, *r, g.clone())
-                            }
-                        })
-                        .collect::<Result<_>>()?;
-                let prev_rec = autograd::set_recording(true);
-                let prev_train = autograd::set_training(true);
-                let r = self.runner.configured_bulk(true).and_then(|b| self.runner.run(&inputs, b));
-                autograd::set_recording(prev_rec);
-                autograd::set_training(prev_train);
-                r?
-            } else {
-                let prev_rec = autograd::set_recording(false);
-                let prev_train = autograd::set_training(false);
-                let r = self.runner.configured_bulk(false).and_then(|b| self.runner.run(&self.inputs, b));
-                autograd::set_recording(prev_rec);
-                autograd::set_training(prev_train);
-                r?
-            };
+        // A clone: the callback may call back into this executor's frontend.
+        let monitor = self.monitor.lock().clone();
+        // Stock's executor can run backward after any forward, training or not, so a run is
+        // recorded whenever some argument wants a gradient (in inference mode when not
+        // training: Dropout passes through, BatchNorm uses its moving statistics).
+        let record = is_train || self.grads.iter().any(|(r, _)| *r != GradReq::Null);
+        let inputs: Vec<NDArray> = if record {
+            self.inputs
+                .iter()
+                .zip(&self.grads)
+                .map(|(x, (r, g))| match r {
+                    GradReq::Null => Ok(x.detached()),
+                    _ => autograd::mark_variable(x, *r, g.clone()),
+                })
+                .collect::<Result<_>>()?
+        } else {
+            self.inputs.clone()
+        };
+        let prev_rec = autograd::set_recording(record);
+        let prev_train = autograd::set_training(is_train);
+        let r =
+            self.runner.configured_bulk(is_train).and_then(|b| self.runner.run_monitored(&inputs, b, monitor.as_ref()));
+        autograd::set_recording(prev_rec);
+        autograd::set_training(prev_train);
+        let outs = r?;
         let mut bound = self.outputs.lock();
         if bound.len() == outs.len() && bound.iter().zip(&outs).all(|(b, o)| b.shape == o.shape && b.dtype == o.dtype) {
             // Into the arrays the frontend already holds (queued, not waited for).
@@ -114,7 +398,7 @@ impl Executor {
     pub fn backward(&self, head_grads: &[Option<NDArray>], is_train: bool) -> Result<()> {
         let heads = self.heads.lock().clone();
         if heads.is_empty() || heads.iter().all(|h| h.ag.is_none()) {
-            return Err(Error::mxnet("Executor.backward needs a forward pass with is_train=True first"));
+            return Err(Error::mxnet("Executor.backward needs a forward pass first (and an argument with a gradient)"));
         }
         let mut hg = head_grads.to_vec();
         hg.resize(heads.len(), None);
@@ -174,6 +458,108 @@ impl Executor {
                 Some(op) => s.push_str(&format!("Op:{}, Name={} <- {}\n", op.name, n.name, ins.join(", "))),
             }
         }
+        // Stock's two closing lines, which the Module API parses: here the memory is that of
+        // the arrays bound and made at bind (intermediate results come from the storage pool
+        // during each run), and no operator holds a temporary-space resource across runs.
+        let bytes: usize = self
+            .inputs
+            .iter()
+            .chain(self.grads.iter().filter_map(|(_, g)| g.as_ref()))
+            .chain(self.outputs.lock().iter())
+            .map(|a| a.size() * a.dtype.size())
+            .sum();
+        s.push_str(&format!("Total {} MB allocated\nTotal 0 TempSpace resource requested\n", bytes >> 20));
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::lookup;
+    use std::sync::Arc;
+
+    /// out = FullyConnected(data, num_hidden=2) → BatchNorm (an auxiliary state).
+    fn net() -> Symbol {
+        let mut fc = Symbol::atomic(lookup("FullyConnected").unwrap(), [("num_hidden", "2")]).unwrap();
+        fc.compose(&[], &[("data", &Symbol::variable("data"))], Some("fc")).unwrap();
+        let mut bn = Symbol::atomic(lookup("BatchNorm").unwrap(), []).unwrap();
+        bn.compose(&[], &[("data", &fc)], Some("bn")).unwrap();
+        bn
+    }
+
+    fn specs(batch: usize) -> (Vec<ArraySpec>, Vec<ArraySpec>) {
+        let f = DType::F32;
+        let args = vec![(vec![batch, 3], f), (vec![2, 3], f), (vec![2], f), (vec![2], f), (vec![2], f)];
+        (args, vec![(vec![2], f), (vec![2], f)])
+    }
+
+    fn same_memory(a: &NDArray, b: &NDArray) -> bool {
+        Arc::ptr_eq(a.chunk().unwrap(), b.chunk().unwrap())
+    }
+
+    #[test]
+    fn simple_bind_shares_parameters_with_the_executor_and_data_through_the_buffer() {
+        let sym = net();
+        let params: HashSet<String> = ["fc_weight", "fc_bias", "bn_gamma", "bn_beta"].map(String::from).into();
+        let mut buffer = BTreeMap::new();
+        let (args, aux) = specs(8);
+        let reqs = vec![GradReq::Write; 5];
+        let sharing = Sharing { arg_names: params.clone(), exec: None, buffer: &mut buffer };
+        let big = Executor::simple_bind(&sym, Context::CPU, &args, &aux, reqs.clone(), Some(sharing)).unwrap();
+        assert_eq!(buffer.keys().collect::<Vec<_>>(), ["data", "grad of data"]);
+        let (args, aux) = specs(4);
+        let sharing = Sharing { arg_names: params.clone(), exec: Some(&big), buffer: &mut buffer };
+        let small = Executor::simple_bind(&sym, Context::CPU, &args, &aux, reqs.clone(), Some(sharing)).unwrap();
+        let (b, s) = (big.arg_arrays(), small.arg_arrays());
+        assert!((1..5).all(|k| same_memory(&b[k], &s[k])), "parameters are the big executor's");
+        assert!(same_memory(&b[0], &s[0]) && s[0].shape == [4, 3], "the data is a view of the buffer's");
+        let (bg, sg) = (big.grad_arrays(), small.grad_arrays());
+        assert!(same_memory(bg[1].as_ref().unwrap(), sg[1].as_ref().unwrap()));
+        assert!(big.aux_arrays().iter().zip(small.aux_arrays()).all(|(a, b)| same_memory(a, &b)));
+        // A larger batch replaces the buffer's arrays (and warns); without a buffer, nothing is shared.
+        let (args, aux) = specs(16);
+        let sharing = Sharing { arg_names: params.clone(), exec: Some(&big), buffer: &mut buffer };
+        let larger = Executor::simple_bind(&sym, Context::CPU, &args, &aux, reqs.clone(), Some(sharing)).unwrap();
+        assert_eq!(buffer["data"].shape, [16, 3]);
+        assert!(same_memory(&buffer["data"], &larger.arg_arrays()[0]));
+        let alone = Executor::simple_bind(&sym, Context::CPU, &args, &aux, reqs.clone(), None).unwrap();
+        assert!(!same_memory(&alone.arg_arrays()[1], &b[1]));
+        // A parameter whose shape differs from the shared executor's is an error.
+        let mut wrong = specs(8).0;
+        wrong[1].0 = vec![2, 4];
+        wrong[0].0 = vec![8, 4];
+        let sharing = Sharing { arg_names: params, exec: Some(&big), buffer: &mut buffer };
+        let err = Executor::simple_bind(&sym, Context::CPU, &wrong, &aux, reqs, Some(sharing)).err().unwrap();
+        assert!(err.to_string().contains("Inferred shape does not match shared_exec.arg_array's shape"), "{err}");
+    }
+
+    #[test]
+    fn reshape_views_smaller_shapes_and_needs_leave_to_grow() {
+        let sym = net();
+        let (args, aux) = specs(8);
+        let e = Executor::simple_bind(&sym, Context::CPU, &args, &aux, vec![GradReq::Write; 5], None).unwrap();
+        let small = e.reshape(false, false, &[("data".into(), vec![2, 3])]).unwrap();
+        assert_eq!(small.arg_arrays()[0].shape, [2, 3]);
+        assert!(same_memory(&small.arg_arrays()[0], &e.arg_arrays()[0]));
+        assert!(same_memory(&small.arg_arrays()[1], &e.arg_arrays()[1]));
+        let up = e.reshape(false, false, &[("data".into(), vec![9, 3])]).err().unwrap();
+        assert!(up.to_string().contains("New shape of arg: data is larger than original"), "{up}");
+        let grown = e.reshape(false, true, &[("data".into(), vec![9, 3])]).unwrap();
+        assert!(!same_memory(&grown.arg_arrays()[0], &e.arg_arrays()[0]));
+        // A parameter whose shape changes without being given needs partial_shaping.
+        let changed = e.reshape(false, false, &[("data".into(), vec![8, 1])]).err().unwrap();
+        assert!(changed.to_string().contains("Shape of unspecified arg: fc_weight changed"), "{changed}");
+        let partial = e.reshape(true, false, &[("data".into(), vec![8, 1])]).unwrap();
+        assert_eq!(partial.arg_arrays()[1].shape, [2, 1]);
+        assert!(e.reshape(false, false, &[("nope".into(), vec![1])]).is_err());
+    }
+
+    #[test]
+    fn prefix_views_cannot_grow() {
+        let a = NDArray::new(vec![4, 3], Context::CPU, DType::F32, false).unwrap();
+        assert_eq!(a.prefix_view(&[2, 5]).unwrap().shape, [2, 5]);
+        assert!(a.prefix_view(&[13]).is_err());
+        assert!(a.prefix_view(&[usize::MAX, 2]).is_err());
     }
 }

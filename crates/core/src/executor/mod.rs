@@ -18,6 +18,18 @@ use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
 use crate::symbol::{Graph, Symbol};
 
+/// Stock's executor monitor (`MXExecutorSetMonitorCallbackEX`): called after each operator
+/// of a forward run with each output (`<node>_output`), and with `all` first with each input
+/// (`<node>_<input>`, and a variable input under its own name as well).
+#[derive(Clone)]
+pub struct Monitor {
+    pub all: bool,
+    pub callback: std::sync::Arc<MonitorFn>,
+}
+
+/// What a [`Monitor`] calls: an array's name and the array.
+pub type MonitorFn = dyn Fn(&str, &NDArray) + Send + Sync;
+
 /// A graph ready to run.
 pub struct Runner {
     pub graph: Graph,
@@ -204,6 +216,14 @@ impl Runner {
     /// Run with `inputs` in `list_inputs` order, up to `bulk` operators per engine task;
     /// returns the heads.
     pub fn run(&self, inputs: &[NDArray], bulk: usize) -> Result<Vec<NDArray>> {
+        self.run_monitored(inputs, bulk, None)
+    }
+
+    /// [`Runner::run`], showing each operator's outputs (and inputs) to `monitor`. A monitored
+    /// run pushes one operator per task and writes no result over its input, so every array
+    /// the monitor sees keeps its value.
+    pub fn run_monitored(&self, inputs: &[NDArray], bulk: usize, monitor: Option<&Monitor>) -> Result<Vec<NDArray>> {
+        let bulk = if monitor.is_some() { 1 } else { bulk };
         let _bulk = engine::global()?.bulk_scope(bulk);
         if inputs.len() != self.inputs.len() {
             return Err(Error::value(format!(
@@ -234,9 +254,18 @@ impl Runner {
                         ))
                     })?);
                 }
+                if let Some(m) = monitor.filter(|m| m.all) {
+                    for (k, (&(src, _), x)) in n.inputs.iter().zip(&ins).enumerate() {
+                        if self.graph.nodes[src].is_variable() {
+                            (m.callback)(&self.graph.nodes[src].name, x);
+                        }
+                        (m.callback)(&crate::symbol::input_label(op, attrs, &n.name, k), x);
+                    }
+                }
                 let target = match &self.inplace[i] {
                     Some((ii, readers))
                         if plan.inplace
+                            && monitor.is_none()
                             && plan.share
                             && !(recording && kept_for_gradient(&self.graph, n.inputs[*ii], readers, mirror)) =>
                     {
@@ -248,6 +277,11 @@ impl Runner {
                 crate::autograd::invoke_attrs(op, &ins, (!target.is_empty()).then_some(&target[..]), attrs.clone())
                     .map_err(|e| Error::new(e.kind(), format!("{} (node {})", e.message(), n.name)))?
             };
+            if let Some(m) = monitor {
+                for (k, o) in outs.iter().enumerate() {
+                    (m.callback)(&crate::symbol::output_name(op, Some(attrs), &n.name, k), o);
+                }
+            }
             vals[i] = outs;
             if plan.share {
                 for &(src, _) in &n.inputs {

@@ -318,6 +318,20 @@ impl NDArray {
         self.view(shape, self.offset)
     }
 
+    /// The first elements of this array's data under `shape`, which may hold fewer elements
+    /// than the array (stock's `NDArray::Reshape`, what executors reuse a larger buffer with).
+    pub fn prefix_view(&self, shape: &[usize]) -> Result<NDArray> {
+        self.chunk()?;
+        let (elements, _) = byte_size(shape, self.dtype)?;
+        if elements > self.size() {
+            return Err(Error::value(format!(
+                "a view of shape {shape:?} ({elements} elements) is larger than the array's shape {:?}",
+                self.shape
+            )));
+        }
+        self.view(shape.to_vec(), self.offset)
+    }
+
     /// Copy `src` (same shape and dtype) into this array, ordered after pending work on both;
     /// returns when done.
     pub fn copy_from(&self, src: &NDArray) -> Result<()> {

@@ -205,6 +205,29 @@ fn input_names(op: &OpDef, attrs: &Attrs) -> Result<Option<Vec<String>>> {
     })
 }
 
+/// The name of output `index` of operator node `node`: `<node>_<output name>` (`output` for
+/// a single-output operator, `output<i>` otherwise unless the operator names them).
+pub fn output_name(op: &OpDef, attrs: Option<&Attrs>, node: &str, index: usize) -> String {
+    let nout = attrs.map_or(1, |a| (op.num_outputs)(a));
+    let r = match op.output_names.get(index) {
+        Some(name) => name.to_string(),
+        None if nout == 1 => "output".to_string(),
+        _ => format!("output{index}"),
+    };
+    if node.is_empty() {
+        r
+    } else {
+        format!("{node}_{r}")
+    }
+}
+
+/// The name of input `index` of operator node `node`, as stock's executor monitor reports it:
+/// `<node>_<parameter name>` (`input<i>` where the operator does not name its inputs).
+pub fn input_label(op: &OpDef, attrs: &Attrs, node: &str, index: usize) -> String {
+    let named = input_names(op, attrs).ok().flatten().and_then(|v| v.get(index).cloned());
+    format!("{node}_{}", named.unwrap_or_else(|| format!("input{index}")))
+}
+
 /// `key` as stored: a hidden key becomes `__key__`; a key that merely ends in one (the
 /// deprecated `weight_lr_mult` style) is an error, as stock.
 fn stored_key(key: &str, value: &str) -> Result<String> {
@@ -500,17 +523,9 @@ impl Symbol {
             .iter()
             .map(|e| {
                 let d = e.node.inner.read();
-                let Some(op) = d.op else { return d.name.clone() };
-                let nout = d.attrs.as_ref().map_or(1, |a| (op.num_outputs)(a));
-                let r = match op.output_names.get(e.index) {
-                    Some(name) => name.to_string(),
-                    None if nout == 1 => "output".to_string(),
-                    _ => format!("output{}", e.index),
-                };
-                if d.name.is_empty() {
-                    r
-                } else {
-                    format!("{}_{r}", d.name)
+                match d.op {
+                    None => d.name.clone(),
+                    Some(op) => output_name(op, d.attrs.as_ref(), &d.name, e.index),
                 }
             })
             .collect()

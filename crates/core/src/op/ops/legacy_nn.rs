@@ -506,6 +506,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("SVMOutput", Inputs::Fixed(&["data", "label"]), Box::new(svm_infer), Box::new(svm_forward))
             .params(SVM_PARAMS)
+            .param_shapes(|_, data, _| Ok(if data.len() < 2 { vec![] } else { vec![(1, data[..data.len() - 1].to_vec())] }))
             .grad(Grad::Backward { op: "_backward_SVMOutput", inputs: true, outputs: false })
             .doc("Computes support vector machine based transformation of the input: the identity forward, the L2-SVM (or with use_linear L1-SVM) hinge-loss gradient backward."),
     );

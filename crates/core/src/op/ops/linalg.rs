@@ -488,7 +488,8 @@ fn fc_compute(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 fn fc_param_shapes(a: &crate::op::param::Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Vec<i64>)>> {
     let params = FcParams::of(a);
     let flatten = params.flatten;
-    if data.len() < 2 && (flatten || data.is_empty()) {
+    // 1-d data flattens to one input per row (stock: an unrolled cell's step of shape (N,)).
+    if data.is_empty() {
         return Ok(vec![]);
     }
     let nh = params.num_hidden;

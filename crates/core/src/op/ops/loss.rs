@@ -202,6 +202,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
                 .alias(&[Box::leak(format!("_sparse_{name}").into_boxed_str())])
                 .params(REGRESSION_PARAMS)
                 .elementwise_shape_of(1)
+                .param_shapes(regression_label_shape)
                 .inplace(&[(0, 0)])
                 .never_mirrored()
                 .grad(Grad::Backward { op: back, inputs: true, outputs: true })
@@ -209,4 +210,10 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         );
         ops.push(OpDef::backward(back, REGRESSION_PARAMS, regression_backward(head)));
     }
+}
+
+/// The label's shape from the data's when it is not given (stock's rule): the data's, or
+/// `(N,)` for data of shape `(N, 1)`.
+fn regression_label_shape(_: &Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Vec<i64>)>> {
+    Ok(vec![(1, if data.len() == 2 && data[1] == 1 { vec![data[0]] } else { data.to_vec() })])
 }

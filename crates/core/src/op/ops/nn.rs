@@ -535,6 +535,20 @@ pub(super) fn softmax_output_dims(a: &Attrs, shape: &[usize]) -> (usize, usize, 
     }
 }
 
+/// The label's shape from the data's when it is not given (stock's rule): the data's shape
+/// without axis 1 with `multi_output`, else without its last axis.
+fn softmax_output_label_shape(a: &Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Vec<i64>)>> {
+    if data.len() < 2 {
+        return Ok(vec![]);
+    }
+    let label = if SoftmaxOutputParams::of(a).multi_output {
+        std::iter::once(data[0]).chain(data[2..].iter().copied()).collect()
+    } else {
+        data[..data.len() - 1].to_vec()
+    };
+    Ok(vec![(1, label)])
+}
+
 fn softmax_output_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let params = SoftmaxOutputParams::of(a);
     float_only(a.op, ins[0].dtype)?;
@@ -1319,6 +1333,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         )
         .alias(&["Softmax"])
         .params(SOFTMAX_OUTPUT_PARAMS)
+        .param_shapes(softmax_output_label_shape)
         .never_mirrored()
         .grad(Grad::Backward { op: "_backward_SoftmaxOutput", inputs: true, outputs: true })
         .doc("Computes the softmax of the input (the gradient is that of the cross-entropy loss)."),

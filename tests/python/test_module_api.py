@@ -1,0 +1,248 @@
+"""The Module API and the legacy executor functions (issue 38) on this library against stock 1.9.1.
+
+Each scenario runs in two subprocesses, one on this library (MXNET_LIBRARY_PATH) and one on the
+wheel's own; parameters come from one seeded NumPy stream (the libraries' random generators
+differ), and both sides must agree:
+
+- `module-fit`: `mx.mod.Module` binds (simple_bind with shared argument names and a shared
+  buffer), fits two epochs with momentum SGD, scores, predicts, saves a checkpoint and loads it
+  into a new Module that predicts the same;
+- `bucketing`: a `BucketingModule` over an unrolled `mx.rnn.LSTMCell` trains on two bucket
+  lengths, the smaller bucket's executor sharing the default bucket's parameters and memory;
+- `monitor`: `mx.mon.Monitor` (MXExecutorSetMonitorCallbackEX) on a Module, outputs only and
+  with `monitor_all`: the names reported and their statistics;
+- `reshape`: `Executor.reshape` (MXExecutorReshapeEx) down, up with and without
+  `allow_up_sizing`, and with a changed parameter shape with and without `partial_shaping`;
+- `shared-buffer`: `simple_bind` with `shared_buffer`, `shared_arg_names` and `shared_exec`:
+  which arrays are shared and what the buffer holds afterwards.
+"""
+import os
+import pickle
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif("MXNET_LIBRARY_PATH" not in os.environ,
+                                reason="MXNET_LIBRARY_PATH is not set: this would compare stock with itself")
+
+SCRIPT = r"""
+import logging, os, pickle, sys
+import numpy as np
+import mxnet as mx
+
+name, out_path, tmp = sys.argv[1], sys.argv[2], sys.argv[3]
+rng = np.random.RandomState(0)
+result = {}
+
+
+def mlp():
+    data, label = mx.sym.var("data"), mx.sym.var("softmax_label")
+    h = mx.sym.FullyConnected(data, num_hidden=16, name="fc1")
+    h = mx.sym.BatchNorm(h, name="bn1")
+    h = mx.sym.Activation(h, act_type="relu", name="relu1")
+    h = mx.sym.FullyConnected(h, num_hidden=3, name="fc2")
+    return mx.sym.SoftmaxOutput(h, label, name="softmax")
+
+
+def seeded_params(mod):
+    mod.init_params(mx.init.Zero())
+    args, aux = mod.get_params()
+    # BatchNorm's gamma stays 1, as every initializer sets it: with fix_gamma=True stock's CPU
+    # kernel writes 1 into it during forward, this library leaves it (its gradient is 0).
+    args = {k: mx.nd.array(np.ones(args[k].shape) if k.endswith("_gamma") else rng.uniform(-0.5, 0.5, args[k].shape))
+            for k in sorted(args)}
+    aux = {k: mx.nd.array(rng.uniform(0.5, 1.0, aux[k].shape)) for k in sorted(aux)}
+    mod.set_params(args, aux)
+
+
+def mlp_data():
+    X = rng.uniform(-1, 1, (40, 8)).astype("float32")
+    Y = rng.randint(0, 3, 40).astype("float32")
+    return mx.io.NDArrayIter(X, Y, batch_size=10, shuffle=False)
+
+
+def params_of(mod):
+    args, aux = mod.get_params()
+    return {k: v.asnumpy() for k, v in list(args.items()) + list(aux.items())}
+
+
+def stats(res):
+    return [(n, k, [float(v) for v in s.split()]) for n, k, s in res]
+
+
+if name == "module-fit":
+    it = mlp_data()
+    mod = mx.mod.Module(mlp(), context=mx.cpu())
+    mod.bind(it.provide_data, it.provide_label)
+    seeded_params(mod)
+    mod.fit(it, num_epoch=2, optimizer="sgd", optimizer_params={"learning_rate": 0.1, "momentum": 0.9},
+            eval_metric="acc")
+    result["params"] = params_of(mod)
+    result["score"] = dict(mod.score(it, ["acc", "ce"]))
+    result["predict"] = mod.predict(it).asnumpy()
+    prefix = os.path.join(tmp, "mlp")
+    mod.save_checkpoint(prefix, 2)
+    loaded = mx.mod.Module.load(prefix, 2, context=mx.cpu())
+    loaded.bind(it.provide_data, it.provide_label, for_training=False)
+    result["loaded_predict"] = loaded.predict(it).asnumpy()
+elif name == "bucketing":
+    V, N = 12, 4
+
+    def sym_gen(seq_len):
+        data, label = mx.sym.var("data"), mx.sym.var("softmax_label")
+        emb = mx.sym.Embedding(data, input_dim=V, output_dim=6, name="embed")
+        cell = mx.rnn.LSTMCell(num_hidden=8, prefix="lstm_")
+        outputs, _ = cell.unroll(seq_len, inputs=emb, merge_outputs=True, layout="NTC")
+        pred = mx.sym.FullyConnected(mx.sym.Reshape(outputs, shape=(-1, 8)), num_hidden=V, name="pred")
+        pred = mx.sym.SoftmaxOutput(pred, mx.sym.Reshape(label, shape=(-1,)), name="softmax")
+        return pred, ("data",), ("softmax_label",)
+
+    mod = mx.mod.BucketingModule(sym_gen, default_bucket_key=5, context=mx.cpu())
+    mod.bind(data_shapes=[("data", (N, 5))], label_shapes=[("softmax_label", (N, 5))])
+    seeded_params(mod)
+    mod.init_optimizer(optimizer="sgd", optimizer_params={"learning_rate": 0.5})
+    outs = []
+    for seq_len in [5, 3, 5, 3]:
+        batch = mx.io.DataBatch([mx.nd.array(rng.randint(0, V, (N, seq_len)))],
+                                [mx.nd.array(rng.randint(0, V, (N, seq_len)))], bucket_key=seq_len,
+                                provide_data=[mx.io.DataDesc("data", (N, seq_len))],
+                                provide_label=[mx.io.DataDesc("softmax_label", (N, seq_len))])
+        mod.forward(batch, is_train=True)
+        mod.backward()
+        mod.update()
+        outs.append(mod.get_outputs()[0].asnumpy())
+    result["outs"] = outs
+    result["params"] = params_of(mod)
+    result["buckets"] = sorted(mod._buckets)
+elif name == "monitor":
+    it = mlp_data()
+    batch = next(iter(it))
+    for monitor_all in (False, True):
+        mod = mx.mod.Module(mlp(), context=mx.cpu())
+        mod.bind(it.provide_data, it.provide_label)
+        seeded_params(mod)
+        mon = mx.mon.Monitor(1, pattern=".*", sort=False, monitor_all=monitor_all)
+        mod.install_monitor(mon)
+        mon.tic()
+        mod.forward(batch, is_train=False)
+        # Stock also reports operators' hidden outputs (BatchNorm's mean and var); this
+        # library's monitor sees the outputs a graph run keeps, the visible ones.
+        hidden = ("bn1_mean", "bn1_var")
+        result[f"all={monitor_all}"] = [s for s in stats(mon.toc()) if s[1] not in hidden]
+elif name == "reshape":
+    net = mlp()
+    ex = net.simple_bind(mx.cpu(), data=(10, 8), softmax_label=(10,))
+    for k in sorted(ex.arg_dict):
+        ex.arg_dict[k][:] = rng.uniform(-0.5, 0.5, ex.arg_dict[k].shape)
+    for k in sorted(ex.aux_dict):
+        ex.aux_dict[k][:] = rng.uniform(0.5, 1.0, ex.aux_dict[k].shape)
+    result["full"] = ex.forward()[0].asnumpy()
+    small = ex.reshape(data=(4, 8), softmax_label=(4,))
+    result["small"] = small.forward()[0].asnumpy()
+    # The parameters are the same memory: a change through the big executor reaches the small one.
+    ex.arg_dict["fc2_bias"][:] = 1.0
+    result["small_after_bias"] = small.forward()[0].asnumpy()
+    errors = {}
+    for label, kw in [("up", dict(data=(20, 8), softmax_label=(20,))),
+                      ("up_allowed", dict(allow_up_sizing=True, data=(20, 8), softmax_label=(20,))),
+                      ("param_changes", dict(data=(10, 9))),
+                      ("param_changes_partial", dict(partial_shaping=True, data=(10, 9))),
+                      ("param_shrinks_partial", dict(partial_shaping=True, data=(10, 7))),
+                      ("param_grows_partial_up", dict(partial_shaping=True, allow_up_sizing=True, data=(10, 9)))]:
+        try:
+            e = ex.reshape(**kw)
+            errors[label] = ("ok", {k: v.shape for k, v in e.arg_dict.items()}, e.forward()[0].shape)
+        except mx.base.MXNetError as err:
+            errors[label] = ("MXNetError", None)
+    result["errors"] = errors
+    result["optimized_args"] = ex.get_optimized_symbol().list_arguments()
+elif name == "shared-buffer":
+    net = mlp()
+    params = [a for a in net.list_arguments() if a not in ("data", "softmax_label")]
+    buf = {}
+    big = net.simple_bind(mx.cpu(), data=(10, 8), softmax_label=(10,), shared_buffer=buf, shared_arg_names=params)
+    result["buffer_after_big"] = {k: v.shape for k, v in buf.items()}
+    small = net.simple_bind(mx.cpu(), data=(4, 8), softmax_label=(4,), shared_buffer=buf, shared_arg_names=params,
+                            shared_exec=big)
+    result["buffer_after_small"] = {k: v.shape for k, v in buf.items()}
+    big.arg_dict["fc1_weight"][:] = 3.0
+    big.aux_dict["bn1_moving_var"][:] = 2.0
+    buf["data"][:] = 5.0
+    result["param_shared"] = float(small.arg_dict["fc1_weight"].asnumpy().mean())
+    result["aux_shared"] = float(small.aux_dict["bn1_moving_var"].asnumpy().mean())
+    result["data_shared"] = float(small.arg_dict["data"].asnumpy().mean())
+    result["grad_shared"] = small.grad_dict["fc1_weight"].shape
+    larger = net.simple_bind(mx.cpu(), data=(16, 8), softmax_label=(16,), shared_buffer=buf,
+                             shared_arg_names=params, shared_exec=big)
+    result["buffer_after_larger"] = {k: v.shape for k, v in buf.items()}
+    # Without a buffer the shared names and executor are ignored (stock's rule): new arrays.
+    free = net.simple_bind(mx.cpu(), data=(10, 9), softmax_label=(10,), shared_arg_names=params, shared_exec=big)
+    result["no_buffer"] = free.arg_dict["fc1_weight"].shape
+    try:
+        net.simple_bind(mx.cpu(), data=(10, 9), softmax_label=(10,), shared_arg_names=params, shared_exec=big,
+                        shared_buffer=buf)
+        result["mismatch"] = "ok"
+    except Exception as err:
+        result["mismatch"] = type(err).__name__
+with open(out_path, "wb") as f:
+    pickle.dump(result, f)
+"""
+
+SCENARIOS = ["module-fit", "bucketing", "monitor", "reshape", "shared-buffer"]
+
+
+def run_scenario(name, ours, tmp_path):
+    env = dict(os.environ)
+    if not ours:
+        env.pop("MXNET_LIBRARY_PATH")
+    side = "ours" if ours else "stock"
+    work = tmp_path / side
+    work.mkdir()
+    out = tmp_path / f"{name}-{side}.pkl"
+    res = subprocess.run([sys.executable, "-W", "ignore", "-c", SCRIPT, name, str(out), str(work)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"{side} failed:\n{res.stderr[-3000:]}"
+    with open(out, "rb") as f:
+        return pickle.load(f)
+
+
+def assert_same(ours, stock, path=""):
+    if isinstance(stock, dict):
+        assert sorted(ours) == sorted(stock), path
+        for k in stock:
+            assert_same(ours[k], stock[k], f"{path}/{k}")
+    elif isinstance(stock, (list, tuple)) and not all(isinstance(v, (int, float)) for v in stock):
+        assert len(ours) == len(stock), f"{path}: {len(ours)} vs {len(stock)} items\nours {ours}\nstock {stock}"
+        for k, (a, b) in enumerate(zip(ours, stock)):
+            assert_same(a, b, f"{path}[{k}]")
+    elif isinstance(stock, (np.ndarray, float, list)):
+        np.testing.assert_allclose(ours, stock, rtol=1e-4, atol=1e-5, err_msg=path)
+    else:
+        assert ours == stock, path
+
+
+def input_labels_as_stock(ours, stock):
+    """Stock names an operator's inputs by parameter (`fc1_weight`) only where the operator
+    declares its input names, else by position (`relu1_input0`); this library always by
+    parameter. Where stock's name is positional, ours must name the same node's input."""
+    assert len(ours) == len(stock), f"{len(ours)} vs {len(stock)}\nours {ours}\nstock {stock}"
+    out = []
+    for o, s in zip(ours, stock):
+        m = re.fullmatch(r"(.*)_input\d+", s[1])
+        if m and o[1] != s[1]:
+            assert o[1].startswith(m.group(1) + "_"), (o, s)
+            o = (o[0], s[1], o[2])
+        out.append(o)
+    return out
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_module_api_matches_stock(name, tmp_path):
+    stock = run_scenario(name, False, tmp_path)
+    ours = run_scenario(name, True, tmp_path)
+    if name == "monitor":
+        ours["all=True"] = input_labels_as_stock(ours["all=True"], stock["all=True"])
+    assert_same(ours, stock)
