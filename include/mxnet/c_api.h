@@ -73,6 +73,9 @@ typedef const void *FunctionHandle;
 // nnvm's operator handle (the same value as an [`AtomicSymbolCreator`]).
 typedef void *OpHandle;
 
+// nnvm's graph handle (`nnvm/c_api.h`).
+typedef void *GraphHandle;
+
 typedef void *AtomicSymbolCreator;
 
 typedef void *KVStoreHandle;
@@ -407,7 +410,7 @@ int MXGetConfig(const char *name, const char **out_json);
 
 // Bind a symbol to arrays: `in_args`, `arg_grad_store` (entries may be NULL) and
 // `grad_req_type` (0 null, 1 write, 2 in-place, 3 add) in `list_arguments` order, `aux_states`
-// in `list_auxiliary_states` order. Device maps are accepted when every device is the host (see `check_group2ctx`);
+// in `list_auxiliary_states` order. Device maps are accepted when every device is the host (see `group2ctx`);
 // `shared_exec`, when given, must be a live executor (its memory is not shared).
 //
 // # Safety
@@ -1036,6 +1039,157 @@ int MXNDArraySaveRawBytes(NDArrayHandle handle, size_t *out_size, const char **o
 // `buf` must point to `size` bytes; `out` must be NULL or valid for writes.
 int MXNDArrayLoadFromRawBytes(const void *buf, size_t size, NDArrayHandle *out);
 
+// The last error on this thread ([`super::base`]'s `MXGetLastError`).
+const char *NNGetLastError(void);
+
+// Set this thread's last error text (a frontend reporting its own failure).
+//
+// # Safety
+// `msg` must be NULL or a NUL-terminated string.
+void NNAPISetLastError(const char *msg);
+
+// Every operator once (aliases not repeated): the handles `NNGetOpHandle` gives.
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int NNListUniqueOps(uint32_t *out_size, OpHandle **out_array);
+
+// `MXSymbolCreateAtomicSymbol`.
+//
+// # Safety
+// As for `MXSymbolCreateAtomicSymbol`.
+int NNSymbolCreateAtomicSymbol(OpHandle op,
+                               uint32_t num_param,
+                               const char **keys,
+                               const char **vals,
+                               SymbolHandle *out);
+
+// `MXSymbolCreateVariable`.
+//
+// # Safety
+// As for `MXSymbolCreateVariable`.
+int NNSymbolCreateVariable(const char *name, SymbolHandle *out);
+
+// `MXSymbolCreateGroup`.
+//
+// # Safety
+// As for `MXSymbolCreateGroup`.
+int NNSymbolCreateGroup(uint32_t num_symbols, SymbolHandle *symbols, SymbolHandle *out);
+
+// Control dependencies between nodes: not supported yet (nodes here have none).
+int NNAddControlDeps(SymbolHandle handle, SymbolHandle src_dep);
+
+// `MXSymbolCopy` (a deep copy).
+//
+// # Safety
+// As for `MXSymbolCopy`.
+int NNSymbolCopy(SymbolHandle symbol, SymbolHandle *out);
+
+// `MXSymbolPrint`.
+//
+// # Safety
+// As for `MXSymbolPrint`.
+int NNSymbolPrint(SymbolHandle symbol, const char **out_str);
+
+// `MXSymbolGetAttr`.
+//
+// # Safety
+// As for `MXSymbolGetAttr`.
+int NNSymbolGetAttr(SymbolHandle symbol, const char *key, const char **out, int *success);
+
+// Set `num_param` attributes (`MXSymbolSetAttr` for each, in order; the first failure stops).
+//
+// # Safety
+// `keys` and `values` must hold `num_param` strings.
+int NNSymbolSetAttrs(SymbolHandle symbol,
+                     uint32_t num_param,
+                     const char **keys,
+                     const char **values);
+
+// Attributes as key, value pairs: `recursive_option` 0 for every node's (`MXSymbolListAttr`),
+// 1 for the output node's (`MXSymbolListAttrShallow`).
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int NNSymbolListAttrs(SymbolHandle symbol,
+                      int recursive_option,
+                      uint32_t *out_size,
+                      const char ***out);
+
+// New handles to the input variables (`option`: 0 all, 1 arguments, 2 auxiliary states), in a
+// per-thread array valid until the next call on the same thread; the caller frees each.
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int NNSymbolListInputVariables(SymbolHandle symbol,
+                               int option,
+                               uint32_t *out_size,
+                               SymbolHandle **out_sym_array);
+
+// `MXSymbolListOutputs`.
+//
+// # Safety
+// As for `MXSymbolListOutputs`.
+int NNSymbolListOutputNames(SymbolHandle symbol, uint32_t *out_size, const char ***out_str_array);
+
+// `MXSymbolGetNumOutputs`.
+//
+// # Safety
+// As for `MXSymbolGetNumOutputs`.
+int NNSymbolGetNumOutputs(SymbolHandle symbol, uint32_t *output_count);
+
+// `MXSymbolGetInternals`.
+//
+// # Safety
+// As for `MXSymbolGetInternals`.
+int NNSymbolGetInternals(SymbolHandle symbol, SymbolHandle *out);
+
+// `MXSymbolGetChildren`.
+//
+// # Safety
+// As for `MXSymbolGetChildren`.
+int NNSymbolGetChildren(SymbolHandle symbol, SymbolHandle *out);
+
+// `MXSymbolGetOutput`.
+//
+// # Safety
+// As for `MXSymbolGetOutput`.
+int NNSymbolGetOutput(SymbolHandle symbol, uint32_t index, SymbolHandle *out);
+
+// `MXSymbolCompose`.
+//
+// # Safety
+// As for `MXSymbolCompose`.
+int NNSymbolCompose(SymbolHandle sym,
+                    const char *name,
+                    uint32_t num_args,
+                    const char **keys,
+                    SymbolHandle *args);
+
+// nnvm's graph IR: not supported yet.
+int NNGraphCreate(SymbolHandle symbol, GraphHandle *graph);
+
+// nnvm's graph IR: not supported yet.
+int NNGraphFree(GraphHandle handle);
+
+// nnvm's graph IR: not supported yet.
+int NNGraphGetSymbol(GraphHandle graph, SymbolHandle *symbol);
+
+// nnvm's graph IR: not supported yet.
+int NNGraphSetJSONAttr(GraphHandle handle, const char *key, const char *json_value);
+
+// nnvm's graph IR: not supported yet.
+int NNGraphGetJSONAttr(GraphHandle handle, const char *key, const char **json_out, int *success);
+
+// nnvm's graph IR: not supported yet.
+int NNGraphSetNodeEntryListAttr_(GraphHandle handle, const char *key, SymbolHandle list);
+
+// nnvm's graph passes: not supported yet.
+int NNGraphApplyPasses(GraphHandle src,
+                       uint32_t num_pass,
+                       const char **pass_names,
+                       GraphHandle *dst);
+
 // Every operator name, aliases included. The array lives as long as the process.
 //
 // # Safety
@@ -1467,6 +1621,74 @@ int MXSymbolInferShapePartialEx(SymbolHandle sym,
                                 const int **aux_shape_ndim,
                                 const int ***aux_shape_data,
                                 int *complete);
+
+// [`MXSymbolInferShapeEx`] with unsigned 32-bit dimensions and ndims.
+//
+// # Safety
+// Inputs as stock documents them; out-params valid for writes.
+int MXSymbolInferShape(SymbolHandle sym,
+                       uint32_t num_args,
+                       const char **keys,
+                       const uint32_t *arg_ind_ptr,
+                       const uint32_t *arg_shape_data,
+                       uint32_t *in_shape_size,
+                       const uint32_t **in_shape_ndim,
+                       const uint32_t ***in_shape_data,
+                       uint32_t *out_shape_size,
+                       const uint32_t **out_shape_ndim,
+                       const uint32_t ***out_shape_data,
+                       uint32_t *aux_shape_size,
+                       const uint32_t **aux_shape_ndim,
+                       const uint32_t ***aux_shape_data,
+                       int *complete);
+
+// [`MXSymbolInferShapePartialEx`] with unsigned 32-bit dimensions and ndims.
+//
+// # Safety
+// Inputs as stock documents them; out-params valid for writes.
+int MXSymbolInferShapePartial(SymbolHandle sym,
+                              uint32_t num_args,
+                              const char **keys,
+                              const uint32_t *arg_ind_ptr,
+                              const uint32_t *arg_shape_data,
+                              uint32_t *in_shape_size,
+                              const uint32_t **in_shape_ndim,
+                              const uint32_t ***in_shape_data,
+                              uint32_t *out_shape_size,
+                              const uint32_t **out_shape_ndim,
+                              const uint32_t ***out_shape_data,
+                              uint32_t *aux_shape_size,
+                              const uint32_t **aux_shape_ndim,
+                              const uint32_t ***aux_shape_data,
+                              int *complete);
+
+// A new handle to the same symbol (its nodes shared, as stock's shallow copy shares them).
+//
+// # Safety
+// `out` must be NULL or valid for writes.
+int MXShallowCopySymbol(SymbolHandle src, SymbolHandle *out);
+
+// New handles to the symbol's input variables (`list_inputs` order), in a per-thread array
+// valid until the next call on the same thread; the caller frees each handle.
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXSymbolGetInputSymbols(SymbolHandle sym, SymbolHandle **inputs, int *input_size);
+
+// Stock's cut of a control-flow subgraph (the nodes marked `__subgraph_name__`): a symbol
+// whose output carries no such mark has no subgraph inputs (size 0, as stock); cutting a
+// marked one is not supported yet.
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXSymbolCutSubgraph(SymbolHandle sym, SymbolHandle **inputs, int *input_size);
+
+// Symbolic gradients: stock 1.9.1 does not implement this function either (it fails with
+// "not implemented"); here it says so with NotImplementedError.
+//
+// # Safety
+// No pointer is read.
+int MXSymbolGrad(SymbolHandle sym, uint32_t num_wrt, const char **wrt, SymbolHandle *out);
 
 // [`MXSymbolInferShapeEx`] with 64-bit dimensions.
 //

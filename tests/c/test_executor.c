@@ -1,4 +1,5 @@
-/* The legacy executor functions through the public header: MXExecutorBind/BindX, SimpleBind
+/* The legacy executor and symbol functions through the public header (and nnvm's names for
+ * the symbol functions): MXExecutorBind/BindX, SimpleBind
  * (32-bit shapes) with a shared buffer and shared parameter names, SimpleBindEx64 sharing a
  * first executor's parameters, Reshape (down, refused up, allowed up), the monitor callback,
  * GetOptimizedSymbol, and bad input. The graph: out = FullyConnected(data, num_hidden=2). */
@@ -204,6 +205,75 @@ int main(void) {
   CHECK(MXSymbolListArguments(opt, &n_sym_args, &sym_args) == 0);
   CHECK(n_sym_args == 3 && strcmp(sym_args[1], "fc_weight") == 0);
   CHECK(MXSymbolFree(opt) == 0);
+
+  /* The symbol functions the legacy frontends call: 32-bit shape inference, input symbols,
+   * shallow copies; MXSymbolGrad fails as stock's does; no subgraph to cut here. */
+  {
+    const char *keys[1] = {"data"};
+    const uint32_t ind[2] = {0, 2}, dat[2] = {4, 3};
+    uint32_t in_n = 0, out_n = 0, aux_n = 0;
+    const uint32_t *in_nd = NULL, *out_nd = NULL, *aux_nd = NULL, **in_d = NULL, **out_d = NULL, **aux_d = NULL;
+    int complete = 0, n_inputs = 0;
+    SymbolHandle *inputs = NULL, copy = NULL, grad = NULL;
+    const char *name = NULL;
+    int ok = 0;
+    CHECK(MXSymbolInferShape(sym, 1, keys, ind, dat, &in_n, &in_nd, &in_d, &out_n, &out_nd, &out_d, &aux_n, &aux_nd,
+                             &aux_d, &complete) == 0);
+    CHECK(complete == 1 && in_n == 3 && out_n == 1 && aux_n == 0);
+    if (in_n == 3 && out_n == 1) {
+      CHECK(in_nd[1] == 2 && in_d[1][0] == 2 && in_d[1][1] == 3); /* fc_weight (2, 3) */
+      CHECK(out_nd[0] == 2 && out_d[0][0] == 4 && out_d[0][1] == 2);
+    }
+    CHECK(MXSymbolInferShapePartial(sym, 0, NULL, ind, dat, &in_n, &in_nd, &in_d, &out_n, &out_nd, &out_d, &aux_n,
+                                    &aux_nd, &aux_d, &complete) == 0);
+    CHECK(complete == 1 && in_n == 3 && in_nd[0] == 0); /* nothing given: unknown, ndim 0 */
+    CHECK(MXSymbolGetInputSymbols(sym, &inputs, &n_inputs) == 0);
+    CHECK(n_inputs == 3);
+    for (i = 0; i < (uint32_t)n_inputs; i++) {
+      CHECK(MXSymbolGetName(inputs[i], &name, &ok) == 0 && ok);
+      if (i == 2) CHECK(strcmp(name, "fc_bias") == 0);
+      CHECK(MXSymbolFree(inputs[i]) == 0);
+    }
+    CHECK(MXShallowCopySymbol(sym, &copy) == 0);
+    CHECK(MXSymbolListArguments(copy, &n_sym_args, &sym_args) == 0 && n_sym_args == 3);
+    CHECK(MXSymbolFree(copy) == 0);
+    CHECK(MXSymbolGrad(sym, 1, keys, &grad) == -1);
+    CHECK(starts_with(MXGetLastError(), "NotImplementedError: MXSymbolGrad"));
+    CHECK(MXSymbolCutSubgraph(sym, &inputs, &n_inputs) == 0 && n_inputs == 0);
+  }
+
+  /* nnvm's names for the symbol functions, its error slot, and its graph IR (refused). */
+  {
+    SymbolHandle v = NULL, fc = NULL, *vars = NULL, internals = NULL, copy = NULL;
+    OpHandle op = NULL, *ops = NULL;
+    uint32_t n = 0, n_ops = 0;
+    const char *keys[1] = {"num_hidden"}, *vals[1] = {"2"}, *akeys[2] = {"lr_mult", "wd_mult"},
+               *avals[2] = {"2", "0"}, *got_attr = NULL, **names = NULL;
+    int ok = 0;
+    void *graph = NULL;
+    CHECK(NNListUniqueOps(&n_ops, &ops) == 0 && n_ops > 100);
+    CHECK(NNGetOpHandle("FullyConnected", &op) == 0);
+    CHECK(NNSymbolCreateVariable("x", &v) == 0);
+    CHECK(NNSymbolCreateAtomicSymbol(op, 1, keys, vals, &fc) == 0);
+    CHECK(NNSymbolCompose(fc, "f", 1, NULL, &v) == 0);
+    CHECK(NNSymbolListInputVariables(fc, 1, &n, &vars) == 0 && n == 3);
+    for (i = 0; i < n; i++) CHECK(NNSymbolFree(vars[i]) == 0);
+    CHECK(NNSymbolListOutputNames(fc, &n, &names) == 0 && n == 1 && strcmp(names[0], "f_output") == 0);
+    CHECK(NNSymbolGetNumOutputs(fc, &n) == 0 && n == 1);
+    CHECK(NNSymbolSetAttrs(fc, 2, akeys, avals) == 0);
+    CHECK(NNSymbolGetAttr(fc, "wd_mult", &got_attr, &ok) == 0 && ok && strcmp(got_attr, "0") == 0);
+    CHECK(NNSymbolListAttrs(fc, 1, &n, &names) == 0 && n >= 3);
+    CHECK(NNSymbolListAttrs(fc, 7, &n, &names) == -1);
+    CHECK(NNSymbolGetInternals(fc, &internals) == 0);
+    CHECK(NNSymbolGetNumOutputs(internals, &n) == 0 && n == 4);
+    CHECK(NNSymbolCopy(fc, &copy) == 0);
+    CHECK(NNAddControlDeps(fc, copy) == -1 && starts_with(NNGetLastError(), "NotImplementedError: "));
+    CHECK(NNGraphCreate(fc, &graph) == -1 && starts_with(NNGetLastError(), "NotImplementedError: NNGraphCreate"));
+    NNAPISetLastError("frontend: something failed");
+    CHECK(strcmp(MXGetLastError(), "frontend: something failed") == 0);
+    CHECK(NNSymbolFree(copy) == 0 && NNSymbolFree(internals) == 0);
+    CHECK(NNSymbolFree(fc) == 0 && NNSymbolFree(v) == 0);
+  }
 
   /* Bad handles. */
   CHECK(MXExecutorSetMonitorCallback((ExecutorHandle)(uintptr_t)0x1234, monitor, NULL) == -1);

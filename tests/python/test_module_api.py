@@ -14,7 +14,9 @@ differ), and both sides must agree:
 - `reshape`: `Executor.reshape` (MXExecutorReshapeEx) down, up with and without
   `allow_up_sizing`, and with a changed parameter shape with and without `partial_shaping`;
 - `shared-buffer`: `simple_bind` with `shared_buffer`, `shared_arg_names` and `shared_exec`:
-  which arrays are shared and what the buffer holds afterwards.
+  which arrays are shared and what the buffer holds afterwards;
+- `ctx-group`: a Module with `group2ctxs` over CPU contexts: outputs, input gradients and the
+  contexts they are on.
 """
 import os
 import pickle
@@ -187,11 +189,28 @@ elif name == "shared-buffer":
         result["mismatch"] = "ok"
     except Exception as err:
         result["mismatch"] = type(err).__name__
+elif name == "ctx-group":
+    # Model parallelism over CPU contexts: each group's arrays (and gradients) on its device.
+    with mx.AttrScope(ctx_group="dev1"):
+        a = mx.sym.var("a") * 2
+    with mx.AttrScope(ctx_group="dev2"):
+        c = a + mx.sym.var("b")
+    mod = mx.mod.Module(c, context=[mx.cpu(0)], data_names=["a", "b"], label_names=None,
+                        group2ctxs={"dev1": mx.cpu(1), "dev2": mx.cpu(2)})
+    mod.bind(data_shapes=[("a", (2, 5)), ("b", (2, 5))], inputs_need_grad=True)
+    mod.init_params()
+    batch = mx.io.DataBatch(data=[mx.nd.array(rng.uniform(size=(2, 5))), mx.nd.array(rng.uniform(size=(2, 5)))])
+    mod.forward(batch, is_train=True)
+    mod.backward([mx.nd.array(rng.uniform(size=(2, 5)))])
+    grads = mod.get_input_grads()
+    result["grads"] = [g.asnumpy() for g in grads]
+    result["grad_contexts"] = [str(g.context) for g in grads]
+    result["out"] = mod.get_outputs()[0].asnumpy()
 with open(out_path, "wb") as f:
     pickle.dump(result, f)
 """
 
-SCENARIOS = ["module-fit", "bucketing", "monitor", "reshape", "shared-buffer"]
+SCENARIOS = ["module-fit", "bucketing", "monitor", "reshape", "shared-buffer", "ctx-group"]
 
 
 def run_scenario(name, ours, tmp_path):

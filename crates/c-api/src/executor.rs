@@ -62,7 +62,7 @@ fn array(h: NDArrayHandle) -> Result<Option<NDArray>> {
 
 /// Bind a symbol to arrays: `in_args`, `arg_grad_store` (entries may be NULL) and
 /// `grad_req_type` (0 null, 1 write, 2 in-place, 3 add) in `list_arguments` order, `aux_states`
-/// in `list_auxiliary_states` order. Device maps are accepted when every device is the host (see `check_group2ctx`);
+/// in `list_auxiliary_states` order. Device maps are accepted when every device is the host (see `group2ctx`);
 /// `shared_exec`, when given, must be a live executor (its memory is not shared).
 ///
 /// # Safety
@@ -85,7 +85,6 @@ pub unsafe extern "C" fn MXExecutorBindEX(
     shared_exec: ExecutorHandle,
     out: *mut ExecutorHandle,
 ) -> c_int {
-    let _ = map_keys;
     // SAFETY: per this function's contract.
     unsafe {
         ffi::call_out("MXExecutorBindEX", out, "out", || {
@@ -95,7 +94,7 @@ pub unsafe extern "C" fn MXExecutorBindEX(
             if !shared_exec.is_null() {
                 executors().get(shared_exec)?;
             }
-            check_group2ctx(ctx, num_map_keys, map_dev_types, map_dev_ids, "bind")?;
+            group2ctx(ctx, num_map_keys, map_keys, map_dev_types, map_dev_ids, "bind")?;
             let sym = super::symbol::symbol(symbol_handle)?;
             let args = list(in_args, len, "in_args")?
                 .iter()
@@ -214,21 +213,38 @@ fn req_from_name(s: &str) -> Result<GradReq> {
     }
 }
 
-/// Group-to-context maps (model parallelism): accepted when the default device and every
-/// device they name are the host, where placement changes nothing (CPU contexts share one
-/// memory); maps onto other devices are not supported yet.
+/// Group-to-context maps (model parallelism), by group name: accepted when the default
+/// device and every device they name are the host (CPU contexts share one memory, so every
+/// operator can read every array); maps onto GPUs are not supported yet.
 ///
 /// # Safety
-/// `types` and `ids` must hold `n` values when `n > 0`.
-unsafe fn check_group2ctx(default: Context, n: u32, types: *const c_int, ids: *const c_int, what: &str) -> Result<()> {
+/// `keys`, `types` and `ids` must hold `n` values when `n > 0`.
+unsafe fn group2ctx(
+    default: Context,
+    n: u32,
+    keys: *const *const c_char,
+    types: *const c_int,
+    ids: *const c_int,
+    what: &str,
+) -> Result<BTreeMap<String, Context>> {
     // SAFETY: per this function's contract.
-    let (types, ids) = unsafe { (list(types, n, "group2ctx device types")?, list(ids, n, "group2ctx device ids")?) };
-    for (&t, &i) in types.iter().zip(ids) {
-        if !(default.dev_type.is_host() && Context::from_codes(t, i)?.dev_type.is_host()) {
+    let (keys, types, ids) = unsafe {
+        (
+            list(keys, n, "group2ctx keys")?,
+            list(types, n, "group2ctx device types")?,
+            list(ids, n, "group2ctx device ids")?,
+        )
+    };
+    let mut map = BTreeMap::new();
+    for ((&k, &t), &i) in keys.iter().zip(types).zip(ids) {
+        let c = Context::from_codes(t, i)?;
+        if !(default.dev_type.is_host() && c.dev_type.is_host()) {
             return Err(Error::not_supported(format!("group2ctx device maps onto GPUs in {what}")));
         }
+        // SAFETY: per this function's contract.
+        map.insert(unsafe { cstr(k, "group2ctx key") }?.to_string(), c);
     }
-    Ok(())
+    Ok(map)
 }
 
 /// `names[k]` with the dimensions `data[idx[k]..idx[k + 1]]` (the frontend's shape lists).
@@ -305,6 +321,7 @@ unsafe fn simple_bind<T: Copy + Into<i64>>(
     dev_type: c_int,
     dev_id: c_int,
     num_g2c_keys: u32,
+    g2c_keys: *const *const c_char,
     g2c_dev_types: *const c_int,
     g2c_dev_ids: *const c_int,
     provided_grad_req_list_len: u32,
@@ -336,7 +353,7 @@ unsafe fn simple_bind<T: Copy + Into<i64>>(
 ) -> Result<()> {
     let ctx = Context::from_codes(dev_type, dev_id)?.check_available()?;
     // SAFETY: per this function's contract.
-    unsafe { check_group2ctx(ctx, num_g2c_keys, g2c_dev_types, g2c_dev_ids, "simple_bind")? };
+    let groups = unsafe { group2ctx(ctx, num_g2c_keys, g2c_keys, g2c_dev_types, g2c_dev_ids, "simple_bind")? };
     // SAFETY: per this function's contract.
     unsafe {
         if list(provided_arg_stypes, num_provided_arg_stypes, "provided_arg_stypes")?.iter().any(|&s| s != 0) {
@@ -409,7 +426,7 @@ unsafe fn simple_bind<T: Copy + Into<i64>>(
         };
         // As in stock, the shared names and executor count only with a buffer.
         let sharing = buffer.as_mut().map(|buffer| Sharing { arg_names, exec: shared_exec.as_deref(), buffer });
-        let exec = Executor::simple_bind(&sym, ctx, &args, &aux, reqs, sharing)?;
+        let exec = Executor::simple_bind(&sym, ctx, &groups, &args, &aux, reqs, sharing)?;
         hand_out_arrays(&exec, num_in_args, in_args, arg_grads, num_aux_states, aux_states)?;
         if let Some(buffer) = buffer {
             BUFFER_OUT.with(|slot| -> Result<()> {
@@ -481,7 +498,7 @@ pub unsafe extern "C" fn MXExecutorSimpleBindEx(
     shared_exec_handle: ExecutorHandle,
     out: *mut ExecutorHandle,
 ) -> c_int {
-    let _ = (g2c_keys, provided_arg_stype_names);
+    let _ = provided_arg_stype_names;
     // SAFETY: per this function's contract.
     ffi::call("MXExecutorSimpleBindEx", || unsafe {
         simple_bind(
@@ -489,6 +506,7 @@ pub unsafe extern "C" fn MXExecutorSimpleBindEx(
             dev_type,
             dev_id,
             num_g2c_keys,
+            g2c_keys,
             g2c_dev_types,
             g2c_dev_ids,
             provided_grad_req_list_len,
@@ -562,7 +580,7 @@ pub unsafe extern "C" fn MXExecutorSimpleBind(
     shared_exec_handle: ExecutorHandle,
     out: *mut ExecutorHandle,
 ) -> c_int {
-    let _ = (g2c_keys, provided_arg_stype_names);
+    let _ = provided_arg_stype_names;
     // SAFETY: per this function's contract.
     ffi::call("MXExecutorSimpleBind", || unsafe {
         simple_bind(
@@ -570,6 +588,7 @@ pub unsafe extern "C" fn MXExecutorSimpleBind(
             dev_type,
             dev_id,
             num_g2c_keys,
+            g2c_keys,
             g2c_dev_types,
             g2c_dev_ids,
             provided_grad_req_list_len,
@@ -643,7 +662,7 @@ pub unsafe extern "C" fn MXExecutorSimpleBindEx64(
     shared_exec_handle: ExecutorHandle,
     out: *mut ExecutorHandle,
 ) -> c_int {
-    let _ = (g2c_keys, provided_arg_stype_names);
+    let _ = provided_arg_stype_names;
     // SAFETY: per this function's contract.
     ffi::call("MXExecutorSimpleBindEx64", || unsafe {
         simple_bind(
@@ -651,6 +670,7 @@ pub unsafe extern "C" fn MXExecutorSimpleBindEx64(
             dev_type,
             dev_id,
             num_g2c_keys,
+            g2c_keys,
             g2c_dev_types,
             g2c_dev_ids,
             provided_grad_req_list_len,
@@ -694,6 +714,7 @@ unsafe fn reshape<T: Copy + Into<i64>>(
     dev_type: c_int,
     dev_id: c_int,
     num_map_keys: u32,
+    map_keys: *const *const c_char,
     map_dev_types: *const c_int,
     map_dev_ids: *const c_int,
     num_provided_arg_shapes: u32,
@@ -710,7 +731,7 @@ unsafe fn reshape<T: Copy + Into<i64>>(
 ) -> Result<()> {
     let ctx = Context::from_codes(dev_type, dev_id)?.check_available()?;
     // SAFETY: per this function's contract.
-    unsafe { check_group2ctx(ctx, num_map_keys, map_dev_types, map_dev_ids, "reshape")? };
+    unsafe { group2ctx(ctx, num_map_keys, map_keys, map_dev_types, map_dev_ids, "reshape")? };
     let old = executors().get(shared_exec)?;
     // SAFETY: per this function's contract.
     unsafe {
@@ -756,7 +777,6 @@ pub unsafe extern "C" fn MXExecutorReshapeEx(
     shared_exec: ExecutorHandle,
     out: *mut ExecutorHandle,
 ) -> c_int {
-    let _ = map_keys;
     // SAFETY: per this function's contract.
     ffi::call("MXExecutorReshapeEx", || unsafe {
         reshape(
@@ -765,6 +785,7 @@ pub unsafe extern "C" fn MXExecutorReshapeEx(
             dev_type,
             dev_id,
             num_map_keys,
+            map_keys,
             map_dev_types,
             map_dev_ids,
             num_provided_arg_shapes,
@@ -808,7 +829,6 @@ pub unsafe extern "C" fn MXExecutorReshape(
     shared_exec: ExecutorHandle,
     out: *mut ExecutorHandle,
 ) -> c_int {
-    let _ = map_keys;
     // SAFETY: per this function's contract.
     ffi::call("MXExecutorReshape", || unsafe {
         reshape(
@@ -817,6 +837,7 @@ pub unsafe extern "C" fn MXExecutorReshape(
             dev_type,
             dev_id,
             num_map_keys,
+            map_keys,
             map_dev_types,
             map_dev_ids,
             num_provided_arg_shapes,

@@ -126,6 +126,13 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 }
 
 /// Record `e` as this thread's last error.
+/// Set this thread's last error text as given (`NNAPISetLastError`, a frontend reporting its
+/// own failure through the library's error slot).
+pub fn set_last_error_text(text: &CStr) {
+    // During thread teardown the slot may be gone; the text is then dropped (nothing asked).
+    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = text.to_owned());
+}
+
 pub fn set_last_error(e: &Error) {
     let text = CString::new(e.to_string().replace('\0', "\\0")).unwrap_or_default();
     // During thread teardown (a thread-local destructor freeing handles) this thread's slot

@@ -18,6 +18,7 @@ pub mod frontend;
 pub mod handle;
 pub mod ndarray;
 pub mod ndarray_io;
+pub mod nnvm;
 pub mod op;
 pub mod profiler;
 pub mod storage;

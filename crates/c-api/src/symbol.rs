@@ -56,6 +56,8 @@ thread_local! {
     static STRS: RefCell<Box<(Vec<CString>, Vec<*const c_char>)>> = RefCell::new(Box::default());
     static SHAPES32: RefCell<Box<[ShapeRet<c_int>; 3]>> = RefCell::new(Box::new([ShapeRet::new(), ShapeRet::new(), ShapeRet::new()]));
     static SHAPES64: RefCell<Box<[ShapeRet<i64>; 3]>> = RefCell::new(Box::new([ShapeRet::new(), ShapeRet::new(), ShapeRet::new()]));
+    static SHAPES_U32: RefCell<Box<[ShapeRet<u32>; 3]>> = RefCell::new(Box::new([ShapeRet::new(), ShapeRet::new(), ShapeRet::new()]));
+    static INPUT_SYMS: RefCell<Vec<SymbolHandle>> = const { RefCell::new(Vec::new()) };
     static TYPES: RefCell<Box<[Vec<c_int>; 3]>> = RefCell::new(Box::default());
 }
 
@@ -619,6 +621,12 @@ impl ShapeTls for c_int {
     }
 }
 
+impl ShapeTls for u32 {
+    fn with_ret<R>(f: impl FnOnce(&mut [ShapeRet<Self>; 3]) -> R) -> R {
+        SHAPES_U32.with(|s| f(&mut s.borrow_mut()))
+    }
+}
+
 impl ShapeTls for i64 {
     fn with_ret<R>(f: impl FnOnce(&mut [ShapeRet<Self>; 3]) -> R) -> R {
         SHAPES64.with(|s| f(&mut s.borrow_mut()))
@@ -746,6 +754,201 @@ pub unsafe extern "C" fn MXSymbolInferShapePartialEx(
             )
         }
     })
+}
+
+/// The unsigned 32-bit form of [`MXSymbolInferShapeEx`] (stock's oldest): `partial` as
+/// [`MXSymbolInferShapePartialEx`].
+///
+/// # Safety
+/// As for [`MXSymbolInferShapeEx`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn infer_shape_u32(
+    api: &'static str,
+    partial: bool,
+    sym: SymbolHandle,
+    num_args: u32,
+    keys: *mut *const c_char,
+    arg_ind_ptr: *const u32,
+    arg_shape_data: *const u32,
+    sizes: [*mut u32; 3],
+    ndims: [*mut *const u32; 3],
+    datas: [*mut *mut *const u32; 3],
+    complete: *mut c_int,
+) -> c_int {
+    ffi::call(api, || {
+        // The ndim arrays are filled as c_int and read by the caller as uint32_t: the same size
+        // and alignment, and legacy shape semantics report unknown as 0, so the values agree
+        // (NumPy semantics' -1 reads as 2^32-1, as stock's own cast gives).
+        let ndims = ndims.map(|p| p.cast::<*const c_int>());
+        // SAFETY: per this function's contract.
+        unsafe {
+            infer_shape_c(partial, sym, num_args, keys, arg_ind_ptr, arg_shape_data, sizes, ndims, datas, complete)
+        }
+    })
+}
+
+/// [`MXSymbolInferShapeEx`] with unsigned 32-bit dimensions and ndims.
+///
+/// # Safety
+/// Inputs as stock documents them; out-params valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXSymbolInferShape(
+    sym: SymbolHandle,
+    num_args: u32,
+    keys: *mut *const c_char,
+    arg_ind_ptr: *const u32,
+    arg_shape_data: *const u32,
+    in_shape_size: *mut u32,
+    in_shape_ndim: *mut *const u32,
+    in_shape_data: *mut *mut *const u32,
+    out_shape_size: *mut u32,
+    out_shape_ndim: *mut *const u32,
+    out_shape_data: *mut *mut *const u32,
+    aux_shape_size: *mut u32,
+    aux_shape_ndim: *mut *const u32,
+    aux_shape_data: *mut *mut *const u32,
+    complete: *mut c_int,
+) -> c_int {
+    // SAFETY: per this function's contract.
+    unsafe {
+        infer_shape_u32(
+            "MXSymbolInferShape",
+            false,
+            sym,
+            num_args,
+            keys,
+            arg_ind_ptr,
+            arg_shape_data,
+            [in_shape_size, out_shape_size, aux_shape_size],
+            [in_shape_ndim, out_shape_ndim, aux_shape_ndim],
+            [in_shape_data, out_shape_data, aux_shape_data],
+            complete,
+        )
+    }
+}
+
+/// [`MXSymbolInferShapePartialEx`] with unsigned 32-bit dimensions and ndims.
+///
+/// # Safety
+/// Inputs as stock documents them; out-params valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXSymbolInferShapePartial(
+    sym: SymbolHandle,
+    num_args: u32,
+    keys: *mut *const c_char,
+    arg_ind_ptr: *const u32,
+    arg_shape_data: *const u32,
+    in_shape_size: *mut u32,
+    in_shape_ndim: *mut *const u32,
+    in_shape_data: *mut *mut *const u32,
+    out_shape_size: *mut u32,
+    out_shape_ndim: *mut *const u32,
+    out_shape_data: *mut *mut *const u32,
+    aux_shape_size: *mut u32,
+    aux_shape_ndim: *mut *const u32,
+    aux_shape_data: *mut *mut *const u32,
+    complete: *mut c_int,
+) -> c_int {
+    // SAFETY: per this function's contract.
+    unsafe {
+        infer_shape_u32(
+            "MXSymbolInferShapePartial",
+            true,
+            sym,
+            num_args,
+            keys,
+            arg_ind_ptr,
+            arg_shape_data,
+            [in_shape_size, out_shape_size, aux_shape_size],
+            [in_shape_ndim, out_shape_ndim, aux_shape_ndim],
+            [in_shape_data, out_shape_data, aux_shape_data],
+            complete,
+        )
+    }
+}
+
+/// A new handle to the same symbol (its nodes shared, as stock's shallow copy shares them).
+///
+/// # Safety
+/// `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXShallowCopySymbol(src: SymbolHandle, out: *mut SymbolHandle) -> c_int {
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXShallowCopySymbol", out, "out", || Ok(new_handle(symbol(src)?))) }
+}
+
+/// New handles to the symbol's input variables (`list_inputs` order), in a per-thread array
+/// valid until the next call on the same thread; the caller frees each handle.
+///
+/// # Safety
+/// Out-params must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXSymbolGetInputSymbols(
+    sym: SymbolHandle,
+    inputs: *mut *mut SymbolHandle,
+    input_size: *mut c_int,
+) -> c_int {
+    ffi::call("MXSymbolGetInputSymbols", || {
+        let vars = symbol(sym)?.list_inputs(InputKind::All);
+        INPUT_SYMS.with(|slot| -> Result<()> {
+            let mut hs = slot.borrow_mut();
+            *hs = vars
+                .into_iter()
+                .map(|node| {
+                    new_handle(Symbol { outputs: vec![mxnet_core::symbol::Entry { node, index: 0, version: 0 }] })
+                })
+                .collect();
+            // SAFETY: per this function's contract.
+            unsafe {
+                *out(input_size, "input_size")? = hs.len() as c_int;
+                *out(inputs, "inputs")? = hs.as_mut_ptr();
+            }
+            Ok(())
+        })
+    })
+}
+
+/// Stock's cut of a control-flow subgraph (the nodes marked `__subgraph_name__`): a symbol
+/// whose output carries no such mark has no subgraph inputs (size 0, as stock); cutting a
+/// marked one is not supported yet.
+///
+/// # Safety
+/// Out-params must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXSymbolCutSubgraph(
+    sym: SymbolHandle,
+    inputs: *mut *mut SymbolHandle,
+    input_size: *mut c_int,
+) -> c_int {
+    ffi::call("MXSymbolCutSubgraph", || {
+        let s = symbol(sym)?;
+        let marked = s.outputs.first().is_some_and(|e| e.node.data().dict.contains_key("__subgraph_name__"));
+        if marked {
+            return Err(Error::not_supported("MXSymbolCutSubgraph on a marked control-flow subgraph"));
+        }
+        // SAFETY: per this function's contract.
+        unsafe {
+            *out(input_size, "input_size")? = 0;
+            *out(inputs, "inputs")? = std::ptr::null_mut();
+        }
+        Ok(())
+    })
+}
+
+/// Symbolic gradients: stock 1.9.1 does not implement this function either (it fails with
+/// "not implemented"); here it says so with NotImplementedError.
+///
+/// # Safety
+/// No pointer is read.
+#[no_mangle]
+pub unsafe extern "C" fn MXSymbolGrad(
+    sym: SymbolHandle,
+    num_wrt: u32,
+    wrt: *mut *const c_char,
+    out: *mut SymbolHandle,
+) -> c_int {
+    let _ = (sym, num_wrt, wrt, out);
+    ffi::call("MXSymbolGrad", || Err(Error::not_supported("MXSymbolGrad (stock 1.9.1 does not implement it either)")))
 }
 
 /// [`MXSymbolInferShapeEx`] with 64-bit dimensions.

@@ -54,3 +54,6 @@ pub type CustomOpPropCreator = Option<
 /// handle the callee owns (and frees), and the pointer given with it.
 pub type ExecutorMonitorCallback =
     Option<unsafe extern "C" fn(name: *const std::ffi::c_char, array: NDArrayHandle, handle: *mut c_void)>;
+
+/// nnvm's graph handle (`nnvm/c_api.h`).
+pub type GraphHandle = *mut c_void;

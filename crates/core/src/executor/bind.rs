@@ -173,10 +173,13 @@ impl Executor {
 
     /// Bind new arrays of the inferred shapes and dtypes (`args`, `reqs` in `list_arguments`
     /// order, `aux` in `list_auxiliary_states` order), zero-filled, or shared as `sharing`
-    /// says (stock's `SimpleBind`; without sharing every array is new).
+    /// says (stock's `SimpleBind`; without sharing every array is new). An argument whose
+    /// variable has a `ctx_group` that `group2ctx` maps lives, with its gradient, on that
+    /// device; the others on `ctx`.
     pub fn simple_bind(
         sym: &Symbol,
         ctx: Context,
+        group2ctx: &BTreeMap<String, Context>,
         args: &[ArraySpec],
         aux: &[ArraySpec],
         reqs: Vec<GradReq>,
@@ -184,6 +187,11 @@ impl Executor {
     ) -> Result<Executor> {
         let g = sym.graph();
         let arg_names: Vec<&str> = g.arg_nodes().into_iter().map(|n| g.nodes[n].name.as_str()).collect();
+        let arg_ctx: Vec<Context> = g
+            .arg_nodes()
+            .into_iter()
+            .map(|n| g.nodes[n].raw.get("__ctx_group__").and_then(|k| group2ctx.get(k)).copied().unwrap_or(ctx))
+            .collect();
         let aux_names: Vec<&str> = g.aux_nodes().into_iter().map(|n| g.nodes[n].name.as_str()).collect();
         if args.len() != arg_names.len() || reqs.len() != args.len() || aux.len() != aux_names.len() {
             return Err(Error::value(format!(
@@ -197,7 +205,7 @@ impl Executor {
             )));
         }
         let (mut bound, mut grads) = (Vec::with_capacity(args.len()), Vec::with_capacity(args.len()));
-        for ((&name, (shape, dt)), &req) in arg_names.iter().zip(args).zip(&reqs) {
+        for (((&name, (shape, dt)), &req), &ctx) in arg_names.iter().zip(args).zip(&reqs).zip(&arg_ctx) {
             let wants_grad = req != GradReq::Null;
             let (a, g) = match &mut sharing {
                 None => (zeros(shape, ctx, *dt)?, wants_grad.then(|| zeros(shape, ctx, *dt)).transpose()?),
@@ -506,11 +514,14 @@ mod tests {
         let (args, aux) = specs(8);
         let reqs = vec![GradReq::Write; 5];
         let sharing = Sharing { arg_names: params.clone(), exec: None, buffer: &mut buffer };
-        let big = Executor::simple_bind(&sym, Context::CPU, &args, &aux, reqs.clone(), Some(sharing)).unwrap();
+        let big = Executor::simple_bind(&sym, Context::CPU, &BTreeMap::new(), &args, &aux, reqs.clone(), Some(sharing))
+            .unwrap();
         assert_eq!(buffer.keys().collect::<Vec<_>>(), ["data", "grad of data"]);
         let (args, aux) = specs(4);
         let sharing = Sharing { arg_names: params.clone(), exec: Some(&big), buffer: &mut buffer };
-        let small = Executor::simple_bind(&sym, Context::CPU, &args, &aux, reqs.clone(), Some(sharing)).unwrap();
+        let small =
+            Executor::simple_bind(&sym, Context::CPU, &BTreeMap::new(), &args, &aux, reqs.clone(), Some(sharing))
+                .unwrap();
         let (b, s) = (big.arg_arrays(), small.arg_arrays());
         assert!((1..5).all(|k| same_memory(&b[k], &s[k])), "parameters are the big executor's");
         assert!(same_memory(&b[0], &s[0]) && s[0].shape == [4, 3], "the data is a view of the buffer's");
@@ -520,17 +531,22 @@ mod tests {
         // A larger batch replaces the buffer's arrays (and warns); without a buffer, nothing is shared.
         let (args, aux) = specs(16);
         let sharing = Sharing { arg_names: params.clone(), exec: Some(&big), buffer: &mut buffer };
-        let larger = Executor::simple_bind(&sym, Context::CPU, &args, &aux, reqs.clone(), Some(sharing)).unwrap();
+        let larger =
+            Executor::simple_bind(&sym, Context::CPU, &BTreeMap::new(), &args, &aux, reqs.clone(), Some(sharing))
+                .unwrap();
         assert_eq!(buffer["data"].shape, [16, 3]);
         assert!(same_memory(&buffer["data"], &larger.arg_arrays()[0]));
-        let alone = Executor::simple_bind(&sym, Context::CPU, &args, &aux, reqs.clone(), None).unwrap();
+        let alone =
+            Executor::simple_bind(&sym, Context::CPU, &BTreeMap::new(), &args, &aux, reqs.clone(), None).unwrap();
         assert!(!same_memory(&alone.arg_arrays()[1], &b[1]));
         // A parameter whose shape differs from the shared executor's is an error.
         let mut wrong = specs(8).0;
         wrong[1].0 = vec![2, 4];
         wrong[0].0 = vec![8, 4];
         let sharing = Sharing { arg_names: params, exec: Some(&big), buffer: &mut buffer };
-        let err = Executor::simple_bind(&sym, Context::CPU, &wrong, &aux, reqs, Some(sharing)).err().unwrap();
+        let err = Executor::simple_bind(&sym, Context::CPU, &BTreeMap::new(), &wrong, &aux, reqs, Some(sharing))
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("Inferred shape does not match shared_exec.arg_array's shape"), "{err}");
     }
 
@@ -538,7 +554,8 @@ mod tests {
     fn reshape_views_smaller_shapes_and_needs_leave_to_grow() {
         let sym = net();
         let (args, aux) = specs(8);
-        let e = Executor::simple_bind(&sym, Context::CPU, &args, &aux, vec![GradReq::Write; 5], None).unwrap();
+        let e = Executor::simple_bind(&sym, Context::CPU, &BTreeMap::new(), &args, &aux, vec![GradReq::Write; 5], None)
+            .unwrap();
         let small = e.reshape(false, false, &[("data".into(), vec![2, 3])]).unwrap();
         assert_eq!(small.arg_arrays()[0].shape, [2, 3]);
         assert!(same_memory(&small.arg_arrays()[0], &e.arg_arrays()[0]));

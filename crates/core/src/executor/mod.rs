@@ -254,6 +254,15 @@ impl Runner {
                         ))
                     })?);
                 }
+                // Inputs on several CPU contexts (a host-only `group2ctx` placement) are read
+                // on the first one's: the same memory under that label.
+                let relabelled: Vec<NDArray>;
+                if let Some(c) = ins.first().and_then(|x| x.ctx()) {
+                    if ins.iter().any(|x| x.ctx().is_some_and(|d| d != c)) {
+                        relabelled = ins.iter().map(|x| x.on_host_context(c)).collect::<Result<_>>()?;
+                        ins = relabelled.iter().collect();
+                    }
+                }
                 if let Some(m) = monitor.filter(|m| m.all) {
                     for (k, (&(src, _), x)) in n.inputs.iter().zip(&ins).enumerate() {
                         if self.graph.nodes[src].is_variable() {

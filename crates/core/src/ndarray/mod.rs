@@ -318,6 +318,16 @@ impl NDArray {
         self.view(shape, self.offset)
     }
 
+    /// This array (same memory, view and graph link) labelled with another host context: what
+    /// a graph placed on several CPU contexts (`group2ctx`) passes between them, where stock
+    /// inserts a copy. Both contexts must be the host's.
+    pub fn on_host_context(&self, ctx: Context) -> Result<NDArray> {
+        if !(self.ctx.dev_type.is_host() && ctx.dev_type.is_host()) {
+            return Err(Error::value(format!("an array on {} cannot be viewed on {ctx} without a copy", self.ctx)));
+        }
+        Ok(NDArray { ctx, ..self.clone() })
+    }
+
     /// The first elements of this array's data under `shape`, which may hold fewer elements
     /// than the array (stock's `NDArray::Reshape`, what executors reuse a larger buffer with).
     pub fn prefix_view(&self, shape: &[usize]) -> Result<NDArray> {
