@@ -4,6 +4,8 @@
  * and MXNET_EXEC_NUM_TEMP=4 in the environment (see CMakeLists.txt). */
 #include <mxnet/c_api.h>
 
+#include "check.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,20 +14,8 @@
 int MXRtTestPanic(int how);
 int MXRtTestUseConfig(const char *name, const char **out_json);
 
-static int failures = 0;
 
-#define CHECK(cond)                                                              \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      fprintf(stderr, "%s:%d: check failed: %s\n  last error: %s\n", __FILE__,   \
-              __LINE__, #cond, MXGetLastError());                                \
-      failures++;                                                                \
-    }                                                                            \
-  } while (0)
 
-static int starts_with(const char *s, const char *prefix) {
-  return s != NULL && strncmp(s, prefix, strlen(prefix)) == 0;
-}
 static int contains(const char *s, const char *needle) {
   return s != NULL && strstr(s, needle) != NULL;
 }

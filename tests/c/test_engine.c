@@ -4,6 +4,8 @@
 #define _GNU_SOURCE
 #include <mxnet/c_api.h>
 
+#include "check.h"
+
 #include <dirent.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,15 +14,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int failures = 0;
-#define CHECK(cond)                                                                       \
-  do {                                                                                    \
-    if (!(cond)) {                                                                        \
-      fprintf(stderr, "%s:%d: check failed: %s\n  last error: %s\n", __FILE__, __LINE__,  \
-              #cond, MXGetLastError());                                                   \
-      failures++;                                                                         \
-    }                                                                                     \
-  } while (0)
 
 static const int cpu_ctx[2] = {1, 0};
 static const int gpu_ctx[2] = {2, 0};

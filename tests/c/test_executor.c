@@ -5,18 +5,11 @@
  * GetOptimizedSymbol, and bad input. The graph: out = FullyConnected(data, num_hidden=2). */
 #include <mxnet/c_api.h>
 
+#include "check.h"
+
 #include <stdio.h>
 #include <string.h>
 
-static int failures = 0;
-#define CHECK(cond)                                                                       \
-  do {                                                                                    \
-    if (!(cond)) {                                                                        \
-      fprintf(stderr, "%s:%d: check failed: %s\n  last error: %s\n", __FILE__, __LINE__,  \
-              #cond, MXGetLastError());                                                   \
-      failures++;                                                                         \
-    }                                                                                     \
-  } while (0)
 
 static const char *JSON =
     "{\"nodes\": ["
@@ -28,7 +21,6 @@ static const char *JSON =
     "\"arg_nodes\": [0, 1, 2], \"node_row_ptr\": [0, 1, 2, 3, 4], \"heads\": [[3, 0, 0]],"
     "\"attrs\": {\"mxnet_version\": [\"int\", 10901]}}";
 
-static int starts_with(const char *s, const char *prefix) { return strncmp(s, prefix, strlen(prefix)) == 0; }
 
 static void fill(NDArrayHandle h, const float *v, size_t n) { CHECK(MXNDArraySyncCopyFromCPU(h, v, n) == 0); }
 

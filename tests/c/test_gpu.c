@@ -7,21 +7,15 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <mxnet/c_api.h>
 
+#include "check.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-static int failures = 0, compared = 0;
-#define CHECK(cond)                                                                       \
-  do {                                                                                    \
-    if (!(cond)) {                                                                        \
-      fprintf(stderr, "%s:%d: check failed: %s\n  last error: %s\n", __FILE__, __LINE__,  \
-              #cond, MXGetLastError());                                                   \
-      failures++;                                                                         \
-    }                                                                                     \
-  } while (0)
+static int compared = 0;
 
 enum { CPU = 1, GPU = 2, F32 = 0, F64 = 1 };
 

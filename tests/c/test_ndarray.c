@@ -4,18 +4,11 @@
 #include <unistd.h>
 #include <mxnet/c_api.h>
 
+#include "check.h"
+
 #include <stdio.h>
 #include <string.h>
 
-static int failures = 0;
-#define CHECK(cond)                                                                       \
-  do {                                                                                    \
-    if (!(cond)) {                                                                        \
-      fprintf(stderr, "%s:%d: check failed: %s\n  last error: %s\n", __FILE__, __LINE__,  \
-              #cond, MXGetLastError());                                                   \
-      failures++;                                                                         \
-    }                                                                                     \
-  } while (0)
 
 static const int cpu_ctx[2] = {1, 0};
 

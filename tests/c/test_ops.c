@@ -4,18 +4,11 @@
  * names, bad handles, bad parameters, wrong input counts and shapes). */
 #include <mxnet/c_api.h>
 
+#include "check.h"
+
 #include <stdio.h>
 #include <string.h>
 
-static int failures = 0;
-#define CHECK(cond)                                                                       \
-  do {                                                                                    \
-    if (!(cond)) {                                                                        \
-      fprintf(stderr, "%s:%d: check failed: %s\n  last error: %s\n", __FILE__, __LINE__,  \
-              #cond, MXGetLastError());                                                   \
-      failures++;                                                                         \
-    }                                                                                     \
-  } while (0)
 
 static NDArrayHandle make(const uint32_t *shape, uint32_t ndim, const float *data, size_t n) {
   NDArrayHandle h = NULL;
