@@ -35,6 +35,10 @@ struct LibFeature {
 
 typedef void *CachedOpHandle;
 
+// A CachedOp operator hook (stock `CachedOpMonitorCallback`): the array's name, the
+// operator's name, and a new array handle the callee owns (and frees).
+typedef void (*CachedOpMonitorCallback)(const char *name, const char *opr_name, NDArrayHandle array);
+
 // A custom operator's property creator (stock `CustomOpPropCreator`).
 typedef int (*CustomOpPropCreator)(const char *op_type,
                                    int num_kwargs,
@@ -273,6 +277,26 @@ int MXCreateCachedOpEx(SymbolHandle handle,
 // # Safety
 // `out` must be NULL or valid for writes.
 int MXCreateCachedOp(SymbolHandle handle, CachedOpHandle *out);
+
+// [`MXCreateCachedOpEx`]; `thread_safe` (stock's separate thread-safe CachedOp for
+// multi-threaded inference) changes nothing here: every CachedOp may be called from several
+// threads at once.
+//
+// # Safety
+// As for [`MXCreateCachedOpEx`].
+int MXCreateCachedOpEX(SymbolHandle handle,
+                       int num_flags,
+                       const char **keys,
+                       const char **vals,
+                       CachedOpHandle *out,
+                       bool thread_safe);
+
+// Call `callback` after each operator of later runs with each output (`<node>_output`), the
+// operator's name and a new handle the callee frees (with `monitor_all`, each input first);
+// NULL removes the hook (Gluon's `HybridBlock.register_op_hook`).
+int MXCachedOpRegisterOpHook(CachedOpHandle handle,
+                             CachedOpMonitorCallback callback,
+                             bool monitor_all);
 
 // Free a CachedOp (a second free is an error).
 int MXFreeCachedOp(CachedOpHandle handle);

@@ -40,6 +40,13 @@ static NDArrayHandle forward_output(ExecutorHandle e) {
   return n == 1 ? outs[0] : NULL;
 }
 
+static int hook_calls = 0, hook_saw_fc = 0;
+static void op_hook(const char *name, const char *opr_name, NDArrayHandle array) {
+  hook_calls++;
+  if (strcmp(name, "fc_output") == 0 && strcmp(opr_name, "FullyConnected") == 0) hook_saw_fc = 1;
+  MXNDArrayFree(array); /* the callee owns the handle */
+}
+
 static int monitor_calls = 0;
 static int monitor_saw_output = 0;
 static void monitor(const char *name, NDArrayHandle array, void *tag) {
@@ -189,6 +196,39 @@ int main(void) {
     /* Two arrays for three arguments. */
     CHECK(MXExecutorBind(sym, 1, 0, 2, ins, NULL, grad_req, 0, NULL, &bound) == -1);
     CHECK(starts_with(MXGetLastError(), "ValueError: "));
+    CHECK(MXNDArrayFree(ins[0]) == 0);
+  }
+
+  /* A CachedOp (MXCreateCachedOpEX) with an operator hook: the output, then with monitor_all
+   * the three inputs first (a CachedOp does not report variables under their own names). */
+  {
+    CachedOpHandle cop = NULL;
+    NDArrayHandle ins[3], *outs = NULL;
+    int n_out = 0;
+    const uint32_t s_data[2] = {4, 3};
+    CHECK(MXCreateCachedOpEX(sym, 0, NULL, NULL, &cop, 0) == 0);
+    CHECK(MXCachedOpRegisterOpHook(cop, op_hook, 0) == 0);
+    CHECK(MXNDArrayCreateEx(s_data, 2, 1, 0, 0, 0, &ins[0]) == 0);
+    fill(ins[0], data, 12);
+    ins[1] = w1;
+    ins[2] = b1;
+    CHECK(MXInvokeCachedOp(cop, 3, ins, &n_out, &outs) == 0 && n_out == 1);
+    CHECK(hook_calls == 1 && hook_saw_fc);
+    if (n_out == 1) {
+      read_into(outs[0], got, 8);
+      CHECK(got[0] == 0.5f && got[7] == 20.0f);
+      CHECK(MXNDArrayFree(outs[0]) == 0);
+    }
+    CHECK(MXCachedOpRegisterOpHook(cop, op_hook, 1) == 0);
+    hook_calls = 0;
+    n_out = 0; /* the library allocates the outputs again */
+    outs = NULL;
+    CHECK(MXInvokeCachedOp(cop, 3, ins, &n_out, &outs) == 0 && n_out == 1);
+    CHECK(hook_calls == 4);
+    if (n_out == 1) CHECK(MXNDArrayFree(outs[0]) == 0);
+    CHECK(MXCachedOpRegisterOpHook(cop, NULL, 0) == 0);
+    CHECK(MXCachedOpRegisterOpHook((CachedOpHandle)(uintptr_t)0x1234, op_hook, 0) == -1);
+    CHECK(MXFreeCachedOp(cop) == 0);
     CHECK(MXNDArrayFree(ins[0]) == 0);
   }
 

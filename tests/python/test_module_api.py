@@ -16,7 +16,9 @@ differ), and both sides must agree:
 - `shared-buffer`: `simple_bind` with `shared_buffer`, `shared_arg_names` and `shared_exec`:
   which arrays are shared and what the buffer holds afterwards;
 - `ctx-group`: a Module with `group2ctxs` over CPU contexts: outputs, input gradients and the
-  contexts they are on.
+  contexts they are on;
+- `op-hook`: Gluon's `register_op_hook` on a hybridized block (MXCachedOpRegisterOpHook),
+  outputs only and with `monitor_all`: names, operator names and statistics.
 """
 import os
 import pickle
@@ -206,11 +208,33 @@ elif name == "ctx-group":
     result["grads"] = [g.asnumpy() for g in grads]
     result["grad_contexts"] = [str(g.context) for g in grads]
     result["out"] = mod.get_outputs()[0].asnumpy()
+elif name == "op-hook":
+    # Gluon's register_op_hook on a hybridized block (MXCachedOpRegisterOpHook).
+    import ctypes
+    net = mx.gluon.nn.HybridSequential(prefix="net_")
+    with net.name_scope():
+        net.add(mx.gluon.nn.Dense(4, activation="relu"), mx.gluon.nn.Dense(2))
+    net.initialize(mx.init.Zero())
+    net.hybridize()
+    x = mx.nd.array(rng.uniform(size=(3, 5)))
+    net(x)  # deferred initialisation
+    for p in sorted(net.collect_params().values(), key=lambda p: p.name):
+        p.set_data(mx.nd.array(rng.uniform(-0.5, 0.5, p.shape)))
+    for monitor_all in (False, True):
+        seen = []
+
+        def hook(name, op_name, handle):
+            a = mx.nd.NDArray(ctypes.cast(handle, mx.base.NDArrayHandle), writable=False)
+            seen.append((name.decode(), op_name.decode(), [float(a.norm().asscalar())]))
+
+        net.register_op_hook(hook, monitor_all)
+        result[f"out all={monitor_all}"] = net(x).asnumpy()
+        result[f"seen all={monitor_all}"] = seen
 with open(out_path, "wb") as f:
     pickle.dump(result, f)
 """
 
-SCENARIOS = ["module-fit", "bucketing", "monitor", "reshape", "shared-buffer", "ctx-group"]
+SCENARIOS = ["module-fit", "bucketing", "monitor", "reshape", "shared-buffer", "ctx-group", "op-hook"]
 
 
 def run_scenario(name, ours, tmp_path):
@@ -243,17 +267,17 @@ def assert_same(ours, stock, path=""):
         assert ours == stock, path
 
 
-def input_labels_as_stock(ours, stock):
+def input_labels_as_stock(ours, stock, at=1):
     """Stock names an operator's inputs by parameter (`fc1_weight`) only where the operator
     declares its input names, else by position (`relu1_input0`); this library always by
     parameter. Where stock's name is positional, ours must name the same node's input."""
     assert len(ours) == len(stock), f"{len(ours)} vs {len(stock)}\nours {ours}\nstock {stock}"
     out = []
     for o, s in zip(ours, stock):
-        m = re.fullmatch(r"(.*)_input\d+", s[1])
-        if m and o[1] != s[1]:
-            assert o[1].startswith(m.group(1) + "_"), (o, s)
-            o = (o[0], s[1], o[2])
+        m = re.fullmatch(r"(.*)_input\d+", s[at])
+        if m and o[at] != s[at]:
+            assert o[at].startswith(m.group(1) + "_"), (o, s)
+            o = o[:at] + (s[at],) + o[at + 1:]
         out.append(o)
     return out
 
@@ -264,4 +288,6 @@ def test_module_api_matches_stock(name, tmp_path):
     ours = run_scenario(name, True, tmp_path)
     if name == "monitor":
         ours["all=True"] = input_labels_as_stock(ours["all=True"], stock["all=True"])
+    if name == "op-hook":
+        ours["seen all=True"] = input_labels_as_stock(ours["seen all=True"], stock["seen all=True"], at=0)
     assert_same(ours, stock)

@@ -4,14 +4,14 @@
 
 use super::ffi::{self, cstr, out};
 use super::ndarray::arrays;
-use super::types::{CachedOpHandle, NDArrayHandle, SymbolHandle};
+use super::types::{CachedOpHandle, CachedOpMonitorCallback, NDArrayHandle, SymbolHandle};
 use crate::handle::HandleTable;
 use mxnet_core::error::{Error, Result};
 use mxnet_core::executor::cached_op::CachedOp;
 use mxnet_core::ndarray::NDArray;
 use mxnet_core::op;
 use std::cell::RefCell;
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, CString};
 use std::sync::{Arc, OnceLock};
 
 fn cached_ops() -> &'static HandleTable<CachedOp> {
@@ -71,6 +71,69 @@ pub unsafe extern "C" fn MXCreateCachedOpEx(
 pub unsafe extern "C" fn MXCreateCachedOp(handle: SymbolHandle, out: *mut CachedOpHandle) -> c_int {
     // SAFETY: per this function's contract.
     unsafe { ffi::call_out("MXCreateCachedOp", out, "out", || create(handle, 0, std::ptr::null(), std::ptr::null())) }
+}
+
+/// [`MXCreateCachedOpEx`]; `thread_safe` (stock's separate thread-safe CachedOp for
+/// multi-threaded inference) changes nothing here: every CachedOp may be called from several
+/// threads at once.
+///
+/// # Safety
+/// As for [`MXCreateCachedOpEx`].
+#[no_mangle]
+pub unsafe extern "C" fn MXCreateCachedOpEX(
+    handle: SymbolHandle,
+    num_flags: c_int,
+    keys: *mut *const c_char,
+    vals: *mut *const c_char,
+    out: *mut CachedOpHandle,
+    thread_safe: bool,
+) -> c_int {
+    let _ = thread_safe;
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXCreateCachedOpEX", out, "out", || create(handle, num_flags, keys, vals)) }
+}
+
+/// A frontend's operator hook.
+struct Hook(unsafe extern "C" fn(*const c_char, *const c_char, NDArrayHandle));
+
+// SAFETY: stock's contract for `MXCachedOpRegisterOpHook`: the hook may be called on whichever
+// thread runs the CachedOp (ctypes callbacks take the GIL), and stays valid until replaced.
+unsafe impl Send for Hook {}
+unsafe impl Sync for Hook {}
+
+impl Hook {
+    fn call(&self, name: &CString, op: &CString, array: NDArrayHandle) {
+        // SAFETY: the hook's contract (see `Hook`); the handle is new and the callee's to free.
+        unsafe { (self.0)(name.as_ptr(), op.as_ptr(), array) };
+    }
+}
+
+/// Call `callback` after each operator of later runs with each output (`<node>_output`), the
+/// operator's name and a new handle the callee frees (with `monitor_all`, each input first);
+/// NULL removes the hook (Gluon's `HybridBlock.register_op_hook`).
+#[no_mangle]
+pub extern "C" fn MXCachedOpRegisterOpHook(
+    handle: CachedOpHandle,
+    callback: CachedOpMonitorCallback,
+    monitor_all: bool,
+) -> c_int {
+    ffi::call("MXCachedOpRegisterOpHook", || {
+        let op = cached_ops().get(handle)?;
+        let Some(f) = callback else {
+            op.set_monitor(None);
+            return Ok(());
+        };
+        let hook = Hook(f);
+        let callback = move |name: &str, opr: &str, a: &NDArray| {
+            // Graph and operator names hold no NUL; one that did is not reported.
+            let (Ok(name), Ok(opr)) = (CString::new(name), CString::new(opr)) else { return };
+            hook.call(&name, &opr, arrays().insert(Arc::new(a.detached())));
+        };
+        let monitor =
+            mxnet_core::executor::Monitor { all: monitor_all, variables: false, callback: Arc::new(callback) };
+        op.set_monitor(Some(monitor));
+        Ok(())
+    })
 }
 
 /// Free a CachedOp (a second free is an error).

@@ -882,13 +882,13 @@ fn set_monitor(handle: ExecutorHandle, callback: ExecutorMonitorCallback, data: 
         return Ok(());
     };
     let c = CMonitor { f, data };
-    let callback = move |name: &str, a: &NDArray| {
+    let callback = move |name: &str, _op: &str, a: &NDArray| {
         // A name with a NUL (impossible for graph names) is not reported.
         let Ok(name) = CString::new(name) else { return };
         let h = arrays().insert(Arc::new(a.detached()));
         c.call(&name, h);
     };
-    e.set_monitor(Some(Monitor { all, callback: Arc::new(callback) }));
+    e.set_monitor(Some(Monitor { all, variables: true, callback: Arc::new(callback) }));
     Ok(())
 }
 

@@ -57,3 +57,9 @@ pub type ExecutorMonitorCallback =
 
 /// nnvm's graph handle (`nnvm/c_api.h`).
 pub type GraphHandle = *mut c_void;
+
+/// A CachedOp operator hook (stock `CachedOpMonitorCallback`): the array's name, the
+/// operator's name, and a new array handle the callee owns (and frees).
+pub type CachedOpMonitorCallback = Option<
+    unsafe extern "C" fn(name: *const std::ffi::c_char, opr_name: *const std::ffi::c_char, array: NDArrayHandle),
+>;

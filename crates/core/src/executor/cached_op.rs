@@ -10,7 +10,7 @@
 //! the forward's bulk size; `backward_bulk_size` is accepted, and the backward pass (autograd
 //! over the recorded operators) bulks as the configuration says.
 
-use super::Runner;
+use super::{Monitor, Runner};
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
 use crate::symbol::Symbol;
@@ -86,6 +86,8 @@ impl Flags {
 pub struct CachedOp {
     pub flags: Flags,
     runner: Runner,
+    /// The operator hook (Gluon's `register_op_hook`).
+    monitor: crate::sync::Mutex<Option<Monitor>>,
 }
 
 impl CachedOp {
@@ -96,7 +98,12 @@ impl CachedOp {
         if let Some(&bad) = flags.data_indices.iter().chain(&flags.param_indices).find(|&&i| i >= n) {
             return Err(Error::mxnet(format!("CachedOp: input index {bad} is out of range for a graph of {n} inputs")));
         }
-        Ok(CachedOp { flags, runner })
+        Ok(CachedOp { flags, runner, monitor: crate::sync::Mutex::new(None) })
+    }
+
+    /// Show each later run's operator outputs (and inputs) to `monitor`; `None` stops.
+    pub fn set_monitor(&self, monitor: Option<Monitor>) {
+        *self.monitor.lock() = monitor;
     }
 
     pub fn num_inputs(&self) -> usize {
@@ -110,7 +117,9 @@ impl CachedOp {
             Some(n) => n.max(0) as usize,
             None => self.runner.configured_bulk(crate::autograd::is_training())?,
         };
-        self.runner.run(inputs, bulk)
+        // A clone: the hook may call back into the frontend, which may use this CachedOp.
+        let monitor = self.monitor.lock().clone();
+        self.runner.run_monitored(inputs, bulk, monitor.as_ref())
     }
 }
 

@@ -18,17 +18,22 @@ use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
 use crate::symbol::{Graph, Symbol};
 
-/// Stock's executor monitor (`MXExecutorSetMonitorCallbackEX`): called after each operator
+/// Stock's executor monitor (`MXExecutorSetMonitorCallbackEX`, and a CachedOp's operator hook
+/// `MXCachedOpRegisterOpHook`): called after each operator
 /// of a forward run with each output (`<node>_output`), and with `all` first with each input
-/// (`<node>_<input>`, and a variable input under its own name as well).
+/// (`<node>_<input>`, and, with `variables`, a variable input under its own name as well).
 #[derive(Clone)]
 pub struct Monitor {
     pub all: bool,
+    /// With `all`, a variable input is also reported under its own name (the executor's rule;
+    /// a CachedOp's hook reports it only as the operator's input).
+    pub variables: bool,
     pub callback: std::sync::Arc<MonitorFn>,
 }
 
-/// What a [`Monitor`] calls: an array's name and the array.
-pub type MonitorFn = dyn Fn(&str, &NDArray) + Send + Sync;
+/// What a [`Monitor`] calls: an array's name, the operator's name (the one whose output or
+/// input it is) and the array.
+pub type MonitorFn = dyn Fn(&str, &str, &NDArray) + Send + Sync;
 
 /// A graph ready to run.
 pub struct Runner {
@@ -265,10 +270,10 @@ impl Runner {
                 }
                 if let Some(m) = monitor.filter(|m| m.all) {
                     for (k, (&(src, _), x)) in n.inputs.iter().zip(&ins).enumerate() {
-                        if self.graph.nodes[src].is_variable() {
-                            (m.callback)(&self.graph.nodes[src].name, x);
+                        if m.variables && self.graph.nodes[src].is_variable() {
+                            (m.callback)(&self.graph.nodes[src].name, op.name, x);
                         }
-                        (m.callback)(&crate::symbol::input_label(op, attrs, &n.name, k), x);
+                        (m.callback)(&crate::symbol::input_label(op, attrs, &n.name, k), op.name, x);
                     }
                 }
                 let target = match &self.inplace[i] {
@@ -288,7 +293,7 @@ impl Runner {
             };
             if let Some(m) = monitor {
                 for (k, o) in outs.iter().enumerate() {
-                    (m.callback)(&crate::symbol::output_name(op, Some(attrs), &n.name, k), o);
+                    (m.callback)(&crate::symbol::output_name(op, Some(attrs), &n.name, k), op.name, o);
                 }
             }
             vals[i] = outs;
