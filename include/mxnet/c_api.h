@@ -665,7 +665,8 @@ int MXExecutorReshape(int partial_shaping,
                       ExecutorHandle *out);
 
 // Call `callback` after each operator of later forwards with each output (`<node>_output`),
-// as a new handle the callee frees; NULL removes the monitor.
+// as a new handle the callee frees; NULL removes the monitor. A forward running meanwhile
+// (on another thread, or this callback's own) keeps the callback it started with.
 int MXExecutorSetMonitorCallback(ExecutorHandle handle,
                                  ExecutorMonitorCallback callback,
                                  void *callback_handle);

@@ -62,6 +62,7 @@ int main(void) {
   const uint32_t shape_data[2] = {4, 3}, shape_idx[2] = {0, 2};
   const int64_t shape_data64[2] = {4, 3};
   const char *shared_args[2] = {"fc_weight", "fc_bias"};
+  const char *write_req[1] = {"write"}, *inplace_req[1] = {"inplace"};
   int buffer_len = 0;
   const char **buffer_names = NULL;
   NDArrayHandle *buffer_handles = NULL;
@@ -76,8 +77,9 @@ int main(void) {
   for (i = 0; i < 12; i++) data[i] = (float)i;
   CHECK(MXSymbolCreateFromJSON(JSON, &sym) == 0);
 
-  /* SimpleBind with an empty shared buffer: the data and its gradient join the buffer. */
-  CHECK(MXExecutorSimpleBind(sym, 1, 0, 0, NULL, NULL, NULL, 0, NULL, NULL, 1, shape_names, shape_data, shape_idx, 0,
+  /* SimpleBind with an empty shared buffer and one request for all (the frontend's
+   * grad_req='write': no names, one type): the data and its gradient join the buffer. */
+  CHECK(MXExecutorSimpleBind(sym, 1, 0, 0, NULL, NULL, NULL, 0, NULL, write_req, 1, shape_names, shape_data, shape_idx, 0,
                              NULL, NULL, 0, NULL, NULL, 2, shared_args, &buffer_len, NULL, NULL, &buffer_names,
                              &buffer_handles, &n_args, &args, &grads, &n_aux, &aux, NULL, &e1) == 0);
   CHECK(n_args == 3 && n_aux == 0);
@@ -122,6 +124,7 @@ int main(void) {
                                  shape_idx, 0, NULL, NULL, 0, NULL, NULL, 2, shared_args, &buffer_len, NULL, NULL,
                                  &buffer_names, &buffer_handles, &n_args, &args, &grads, &n_aux, &aux, e1, &e2) == 0);
   CHECK(buffer_len == -1); /* no buffer given: none handed back, and nothing is shared */
+  CHECK(n_args == 3 && grads[0] == NULL && grads[1] == NULL); /* no requests: no gradients */
   for (i = 0; i < n_args; i++) {
     CHECK(MXNDArrayFree(args[i]) == 0);
     CHECK(grads[i] == NULL || MXNDArrayFree(grads[i]) == 0);
@@ -144,6 +147,12 @@ int main(void) {
     }
     fill(b1, bias, 2);
   }
+
+  /* simple_bind takes null, write and add (stock refuses inplace there). */
+  CHECK(MXExecutorSimpleBindEx64(sym, 1, 0, 0, NULL, NULL, NULL, 0, NULL, inplace_req, 1, shape_names, shape_data64,
+                                 shape_idx, 0, NULL, NULL, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL,
+                                 &n_args, &args, &grads, &n_aux, &aux, NULL, &big) == -1);
+  CHECK(starts_with(MXGetLastError(), "MXNetError: grad_req=inplace is not a valid input in simple_bind"));
 
   /* Reshape down: a view of the same memory (the first two rows of the data). */
   {

@@ -15,6 +15,8 @@ differ), and both sides must agree:
   `allow_up_sizing`, and with a changed parameter shape with and without `partial_shaping`;
 - `shared-buffer`: `simple_bind` with `shared_buffer`, `shared_arg_names` and `shared_exec`:
   which arrays are shared and what the buffer holds afterwards;
+- `grad-req`: `simple_bind`'s forms of `grad_req` (one for all, a list, a dict naming some)
+  and which gradients exist and what two backward passes leave in them;
 - `ctx-group`: a Module with `group2ctxs` over CPU contexts: outputs, input gradients and the
   contexts they are on;
 - `op-hook`: Gluon's `register_op_hook` on a hybridized block (MXCachedOpRegisterOpHook),
@@ -191,6 +193,33 @@ elif name == "shared-buffer":
         result["mismatch"] = "ok"
     except Exception as err:
         result["mismatch"] = type(err).__name__
+elif name == "grad-req":
+    # simple_bind's four forms of grad_req: one for all, a list, a dict naming some, none.
+    net = mlp()
+    names = net.list_arguments()
+    forms = {"null": "null", "add": "add", "write": "write",
+             "list": ["write" if "weight" in n else "null" for n in names],
+             # (A bias gradient without its weight's: stock's FullyConnected backward leaves it 0.)
+             "dict": {"fc1_weight": "add", "fc2_weight": "write", "fc2_bias": "write"}}
+    for label, req in forms.items():
+        ex = net.simple_bind(mx.cpu(), grad_req=req, data=(4, 8), softmax_label=(4,))
+        for k in sorted(ex.arg_dict):
+            ex.arg_dict[k][:] = rng.uniform(0.5, 1.0, ex.arg_dict[k].shape)
+        for k in sorted(ex.aux_dict):
+            ex.aux_dict[k][:] = rng.uniform(0.5, 1.0, ex.aux_dict[k].shape)
+        ex.arg_dict["softmax_label"][:] = np.array([0, 1, 2, 1])
+        grads = {}
+        for _ in range(2):  # twice: "add" accumulates, "write" does not
+            ex.forward(is_train=True)
+            ex.backward()
+        for k, g in sorted(ex.grad_dict.items()):
+            grads[k] = None if g is None else g.asnumpy()
+        result[label] = {"has_grad": [ex.grad_dict.get(n) is not None for n in names], "grads": grads}
+    try:
+        net.simple_bind(mx.cpu(), grad_req="inplace", data=(4, 8), softmax_label=(4,))
+        result["inplace"] = "ok"
+    except Exception as err:
+        result["inplace"] = type(err).__name__
 elif name == "ctx-group":
     # Model parallelism over CPU contexts: each group's arrays (and gradients) on its device.
     with mx.AttrScope(ctx_group="dev1"):
@@ -234,7 +263,7 @@ with open(out_path, "wb") as f:
     pickle.dump(result, f)
 """
 
-SCENARIOS = ["module-fit", "bucketing", "monitor", "reshape", "shared-buffer", "ctx-group", "op-hook"]
+SCENARIOS = ["module-fit", "bucketing", "monitor", "reshape", "shared-buffer", "grad-req", "ctx-group", "op-hook"]
 
 
 def run_scenario(name, ours, tmp_path):

@@ -97,7 +97,8 @@ pub unsafe extern "C" fn MXCreateCachedOpEX(
 struct Hook(unsafe extern "C" fn(*const c_char, *const c_char, NDArrayHandle));
 
 // SAFETY: stock's contract for `MXCachedOpRegisterOpHook`: the hook may be called on whichever
-// thread runs the CachedOp (ctypes callbacks take the GIL), and stays valid until replaced.
+// thread runs the CachedOp (ctypes callbacks take the GIL), and stays valid while the CachedOp
+// lives (a run already going when it is replaced finishes with the one it started with).
 unsafe impl Send for Hook {}
 unsafe impl Sync for Hook {}
 

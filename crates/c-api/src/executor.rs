@@ -204,13 +204,64 @@ pub unsafe extern "C" fn MXExecutorBind(
     }
 }
 
+/// A request by name, as simple_bind takes them (stock's: no `inplace` here).
 fn req_from_name(s: &str) -> Result<GradReq> {
     match s {
         "null" => Ok(GradReq::Null),
-        "write" | "inplace" => Ok(GradReq::Write),
+        "write" => Ok(GradReq::Write),
         "add" => Ok(GradReq::Add),
-        _ => Err(Error::value(format!("grad_req '{s}' is not one of null, write, inplace, add"))),
+        _ => Err(Error::mxnet(format!(
+            "grad_req={s} is not a valid input in simple_bind; only 'null', 'write', and 'add' are supported"
+        ))),
     }
+}
+
+/// The gradient requests of simple_bind, one per argument, by stock's four forms: one for all
+/// (`len` 0, no names, one type: the frontend's `grad_req='write'`), a list (`len` = the number
+/// of arguments, no names), a dict (names and types; arguments not named get none), or
+/// nothing (no types: no argument gets a gradient).
+///
+/// # Safety
+/// `names` (when not NULL) and `types` must hold `len` strings, or `types` one when `len` is 0.
+unsafe fn grad_reqs(
+    arg_names: &[String],
+    len: u32,
+    names: *const *const c_char,
+    types: *const *const c_char,
+) -> Result<Vec<GradReq>> {
+    let mut reqs = vec![GradReq::Null; arg_names.len()];
+    if types.is_null() {
+        return Ok(reqs);
+    }
+    // SAFETY: per this function's contract.
+    unsafe {
+        if len == 0 {
+            let r = req_from_name(cstr(*types, "grad req")?)?;
+            reqs.iter_mut().for_each(|x| *x = r);
+        } else if names.is_null() {
+            if len as usize != arg_names.len() {
+                return Err(Error::mxnet(format!(
+                    "The length of grad_req list does not match the number of input arguments in simple_bind, \
+                     expected {}, provided {len}",
+                    arg_names.len()
+                )));
+            }
+            for (x, &t) in reqs.iter_mut().zip(list(types, len, "provided_grad_req_types")?) {
+                *x = req_from_name(cstr(t, "grad req")?)?;
+            }
+        } else {
+            let names = list(names, len, "provided_grad_req_names")?;
+            let types = list(types, len, "provided_grad_req_types")?;
+            for (&n, &t) in names.iter().zip(types) {
+                let (n, r) = (cstr(n, "grad req name")?, req_from_name(cstr(t, "grad req")?)?);
+                // As stock: a name that is no argument is ignored.
+                if let Some(k) = arg_names.iter().position(|a| a == n) {
+                    reqs[k] = r;
+                }
+            }
+        }
+    }
+    Ok(reqs)
 }
 
 /// Group-to-context maps (model parallelism), by group name: accepted when the default
@@ -270,11 +321,38 @@ unsafe fn named_shapes<T: Copy + Into<i64>>(
             if b < a {
                 return Err(Error::value("provided_arg_shape_idx is not increasing"));
             }
+            if b > a && data.is_null() {
+                return Err(Error::value("provided_arg_shape_data is NULL"));
+            }
             let dims = list(data.wrapping_add(a), (b - a) as u32, "provided_arg_shape_data")?;
             out.push((cstr(name, "shape name")?.to_string(), dims.iter().map(|&d| d.into()).collect()));
         }
         Ok(out)
     }
+}
+
+/// Fails when an out-parameter of SimpleBind or Reshape is NULL.
+///
+/// # Safety
+/// The pointers must be NULL or valid for writes.
+unsafe fn check_outs(
+    num_in_args: *mut u32,
+    in_args: *mut *mut NDArrayHandle,
+    arg_grads: *mut *mut NDArrayHandle,
+    num_aux_states: *mut u32,
+    aux_states: *mut *mut NDArrayHandle,
+    out: *mut ExecutorHandle,
+) -> Result<()> {
+    // SAFETY: per this function's contract (nothing is written).
+    unsafe {
+        ffi::out(num_in_args, "num_in_args")?;
+        ffi::out(in_args, "in_args")?;
+        ffi::out(arg_grads, "arg_grads")?;
+        ffi::out(num_aux_states, "num_aux_states")?;
+        ffi::out(aux_states, "aux_states")?;
+        ffi::out(out, "out")?;
+    }
+    Ok(())
 }
 
 /// Hand the bound arrays to the caller through this thread's [`BIND_OUT`].
@@ -351,6 +429,9 @@ unsafe fn simple_bind<T: Copy + Into<i64>>(
     shared_exec_handle: ExecutorHandle,
     out: *mut ExecutorHandle,
 ) -> Result<()> {
+    // Out-pointers first: nothing is made for a caller who cannot receive it.
+    // SAFETY: per this function's contract.
+    unsafe { check_outs(num_in_args, in_args, arg_grads, num_aux_states, aux_states, out)? };
     let ctx = Context::from_codes(dev_type, dev_id)?.check_available()?;
     // SAFETY: per this function's contract.
     let groups = unsafe { group2ctx(ctx, num_g2c_keys, g2c_keys, g2c_dev_types, g2c_dev_ids, "simple_bind")? };
@@ -382,23 +463,7 @@ unsafe fn simple_bind<T: Copy + Into<i64>>(
         }
         let t = infer::infer_types(&sym, Given::Keyword(dtypes))?;
         let arg_names = sym.list_input_names(mxnet_core::symbol::InputKind::Args);
-        let rnames = list(provided_grad_req_names, provided_grad_req_list_len, "provided_grad_req_names")?;
-        let rtypes = list(provided_grad_req_types, provided_grad_req_list_len, "provided_grad_req_types")?;
-        let mut reqs = vec![GradReq::Write; arg_names.len()];
-        if provided_grad_req_list_len > 0 && provided_grad_req_names.is_null() {
-            // One request for all.
-            let r = req_from_name(cstr(rtypes[0], "grad req")?)?;
-            reqs.iter_mut().for_each(|x| *x = r);
-        } else if provided_grad_req_list_len > 0 {
-            for (&n, &r) in rnames.iter().zip(rtypes) {
-                let (n, r) = (cstr(n, "grad req name")?, req_from_name(cstr(r, "grad req")?)?);
-                let k = arg_names
-                    .iter()
-                    .position(|a| a == n)
-                    .ok_or_else(|| Error::value(format!("grad_req names unknown argument {n}")))?;
-                reqs[k] = r;
-            }
-        }
+        let reqs = grad_reqs(&arg_names, provided_grad_req_list_len, provided_grad_req_names, provided_grad_req_types)?;
         let spec = |shape: &Option<Vec<i64>>, dt: &Option<DType>| -> (Vec<usize>, DType) {
             let shape = shape.as_ref().map_or(Vec::new(), |s| s.iter().map(|&d| d.max(0) as usize).collect());
             (shape, dt.unwrap_or(DType::F32))
@@ -729,6 +794,8 @@ unsafe fn reshape<T: Copy + Into<i64>>(
     shared_exec: ExecutorHandle,
     out: *mut ExecutorHandle,
 ) -> Result<()> {
+    // SAFETY: per this function's contract.
+    unsafe { check_outs(num_in_args, in_args, arg_grads, num_aux_states, aux_states, out)? };
     let ctx = Context::from_codes(dev_type, dev_id)?.check_available()?;
     // SAFETY: per this function's contract.
     unsafe { group2ctx(ctx, num_map_keys, map_keys, map_dev_types, map_dev_ids, "reshape")? };
@@ -862,8 +929,9 @@ struct CMonitor {
 }
 
 // SAFETY: stock's contract for `MXExecutorSetMonitorCallback`: the callback may be called
-// on whichever thread runs the executor's forward, and `data` stays valid (it is only handed
-// back to the callback) until another callback is set or the executor is freed.
+// on whichever thread runs the executor's forward, and the function and `data` (only handed
+// back to the callback) stay valid while the executor lives. A forward already running when
+// the callback is replaced finishes with the one it started with (documented on the setter).
 unsafe impl Send for CMonitor {}
 unsafe impl Sync for CMonitor {}
 
@@ -893,7 +961,8 @@ fn set_monitor(handle: ExecutorHandle, callback: ExecutorMonitorCallback, data: 
 }
 
 /// Call `callback` after each operator of later forwards with each output (`<node>_output`),
-/// as a new handle the callee frees; NULL removes the monitor.
+/// as a new handle the callee frees; NULL removes the monitor. A forward running meanwhile
+/// (on another thread, or this callback's own) keeps the callback it started with.
 #[no_mangle]
 pub extern "C" fn MXExecutorSetMonitorCallback(
     handle: ExecutorHandle,

@@ -125,7 +125,6 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
-/// Record `e` as this thread's last error.
 /// Set this thread's last error text as given (`NNAPISetLastError`, a frontend reporting its
 /// own failure through the library's error slot).
 pub fn set_last_error_text(text: &CStr) {
@@ -133,6 +132,7 @@ pub fn set_last_error_text(text: &CStr) {
     let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = text.to_owned());
 }
 
+/// Record `e` as this thread's last error.
 pub fn set_last_error(e: &Error) {
     let text = CString::new(e.to_string().replace('\0', "\\0")).unwrap_or_default();
     // During thread teardown (a thread-local destructor freeing handles) this thread's slot

@@ -777,8 +777,9 @@ unsafe fn infer_shape_u32(
 ) -> c_int {
     ffi::call(api, || {
         // The ndim arrays are filled as c_int and read by the caller as uint32_t: the same size
-        // and alignment, and legacy shape semantics report unknown as 0, so the values agree
-        // (NumPy semantics' -1 reads as 2^32-1, as stock's own cast gives).
+        // and alignment, and legacy shape semantics report an unknown ndim as 0, so the values
+        // agree (NumPy semantics' -1 reads as 2^32-1, as stock's own cast gives; an unknown
+        // dimension there is 0, which uint32_t can hold).
         let ndims = ndims.map(|p| p.cast::<*const c_int>());
         // SAFETY: per this function's contract.
         unsafe {

@@ -173,9 +173,9 @@ impl Executor {
 
     /// Bind new arrays of the inferred shapes and dtypes (`args`, `reqs` in `list_arguments`
     /// order, `aux` in `list_auxiliary_states` order), zero-filled, or shared as `sharing`
-    /// says (stock's `SimpleBind`; without sharing every array is new). An argument whose
-    /// variable has a `ctx_group` that `group2ctx` maps lives, with its gradient, on that
-    /// device; the others on `ctx`.
+    /// says (stock's `SimpleBind`; without sharing every array is new). An argument (with its
+    /// gradient) or auxiliary state whose variable has a `ctx_group` that `group2ctx` maps
+    /// lives on that device; the others on `ctx`.
     pub fn simple_bind(
         sym: &Symbol,
         ctx: Context,
@@ -232,10 +232,16 @@ impl Executor {
             bound.push(a);
             grads.push(g);
         }
+        let aux_ctx: Vec<Context> = g
+            .aux_nodes()
+            .into_iter()
+            .map(|n| g.nodes[n].raw.get("__ctx_group__").and_then(|k| group2ctx.get(k)).copied().unwrap_or(ctx))
+            .collect();
         let aux = aux_names
             .iter()
             .zip(aux)
-            .map(|(&name, (shape, dt))| match sharing.as_ref().and_then(|sh| sh.exec) {
+            .zip(&aux_ctx)
+            .map(|((&name, (shape, dt)), &ctx)| match sharing.as_ref().and_then(|sh| sh.exec) {
                 Some(e) => reuse(name, "aux_array", e.aux_state(name), shape, *dt),
                 None => zeros(shape, ctx, *dt),
             })
@@ -404,6 +410,10 @@ impl Executor {
 
     /// Backward from the last training forward, with head gradients (`None`: ones).
     pub fn backward(&self, head_grads: &[Option<NDArray>], is_train: bool) -> Result<()> {
+        // No argument wants a gradient (`grad_req='null'`): nothing to compute, as in stock.
+        if self.grads.iter().all(|(r, _)| *r == GradReq::Null) {
+            return Ok(());
+        }
         let heads = self.heads.lock().clone();
         if heads.is_empty() || heads.iter().all(|h| h.ag.is_none()) {
             return Err(Error::mxnet("Executor.backward needs a forward pass first (and an argument with a gradient)"));

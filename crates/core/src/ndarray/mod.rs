@@ -318,11 +318,13 @@ impl NDArray {
         self.view(shape, self.offset)
     }
 
-    /// This array (same memory, view and graph link) labelled with another host context: what
+    /// This array (same memory, view and graph link) labelled with another CPU context: what
     /// a graph placed on several CPU contexts (`group2ctx`) passes between them, where stock
-    /// inserts a copy. Both contexts must be the host's.
+    /// inserts a copy. Both contexts must be plain CPU ones (pinned and shared memory come
+    /// from their own pools, which a delayed allocation through the label would bypass).
     pub fn on_host_context(&self, ctx: Context) -> Result<NDArray> {
-        if !(self.ctx.dev_type.is_host() && ctx.dev_type.is_host()) {
+        use crate::context::DevType;
+        if !(self.ctx.dev_type == DevType::Cpu && ctx.dev_type == DevType::Cpu) {
             return Err(Error::value(format!("an array on {} cannot be viewed on {ctx} without a copy", self.ctx)));
         }
         Ok(NDArray { ctx, ..self.clone() })

@@ -535,14 +535,16 @@ pub(super) fn softmax_output_dims(a: &Attrs, shape: &[usize]) -> (usize, usize, 
     }
 }
 
-/// The label's shape from the data's when it is not given (stock's rule): the data's shape
-/// without axis 1 with `multi_output`, else without its last axis.
+/// The label's shape from the data's when it is not given (stock's rule): with
+/// `multi_output`, `(N, size / N / C)` (unknown while a dimension is), else the data's shape
+/// without its last axis.
 fn softmax_output_label_shape(a: &Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Vec<i64>)>> {
     if data.len() < 2 {
         return Ok(vec![]);
     }
     let label = if SoftmaxOutputParams::of(a).multi_output {
-        std::iter::once(data[0]).chain(data[2..].iter().copied()).collect()
+        let rest = if data.iter().all(|&d| d > 0) { data[2..].iter().product() } else { -1 };
+        vec![data[0], rest]
     } else {
         data[..data.len() - 1].to_vec()
     };
