@@ -4,16 +4,11 @@
 //! and control dependencies answer `NotImplementedError`.
 
 use super::ffi;
-use super::symbol::{self as sym, new_handle};
+use super::symbol as sym;
 use super::types::{GraphHandle, OpHandle, SymbolHandle};
-use mxnet_core::error::{Error, Result};
-use mxnet_core::symbol::{Entry, InputKind, Symbol};
-use std::cell::RefCell;
+use mxnet_core::error::Error;
+use mxnet_core::symbol::InputKind;
 use std::ffi::{c_char, c_int, CStr};
-
-thread_local! {
-    static VARIABLES: RefCell<Vec<SymbolHandle>> = const { RefCell::new(Vec::new()) };
-}
 
 /// The last error on this thread ([`super::base`]'s `MXGetLastError`).
 #[no_mangle]
@@ -186,20 +181,13 @@ pub unsafe extern "C" fn NNSymbolListInputVariables(
     out_sym_array: *mut *mut SymbolHandle,
 ) -> c_int {
     ffi::call("NNSymbolListInputVariables", || {
-        let vars = sym::symbol(symbol)?.list_inputs(InputKind::from_code(option)?);
-        VARIABLES.with(|slot| -> Result<()> {
-            let mut hs = slot.borrow_mut();
-            *hs = vars
-                .into_iter()
-                .map(|node| new_handle(Symbol { outputs: vec![Entry { node, index: 0, version: 0 }] }))
-                .collect();
-            // SAFETY: per this function's contract.
-            unsafe {
-                *ffi::out(out_size, "out_size")? = hs.len() as u32;
-                *ffi::out(out_sym_array, "out_sym_array")? = hs.as_mut_ptr();
-            }
-            Ok(())
-        })
+        let (ptr, len) = sym::variable_handles(&sym::symbol(symbol)?, InputKind::from_code(option)?);
+        // SAFETY: per this function's contract.
+        unsafe {
+            *ffi::out(out_size, "out_size")? = len as u32;
+            *ffi::out(out_sym_array, "out_sym_array")? = ptr;
+        }
+        Ok(())
     })
 }
 

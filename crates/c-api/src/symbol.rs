@@ -890,22 +890,28 @@ pub unsafe extern "C" fn MXSymbolGetInputSymbols(
     input_size: *mut c_int,
 ) -> c_int {
     ffi::call("MXSymbolGetInputSymbols", || {
-        let vars = symbol(sym)?.list_inputs(InputKind::All);
-        INPUT_SYMS.with(|slot| -> Result<()> {
-            let mut hs = slot.borrow_mut();
-            *hs = vars
-                .into_iter()
-                .map(|node| {
-                    new_handle(Symbol { outputs: vec![mxnet_core::symbol::Entry { node, index: 0, version: 0 }] })
-                })
-                .collect();
-            // SAFETY: per this function's contract.
-            unsafe {
-                *out(input_size, "input_size")? = hs.len() as c_int;
-                *out(inputs, "inputs")? = hs.as_mut_ptr();
-            }
-            Ok(())
-        })
+        let (ptr, len) = variable_handles(&symbol(sym)?, InputKind::All);
+        // SAFETY: per this function's contract.
+        unsafe {
+            *out(input_size, "input_size")? = len as c_int;
+            *out(inputs, "inputs")? = ptr;
+        }
+        Ok(())
+    })
+}
+
+/// New handles (the caller frees each) to `sym`'s input variables of `kind`, in this thread's
+/// handle list, valid until the next such call on the thread (stock keeps one list too):
+/// its address and length. `MXSymbolGetInputSymbols` and `NNSymbolListInputVariables`.
+pub(crate) fn variable_handles(sym: &Symbol, kind: InputKind) -> (*mut SymbolHandle, usize) {
+    let vars = sym.list_inputs(kind);
+    INPUT_SYMS.with(|slot| {
+        let mut hs = slot.borrow_mut();
+        *hs = vars
+            .into_iter()
+            .map(|node| new_handle(Symbol { outputs: vec![mxnet_core::symbol::Entry { node, index: 0, version: 0 }] }))
+            .collect();
+        (hs.as_mut_ptr(), hs.len())
     })
 }
 
