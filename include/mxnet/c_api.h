@@ -46,6 +46,8 @@ typedef int (*CustomOpPropCreator)(const char *op_type,
                                    const char **values,
                                    struct MXCallbackList *ret);
 
+typedef void *DLManagedTensorHandle;
+
 // An asynchronous function: `(RunContext* rctx, void* on_complete, void* param)`. It must
 // finish by calling `MXEngineCompleteAsync(on_complete, error_or_NULL)`, from any thread.
 typedef void (*EngineAsyncFunc)(void*, void*, void*);
@@ -82,6 +84,16 @@ typedef void *GraphHandle;
 
 typedef void *AtomicSymbolCreator;
 
+// A predictor of the Predict API (`c_predict_api.h`).
+typedef void *PredictorHandle;
+
+// A predictor's monitor callback (stock `PredMonitorCallback`): a name, a new array handle
+// the callee owns (and frees with `MXNDArrayFree`), and the pointer given with it.
+typedef void (*PredMonitorCallback)(const char *name, NDArrayHandle array, void *handle);
+
+// An NDArray list of the Predict API (`MXNDListCreate`).
+typedef void *NDListHandle;
+
 typedef void *KVStoreHandle;
 
 typedef void *ProfileHandle;
@@ -101,8 +113,6 @@ typedef void *RtcHandle;
 typedef void *CudaModuleHandle;
 
 typedef void *CudaKernelHandle;
-
-typedef void *DLManagedTensorHandle;
 
 #ifdef __cplusplus
 extern "C" {
@@ -329,6 +339,41 @@ int MXInvokeCachedOp(CachedOpHandle handle,
 // # Safety
 // `op_type` must be a string.
 int MXCustomOpRegister(const char *op_type, CustomOpPropCreator creator);
+
+// A DLPack tensor over the array's memory that keeps the array alive until the tensor's
+// deleter runs (the consumer's to call, once: directly or with
+// [`MXNDArrayCallDLPackDeleter`]). Pending operations are not waited for: call
+// `MXNDArrayWaitToRead` (or `MXNDArrayWaitToWrite`, to write through it) first.
+//
+// # Safety
+// `out_dlpack` must be NULL or valid for writes.
+int MXNDArrayToDLPack(NDArrayHandle handle, DLManagedTensorHandle *out_dlpack);
+
+// [`MXNDArrayFromDLPackEx`] with a tensor that stays valid (not transient).
+//
+// # Safety
+// As [`MXNDArrayFromDLPackEx`].
+int MXNDArrayFromDLPack(DLManagedTensorHandle dlpack, NDArrayHandle *out_handle);
+
+// An NDArray over a DLPack tensor's memory (no copy); the tensor's deleter runs once, when
+// the array's last view is freed. With `transient_handle` the `DLManagedTensor` struct
+// itself may be gone after this call (the frontend's `from_numpy` builds one on the fly); the
+// memory it points to may not. Compact row-major tensors only; on failure the tensor stays
+// the caller's (its deleter does not run).
+//
+// # Safety
+// `dlpack` must point to a valid `DLManagedTensor` (as DLPack describes it) that the caller
+// gives up on success; `out_handle` must be NULL or valid for writes.
+int MXNDArrayFromDLPackEx(DLManagedTensorHandle dlpack,
+                          bool transient_handle,
+                          NDArrayHandle *out_handle);
+
+// Run a DLPack tensor's deleter (a tensor nobody consumed; NULL, or a tensor without a
+// deleter, needs nothing).
+//
+// # Safety
+// `dlpack` must be NULL or a valid `DLManagedTensor` not deleted yet; it is gone after.
+int MXNDArrayCallDLPackDeleter(DLManagedTensorHandle dlpack);
 
 // Push an asynchronous operation that reads `const_vars_handle[0..num_const_vars]` and
 // writes `mutable_vars_handle[0..num_mutable_vars]` (arrays of EngineVarHandle). `ctx_handle`
@@ -1310,6 +1355,177 @@ int MXRandomSeed(int seed);
 
 // Seed the random stream of one context.
 int MXRandomSeedContext(int seed, int dev_type, int dev_id);
+
+// Load a symbol (JSON) and its parameters (the bytes of a parameter file: `arg:`/`aux:`
+// entries, as `HybridBlock.export` and `save_checkpoint` write them) and bind them on a device
+// (1 CPU, 2 GPU) for inference with the given input shapes (stock's CSR form:
+// `input_shape_data[input_shape_indptr[i]..input_shape_indptr[i + 1]]` is input `i`'s shape).
+// Every other shape is inferred; an argument the file does not hold starts as zeros.
+//
+// # Safety
+// Strings must be NUL-terminated; `param_bytes` must hold `param_size` bytes; `input_keys`
+// and `input_shape_indptr` must hold `num_input_nodes` and `num_input_nodes + 1` values;
+// `out` must be NULL or valid for writes.
+int MXPredCreate(const char *symbol_json_str,
+                 const void *param_bytes,
+                 int param_size,
+                 int dev_type,
+                 int dev_id,
+                 uint32_t num_input_nodes,
+                 const char **input_keys,
+                 const uint32_t *input_shape_indptr,
+                 const uint32_t *input_shape_data,
+                 PredictorHandle *out);
+
+// [`MXPredCreate`] with the dtypes (stock's type codes) of arguments that the parameter
+// file does not hold, by name (float32 otherwise); the parameters keep their own.
+//
+// # Safety
+// As [`MXPredCreate`]; `provided_arg_dtype_names` and `provided_arg_dtypes` must hold
+// `num_provided_arg_dtypes` values.
+int MXPredCreateEx(const char *symbol_json_str,
+                   const void *param_bytes,
+                   int param_size,
+                   int dev_type,
+                   int dev_id,
+                   uint32_t num_input_nodes,
+                   const char **input_keys,
+                   const uint32_t *input_shape_indptr,
+                   const uint32_t *input_shape_data,
+                   uint32_t num_provided_arg_dtypes,
+                   const char **provided_arg_dtype_names,
+                   const int *provided_arg_dtypes,
+                   PredictorHandle *out);
+
+// [`MXPredCreate`] computing the outputs of the named nodes (`<key>_output` among the
+// symbol's internal outputs) instead of the symbol's.
+//
+// # Safety
+// As [`MXPredCreate`]; `output_keys` must hold `num_output_nodes` C strings.
+int MXPredCreatePartialOut(const char *symbol_json_str,
+                           const void *param_bytes,
+                           int param_size,
+                           int dev_type,
+                           int dev_id,
+                           uint32_t num_input_nodes,
+                           const char **input_keys,
+                           const uint32_t *input_shape_indptr,
+                           const uint32_t *input_shape_data,
+                           uint32_t num_output_nodes,
+                           const char **output_keys,
+                           PredictorHandle *out);
+
+// `num_threads` predictors written to `out[0..num_threads]`, one per thread: they share the
+// parameters and each has its own inputs and outputs, so each may run on its own thread at
+// the same time as the others. (Stock requires `MXNET_ENGINE_TYPE=NaiveEngine` here; this
+// library works with every engine.)
+//
+// # Safety
+// As [`MXPredCreate`]; `out` must be NULL or hold `num_threads` slots.
+int MXPredCreateMultiThread(const char *symbol_json_str,
+                            const void *param_bytes,
+                            int param_size,
+                            int dev_type,
+                            int dev_id,
+                            uint32_t num_input_nodes,
+                            const char **input_keys,
+                            const uint32_t *input_shape_indptr,
+                            const uint32_t *input_shape_data,
+                            int num_threads,
+                            PredictorHandle *out);
+
+// A new predictor for new input shapes, sharing `handle`'s parameters (both are freed with
+// [`MXPredFree`]). Only the inputs named may change shape; any other argument must keep its
+// number of elements.
+//
+// # Safety
+// As [`MXPredCreate`]'s input arrays; `out` must be NULL or valid for writes.
+int MXPredReshape(uint32_t num_input_nodes,
+                  const char **input_keys,
+                  const uint32_t *input_shape_indptr,
+                  const uint32_t *input_shape_data,
+                  PredictorHandle handle,
+                  PredictorHandle *out);
+
+// Output `index`'s shape: `*shape_data` points to `*shape_ndim` values owned by the predictor
+// (valid until it is freed).
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXPredGetOutputShape(PredictorHandle handle,
+                         uint32_t index,
+                         uint32_t **shape_data,
+                         uint32_t *shape_ndim);
+
+// Output `out_index`'s dtype (stock's type code) in `*out_dtype`. (Stock writes it to
+// `out_dtype[out_index]`; here it is always `*out_dtype`.)
+//
+// # Safety
+// `out_dtype` must be NULL or valid for writes.
+int MXPredGetOutputType(PredictorHandle handle, uint32_t out_index, int *out_dtype);
+
+// Copy `size` elements into argument `key` (an input, or a parameter) as stock does: `data`
+// holds elements of the argument's dtype (float32 unless created otherwise with
+// [`MXPredCreateEx`]), and `size` must be its number of elements.
+//
+// # Safety
+// `key` must be NUL-terminated; `data` must hold `size` elements of the argument's dtype.
+int MXPredSetInput(PredictorHandle handle, const char *key, const float *data, uint32_t size);
+
+// Run the graph (inference); the outputs are ready for [`MXPredGetOutput`].
+int MXPredForward(PredictorHandle handle);
+
+// Run node `step` of the graph (topological order, input variables included, which run
+// nothing): step 0 starts a forward, each step must follow the one before, and after the
+// last one the outputs are ready. `*step_left` is the number of steps after this one.
+//
+// # Safety
+// `step_left` must be NULL or valid for writes.
+int MXPredPartialForward(PredictorHandle handle, int step, int *step_left);
+
+// Copy output `index` (`size` elements of its dtype, see [`MXPredGetOutputType`]) into
+// `data`, after the forward that computes it.
+//
+// # Safety
+// `data` must have room for `size` elements of the output's dtype.
+int MXPredGetOutput(PredictorHandle handle, uint32_t index, float *data, uint32_t size);
+
+// Call `callback` after each operator of later forwards with each output (`<node>_output`;
+// with `monitor_all` each operator's inputs first), as a new array handle the callee frees
+// with `MXNDArrayFree`; NULL removes the monitor.
+int MXPredSetMonitorCallback(PredictorHandle handle,
+                             PredMonitorCallback callback,
+                             void *callback_handle,
+                             bool monitor_all);
+
+// Free a predictor (the shapes it handed out go with it).
+int MXPredFree(PredictorHandle handle);
+
+// Load an NDArray list file's bytes (`nd.save`'s format, e.g. a mean image): the arrays as
+// float32 values, read with [`MXNDListGet`]; `*out_length` is their number.
+//
+// # Safety
+// `nd_file_bytes` must hold `nd_file_size` bytes; out-params must be NULL or valid for
+// writes.
+int MXNDListCreate(const char *nd_file_bytes,
+                   int nd_file_size,
+                   NDListHandle *out,
+                   uint32_t *out_length);
+
+// Entry `index` of a list: its name (empty in an unnamed list), float32 values and shape,
+// owned by the list (valid until [`MXNDListFree`]).
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXNDListGet(NDListHandle handle,
+                uint32_t index,
+                const char **out_key,
+                const float **out_data,
+                const uint32_t **out_shape,
+                uint32_t *out_ndim);
+
+// Free a list (the values and names it handed out go with it).
+int MXNDListFree(NDListHandle handle);
 
 // Configure the profiler (keys profile_all, profile_symbolic, profile_imperative,
 // profile_memory, profile_api, filename, continuous_dump, dump_period, aggregate_stats,

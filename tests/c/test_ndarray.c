@@ -1,5 +1,5 @@
 /* NDArray basics through the public header: create/free (NULL, double free), shape, dtype,
- * context, synchronous copies, waits, the engine's ND push variants, bad input. */
+ * context, synchronous copies, waits, the engine's ND push variants, bad input, DLPack. */
 #define _DEFAULT_SOURCE
 #include <unistd.h>
 #include <mxnet/c_api.h>
@@ -24,6 +24,36 @@ static void scale(void *rctx, void *param) {
   (void)rctx;
   for (i = 0; i < 6; i++) dst_data[i] = 2.0f * src_data[i];
   ((scale_job *)param)->ran += 1;
+}
+
+/* DLPack as MXNet 1.9.1 lays it out (its header does not declare it: DLManagedTensorHandle
+ * is a void*). */
+typedef struct {
+  int device_type, device_id;
+} DLContext;
+typedef struct {
+  uint8_t code, bits;
+  uint16_t lanes;
+} DLDataType;
+typedef struct {
+  void *data;
+  DLContext ctx;
+  int ndim;
+  DLDataType dtype;
+  int64_t *shape, *strides;
+  uint64_t byte_offset;
+} DLTensor;
+typedef struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void *manager_ctx;
+  void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+
+/* Written by whichever thread frees the array's memory. */
+static int foreign_deleted = 0, foreign_bad = 0;
+static void foreign_deleter(DLManagedTensor *self) {
+  __sync_fetch_and_add(&foreign_deleted, 1);
+  if (self == NULL || self->manager_ctx != (void *)&foreign_deleted) __sync_fetch_and_add(&foreign_bad, 1);
 }
 
 int main(void) {
@@ -222,6 +252,72 @@ int main(void) {
     }
     CHECK(MXStorageEmptyCache(2, 0) == -1); /* no GPU */
     CHECK(MXStorageEmptyCache(9, 0) == -1);
+  }
+
+  /* DLPack: an array's memory handed out and taken back without a copy; deleters run once. */
+  {
+    const uint32_t shape[2] = {2, 3};
+    const float v[6] = {1, 2, 3, 4, 5, 6};
+    float got[6];
+    NDArrayHandle a = NULL, b = NULL, c = NULL;
+    DLManagedTensorHandle t = NULL, unused = NULL;
+    DLManagedTensor *m;
+    void *pa = NULL, *pb = NULL;
+    int32_t mem[4] = {1, 2, 3, 4};
+    int64_t fshape[2] = {2, 2}, fstrides[2] = {1, 1};
+    DLManagedTensor foreign;
+    CHECK(MXNDArrayCreate(shape, 2, 1, 0, 0, &a) == 0);
+    CHECK(MXNDArraySyncCopyFromCPU(a, v, 6) == 0);
+    CHECK(MXNDArrayToDLPack(a, &t) == 0 && t != NULL);
+    m = (DLManagedTensor *)t;
+    CHECK(m->dl_tensor.ndim == 2 && m->dl_tensor.shape[0] == 2 && m->dl_tensor.shape[1] == 3);
+    CHECK(m->dl_tensor.ctx.device_type == 1 && m->dl_tensor.dtype.code == 2 && m->dl_tensor.dtype.bits == 32);
+    CHECK(m->dl_tensor.strides == NULL && m->deleter != NULL && ((float *)m->dl_tensor.data)[5] == 6);
+    CHECK(MXNDArrayFromDLPackEx(t, false, &b) == 0);
+    CHECK(MXNDArrayGetData(a, &pa) == 0 && MXNDArrayGetData(b, &pb) == 0 && pa == pb);
+    CHECK(MXNDArrayFree(a) == 0); /* b (through the tensor) keeps the memory */
+    CHECK(MXNDArraySyncCopyToCPU(b, got, 6) == 0 && got[0] == 1 && got[5] == 6);
+    CHECK(MXNDArrayFree(b) == 0); /* runs the tensor's deleter (valgrind: once) */
+    /* A tensor nobody consumes is deleted through the library. */
+    CHECK(MXNDArrayCreate(shape, 2, 1, 0, 0, &a) == 0);
+    CHECK(MXNDArrayToDLPack(a, &unused) == 0);
+    CHECK(MXNDArrayFree(a) == 0);
+    CHECK(MXNDArrayCallDLPackDeleter(unused) == 0);
+    CHECK(MXNDArrayCallDLPackDeleter(NULL) == 0);
+    /* A foreign int32 tensor, handed over transiently (the struct may go right after). */
+    memset(&foreign, 0, sizeof foreign);
+    foreign.dl_tensor.data = mem;
+    foreign.dl_tensor.ctx.device_type = 1;
+    foreign.dl_tensor.ndim = 2;
+    foreign.dl_tensor.dtype.code = 0;
+    foreign.dl_tensor.dtype.bits = 32;
+    foreign.dl_tensor.dtype.lanes = 1;
+    foreign.dl_tensor.shape = fshape;
+    foreign.dl_tensor.strides = fstrides; /* not compact: refused, nothing deleted */
+    foreign.manager_ctx = &foreign_deleted;
+    foreign.deleter = foreign_deleter;
+    CHECK(MXNDArrayFromDLPackEx(&foreign, true, &c) == -1 && c == NULL);
+    CHECK(starts_with(MXGetLastError(), "NotImplementedError: a strided DLPack tensor"));
+    fstrides[0] = 2;
+    CHECK(MXNDArrayFromDLPackEx(&foreign, true, &c) == 0);
+    memset(&foreign, 0, sizeof foreign);
+    {
+      int dtype = -1;
+      int32_t back[4] = {0, 0, 0, 0};
+      CHECK(MXNDArrayGetDType(c, &dtype) == 0 && dtype == 4);
+      CHECK(MXNDArraySyncCopyToCPU(c, back, 4) == 0 && back[3] == 4);
+    }
+    CHECK(__sync_fetch_and_add(&foreign_deleted, 0) == 0);
+    CHECK(MXNDArrayFree(c) == 0);
+    CHECK(MXNDArrayWaitAll() == 0);
+    {
+      /* The memory goes back once the finished copy that read it is dropped too, which a
+       * worker may still be doing after the wait. */
+      int tries = 0;
+      while (__sync_fetch_and_add(&foreign_deleted, 0) == 0 && tries++ < 200) usleep(1000);
+      CHECK(__sync_fetch_and_add(&foreign_deleted, 0) == 1);
+      CHECK(__sync_fetch_and_add(&foreign_bad, 0) == 0);
+    }
   }
 
   if (failures != 0) {

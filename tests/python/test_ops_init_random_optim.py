@@ -134,6 +134,20 @@ def test_uniform_bounds_and_moments():
     assert x.dtype == np.float32 and x.shape == (3, 4)
 
 
+def test_sampling_into_an_output_takes_its_dtype():
+    # dtype unset: the output's dtype (Gluon's initializers fill float64 parameters this way);
+    # dtype given: it must match, as in stock.
+    for dt in ["float64", "float16"]:
+        out = mx.nd.zeros((1000,), dtype=dt)
+        mx.nd.random.uniform(-1, 1, shape=(1000,), out=out)
+        x = out.asnumpy()
+        assert x.dtype == np.dtype(dt) and x.min() >= -1 and x.max() <= 1 and x.std() > 0.3
+        mx.nd.random.normal(0, 1, shape=(1000,), out=out)
+        assert abs(out.asnumpy().astype(np.float64).mean()) < 0.2
+    with pytest.raises(BAD):
+        mx.nd.random.uniform(-1, 1, shape=(4,), dtype="float32", out=mx.nd.zeros((4,), dtype="float64")).wait_to_read()
+
+
 def test_normal_moments():
     x = mx.nd.random.normal(1.5, 2.0, shape=(N,)).asnumpy()
     assert abs(x.mean() - 1.5) < 0.03 and abs(x.std() - 2.0) < 0.03

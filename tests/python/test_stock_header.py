@@ -25,9 +25,10 @@ ADDITIONS = {
     "MXEngineNewVar", "MXEngineDeleteVar", "MXEngineWaitForVar", "MXEngineCompleteAsync",
     "MXStorageGetStats", "MXSetProfilerScope",
 }
-# Stock headers whose declarations we share: MXNet's C API, its test API, nnvm's C API
-# (NNGetOpHandle, ...) and the PackedFunc runtime API (MXNetFuncGetGlobal, ...).
-STOCK_HEADERS = ("mxnet/c_api.h", "mxnet/c_api_test.h", "nnvm/c_api.h", "mxnet/runtime/c_runtime_api.h")
+# Stock headers whose declarations we share: MXNet's C API, its test API, the Predict API,
+# nnvm's C API (NNGetOpHandle, ...) and the PackedFunc runtime API (MXNetFuncGetGlobal, ...).
+STOCK_HEADERS = ("mxnet/c_api.h", "mxnet/c_api_test.h", "mxnet/c_predict_api.h", "nnvm/c_api.h",
+                 "mxnet/runtime/c_runtime_api.h")
 # Functions that must be checked (the foundation's share of the stock ABI).
 REQUIRED_SHARED = {
     "MXGetLastError", "MXGetVersion", "MXLibInfoFeatures", "MXNotifyShutdown",
@@ -44,6 +45,9 @@ REQUIRED_SHARED = {
     "MXKVStoreIsWorkerNode", "MXListDataIters", "MXDataIterGetIterInfo", "MXDataIterCreateIter",
     "MXListFunctions", "MXFuncGetInfo", "MXFuncDescribe", "MXNetFuncListGlobalNames",
     "MXNetFuncGetGlobal", "MXCustomOpRegister",
+    "MXPredCreate", "MXPredCreateEx", "MXPredCreatePartialOut", "MXPredCreateMultiThread", "MXPredReshape",
+    "MXPredGetOutputShape", "MXPredGetOutputType", "MXPredSetInput", "MXPredForward", "MXPredPartialForward",
+    "MXPredGetOutput", "MXPredFree", "MXPredSetMonitorCallback", "MXNDListCreate", "MXNDListGet", "MXNDListFree",
 }
 
 

@@ -928,10 +928,11 @@ struct CMonitor {
     data: *mut c_void,
 }
 
-// SAFETY: stock's contract for `MXExecutorSetMonitorCallback`: the callback may be called
-// on whichever thread runs the executor's forward, and the function and `data` (only handed
-// back to the callback) stay valid while the executor lives. A forward already running when
-// the callback is replaced finishes with the one it started with (documented on the setter).
+// SAFETY: stock's contract for `MXExecutorSetMonitorCallback` (and `MXPredSetMonitorCallback`):
+// the callback may be called on whichever thread runs the executor's forward, and the function
+// and `data` (only handed back to the callback) stay valid while the executor lives. A forward
+// already running when the callback is replaced finishes with the one it started with
+// (documented on the setters).
 unsafe impl Send for CMonitor {}
 unsafe impl Sync for CMonitor {}
 
@@ -949,6 +950,17 @@ fn set_monitor(handle: ExecutorHandle, callback: ExecutorMonitorCallback, data: 
         e.set_monitor(None);
         return Ok(());
     };
+    e.set_monitor(Some(c_monitor(f, data, all)));
+    Ok(())
+}
+
+/// An executor's (or predictor's) monitor calling a C callback with each array's name, a new
+/// handle to the array (the callee's to free) and `data`.
+pub(crate) fn c_monitor(
+    f: unsafe extern "C" fn(*const c_char, NDArrayHandle, *mut c_void),
+    data: *mut c_void,
+    all: bool,
+) -> Monitor {
     let c = CMonitor { f, data };
     let callback = move |name: &str, _op: &str, a: &NDArray| {
         // A name with a NUL (impossible for graph names) is not reported.
@@ -956,8 +968,7 @@ fn set_monitor(handle: ExecutorHandle, callback: ExecutorMonitorCallback, data: 
         let h = arrays().insert(Arc::new(a.detached()));
         c.call(&name, h);
     };
-    e.set_monitor(Some(Monitor { all, variables: true, callback: Arc::new(callback) }));
-    Ok(())
+    Monitor { all, variables: true, callback: Arc::new(callback) }
 }
 
 /// Call `callback` after each operator of later forwards with each output (`<node>_output`),

@@ -63,3 +63,12 @@ pub type GraphHandle = *mut c_void;
 pub type CachedOpMonitorCallback = Option<
     unsafe extern "C" fn(name: *const std::ffi::c_char, opr_name: *const std::ffi::c_char, array: NDArrayHandle),
 >;
+
+/// A predictor of the Predict API (`c_predict_api.h`).
+pub type PredictorHandle = *mut c_void;
+/// An NDArray list of the Predict API (`MXNDListCreate`).
+pub type NDListHandle = *mut c_void;
+/// A predictor's monitor callback (stock `PredMonitorCallback`): a name, a new array handle
+/// the callee owns (and frees with `MXNDArrayFree`), and the pointer given with it.
+pub type PredMonitorCallback =
+    Option<unsafe extern "C" fn(name: *const std::ffi::c_char, array: NDArrayHandle, handle: *mut c_void)>;

@@ -4,7 +4,7 @@
 //! buffer); reshaping into a new executor over the same memory; forward (recorded in training
 //! mode, optionally monitored) and backward into the bound gradient arrays per their requests.
 
-use super::{Monitor, Runner};
+use super::{Monitor, Run, Runner};
 use crate::autograd::{self, BackwardArgs, GradReq};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -31,6 +31,8 @@ pub struct Executor {
     /// The last forward's results, linked to its recorded graph (the heads of backward).
     heads: Mutex<Vec<NDArray>>,
     monitor: Mutex<Option<Monitor>>,
+    /// A partial forward in progress, with the step that comes next.
+    partial: Mutex<Option<(Run, usize)>>,
 }
 
 /// What a simple-bound executor shares, as the Module API asks (stock's `shared_arg_names`,
@@ -168,6 +170,7 @@ impl Executor {
             outputs,
             heads: Mutex::new(Vec::new()),
             monitor: Mutex::new(None),
+            partial: Mutex::new(None),
         })
     }
 
@@ -393,7 +396,52 @@ impl Executor {
             self.runner.configured_bulk(is_train).and_then(|b| self.runner.run_monitored(&inputs, b, monitor.as_ref()));
         autograd::set_recording(prev_rec);
         autograd::set_training(prev_train);
-        let outs = r?;
+        self.store_outputs(r?)
+    }
+
+    /// Stock's `PartialForward` (inference): node `step` of the graph (topological order,
+    /// variables included: they run nothing). Step 0 starts a run from the bound arrays and
+    /// each later step follows the one before; after the last node the outputs hold the run's
+    /// results, as after [`Executor::forward`]. Returns the steps left (0 past the end).
+    pub fn partial_forward(&self, step: usize) -> Result<usize> {
+        let n = self.runner.graph.nodes.len();
+        if step >= n {
+            return Ok(0);
+        }
+        let prev_rec = autograd::set_recording(false);
+        let prev_train = autograd::set_training(false);
+        let r = self.partial_step(step, n);
+        autograd::set_recording(prev_rec);
+        autograd::set_training(prev_train);
+        r.map(|()| n - step - 1)
+    }
+
+    fn partial_step(&self, step: usize, n: usize) -> Result<()> {
+        // Out of the lock while the node runs: a monitor callback may call back in.
+        let taken = self.partial.lock().take();
+        let (mut run, next) = match taken {
+            _ if step == 0 => (self.runner.start(&self.inputs, false)?, 0),
+            Some((run, next)) if next == step => (run, next),
+            other => {
+                let expected = other.map_or(0, |(_, next)| next);
+                return Err(Error::value(format!(
+                    "partial forward runs its steps in order from 0: step {step} was asked for, step {expected} \
+                     comes next"
+                )));
+            }
+        };
+        let monitor = self.monitor.lock().clone();
+        self.runner.step(&mut run, step, monitor.as_ref())?;
+        if step + 1 == n {
+            return self.store_outputs(self.runner.heads(&run)?);
+        }
+        *self.partial.lock() = Some((run, next + 1));
+        Ok(())
+    }
+
+    /// A forward's results: copied into the output arrays the frontend holds when they have
+    /// the same shapes and dtypes, else they become the outputs; they are backward's heads.
+    fn store_outputs(&self, outs: Vec<NDArray>) -> Result<()> {
         let mut bound = self.outputs.lock();
         if bound.len() == outs.len() && bound.iter().zip(&outs).all(|(b, o)| b.shape == o.shape && b.dtype == o.dtype) {
             // Into the arrays the frontend already holds (queued, not waited for).
@@ -404,6 +452,7 @@ impl Executor {
         } else {
             *bound = outs.iter().map(|o| o.detached()).collect();
         }
+        drop(bound);
         *self.heads.lock() = outs;
         Ok(())
     }

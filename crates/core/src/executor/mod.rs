@@ -11,6 +11,7 @@
 
 pub mod bind;
 pub mod cached_op;
+pub mod predict;
 
 use crate::config;
 use crate::engine::{self, ExecBulk};
@@ -230,6 +231,18 @@ impl Runner {
     pub fn run_monitored(&self, inputs: &[NDArray], bulk: usize, monitor: Option<&Monitor>) -> Result<Vec<NDArray>> {
         let bulk = if monitor.is_some() { 1 } else { bulk };
         let _bulk = engine::global()?.bulk_scope(bulk);
+        let mut run = self.start(inputs, true)?;
+        for i in 0..self.graph.nodes.len() {
+            self.run_node(&mut run, i, monitor)?;
+        }
+        self.heads(&run)
+    }
+
+    /// A run with `inputs` (`list_inputs` order) whose nodes the caller runs one by one
+    /// ([`Runner::step`]); `share`: intermediate results may be released after their last
+    /// reader, and overwritten in place, as the configuration allows (a run whose nodes may
+    /// be repeated keeps every result).
+    pub fn start(&self, inputs: &[NDArray], share: bool) -> Result<Run> {
         if inputs.len() != self.inputs.len() {
             return Err(Error::value(format!(
                 "the graph takes {} inputs ({}), got {}",
@@ -238,7 +251,8 @@ impl Runner {
                 inputs.len()
             )));
         }
-        let plan = MemoryPlan::from_config()?;
+        let mut plan = MemoryPlan::from_config()?;
+        plan.share &= share;
         let recording = crate::autograd::is_recording();
         let mirror = recording && crate::autograd::mirror_enabled()?;
         let resolved = self.resolve_open_shapes(inputs)?;
@@ -246,73 +260,99 @@ impl Runner {
         for (&ni, x) in self.inputs.iter().zip(inputs) {
             vals[ni] = vec![x.clone()];
         }
-        for (i, n) in self.graph.nodes.iter().enumerate() {
-            let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { continue };
-            let attrs = resolved.iter().find(|(k, _)| *k == i).map_or(attrs, |(_, a)| a);
-            let outs = {
-                let mut ins: Vec<&NDArray> = Vec::with_capacity(n.inputs.len());
-                for &(src, idx) in &n.inputs {
-                    ins.push(vals[src].get(idx).ok_or_else(|| {
-                        Error::value(format!(
-                            "node {} reads output {idx} of {}, which has none",
-                            n.name, self.graph.nodes[src].name
-                        ))
-                    })?);
-                }
-                // Inputs on several CPU contexts (a host-only `group2ctx` placement) are read
-                // on the first one's: the same memory under that label.
-                let relabelled: Vec<NDArray>;
-                if let Some(c) = ins.first().and_then(|x| x.ctx()) {
-                    if ins.iter().any(|x| x.ctx().is_some_and(|d| d != c)) {
-                        relabelled = ins.iter().map(|x| x.on_host_context(c)).collect::<Result<_>>()?;
-                        ins = relabelled.iter().collect();
-                    }
-                }
-                if let Some(m) = monitor.filter(|m| m.all) {
-                    for (k, (&(src, _), x)) in n.inputs.iter().zip(&ins).enumerate() {
-                        if m.variables && self.graph.nodes[src].is_variable() {
-                            (m.callback)(&self.graph.nodes[src].name, op.name, x);
-                        }
-                        (m.callback)(&crate::symbol::input_label(op, attrs, &n.name, k), op.name, x);
-                    }
-                }
-                let target = match &self.inplace[i] {
-                    Some((ii, readers))
-                        if plan.inplace
-                            && monitor.is_none()
-                            && plan.share
-                            && !(recording && kept_for_gradient(&self.graph, n.inputs[*ii], readers, mirror)) =>
-                    {
-                        inplace_target(op, attrs, &ins, *ii)
-                    }
-                    _ => None,
-                };
-                let target: Vec<&NDArray> = target.iter().collect();
-                crate::autograd::invoke_attrs(op, &ins, (!target.is_empty()).then_some(&target[..]), attrs.clone())
-                    .map_err(|e| Error::new(e.kind(), format!("{} (node {})", e.message(), n.name)))?
-            };
-            if let Some(m) = monitor {
-                for (k, o) in outs.iter().enumerate() {
-                    (m.callback)(&crate::symbol::output_name(op, Some(attrs), &n.name, k), op.name, o);
-                }
-            }
-            vals[i] = outs;
-            if plan.share {
-                for &(src, _) in &n.inputs {
-                    if self.last_use[src] == i && self.graph.nodes[src].op.is_some() {
-                        vals[src] = Vec::new();
-                    }
-                }
-            }
-        }
+        Ok(Run { vals, resolved, plan, recording, mirror })
+    }
+
+    /// Run node `i` of `run` (nothing for a variable), after the nodes it reads.
+    pub fn step(&self, run: &mut Run, i: usize, monitor: Option<&Monitor>) -> Result<()> {
+        let _bulk = engine::global()?.bulk_scope(1);
+        self.run_node(run, i, monitor)
+    }
+
+    /// The graph's heads, once every node of `run` has run.
+    pub fn heads(&self, run: &Run) -> Result<Vec<NDArray>> {
         self.graph
             .heads
             .iter()
             .map(|&(n, i)| {
-                vals[n].get(i).cloned().ok_or_else(|| Error::internal(format!("head {n}:{i} was not computed")))
+                run.vals[n].get(i).cloned().ok_or_else(|| Error::internal(format!("head {n}:{i} was not computed")))
             })
             .collect()
     }
+
+    fn run_node(&self, run: &mut Run, i: usize, monitor: Option<&Monitor>) -> Result<()> {
+        let n = &self.graph.nodes[i];
+        let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { return Ok(()) };
+        let attrs = run.resolved.iter().find(|(k, _)| *k == i).map_or(attrs, |(_, a)| a);
+        let vals = &mut run.vals;
+        let outs = {
+            let mut ins: Vec<&NDArray> = Vec::with_capacity(n.inputs.len());
+            for &(src, idx) in &n.inputs {
+                ins.push(vals[src].get(idx).ok_or_else(|| {
+                    Error::value(format!(
+                        "node {} reads output {idx} of {}, which has none",
+                        n.name, self.graph.nodes[src].name
+                    ))
+                })?);
+            }
+            // Inputs on several CPU contexts (a host-only `group2ctx` placement) are read
+            // on the first one's: the same memory under that label.
+            let relabelled: Vec<NDArray>;
+            if let Some(c) = ins.first().and_then(|x| x.ctx()) {
+                if ins.iter().any(|x| x.ctx().is_some_and(|d| d != c)) {
+                    relabelled = ins.iter().map(|x| x.on_host_context(c)).collect::<Result<_>>()?;
+                    ins = relabelled.iter().collect();
+                }
+            }
+            if let Some(m) = monitor.filter(|m| m.all) {
+                for (k, (&(src, _), x)) in n.inputs.iter().zip(&ins).enumerate() {
+                    if m.variables && self.graph.nodes[src].is_variable() {
+                        (m.callback)(&self.graph.nodes[src].name, op.name, x);
+                    }
+                    (m.callback)(&crate::symbol::input_label(op, attrs, &n.name, k), op.name, x);
+                }
+            }
+            let plan = &run.plan;
+            let target = match &self.inplace[i] {
+                Some((ii, readers))
+                    if plan.inplace
+                        && monitor.is_none()
+                        && plan.share
+                        && !(run.recording && kept_for_gradient(&self.graph, n.inputs[*ii], readers, run.mirror)) =>
+                {
+                    inplace_target(op, attrs, &ins, *ii)
+                }
+                _ => None,
+            };
+            let target: Vec<&NDArray> = target.iter().collect();
+            crate::autograd::invoke_attrs(op, &ins, (!target.is_empty()).then_some(&target[..]), attrs.clone())
+                .map_err(|e| Error::new(e.kind(), format!("{} (node {})", e.message(), n.name)))?
+        };
+        if let Some(m) = monitor {
+            for (k, o) in outs.iter().enumerate() {
+                (m.callback)(&crate::symbol::output_name(op, Some(attrs), &n.name, k), op.name, o);
+            }
+        }
+        vals[i] = outs;
+        if run.plan.share {
+            for &(src, _) in &n.inputs {
+                if self.last_use[src] == i && self.graph.nodes[src].op.is_some() {
+                    vals[src] = Vec::new();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A run in progress ([`Runner::start`]): every node's results so far, and what was fixed at
+/// its start.
+pub struct Run {
+    vals: Vec<Vec<NDArray>>,
+    resolved: Resolved,
+    plan: MemoryPlan,
+    recording: bool,
+    mirror: bool,
 }
 
 /// The output array of an in-place call: input `ii`'s memory with the output's shape, when the

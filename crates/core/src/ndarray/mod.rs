@@ -8,6 +8,7 @@
 //! waiting for it; a chunk (and its memory) lives until the last view and the last pending
 //! operation that holds it are gone.
 
+pub mod dlpack;
 pub mod io;
 
 /// Float32 arrays from and to host values, for tests.
@@ -206,6 +207,25 @@ impl NDArray {
             Var::with_block(Block::alloc(bytes, ctx)?)
         };
         Ok(NDArray { chunk: Some(chunk), ctx, chunk_bytes: bytes, shape, dtype, offset: 0, ag: None })
+    }
+
+    /// An array over memory another library lends (DLPack): `release` runs once, when the
+    /// last view of the array is dropped. The data must be aligned for `dtype`.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of the shape's bytes on `ctx` until `release`
+    /// is called, and nothing else may free it before.
+    pub unsafe fn from_lent(
+        shape: Vec<usize>,
+        dtype: DType,
+        ctx: Context,
+        ptr: *mut u8,
+        release: crate::storage::Release,
+    ) -> Result<Self> {
+        let (_, bytes) = byte_size(&shape, dtype)?;
+        // SAFETY: per this function's contract.
+        let block = unsafe { Block::lent(ptr, bytes, ctx, release)? };
+        Ok(NDArray { chunk: Some(Var::with_block(block)), ctx, chunk_bytes: bytes, shape, dtype, offset: 0, ag: None })
     }
 
     /// An array said to be on `ctx` whose memory is never allocated (tests of the device

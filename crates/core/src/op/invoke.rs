@@ -220,7 +220,8 @@ fn invoke_parsed(
             if o.chunk.is_none() {
                 return Err(Error::value(format!("output {i} of operator {} is an empty NDArray", op.name)));
             }
-            if o.shape != m.shape || (o.dtype != m.dtype && !op.any_out_dtype) {
+            let any_dtype = op.any_out_dtype || (op.dtype_from_out && op.dtype_of(&attrs).is_none());
+            if o.shape != m.shape || (o.dtype != m.dtype && !any_dtype) {
                 return Err(Error::value(format!(
                     "operator {}: output {i} has shape {:?} {} but the operator produces {:?} {}",
                     op.name,

@@ -199,6 +199,10 @@ pub struct OpDef {
     pub grad: Grad,
     /// Caller-given outputs may have any dtype (the kernel converts, as `_copyto` does).
     pub any_out_dtype: bool,
+    /// With its `dtype` parameter unset ("None"), a caller-given output's dtype is the one
+    /// produced (stock's sampling operators: `nd.random.uniform(..., out=float64_array)`, as
+    /// Gluon's initializers call them); the kernel writes the output's dtype.
+    pub dtype_from_out: bool,
     /// A stock operator mxnet-rt does not implement: every call fails with
     /// NotImplementedError, whatever its parameters.
     pub not_supported: bool,
@@ -282,6 +286,7 @@ impl OpDef {
             resources: &[],
             grad: Grad::None,
             any_out_dtype: false,
+            dtype_from_out: false,
             not_supported: false,
             open_params: false,
             invoke_with: None,
@@ -440,6 +445,10 @@ impl OpDef {
     }
     pub fn any_out_dtype(mut self) -> Self {
         self.any_out_dtype = true;
+        self
+    }
+    pub fn dtype_from_out(mut self) -> Self {
+        self.dtype_from_out = true;
         self
     }
     pub fn not_supported(mut self) -> Self {

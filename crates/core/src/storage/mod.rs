@@ -21,18 +21,32 @@ use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::OnceLock;
 
-/// A block of memory on one context, returned to its pool when dropped.
+/// A block of memory on one context, returned to its pool when dropped; or memory lent by
+/// another library (DLPack), handed back to it when dropped.
 pub struct Block {
     ptr: NonNull<u8>,
     size: usize,
-    /// (pool, bucket size); `None` for a zero-sized block.
-    from: Option<(&'static Pool, usize)>,
+    from: Origin,
     ctx: Context,
 }
 
-// SAFETY: a Block owns its memory exclusively; who may touch the bytes when is decided by the
-// engine's variable protocol, not by the Block.
+/// Where a block's memory comes from.
+enum Origin {
+    /// A pool, with the bucket size.
+    Pool(&'static Pool, usize),
+    /// Its owner, given back its memory by the function (`None`: a zero-sized block of
+    /// nobody's).
+    Lent(Option<Box<Release>>),
+}
+
+/// What a lent block calls when it is dropped (see [`Block::lent`]).
+pub type Release = Box<dyn FnOnce() + Send>;
+
+// SAFETY: a Block owns its memory exclusively (or holds it for its lender until dropped); who
+// may touch the bytes when is decided by the engine's variable protocol, not by the Block.
+// The release function is `Send`.
 unsafe impl Send for Block {}
+// SAFETY: as for `Send`; a shared Block gives no access to its release function.
 unsafe impl Sync for Block {}
 
 impl Block {
@@ -40,13 +54,31 @@ impl Block {
     pub fn alloc(size: usize, ctx: Context) -> Result<Block> {
         ctx.check_available()?;
         if size == 0 {
-            return Ok(Block { ptr: NonNull::<[u8; ALIGN]>::dangling().cast(), size, from: None, ctx });
+            return Ok(Block { ptr: NonNull::<[u8; ALIGN]>::dangling().cast(), size, from: Origin::Lent(None), ctx });
         }
         let pool = manager().pool(ctx)?;
         let (ptr, bucket) = pool.alloc(size)?;
         events::emit(|| events::StorageEvent::Alloc { ctx, bytes: bucket, stats: pool.stats() });
-        Ok(Block { ptr, size, from: Some((pool, bucket)), ctx })
+        Ok(Block { ptr, size, from: Origin::Pool(pool, bucket), ctx })
     }
+
+    /// `size` bytes at `ptr` on `ctx` that their owner lends (DLPack): `release` runs once,
+    /// when the block is dropped, on whichever thread drops it. A NULL `ptr` is refused
+    /// unless `size` is 0.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `size` bytes on `ctx` until `release` is
+    /// called, and nothing else may free it before.
+    pub unsafe fn lent(ptr: *mut u8, size: usize, ctx: Context, release: Release) -> Result<Block> {
+        ctx.check_available()?;
+        let ptr = match NonNull::new(ptr) {
+            Some(p) => p,
+            None if size == 0 => NonNull::<[u8; ALIGN]>::dangling().cast(),
+            None => return Err(crate::error::Error::value(format!("lent memory of {size} bytes at NULL"))),
+        };
+        Ok(Block { ptr, size, from: Origin::Lent(Some(Box::new(release))), ctx })
+    }
+
     pub fn ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
@@ -61,10 +93,18 @@ impl Block {
 
 impl Drop for Block {
     fn drop(&mut self) {
-        if let Some((pool, bucket)) = self.from {
-            // SAFETY: allocated from this pool with this bucket, freed once (here).
-            unsafe { pool.free(self.ptr, bucket) }
-            events::emit(|| events::StorageEvent::Free { ctx: self.ctx, bytes: bucket, stats: pool.stats() });
+        match &mut self.from {
+            Origin::Pool(pool, bucket) => {
+                let (pool, bucket) = (*pool, *bucket);
+                // SAFETY: allocated from this pool with this bucket, freed once (here).
+                unsafe { pool.free(self.ptr, bucket) }
+                events::emit(|| events::StorageEvent::Free { ctx: self.ctx, bytes: bucket, stats: pool.stats() });
+            }
+            Origin::Lent(release) => {
+                if let Some(r) = release.take() {
+                    r();
+                }
+            }
         }
     }
 }
@@ -177,5 +217,33 @@ mod tests {
         assert!(Block::alloc(usize::MAX - 10, Context::CPU).is_err());
         assert!(Block::alloc(8, Context::gpu(4096)).is_err());
         assert!(manager().stats_json()["cpu(0)"]["allocations"].as_u64().unwrap() >= 1);
+    }
+
+    #[test]
+    fn lent_blocks_give_their_memory_back_once_when_dropped() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let mut mem = vec![7u8; 32];
+        let released = Arc::new(AtomicUsize::new(0));
+        let r = released.clone();
+        // SAFETY: `mem` outlives the block, which is dropped below.
+        let b = unsafe {
+            Block::lent(mem.as_mut_ptr(), 32, Context::CPU, Box::new(move || _ = r.fetch_add(1, Ordering::SeqCst)))
+        }
+        .unwrap();
+        assert_eq!((b.ptr(), b.size()), (mem.as_mut_ptr(), 32));
+        assert_eq!(released.load(Ordering::SeqCst), 0);
+        drop(b);
+        assert_eq!(released.load(Ordering::SeqCst), 1);
+        // NULL only for nothing; a device this machine lacks is refused (nothing released).
+        // SAFETY: nothing is read through these.
+        unsafe {
+            assert!(Block::lent(std::ptr::null_mut(), 0, Context::CPU, Box::new(|| {})).is_ok());
+            assert!(Block::lent(std::ptr::null_mut(), 4, Context::CPU, Box::new(|| {})).is_err());
+            assert!(Block::lent(mem.as_mut_ptr(), 4, Context::gpu(4096), Box::new(|| {})).is_err());
+        }
+        // The variable holding a block keeps its allocation size (the engine test checks
+        // the variable's).
+        assert_eq!(std::mem::size_of::<Block>(), 40);
     }
 }

@@ -279,11 +279,16 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: boo
     param_shapes(op, attrs, node, &names, &mut ish)?;
     input_shapes(op, attrs, node, &names, &mut ish, &osh)?;
     if ish.iter().all(is_complete) {
+        // Inputs of unknown dtype are taken to have the first known one (float32 when none is
+        // known), so shapes are found whatever the dtypes: data of unknown dtype with float64
+        // weights (`net.cast('float64')` before Gluon's deferred shape inference) is no
+        // conflict. Output dtypes are only learned when every input's is known.
+        let fill = idt.iter().flatten().next().copied().unwrap_or(DType::F32);
         let metas: Vec<Meta> = ish
             .iter()
             .zip(&idt)
             .map(|(s, d)| {
-                Meta::new(s.as_ref().expect("complete").iter().map(|&x| x as usize).collect(), d.unwrap_or(DType::F32))
+                Meta::new(s.as_ref().expect("complete").iter().map(|&x| x as usize).collect(), d.unwrap_or(fill))
             })
             .collect();
         let outs = (op.infer)(attrs, &metas)
@@ -454,6 +459,23 @@ mod tests {
         assert_eq!(by_name("fc_weight"), [10, 4 * 8 * 8]);
         let (h, o) = g.heads[0];
         assert_eq!(r.shapes[r.offsets[h] + o], Some(vec![2, 10]));
+    }
+
+    #[test]
+    fn shapes_of_float64_parameters_with_data_of_unknown_dtype() {
+        let s = conv_bn_fc();
+        let g = s.graph();
+        let inputs = g.input_nodes();
+        let mut shapes = vec![None; inputs.len()];
+        shapes[0] = Some(vec![2, 3, 8, 8]);
+        let mut dtypes = vec![None; inputs.len()];
+        let w = inputs.iter().position(|&n| g.nodes[n].name == "conv_weight").unwrap();
+        dtypes[w] = Some(DType::F64);
+        let r = infer(&g, &shapes, &dtypes, false).unwrap();
+        assert!(r.shape_complete());
+        let conv = g.nodes.iter().position(|x| x.name == "conv_weight").unwrap();
+        assert_eq!(r.node_shape(conv).clone().unwrap(), [4, 3, 3, 3]);
+        assert_eq!(r.node_dtype(conv), Some(DType::F64));
     }
 
     #[test]

@@ -237,6 +237,7 @@ fn random_op(
     .params(params)
     .resources(&[Resource::Random])
     .grad(Grad::None)
+    .dtype_from_out()
     .doc(format!("Draw random samples from a {} distribution.", d.name))
 }
 
