@@ -278,6 +278,19 @@ int main(void) {
     CHECK(MXNDArrayFree(a) == 0); /* b (through the tensor) keeps the memory */
     CHECK(MXNDArraySyncCopyToCPU(b, got, 6) == 0 && got[0] == 1 && got[5] == 6);
     CHECK(MXNDArrayFree(b) == 0); /* runs the tensor's deleter (valgrind: once) */
+    /* One of ours handed back transiently (a copy of the struct, as stock's own import
+     * makes): the same array again; the deleter reads its owner from manager_ctx. */
+    CHECK(MXNDArrayCreate(shape, 2, 1, 0, 0, &a) == 0);
+    CHECK(MXNDArraySyncCopyFromCPU(a, v, 6) == 0);
+    CHECK(MXNDArrayToDLPack(a, &t) == 0);
+    {
+      DLManagedTensor copy = *(DLManagedTensor *)t;
+      CHECK(MXNDArrayFromDLPackEx(&copy, true, &b) == 0);
+    }
+    CHECK(MXNDArrayGetData(a, &pa) == 0 && MXNDArrayGetData(b, &pb) == 0 && pa == pb);
+    CHECK(MXNDArrayFree(a) == 0);
+    CHECK(MXNDArraySyncCopyToCPU(b, got, 6) == 0 && got[3] == 4);
+    CHECK(MXNDArrayFree(b) == 0);
     /* A tensor nobody consumes is deleted through the library. */
     CHECK(MXNDArrayCreate(shape, 2, 1, 0, 0, &a) == 0);
     CHECK(MXNDArrayToDLPack(a, &unused) == 0);

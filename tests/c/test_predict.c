@@ -140,8 +140,12 @@ int main(void) {
   CHECK(MXPredGetOutput(p, 0, y, 6) == 0);
   CHECK(same(y, want, 6));
 
-  /* Partial forward: five nodes (three variables), then the outputs are ready. */
+  /* Partial forward on a new input: five nodes (three variables), then the outputs are
+   * ready (the new input's, not the last forward's). */
   memset(y, 0, sizeof y);
+  input(x, 8, 4);
+  expected(x, 2, 1, want);
+  CHECK(MXPredSetInput(p, "data", x, 8) == 0);
   for (step = 0; step < 5; ++step) {
     CHECK(MXPredPartialForward(p, step, &left) == 0);
     CHECK(left == 4 - step);
@@ -188,6 +192,7 @@ int main(void) {
   CHECK(MXPredGetOutputType(p, 1, &dtype) == -1 && dtype == -1);
   CHECK(MXPredFree(p) == 0);
   CHECK(MXPredFree(p) == -1);
+  CHECK(MXPredFree(NULL) == 0 && MXNDListFree(NULL) == 0);
   CHECK(MXPredForward(p) == -1);
   {
     const char *keys[1] = {"data"};

@@ -177,7 +177,8 @@ if what == "api":
     ok(lib.MXPredForward(h))
     result["original_again"] = output(h, 0)
     ok(lib.MXPredFree(h2))
-    # Partial forward, one node per step until none is left.
+    # Partial forward on a new input, one node per step until none is left.
+    set_input(h, "data", image((2, 3, 16, 16), 5))
     lefts = []
     left = ctypes.c_int()
     step = 0
@@ -189,6 +190,8 @@ if what == "api":
         step += 1
     result["partial_steps"] = lefts
     result["partial_output"] = output(h, 0)
+    ok(lib.MXPredForward(h))
+    result["forward_after_partial"] = output(h, 0)
     # The monitor: every output's name and shape (the handles are the callee's to free).
     seen = []
     CB = ctypes.CFUNCTYPE(None, ctypes.c_char_p, H, H)
@@ -355,10 +358,11 @@ def test_api_matches_stock(models, exporter, tmp_path):
     (s1, t1, v1), (s2, t2, v2) = ours["forward"], stock["forward"]
     assert (s1, t1) == (s2, t2) == ((2, 10), 0)
     close(v1, v2, "forward")
-    for k in ("reshaped", "original_again", "partial_output"):
+    for k in ("reshaped", "original_again", "partial_output", "forward_after_partial"):
         close(ours[k], stock[k], k)
     close(ours["original_again"], v1, "the original predictor after a reshape")
-    close(ours["partial_output"], v1, "partial forward against forward")
+    close(ours["partial_output"], ours["forward_after_partial"], "partial forward against forward")
+    assert not np.allclose(ours["partial_output"], v1), "the partial forward's own input counts"
     assert ours["partial_steps"] == stock["partial_steps"]
     assert ours["partial_steps"][-1] == 0 and len(ours["partial_steps"]) > 10
     for monitor_all in (False, True):

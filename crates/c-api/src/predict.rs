@@ -504,10 +504,10 @@ pub extern "C" fn MXPredSetMonitorCallback(
     })
 }
 
-/// Free a predictor (the shapes it handed out go with it).
+/// Free a predictor (the shapes it handed out go with it); NULL does nothing, as in stock.
 #[no_mangle]
 pub extern "C" fn MXPredFree(handle: PredictorHandle) -> c_int {
-    ffi::call("MXPredFree", || predictors().remove(handle).map(drop))
+    ffi::call("MXPredFree", || if handle.is_null() { Ok(()) } else { predictors().remove(handle).map(drop) })
 }
 
 /// Load an NDArray list file's bytes (`nd.save`'s format, e.g. a mean image): the arrays as
@@ -581,8 +581,9 @@ pub unsafe extern "C" fn MXNDListGet(
     })
 }
 
-/// Free a list (the values and names it handed out go with it).
+/// Free a list (the values and names it handed out go with it); NULL does nothing, as in
+/// stock.
 #[no_mangle]
 pub extern "C" fn MXNDListFree(handle: NDListHandle) -> c_int {
-    ffi::call("MXNDListFree", || lists().remove(handle).map(drop))
+    ffi::call("MXNDListFree", || if handle.is_null() { Ok(()) } else { lists().remove(handle).map(drop) })
 }

@@ -907,7 +907,11 @@ impl Engine {
     /// pushed it allocated it and holds references to its variables: freeing it there is a
     /// local free, and the variables' reference counts stay on that thread's cache lines,
     /// where a worker's drop would pull them over (two cache misses per operation, one on
-    /// each side). Dropping never runs user code: the payload was dropped already.
+    /// each side). Dropping runs no operation's code (the payload was dropped already), but
+    /// the last reference to a variable over lent memory releases it to its lender (a DLPack
+    /// deleter, foreign code that may take its own locks, such as Python's GIL, and must not
+    /// call back into the library); so a lender sees its memory back at the next push or wait
+    /// after the last array over it is freed, not necessarily at that free.
     fn bury(&self, op: Arc<Opr>) {
         self.graveyard.push(op);
     }

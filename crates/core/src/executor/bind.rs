@@ -403,6 +403,7 @@ impl Executor {
     /// variables included: they run nothing). Step 0 starts a run from the bound arrays and
     /// each later step follows the one before; after the last node the outputs hold the run's
     /// results, as after [`Executor::forward`]. Returns the steps left (0 past the end).
+    /// Inference only (the Predict API's): nothing is recorded, so no backward can follow.
     pub fn partial_forward(&self, step: usize) -> Result<usize> {
         let n = self.runner.graph.nodes.len();
         if step >= n {

@@ -381,13 +381,17 @@ mod tests {
         assert_eq!((p.output_shape(0).unwrap(), p.output_dtype(0).unwrap()), (&[2usize, 2][..], DType::F32));
         // Row [1, 2]: fc = [1 - 2, 2 + 1 - 1] = [-1, 2] → relu [0, 2].
         assert_eq!(run(&p, &[1., 2., 3., 0.]), [0., 2., 3., 5.]);
-        // Node by node: data, weight, bias, fc, relu.
+        // Node by node (data, weight, bias, fc, relu) on a new input.
+        let x = [2f32, 1., 0., 1.];
+        // SAFETY: four elements, the input's.
+        unsafe { p.argument("data").unwrap().copy_from_host(x.as_ptr().cast(), 4).unwrap() };
         let steps: Vec<usize> = (0..5).map(|s| p.partial_forward(s).unwrap()).collect();
         assert_eq!(steps, [4, 3, 2, 1, 0]);
-        assert_eq!(values(&p.output(0).unwrap()), [0., 2., 3., 5.]);
+        assert_eq!(values(&p.output(0).unwrap()), [1., 3.5, 0., 0.]);
         assert!(p.partial_forward(2).is_err(), "steps run in order from 0");
         assert_eq!(p.partial_forward(7).unwrap(), 0);
         // A reshaped predictor shares the parameters; the original keeps its input.
+        run(&p, &[1., 2., 3., 0.]);
         let q = p.reshape(&[("data".to_string(), vec![1, 2])]).unwrap();
         assert_eq!(run(&q, &[2., 1.]), [1., 3.5]);
         assert!(Arc::ptr_eq(

@@ -101,9 +101,10 @@ unsafe extern "C" fn delete_exported(t: *mut DLManagedTensor) {
     // Dropping an array takes no lock a caller could hold and does not panic; were it to,
     // the panic stops here (this is called from C).
     let _ = std::panic::catch_unwind(|| {
-        // SAFETY: `t` came from `Box::into_raw` of an `Exported` in `to_dlpack` (the tensor is
-        // its first field, `repr(C)`), and DLPack's contract calls the deleter once.
-        drop(unsafe { Box::from_raw(t.cast::<Exported>()) });
+        // SAFETY: `manager_ctx` is the `Exported` that `to_dlpack` made with `Box::into_raw`
+        // (read from `t`, which may be a consumer's copy of the tensor: stock's transient
+        // import deletes its copy), and DLPack's contract calls the deleter once.
+        drop(unsafe { Box::from_raw((*t).manager_ctx.cast::<Exported>()) });
     });
 }
 
@@ -166,7 +167,8 @@ impl Owned {
     }
 }
 
-/// An array over a managed tensor's memory (stock's `NDArray::FromDLPack`). With `transient`
+/// An array over a managed tensor's memory (stock's `NDArray::FromDLPack`); one of
+/// [`to_dlpack`]'s gives back the array it was made from (the same engine variable). With `transient`
 /// the struct at `t` may go away after this call (the frontend's `from_numpy` builds it on
 /// the fly): a copy is kept instead. The tensor's deleter runs once, when the array's last
 /// view is dropped; on failure it does not run (the tensor stays the caller's).
@@ -180,6 +182,18 @@ pub unsafe fn from_dlpack(t: *const DLManagedTensor, transient: bool) -> Result<
     }
     // SAFETY: per this function's contract.
     let m = unsafe { *t };
+    // One of ours (`to_dlpack`): the array itself, a view sharing its chunk, so that the
+    // engine orders work on both under one variable. The tensor is given up here.
+    // (Compared as addresses: `delete_exported` is one non-generic function of this library.)
+    let ours = delete_exported as unsafe extern "C" fn(*mut DLManagedTensor) as usize;
+    if m.deleter.map(|d| d as usize) == Some(ours) {
+        // SAFETY: a tensor with our deleter was made by `to_dlpack`, so `manager_ctx` is its
+        // live `Exported`.
+        let a = unsafe { (*m.manager_ctx.cast::<Exported>()).array.clone() };
+        // SAFETY: the caller gives the tensor up; this is its one deleter call.
+        unsafe { delete_exported(t.cast_mut()) };
+        return Ok(a);
+    }
     let d = &m.dl_tensor;
     let ndim = usize::try_from(d.ndim)
         .ok()
@@ -251,6 +265,7 @@ mod tests {
     use super::super::testing;
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
 
     static DELETED: AtomicUsize = AtomicUsize::new(0);
 
@@ -284,7 +299,17 @@ mod tests {
         assert_eq!(b.data().unwrap(), a.data().unwrap(), "the same memory");
         drop(a);
         assert_eq!(testing::values(&b), [1., 2., 3., 4., 5., 6.], "kept alive by the tensor");
+        // Our own tensor comes back as the array (one engine variable), transient or not.
+        let t = to_dlpack(&b).unwrap();
+        // SAFETY: a copy of the tensor, as stock's transient import makes; the original
+        // struct is not used after.
+        let copy = unsafe { *t };
+        // SAFETY: `copy` is a valid tensor the array made from it owns.
+        let c = unsafe { from_dlpack(&copy, true) }.unwrap();
+        assert!(Arc::ptr_eq(c.chunk().unwrap(), b.chunk().unwrap()));
         drop(b);
+        assert_eq!(testing::values(&c), [1., 2., 3., 4., 5., 6.]);
+        drop(c);
 
         // A foreign tensor handed over transiently: its deleter runs once, with the array.
         // The byte offset (one element) leaves three of the four: a 1x2 view.

@@ -42,9 +42,12 @@ enum Origin {
 /// What a lent block calls when it is dropped (see [`Block::lent`]).
 pub type Release = Box<dyn FnOnce() + Send>;
 
-// SAFETY: a Block owns its memory exclusively (or holds it for its lender until dropped); who
-// may touch the bytes when is decided by the engine's variable protocol, not by the Block.
-// The release function is `Send`.
+// SAFETY: a Block owns its memory exclusively; who may touch the bytes when is decided by the
+// engine's variable protocol, not by the Block. Lent memory (DLPack) is the Block's under
+// DLPack's contract until the release function runs: the lender gave access up (the stock
+// frontend makes the NumPy array read-only; a tensor of this library's own comes back as its
+// array, under its variable, see `ndarray::dlpack::from_dlpack`). The release function is
+// `Send`.
 unsafe impl Send for Block {}
 // SAFETY: as for `Send`; a shared Block gives no access to its release function.
 unsafe impl Sync for Block {}
