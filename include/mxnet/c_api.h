@@ -98,6 +98,14 @@ typedef void *KVStoreHandle;
 
 typedef void *ProfileHandle;
 
+typedef void *RecordIOHandle;
+
+typedef void *RtcHandle;
+
+typedef void *CudaKernelHandle;
+
+typedef void *CudaModuleHandle;
+
 typedef uint32_t mx_uint;
 
 typedef float mx_float;
@@ -105,14 +113,6 @@ typedef float mx_float;
 typedef int64_t dim_t;
 
 typedef void *AtomicSymbolHandle;
-
-typedef void *RecordIOHandle;
-
-typedef void *RtcHandle;
-
-typedef void *CudaModuleHandle;
-
-typedef void *CudaKernelHandle;
 
 #ifdef __cplusplus
 extern "C" {
@@ -768,6 +768,18 @@ int MXExecutorFree(ExecutorHandle handle);
 // # Safety
 // `ret` must be NULL or valid for writes.
 int MXKVStoreIsWorkerNode(int *ret);
+
+// This process is no parameter server (0).
+//
+// # Safety
+// `ret` must be NULL or valid for writes.
+int MXKVStoreIsServerNode(int *ret);
+
+// This process is no parameter-server scheduler (0).
+//
+// # Safety
+// `ret` must be NULL or valid for writes.
+int MXKVStoreIsSchedulerNode(int *ret);
 
 // The stock data iterator names (creators that describe themselves but cannot run yet).
 //
@@ -1498,7 +1510,7 @@ int MXPredSetMonitorCallback(PredictorHandle handle,
                              void *callback_handle,
                              bool monitor_all);
 
-// Free a predictor (the shapes it handed out go with it).
+// Free a predictor (the shapes it handed out go with it); NULL does nothing, as in stock.
 int MXPredFree(PredictorHandle handle);
 
 // Load an NDArray list file's bytes (`nd.save`'s format, e.g. a mean image): the arrays as
@@ -1524,7 +1536,8 @@ int MXNDListGet(NDListHandle handle,
                 const uint32_t **out_shape,
                 uint32_t *out_ndim);
 
-// Free a list (the values and names it handed out go with it).
+// Free a list (the values and names it handed out go with it); NULL does nothing, as in
+// stock.
 int MXNDListFree(NDListHandle handle);
 
 // Configure the profiler (keys profile_all, profile_symbolic, profile_imperative,
@@ -2004,6 +2017,456 @@ int MXSymbolInferTypePartial(SymbolHandle sym,
                              uint32_t *aux_type_size,
                              const int **aux_type_data,
                              int *complete);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXBuildSubgraphByOpNames(SymbolHandle _sym_handle,
+                             const char *_prop_name,
+                             uint32_t _num_ops,
+                             const char **_op_names,
+                             SymbolHandle *_ret_sym_handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXGenAtomicSymbolFromSymbol(SymbolHandle _sym_handle, SymbolHandle *_ret_sym_handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXGenBackendSubgraph(SymbolHandle _sym_handle,
+                         const char *_backend,
+                         SymbolHandle *_ret_sym_handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXOptimizeForBackend(SymbolHandle _sym_handle,
+                         const char *_backend_name,
+                         int _dev_type,
+                         SymbolHandle *_ret_sym_handle,
+                         uint32_t _args_len,
+                         NDArrayHandle *_in_args_handle,
+                         uint32_t _aux_len,
+                         NDArrayHandle *_in_aux_handle,
+                         uint32_t _num_options,
+                         const char **_keys,
+                         const char **_vals,
+                         uint32_t _num_input_shapes,
+                         const char **_input_shape_names,
+                         const int64_t *_input_shape_data,
+                         const uint32_t *_input_shape_idx,
+                         uint32_t _num_input_dtypes,
+                         const char **_input_dtype_names,
+                         const int *_input_dtypes,
+                         uint32_t _num_input_stypes,
+                         const char **_input_stype_names,
+                         const int *_input_stypes,
+                         bool _skip_infer,
+                         int *_new_args_cnt,
+                         NDArrayHandle **_new_args_handle,
+                         char ***_new_arg_names_handle,
+                         int *_new_aux_cnt,
+                         NDArrayHandle **_new_aux_handle,
+                         char ***_new_aux_names_handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRemoveSubgraphPropertyOpNames(const char *_prop_name);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRemoveSubgraphPropertyOpNamesV2(const char *_prop_name);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXSetSubgraphPropertyOpNames(const char *_prop_name, uint32_t _num_ops, const char **_op_names);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXSetSubgraphPropertyOpNamesV2(const char *_prop_name,
+                                   uint32_t _num_ops,
+                                   const char **_op_names);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXDataIterBeforeFirst(DataIterHandle _handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXDataIterFree(DataIterHandle _handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXDataIterGetData(DataIterHandle _handle, NDArrayHandle *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXDataIterGetIndex(DataIterHandle _handle, uint64_t **_out_index, uint64_t *_out_size);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXDataIterGetLabel(DataIterHandle _handle, NDArrayHandle *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXDataIterGetPadNum(DataIterHandle _handle, int *_pad);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXDataIterNext(DataIterHandle _handle, int *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXFuncInvoke(FunctionHandle _fun,
+                 NDArrayHandle *_use_vars,
+                 float *_scalar_args,
+                 NDArrayHandle *_mutate_vars);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXFuncInvokeEx(FunctionHandle _fun,
+                   NDArrayHandle *_use_vars,
+                   float *_scalar_args,
+                   NDArrayHandle *_mutate_vars,
+                   int _num_params,
+                   char **_param_keys,
+                   char **_param_vals);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXGetFunction(const char *_name, FunctionHandle *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXInitPSEnv(uint32_t _num_vars, const char **_keys, const char **_vals);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreBarrier(KVStoreHandle _handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreBroadcast(KVStoreHandle _handle,
+                       uint32_t _vnum,
+                       const int *_vkeys,
+                       uint32_t _onum,
+                       const int *_okeys,
+                       NDArrayHandle *_vals,
+                       NDArrayHandle *_outs,
+                       int _priority);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreBroadcastEx(KVStoreHandle _handle,
+                         uint32_t _vnum,
+                         const char **_vkeys,
+                         uint32_t _onum,
+                         const char **_okeys,
+                         NDArrayHandle *_vals,
+                         NDArrayHandle *_outs,
+                         int _priority);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreCreate(const char *_type_, KVStoreHandle *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreFree(KVStoreHandle _handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreGetGroupSize(KVStoreHandle _handle, int *_ret);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreGetNumDeadNode(KVStoreHandle _handle, int _node_id, int *_number, int _timeout_sec);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreGetRank(KVStoreHandle _handle, int *_ret);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreGetType(KVStoreHandle _handle, const char **_type_);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreInit(KVStoreHandle _handle, uint32_t _num, const int *_keys, NDArrayHandle *_vals);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreInitEx(KVStoreHandle _handle, uint32_t _num, const char **_keys, NDArrayHandle *_vals);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStorePull(KVStoreHandle _handle,
+                  uint32_t _num,
+                  const int *_keys,
+                  NDArrayHandle *_vals,
+                  int _priority);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStorePullEx(KVStoreHandle _handle,
+                    uint32_t _num,
+                    const char **_keys,
+                    NDArrayHandle *_vals,
+                    int _priority);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStorePullRowSparse(KVStoreHandle _handle,
+                           uint32_t _num,
+                           const int *_keys,
+                           NDArrayHandle *_vals,
+                           const NDArrayHandle *_row_ids,
+                           int _priority);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStorePullRowSparseEx(KVStoreHandle _handle,
+                             uint32_t _num,
+                             const char **_keys,
+                             NDArrayHandle *_vals,
+                             const NDArrayHandle *_row_ids,
+                             int _priority);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStorePullWithSparse(KVStoreHandle _handle,
+                            uint32_t _num,
+                            const int *_keys,
+                            NDArrayHandle *_vals,
+                            int _priority,
+                            bool _ignore_sparse);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStorePullWithSparseEx(KVStoreHandle _handle,
+                              uint32_t _num,
+                              const char **_keys,
+                              NDArrayHandle *_vals,
+                              int _priority,
+                              bool _ignore_sparse);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStorePush(KVStoreHandle _handle,
+                  uint32_t _num,
+                  const int *_keys,
+                  NDArrayHandle *_vals,
+                  int _priority);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStorePushEx(KVStoreHandle _handle,
+                    uint32_t _num,
+                    const char **_keys,
+                    NDArrayHandle *_vals,
+                    int _priority);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStorePushPull(KVStoreHandle _handle,
+                      uint32_t _vnum,
+                      const int *_vkeys,
+                      uint32_t _onum,
+                      const int *_okeys,
+                      NDArrayHandle *_vals,
+                      NDArrayHandle *_outs,
+                      int _priority);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStorePushPullEx(KVStoreHandle _handle,
+                        uint32_t _vnum,
+                        const char **_vkeys,
+                        uint32_t _onum,
+                        const char **_okeys,
+                        NDArrayHandle *_vals,
+                        NDArrayHandle *_outs,
+                        int _priority);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreRunServer(KVStoreHandle _handle,
+                       void (*_controller)(int, const char*, void*),
+                       void *_controller_handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreSendCommmandToServers(KVStoreHandle _handle, int _cmd_id, const char *_cmd_body);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreSetBarrierBeforeExit(KVStoreHandle _handle, int _barrier_before_exit);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreSetGradientCompression(KVStoreHandle _handle,
+                                    uint32_t _num_params,
+                                    const char **_keys,
+                                    const char **_vals);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreSetUpdater(KVStoreHandle _handle, void (*_updater)(int,
+                                                                NDArrayHandle,
+                                                                NDArrayHandle,
+                                                                void*), void *_updater_handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXKVStoreSetUpdaterEx(KVStoreHandle _handle,
+                          void (*_updater)(int, NDArrayHandle, NDArrayHandle, void*),
+                          void (*_str_updater)(const char*, NDArrayHandle, NDArrayHandle, void*),
+                          void *_updater_handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXLoadLib(const char *_path, unsigned int _verbose);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXNDArrayCreateFromSharedMem(int _shared_pid,
+                                 int _shared_id,
+                                 const uint32_t *_shape,
+                                 uint32_t _ndim,
+                                 int _dtype,
+                                 NDArrayHandle *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXNDArrayCreateFromSharedMemEx(int _shared_pid,
+                                   int _shared_id,
+                                   const int *_shape,
+                                   int _ndim,
+                                   int _dtype,
+                                   NDArrayHandle *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXNDArrayGetSharedMemHandle(NDArrayHandle _handle, int *_shared_pid, int *_shared_id);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXNDArrayCreateSparseEx64(int _storage_type,
+                              const int64_t *_shape,
+                              int _ndim,
+                              int _dev_type,
+                              int _dev_id,
+                              int _delay_alloc,
+                              int _dtype,
+                              uint32_t _num_aux,
+                              int *_aux_type,
+                              int *_aux_ndims,
+                              const int64_t *_aux_shape,
+                              NDArrayHandle *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXNDArrayGetAuxNDArray(NDArrayHandle _handle, uint32_t _i, NDArrayHandle *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXNDArrayGetAuxType(NDArrayHandle _handle, uint32_t _i, int *_out_type);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXNDArrayGetDataNDArray(NDArrayHandle _handle, NDArrayHandle *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXNDArraySyncCheckFormat(NDArrayHandle _handle, bool _full_check);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXNetFuncFree(void *_func);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXNetObjectFree(void *_obj);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXQuantizeSymbol(SymbolHandle _sym_handle,
+                     SymbolHandle *_ret_sym_handle,
+                     const int *_dev_type,
+                     uint32_t _num_excluded_sym_names,
+                     const char **_excluded_sym_names,
+                     uint32_t _num_excluded_op_names,
+                     const char **_excluded_op_names,
+                     uint32_t _num_offline,
+                     const char **_offline_params,
+                     const char *_quantized_dtype,
+                     bool _calib_quantize,
+                     const char *_quantize_mode,
+                     const char *_quantize_granularity,
+                     uint32_t *_out_num_calib_names,
+                     const char ***_out_calib_names);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXSetCalibTableToQuantizedSymbol(SymbolHandle _qsym_handle,
+                                     uint32_t _num_layers,
+                                     const char **_layer_names,
+                                     const float *_low_quantiles,
+                                     const float *_high_quantiles,
+                                     SymbolHandle *_ret_sym_handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRecordIOReaderCreate(const char *_uri, RecordIOHandle *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRecordIOReaderFree(RecordIOHandle _handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRecordIOReaderReadRecord(RecordIOHandle _handle, const char **_buf, size_t *_size);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRecordIOReaderSeek(RecordIOHandle _handle, size_t _pos);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRecordIOReaderTell(RecordIOHandle _handle, size_t *_pos);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRecordIOWriterCreate(const char *_uri, RecordIOHandle *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRecordIOWriterFree(RecordIOHandle _handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRecordIOWriterTell(RecordIOHandle _handle, size_t *_pos);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRecordIOWriterWriteRecord(RecordIOHandle _handle, const char *_buf, size_t _size);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXReducePrecisionSymbol(SymbolHandle _sym_handle,
+                            SymbolHandle *_ret_sym_handle,
+                            uint32_t _num_args,
+                            const int *_arg_type_data,
+                            uint32_t _num_ind_ptr,
+                            const int *_ind_ptr,
+                            const int *_target_dtype,
+                            int _cast_optional_params,
+                            uint32_t _num_target_dtype_op_names,
+                            uint32_t _num_fp32_op_names,
+                            uint32_t _num_widest_dtype_op_names,
+                            uint32_t _num_conditional_fp32_op_names,
+                            uint32_t _num_excluded_symbols,
+                            uint32_t _num_model_params,
+                            const char **_target_dtype_op_names,
+                            const char **_fp32_op_names,
+                            const char **_widest_dtype_op_names,
+                            const char **_conditional_fp32_op_names,
+                            const char **_excluded_symbols,
+                            const char **_conditional_param_names,
+                            const char **_conditional_param_vals,
+                            const char **_model_param_names,
+                            const char **_arg_names);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRtcCreate(char *_name,
+                uint32_t _num_input,
+                uint32_t _num_output,
+                char **_input_names,
+                char **_output_names,
+                NDArrayHandle *_inputs,
+                NDArrayHandle *_outputs,
+                char *_kernel,
+                RtcHandle *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRtcCudaKernelCall(CudaKernelHandle _handle,
+                        int _dev_id,
+                        void **_args,
+                        uint32_t _grid_dim_x,
+                        uint32_t _grid_dim_y,
+                        uint32_t _grid_dim_z,
+                        uint32_t _block_dim_x,
+                        uint32_t _block_dim_y,
+                        uint32_t _block_dim_z,
+                        uint32_t _shared_mem);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRtcCudaKernelCreate(CudaModuleHandle _handle,
+                          const char *_name,
+                          int _num_args,
+                          int *_is_ndarray,
+                          int *_is_const,
+                          int *_arg_types,
+                          CudaKernelHandle *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRtcCudaKernelFree(CudaKernelHandle _handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRtcCudaModuleCreate(const char *_source,
+                          int _num_options,
+                          const char **_options,
+                          int _num_exports,
+                          const char **_exports,
+                          CudaModuleHandle *_out);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRtcCudaModuleFree(CudaModuleHandle _handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRtcFree(RtcHandle _handle);
+
+// Not supported yet: -1 with NotImplementedError.
+int MXRtcPush(RtcHandle _handle,
+              uint32_t _num_input,
+              uint32_t _num_output,
+              NDArrayHandle *_inputs,
+              NDArrayHandle *_outputs,
+              uint32_t _grid_dim_x,
+              uint32_t _grid_dim_y,
+              uint32_t _grid_dim_z,
+              uint32_t _block_dim_x,
+              uint32_t _block_dim_y,
+              uint32_t _block_dim_z);
 
 #ifdef __cplusplus
 }  // extern "C"

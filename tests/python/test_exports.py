@@ -1,12 +1,13 @@
 """Every function stock MXNet 1.9.1's libmxnet.so exports (MX*, NN*) against this library.
 
-`tests/data/stock_exports.txt` lists stock's exports; `tests/data/stock_exports_missing.txt`
-those not here yet. Both directions are checked, so the second list stays exact: each stock
-name not in it must resolve in this library, and each name in it must not (when one is added,
-the list shrinks with it).
+`tests/data/stock_exports.txt` lists stock's exports: every one must resolve here.
+`tests/data/stock_exports_refused.txt` lists those this library has but does not implement
+yet: each must answer -1 with a NotImplementedError naming itself, and the list must equal the
+functions of `crates/c-api/src/unsupported.rs` (so it shrinks when one is implemented).
 """
 import ctypes
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,24 @@ def names(file):
     return [line.strip() for line in (DATA / file).read_text().splitlines() if line.strip() and not line.startswith("#")]
 
 
-def test_stock_exports_are_present_or_listed_as_missing():
+def test_every_stock_export_is_present():
     lib = ctypes.CDLL(os.environ["MXNET_LIBRARY_PATH"])
-    stock, missing = names("stock_exports.txt"), set(names("stock_exports_missing.txt"))
-    assert len(stock) == 294 and missing <= set(stock)
-    absent = [n for n in stock if n not in missing and not hasattr(lib, n)]
-    assert not absent, f"stock exports missing here (and not listed as missing): {absent}"
-    present = sorted(n for n in missing if hasattr(lib, n))
-    assert not present, f"listed as missing but exported now (remove them from the list): {present}"
+    stock = names("stock_exports.txt")
+    assert len(stock) == 294
+    absent = [n for n in stock if not hasattr(lib, n)]
+    assert not absent, f"stock exports missing here: {absent}"
+
+
+def test_refused_exports_say_so():
+    refused = names("stock_exports_refused.txt")
+    source = (DATA.parent.parent / "crates" / "c-api" / "src" / "unsupported.rs").read_text()
+    assert sorted(refused) == sorted(re.findall(r'pub extern "C" fn (\w+)\(', source))
+    assert set(refused) <= set(names("stock_exports.txt"))
+    lib = ctypes.CDLL(os.environ["MXNET_LIBRARY_PATH"])
+    lib.MXGetLastError.restype = ctypes.c_char_p
+    for n in refused:
+        # The stubs read none of their arguments, so a call without any is safe.
+        assert getattr(lib, n)() == -1, n
+        first = lib.MXGetLastError().decode().splitlines()[0]
+        assert first.startswith("NotImplementedError: ") and f"({n})" in first, first
+        assert first.endswith("is not supported yet"), first

@@ -1,4 +1,5 @@
-//! C API: what `import mxnet` asks of the library besides operators — MXKVStoreIsWorkerNode,
+//! C API: what `import mxnet` asks of the library besides operators — MXKVStoreIsWorkerNode
+//! (and the server and scheduler questions),
 //! the (empty) legacy function and data-iterator lists and the (empty) PackedFunc registry
 //! (MXCustomOpRegister is in `custom_op`).
 //!
@@ -18,6 +19,26 @@ use std::ffi::{c_char, c_int, c_void};
 pub unsafe extern "C" fn MXKVStoreIsWorkerNode(ret: *mut c_int) -> c_int {
     // SAFETY: per this function's contract.
     unsafe { ffi::call_out("MXKVStoreIsWorkerNode", ret, "ret", || Ok(1)) }
+}
+
+/// This process is no parameter server (0).
+///
+/// # Safety
+/// `ret` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStoreIsServerNode(ret: *mut c_int) -> c_int {
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXKVStoreIsServerNode", ret, "ret", || Ok(0)) }
+}
+
+/// This process is no parameter-server scheduler (0).
+///
+/// # Safety
+/// `ret` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStoreIsSchedulerNode(ret: *mut c_int) -> c_int {
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXKVStoreIsSchedulerNode", ret, "ret", || Ok(0)) }
 }
 
 /// # Safety

@@ -27,6 +27,7 @@ pub mod storage;
 pub mod symbol;
 pub mod testing;
 pub mod types;
+pub mod unsupported;
 
 #[cfg(test)]
 mod header_test;
