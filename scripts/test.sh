@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: Rust unit tests (incl. the freshness of the header and of the table in
-# docs/configuration.md), the C/C++ tests and examples through CTest, and the Python tests.
+# docs/configuration.md), the Rust binding's tests and example, the C/C++ tests and examples
+# through CTest, and the Python tests.
 # Installs what it needs into .venv first.
 set -euo pipefail
 MXRT_ENV=test source "$(dirname "$0")/env.sh"
@@ -13,6 +14,10 @@ echo "== Rust unit tests"
 cargo test --release --all-targets
 echo "== build libmxnet.so"
 cargo build --release --lib
+echo "== Rust binding (bindings/rust, linked against the library just built): lints, tests, example"
+(cd bindings/rust && cargo fmt --check && cargo clippy --release --all-targets -- -D warnings \
+  && cargo test --release && mkdir -p "$ROOT/build" \
+  && cargo run --release --example demo "$ROOT/build/rust_demo_profile.json")
 echo "== C/C++ tests (CTest, with the memcheck tests under valgrind)"
 if ! command -v valgrind >/dev/null; then
   echo "== installing valgrind"
