@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: Rust unit tests (incl. the freshness of the header and of the table in
-# docs/configuration.md), the Rust binding's tests and example, the C/C++ tests and examples
-# through CTest, and the Python tests.
+# docs/configuration.md), the Rust and Node.js bindings' tests and examples, the C/C++ tests
+# and examples through CTest, and the Python tests.
 # Installs what it needs into .venv first.
 set -euo pipefail
 MXRT_ENV=test source "$(dirname "$0")/env.sh"
@@ -18,6 +18,14 @@ echo "== Rust binding (bindings/rust, linked against the library just built): li
 (cd bindings/rust && cargo fmt --check && cargo clippy --release --all-targets -- -D warnings \
   && cargo test --release && mkdir -p "$ROOT/build" \
   && cargo run --release --example demo "$ROOT/build/rust_demo_profile.json")
+echo "== Node.js binding (bindings/node, koffi from npm): tests, example"
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "== installing nodejs and npm"
+  if [ "$(id -u)" = 0 ]; then apt-get install -y -q nodejs npm >/dev/null; else sudo -n apt-get install -y -q nodejs npm >/dev/null; fi
+fi
+(cd bindings/node && npm ci --no-audit --no-fund --loglevel=error \
+  && MXNET_LIBRARY_PATH="$ROOT/target/release/libmxnet.so" node --test test/ \
+  && MXNET_LIBRARY_PATH="$ROOT/target/release/libmxnet.so" node example.js "$ROOT/build/node_demo_profile.json")
 echo "== C/C++ tests (CTest, with the memcheck tests under valgrind)"
 if ! command -v valgrind >/dev/null; then
   echo "== installing valgrind"
