@@ -354,7 +354,7 @@ mod tests {
         let mut fc = Symbol::atomic(crate::op::lookup("FullyConnected").unwrap(), [("num_hidden", "2")]).unwrap();
         fc.compose(&[&Symbol::variable("data")], &[], Some("fc")).unwrap();
         let mut relu = Symbol::atomic(crate::op::lookup("Activation").unwrap(), [("act_type", "relu")]).unwrap();
-        relu.compose(&[&fc], &[], Some("relu")).unwrap();
+        relu.compose(&[&fc], &[], Some("act")).unwrap();
         let json = crate::symbol::json::save(&relu.graph(), false);
         let arrays = [array_f32(&[2, 2], &[1., -1., 2., 0.5]), array_f32(&[2], &[0., -1.])];
         let names = ["arg:fc_weight".to_string(), "arg:fc_bias".to_string()];
@@ -413,7 +413,7 @@ mod tests {
     fn partial_outputs_and_errors() {
         let (json, params) = model();
         let inputs = [("data".to_string(), vec![1, 2])];
-        let outputs = ["fc".to_string(), "relu".to_string()];
+        let outputs = ["fc".to_string(), "act".to_string()];
         let s = PredictorSpec { outputs: &outputs, ..spec(&json, &params, &inputs) };
         let p = Predictor::create(&s, 1).unwrap().pop().unwrap();
         run(&p, &[1., 2.]);
