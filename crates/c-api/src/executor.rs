@@ -5,7 +5,7 @@
 //! `MXExecutorOutputs` on the same thread, and the array lists of SimpleBind and Reshape
 //! likewise until the next such call.
 
-use super::ffi::{self, cstr};
+use super::ffi::{self, cstr, list};
 use super::ndarray::arrays;
 use super::types::{ExecutorHandle, ExecutorMonitorCallback, NDArrayHandle, SymbolHandle};
 use crate::handle::HandleTable;
@@ -37,19 +37,6 @@ thread_local! {
     static BIND_OUT: RefCell<Box<BindArrays>> = RefCell::new(Box::default());
     static BUFFER_OUT: RefCell<Box<BufferOut>> = RefCell::new(Box::default());
     static PRINT: RefCell<CString> = RefCell::new(CString::default());
-}
-
-/// # Safety
-/// `p` must hold `n` values when `n > 0`.
-unsafe fn list<'a, T>(p: *const T, n: u32, what: &str) -> Result<&'a [T]> {
-    if n == 0 {
-        return Ok(&[]);
-    }
-    if p.is_null() {
-        return Err(Error::value(format!("{what} is NULL but its count is {n}")));
-    }
-    // SAFETY: per this function's contract.
-    Ok(unsafe { std::slice::from_raw_parts(p, n as usize) })
 }
 
 fn array(h: NDArrayHandle) -> Result<Option<NDArray>> {

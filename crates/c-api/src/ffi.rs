@@ -197,6 +197,26 @@ pub unsafe fn opt_cstr<'a>(p: *const c_char, what: &str) -> Result<Option<&'a st
     }
 }
 
+/// `n` values at `p`, an array received from C (NULL allowed when `n` is 0; a negative
+/// count is an error).
+///
+/// # Safety
+/// `p` must point to `n` readable values when `n > 0`, valid for `'a`.
+pub unsafe fn list<'a, T, N>(p: *const T, n: N, what: &str) -> Result<&'a [T]>
+where
+    N: TryInto<usize> + Copy + std::fmt::Display,
+{
+    let len: usize = n.try_into().map_err(|_| Error::value(format!("{what}: count {n} is not a valid size")))?;
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(Error::value(format!("{what} is NULL but its count is {n}")));
+    }
+    // SAFETY: per this function's contract.
+    Ok(unsafe { std::slice::from_raw_parts(p, len) })
+}
+
 /// A required out-param.
 ///
 /// # Safety

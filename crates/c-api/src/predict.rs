@@ -5,7 +5,7 @@
 //! list is freed.
 
 use super::executor::c_monitor;
-use super::ffi::{self, cstr, out};
+use super::ffi::{self, cstr, list, out};
 use super::types::{NDListHandle, PredMonitorCallback, PredictorHandle};
 use crate::handle::HandleTable;
 use mxnet_core::context::Context;
@@ -51,21 +51,6 @@ fn wrap(pred: Predictor) -> Result<PredictorHandle> {
     Ok(predictors().insert(Arc::new(CPredictor { pred, shapes })))
 }
 
-/// `n` values at `p` (NULL allowed when `n` is 0).
-///
-/// # Safety
-/// `p` must point to `n` readable values when `n > 0`.
-unsafe fn slice<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [T]> {
-    if n == 0 {
-        return Ok(&[]);
-    }
-    if p.is_null() {
-        return Err(Error::value(format!("{what} is NULL but {n} entries are expected")));
-    }
-    // SAFETY: per this function's contract.
-    Ok(unsafe { std::slice::from_raw_parts(p, n) })
-}
-
 /// Input shapes by name in stock's CSR form: key `i` has the dimensions
 /// `data[indptr[i]..indptr[i + 1]]`.
 ///
@@ -83,12 +68,12 @@ unsafe fn input_shapes(
         return Ok(Vec::new());
     }
     // SAFETY: per this function's contract.
-    let (keys, indptr) = unsafe { (slice(keys, n, "input_keys")?, slice(indptr, n + 1, "input_shape_indptr")?) };
+    let (keys, indptr) = unsafe { (list(keys, n, "input_keys")?, list(indptr, n + 1, "input_shape_indptr")?) };
     if indptr[0] != 0 || indptr.windows(2).any(|w| w[0] > w[1]) {
         return Err(Error::value(format!("input_shape_indptr must start at 0 and never decrease, got {indptr:?}")));
     }
     // SAFETY: per this function's contract, `data` holds `indptr[n]` values.
-    let data = unsafe { slice(data, indptr[n] as usize, "input_shape_data")? };
+    let data = unsafe { list(data, indptr[n] as usize, "input_shape_data")? };
     keys.iter()
         .enumerate()
         .map(|(i, &k)| {
@@ -128,13 +113,11 @@ unsafe fn create(
     if out.is_null() {
         return Err(Error::value("out must not be NULL"));
     }
-    let size =
-        usize::try_from(m.param_size).map_err(|_| Error::value(format!("param_size {} is negative", m.param_size)))?;
     // SAFETY: per this function's contract.
     let (symbol_json, params, inputs) = unsafe {
         (
             cstr(m.symbol_json, "symbol_json_str")?,
-            slice(m.param_bytes.cast::<u8>(), size, "param_bytes")?,
+            list(m.param_bytes.cast::<u8>(), m.param_size, "param_bytes")?,
             input_shapes(m.num_input_nodes, m.input_keys, m.input_shape_indptr, m.input_shape_data)?,
         )
     };
@@ -232,12 +215,12 @@ pub unsafe extern "C" fn MXPredCreateEx(
     out: *mut PredictorHandle,
 ) -> c_int {
     ffi::call("MXPredCreateEx", || {
-        let n = num_provided_arg_dtypes as usize;
+        let n = num_provided_arg_dtypes;
         // SAFETY: per this function's contract.
         let (names, codes) = unsafe {
             (
-                slice(provided_arg_dtype_names, n, "provided_arg_dtype_names")?,
-                slice(provided_arg_dtypes, n, "provided_arg_dtypes")?,
+                list(provided_arg_dtype_names, n, "provided_arg_dtype_names")?,
+                list(provided_arg_dtypes, n, "provided_arg_dtypes")?,
             )
         };
         let dtypes = names
@@ -286,7 +269,7 @@ pub unsafe extern "C" fn MXPredCreatePartialOut(
 ) -> c_int {
     ffi::call("MXPredCreatePartialOut", || {
         // SAFETY: per this function's contract.
-        let keys = unsafe { slice(output_keys, num_output_nodes as usize, "output_keys")? };
+        let keys = unsafe { list(output_keys, num_output_nodes, "output_keys")? };
         let outputs = keys
             .iter()
             // SAFETY: per this function's contract.
@@ -526,10 +509,8 @@ pub unsafe extern "C" fn MXNDListCreate(
     ffi::call("MXNDListCreate", || {
         // SAFETY: per this function's contract.
         let (o, len) = unsafe { (self::out(out, "out")?, self::out(out_length, "out_length")?) };
-        let size = usize::try_from(nd_file_size)
-            .map_err(|_| Error::value(format!("nd_file_size {nd_file_size} is negative")))?;
         // SAFETY: per this function's contract.
-        let bytes = unsafe { slice(nd_file_bytes.cast::<u8>(), size, "nd_file_bytes")? };
+        let bytes = unsafe { list(nd_file_bytes.cast::<u8>(), nd_file_size, "nd_file_bytes")? };
         let entries = predict::load_nd_list(bytes)?;
         let n = u32::try_from(entries.len()).map_err(|_| Error::value("the list has too many arrays"))?;
         let keys = entries

@@ -52,7 +52,7 @@ pub struct Sharing<'a> {
 pub type ArraySpec = (Vec<usize>, DType);
 
 /// An array filled with zeros.
-fn zeros(shape: &[usize], ctx: Context, dtype: DType) -> Result<NDArray> {
+pub(super) fn zeros(shape: &[usize], ctx: Context, dtype: DType) -> Result<NDArray> {
     let a = NDArray::new(shape.to_vec(), ctx, dtype, false)?;
     crate::autograd::invoke(crate::op::lookup("zeros_like")?, &[&a], Some(&[&a]), std::iter::empty())?;
     Ok(a)
@@ -189,12 +189,15 @@ impl Executor {
         mut sharing: Option<Sharing>,
     ) -> Result<Executor> {
         let g = sym.graph();
+        // Where each variable lives: its `ctx_group`'s device, else `ctx`.
+        let placed = |nodes: Vec<usize>| -> Vec<Context> {
+            nodes
+                .into_iter()
+                .map(|n| g.nodes[n].raw.get("__ctx_group__").and_then(|k| group2ctx.get(k)).copied().unwrap_or(ctx))
+                .collect()
+        };
         let arg_names: Vec<&str> = g.arg_nodes().into_iter().map(|n| g.nodes[n].name.as_str()).collect();
-        let arg_ctx: Vec<Context> = g
-            .arg_nodes()
-            .into_iter()
-            .map(|n| g.nodes[n].raw.get("__ctx_group__").and_then(|k| group2ctx.get(k)).copied().unwrap_or(ctx))
-            .collect();
+        let arg_ctx = placed(g.arg_nodes());
         let aux_names: Vec<&str> = g.aux_nodes().into_iter().map(|n| g.nodes[n].name.as_str()).collect();
         if args.len() != arg_names.len() || reqs.len() != args.len() || aux.len() != aux_names.len() {
             return Err(Error::value(format!(
@@ -235,11 +238,7 @@ impl Executor {
             bound.push(a);
             grads.push(g);
         }
-        let aux_ctx: Vec<Context> = g
-            .aux_nodes()
-            .into_iter()
-            .map(|n| g.nodes[n].raw.get("__ctx_group__").and_then(|k| group2ctx.get(k)).copied().unwrap_or(ctx))
-            .collect();
+        let aux_ctx = placed(g.aux_nodes());
         let aux = aux_names
             .iter()
             .zip(aux)
@@ -351,7 +350,12 @@ impl Executor {
     pub fn aux_arrays(&self) -> Vec<NDArray> {
         self.aux.iter().map(|(_, p)| self.inputs[*p].clone()).collect()
     }
-    fn arg(&self, name: &str) -> Option<&NDArray> {
+    /// The bound arrays in `list_inputs` order (arguments and auxiliary states together).
+    pub fn inputs(&self) -> &[NDArray] {
+        &self.inputs
+    }
+    /// The bound array of argument `name`.
+    pub fn arg(&self, name: &str) -> Option<&NDArray> {
         self.args.iter().find(|(n, _)| n == name).map(|(_, p)| &self.inputs[*p])
     }
     fn grad(&self, name: &str) -> Option<&NDArray> {

@@ -4,7 +4,7 @@
 //! predictors of `MXPredCreateMultiThread` share the parameters. Also the Predict API's
 //! NDArray lists (`MXNDListCreate`): a list file's arrays as float32 values.
 
-use super::bind::Executor;
+use super::bind::{zeros, Executor};
 use super::Monitor;
 use crate::autograd::GradReq;
 use crate::context::Context;
@@ -94,13 +94,6 @@ fn partial_outputs(sym: &Symbol, keys: &[String]) -> Result<Symbol> {
     Ok(Symbol::group(&outs.iter().collect::<Vec<_>>()))
 }
 
-/// A zero-filled array.
-fn zeros(shape: &[usize], dtype: DType, ctx: Context) -> Result<NDArray> {
-    let a = NDArray::new(shape.to_vec(), ctx, dtype, false)?;
-    crate::autograd::invoke(crate::op::lookup("zeros_like")?, &[&a], Some(&[&a]), std::iter::empty())?;
-    Ok(a)
-}
-
 impl Predictor {
     /// `copies` predictors (`MXPredCreateMultiThread`'s threads; 1 otherwise) sharing the
     /// parameters, each with its own input arrays.
@@ -173,7 +166,7 @@ impl Predictor {
                     }
                 }
                 None if is_input(name) => None,
-                None => Some(zeros(shape, *dtype, ctx)?),
+                None => Some(zeros(shape, ctx, *dtype)?),
             };
             shared.push(a);
         }
@@ -183,7 +176,7 @@ impl Predictor {
                 let bound = shared
                     .iter()
                     .zip(&inferred)
-                    .map(|(a, (shape, dtype))| a.clone().map_or_else(|| zeros(shape, *dtype, ctx), Ok))
+                    .map(|(a, (shape, dtype))| a.clone().map_or_else(|| zeros(shape, ctx, *dtype), Ok))
                     .collect::<Result<Vec<_>>>()?;
                 let exec = bind(&sym, &all_names, bound)?;
                 Ok(Predictor { sym: sym.clone(), exec, out_shapes: out_shapes.clone(), out_dtypes: out_dtypes.clone() })
@@ -196,7 +189,7 @@ impl Predictor {
     /// number of elements.
     pub fn reshape(&self, inputs: &[(String, Vec<usize>)]) -> Result<Predictor> {
         let all_names = self.sym.list_input_names(InputKind::All);
-        let current = self.input_arrays();
+        let current = self.exec.inputs();
         let shapes: Vec<Option<Vec<i64>>> = all_names
             .iter()
             .map(|n| inputs.iter().find(|(k, _)| k == n).map(|(_, s)| s.iter().map(|&d| d as i64).collect()))
@@ -207,10 +200,10 @@ impl Predictor {
         let (inferred, outs) = infer_inputs(&self.sym, &shapes, &dtypes, &unknown)?;
         let aux_names = self.sym.list_input_names(InputKind::Aux);
         let mut bound = Vec::with_capacity(current.len());
-        for ((name, old), (shape, dtype)) in all_names.iter().zip(&current).zip(&inferred) {
+        for ((name, old), (shape, dtype)) in all_names.iter().zip(current).zip(&inferred) {
             let ctx = old.ctx().unwrap_or(Context::CPU);
             if inputs.iter().any(|(k, _)| k == name) {
-                bound.push(zeros(shape, *dtype, ctx)?);
+                bound.push(zeros(shape, ctx, *dtype)?);
             } else if shape.iter().product::<usize>() != old.size() {
                 let what = if aux_names.contains(name) { "aux" } else { "arg" };
                 return Err(Error::value(format!(
@@ -227,17 +220,6 @@ impl Predictor {
         let exec = bind(&self.sym, &all_names, bound)?;
         let (out_shapes, out_dtypes) = outs.into_iter().unzip();
         Ok(Predictor { sym: self.sym.clone(), exec, out_shapes, out_dtypes })
-    }
-
-    /// The bound arrays in `list_inputs` order.
-    fn input_arrays(&self) -> Vec<NDArray> {
-        let (mut args, mut aux) = (self.exec.arg_arrays().into_iter(), self.exec.aux_arrays().into_iter());
-        let aux_names = self.sym.list_input_names(InputKind::Aux);
-        self.sym
-            .list_input_names(InputKind::All)
-            .iter()
-            .filter_map(|n| if aux_names.contains(n) { aux.next() } else { args.next() })
-            .collect()
     }
 
     pub fn num_outputs(&self) -> usize {
@@ -267,11 +249,10 @@ impl Predictor {
     /// The bound array of argument `key` (an input, or a parameter: setting one changes it for
     /// every predictor sharing it, as in stock).
     pub fn argument(&self, key: &str) -> Result<NDArray> {
-        let names = self.sym.list_input_names(InputKind::Args);
-        let k = names.iter().position(|n| n == key).ok_or_else(|| {
+        self.exec.arg(key).cloned().ok_or_else(|| {
+            let names = self.sym.list_input_names(InputKind::Args);
             Error::value(format!("cannot find input key {key} (the arguments are {})", names.join(", ")))
-        })?;
-        Ok(self.exec.arg_arrays().swap_remove(k))
+        })
     }
 
     pub fn forward(&self) -> Result<()> {
