@@ -1284,6 +1284,15 @@ int MXListAllOpNames(uint32_t *out_size, const char ***out_array);
 // Out-params must be NULL or valid for writes.
 int NNListAllOpNames(uint32_t *out_size, const char ***out_array);
 
+// Load the extension library at `path` (built against stock 1.9.1's `lib_api.h`) and
+// register its operators; `verbose` non-zero prints what was found. Subgraph operators,
+// partitioners and passes are refused (NotImplementedError) before anything is registered.
+//
+// # Safety
+// `path` must be a string. Loading runs the library's initialisers: only load libraries you
+// trust, as with stock.
+int MXLoadLib(const char *path, unsigned int verbose);
+
 // The handle of the operator named `op_name` (aliases give the same handle); an unknown name
 // is an error.
 //
@@ -2274,9 +2283,6 @@ int MXKVStoreSetUpdaterEx(KVStoreHandle _handle,
                           void (*_updater)(int, NDArrayHandle, NDArrayHandle, void*),
                           void (*_str_updater)(const char*, NDArrayHandle, NDArrayHandle, void*),
                           void *_updater_handle);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXLoadLib(const char *_path, unsigned int _verbose);
 
 // Not supported yet: -1 with NotImplementedError.
 int MXNDArrayCreateFromSharedMem(int _shared_pid,

@@ -1,6 +1,6 @@
 //! C API: the operator registry (MXListAllOpNames, NNListAllOpNames, NNGetOpHandle,
 //! MXSymbolListAtomicSymbolCreators, MXSymbolGetAtomicSymbolName, MXSymbolGetAtomicSymbolInfo,
-//! NNGetOpInfo), imperative invocation (MXImperativeInvokeEx, MXImperativeInvoke) and the
+//! NNGetOpInfo), extension libraries' operators (MXLoadLib), imperative invocation (MXImperativeInvokeEx, MXImperativeInvoke) and the
 //! random seeds (MXRandomSeed, MXRandomSeedContext).
 //!
 //! Registry strings and arrays live as long as the process (stricter than stock's per-thread
@@ -51,6 +51,22 @@ pub unsafe extern "C" fn MXListAllOpNames(out_size: *mut u32, out_array: *mut *m
 pub unsafe extern "C" fn NNListAllOpNames(out_size: *mut u32, out_array: *mut *mut *const c_char) -> c_int {
     // SAFETY: per this function's contract.
     ffi::call("NNListAllOpNames", || unsafe { list_names(out_size, out_array) })
+}
+
+/// Load the extension library at `path` (built against stock 1.9.1's `lib_api.h`) and
+/// register its operators; `verbose` non-zero prints what was found. Subgraph operators,
+/// partitioners and passes are refused (NotImplementedError) before anything is registered.
+///
+/// # Safety
+/// `path` must be a string. Loading runs the library's initialisers: only load libraries you
+/// trust, as with stock.
+#[no_mangle]
+pub unsafe extern "C" fn MXLoadLib(path: *const c_char, verbose: std::ffi::c_uint) -> c_int {
+    ffi::call("MXLoadLib", || {
+        // SAFETY: per this function's contract.
+        let path = unsafe { cstr(path, "path")? };
+        op::library::load(path, verbose != 0).map(drop)
+    })
 }
 
 /// The handle of the operator named `op_name` (aliases give the same handle); an unknown name

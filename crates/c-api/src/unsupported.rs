@@ -1,6 +1,6 @@
 //! C API: the stock exports this library does not implement yet (KVStore, the C++ data
 //! iterators and RecordIO, sparse and shared-memory NDArrays, subgraph backends,
-//! quantization and AMP conversion, extension libraries, CUDA runtime compilation, packed
+//! quantization and AMP conversion, CUDA runtime compilation, packed
 //! functions, the legacy function API). Each exists, with stock's signature, and answers -1
 //! with `NotImplementedError: <feature> (<function>) is not supported yet`, so a caller gets an
 //! error it can handle instead of an undefined symbol. `tests/data/stock_exports_refused.txt`
@@ -12,13 +12,12 @@ use super::types::{
     RtcHandle, SymbolHandle,
 };
 use mxnet_core::error::Error;
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_void};
 
 const SUBGRAPH: &str = "subgraph backends";
 const DATA_ITER: &str = "the C++ data iterators";
 const FUNC: &str = "the legacy NDArray function API";
 const KVSTORE: &str = "KVStore";
-const LIB: &str = "extension libraries";
 const SHM: &str = "shared-memory NDArrays";
 const SPARSE: &str = "sparse storage";
 const PACKED: &str = "packed functions";
@@ -504,12 +503,6 @@ pub extern "C" fn MXKVStoreSetUpdaterEx(
 }
 
 // Extension libraries.
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXLoadLib(_path: *const c_char, _verbose: c_uint) -> c_int {
-    refuse("MXLoadLib", LIB)
-}
 
 // Shared-memory NDArrays.
 

@@ -126,7 +126,8 @@ impl Executor {
         reqs: Vec<GradReq>,
         aux: Vec<NDArray>,
     ) -> Result<Executor> {
-        let runner = Runner::new(sym)?;
+        let mut runner = Runner::new(sym)?;
+        runner.keep_node_states();
         let (arg_nodes, aux_nodes) = (runner.graph.arg_nodes(), runner.graph.aux_nodes());
         if args.len() != arg_nodes.len() || grads.len() != args.len() || reqs.len() != args.len() {
             return Err(Error::value(format!(

@@ -18,6 +18,7 @@ use crate::engine::{self, ExecBulk};
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
 use crate::symbol::{Graph, Symbol};
+use std::sync::Arc;
 
 /// Stock's executor monitor (`MXExecutorSetMonitorCallbackEX`, and a CachedOp's operator hook
 /// `MXCachedOpRegisterOpHook`): called after each operator
@@ -55,6 +56,9 @@ pub struct Runner {
     open_shapes: Vec<usize>,
     /// The parameters those nodes ran with for the last input shapes seen.
     resolved: std::sync::Mutex<Option<(Vec<Vec<usize>>, Resolved)>>,
+    /// Per node, the state slot of an operator that keeps one per node
+    /// ([`crate::op::OpDef::node_state`]), once [`Runner::keep_node_states`] is called.
+    states: Vec<Option<Arc<crate::op::invoke::StateSlot>>>,
 }
 
 /// Nodes and the parameters a run gives them (see [`Runner::open_shapes`]).
@@ -161,7 +165,26 @@ impl Runner {
         let inplace =
             (0..graph.nodes.len()).map(|i| inplace_candidate(&graph, i, &last_use, &heads, &readers)).collect();
         let open_shapes = (0..graph.nodes.len()).filter(|&i| has_open_shape(&graph, i)).collect();
-        Ok(Runner { graph, inputs, last_use, inplace, open_shapes, resolved: std::sync::Mutex::new(None) })
+        Ok(Runner {
+            graph,
+            inputs,
+            last_use,
+            inplace,
+            open_shapes,
+            resolved: std::sync::Mutex::new(None),
+            states: Vec::new(),
+        })
+    }
+
+    /// Give each node whose operator keeps a state per node a slot for it (a bound executor,
+    /// as stock's: its nodes' states are made once and reused by every run).
+    pub fn keep_node_states(&mut self) {
+        self.states = self
+            .graph
+            .nodes
+            .iter()
+            .map(|n| n.op.filter(|op| op.node_state).map(|_| Arc::new(crate::op::invoke::StateSlot::new(None))))
+            .collect();
     }
 
     /// The parameters of [`Runner::open_shapes`]' nodes for a run with `inputs`: their
@@ -325,8 +348,13 @@ impl Runner {
                 _ => None,
             };
             let target: Vec<&NDArray> = target.iter().collect();
-            crate::autograd::invoke_attrs(op, &ins, (!target.is_empty()).then_some(&target[..]), attrs.clone())
-                .map_err(|e| Error::new(e.kind(), format!("{} (node {})", e.message(), n.name)))?
+            let call =
+                || crate::autograd::invoke_attrs(op, &ins, (!target.is_empty()).then_some(&target[..]), attrs.clone());
+            match self.states.get(i).and_then(|s| s.as_ref()) {
+                Some(slot) => crate::op::invoke::with_state_slot(slot, call),
+                None => call(),
+            }
+            .map_err(|e| Error::new(e.kind(), format!("{} (node {})", e.message(), n.name)))?
         };
         if let Some(m) = monitor {
             for (k, o) in outs.iter().enumerate() {

@@ -209,9 +209,27 @@ fn invoke_parsed(
             return Ok(Called { outputs: vec![o.clone()], visible: 1, backward: None });
         }
     }
-    // Outputs: the caller's (checked against inference) or new arrays.
+    let any_dtype = op.any_out_dtype || (op.dtype_from_out && op.dtype_of(&attrs).is_none());
+    let outs = outputs_for(op, outputs, out_meta, visible, ctx, any_dtype)?;
+    let req: ReqList = smallvec::smallvec![Req::Write; outs.len()];
+    launch(op, attrs, inputs, &outs, req, ctx)?;
+    Ok(Called { outputs: outs, visible, backward: None })
+}
+
+/// A call's outputs: the caller's `given` ones (checked against inference: shape, dtype unless
+/// `any_dtype`, and memory the call can write), then new arrays for the rest. `given` may
+/// hold every output or the `visible` ones.
+pub(crate) fn outputs_for(
+    op: &OpDef,
+    given: Option<&[&NDArray]>,
+    out_meta: Vec<Meta>,
+    visible: usize,
+    ctx: Context,
+    any_dtype: bool,
+) -> Result<Vec<NDArray>> {
+    let total = out_meta.len();
     let mut outs: Vec<NDArray> = Vec::with_capacity(total);
-    if let Some(given) = outputs {
+    if let Some(given) = given {
         if given.len() != total && given.len() != visible {
             return Err(Error::value(format!("operator {} has {visible} outputs, {} given", op.name, given.len())));
         }
@@ -220,7 +238,6 @@ fn invoke_parsed(
             if o.chunk.is_none() {
                 return Err(Error::value(format!("output {i} of operator {} is an empty NDArray", op.name)));
             }
-            let any_dtype = op.any_out_dtype || (op.dtype_from_out && op.dtype_of(&attrs).is_none());
             if o.shape != m.shape || (o.dtype != m.dtype && !any_dtype) {
                 return Err(Error::value(format!(
                     "operator {}: output {i} has shape {:?} {} but the operator produces {:?} {}",
@@ -248,10 +265,7 @@ fn invoke_parsed(
     for m in out_meta.into_iter().skip(given) {
         outs.push(NDArray::new(m.shape, ctx, m.dtype, false)?);
     }
-
-    let req: ReqList = smallvec::smallvec![Req::Write; outs.len()];
-    launch(op, attrs, inputs, &outs, req, ctx)?;
-    Ok(Called { outputs: outs, visible, backward: None })
+    Ok(outs)
 }
 
 /// Whether this call of a [`OpDef::same_shape`] operator is on inputs of one shape, dtype and
@@ -292,13 +306,19 @@ fn check_devices(op: &OpDef, inputs: &[&NDArray], outs: &[NDArray], ctx: Context
 /// temporaries (see [`launch`]).
 fn run_kernel(op: &OpDef, cx: &OpCtx, in_blobs: &[TBlob], blobs: &mut Blobs) -> Result<()> {
     // Kernels raise IndexError only where stock's do (gather_nd), MXNetError otherwise.
-    (op.compute)(cx, in_blobs, &mut blobs.outs).map_err(|e| {
+    let ran = (op.compute)(cx, in_blobs, &mut blobs.outs).map_err(|e| {
         if e.kind() == ErrorKind::Index {
             e
         } else {
             stock_class(e)
         }
-    })?;
+    });
+    run_temps(ran, blobs)
+}
+
+/// After a kernel that `ran`: the copies of outputs it computed into temporaries.
+fn run_temps(ran: Result<()>, blobs: &mut Blobs) -> Result<()> {
+    ran?;
     for (oi, block, dst) in &mut blobs.temps {
         let n = dst.bytes();
         // SAFETY: the block was allocated with at least the output's bytes and is owned by
@@ -502,6 +522,29 @@ fn var_lists(
 /// Push `op`'s kernel on `inputs` writing `outs` (allocated, checked against inference) as
 /// one engine operation. `req[i]` is how output `i` is written; [`Req::Null`] outputs are
 /// neither written nor listed as written variables.
+/// A graph node's operator state (stock's `OpStatePtr` of a bound executor's node): made by a
+/// stateful operator at the node's first run and reused by later runs of the same executor.
+pub type StateSlot = crate::sync::Mutex<Option<Arc<dyn std::any::Any + Send + Sync>>>;
+
+thread_local! {
+    /// The slot of the node this thread is running ([`with_state_slot`]).
+    static NODE_STATE: std::cell::RefCell<Option<Arc<StateSlot>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Run `f` (one node's call) with `slot` as the node's state slot.
+pub fn with_state_slot<R>(slot: &Arc<StateSlot>, f: impl FnOnce() -> R) -> R {
+    let prev = NODE_STATE.with(|s| s.replace(Some(slot.clone())));
+    let out = f();
+    NODE_STATE.with(|s| *s.borrow_mut() = prev);
+    out
+}
+
+/// The state slot of the node being run on this thread, if a bound executor runs one (an
+/// imperative call, or a CachedOp's node, has none: its state is made per call, as stock's).
+pub(crate) fn state_slot() -> Option<Arc<StateSlot>> {
+    NODE_STATE.with(|s| s.borrow().clone())
+}
+
 pub(crate) fn launch(
     op: &'static OpDef,
     attrs: super::param::Attrs,
@@ -509,6 +552,40 @@ pub(crate) fn launch(
     outs: &[NDArray],
     req: ReqList,
     ctx: Context,
+) -> Result<()> {
+    launch_with(op, attrs, inputs, outs, req, ctx, None)
+}
+
+/// A kernel of one call rather than of its operator: it holds what the call made (a stateful
+/// extension operator's state, see [`super::library`]).
+pub(crate) type CallKernel = Arc<dyn Fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()> + Send + Sync>;
+
+/// [`launch`] running `kernel` (a CPU kernel) instead of the operator's own: the operation is
+/// otherwise the same (its variables, resources, profiler name and in-place rules are the
+/// operator's).
+pub(crate) fn launch_kernel(
+    op: &'static OpDef,
+    attrs: super::param::Attrs,
+    inputs: &[&NDArray],
+    outs: &[NDArray],
+    req: ReqList,
+    ctx: Context,
+    kernel: CallKernel,
+) -> Result<()> {
+    if !ctx.dev_type.is_host() {
+        return Err(Error::not_supported(format!("operator {} on {ctx}", op.name)));
+    }
+    launch_with(op, attrs, inputs, outs, req, ctx, Some(kernel))
+}
+
+fn launch_with(
+    op: &'static OpDef,
+    attrs: super::param::Attrs,
+    inputs: &[&NDArray],
+    outs: &[NDArray],
+    req: ReqList,
+    ctx: Context,
+    kernel: Option<CallKernel>,
 ) -> Result<()> {
     if !ctx.dev_type.is_host() && (op.gpu.is_none() || op.resources.contains(&Resource::TempSpace)) {
         return Err(Error::not_supported(format!("operator {} on {ctx}", op.name)));
@@ -528,6 +605,7 @@ pub(crate) fn launch(
         blobs: Blobs::default(),
         snapshots: Vec::new(),
         ran: false,
+        kernel,
     });
     let call = slot.as_mut().expect("just made");
     fill_blobs(op, inputs, outs, &mut call.req, ctx, &mut call.in_blobs, &mut call.blobs, &mut call.snapshots)?;
@@ -574,6 +652,8 @@ struct KernelCall {
     snapshots: Vec<Block>,
     /// The kernel has run (its workspace and snapshots are gone): it must not run again.
     ran: bool,
+    /// The call's own kernel, run instead of the operator's ([`launch_kernel`]).
+    kernel: Option<CallKernel>,
 }
 
 impl KernelCall {
@@ -594,7 +674,12 @@ impl KernelCall {
                     .map_err(stock_class)
             }
             (DevType::Gpu, None) => Err(Error::not_supported(format!("operator {} on {}", self.op.name, self.ctx))),
-            _ => run_kernel(self.op, &cx, &self.in_blobs, &mut self.blobs),
+            _ => match &self.kernel {
+                Some(k) => {
+                    run_temps(k(&cx, &self.in_blobs, &mut self.blobs.outs).map_err(stock_class), &mut self.blobs)
+                }
+                None => run_kernel(self.op, &cx, &self.in_blobs, &mut self.blobs),
+            },
         };
         drop(std::mem::take(&mut self.snapshots));
         done

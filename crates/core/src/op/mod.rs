@@ -2,20 +2,23 @@
 //!
 //! Owns: [`OpDef`] (an operator under its MXNet name and aliases, with its parameter schema,
 //! tensor inputs, shape/dtype inference, in-place pairs, mutated inputs, resources, gradient
-//! declaration and CPU kernel), the process-wide [`Registry`] (built once, never changed, so an
-//! operator's address is its stable handle), and the C views of each declaration that the
+//! declaration and CPU kernel), the process-wide [`Registry`] (the built-in operators, built
+//! once, plus those extension libraries add at run time; nothing is ever removed or moved, so
+//! an operator's address is its stable handle), and the C views of each declaration that the
 //! registry functions of the C API serve.
 //!
 //! Submodules: [`param`] (schemas and strict parsing), [`tensor`] (what kernels see),
 //! [`kernel`] (the data-parallel pool and operator tuning), [`invoke`] (imperative
 //! invocation through the engine), [`random`] (reproducible random streams), [`tune`]
-//! (convolution algorithm selection) and `ops` (the operator families).
+//! (convolution algorithm selection), [`library`] (operators of extension libraries,
+//! `MXLoadLib`) and `ops` (the operator families).
 
 pub mod custom;
 pub mod gpu;
 pub mod grad;
 pub mod invoke;
 pub mod kernel;
+pub mod library;
 mod ops;
 pub mod param;
 pub mod random;
@@ -256,6 +259,9 @@ pub struct OpDef {
     pub never_mirrored: bool,
     /// How the operator runs on a GPU ([`gpu`]); `None`: not on GPUs yet.
     pub gpu: Option<gpu::GpuKernel>,
+    /// Keeps a state per node of a bound executor ([`invoke::StateSlot`]): a stateful
+    /// extension operator, whose state stock makes once per node at bind time.
+    pub node_state: bool,
     /// Name interned for the engine and profiler.
     engine_name: OnceLock<Arc<str>>,
     c_info: OnceLock<CInfo>,
@@ -304,6 +310,7 @@ impl OpDef {
             amp_cast: false,
             stub_schema: None,
             gpu: None,
+            node_state: false,
             engine_name: OnceLock::new(),
             c_info: OnceLock::new(),
         }
@@ -631,20 +638,62 @@ impl CInfo {
     }
 }
 
-/// All operators.
+/// All operators: the built-in ones, and those extension libraries added since
+/// ([`Registry::add`]).
 pub struct Registry {
     ops: Vec<OpDef>,
     by_name: HashMap<&'static str, usize>,
-    /// Every name (canonical and aliases), as C strings, and pointers to them.
-    _all_names: Vec<CString>,
-    all_name_ptrs: Vec<*const c_char>,
-    /// The operators' addresses (their handles), canonical order.
+    /// Operators added at run time (leaked: they live, at a fixed address, for the process).
+    added: crate::sync::RwLock<Added>,
+}
+
+/// The operators added at run time, and the lists the C API hands out.
+struct Added {
+    ops: Vec<&'static OpDef>,
+    by_name: HashMap<&'static str, &'static OpDef>,
+    /// The current lists (every name and every handle). A new set is made when operators are
+    /// added and the old one is kept (leaked), since callers may still hold its arrays.
+    lists: &'static Lists,
+}
+
+/// Every name (canonical and aliases, sorted), as C strings with pointers to them, and every
+/// operator's handle (built-in ones in canonical order, then added ones).
+struct Lists {
+    _names: Vec<CString>,
+    name_ptrs: Vec<*const c_char>,
     handles: Vec<*mut c_void>,
 }
 
-// SAFETY: built once and never mutated; the pointers address data owned by the registry.
-unsafe impl Send for Registry {}
-unsafe impl Sync for Registry {}
+// SAFETY: the pointers address strings owned by the same `Lists`, or operators that live for
+// the process; a `Lists` is never mutated once built.
+unsafe impl Send for Lists {}
+unsafe impl Sync for Lists {}
+
+impl Lists {
+    fn new<'a>(ops: impl Iterator<Item = &'a OpDef>) -> &'static Lists {
+        let mut names = Vec::new();
+        let mut handles = Vec::new();
+        for op in ops {
+            names.push(op.name);
+            names.extend_from_slice(&op.aliases);
+            handles.push(op.handle());
+        }
+        names.sort_unstable();
+        let c_names: Vec<CString> = names.iter().map(|n| c_string(n)).collect();
+        let name_ptrs = c_names.iter().map(|c| c.as_ptr()).collect();
+        Box::leak(Box::new(Lists { _names: c_names, name_ptrs, handles }))
+    }
+}
+
+fn check_declaration(op: &OpDef) -> Result<()> {
+    if !op.key_var_num_args.is_empty() && op.param_at.num_args.is_none() {
+        return Err(Error::internal(format!(
+            "operator {}: its count parameter {} is not a declared integer parameter",
+            op.name, op.key_var_num_args
+        )));
+    }
+    Ok(())
+}
 
 impl Registry {
     fn build() -> Registry {
@@ -656,50 +705,82 @@ impl Registry {
                 let prev = by_name.insert(*n, i);
                 assert!(prev.is_none(), "operator name {n} registered twice");
             }
+            if let Err(e) = check_declaration(op) {
+                panic!("{e}");
+            }
         }
-        let mut names: Vec<&'static str> = by_name.keys().copied().collect();
-        names.sort_unstable();
-        let all_names: Vec<CString> = names.iter().map(|n| c_string(n)).collect();
-        let all_name_ptrs = all_names.iter().map(|c| c.as_ptr()).collect();
-        for op in &ops {
-            assert!(
-                op.key_var_num_args.is_empty() || op.param_at.num_args.is_some(),
-                "operator {}: its count parameter {} is not a declared integer parameter",
-                op.name,
-                op.key_var_num_args
-            );
-        }
-        let mut reg = Registry { ops, by_name, _all_names: all_names, all_name_ptrs, handles: Vec::new() };
-        reg.handles = reg.ops.iter().map(|o| o as *const OpDef as *mut c_void).collect();
-        reg
+        // The operators' addresses are their handles: `ops` is not moved or changed after this.
+        let lists = Lists::new(ops.iter());
+        let added = Added { ops: Vec::new(), by_name: HashMap::new(), lists };
+        Registry { ops, by_name, added: crate::sync::RwLock::new(added) }
     }
 
+    /// The built-in operators.
     pub fn ops(&self) -> &[OpDef] {
         &self.ops
     }
-    pub fn get(&self, name: &str) -> Option<&OpDef> {
-        self.by_name.get(name).map(|&i| &self.ops[i])
+    /// The operator named `name` (canonical or alias), built-in or added.
+    pub fn get(&'static self, name: &str) -> Option<&'static OpDef> {
+        match self.by_name.get(name) {
+            Some(&i) => Some(&self.ops[i]),
+            None => self.added.read().by_name.get(name).copied(),
+        }
     }
-    /// Every name, aliases included (sorted).
-    pub fn all_name_ptrs(&self) -> &[*const c_char] {
-        &self.all_name_ptrs
+    /// Every name, aliases included (sorted). The array lives as long as the process.
+    pub fn all_name_ptrs(&self) -> &'static [*const c_char] {
+        let lists: &'static Lists = self.added.read().lists;
+        &lists.name_ptrs
     }
-    pub fn handles(&self) -> &[*mut c_void] {
-        &self.handles
+    /// Every operator's handle. The array lives as long as the process.
+    pub fn handles(&self) -> &'static [*mut c_void] {
+        let lists: &'static Lists = self.added.read().lists;
+        &lists.handles
+    }
+
+    /// Add operators (an extension library's) under names not taken yet; all or none are
+    /// added. They live for the rest of the process.
+    pub fn add(&'static self, defs: Vec<OpDef>) -> Result<Vec<&'static OpDef>> {
+        let mut added = self.added.write();
+        let mut fresh = std::collections::HashSet::new();
+        for op in &defs {
+            check_declaration(op)?;
+            for n in std::iter::once(&op.name).chain(op.aliases.iter()) {
+                if self.by_name.contains_key(n) || added.by_name.contains_key(n) || !fresh.insert(*n) {
+                    return Err(Error::not_supported(format!(
+                        "replacing the registered operator {n} (an extension library's operator of that name)"
+                    )));
+                }
+            }
+        }
+        let leaked: Vec<&'static OpDef> = defs.into_iter().map(|d| &*Box::leak(Box::new(d))).collect();
+        for &op in &leaked {
+            for n in std::iter::once(&op.name).chain(op.aliases.iter()) {
+                added.by_name.insert(n, op);
+            }
+            added.ops.push(op);
+        }
+        added.lists = Lists::new(self.ops.iter().chain(added.ops.iter().copied()));
+        Ok(leaked)
     }
 
     /// The operator behind a handle given out by [`OpDef::handle`]; anything else is an error.
-    pub fn from_handle(&self, h: *const c_void) -> Result<&OpDef> {
+    pub fn from_handle(&'static self, h: *const c_void) -> Result<&'static OpDef> {
         if h.is_null() {
             return Err(Error::value("operator handle is NULL"));
         }
         let base = self.ops.as_ptr() as usize;
         let size = std::mem::size_of::<OpDef>();
         let addr = h as usize;
-        if addr < base || (addr - base) % size != 0 || (addr - base) / size >= self.ops.len() {
-            return Err(Error::value(format!("{h:p} is not an operator handle")));
+        if addr >= base && (addr - base) % size == 0 && (addr - base) / size < self.ops.len() {
+            return Ok(&self.ops[(addr - base) / size]);
         }
-        Ok(&self.ops[(addr - base) / size])
+        let added = self.added.read();
+        added
+            .ops
+            .iter()
+            .copied()
+            .find(|&op| std::ptr::eq(op, h as *const OpDef))
+            .ok_or_else(|| Error::value(format!("{h:p} is not an operator handle")))
     }
 }
 

@@ -314,6 +314,11 @@ impl OutBlob {
     pub fn device_ptr(&self) -> u64 {
         self.ptr as u64
     }
+    /// The address for a kernel of foreign code (an extension library's), which writes the
+    /// elements through it while `&mut self` is held (NULL for a [`super::Req::Null`] output).
+    pub fn foreign_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
     pub fn size(&self) -> usize {
         self.shape.iter().product()
     }
