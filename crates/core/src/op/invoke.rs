@@ -519,9 +519,6 @@ fn var_lists(
     Ok((constant, mutable))
 }
 
-/// Push `op`'s kernel on `inputs` writing `outs` (allocated, checked against inference) as
-/// one engine operation. `req[i]` is how output `i` is written; [`Req::Null`] outputs are
-/// neither written nor listed as written variables.
 /// A graph node's operator state (stock's `OpStatePtr` of a bound executor's node): made by a
 /// stateful operator at the node's first run and reused by later runs of the same executor.
 pub type StateSlot = crate::sync::Mutex<Option<Arc<dyn std::any::Any + Send + Sync>>>;
@@ -533,10 +530,16 @@ thread_local! {
 
 /// Run `f` (one node's call) with `slot` as the node's state slot.
 pub fn with_state_slot<R>(slot: &Arc<StateSlot>, f: impl FnOnce() -> R) -> R {
-    let prev = NODE_STATE.with(|s| s.replace(Some(slot.clone())));
-    let out = f();
-    NODE_STATE.with(|s| *s.borrow_mut() = prev);
-    out
+    /// Puts the previous slot back, also when `f` panics.
+    struct Restore(Option<Arc<StateSlot>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            NODE_STATE.with(|s| *s.borrow_mut() = prev);
+        }
+    }
+    let _restore = Restore(NODE_STATE.with(|s| s.replace(Some(slot.clone()))));
+    f()
 }
 
 /// The state slot of the node being run on this thread, if a bound executor runs one (an
@@ -545,6 +548,9 @@ pub(crate) fn state_slot() -> Option<Arc<StateSlot>> {
     NODE_STATE.with(|s| s.borrow().clone())
 }
 
+/// Push `op`'s kernel on `inputs` writing `outs` (allocated, checked against inference) as
+/// one engine operation. `req[i]` is how output `i` is written; [`Req::Null`] outputs are
+/// neither written nor listed as written variables.
 pub(crate) fn launch(
     op: &'static OpDef,
     attrs: super::param::Attrs,
@@ -560,9 +566,11 @@ pub(crate) fn launch(
 /// extension operator's state, see [`super::library`]).
 pub(crate) type CallKernel = Arc<dyn Fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()> + Send + Sync>;
 
-/// [`launch`] running `kernel` (a CPU kernel) instead of the operator's own: the operation is
-/// otherwise the same (its variables, resources, profiler name and in-place rules are the
-/// operator's).
+/// [`launch`] running `kernel` (a CPU kernel) instead of the operator's own, which also writes
+/// `state` (the variable of what the kernel holds, so calls on one state run in the order they
+/// were pushed): the operation is otherwise the same (its variables, resources, profiler name
+/// and in-place rules are the operator's).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_kernel(
     op: &'static OpDef,
     attrs: super::param::Attrs,
@@ -571,11 +579,12 @@ pub(crate) fn launch_kernel(
     req: ReqList,
     ctx: Context,
     kernel: CallKernel,
+    state: &Arc<Var>,
 ) -> Result<()> {
     if !ctx.dev_type.is_host() {
         return Err(Error::not_supported(format!("operator {} on {ctx}", op.name)));
     }
-    launch_with(op, attrs, inputs, outs, req, ctx, Some(kernel))
+    launch_with(op, attrs, inputs, outs, req, ctx, Some((kernel, state)))
 }
 
 fn launch_with(
@@ -585,8 +594,9 @@ fn launch_with(
     outs: &[NDArray],
     req: ReqList,
     ctx: Context,
-    kernel: Option<CallKernel>,
+    kernel: Option<(CallKernel, &Arc<Var>)>,
 ) -> Result<()> {
+    let (kernel, state_var) = kernel.map_or((None, None), |(k, v)| (Some(k), Some(v)));
     if !ctx.dev_type.is_host() && (op.gpu.is_none() || op.resources.contains(&Resource::TempSpace)) {
         return Err(Error::not_supported(format!("operator {} on {ctx}", op.name)));
     }
@@ -627,7 +637,11 @@ fn launch_with(
     // none unless it fails); `temp` moves into the kernel, its variable stays here.
     let temp_var = call.temp.as_ref().map(|t| t.var().clone());
     let lists_req = ReqList::from_slice(&call.req);
-    let lists = || var_lists(op, inputs, outs, &lists_req, temp_var.as_ref());
+    let lists = || {
+        let (reads, mut writes) = var_lists(op, inputs, outs, &lists_req, temp_var.as_ref())?;
+        writes.extend(state_var.cloned());
+        Ok((reads, writes))
+    };
     let mut p = Push::with(engine::Func::Job(&mut slot), engine::Vars::Lazy(&lists));
     p.ctx = ctx;
     p.cheap = elems <= CHEAP_ELEMENTS;

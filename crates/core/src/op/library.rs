@@ -28,7 +28,6 @@ use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::ndarray::{DType, NDArray};
 use crate::sync::{Mutex, RwLock};
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::{Arc, OnceLock};
@@ -49,6 +48,9 @@ struct LibFn(*const c_void);
 unsafe impl Send for LibFn {}
 unsafe impl Sync for LibFn {}
 
+// The library's functions are declared "C-unwind": a C++ exception that escapes one (stock
+// catches them; a library should not throw) then aborts the process in a defined way instead
+// of unwinding through Rust frames declared not to unwind.
 type Keys = *const *const c_char;
 type XpuMalloc = unsafe extern "C" fn(*mut c_void, c_int) -> *mut c_void;
 type SparseMalloc =
@@ -59,7 +61,7 @@ type SparseMalloc =
 /// same for outputs, the allocators and stream, the sparse parts and the random states.
 macro_rules! kernel_args {
     ($($head:ty),*) => {
-        unsafe extern "C" fn(
+        unsafe extern "C-unwind" fn(
             $($head,)*
             *const *const i64, *mut c_int, *mut *mut c_void, *mut c_int, *mut usize, *mut *const c_char, *mut c_int, c_int,
             *const *const i64, *mut c_int, *mut *mut c_void, *mut c_int, *mut usize, *mut *const c_char, *mut c_int, c_int,
@@ -73,13 +75,13 @@ macro_rules! kernel_args {
     };
 }
 
-type OpVersionFn = unsafe extern "C" fn() -> c_int;
-type InitializeFn = unsafe extern "C" fn(c_int) -> c_int;
-type CountFn = unsafe extern "C" fn() -> c_int;
+type OpVersionFn = unsafe extern "C-unwind" fn() -> c_int;
+type InitializeFn = unsafe extern "C-unwind" fn(c_int) -> c_int;
+type CountFn = unsafe extern "C-unwind" fn() -> c_int;
 // `_msgGet`, `_opRegGet`, `_opCallFree` and `_opCallDestroyOpState` return nothing in
 // `lib_api.cc`, whatever the header's typedefs say.
-type MsgGetFn = unsafe extern "C" fn(c_int, *mut *const c_char);
-type OpRegGetFn = unsafe extern "C" fn(
+type MsgGetFn = unsafe extern "C-unwind" fn(c_int, *mut *const c_char);
+type OpRegGetFn = unsafe extern "C-unwind" fn(
     c_int,
     *mut *const c_char,
     *mut c_int,
@@ -98,9 +100,9 @@ type OpRegGetFn = unsafe extern "C" fn(
     *mut LibFn,
     *mut LibFn,
 );
-type FreeFn = unsafe extern "C" fn(*mut c_void);
-type ParseAttrsFn = unsafe extern "C" fn(LibFn, Keys, Keys, c_int, *mut c_int, *mut c_int) -> c_int;
-type InferShapeFn = unsafe extern "C" fn(
+type FreeFn = unsafe extern "C-unwind" fn(*mut c_void);
+type ParseAttrsFn = unsafe extern "C-unwind" fn(LibFn, Keys, Keys, c_int, *mut c_int, *mut c_int) -> c_int;
+type InferShapeFn = unsafe extern "C-unwind" fn(
     LibFn,
     Keys,
     Keys,
@@ -114,9 +116,9 @@ type InferShapeFn = unsafe extern "C" fn(
     *mut *mut c_int,
     c_int,
 ) -> c_int;
-type InferTypeFn = unsafe extern "C" fn(LibFn, Keys, Keys, c_int, *mut c_int, c_int, *mut c_int, c_int) -> c_int;
-type MutateFn = unsafe extern "C" fn(LibFn, Keys, Keys, c_int, *mut *mut c_int, *mut c_int) -> c_int;
-type CreateStateFn = unsafe extern "C" fn(
+type InferTypeFn = unsafe extern "C-unwind" fn(LibFn, Keys, Keys, c_int, *mut c_int, c_int, *mut c_int, c_int) -> c_int;
+type MutateFn = unsafe extern "C-unwind" fn(LibFn, Keys, Keys, c_int, *mut *mut c_int, *mut c_int) -> c_int;
+type CreateStateFn = unsafe extern "C-unwind" fn(
     LibFn,
     Keys,
     Keys,
@@ -129,7 +131,7 @@ type CreateStateFn = unsafe extern "C" fn(
     *const c_int,
     *mut *mut c_void,
 ) -> c_int;
-type DestroyStateFn = unsafe extern "C" fn(*mut c_void);
+type DestroyStateFn = unsafe extern "C-unwind" fn(*mut c_void);
 type ComputeFn = kernel_args!(LibFn, Keys, Keys, c_int);
 type StatefulFn = kernel_args!(c_int, *mut c_void);
 
@@ -446,7 +448,7 @@ impl ExtOp {
                 self.api.traceback()
             )));
         }
-        Ok(State { api: self.api, ptr: state, busy: Mutex::new(()) })
+        Ok(State { api: self.api, ptr: state, var: crate::engine::Var::new() })
     }
 
     /// Run `kernel` over a call's blobs: `ins` (all inputs), `outs` (the `n_out` outputs, then
@@ -482,12 +484,8 @@ impl ExtOp {
             out_side.data[i] = p;
             out_side.types[i] = b.dtype as c_int;
         }
-        let _busy = match kernel {
-            Kernel::Stateful(state, _) => Some(state.busy.lock()),
-            Kernel::Plain(_) => None,
-        };
-        let memory: RefCell<Vec<Vec<Line>>> = RefCell::new(Vec::new());
-        let mem = &memory as *const RefCell<Vec<Vec<Line>>> as *mut c_void;
+        let memory: Mutex<Vec<Vec<Line>>> = Mutex::new(Vec::new());
+        let mem = &memory as *const Mutex<Vec<Vec<Line>>> as *mut c_void;
         let mut rng = cpu_rand_states().lock();
         let rng_ptr = rng.as_mut_ptr() as *mut c_void;
         let (n_in, n_o) = (c_count(ins.len(), "inputs")?, c_count(outs.len(), "outputs")?);
@@ -579,13 +577,13 @@ struct Line([u8; 64]);
 /// `OpResource::alloc_cpu`: `size` bytes that live until the kernel returns.
 unsafe extern "C" fn cpu_malloc(memory: *mut c_void, size: c_int) -> *mut c_void {
     let Ok(size) = usize::try_from(size) else { return std::ptr::null_mut() };
-    // SAFETY: `memory` is the `RefCell` `ExtOp::run` passed with this function; it lives until
-    // the kernel returns and nothing else borrows it meanwhile (the kernel runs on this thread).
-    let memory = unsafe { &*(memory as *const RefCell<Vec<Vec<Line>>>) };
+    // SAFETY: `memory` is the `Mutex` `ExtOp::run` passed with this function; it lives until
+    // the kernel returns (a kernel may call this from threads of its own, hence the lock).
+    let memory = unsafe { &*(memory as *const Mutex<Vec<Vec<Line>>>) };
     let mut lines = vec![Line([0; 64]); size.div_ceil(64).max(1)];
     let p = lines.as_mut_ptr() as *mut c_void;
     // Moving the vector keeps its buffer where it is.
-    memory.borrow_mut().push(lines);
+    memory.lock().push(lines);
     p
 }
 
@@ -632,8 +630,9 @@ impl Mt19937 {
 /// `MX_NUM_CPU_RANDOM_STATES`.
 const CPU_RANDOM_STATES: usize = 1024;
 
-/// The random states extension kernels get, made at first use from the CPU random stream
-/// (so `MXRandomSeed` before then decides them), and locked for each call.
+/// The random states extension kernels get, made when the first library is loaded from the
+/// CPU random stream (so `MXRandomSeed` before then decides them; later seeds do not reseed
+/// them), and locked for each call: extension kernels run one at a time.
 fn cpu_rand_states() -> &'static Mutex<Vec<Mt19937>> {
     static S: OnceLock<Mutex<Vec<Mt19937>>> = OnceLock::new();
     S.get_or_init(|| {
@@ -647,13 +646,13 @@ fn cpu_rand_states() -> &'static Mutex<Vec<Mt19937>> {
 struct State {
     api: Api,
     ptr: *mut c_void,
-    /// Held while a kernel runs the state: a bound executor's next forward may be pushed
-    /// before its last backward ran, and the two share the node's state.
-    busy: Mutex<()>,
+    /// Written by every kernel call on the state, so the engine runs them in the order they
+    /// were pushed (a bound executor's next forward after its last backward), one at a time.
+    var: Arc<crate::engine::Var>,
 }
 
-// SAFETY: the state is the library's object; kernels use it one at a time (`busy`) and it is
-// destroyed once, by the last owner.
+// SAFETY: the state is the library's object; kernels use it one at a time (each writes its
+// engine variable `var`) and it is destroyed once, by the last owner.
 unsafe impl Send for State {}
 unsafe impl Sync for State {}
 
@@ -770,7 +769,8 @@ fn invoke_stateful(
     let n_out = outs.len();
     let (k, s) = (ext.clone(), state.clone());
     let kernel: invoke::CallKernel = Arc::new(move |cx, ins, o| k.run(Kernel::Stateful(&s, true), cx, ins, o, n_out));
-    invoke::launch_kernel(op, attrs.clone(), inputs, &outs, ReqList::from_elem(Req::Write, n_out), ctx, kernel)?;
+    let req = ReqList::from_elem(Req::Write, n_out);
+    invoke::launch_kernel(op, attrs.clone(), inputs, &outs, req, ctx, kernel, &state.var)?;
     let backward = StatefulBackward {
         ext,
         state,
@@ -806,7 +806,7 @@ impl super::CustomBackward for StatefulBackward {
         let (k, s) = (self.ext.clone(), self.state.clone());
         let kernel: invoke::CallKernel = Arc::new(move |cx, ins, o| k.run(Kernel::Stateful(&s, false), cx, ins, o, n));
         let req = ReqList::from_elem(Req::Write, n);
-        invoke::launch_kernel(bop, self.attrs.clone(), &args, &grads, req, self.ctx, kernel)?;
+        invoke::launch_kernel(bop, self.attrs.clone(), &args, &grads, req, self.ctx, kernel, &self.state.var)?;
         Ok(grads.into_iter().enumerate().map(|(i, g)| want.get(i).copied().unwrap_or(false).then_some(g)).collect())
     }
 }
@@ -876,6 +876,9 @@ pub fn load(path: &str, verbose: bool) -> Result<Vec<String>> {
             return Err(Error::not_supported(format!("{what} of extension libraries ({n} in {path})")));
         }
     }
+    // The random states, made here on the caller's thread (not by the first kernel, on an
+    // engine worker, where the draw would race with the caller's random operators).
+    cpu_rand_states();
     let reg_size: CountFn = symbol(lib, path, "_opRegSize")?;
     let reg_get: OpRegGetFn = symbol(lib, path, "_opRegGet")?;
     // SAFETY: `_opRegSize` takes nothing.

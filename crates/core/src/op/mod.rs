@@ -95,6 +95,8 @@ pub enum Mutates {
     At(&'static [usize]),
     /// Positions counted from the end (1 = the last input).
     FromEnd(&'static [usize]),
+    /// Every input (`reset_arrays`).
+    All,
 }
 
 pub type InferFn = Box<dyn Fn(&Attrs, &[Meta]) -> Result<Vec<Meta>> + Send + Sync>;
@@ -420,6 +422,11 @@ impl OpDef {
         self.mutate_inputs = Mutates::At(inputs);
         self
     }
+    /// Every input is mutated (see [`Mutates::All`]).
+    pub fn mutates_all(mut self) -> Self {
+        self.mutate_inputs = Mutates::All;
+        self
+    }
     /// Mutated inputs counted from the end of the input list (1 = the last input): for a
     /// backward operator whose leading inputs (output gradients) vary in number.
     pub fn mutates_from_end(mut self, inputs: &'static [usize]) -> Self {
@@ -434,12 +441,14 @@ impl OpDef {
             Mutates::FromEnd(back) => {
                 back.iter().filter(|&&k| k >= 1 && k <= n_inputs).map(|&k| n_inputs - k).collect()
             }
+            Mutates::All => (0..n_inputs).collect(),
         }
     }
     /// Whether some call of the operator writes one of its inputs.
     pub fn mutates_any(&self) -> bool {
         match self.mutate_inputs {
             Mutates::At(l) | Mutates::FromEnd(l) => !l.is_empty(),
+            Mutates::All => true,
         }
     }
     pub fn resources(mut self, r: &'static [Resource]) -> Self {

@@ -68,7 +68,45 @@ fn filler(value: fn(&OpCtx) -> f64) -> crate::op::ComputeFn {
     })
 }
 
+op_params! {
+    /// `reset_arrays`' parameters.
+    struct ResetParams<'a> => RESET_PARAMS {
+        num_arrays: i64 = required, "number of input arrays.";
+    }
+}
+
+/// `reset_arrays`: every input (all mutated, appended after no outputs) set to zeros.
+fn reset_arrays(_: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    for o in outs {
+        o.as_bytes_mut().fill(0);
+    }
+    Ok(())
+}
+
+/// No outputs; the arrays must be of floating-point types, as stock's kernel requires.
+fn reset_infer(_: &crate::op::param::Attrs, inputs: &[Meta]) -> Result<Vec<Meta>> {
+    if let Some(m) = inputs.iter().find(|m| !matches!(m.dtype, DType::F32 | DType::F64 | DType::F16)) {
+        return Err(Error::mxnet(format!(
+            "reset_arrays: this operation only supports floating point types, not {}",
+            m.dtype.name()
+        )));
+    }
+    Ok(Vec::new())
+}
+
+fn no_outputs(_: &crate::op::param::Attrs) -> usize {
+    0
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
+    ops.push(
+        OpDef::new("reset_arrays", Inputs::Variadic("data"), Box::new(reset_infer), Box::new(reset_arrays))
+            .params(RESET_PARAMS)
+            .num_args_key("num_arrays")
+            .outputs(no_outputs, no_outputs)
+            .mutates_all()
+            .doc("Set to zero multiple arrays"),
+    );
     ops.push(
         OpDef::new("_zeros", Inputs::Fixed(&[]), infer_shape_dtype("_zeros"), filler(|_| 0.0))
             .params(SHAPE_CTX_DTYPE)

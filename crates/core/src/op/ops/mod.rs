@@ -15,6 +15,7 @@ mod deconv;
 mod detection;
 mod elemwise;
 mod elemwise_grad;
+mod image;
 mod index;
 mod index_grad;
 mod init;
@@ -61,6 +62,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     conv_grad::register(ops);
     deconv::register(ops);
     resize::register(ops);
+    image::register(ops);
     reduce::register(ops);
     reduce_grad::register(ops);
     shape_grad::register(ops);
