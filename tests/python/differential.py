@@ -205,3 +205,40 @@ def compare(case: Case, ours: Dict[str, Any], stock: Dict[str, Any]) -> List[str
         if a is not None and b is not None:
             diffs += _compare_arrays(f"gradient of input {k}", a, b, rtol, atol)
     return diffs
+
+
+def run_script(script: str, which: str, tmp_path, *args: str, timeout: float = 300) -> Any:
+    """Run `script` (Python source whose last argument is the path to pickle its results to)
+    on one library, `which` being "ours" (the library MXNET_LIBRARY_PATH names) or "stock"
+    (the wheel's own), in a fresh process; returns what it pickled."""
+    env = dict(os.environ)
+    if which == "stock":
+        env.pop("MXNET_LIBRARY_PATH", None)
+    path = tmp_path / f"{which}.pkl"
+    r = subprocess.run([sys.executable, "-c", script, *args, str(path)], env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, f"{which}: {r.stderr[-3000:]}"
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def assert_same_results(ours: Dict[str, Any], stock: Dict[str, Any], skip: Sequence[str] = ()) -> None:
+    """Both libraries' results (as `run_script` returns them) are equal, key by key: arrays in
+    dtype and value (bit for bit), tuples and lists element by element, anything else by
+    `==`."""
+    assert ours.keys() == stock.keys()
+    for k in ours:
+        if k not in skip:
+            _assert_same(ours[k], stock[k], k)
+
+
+def _assert_same(a: Any, b: Any, what: str) -> None:
+    if isinstance(a, (tuple, list)):
+        assert isinstance(b, (tuple, list)) and len(a) == len(b), what
+        for u, v in zip(a, b):
+            _assert_same(u, v, what)
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype, what
+        np.testing.assert_array_equal(a, b, err_msg=what)
+    else:
+        assert a == b, what

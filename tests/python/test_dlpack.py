@@ -14,12 +14,11 @@ One script runs on each library and records what it sees; both must see the same
 - errors: non-contiguous arrays, a capsule consumed twice, a dtype MXNet lacks (uint32).
 """
 import os
-import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from differential import assert_same_results, run_script
 
 pytestmark = pytest.mark.skipif("MXNET_LIBRARY_PATH" not in os.environ,
                                 reason="MXNET_LIBRARY_PATH is not set: this would compare stock with itself")
@@ -99,32 +98,9 @@ pickle.dump(out, open(sys.argv[1], "wb"))
 """
 
 
-def run(which, tmp_path):
-    env = dict(os.environ)
-    if which == "stock":
-        env.pop("MXNET_LIBRARY_PATH")
-    path = tmp_path / f"{which}.pkl"
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, f"{which}: {r.stderr[-3000:]}"
-    with open(path, "rb") as f:
-        return pickle.load(f)
-
-
 def test_dlpack_matches_stock(tmp_path):
-    ours, stock = run("ours", tmp_path), run("stock", tmp_path)
-    assert ours.keys() == stock.keys()
-    for k in ours:
-        a, b = ours[k], stock[k]
-        if isinstance(a, tuple):
-            assert len(a) == len(b), k
-            for u, v in zip(a, b):
-                np.testing.assert_array_equal(u, v, err_msg=k)
-        elif isinstance(a, np.ndarray):
-            assert a.dtype == b.dtype, k
-            np.testing.assert_array_equal(a, b, err_msg=k)
-        else:
-            assert a == b, k
+    ours, stock = run_script(SCRIPT, "ours", tmp_path), run_script(SCRIPT, "stock", tmp_path)
+    assert_same_results(ours, stock)
     # What both must show, spelled out.
     for dt in ("float32", "int64", "uint8"):
         _, vals, shared, held, after = ours[dt]

@@ -8,12 +8,11 @@ either keeps or mirrors the image), a composed transform, the errors for bad sha
 `reset_arrays` both directly and as `collect_params().zero_grad()` after accumulated gradients.
 """
 import os
-import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from differential import assert_same_results, run_script
 
 pytestmark = pytest.mark.skipif("MXNET_LIBRARY_PATH" not in os.environ,
                                 reason="MXNET_LIBRARY_PATH is not set: this would compare stock with itself")
@@ -68,33 +67,9 @@ pickle.dump(out, open(sys.argv[1], 'wb'))
 """
 
 
-def run(which, tmp_path):
-    env = dict(os.environ)
-    if which == "stock":
-        env.pop("MXNET_LIBRARY_PATH")
-    path = tmp_path / f"{which}.pkl"
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(path)], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, f"{which}: {r.stderr[-3000:]}"
-    with open(path, "rb") as f:
-        return pickle.load(f)
-
-
 def test_image_ops_and_reset_arrays_match_stock(tmp_path):
-    ours, stock = run("ours", tmp_path), run("stock", tmp_path)
-    assert ours.keys() == stock.keys()
-    for k in ours:
-        a, b = ours[k], stock[k]
-        if isinstance(a, tuple) and a and isinstance(a[0], np.ndarray):
-            assert len(a) == len(b), k
-            for u, v in zip(a, b):
-                assert u.dtype == v.dtype, k
-                np.testing.assert_array_equal(u, v, err_msg=k)
-        elif isinstance(a, np.ndarray):
-            assert a.dtype == b.dtype, k
-            np.testing.assert_array_equal(a, b, err_msg=k)
-        else:
-            assert a == b, k
+    ours, stock = run_script(SCRIPT, "ours", tmp_path), run_script(SCRIPT, "stock", tmp_path)
+    assert_same_results(ours, stock)
     # What both must show, spelled out.
     assert ours["to_tensor"].shape == (3, 5, 7) and ours["to_tensor"].dtype == np.float32
     assert 0 <= ours["to_tensor"].min() and ours["to_tensor"].max() <= 1
