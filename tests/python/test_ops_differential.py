@@ -221,6 +221,16 @@ CASES = [
     case("arange-int32", "nd.arange", start=2, stop=9, step=3, dtype="int32"),
     case("arange-negative-step", "nd.arange", start=5, stop=0, step=-1.5),
     case("arange-stop-none", "nd.arange", start=4),
+    # ravel / unravel / batch_take (index arithmetic, exact)
+    case("ravel_multi_index", "nd.ravel_multi_index", a([[3, 6, 6], [4, 5, 1]]), shape=(7, 6)),
+    case("ravel_multi_index-3d-int64", "nd.ravel_multi_index", a([[1, 0], [2, 3], [0, 4]], "int64"), shape=(2, 4, 5)),
+    case("ravel_multi_index-bad-rows", "nd.ravel_multi_index", a([[1, 2]]), shape=(3, 4), error=True),
+    case("unravel_index", "nd.unravel_index", a([22, 41, 37]), shape=(7, 6)),
+    case("unravel_index-past-first-dim", "nd.unravel_index", a([100, 5], "int32"), shape=(3, 4)),
+    case("batch_take", "nd.batch_take", r(3, 4), a([0, 3, 9], "int32")),
+    # (Stock's float64 batch_take on 3-d data returns garbage; not compared.)
+    case("batch_take-negative-clipped", "nd.batch_take", r(2, 3), a([-2, 5], "int32")),
+    case("batch_take-float-indices", "nd.batch_take", r(3, 4), a([0, 1, 2]), error=True),
 ]
 
 # ------------------------------------------------------------------------------------------

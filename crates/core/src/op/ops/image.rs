@@ -27,10 +27,12 @@ fn to_tensor_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let shape = match *s.as_slice() {
         [h, w, c] => vec![c, h, w],
         [n, h, w, c] => vec![n, c, h, w],
-        _ => return Err(Error::value(format!(
+        _ => {
+            return Err(Error::value(format!(
             "{}: input image must have shape (height, width, channels), or (N, height, width, channels) but got {s:?}",
             a.op
-        ))),
+        )))
+        }
     };
     if ins[0].dtype == DType::Bool {
         return Err(Error::type_error(format!("{} does not support bool images", a.op)));

@@ -955,7 +955,140 @@ fn run_topk(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
+op_params! {
+    /// `_ravel_multi_index`'s and `_unravel_index`'s parameters.
+    struct RavelParams<'a> => RAVEL_PARAMS {
+        shape: Option<&'a [i64]> = "None", "Shape of the array into which the multi-indices apply.";
+    }
+}
+
+/// The `shape` of a ravel call, which must be given and non-empty.
+fn ravel_shape(a: &Attrs) -> Result<&[i64]> {
+    match RavelParams::of(a).shape {
+        Some(s) if !s.is_empty() => Ok(s),
+        _ => Err(Error::value(format!("{}: empty shape parameter", a.op))),
+    }
+}
+
+fn ravel_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let shape = ravel_shape(a)?;
+    let s = &ins[0].shape;
+    if s.len() != 2 || s[0] != shape.len() {
+        return Err(Error::value(format!(
+            "{}: the input must be two-dimensional with {} rows (one per dimension of shape {shape:?}), got {s:?}",
+            a.op,
+            shape.len()
+        )));
+    }
+    Ok(vec![Meta::new(vec![s[1]], ins[0].dtype)])
+}
+
+fn unravel_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let shape = ravel_shape(a)?;
+    let s = &ins[0].shape;
+    if s.len() != 1 {
+        return Err(Error::value(format!("{}: the input must be one-dimensional, got {s:?}", a.op)));
+    }
+    Ok(vec![Meta::new(vec![shape.len(), s[0]], ins[0].dtype)])
+}
+
+/// Multi-indices (one row per dimension) to flat indices, in 64-bit integers as stock's
+/// (no bounds check, as stock's).
+fn ravel(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let shape = ravel_shape(cx.attrs)?;
+    let n = outs[0].size();
+    dispatch_num!(ins[0].dtype, cx.attrs.op, T => {
+        let x = ins[0].as_slice::<T>();
+        for (i, o) in outs[0].as_mut::<T>().iter_mut().enumerate() {
+            let mut r: i64 = 0;
+            for (j, &d) in shape.iter().enumerate() {
+                r = r.wrapping_mul(d).wrapping_add(x[i + j * n].to_f64() as i64);
+            }
+            *o = T::from_f64(r as f64);
+        }
+    });
+    Ok(())
+}
+
+/// Flat indices to multi-indices (the first dimension is not wrapped, as in stock).
+fn unravel(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let shape = ravel_shape(cx.attrs)?;
+    let n = ins[0].size();
+    dispatch_num!(ins[0].dtype, cx.attrs.op, T => {
+        let x = ins[0].as_slice::<T>();
+        let out = outs[0].as_mut::<T>();
+        for i in 0..n {
+            let mut idx = x[i].to_f64() as i64;
+            for j in (1..shape.len()).rev() {
+                let d = shape[j];
+                let q = if d == 0 { 0 } else { idx / d };
+                out[i + j * n] = T::from_f64((idx - q * d) as f64);
+                idx = q;
+            }
+            out[i] = T::from_f64(idx as f64);
+        }
+    });
+    Ok(())
+}
+
+fn batch_take_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let (data, idx) = (&ins[0], &ins[1]);
+    if data.shape.len() < 2 {
+        return Err(Error::value(format!(
+            "{}: data array must have at least 2 dimensions, got {:?}",
+            a.op, data.shape
+        )));
+    }
+    if idx.dtype != DType::I32 {
+        return Err(Error::type_error(format!("{}: indices must be int32, got {}", a.op, idx.dtype.name())));
+    }
+    let rows = data.shape.iter().product::<usize>() / data.shape[data.shape.len() - 1].max(1);
+    if idx.shape.iter().product::<usize>() != rows {
+        return Err(Error::value(format!(
+            "{}: the index array's size must be the data array's size without its last dimension ({rows}), got shape {:?}",
+            a.op, idx.shape
+        )));
+    }
+    Ok(vec![Meta::new(idx.shape.clone(), data.dtype)])
+}
+
+/// `out[i] = a[i, indices[i]]` over the rows of `a` (indices clipped to the row, as stock's).
+fn batch_take(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let m = ins[0].shape[ins[0].shape.len() - 1];
+    let idx = ins[1].as_slice::<i32>();
+    dispatch_all!(ins[0].dtype, T => {
+        let a = ins[0].as_slice::<T>();
+        for (i, o) in outs[0].as_mut::<T>().iter_mut().enumerate() {
+            let j = (idx[i].max(0) as usize).min(m.saturating_sub(1));
+            *o = a[i * m + j];
+        }
+    });
+    Ok(())
+}
+
+fn register_ravel(ops: &mut Vec<OpDef>) {
+    ops.push(
+        OpDef::new("_ravel_multi_index", Inputs::Fixed(&["data"]), Box::new(ravel_infer), Box::new(ravel))
+            .alias(&["ravel_multi_index"])
+            .params(RAVEL_PARAMS)
+            .grad(Grad::Zero)
+            .doc("Converts a batch of index arrays into an array of flat indices. The operator follows numpy conventions so a single multi index is given by a column of the input matrix."),
+    );
+    ops.push(
+        OpDef::new("_unravel_index", Inputs::Fixed(&["data"]), Box::new(unravel_infer), Box::new(unravel))
+            .alias(&["unravel_index"])
+            .params(RAVEL_PARAMS)
+            .grad(Grad::Zero)
+            .doc("Converts an array of flat indices into a batch of index arrays. The operator follows numpy conventions so a single multi index is given by a column of the output matrix."),
+    );
+    ops.push(
+        OpDef::new("batch_take", Inputs::Fixed(&["a", "indices"]), Box::new(batch_take_infer), Box::new(batch_take))
+            .doc("Takes elements from a data batch: output[i] = input[i, indices[i]] (deprecated in stock; use pick)."),
+    );
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
+    register_ravel(ops);
     let data = Inputs::Fixed(&["data"]);
     ops.push(
         op("slice", data, infer_slice, run_slice)
