@@ -185,6 +185,8 @@ impl Api {
 /// than "cpu" is not run).
 struct ExtOp {
     name: &'static str,
+    /// `_backward_<name>`, the name of its backward operator.
+    backward_name: &'static str,
     api: Api,
     parse: LibFn,
     infer_type: LibFn,
@@ -465,12 +467,12 @@ impl ExtOp {
         let mut scratch: Vec<Vec<Line>> = Vec::new();
         let in_shapes: Vec<Vec<i64>> = ins.iter().map(|b| b.shape.iter().map(|&d| d as i64).collect()).collect();
         let out_shapes: Vec<Vec<i64>> = outs.iter().map(|b| b.shape.iter().map(|&d| d as i64).collect()).collect();
-        let mut in_side = Side::new(ins.len(), &in_shapes);
+        let mut in_side = Side::new(&in_shapes);
         for (i, b) in ins.iter().enumerate() {
             in_side.data[i] = b.device_ptr() as *mut c_void;
             in_side.types[i] = b.dtype as c_int;
         }
-        let mut out_side = Side::new(outs.len(), &out_shapes);
+        let mut out_side = Side::new(&out_shapes);
         for (i, b) in outs.iter_mut().enumerate() {
             let p = if cx.req.get(i) == Some(&Req::Null) || b.device_ptr() == 0 {
                 // Not wanted (a gradient nobody asked for): the library writes it anyway.
@@ -556,7 +558,8 @@ struct Side {
 }
 
 impl Side {
-    fn new(n: usize, shapes: &[Vec<i64>]) -> Side {
+    fn new(shapes: &[Vec<i64>]) -> Side {
+        let n = shapes.len();
         Side {
             shape_ptrs: shapes.iter().map(|s| s.as_ptr()).collect(),
             ndims: shapes.iter().map(|s| s.len() as c_int).collect(),
@@ -688,21 +691,23 @@ fn leak(s: String) -> &'static str {
 fn declarations(op: &Arc<ExtOp>, mutated: Vec<usize>, path: &str) -> Vec<OpDef> {
     let infer_op = op.clone();
     let infer: super::InferFn = Box::new(move |a, ins| infer_op.infer(a, ins));
+    let mutated: &'static [usize] = Box::leak(mutated.into_boxed_slice());
     let compute: super::ComputeFn = match op.forward {
         Some(f) => {
             let k = op.clone();
             Box::new(move |cx, ins, outs| {
-                let n_out = outs.len() - k_mutated(&k, ins.len());
+                // The mutated inputs' blobs follow the outputs (those of this call's inputs).
+                let n_out = outs.len() - mutated.iter().filter(|&&i| i < ins.len()).count();
                 k.run(Kernel::Plain(f), cx, ins, outs, n_out)
             })
         }
         None => Box::new(|_, _, _| Err(Error::internal("a stateful extension operator runs through its state"))),
     };
-    let bname = leak(format!("_backward_{}", op.name));
+    let bname = op.backward_name;
     let mut fwd = OpDef::new(op.name, Inputs::Variadic("data"), infer, compute)
         .open_params()
         .outputs(num_outputs, num_outputs)
-        .mutates(Box::leak(mutated.into_boxed_slice()))
+        .mutates(mutated)
         .doc(format!("Operator {} of the extension library {path}.", op.name));
     let mut defs = Vec::new();
     if op.create_state.is_some() {
@@ -720,11 +725,6 @@ fn declarations(op: &Arc<ExtOp>, mutated: Vec<usize>, path: &str) -> Vec<OpDef> 
     }
     defs.insert(0, fwd);
     defs
-}
-
-/// How many of a call's output blobs are mutated inputs (appended after the outputs).
-fn k_mutated(op: &ExtOp, n_inputs: usize) -> usize {
-    super::lookup(op.name).map_or(0, |d| d.mutated_inputs(n_inputs).len())
 }
 
 /// The imperative call of a stateful operator (`OpDef::invoke_with`): a new state, its forward,
@@ -795,7 +795,7 @@ struct StatefulBackward {
 
 impl super::CustomBackward for StatefulBackward {
     fn backward(&self, ograds: &[NDArray], want: &[bool]) -> Result<Vec<Option<NDArray>>> {
-        let bop = super::lookup(&format!("_backward_{}", self.ext.name))?;
+        let bop = super::lookup(self.ext.backward_name)?;
         let args: Vec<&NDArray> = ograds.iter().chain(&self.inputs).chain(&self.outputs).collect();
         let grads: Vec<NDArray> = self
             .inputs
@@ -976,6 +976,7 @@ fn read_op(api: &Api, reg_get: OpRegGetFn, i: c_int) -> Result<(ExtOp, Option<Li
         return Err(Error::not_supported(format!("extension operator {name} without a CPU implementation")));
     }
     let op = ExtOp {
+        backward_name: leak(format!("_backward_{name}")),
         name: leak(name),
         api: *api,
         parse,

@@ -207,37 +207,29 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .doc("Normalize an tensor of shape (C x H x W) or (N x C x H x W) with mean and standard deviation: output[i] = (input[i] - mean[i]) / std[i] per channel."),
     );
     ops.push(OpDef::backward("_backward_image_normalize", NORMALIZE_PARAMS, Box::new(normalize_backward)));
-    let flips: [(&'static str, &'static [&'static str], usize); 2] = [
-        ("_image_flip_left_right", &["_npx__image_flip_left_right"], 1),
-        ("_image_flip_top_bottom", &["_npx__image_flip_top_bottom"], 0),
+    // (name, alias, axis, random)
+    let flips: [(&'static str, &'static [&'static str], usize, bool); 4] = [
+        ("_image_flip_left_right", &["_npx__image_flip_left_right"], 1, false),
+        ("_image_flip_top_bottom", &["_npx__image_flip_top_bottom"], 0, false),
+        ("_image_random_flip_left_right", &["_npx__image_random_flip_left_right"], 1, true),
+        ("_image_random_flip_top_bottom", &["_npx__image_random_flip_top_bottom"], 0, true),
     ];
-    for (name, alias, axis) in flips {
+    for (name, alias, axis, random) in flips {
+        let kernel: crate::op::ComputeFn = if random {
+            Box::new(move |cx, i, o| flip(i, o, axis, coin(cx)?))
+        } else {
+            Box::new(move |_, i, o| flip(i, o, axis, true))
+        };
+        let (resources, doc): (&'static [Resource], _) = if random {
+            (&[Resource::Random], format!("{name}: an HWC image mirrored with probability 1/2."))
+        } else {
+            (&[], format!("{name}: an HWC image mirrored."))
+        };
         ops.push(
-            OpDef::new(
-                name,
-                Inputs::Fixed(&["data"]),
-                Box::new(image_infer),
-                Box::new(move |_, i, o| flip(i, o, axis, true)),
-            )
-            .alias(alias)
-            .doc(format!("{name}: an HWC image mirrored.")),
-        );
-    }
-    let random: [(&'static str, &'static [&'static str], usize); 2] = [
-        ("_image_random_flip_left_right", &["_npx__image_random_flip_left_right"], 1),
-        ("_image_random_flip_top_bottom", &["_npx__image_random_flip_top_bottom"], 0),
-    ];
-    for (name, alias, axis) in random {
-        ops.push(
-            OpDef::new(
-                name,
-                Inputs::Fixed(&["data"]),
-                Box::new(image_infer),
-                Box::new(move |cx, i, o| flip(i, o, axis, coin(cx)?)),
-            )
-            .alias(alias)
-            .resources(&[Resource::Random])
-            .doc(format!("{name}: an HWC image mirrored with probability 1/2.")),
+            OpDef::new(name, Inputs::Fixed(&["data"]), Box::new(image_infer), kernel)
+                .alias(alias)
+                .resources(resources)
+                .doc(doc),
         );
     }
 }
