@@ -1,7 +1,8 @@
 //! C API: the operator registry (MXListAllOpNames, NNListAllOpNames, NNGetOpHandle,
 //! MXSymbolListAtomicSymbolCreators, MXSymbolGetAtomicSymbolName, MXSymbolGetAtomicSymbolInfo,
-//! NNGetOpInfo), extension libraries' operators (MXLoadLib), imperative invocation (MXImperativeInvokeEx, MXImperativeInvoke) and the
-//! random seeds (MXRandomSeed, MXRandomSeedContext).
+//! NNGetOpInfo), extension libraries' operators (MXLoadLib), imperative invocation
+//! (MXImperativeInvokeEx, MXImperativeInvoke) and the random seeds (MXRandomSeed,
+//! MXRandomSeedContext).
 //!
 //! Registry strings and arrays live as long as the process (stricter than stock's per-thread
 //! buffers); invocation results use per-thread arrays valid until the next invocation on the
