@@ -871,6 +871,40 @@ int MXNDArrayCreateEx(const uint32_t *shape,
                       int dtype,
                       NDArrayHandle *out);
 
+// Create an array on `cpu_shared(0)` over the shared memory `(shared_pid, shared_id)` that
+// `MXNDArrayGetSharedMemHandle` gave in another process; `shared_id` is the file descriptor
+// as received in this one, and the array owns it once this succeeds.
+//
+// # Safety
+// `shape` must point to `ndim` values; `out` must be NULL or valid for writes.
+int MXNDArrayCreateFromSharedMem(int shared_pid,
+                                 int shared_id,
+                                 const uint32_t *shape,
+                                 uint32_t ndim,
+                                 int dtype,
+                                 NDArrayHandle *out);
+
+// `MXNDArrayCreateFromSharedMem` with an `int` shape (negative sizes are refused).
+//
+// # Safety
+// `shape` must point to `ndim` values; `out` must be NULL or valid for writes.
+int MXNDArrayCreateFromSharedMemEx(int shared_pid,
+                                   int shared_id,
+                                   const int *shape,
+                                   int ndim,
+                                   int dtype,
+                                   NDArrayHandle *out);
+
+// The shared-memory handle of an array on `cpu_shared`: the creating process's id and the
+// memory's file descriptor, which stays the array's (send a duplicate, as the frontend's
+// `DupFd` does). Waits for the array's pending writes. An array on another context, or a
+// view that starts inside its memory, is refused (copy it to `cpu_shared` first); stock
+// returns a descriptor it has already closed for the first.
+//
+// # Safety
+// `shared_pid` and `shared_id` must be NULL or valid for writes.
+int MXNDArrayGetSharedMemHandle(NDArrayHandle handle, int *shared_pid, int *shared_id);
+
 // Free an NDArray handle (NULL is allowed and does nothing). Its memory is released after
 // the last operation pending on it; a second free of the same handle is an error.
 int MXNDArrayFree(NDArrayHandle handle);
@@ -1667,6 +1701,55 @@ int MXProfileAdjustCounter(ProfileHandle counter_handle, int64_t value);
 // `instant_marker_name` and `scope` must be NUL-terminated strings.
 int MXProfileSetMarker(ProfileHandle domain, const char *instant_marker_name, const char *scope);
 
+// Create (truncate) the RecordIO file `uri` (a local path or `file://`) for writing.
+//
+// # Safety
+// `uri` must be a NUL-terminated string; `out` NULL or valid for writes.
+int MXRecordIOWriterCreate(const char *uri, RecordIOHandle *out);
+
+// Write what is buffered and close the file; an error means records were lost. NULL does
+// nothing.
+int MXRecordIOWriterFree(RecordIOHandle handle);
+
+// Append one record of `size` bytes.
+//
+// # Safety
+// `buf` must point to `size` readable bytes (NULL allowed when `size` is 0).
+int MXRecordIOWriterWriteRecord(RecordIOHandle handle, const char *buf, size_t size);
+
+// The number of bytes written so far: where the next record starts.
+//
+// # Safety
+// `pos` must be NULL or valid for writes.
+int MXRecordIOWriterTell(RecordIOHandle handle, size_t *pos);
+
+// Open the RecordIO file `uri` for reading.
+//
+// # Safety
+// `uri` must be a NUL-terminated string; `out` NULL or valid for writes.
+int MXRecordIOReaderCreate(const char *uri, RecordIOHandle *out);
+
+// Close a reader. NULL does nothing.
+int MXRecordIOReaderFree(RecordIOHandle handle);
+
+// The next record: `*buf` points to its `*size` bytes until the next read on this handle or
+// its free; at the end of the file `*buf` is NULL and `*size` 0. A damaged file is an error
+// naming the byte where the damage is.
+//
+// # Safety
+// `buf` and `size` must be NULL or valid for writes.
+int MXRecordIOReaderReadRecord(RecordIOHandle handle, const char **buf, size_t *size);
+
+// Continue reading at byte `pos` (a record's start, as the `.idx` file gives it); beyond the
+// end of the file is an error.
+int MXRecordIOReaderSeek(RecordIOHandle handle, size_t pos);
+
+// The byte where the next read starts.
+//
+// # Safety
+// `pos` must be NULL or valid for writes.
+int MXRecordIOReaderTell(RecordIOHandle handle, size_t *pos);
+
 // Return the cached memory of the context's pool to the system.
 int MXStorageEmptyCache(int dev_type, int dev_id);
 
@@ -2285,25 +2368,6 @@ int MXKVStoreSetUpdaterEx(KVStoreHandle _handle,
                           void *_updater_handle);
 
 // Not supported yet: -1 with NotImplementedError.
-int MXNDArrayCreateFromSharedMem(int _shared_pid,
-                                 int _shared_id,
-                                 const uint32_t *_shape,
-                                 uint32_t _ndim,
-                                 int _dtype,
-                                 NDArrayHandle *_out);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXNDArrayCreateFromSharedMemEx(int _shared_pid,
-                                   int _shared_id,
-                                   const int *_shape,
-                                   int _ndim,
-                                   int _dtype,
-                                   NDArrayHandle *_out);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXNDArrayGetSharedMemHandle(NDArrayHandle _handle, int *_shared_pid, int *_shared_id);
-
-// Not supported yet: -1 with NotImplementedError.
 int MXNDArrayCreateSparseEx64(int _storage_type,
                               const int64_t *_shape,
                               int _ndim,
@@ -2359,33 +2423,6 @@ int MXSetCalibTableToQuantizedSymbol(SymbolHandle _qsym_handle,
                                      const float *_low_quantiles,
                                      const float *_high_quantiles,
                                      SymbolHandle *_ret_sym_handle);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXRecordIOReaderCreate(const char *_uri, RecordIOHandle *_out);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXRecordIOReaderFree(RecordIOHandle _handle);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXRecordIOReaderReadRecord(RecordIOHandle _handle, const char **_buf, size_t *_size);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXRecordIOReaderSeek(RecordIOHandle _handle, size_t _pos);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXRecordIOReaderTell(RecordIOHandle _handle, size_t *_pos);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXRecordIOWriterCreate(const char *_uri, RecordIOHandle *_out);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXRecordIOWriterFree(RecordIOHandle _handle);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXRecordIOWriterTell(RecordIOHandle _handle, size_t *_pos);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXRecordIOWriterWriteRecord(RecordIOHandle _handle, const char *_buf, size_t _size);
 
 // Not supported yet: -1 with NotImplementedError.
 int MXReducePrecisionSymbol(SymbolHandle _sym_handle,

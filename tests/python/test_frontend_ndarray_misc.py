@@ -171,6 +171,8 @@ for i in range(3):
     pid = os.fork()
     if pid == 0:
         try:
+            if i == 0:  # a child runs kernels on one thread unless it asks for more, as here
+                mx.base._LIB.MXSetNumOMPThreads(2)
             work()
             mx.nd.waitall()
             os._exit(0)
@@ -187,7 +189,8 @@ print("ok")
 @pytest.mark.parametrize("engine", ["ThreadedEnginePerDevice", "NaiveEngine"])
 def test_forked_child_runs_kernels(engine):
     # Like a DataLoader worker: a child forked after the parent ran large (split) kernels and
-    # GEMMs runs them too. The child has none of its parent's threads.
+    # GEMMs runs them too. The child has none of its parent's threads; the first child asks
+    # for two kernel threads, so it builds a pool of its own.
     env = dict(os.environ, MXNET_ENGINE_TYPE=engine)
     r = subprocess.run([sys.executable, "-c", FORK_SCRIPT], env=env, capture_output=True,
                        text=True, timeout=120)

@@ -23,6 +23,7 @@ pub mod nnvm;
 pub mod op;
 pub mod predict;
 pub mod profiler;
+pub mod recordio;
 pub mod storage;
 pub mod symbol;
 pub mod testing;

@@ -104,6 +104,107 @@ pub unsafe extern "C" fn MXNDArrayCreateEx(
     })
 }
 
+/// An array over shared memory another process made (`MXNDArrayGetSharedMemHandle` there):
+/// `shared_id` is the file descriptor as received here (the frontend passes it with `DupFd`);
+/// the array owns it from now on and closes it when freed. On failure the descriptor stays
+/// the caller's.
+///
+/// # Safety
+/// `out` must be NULL or valid for writes.
+unsafe fn from_shared_mem(
+    name: &'static str,
+    pid: c_int,
+    id: c_int,
+    shape: Result<Vec<usize>>,
+    dtype: c_int,
+    out: *mut NDArrayHandle,
+) -> c_int {
+    ffi::call(name, || {
+        // SAFETY: per this function's contract.
+        let out = unsafe { ffi::out(out, "out")? };
+        let (shape, dtype) = (shape?, DType::from_code(dtype)?);
+        // SAFETY: the caller gives the descriptor up (this function's C contract).
+        let nd = unsafe { NDArray::from_shared_mem(pid, id, shape, dtype)? };
+        *out = arrays().insert(Arc::new(nd));
+        Ok(())
+    })
+}
+
+/// Create an array on `cpu_shared(0)` over the shared memory `(shared_pid, shared_id)` that
+/// `MXNDArrayGetSharedMemHandle` gave in another process; `shared_id` is the file descriptor
+/// as received in this one, and the array owns it once this succeeds.
+///
+/// # Safety
+/// `shape` must point to `ndim` values; `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXNDArrayCreateFromSharedMem(
+    shared_pid: c_int,
+    shared_id: c_int,
+    shape: *const u32,
+    ndim: u32,
+    dtype: c_int,
+    out: *mut NDArrayHandle,
+) -> c_int {
+    // SAFETY: per this function's contract.
+    let shape = unsafe { read_shape(shape, ndim) };
+    // SAFETY: per this function's contract.
+    unsafe { from_shared_mem("MXNDArrayCreateFromSharedMem", shared_pid, shared_id, shape, dtype, out) }
+}
+
+/// `MXNDArrayCreateFromSharedMem` with an `int` shape (negative sizes are refused).
+///
+/// # Safety
+/// `shape` must point to `ndim` values; `out` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXNDArrayCreateFromSharedMemEx(
+    shared_pid: c_int,
+    shared_id: c_int,
+    shape: *const c_int,
+    ndim: c_int,
+    dtype: c_int,
+    out: *mut NDArrayHandle,
+) -> c_int {
+    let shape = (|| {
+        let n = u32::try_from(ndim).map_err(|_| Error::value(format!("ndim {ndim} is negative")))?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: per this function's contract (NULL with ndim > 0 is refused first).
+        let dims = unsafe { read_shape(shape.cast::<u32>(), n)? };
+        dims.iter()
+            .map(|&d| match i32::try_from(d as u32) {
+                Ok(v) if v >= 0 => Ok(d),
+                _ => Err(Error::value(format!("shape has a negative size {}", d as u32 as i32))),
+            })
+            .collect()
+    })();
+    // SAFETY: per this function's contract.
+    unsafe { from_shared_mem("MXNDArrayCreateFromSharedMemEx", shared_pid, shared_id, shape, dtype, out) }
+}
+
+/// The shared-memory handle of an array on `cpu_shared`: the creating process's id and the
+/// memory's file descriptor, which stays the array's (send a duplicate, as the frontend's
+/// `DupFd` does). Waits for the array's pending writes. An array on another context, or a
+/// view that starts inside its memory, is refused (copy it to `cpu_shared` first); stock
+/// returns a descriptor it has already closed for the first.
+///
+/// # Safety
+/// `shared_pid` and `shared_id` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXNDArrayGetSharedMemHandle(
+    handle: NDArrayHandle,
+    shared_pid: *mut c_int,
+    shared_id: *mut c_int,
+) -> c_int {
+    ffi::call("MXNDArrayGetSharedMemHandle", || {
+        // SAFETY: per this function's contract.
+        let (pid_out, id_out) = unsafe { (out(shared_pid, "shared_pid")?, out(shared_id, "shared_id")?) };
+        let (pid, fd) = arrays().get(handle)?.shared_mem_handle()?;
+        (*pid_out, *id_out) = (pid, fd);
+        Ok(())
+    })
+}
+
 /// Free an NDArray handle (NULL is allowed and does nothing). Its memory is released after
 /// the last operation pending on it; a second free of the same handle is an error.
 #[no_mangle]

@@ -1,5 +1,5 @@
 //! C API: the stock exports this library does not implement yet (KVStore, the C++ data
-//! iterators and RecordIO, sparse and shared-memory NDArrays, subgraph backends,
+//! iterators, sparse NDArrays, subgraph backends,
 //! quantization and AMP conversion, CUDA runtime compilation, packed
 //! functions, the legacy function API). Each exists, with stock's signature, and answers -1
 //! with `NotImplementedError: <feature> (<function>) is not supported yet`, so a caller gets an
@@ -8,8 +8,8 @@
 
 use super::ffi;
 use super::types::{
-    CudaKernelHandle, CudaModuleHandle, DataIterHandle, FunctionHandle, KVStoreHandle, NDArrayHandle, RecordIOHandle,
-    RtcHandle, SymbolHandle,
+    CudaKernelHandle, CudaModuleHandle, DataIterHandle, FunctionHandle, KVStoreHandle, NDArrayHandle, RtcHandle,
+    SymbolHandle,
 };
 use mxnet_core::error::Error;
 use std::ffi::{c_char, c_int, c_void};
@@ -18,11 +18,9 @@ const SUBGRAPH: &str = "subgraph backends";
 const DATA_ITER: &str = "the C++ data iterators";
 const FUNC: &str = "the legacy NDArray function API";
 const KVSTORE: &str = "KVStore";
-const SHM: &str = "shared-memory NDArrays";
 const SPARSE: &str = "sparse storage";
 const PACKED: &str = "packed functions";
 const QUANT: &str = "quantization";
-const RECORDIO: &str = "RecordIO files";
 const AMP: &str = "AMP's reduced-precision conversion";
 const RTC: &str = "CUDA runtime compilation";
 
@@ -506,42 +504,6 @@ pub extern "C" fn MXKVStoreSetUpdaterEx(
 
 // Shared-memory NDArrays.
 
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXNDArrayCreateFromSharedMem(
-    _shared_pid: c_int,
-    _shared_id: c_int,
-    _shape: *const u32,
-    _ndim: u32,
-    _dtype: c_int,
-    _out: *mut NDArrayHandle,
-) -> c_int {
-    refuse("MXNDArrayCreateFromSharedMem", SHM)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXNDArrayCreateFromSharedMemEx(
-    _shared_pid: c_int,
-    _shared_id: c_int,
-    _shape: *const c_int,
-    _ndim: c_int,
-    _dtype: c_int,
-    _out: *mut NDArrayHandle,
-) -> c_int {
-    refuse("MXNDArrayCreateFromSharedMemEx", SHM)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXNDArrayGetSharedMemHandle(
-    _handle: NDArrayHandle,
-    _shared_pid: *mut c_int,
-    _shared_id: *mut c_int,
-) -> c_int {
-    refuse("MXNDArrayGetSharedMemHandle", SHM)
-}
-
 // Sparse storage.
 
 /// Not supported yet: -1 with NotImplementedError.
@@ -649,66 +611,6 @@ pub extern "C" fn MXSetCalibTableToQuantizedSymbol(
     _ret_sym_handle: *mut SymbolHandle,
 ) -> c_int {
     refuse("MXSetCalibTableToQuantizedSymbol", QUANT)
-}
-
-// RecordIO files.
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXRecordIOReaderCreate(_uri: *const c_char, _out: *mut RecordIOHandle) -> c_int {
-    refuse("MXRecordIOReaderCreate", RECORDIO)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXRecordIOReaderFree(_handle: RecordIOHandle) -> c_int {
-    refuse("MXRecordIOReaderFree", RECORDIO)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXRecordIOReaderReadRecord(
-    _handle: RecordIOHandle,
-    _buf: *mut *const c_char,
-    _size: *mut usize,
-) -> c_int {
-    refuse("MXRecordIOReaderReadRecord", RECORDIO)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXRecordIOReaderSeek(_handle: RecordIOHandle, _pos: usize) -> c_int {
-    refuse("MXRecordIOReaderSeek", RECORDIO)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXRecordIOReaderTell(_handle: RecordIOHandle, _pos: *mut usize) -> c_int {
-    refuse("MXRecordIOReaderTell", RECORDIO)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXRecordIOWriterCreate(_uri: *const c_char, _out: *mut RecordIOHandle) -> c_int {
-    refuse("MXRecordIOWriterCreate", RECORDIO)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXRecordIOWriterFree(_handle: RecordIOHandle) -> c_int {
-    refuse("MXRecordIOWriterFree", RECORDIO)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXRecordIOWriterTell(_handle: RecordIOHandle, _pos: *mut usize) -> c_int {
-    refuse("MXRecordIOWriterTell", RECORDIO)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXRecordIOWriterWriteRecord(_handle: RecordIOHandle, _buf: *const c_char, _size: usize) -> c_int {
-    refuse("MXRecordIOWriterWriteRecord", RECORDIO)
 }
 
 // AMP's reduced-precision conversion.

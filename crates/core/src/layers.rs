@@ -16,6 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["autograd"],
     &["symbol"],
     &["executor"],
+    &["data"],
 ];
 
 fn layer_of(module: &str) -> Option<usize> {

@@ -16,7 +16,8 @@
 //! 10. [`op`] (operators: one declaration each, kernels, imperative invocation);
 //! 11. [`autograd`] (recording calls and computing gradients);
 //! 12. [`symbol`] (symbolic graphs: composition, JSON, inference);
-//! 13. [`executor`] (CachedOp and Executor).
+//! 13. [`executor`] (CachedOp and Executor);
+//! 14. [`data`] (the data pipeline: RecordIO files).
 //!
 //! What the frontend implements in its own language (custom operators, `autograd.Function`)
 //! the domain declares as traits ([`op::custom::FrontendProp`], [`op::CustomBackward`]); the C
@@ -26,6 +27,7 @@ pub mod autograd;
 pub mod config;
 pub mod context;
 pub mod cuda;
+pub mod data;
 pub mod engine;
 pub mod error;
 pub mod executor;

@@ -131,6 +131,10 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
+    // As stock: a forked child (a DataLoader worker) runs kernels on one thread unless it asks
+    // for more (`MXSetNumOMPThreads`), and its engine starts MXNET_MP_WORKER_NTHREADS workers.
+    RUNTIME.forked.store(true, Ordering::Relaxed);
+    RUNTIME.omp_threads.store(1, Ordering::Relaxed);
     let _ = RUNTIME.run(Point::Child);
 }
 
@@ -435,8 +439,10 @@ pub struct Runtime {
     completion_gate: std::sync::RwLock<()>,
     /// The part of each [`Stage`], once it started.
     parts: [OnceLock<&'static dyn Part>; STAGES],
-    /// `MXSetNumOMPThreads` (0: not set).
+    /// `MXSetNumOMPThreads` (0: not set; 1 in a forked child until it sets it).
     omp_threads: AtomicUsize,
+    /// Whether this process is a forked child of one that loaded the library.
+    forked: AtomicBool,
     shut_down: AtomicBool,
     cores: OnceLock<usize>,
 }
@@ -459,6 +465,7 @@ impl Runtime {
             completion_gate: std::sync::RwLock::new(()),
             parts: [const { OnceLock::new() }; STAGES],
             omp_threads: AtomicUsize::new(0),
+            forked: AtomicBool::new(false),
             shut_down: AtomicBool::new(false),
             cores: OnceLock::new(),
         }
@@ -507,7 +514,12 @@ impl Runtime {
         Ok(())
     }
 
-    /// Whether `MXSetNumOMPThreads` was called.
+    /// Whether this process was forked from one that had loaded the library.
+    pub fn is_forked_child(&self) -> bool {
+        self.forked.load(Ordering::Relaxed)
+    }
+
+    /// Whether `MXSetNumOMPThreads` was called (a forked child counts as having set 1).
     pub fn kernel_threads_set(&self) -> bool {
         self.omp_threads.load(Ordering::Relaxed) != 0
     }

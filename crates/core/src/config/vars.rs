@@ -64,8 +64,8 @@ pub static VARS: &[VarSpec] = &[
         "Number of threads for prioritized CPU operations."),
     var("MXNET_CPU_NNPACK_NTHREADS", THREAD_COUNT, Some("4"), Once, Reserved, THREADS,
         "Number of threads used by NNPACK (this build has no NNPACK)."),
-    var("MXNET_MP_WORKER_NTHREADS", THREAD_COUNT, Some("1"), Once, Reserved, THREADS,
-        "CPU scheduling threads in multiprocess data-loader workers."),
+    var("MXNET_MP_WORKER_NTHREADS", THREAD_COUNT, Some("1"), Once, Active, THREADS,
+        "CPU worker threads of the engine in a forked process (a DataLoader worker), in place of MXNET_CPU_WORKER_NTHREADS; kernels there run on one thread unless the process calls MXSetNumOMPThreads."),
     var("MXNET_MP_OPENCV_NUM_THREADS", VarType::Int { min: 0, max: 1024 }, Some("0"), Once, Reserved, THREADS,
         "OpenCV threads in multiprocess data-loader workers; 0 disables OpenCV multithreading."),
     // --- Memory ---

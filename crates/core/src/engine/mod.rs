@@ -437,6 +437,11 @@ impl Engine {
             Ok(config::global().get_int(name, consumer)?.map(|v| v as usize).unwrap_or(default))
         };
         match (self.opts.kind, class) {
+            (_, CpuWorker) if crate::runtime::runtime().is_forked_child() => from_config(
+                "MXNET_MP_WORKER_NTHREADS",
+                "CPU worker pool start in a forked process",
+                self.opts.cpu_workers,
+            ),
             (_, CpuWorker) => from_config("MXNET_CPU_WORKER_NTHREADS", "CPU worker pool start", self.opts.cpu_workers),
             (_, CpuPriority) => {
                 from_config("MXNET_CPU_PRIORITY_NTHREADS", "CPU priority pool start", self.opts.cpu_priority_workers)

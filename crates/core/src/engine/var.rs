@@ -125,11 +125,17 @@ impl Var {
 
     #[inline(never)]
     fn data_slow(&self, bytes: usize, ctx: Context) -> Result<*mut u8> {
+        Ok(self.block(bytes, ctx)?.ptr())
+    }
+
+    /// The data block, allocating `bytes` on `ctx` at the first call (an alias's is its
+    /// owner's).
+    pub fn block(&self, bytes: usize, ctx: Context) -> Result<&Block> {
         if let Some(owner) = &self.alias_of {
-            return owner.data(bytes, ctx);
+            return owner.block(bytes, ctx);
         }
         // Two threads asking first: one allocates, the other waits for its block.
-        Ok(self.block.get_or_try_init(|| Block::alloc(bytes, ctx))?.ptr())
+        self.block.get_or_try_init(|| Block::alloc(bytes, ctx))
     }
 
     /// Register a read; true when access is granted at once.

@@ -228,6 +228,48 @@ impl NDArray {
         Ok(NDArray { chunk: Some(Var::with_block(block)), ctx, chunk_bytes: bytes, shape, dtype, offset: 0, ag: None })
     }
 
+    /// `MXNDArrayCreateFromSharedMem(Ex)`: an array on `cpu_shared(0)` over the shared memory
+    /// whose handle another process's [`NDArray::shared_mem_handle`] gave (the descriptor
+    /// received here, e.g. through the frontend's `DupFd`). On success the array owns `fd`;
+    /// on failure the caller keeps it.
+    ///
+    /// # Safety
+    /// Nobody else may close `fd` once this returns `Ok`.
+    pub unsafe fn from_shared_mem(pid: i32, fd: i32, shape: Vec<usize>, dtype: DType) -> Result<Self> {
+        let (_, bytes) = byte_size(&shape, dtype)?;
+        // SAFETY: per this function's contract.
+        let block = unsafe { Block::from_shared(pid, fd, bytes, 0)? };
+        let ctx = block.ctx();
+        Ok(NDArray { chunk: Some(Var::with_block(block)), ctx, chunk_bytes: bytes, shape, dtype, offset: 0, ag: None })
+    }
+
+    /// `MXNDArrayGetSharedMemHandle`: `(pid, fd)` of the shared memory of an array on
+    /// `cpu_shared`, once its pending writes are done. Another process maps it with
+    /// [`NDArray::from_shared_mem`] (after receiving the descriptor). Stock copies an array
+    /// on another context into a temporary shared array whose descriptor is closed before
+    /// the call returns; this refuses instead, as it does a view that does not start at the
+    /// memory's start (the handle cannot carry an offset).
+    pub fn shared_mem_handle(&self) -> Result<(i32, i32)> {
+        let chunk = self.chunk()?;
+        if self.ctx.dev_type != crate::context::DevType::CpuShared {
+            return Err(Error::value(format!(
+                "the array is on {}; only arrays on cpu_shared have a shared memory handle \
+                 (copy it first: as_in_context(mx.Context('cpu_shared', 0)))",
+                self.ctx
+            )));
+        }
+        if self.offset != 0 {
+            return Err(Error::value(format!(
+                "the array is a view at byte {} of its memory; a shared memory handle covers the whole memory \
+                 (copy the view into an array of its own first)",
+                self.offset
+            )));
+        }
+        self.wait(false)?;
+        let block = chunk.block(self.chunk_bytes, self.ctx)?;
+        block.shared_handle().ok_or_else(|| Error::internal("a cpu_shared array without shared memory"))
+    }
+
     /// An array said to be on `ctx` whose memory is never allocated (tests of the device
     /// checks on machines without that device).
     #[cfg(test)]

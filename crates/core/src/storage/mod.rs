@@ -4,11 +4,13 @@
 //! bucketing policy from the configuration), [`Block`] (a pooled allocation that returns to
 //! its pool when dropped), `MXStorageEmptyCache` and the per-context statistics. Pools sit on
 //! the [`alloc::Allocator`] trait; CPU memory comes from [`alloc::CpuAllocator`], GPU memory
-//! from [`alloc::CudaAllocator`].
+//! from [`alloc::CudaAllocator`]. Blocks of the `cpu_shared` context are shared-memory files
+//! ([`shared::Segment`]), one per block, outside the pools.
 
 pub mod alloc;
 pub mod events;
 pub mod pool;
+pub mod shared;
 
 pub use alloc::ALIGN;
 
@@ -30,13 +32,20 @@ pub struct Block {
     ctx: Context,
 }
 
-/// Where a block's memory comes from.
+/// Where a block's memory comes from. Two variants, so that the pool's reference holds the
+/// tag and a block stays five words.
 enum Origin {
     /// A pool, with the bucket size.
     Pool(&'static Pool, usize),
-    /// Its owner, given back its memory by the function (`None`: a zero-sized block of
-    /// nobody's).
-    Lent(Option<Box<Release>>),
+    /// Memory from outside the pools (`None`: a zero-sized block of nobody's).
+    Outside(Option<Box<Outside>>),
+}
+
+enum Outside {
+    /// Its owner's, given back by the function when the block is dropped (DLPack).
+    Lent(Release),
+    /// A shared-memory file, mapped at the block's address for its size.
+    Shared(shared::Segment),
 }
 
 /// What a lent block calls when it is dropped (see [`Block::lent`]).
@@ -53,11 +62,22 @@ unsafe impl Send for Block {}
 unsafe impl Sync for Block {}
 
 impl Block {
-    /// At least `size` bytes on `ctx`, 64-byte aligned, not zeroed.
+    /// At least `size` bytes on `ctx`, 64-byte aligned, not zeroed (shared memory: zeroed,
+    /// page-aligned).
     pub fn alloc(size: usize, ctx: Context) -> Result<Block> {
         ctx.check_available()?;
+        if ctx.dev_type == DevType::CpuShared {
+            // Even an empty one has a file, so that its handle can be sent.
+            let (ptr, seg) = shared::Segment::create(size)?;
+            return Ok(Block { ptr, size, from: Origin::Outside(Some(Box::new(Outside::Shared(seg)))), ctx });
+        }
         if size == 0 {
-            return Ok(Block { ptr: NonNull::<[u8; ALIGN]>::dangling().cast(), size, from: Origin::Lent(None), ctx });
+            return Ok(Block {
+                ptr: NonNull::<[u8; ALIGN]>::dangling().cast(),
+                size,
+                from: Origin::Outside(None),
+                ctx,
+            });
         }
         let pool = manager().pool(ctx)?;
         let (ptr, bucket) = pool.alloc(size)?;
@@ -79,7 +99,31 @@ impl Block {
             None if size == 0 => NonNull::<[u8; ALIGN]>::dangling().cast(),
             None => return Err(crate::error::Error::value(format!("lent memory of {size} bytes at NULL"))),
         };
-        Ok(Block { ptr, size, from: Origin::Lent(Some(Box::new(release))), ctx })
+        Ok(Block { ptr, size, from: Origin::Outside(Some(Box::new(Outside::Lent(release)))), ctx })
+    }
+
+    /// `size` bytes of the shared-memory file `fd` that process `pid` made (the handle
+    /// [`Block::shared_handle`] gave there), on `cpu_shared(dev_id)`. On success the block owns
+    /// `fd` and closes it when dropped; on failure the caller keeps it.
+    ///
+    /// # Safety
+    /// Nobody else may close `fd` once this returns `Ok`.
+    pub unsafe fn from_shared(pid: i32, fd: i32, size: usize, dev_id: i32) -> Result<Block> {
+        let ctx = Context::new(DevType::CpuShared, dev_id)?;
+        // SAFETY: per this function's contract.
+        let (ptr, seg) = unsafe { shared::Segment::adopt(pid, fd, size)? };
+        Ok(Block { ptr, size, from: Origin::Outside(Some(Box::new(Outside::Shared(seg)))), ctx })
+    }
+
+    /// `(pid, fd)` of a shared-memory block; `None` for any other.
+    pub fn shared_handle(&self) -> Option<(i32, i32)> {
+        match &self.from {
+            Origin::Outside(Some(o)) => match &**o {
+                Outside::Shared(seg) => Some(seg.handle()),
+                Outside::Lent(_) => None,
+            },
+            _ => None,
+        }
     }
 
     pub fn ptr(&self) -> *mut u8 {
@@ -103,11 +147,13 @@ impl Drop for Block {
                 unsafe { pool.free(self.ptr, bucket) }
                 events::emit(|| events::StorageEvent::Free { ctx: self.ctx, bytes: bucket, stats: pool.stats() });
             }
-            Origin::Lent(release) => {
-                if let Some(r) = release.take() {
-                    r();
-                }
-            }
+            Origin::Outside(outside) => match outside.take().map(|o| *o) {
+                Some(Outside::Lent(release)) => release(),
+                // SAFETY: the segment's mapping is this block's address and size; its
+                // descriptor closes when the segment is dropped, after this.
+                Some(Outside::Shared(seg)) => unsafe { seg.unmap(self.ptr, self.size) },
+                None => {}
+            },
         }
     }
 }
