@@ -46,6 +46,10 @@ typedef int (*CustomOpPropCreator)(const char *op_type,
                                    const char **values,
                                    struct MXCallbackList *ret);
 
+typedef void *DataIterCreator;
+
+typedef void *DataIterHandle;
+
 typedef void *DLManagedTensorHandle;
 
 // An asynchronous function: `(RunContext* rctx, void* on_complete, void* param)`. It must
@@ -69,10 +73,6 @@ typedef void *ExecutorHandle;
 // An executor monitor's callback (stock `ExecutorMonitorCallback`): a name, a new array
 // handle the callee owns (and frees), and the pointer given with it.
 typedef void (*ExecutorMonitorCallback)(const char *name, NDArrayHandle array, void *handle);
-
-typedef void *DataIterCreator;
-
-typedef void *DataIterHandle;
 
 typedef const void *FunctionHandle;
 
@@ -339,6 +339,72 @@ int MXInvokeCachedOp(CachedOpHandle handle,
 // # Safety
 // `op_type` must be a string.
 int MXCustomOpRegister(const char *op_type, CustomOpPropCreator creator);
+
+// The stock data iterator names.
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXListDataIters(uint32_t *out_size, DataIterCreator **out_array);
+
+// A data iterator's name, description and parameters (none for those not implemented yet).
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXDataIterGetIterInfo(DataIterCreator creator,
+                          const char **name,
+                          const char **description,
+                          uint32_t *num_args,
+                          const char ***arg_names,
+                          const char ***arg_type_infos,
+                          const char ***arg_descriptions);
+
+// Create a data iterator from string parameters (unknown keys are ignored, as in stock).
+//
+// # Safety
+// `keys` and `vals` must point to `num_param` NUL-terminated strings; `out` NULL or valid for
+// writes.
+int MXDataIterCreateIter(DataIterCreator handle,
+                         uint32_t num_param,
+                         const char **keys,
+                         const char **vals,
+                         DataIterHandle *out);
+
+// Free a data iterator (NULL does nothing).
+int MXDataIterFree(DataIterHandle handle);
+
+// Start the next epoch.
+int MXDataIterBeforeFirst(DataIterHandle handle);
+
+// Move to the next batch: `*out` is 1, or 0 at the end of the epoch.
+//
+// # Safety
+// `out` must be NULL or valid for writes.
+int MXDataIterNext(DataIterHandle handle, int *out);
+
+// The current batch's data, as a new NDArray handle.
+//
+// # Safety
+// `out` must be NULL or valid for writes.
+int MXDataIterGetData(DataIterHandle handle, NDArrayHandle *out);
+
+// The current batch's label, as a new NDArray handle.
+//
+// # Safety
+// `out` must be NULL or valid for writes.
+int MXDataIterGetLabel(DataIterHandle handle, NDArrayHandle *out);
+
+// The current batch's instance indices: `*out_size` values at `*out_index`, valid until the
+// next `MXDataIterNext` or `MXDataIterFree` on the handle.
+//
+// # Safety
+// Out-params must be NULL or valid for writes.
+int MXDataIterGetIndex(DataIterHandle handle, uint64_t **out_index, uint64_t *out_size);
+
+// The number of padding instances at the end of the current batch.
+//
+// # Safety
+// `pad` must be NULL or valid for writes.
+int MXDataIterGetPadNum(DataIterHandle handle, int *pad);
 
 // A DLPack tensor over the array's memory that keeps the array alive until the tensor's
 // deleter runs (the consumer's to call, once: directly or with
@@ -780,31 +846,6 @@ int MXKVStoreIsServerNode(int *ret);
 // # Safety
 // `ret` must be NULL or valid for writes.
 int MXKVStoreIsSchedulerNode(int *ret);
-
-// The stock data iterator names (creators that describe themselves but cannot run yet).
-//
-// # Safety
-// Out-params must be NULL or valid for writes.
-int MXListDataIters(uint32_t *out_size, DataIterCreator **out_array);
-
-// A data iterator's name and description (no arguments are declared).
-//
-// # Safety
-// Out-params must be NULL or valid for writes.
-int MXDataIterGetIterInfo(DataIterCreator creator,
-                          const char **name,
-                          const char **description,
-                          uint32_t *num_args,
-                          const char ***arg_names,
-                          const char ***arg_type_infos,
-                          const char ***arg_descriptions);
-
-// Creating a data iterator is not supported yet.
-int MXDataIterCreateIter(DataIterCreator handle,
-                         uint32_t _num_param,
-                         const char **_keys,
-                         const char **_vals,
-                         DataIterHandle *_out);
 
 // Legacy NDArray functions: none (an empty list).
 //
@@ -2168,27 +2209,6 @@ int MXSetSubgraphPropertyOpNames(const char *_prop_name, uint32_t _num_ops, cons
 int MXSetSubgraphPropertyOpNamesV2(const char *_prop_name,
                                    uint32_t _num_ops,
                                    const char **_op_names);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXDataIterBeforeFirst(DataIterHandle _handle);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXDataIterFree(DataIterHandle _handle);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXDataIterGetData(DataIterHandle _handle, NDArrayHandle *_out);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXDataIterGetIndex(DataIterHandle _handle, uint64_t **_out_index, uint64_t *_out_size);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXDataIterGetLabel(DataIterHandle _handle, NDArrayHandle *_out);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXDataIterGetPadNum(DataIterHandle _handle, int *_pad);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXDataIterNext(DataIterHandle _handle, int *_out);
 
 // Not supported yet: -1 with NotImplementedError.
 int MXFuncInvoke(FunctionHandle _fun,

@@ -10,6 +10,7 @@ pub mod autograd;
 pub mod base;
 pub mod cached_op;
 pub mod custom_op;
+pub mod data_iter;
 pub mod dlpack;
 pub mod engine;
 pub mod env;

@@ -1,5 +1,4 @@
-//! C API: the stock exports this library does not implement yet (KVStore, the C++ data
-//! iterators, sparse NDArrays, subgraph backends,
+//! C API: the stock exports this library does not implement yet (KVStore, sparse NDArrays, subgraph backends,
 //! quantization and AMP conversion, CUDA runtime compilation, packed
 //! functions, the legacy function API). Each exists, with stock's signature, and answers -1
 //! with `NotImplementedError: <feature> (<function>) is not supported yet`, so a caller gets an
@@ -8,14 +7,12 @@
 
 use super::ffi;
 use super::types::{
-    CudaKernelHandle, CudaModuleHandle, DataIterHandle, FunctionHandle, KVStoreHandle, NDArrayHandle, RtcHandle,
-    SymbolHandle,
+    CudaKernelHandle, CudaModuleHandle, FunctionHandle, KVStoreHandle, NDArrayHandle, RtcHandle, SymbolHandle,
 };
 use mxnet_core::error::Error;
 use std::ffi::{c_char, c_int, c_void};
 
 const SUBGRAPH: &str = "subgraph backends";
-const DATA_ITER: &str = "the C++ data iterators";
 const FUNC: &str = "the legacy NDArray function API";
 const KVSTORE: &str = "KVStore";
 const SPARSE: &str = "sparse storage";
@@ -126,50 +123,6 @@ pub extern "C" fn MXSetSubgraphPropertyOpNamesV2(
     _op_names: *mut *const c_char,
 ) -> c_int {
     refuse("MXSetSubgraphPropertyOpNamesV2", SUBGRAPH)
-}
-
-// The C++ data iterators.
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXDataIterBeforeFirst(_handle: DataIterHandle) -> c_int {
-    refuse("MXDataIterBeforeFirst", DATA_ITER)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXDataIterFree(_handle: DataIterHandle) -> c_int {
-    refuse("MXDataIterFree", DATA_ITER)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXDataIterGetData(_handle: DataIterHandle, _out: *mut NDArrayHandle) -> c_int {
-    refuse("MXDataIterGetData", DATA_ITER)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXDataIterGetIndex(_handle: DataIterHandle, _out_index: *mut *mut u64, _out_size: *mut u64) -> c_int {
-    refuse("MXDataIterGetIndex", DATA_ITER)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXDataIterGetLabel(_handle: DataIterHandle, _out: *mut NDArrayHandle) -> c_int {
-    refuse("MXDataIterGetLabel", DATA_ITER)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXDataIterGetPadNum(_handle: DataIterHandle, _pad: *mut c_int) -> c_int {
-    refuse("MXDataIterGetPadNum", DATA_ITER)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
-pub extern "C" fn MXDataIterNext(_handle: DataIterHandle, _out: *mut c_int) -> c_int {
-    refuse("MXDataIterNext", DATA_ITER)
 }
 
 // The legacy NDArray function API.

@@ -17,7 +17,7 @@
 //! 11. [`autograd`] (recording calls and computing gradients);
 //! 12. [`symbol`] (symbolic graphs: composition, JSON, inference);
 //! 13. [`executor`] (CachedOp and Executor);
-//! 14. [`data`] (the data pipeline: RecordIO files).
+//! 14. [`data`] (the data pipeline: RecordIO files, data iterators).
 //!
 //! What the frontend implements in its own language (custom operators, `autograd.Function`)
 //! the domain declares as traits ([`op::custom::FrontendProp`], [`op::CustomBackward`]); the C
