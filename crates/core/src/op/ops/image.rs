@@ -1,6 +1,15 @@
 //! Image operators of `gluon.data.vision.transforms` (stock's `src/operator/image/`):
-//! `_image_to_tensor` (`ToTensor`), `_image_normalize` (`Normalize`) with its backward, and
-//! the flips, fixed and random (`RandomFlipLeftRight`, `RandomFlipTopBottom`).
+//! `_image_to_tensor` (`ToTensor`), `_image_normalize` (`Normalize`) with its backward, the
+//! flips, fixed and random (`RandomFlipLeftRight`, `RandomFlipTopBottom`), `_image_crop`
+//! (`CropResize`) with its backward, and `_image_resize` (`Resize`) and `_cvimresize`
+//! (`mx.image.imresize`, so `CenterCrop`) with OpenCV's nearest and bilinear interpolation.
+//!
+//! Resizing follows `cv::resize`: pixel centres aligned (`(x + 0.5) · scale - 0.5`), edges
+//! clamped; 8-bit images through OpenCV's 11-bit fixed-point weights and rounding, and an
+//! exact halving through its 2×2 box average (what OpenCV does for bilinear at scale 1/2).
+//! OpenCV's vectorised rows may round an 8-bit value the other way; results are within 1 of
+//! stock's for `uint8` and within float rounding otherwise. Area, bicubic and Lanczos
+//! interpolation are not supported yet.
 //!
 //! Stock's flips swap mirrored pairs only, so for an odd width (height) the middle column
 //! (row) of a new output is left unwritten; here every element is written.
@@ -193,6 +202,290 @@ fn coin(cx: &OpCtx) -> Result<bool> {
     Ok(rng.uniform(0) >= 0.5)
 }
 
+op_params! {
+    /// `_image_crop`'s parameters.
+    struct CropParams<'a> => CROP_PARAMS {
+        x: i64 = required, "Left boundary of the cropping area.";
+        y: i64 = required, "Top boundary of the cropping area.";
+        width: i64 = required, "Width of the cropping area.";
+        height: i64 = required, "Height of the cropping area.";
+    }
+}
+
+/// (batch, height, width, channels) of an HWC or NHWC image; `None` for other ranks.
+fn nhwc(shape: &[usize]) -> Option<(usize, usize, usize, usize)> {
+    match *shape {
+        [h, w, c] => Some((1, h, w, c)),
+        [n, h, w, c] => Some((n, h, w, c)),
+        _ => None,
+    }
+}
+
+fn crop_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let s = &ins[0].shape;
+    let Some((_, h, w, c)) = nhwc(s) else {
+        return Err(Error::value(format!(
+            "{}: Image Crop expects inputs of 3D (h, w, c) or 4D (n, h, w, c). But got {s:?}",
+            a.op
+        )));
+    };
+    if c != 1 && c != 3 {
+        return Err(Error::value(format!("{}: Expect channel of the input image is 1 or 3, but got {c}", a.op)));
+    }
+    let p = CropParams::of(a);
+    if p.height <= 0 || p.width <= 0 {
+        return Err(Error::value(format!("{}: Input height and width must be greater than 0", a.op)));
+    }
+    if p.x < 0 || p.y < 0 {
+        return Err(Error::value(format!("{}: x and y must not be negative, got ({}, {})", a.op, p.x, p.y)));
+    }
+    if p.x + p.width > w as i64 {
+        return Err(Error::value(format!("{}: x + width should not be greater than input width", a.op)));
+    }
+    if p.y + p.height > h as i64 {
+        return Err(Error::value(format!("{}: y + height should not be greater than input height", a.op)));
+    }
+    let mut shape = s.clone();
+    let k = shape.len();
+    (shape[k - 3], shape[k - 2]) = (p.height as usize, p.width as usize);
+    Ok(vec![Meta::new(shape, ins[0].dtype)])
+}
+
+/// The rows of the crop window: (offset in the full image, offset in the crop, length).
+fn crop_rows(full_shape: &[usize], p: &CropParams) -> Vec<(usize, usize, usize)> {
+    let (n, h, w, c) = nhwc(full_shape).unwrap_or((0, 0, 0, 0));
+    let (ch, row) = (p.height as usize, p.width as usize * c);
+    let (x, y) = (p.x as usize, p.y as usize);
+    (0..n * ch).map(|k| (((k / ch * h + y + k % ch) * w + x) * c, k * row, row)).collect()
+}
+
+fn crop(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let rows = crop_rows(&ins[0].shape, &CropParams::of(cx.attrs));
+    dispatch_all!(ins[0].dtype, T => {
+        let (x, out) = (ins[0].as_slice::<T>(), outs[0].as_mut::<T>());
+        for &(src, dst, len) in &rows {
+            out[dst..dst + len].copy_from_slice(&x[src..src + len]);
+        }
+    });
+    Ok(())
+}
+
+/// `_backward_image_crop`: the output gradient in the window, zeros elsewhere.
+fn crop_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    if cx.req[0] == crate::op::Req::Null {
+        return Ok(());
+    }
+    let rows = crop_rows(&outs[0].shape, &CropParams::of(cx.attrs));
+    dispatch_all!(ins[0].dtype, T => {
+        let (g, out) = (ins[0].as_slice::<T>(), outs[0].as_mut::<T>());
+        out.fill(T::from_f64(0.0));
+        for &(full, window, len) in &rows {
+            out[full..full + len].copy_from_slice(&g[window..window + len]);
+        }
+    });
+    Ok(())
+}
+
+op_params! {
+    /// `_image_resize`'s parameters.
+    struct ResizeParams<'a> => RESIZE_PARAMS {
+        size: &'a [i64] = "[]", "Size of new image. Could be (width, height) or (size)";
+        keep_ratio: bool = "False", "Whether to resize the short edge or both edges to `size`, if size is give as an integer.";
+        interp: i64 = "1", "Interpolation method for resizing. By default uses bilinear interpolation. Options are INTER_NEAREST - a nearest-neighbor interpolation, INTER_LINEAR - a bilinear interpolation (this library supports these two)";
+    }
+}
+
+op_params! {
+    /// `_cvimresize`'s parameters.
+    struct CvResizeParams<'a> => CV_RESIZE_PARAMS {
+        w: i64 = required, "Width of resized image.";
+        h: i64 = required, "Height of resized image.";
+        interp: i64 = "1", "Interpolation method (default=cv2.INTER_LINEAR).";
+    }
+}
+
+/// The (height, width) `_image_resize` makes of an `h × w` image (stock's rules).
+fn resize_target(a: &Attrs, h: usize, w: usize) -> Result<(usize, usize, i64)> {
+    if a.declares(CV_RESIZE_PARAMS) {
+        let p = CvResizeParams::of(a);
+        if p.w <= 0 || p.h <= 0 {
+            return Err(Error::value(format!("{}: w and h must be positive, got ({}, {})", a.op, p.w, p.h)));
+        }
+        return Ok((p.h as usize, p.w as usize, p.interp));
+    }
+    let p = ResizeParams::of(a);
+    let (rh, rw) = match *p.size {
+        [s] if s > 0 => {
+            let s = s as usize;
+            match (p.keep_ratio, h > w) {
+                (false, _) => (s, s),
+                (true, true) => (h * s / w.max(1), s),
+                (true, false) => (s, w * s / h.max(1)),
+            }
+        }
+        [w2, h2] if w2 > 0 && h2 > 0 => (h2 as usize, w2 as usize),
+        [_] | [_, _] => {
+            return Err(Error::value(format!("{}: Input size should be greater than 0, but got {:?}", a.op, p.size)))
+        }
+        _ => {
+            return Err(Error::value(format!(
+                "{}: Input size dimension must be 1 or 2, but got {}",
+                a.op,
+                p.size.len()
+            )))
+        }
+    };
+    Ok((rh, rw, p.interp))
+}
+
+fn resize_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let s = &ins[0].shape;
+    let cv = a.declares(CV_RESIZE_PARAMS);
+    let Some((_, h, w, _)) = nhwc(s).filter(|_| !cv || s.len() == 3) else {
+        return Err(Error::value(format!("{}: Input image dimension should be 3 or 4 but got {}", a.op, s.len())));
+    };
+    let (rh, rw, interp) = resize_target(a, h, w)?;
+    if interp != 0 && interp != 1 {
+        return Err(Error::not_supported(format!("{} with interp={interp} (nearest 0 and bilinear 1 are)", a.op)));
+    }
+    if !matches!(ins[0].dtype, DType::U8 | DType::F32 | DType::F64) {
+        return Err(Error::type_error(format!(
+            "{}: resizing {} images is not supported (uint8, float32, float64)",
+            a.op,
+            ins[0].dtype.name()
+        )));
+    }
+    let mut shape = s.clone();
+    let k = shape.len();
+    (shape[k - 3], shape[k - 2]) = (rh, rw);
+    Ok(vec![Meta::new(shape, ins[0].dtype)])
+}
+
+/// OpenCV's source position and weight of the next pixel for output `d` of `dst` pixels from
+/// `src` (bilinear: centres aligned, clamped at the edges).
+fn linear_tap(d: usize, src: usize, dst: usize) -> (usize, f64) {
+    let scale = src as f64 / dst as f64;
+    // In float32, as OpenCV computes it.
+    let f = ((d as f64 + 0.5) * scale - 0.5) as f32;
+    let s = f.floor();
+    let (mut s, mut frac) = (s as i64, (f - s) as f64);
+    if s < 0 {
+        (s, frac) = (0, 0.0);
+    }
+    if s as usize >= src - 1 {
+        (s, frac) = (src as i64 - 1, 0.0);
+    }
+    (s as usize, frac)
+}
+
+/// Float resizing in the image's own type with float32 weights, as OpenCV computes it.
+#[allow(clippy::too_many_arguments)]
+fn resize_float<T>(
+    x: &[T],
+    out: &mut [T],
+    (h, w, c): (usize, usize, usize),
+    (rh, rw): (usize, usize),
+    xs: &[(usize, f64)],
+    ys: &[(usize, f64)],
+    interp: i64,
+    halving: bool,
+    from_f32: impl Fn(f32) -> T + Sync,
+) where
+    T: Elem + Copy + Send + Sync + std::ops::Mul<Output = T> + std::ops::Add<Output = T>,
+{
+    let (in_img, out_img) = (h * w * c, rh * rw * c);
+    let quarter = from_f32(0.25);
+    par_for_mut(out, 1, Cost(4.0), T::DTYPE, |r, o| {
+        for (k, v) in r.clone().zip(o.iter_mut()) {
+            let (img, rest) = (k / out_img, k % out_img);
+            let (oy, ox, ch) = (rest / (rw * c), (rest / c) % rw, rest % c);
+            let px = |yy: usize, xx: usize| x[img * in_img + (yy * w + xx) * c + ch];
+            *v = if halving {
+                let (y0, x0) = (2 * oy, 2 * ox);
+                (px(y0, x0) + px(y0, x0 + 1) + px(y0 + 1, x0) + px(y0 + 1, x0 + 1)) * quarter
+            } else if interp == 0 {
+                px(ys[oy].0, xs[ox].0)
+            } else {
+                let ((sy, fy), (sx, fx)) = (ys[oy], xs[ox]);
+                let (fx, fy) = (fx as f32, fy as f32);
+                let (a0, a1, b0, b1) = (from_f32(1.0 - fx), from_f32(fx), from_f32(1.0 - fy), from_f32(fy));
+                let (sx1, sy1) = ((sx + 1).min(w - 1), (sy + 1).min(h - 1));
+                let row = |yy: usize| px(yy, sx) * a0 + px(yy, sx1) * a1;
+                row(sy) * b0 + row(sy1) * b1
+            };
+        }
+    });
+}
+
+fn resize(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let (_, h, w, c) = nhwc(&ins[0].shape).ok_or_else(|| Error::internal("resize of a checked shape"))?;
+    let (_, rh, rw, _) = nhwc(&outs[0].shape).ok_or_else(|| Error::internal("resize of a checked shape"))?;
+    let (_, _, interp) = resize_target(cx.attrs, h, w)?;
+    let nearest =
+        |d: usize, src: usize, dst: usize| ((d as f64 * (src as f64 / dst as f64)).floor() as usize).min(src - 1);
+    let halving = interp == 1 && h == 2 * rh && w == 2 * rw;
+    let xs: Vec<(usize, f64)> =
+        (0..rw).map(|x| if interp == 0 { (nearest(x, w, rw), 0.0) } else { linear_tap(x, w, rw) }).collect();
+    let ys: Vec<(usize, f64)> =
+        (0..rh).map(|y| if interp == 0 { (nearest(y, h, rh), 0.0) } else { linear_tap(y, h, rh) }).collect();
+    let (in_img, out_img) = (h * w * c, rh * rw * c);
+    match ins[0].dtype {
+        DType::U8 => {
+            let x = ins[0].as_slice::<u8>();
+            // OpenCV's fixed point: each weight rounded to 1/2048 (half to even), rows kept
+            // at that scale, then its vectorised rounding of the two rows' sum.
+            let q = |f: f64| -> (i64, i64) {
+                let f = f as f32;
+                (((1.0 - f) * 2048.0).round_ties_even() as i64, (f * 2048.0).round_ties_even() as i64)
+            };
+            par_for_mut(outs[0].as_mut::<u8>(), 1, Cost(4.0), DType::U8, |r, o| {
+                for (k, v) in r.clone().zip(o.iter_mut()) {
+                    let (img, rest) = (k / out_img, k % out_img);
+                    let (oy, ox, ch) = (rest / (rw * c), (rest / c) % rw, rest % c);
+                    let px = |yy: usize, xx: usize| x[img * in_img + (yy * w + xx) * c + ch] as i64;
+                    *v = if halving {
+                        let (y0, x0) = (2 * oy, 2 * ox);
+                        ((px(y0, x0) + px(y0, x0 + 1) + px(y0 + 1, x0) + px(y0 + 1, x0 + 1) + 2) >> 2) as u8
+                    } else if interp == 0 {
+                        px(ys[oy].0, xs[ox].0) as u8
+                    } else {
+                        let ((sy, fy), (sx, fx)) = (ys[oy], xs[ox]);
+                        let (a0, a1) = q(fx);
+                        let (b0, b1) = q(fy);
+                        let sx1 = (sx + 1).min(w - 1);
+                        let sy1 = (sy + 1).min(h - 1);
+                        let row = |yy: usize| px(yy, sx) * a0 + px(yy, sx1) * a1;
+                        ((((b0 * (row(sy) >> 4)) >> 16) + ((b1 * (row(sy1) >> 4)) >> 16) + 2) >> 2).clamp(0, 255) as u8
+                    };
+                }
+            });
+        }
+        DType::F32 => resize_float::<f32>(
+            ins[0].as_slice(),
+            outs[0].as_mut(),
+            (h, w, c),
+            (rh, rw),
+            &xs,
+            &ys,
+            interp,
+            halving,
+            |v| v,
+        ),
+        _ => resize_float::<f64>(
+            ins[0].as_slice(),
+            outs[0].as_mut(),
+            (h, w, c),
+            (rh, rw),
+            &xs,
+            &ys,
+            interp,
+            halving,
+            f64::from,
+        ),
+    }
+    Ok(())
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("_image_to_tensor", Inputs::Fixed(&["data"]), Box::new(to_tensor_infer), Box::new(to_tensor))
@@ -207,6 +500,26 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .doc("Normalize an tensor of shape (C x H x W) or (N x C x H x W) with mean and standard deviation: output[i] = (input[i] - mean[i]) / std[i] per channel."),
     );
     ops.push(OpDef::backward("_backward_image_normalize", NORMALIZE_PARAMS, Box::new(normalize_backward)));
+    ops.push(
+        OpDef::new("_image_crop", Inputs::Fixed(&["data"]), Box::new(crop_infer), Box::new(crop))
+            .alias(&["_npx__image_crop"])
+            .params(CROP_PARAMS)
+            .grad(Grad::Backward { op: "_backward_image_crop", inputs: false, outputs: false })
+            .doc("Crop an image NDArray of shape (H x W x C) or (N x H x W x C) to the given size."),
+    );
+    ops.push(OpDef::backward("_backward_image_crop", CROP_PARAMS, Box::new(crop_backward)));
+    ops.push(
+        OpDef::new("_image_resize", Inputs::Fixed(&["data"]), Box::new(resize_infer), Box::new(resize))
+            .alias(&["_npx__image_resize"])
+            .params(RESIZE_PARAMS)
+            .doc("Resize an image NDArray of shape (H x W x C) or (N x H x W x C) to the given size"),
+    );
+    ops.push(
+        OpDef::new("_cvimresize", Inputs::Fixed(&["src"]), Box::new(resize_infer), Box::new(resize))
+            .alias(&["_npi_cvimresize"])
+            .params(CV_RESIZE_PARAMS)
+            .doc("Resize image with OpenCV. \n"),
+    );
     // (name, alias, axis, random)
     let flips: [(&'static str, &'static [&'static str], usize, bool); 4] = [
         ("_image_flip_left_right", &["_npx__image_flip_left_right"], 1, false),
@@ -265,5 +578,30 @@ mod tests {
         let img = array_f32(&[1, 3, 1], &[1.0, 2.0, 3.0]);
         assert_eq!(values(&call("_image_flip_left_right", &img, &[])), vec![3.0, 2.0, 1.0]);
         assert_eq!(values(&call("_image_flip_top_bottom", &img, &[])), vec![1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn crop_and_resize() {
+        // A 2x4 one-channel image: crop its right half, then halve it (2x2 box average) and
+        // upscale it (bilinear, centres aligned, clamped).
+        let img = array_f32(&[2, 4, 1], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+        let c = call("_image_crop", &img, &[("x", "2"), ("y", "0"), ("width", "2"), ("height", "2")]);
+        assert_eq!((c.shape.clone(), values(&c)), (vec![2, 2, 1], vec![2.0, 3.0, 6.0, 7.0]));
+        assert_eq!(values(&call("_image_resize", &img, &[("size", "(2, 1)")])), vec![2.5, 4.5]);
+        let up = call("_image_resize", &c, &[("size", "(4, 1)")]);
+        assert_eq!(values(&up), vec![4.0, 4.25, 4.75, 5.0]);
+        assert_eq!(
+            values(&call("_image_resize", &c, &[("size", "(4, 1)"), ("interp", "0")])),
+            vec![2.0, 2.0, 3.0, 3.0]
+        );
+        let bad = invoke(
+            lookup("_image_crop").unwrap(),
+            &[&img],
+            None,
+            [("x", "3"), ("y", "0"), ("width", "2"), ("height", "1")],
+        );
+        assert!(bad.err().unwrap().to_string().contains("x + width should not be greater"));
+        let cubic = invoke(lookup("_image_resize").unwrap(), &[&img], None, [("size", "(3, 3)"), ("interp", "2")]);
+        assert!(cubic.err().unwrap().to_string().starts_with("NotImplementedError"));
     }
 }
