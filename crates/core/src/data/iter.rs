@@ -14,7 +14,7 @@
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::ndarray::{DType, NDArray};
-use crate::op::param::{Attrs, PType, ParamSpec, ParamType};
+use crate::op::param::{op_params, Attrs, ParamSpec};
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -41,42 +41,13 @@ pub struct IterDef {
     pub name: &'static str,
     pub doc: &'static str,
     pub params: &'static [ParamSpec],
-    create: fn(&Params) -> Result<Box<dyn DataIter>>,
+    create: fn(&Attrs) -> Result<Box<dyn DataIter>>,
 }
 
 impl IterDef {
     /// Create one from the frontend's string parameters.
     pub fn create<'a>(&self, kv: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Box<dyn DataIter>> {
-        let attrs = Attrs::parse_open(self.name, self.params, kv)?;
-        (self.create)(&Params { attrs, specs: self.params })
-    }
-}
-
-/// An iterator's parsed parameters, read by name.
-pub struct Params {
-    attrs: Attrs,
-    specs: &'static [ParamSpec],
-}
-
-impl Params {
-    fn get<'a, T: ParamType<'a>>(&'a self, name: &str) -> T {
-        let i = self.specs.iter().position(|s| s.name == name).expect("a parameter the iterator declares");
-        self.attrs.typed(self.specs, i)
-    }
-    fn int(&self, name: &str) -> i64 {
-        self.get(name)
-    }
-    fn bool(&self, name: &str) -> bool {
-        self.get(name)
-    }
-    fn str(&self, name: &str) -> &str {
-        self.get(name)
-    }
-    fn shape(&self, name: &str) -> &[i64] {
-        self.get(name)
-    }
-    fn dtype(&self, name: &str) -> Option<DType> {
-        self.get(name)
+        (self.create)(&Attrs::parse_open(self.name, self.params, kv)?)
     }
 }
 
@@ -91,24 +62,14 @@ pub fn find(name: &str) -> Option<&'static IterDef> {
 }
 
 static ITERATORS: [IterDef; 2] = [
-    IterDef { name: "MNISTIter", doc: MNIST_DOC, params: &MNIST_PARAMS, create: Mnist::create },
-    IterDef { name: "CSVIter", doc: CSV_DOC, params: &CSV_PARAMS, create: Csv::create },
+    IterDef { name: "MNISTIter", doc: MNIST_DOC, params: MNIST_PARAMS, create: Mnist::create },
+    IterDef { name: "CSVIter", doc: CSV_DOC, params: CSV_PARAMS, create: Csv::create },
 ];
 
-const PREFETCH_BUFFER: ParamSpec = ParamSpec::opt(
-    "prefetch_buffer",
-    PType::Int,
-    "4",
-    "Maximum number of batches to prefetch (accepted; this library reads on the calling thread).",
-);
-const CTX: ParamSpec = ParamSpec::opt(
-    "ctx",
-    PType::Enum(&["cpu", "gpu"]),
-    "gpu",
-    "Context data loader optimized for (accepted; batches are on the CPU).",
-);
-const DTYPE: ParamSpec =
-    ParamSpec::or_none("dtype", PType::DType, "None", "Output data type. ``None`` means no change.");
+const PREFETCH_DOC: &str =
+    "Maximum number of batches to prefetch (accepted; this library reads on the calling thread).";
+const CTX_DOC: &str = "Context data loader optimized for (accepted; batches are on the CPU).";
+const DTYPE_DOC: &str = "Output data type. ``None`` means no change.";
 
 /// A CPU array of `shape` holding `bytes` (of `dtype` elements).
 fn host_array(shape: Vec<usize>, dtype: DType, bytes: &[u8]) -> Result<NDArray> {
@@ -119,19 +80,17 @@ fn host_array(shape: Vec<usize>, dtype: DType, bytes: &[u8]) -> Result<NDArray> 
     Ok(a)
 }
 
-fn positive(attrs: &Params, name: &str) -> Result<usize> {
-    let v = attrs.int(name);
+fn positive(op: &str, name: &str, v: i64) -> Result<usize> {
     usize::try_from(v)
         .ok()
         .filter(|&n| n > 0)
-        .ok_or_else(|| Error::value(format!("{}: {name} must be positive, got {v}", attrs.attrs.op)))
+        .ok_or_else(|| Error::value(format!("{op}: {name} must be positive, got {v}")))
 }
 
-fn check_dtype(attrs: &Params, produced: DType) -> Result<()> {
-    match attrs.dtype("dtype") {
+fn check_dtype(op: &str, asked: Option<DType>, produced: DType) -> Result<()> {
+    match asked {
         Some(d) if d != produced => Err(Error::not_supported(format!(
-            "{} with dtype={} (it produces {}; stock fails on a different dtype too)",
-            attrs.attrs.op,
+            "{op} with dtype={} (it produces {}; stock fails on a different dtype too)",
             d.name(),
             produced.name()
         ))),
@@ -144,20 +103,23 @@ fn check_dtype(attrs: &Params, produced: DType) -> Result<()> {
 const MNIST_DOC: &str =
     "Iterating on the MNIST dataset.\n\nOne can download the dataset from http://yann.lecun.com/exdb/mnist/\n";
 
-static MNIST_PARAMS: [ParamSpec; 12] = [
-    ParamSpec::opt("image", PType::Str, "./train-images-idx3-ubyte", "Dataset Param: Mnist image path."),
-    ParamSpec::opt("label", PType::Str, "./train-labels-idx1-ubyte", "Dataset Param: Mnist label path."),
-    ParamSpec::opt("batch_size", PType::Int, "128", "Batch Param: Batch Size."),
-    ParamSpec::opt("shuffle", PType::Bool, "True", "Augmentation Param: Whether to shuffle data."),
-    ParamSpec::opt("flat", PType::Bool, "False", "Augmentation Param: Whether to flat the data into 1D."),
-    ParamSpec::opt("seed", PType::Int, "0", "Augmentation Param: Random Seed."),
-    ParamSpec::opt("silent", PType::Bool, "False", "Auxiliary Param: Whether to print out data info."),
-    ParamSpec::opt("num_parts", PType::Int, "1", "partition the data into multiple parts"),
-    ParamSpec::opt("part_index", PType::Int, "0", "the index of the part will read"),
-    PREFETCH_BUFFER,
-    CTX,
-    DTYPE,
-];
+op_params! {
+    /// `MNISTIter`'s parameters (stock's MNISTParam and PrefetcherParam).
+    struct MnistParams<'a> => MNIST_PARAMS {
+        image: &'a str = "./train-images-idx3-ubyte", "Dataset Param: Mnist image path.";
+        label: &'a str = "./train-labels-idx1-ubyte", "Dataset Param: Mnist label path.";
+        batch_size: i64 = "128", "Batch Param: Batch Size.";
+        shuffle: bool = "True", "Augmentation Param: Whether to shuffle data.";
+        flat: bool = "False", "Augmentation Param: Whether to flat the data into 1D.";
+        seed: i64 = "0", "Augmentation Param: Random Seed.";
+        silent: bool = "False", "Auxiliary Param: Whether to print out data info.";
+        num_parts: i64 = "1", "partition the data into multiple parts";
+        part_index: i64 = "0", "the index of the part will read";
+        prefetch_buffer: i64 = "4", PREFETCH_DOC;
+        ctx: &'a str = "gpu" in ["cpu", "gpu"], CTX_DOC;
+        dtype: Option<DType> = "None", DTYPE_DOC;
+    }
+}
 
 struct Mnist {
     /// Pixels scaled to [0, 1), one image after the other.
@@ -195,23 +157,21 @@ fn read_idx(path: &str, magic: u32, dims: usize) -> Result<(Vec<usize>, Vec<u8>)
 }
 
 impl Mnist {
-    fn create(a: &Params) -> Result<Box<dyn DataIter>> {
-        check_dtype(a, DType::F32)?;
-        let batch = positive(a, "batch_size")?;
-        let (parts, part) = (positive(a, "num_parts")?, a.int("part_index"));
+    fn create(a: &Attrs) -> Result<Box<dyn DataIter>> {
+        let p = MnistParams::of(a);
+        check_dtype(a.op, p.dtype, DType::F32)?;
+        let batch = positive(a.op, "batch_size", p.batch_size)?;
+        let (parts, part) = (positive(a.op, "num_parts", p.num_parts)?, p.part_index);
         let part = usize::try_from(part)
             .ok()
-            .filter(|&p| p < parts)
+            .filter(|&q| q < parts)
             .ok_or_else(|| Error::value(format!("MNISTIter: part_index {part} is not in [0, num_parts={parts})")))?;
-        let (ishape, pixels) = read_idx(a.str("image"), 0x803, 3)?;
-        let (lshape, labels) = read_idx(a.str("label"), 0x801, 1)?;
+        let (ishape, pixels) = read_idx(p.image, 0x803, 3)?;
+        let (lshape, labels) = read_idx(p.label, 0x801, 1)?;
         if ishape[0] != lshape[0] {
             return Err(Error::mxnet(format!(
                 "MNISTIter: {} holds {} images but {} holds {} labels",
-                a.str("image"),
-                ishape[0],
-                a.str("label"),
-                lshape[0]
+                p.image, ishape[0], p.label, lshape[0]
             )));
         }
         // Stock's partition: [count / parts × part, count / parts × (part + 1)), in doubles.
@@ -220,19 +180,19 @@ impl Mnist {
         let (rows, cols) = (ishape[1], ishape[2]);
         let unit = rows * cols;
         let mut order: Vec<usize> = (start..end).collect();
-        if a.bool("shuffle") {
-            shuffle(&mut order, a.int("seed") as u64);
+        if p.shuffle {
+            shuffle(&mut order, p.seed as u64);
         }
         let mut images = Vec::with_capacity(order.len() * unit);
         for &i in &order {
             images.extend(pixels[i * unit..(i + 1) * unit].iter().map(|&p| p as f32 * (1.0 / 256.0)));
         }
         let labels: Vec<f32> = order.iter().map(|&i| labels[i] as f32).collect();
-        if !a.bool("silent") {
-            let shape = if a.bool("flat") { format!("({batch},{unit})") } else { format!("({batch},1,{rows},{cols})") };
-            eprintln!("MNISTIter: load {} images, shuffle={}, shape={shape}", order.len(), u8::from(a.bool("shuffle")));
+        if !p.silent {
+            let shape = if p.flat { format!("({batch},{unit})") } else { format!("({batch},1,{rows},{cols})") };
+            eprintln!("MNISTIter: load {} images, shuffle={}, shape={shape}", order.len(), u8::from(p.shuffle));
         }
-        Ok(Box::new(Mnist { images, labels, rows, cols, batch, flat: a.bool("flat"), loc: 0 }))
+        Ok(Box::new(Mnist { images, labels, rows, cols, batch, flat: p.flat, loc: 0 }))
     }
 }
 
@@ -281,22 +241,20 @@ impl DataIter for Mnist {
 
 const CSV_DOC: &str = "Returns the CSV file iterator.\n\nIn this function, the `data_shape` parameter is used to set the shape of each line of the input data.\nIf a row in an input file is `1,2,3,4,5,6`` and `data_shape` is (3,2), that row\nwill be reshaped, yielding the array [[1,2],[3,4],[5,6]] of shape (3,2).\n\nBy default, the `CSVIter` has `round_batch` parameter set to ``True``. So, if `batch_size`\nis 3 and there are 4 total rows in CSV file, 2 more examples\nare consumed at the first round. If `reset` function is called after first round,\nthe call is ignored and remaining examples are returned in the second round.\n\nIf one wants all the instances in the second round after calling `reset`, make sure\nto set `round_batch` to False.\n\nIf ``data_csv = 'data/'`` is set, then all the files in this directory will be read.\n\n``reset()`` is expected to be called only after a complete pass of data.\n\nBy default, the CSVIter parses all entries in the data file as float32 data type,\nif `dtype` argument is set to be 'int32' or 'int64' then CSVIter will parse all entries in the file\nas int32 or int64 data type accordingly.\n";
 
-static CSV_PARAMS: [ParamSpec; 9] = [
-    ParamSpec::req("data_csv", PType::Str, "The input CSV file or a directory path."),
-    ParamSpec::req("data_shape", PType::Shape, "The shape of one example."),
-    ParamSpec::opt(
-        "label_csv",
-        PType::Str,
-        "NULL",
-        "The input CSV file or a directory path. If NULL, all labels will be returned as 0.",
-    ),
-    ParamSpec::opt("label_shape", PType::Shape, "(1,)", "The shape of one label."),
-    ParamSpec::req("batch_size", PType::Int, "Batch size."),
-    ParamSpec::opt("round_batch", PType::Bool, "True", "Whether to use round robin to handle overflow batch or not."),
-    PREFETCH_BUFFER,
-    CTX,
-    DTYPE,
-];
+op_params! {
+    /// `CSVIter`'s parameters (stock's CSVIterParam, BatchParam and PrefetcherParam).
+    struct CsvParams<'a> => CSV_PARAMS {
+        data_csv: &'a str = required, "The input CSV file or a directory path.";
+        data_shape: &'a [i64] = required, "The shape of one example.";
+        label_csv: &'a str = "NULL", "The input CSV file or a directory path. If NULL, all labels will be returned as 0.";
+        label_shape: &'a [i64] = "(1,)", "The shape of one label.";
+        batch_size: i64 = required, "Batch size.";
+        round_batch: bool = "True", "Whether to use round robin to handle overflow batch or not.";
+        prefetch_buffer: i64 = "4", PREFETCH_DOC;
+        ctx: &'a str = "gpu" in ["cpu", "gpu"], CTX_DOC;
+        dtype: Option<DType> = "None", DTYPE_DOC;
+    }
+}
 
 /// The rows of a CSV file, or of every file of a directory (in name order), parsed as
 /// `dtype` values.
@@ -403,8 +361,9 @@ struct Csv {
 }
 
 impl Csv {
-    fn create(a: &Params) -> Result<Box<dyn DataIter>> {
-        let dtype = match a.dtype("dtype") {
+    fn create(a: &Attrs) -> Result<Box<dyn DataIter>> {
+        let p = CsvParams::of(a);
+        let dtype = match p.dtype {
             None | Some(DType::F32) => DType::F32,
             Some(d @ (DType::I32 | DType::I64)) => d,
             Some(d) => {
@@ -414,20 +373,19 @@ impl Csv {
                 )))
             }
         };
-        let shape = |name: &str| -> Result<Vec<usize>> {
-            a.shape(name)
-                .iter()
+        let shape = |name: &str, s: &[i64]| -> Result<Vec<usize>> {
+            s.iter()
                 .map(|&d| usize::try_from(d).ok().filter(|&d| d > 0))
                 .collect::<Option<Vec<_>>>()
-                .filter(|s| !s.is_empty())
-                .ok_or_else(|| Error::value(format!("CSVIter: {name} {:?} must have positive sizes", a.shape(name))))
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| Error::value(format!("CSVIter: {name} {s:?} must have positive sizes")))
         };
-        let (data_shape, label_shape) = (shape("data_shape")?, shape("label_shape")?);
-        let batch = positive(a, "batch_size")?;
-        let data = CsvRows::open(a.str("data_csv"), dtype)?;
-        let label = match a.str("label_csv") {
+        let (data_shape, label_shape) = (shape("data_shape", p.data_shape)?, shape("label_shape", p.label_shape)?);
+        let batch = positive(a.op, "batch_size", p.batch_size)?;
+        let data = CsvRows::open(p.data_csv, dtype)?;
+        let label = match p.label_csv {
             "NULL" => None,
-            p => Some(CsvRows::open(p, dtype)?),
+            path => Some(CsvRows::open(path, dtype)?),
         };
         let bytes = |s: &[usize]| s.iter().product::<usize>() * dtype.size() * batch;
         Ok(Box::new(Csv {
@@ -440,7 +398,7 @@ impl Csv {
             data_shape,
             label_shape,
             batch,
-            round_batch: a.bool("round_batch"),
+            round_batch: p.round_batch,
             counter: 0,
             overflow: 0,
             row: Vec::new(),

@@ -344,6 +344,9 @@ fn resize_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let Some((_, h, w, _)) = nhwc(s).filter(|_| !cv || s.len() == 3) else {
         return Err(Error::value(format!("{}: Input image dimension should be 3 or 4 but got {}", a.op, s.len())));
     };
+    if h == 0 || w == 0 {
+        return Err(Error::value(format!("{}: cannot resize an empty image of shape {s:?}", a.op)));
+    }
     let (rh, rw, interp) = resize_target(a, h, w)?;
     if interp != 0 && interp != 1 {
         return Err(Error::not_supported(format!("{} with interp={interp} (nearest 0 and bilinear 1 are)", a.op)));
@@ -486,6 +489,254 @@ fn resize(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
+op_params! {
+    /// The random enhancements' parameters (`_image_random_brightness`, ...).
+    struct EnhanceParams<'a> => ENHANCE_PARAMS {
+        min_factor: f64 = required, "Minimum factor.";
+        max_factor: f64 = required, "Maximum factor.";
+    }
+}
+
+op_params! {
+    /// `_image_random_color_jitter`'s parameters.
+    struct JitterParams<'a> => JITTER_PARAMS {
+        brightness: f64 = required, "How much to jitter brightness.";
+        contrast: f64 = required, "How much to jitter contrast.";
+        saturation: f64 = required, "How much to jitter saturation.";
+        hue: f64 = required, "How much to jitter hue.";
+    }
+}
+
+op_params! {
+    /// `_image_adjust_lighting`'s parameters.
+    struct LightingParams<'a> => LIGHTING_PARAMS {
+        alpha: &'a [f64] = required, "The lighting alphas for the R, G, B channels.";
+    }
+}
+
+op_params! {
+    /// `_image_random_lighting`'s parameters.
+    struct RandomLightingParams<'a> => RANDOM_LIGHTING_PARAMS {
+        alpha_std: f64 = "0.05", "Level of the lighting noise.";
+    }
+}
+
+/// A float32 result stored as `T`, as stock's image operators do: clamped to the type's
+/// range and truncated for integer types (stock clamps only `uint8`; others overflow there),
+/// as it is for floats.
+fn saturate<T: Elem>(v: f32) -> T {
+    let (lo, hi) = match T::DTYPE {
+        DType::U8 | DType::Bool => (0.0, 255.0),
+        DType::I8 => (-128.0, 127.0),
+        DType::I32 => (i32::MIN as f64, i32::MAX as f64),
+        DType::I64 => (i64::MIN as f64, i64::MAX as f64),
+        _ => return T::from_f64(v as f64),
+    };
+    T::from_f64((v as f64).clamp(lo, hi).trunc())
+}
+
+/// One enhancement of an HWC image (float32 arithmetic, as stock).
+#[derive(Clone, Copy)]
+enum Enhance {
+    Brightness(f32),
+    Contrast(f32),
+    Saturation(f32),
+    /// A hue rotation, in turns.
+    Hue(f32),
+    /// The per-channel offsets of AlexNet's PCA lighting noise.
+    Lighting([f32; 3]),
+}
+
+const GRAY: [f32; 3] = [0.299, 0.587, 0.114];
+
+/// The float32 pixels of `x` (HWC) after `e`.
+fn enhance(px: &mut [f32], channels: usize, e: Enhance) {
+    match e {
+        Enhance::Brightness(a) => px.iter_mut().for_each(|v| *v *= a),
+        Enhance::Contrast(a) => {
+            let n = (px.len() / channels.max(1)) as f32;
+            // Summed product by product, in stock's order.
+            let sum: f32 = if channels == 3 {
+                px.chunks(3).fold(0.0, |acc, p| acc + p[0] * GRAY[0] + p[1] * GRAY[1] + p[2] * GRAY[2])
+            } else {
+                px.iter().sum()
+            };
+            let beta = (1.0 - a) * (sum / n);
+            px.iter_mut().for_each(|v| *v = *v * a + beta);
+        }
+        Enhance::Saturation(a) if channels == 3 => {
+            for p in px.chunks_mut(3) {
+                let gray = (p[0] * GRAY[0] + p[1] * GRAY[1] + p[2] * GRAY[2]) * (1.0 - a);
+                p.iter_mut().for_each(|v| *v = gray + *v * a);
+            }
+        }
+        Enhance::Hue(a) if channels == 3 => {
+            for p in px.chunks_mut(3) {
+                let (h, l, s) = rgb_to_hls(p[0], p[1], p[2]);
+                let (r, g, b) = hls_to_rgb(h + a * 360.0, l, s);
+                (p[0], p[1], p[2]) = (r, g, b);
+            }
+        }
+        Enhance::Lighting(off) if channels == 3 => {
+            for p in px.chunks_mut(3) {
+                (0..3).for_each(|c| p[c] += off[c]);
+            }
+        }
+        // One channel: saturation, hue and lighting leave the image as it is.
+        _ => {}
+    }
+}
+
+/// OpenCV's RGB to HLS of 0..255 values: hue in degrees, lightness and saturation in 0..1.
+fn rgb_to_hls(r: f32, g: f32, b: f32) -> (f32, f32, f32) {
+    let (r, g, b) = (r / 255.0, g / 255.0, b / 255.0);
+    let (vmax, vmin) = (r.max(g).max(b), r.min(g).min(b));
+    let mut diff = vmax - vmin;
+    let l = (vmax + vmin) * 0.5;
+    let (mut h, mut s) = (0.0, 0.0);
+    if diff > f32::EPSILON {
+        s = if l < 0.5 { diff / (vmax + vmin) } else { diff / (2.0 - vmax - vmin) };
+        diff = 60.0 / diff;
+        h = if vmax == r {
+            (g - b) * diff
+        } else if vmax == g {
+            (b - r) * diff + 120.0
+        } else {
+            (r - g) * diff + 240.0
+        };
+        if h < 0.0 {
+            h += 360.0;
+        }
+    }
+    (h, l, s)
+}
+
+/// OpenCV's HLS to RGB, back to 0..255 values.
+fn hls_to_rgb(mut h: f32, l: f32, s: f32) -> (f32, f32, f32) {
+    const SECTORS: [[usize; 3]; 6] = [[1, 3, 0], [1, 0, 2], [3, 0, 1], [0, 2, 1], [0, 1, 3], [2, 1, 0]];
+    let (mut r, mut g, mut b) = (l, l, l);
+    if s != 0.0 {
+        let p2 = if l <= 0.5 { l * (1.0 + s) } else { l + s - l * s };
+        let p1 = 2.0 * l - p2;
+        h *= 1.0 / 60.0;
+        while h < 0.0 {
+            h += 6.0;
+        }
+        while h >= 6.0 {
+            h -= 6.0;
+        }
+        let sector = (h as usize).min(5);
+        h -= sector as f32;
+        let tab = [p2, p1, p1 + (p2 - p1) * (1.0 - h), p1 + (p2 - p1) * h];
+        let [bi, gi, ri] = SECTORS[sector];
+        (b, g, r) = (tab[bi], tab[gi], tab[ri]);
+    }
+    (r * 255.0, g * 255.0, b * 255.0)
+}
+
+/// AlexNet's PCA lighting offsets for the R, G, B channels, from the three alphas.
+fn lighting_offsets(alpha: [f32; 3]) -> [f32; 3] {
+    const EIG: [[f64; 3]; 3] = [
+        [55.46 * -0.5675, 4.794 * 0.7192, 1.148 * 0.4009],
+        [55.46 * -0.5808, 4.794 * -0.0045, 1.148 * -0.8140],
+        [55.46 * -0.5836, 4.794 * -0.6948, 1.148 * 0.4203],
+    ];
+    let row = |k: usize| (0..3).map(|j| EIG[k][j] as f32 * alpha[j]).fold(0.0f32, |acc, v| acc + v);
+    [row(0), row(1), row(2)]
+}
+
+/// Which colour operator.
+#[derive(Clone, Copy, PartialEq)]
+enum Color {
+    Brightness,
+    Contrast,
+    Saturation,
+    Hue,
+    Jitter,
+    Lighting,
+    RandomLighting,
+}
+
+/// The enhancements one call applies, in order, drawn from its random stream.
+fn enhancements(cx: &OpCtx, kind: Color) -> Result<Vec<Enhance>> {
+    let a = cx.attrs;
+    let rng = || cx.rng.ok_or_else(|| Error::internal(format!("{} ran without its random stream", a.op)));
+    let between = |k: u64, lo: f64, hi: f64| -> Result<f32> { Ok((lo + (hi - lo) * rng()?.uniform(k)) as f32) };
+    Ok(match kind {
+        Color::Lighting => {
+            let p = LightingParams::of(a);
+            if p.alpha.len() != 3 {
+                return Err(Error::value(format!(
+                    "{}: alpha must have 3 values (R, G, B), got {}",
+                    a.op,
+                    p.alpha.len()
+                )));
+            }
+            vec![Enhance::Lighting(lighting_offsets([p.alpha[0] as f32, p.alpha[1] as f32, p.alpha[2] as f32]))]
+        }
+        Color::RandomLighting => {
+            let sd = RandomLightingParams::of(a).alpha_std as f32;
+            let r = rng()?;
+            vec![Enhance::Lighting(lighting_offsets([0, 1, 2].map(|k| r.normal(k) as f32 * sd)))]
+        }
+        Color::Jitter => {
+            let p = JitterParams::of(a);
+            // A random order of the four (Fisher-Yates on draws 0-2), then one factor each.
+            let mut order = [0usize, 1, 2, 3];
+            for i in (1..4).rev() {
+                let j = rng()?.int_in(i as u64 - 1, 0, i as i64 + 1) as usize;
+                order.swap(i, j);
+            }
+            let mut out = Vec::new();
+            for (k, which) in order.into_iter().enumerate() {
+                let draw = 3 + k as u64;
+                match which {
+                    0 if p.brightness > 0.0 => {
+                        out.push(Enhance::Brightness(1.0 + between(draw, -p.brightness, p.brightness)?))
+                    }
+                    1 if p.contrast > 0.0 => out.push(Enhance::Contrast(1.0 + between(draw, -p.contrast, p.contrast)?)),
+                    2 if p.saturation > 0.0 => {
+                        out.push(Enhance::Saturation(1.0 + between(draw, -p.saturation, p.saturation)?))
+                    }
+                    3 if p.hue > 0.0 => out.push(Enhance::Hue(between(draw, -p.hue, p.hue)?)),
+                    _ => {}
+                }
+            }
+            out
+        }
+        _ => {
+            let p = EnhanceParams::of(a);
+            if p.min_factor < 0.0 || p.max_factor < 0.0 {
+                return Err(Error::value(format!("{}: min_factor and max_factor must not be negative", a.op)));
+            }
+            let f = between(0, p.min_factor, p.max_factor)?;
+            vec![match kind {
+                Color::Brightness => Enhance::Brightness(f),
+                Color::Contrast => Enhance::Contrast(f),
+                Color::Saturation => Enhance::Saturation(f),
+                _ => Enhance::Hue(f),
+            }]
+        }
+    })
+}
+
+/// The colour operators: the image's pixels in float32 through the call's enhancements, then
+/// stored as the image's type (rounded and clamped for integer types).
+fn color(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], kind: Color) -> Result<()> {
+    let steps = enhancements(cx, kind)?;
+    let c = ins[0].shape[2];
+    dispatch_all!(ins[0].dtype, T => {
+        let mut px: Vec<f32> = ins[0].as_slice::<T>().iter().map(|v| v.to_f32()).collect();
+        for e in steps {
+            // Stock rounds to the image's type between the steps of a jitter.
+            enhance(&mut px, c, e);
+            px.iter_mut().for_each(|v| *v = saturate::<T>(*v).to_f32());
+        }
+        outs[0].as_mut::<T>().iter_mut().zip(&px).for_each(|(o, &v)| *o = saturate::<T>(v));
+    });
+    Ok(())
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("_image_to_tensor", Inputs::Fixed(&["data"]), Box::new(to_tensor_infer), Box::new(to_tensor))
@@ -520,6 +771,68 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .params(CV_RESIZE_PARAMS)
             .doc("Resize image with OpenCV. \n"),
     );
+    // (name, kind, parameters, doc)
+    let colors: [(&'static str, Color, &'static [crate::op::param::ParamSpec], &'static str); 7] = [
+        (
+            "_image_random_brightness",
+            Color::Brightness,
+            ENHANCE_PARAMS,
+            "Randomly scales the brightness of an HWC image by a factor in [min_factor, max_factor].",
+        ),
+        (
+            "_image_random_contrast",
+            Color::Contrast,
+            ENHANCE_PARAMS,
+            "Randomly blends an HWC image with its mean gray by a factor in [min_factor, max_factor].",
+        ),
+        (
+            "_image_random_saturation",
+            Color::Saturation,
+            ENHANCE_PARAMS,
+            "Randomly blends an HWC image with its gray version by a factor in [min_factor, max_factor].",
+        ),
+        (
+            "_image_random_hue",
+            Color::Hue,
+            ENHANCE_PARAMS,
+            "Randomly rotates the hue of an HWC image by a fraction of a turn in [min_factor, max_factor].",
+        ),
+        (
+            "_image_random_color_jitter",
+            Color::Jitter,
+            JITTER_PARAMS,
+            "Randomly jitters brightness, contrast, saturation and hue of an HWC image, in a random order.",
+        ),
+        (
+            "_image_adjust_lighting",
+            Color::Lighting,
+            LIGHTING_PARAMS,
+            "Adjust the lighting level of the input. Follow the AlexNet style.",
+        ),
+        (
+            "_image_random_lighting",
+            Color::RandomLighting,
+            RANDOM_LIGHTING_PARAMS,
+            "Randomly add PCA noise. Follow the AlexNet style.",
+        ),
+    ];
+    for (name, kind, params, doc) in colors {
+        let alias: &'static str = Box::leak(format!("_npx_{name}").into_boxed_str());
+        let aliases: &'static [&'static str] = Box::leak(Box::new([alias]));
+        let resources: &'static [Resource] = if kind == Color::Lighting { &[] } else { &[Resource::Random] };
+        ops.push(
+            OpDef::new(
+                name,
+                Inputs::Fixed(&["data"]),
+                Box::new(image_infer),
+                Box::new(move |cx, i, o| color(cx, i, o, kind)),
+            )
+            .alias(aliases)
+            .params(params)
+            .resources(resources)
+            .doc(doc),
+        );
+    }
     // (name, alias, axis, random)
     let flips: [(&'static str, &'static [&'static str], usize, bool); 4] = [
         ("_image_flip_left_right", &["_npx__image_flip_left_right"], 1, false),
