@@ -71,8 +71,6 @@ out['csv shaped'] = epoch(mx.io.CSVIter(data_csv=csv, data_shape=(3, 1), label_c
                                         label_shape=(2,), batch_size=3))
 out['csv int32'] = epoch(mx.io.CSVIter(data_csv=os.path.join(d, 'ints.csv'), data_shape=(2,), batch_size=2, dtype='int32'))
 out['csv dir'] = epoch(mx.io.CSVIter(data_csv=os.path.join(d, 'parts'), data_shape=(3,), batch_size=5))
-attempt('csv wrong shape', lambda: epoch(mx.io.CSVIter(data_csv=csv, data_shape=(4,), batch_size=2)))
-attempt('csv missing file', lambda: epoch(mx.io.CSVIter(data_csv=csv + '.x', data_shape=(3,), batch_size=2)))
 with open(sys.argv[-1], 'wb') as f:
     pickle.dump(out, f)
 """
@@ -116,4 +114,11 @@ def test_iterators_match_stock(tmp_path):
     assert len(ours["mnist"]) == 2 and ours["mnist"][0][0].shape == (4, 1, 3, 4)
     assert [b[2] for b in ours["csv round 1"]] == [0, 0, 2]
     assert [b[2] for b in ours["csv no round 1"]] == [0, 0, 2]
-    assert ours["csv missing file"][0] == "error" and ours["csv wrong shape"][0] == "error"
+    # Bad CSV input, on this library only: stock raises in its prefetch thread, and its
+    # process can then hang (seen in CI-like runs).
+    import mxnet as mx
+
+    with pytest.raises(mx.base.MXNetError, match="data_shape \\[4\\] needs 4"):
+        list(mx.io.CSVIter(data_csv=str(files / "data.csv"), data_shape=(4,), batch_size=2))
+    with pytest.raises(mx.base.MXNetError, match="cannot open"):
+        mx.io.CSVIter(data_csv=str(files / "nope.csv"), data_shape=(3,), batch_size=2)
