@@ -22,6 +22,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -128,6 +129,34 @@ with open(sys.argv[3], "ab") as out:
 """
 
 
+# Stock 1.9.1 sometimes crashes while its engine shuts down at exit (a worker thread faults in
+# malloc_consolidate), and its SIGSEGV handler then deadlocks inside malloc while printing the
+# stack trace: the process hangs forever after doing all its work. Seen about once in 400
+# runs of the C predict example under load, and in CI. A stock run is therefore retried when
+# it hangs or dies of a signal; a run of ours never is.
+STOCK_ATTEMPTS = 3
+
+
+def run_stock_process(args: Sequence[str], timeout: float, retry_signals: bool = True,
+                      **kwargs: Any) -> subprocess.CompletedProcess:
+    """`subprocess.run(args, timeout=timeout, **kwargs)` for a process that uses stock's
+    library: retried (up to STOCK_ATTEMPTS runs, a warning each time) when it times out or,
+    with `retry_signals`, is killed by a signal. The last attempt's outcome is returned or
+    raised."""
+    for attempt in range(1, STOCK_ATTEMPTS + 1):
+        try:
+            r = subprocess.run(args, timeout=timeout, **kwargs)
+        except subprocess.TimeoutExpired:
+            if attempt == STOCK_ATTEMPTS:
+                raise
+            warnings.warn(f"stock's process hung (attempt {attempt} of {STOCK_ATTEMPTS}): {args[0]}")
+            continue
+        if r.returncode >= 0 or not retry_signals or attempt == STOCK_ATTEMPTS:
+            return r
+        warnings.warn(f"stock's process died of signal {-r.returncode} (attempt {attempt} of {STOCK_ATTEMPTS})")
+    raise AssertionError("unreachable")
+
+
 def run_stock(cases: Sequence[Case], timeout: float = 300) -> Dict[str, Dict[str, Any]]:
     """All `cases` through stock 1.9.1, in one subprocess. Where stock crashes on a case, that
     case's result is a "StockCrash" error and a new subprocess goes on with the rest."""
@@ -140,8 +169,8 @@ def run_stock(cases: Sequence[Case], timeout: float = 300) -> Dict[str, Dict[str
             with open(cases_path, "wb") as f:
                 pickle.dump([dataclasses.asdict(c) for c in todo], f)
             open(results_path, "wb").close()
-            res = subprocess.run([sys.executable, "-W", "ignore", "-c", _STOCK_MAIN, os.path.abspath(__file__), cases_path, results_path],
-                                 env=env, capture_output=True, text=True, timeout=timeout)
+            res = run_stock_process([sys.executable, "-W", "ignore", "-c", _STOCK_MAIN, os.path.abspath(__file__), cases_path, results_path],
+                                    env=env, capture_output=True, text=True, timeout=timeout, retry_signals=False)
             with open(results_path, "rb") as f:
                 while True:
                     try:
@@ -151,8 +180,9 @@ def run_stock(cases: Sequence[Case], timeout: float = 300) -> Dict[str, Dict[str
                     results[name] = result
             todo = [c for c in todo if c.name not in results]
             if res.returncode != 0:
-                if not todo:
-                    raise RuntimeError(f"the stock subprocess failed (rc {res.returncode}):\n{res.stderr[-4000:]}")
+                if not todo:  # every result is in: stock failed while exiting
+                    warnings.warn(f"stock's process failed after its last case (rc {res.returncode})")
+                    break
                 tail = res.stderr.strip().splitlines()[-1:] or [""]
                 results[todo[0].name] = {"error": ("StockCrash", False, f"stock crashed (rc {res.returncode}): {tail[0]}", res.stderr[-2000:])}
                 todo = todo[1:]
@@ -215,8 +245,8 @@ def run_script(script: str, which: str, tmp_path, *args: str, timeout: float = 3
     if which == "stock":
         env.pop("MXNET_LIBRARY_PATH", None)
     path = tmp_path / f"{which}.pkl"
-    r = subprocess.run([sys.executable, "-c", script, *args, str(path)], env=env, capture_output=True, text=True,
-                       timeout=timeout)
+    run = run_stock_process if which == "stock" else subprocess.run
+    r = run([sys.executable, "-c", script, *args, str(path)], env=env, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, f"{which}: {r.stderr[-3000:]}"
     with open(path, "rb") as f:
         return pickle.load(f)

@@ -10,6 +10,7 @@ import sys
 import mxnet as mx
 import numpy as np
 import pytest
+from differential import run_stock_process
 
 SAMPLES = {
     "w": np.arange(12, dtype="float32").reshape(3, 4) / 7,
@@ -255,8 +256,8 @@ def run_snippets(stock):
     env = dict(os.environ)
     if stock:
         env.pop("MXNET_LIBRARY_PATH", None)
-    res = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(ERRORS), capture_output=True,
-                         text=True, env=env, timeout=120)
+    res = (run_stock_process if stock else subprocess.run)([sys.executable, "-c", RUNNER], input=json.dumps(ERRORS),
+                                                           capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 

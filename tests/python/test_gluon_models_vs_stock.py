@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 import pytest
+from differential import run_stock_process
 
 pytestmark = pytest.mark.skipif("MXNET_LIBRARY_PATH" not in os.environ,
                                 reason="MXNET_LIBRARY_PATH is not set: this would compare stock with itself")
@@ -196,8 +197,9 @@ def run_model(name, hybrid, ours, tmp_path):
     if not ours:
         env.pop("MXNET_LIBRARY_PATH")
     out = tmp_path / f"{name}-{hybrid}-{'ours' if ours else 'stock'}.pkl"
-    res = subprocess.run([sys.executable, "-W", "ignore", "-c", SCRIPT, name, "1" if hybrid else "0", str(out)],
-                         env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run if ours else run_stock_process
+    res = run([sys.executable, "-W", "ignore", "-c", SCRIPT, name, "1" if hybrid else "0", str(out)],
+              env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, f"{'ours' if ours else 'stock'} failed:\n{res.stderr[-3000:]}"
     with open(out, "rb") as f:
         return pickle.load(f)

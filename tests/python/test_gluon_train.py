@@ -13,6 +13,7 @@ import pytest
 
 import mxnet as mx
 from mxnet import autograd, gluon, profiler
+from differential import run_stock_process
 
 
 def make_data(n=512, seed=0):
@@ -254,7 +255,8 @@ else:
 def run_stock(prefix, mode):
     env = dict(os.environ)
     env.pop("MXNET_LIBRARY_PATH", None)  # the wheel's own libmxnet.so
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", STOCK, prefix, mode], env=env, capture_output=True, text=True, timeout=300)
+    out = run_stock_process([sys.executable, "-W", "ignore", "-c", STOCK, prefix, mode], env=env, capture_output=True, text=True,
+                            timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
 
 

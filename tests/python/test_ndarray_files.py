@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from differential import run_stock_process
 
 ROOT = Path(__file__).resolve().parents[2]
 LIB_PATH = os.environ.get("MXNET_LIBRARY_PATH") or str(ROOT / "target" / "release" / "libmxnet.so")
@@ -64,8 +65,8 @@ def ours_load(path):
 def stock(code):
     """Run `code` with the stock frontend and library; returns its stdout."""
     env = {k: v for k, v in os.environ.items() if k != "MXNET_LIBRARY_PATH"}
-    res = subprocess.run([sys.executable, "-c", "import mxnet as mx, numpy as np\n" + code],
-                         capture_output=True, text=True, env=env, timeout=300)
+    res = run_stock_process([sys.executable, "-c", "import mxnet as mx, numpy as np\n" + code],
+                            capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr
     return res.stdout
 

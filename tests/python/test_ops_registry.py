@@ -10,6 +10,7 @@ import sys
 import mxnet as mx
 import pytest
 from mxnet.base import _LIB, c_str, check_call, py_str
+from differential import run_stock_process
 
 
 def all_names():
@@ -102,8 +103,8 @@ def test_stubs_have_stock_signatures():
     stubs = [n for n in all_names() if info(n)[2] == f"{n}: not supported by mxnet-rt yet."]
     assert len(stubs) > 10
     env = {k: v for k, v in os.environ.items() if k != "MXNET_LIBRARY_PATH"}
-    res = subprocess.run([sys.executable, "-W", "ignore", STOCK_SCHEMAS, "--json", *stubs], env=env,
-                         capture_output=True, text=True, timeout=300, check=True)
+    res = run_stock_process([sys.executable, "-W", "ignore", STOCK_SCHEMAS, "--json", *stubs], env=env,
+                            capture_output=True, text=True, timeout=300, check=True)
     stock = json.loads(res.stdout.strip().splitlines()[-1])
     for name in stubs:
         _, _, _, args, key = info(name)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from differential import run_stock_process
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif("MXNET_LIBRARY_PATH" not in os.environ,
@@ -324,8 +325,8 @@ def models(tmp_path_factory):
     dirs = {}
     for which in ("stock", "ours"):
         d = tmp_path_factory.mktemp(f"export-{which}")
-        r = subprocess.run([sys.executable, "-c", EXPORT, str(d)], env=env_for(which), capture_output=True,
-                           text=True, timeout=600)
+        run = run_stock_process if which == "stock" else subprocess.run
+        r = run([sys.executable, "-c", EXPORT, str(d)], env=env_for(which), capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
         dirs[which] = d
     return dirs
@@ -336,8 +337,9 @@ def drive(which, model_dir, what, tmp_path, **env):
     # binds, which changes its node count (the partial forward's steps): off for comparison.
     env.setdefault("MXNET_SUBGRAPH_BACKEND", "NONE")
     out = tmp_path / f"{which}-{what}.pkl"
-    r = subprocess.run([sys.executable, "-c", DRIVER, str(lib_path(which)), str(model_dir), str(out), what],
-                       env=env_for("stock", **env), capture_output=True, text=True, timeout=600)
+    run = run_stock_process if which == "stock" else subprocess.run
+    r = run([sys.executable, "-c", DRIVER, str(lib_path(which)), str(model_dir), str(out), what],
+            env=env_for("stock", **env), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{which}: {r.stderr[-3000:]}"
     with open(out, "rb") as f:
         return pickle.load(f)
@@ -434,10 +436,10 @@ def test_c_example_matches_stock(models, example, exporter, model, shape, tmp_pa
     for which in ("ours", "stock"):
         lib_dir = lib_path(which).parent
         out = tmp_path / f"{which}.bin"
-        r = subprocess.run([str(example), str(d / f"{model}-symbol.json"), str(d / f"{model}-0000.params"),
-                            ",".join(map(str, shape)), str(tmp_path / "input.bin"), str(out)],
-                           env=dict(env_for("stock"), LD_LIBRARY_PATH=str(lib_dir)), capture_output=True,
-                           text=True, timeout=300)
+        run = run_stock_process if which == "stock" else subprocess.run
+        r = run([str(example), str(d / f"{model}-symbol.json"), str(d / f"{model}-0000.params"),
+                 ",".join(map(str, shape)), str(tmp_path / "input.bin"), str(out)],
+                env=dict(env_for("stock"), LD_LIBRARY_PATH=str(lib_dir)), capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, f"{which}: {r.stderr}"
         outs[which], text[which] = np.fromfile(out, np.float32), r.stdout
     n = 10 if model == "tiny" else 1000
