@@ -76,6 +76,8 @@ typedef void (*ExecutorMonitorCallback)(const char *name, NDArrayHandle array, v
 
 typedef const void *FunctionHandle;
 
+typedef void *KVStoreHandle;
+
 // nnvm's operator handle (the same value as an [`AtomicSymbolCreator`]).
 typedef void *OpHandle;
 
@@ -93,8 +95,6 @@ typedef void (*PredMonitorCallback)(const char *name, NDArrayHandle array, void 
 
 // An NDArray list of the Predict API (`MXNDListCreate`).
 typedef void *NDListHandle;
-
-typedef void *KVStoreHandle;
 
 typedef void *ProfileHandle;
 
@@ -881,6 +881,227 @@ int MXNetFuncListGlobalNames(int *out_size, const char ***out_array);
 // # Safety
 // `name` must be NULL or a string.
 int MXNetFuncGetGlobal(const char *name, void **_out);
+
+// Create a store: `local`, `device` (any name containing it); `dist*` and `nccl` stores are
+// refused with NotImplementedError.
+//
+// # Safety
+// `type_` must be a NUL-terminated string; `out` NULL or valid for writes.
+int MXKVStoreCreate(const char *type_, KVStoreHandle *out);
+
+// Free a store (operations already pushed finish). NULL does nothing.
+int MXKVStoreFree(KVStoreHandle handle);
+
+// Initialise int keys with copies of `vals`.
+//
+// # Safety
+// `keys` and `vals` must point to `num` readable entries.
+int MXKVStoreInit(KVStoreHandle handle, uint32_t num, const int *keys, NDArrayHandle *vals);
+
+// Initialise string keys with copies of `vals`.
+//
+// # Safety
+// `keys` and `vals` must point to `num` readable entries.
+int MXKVStoreInitEx(KVStoreHandle handle, uint32_t num, const char **keys, NDArrayHandle *vals);
+
+// Push `vals` (a key given several times sums its values).
+//
+// # Safety
+// `keys` and `vals` must point to `num` readable entries.
+int MXKVStorePush(KVStoreHandle handle,
+                  uint32_t num,
+                  const int *keys,
+                  NDArrayHandle *vals,
+                  int priority);
+
+// [`MXKVStorePush`] with string keys.
+//
+// # Safety
+// `keys` and `vals` must point to `num` readable entries.
+int MXKVStorePushEx(KVStoreHandle handle,
+                    uint32_t num,
+                    const char **keys,
+                    NDArrayHandle *vals,
+                    int priority);
+
+// Copy the stored values into `vals`.
+//
+// # Safety
+// `keys` and `vals` must point to `num` readable entries.
+int MXKVStorePull(KVStoreHandle handle,
+                  uint32_t num,
+                  const int *keys,
+                  NDArrayHandle *vals,
+                  int priority);
+
+// [`MXKVStorePull`] with string keys.
+//
+// # Safety
+// `keys` and `vals` must point to `num` readable entries.
+int MXKVStorePullEx(KVStoreHandle handle,
+                    uint32_t num,
+                    const char **keys,
+                    NDArrayHandle *vals,
+                    int priority);
+
+// [`MXKVStorePull`]; `ignore_sparse` has nothing to skip (arrays are dense here).
+//
+// # Safety
+// `keys` and `vals` must point to `num` readable entries.
+int MXKVStorePullWithSparse(KVStoreHandle handle,
+                            uint32_t num,
+                            const int *keys,
+                            NDArrayHandle *vals,
+                            int priority,
+                            bool _ignore_sparse);
+
+// [`MXKVStorePullWithSparse`] with string keys.
+//
+// # Safety
+// `keys` and `vals` must point to `num` readable entries.
+int MXKVStorePullWithSparseEx(KVStoreHandle handle,
+                              uint32_t num,
+                              const char **keys,
+                              NDArrayHandle *vals,
+                              int priority,
+                              bool _ignore_sparse);
+
+// `row_sparse_pull`: refused (sparse storage is not supported yet).
+int MXKVStorePullRowSparse(KVStoreHandle _handle,
+                           uint32_t _num,
+                           const int *_keys,
+                           NDArrayHandle *_vals,
+                           const NDArrayHandle *_row_ids,
+                           int _priority);
+
+// `row_sparse_pull` with string keys: refused (sparse storage is not supported yet).
+int MXKVStorePullRowSparseEx(KVStoreHandle _handle,
+                             uint32_t _num,
+                             const char **_keys,
+                             NDArrayHandle *_vals,
+                             const NDArrayHandle *_row_ids,
+                             int _priority);
+
+// Initialise `vkeys` with `vals`, then pull `okeys` into `outs`.
+//
+// # Safety
+// Each list must hold its count of readable entries.
+int MXKVStoreBroadcast(KVStoreHandle handle,
+                       uint32_t vnum,
+                       const int *vkeys,
+                       uint32_t onum,
+                       const int *okeys,
+                       NDArrayHandle *vals,
+                       NDArrayHandle *outs,
+                       int priority);
+
+// [`MXKVStoreBroadcast`] with string keys.
+//
+// # Safety
+// Each list must hold its count of readable entries.
+int MXKVStoreBroadcastEx(KVStoreHandle handle,
+                         uint32_t vnum,
+                         const char **vkeys,
+                         uint32_t onum,
+                         const char **okeys,
+                         NDArrayHandle *vals,
+                         NDArrayHandle *outs,
+                         int priority);
+
+// Push `vals` under `vkeys`, then pull `okeys` into `outs`.
+//
+// # Safety
+// Each list must hold its count of readable entries.
+int MXKVStorePushPull(KVStoreHandle handle,
+                      uint32_t vnum,
+                      const int *vkeys,
+                      uint32_t onum,
+                      const int *okeys,
+                      NDArrayHandle *vals,
+                      NDArrayHandle *outs,
+                      int priority);
+
+// [`MXKVStorePushPull`] with string keys.
+//
+// # Safety
+// Each list must hold its count of readable entries.
+int MXKVStorePushPullEx(KVStoreHandle handle,
+                        uint32_t vnum,
+                        const char **vkeys,
+                        uint32_t onum,
+                        const char **okeys,
+                        NDArrayHandle *vals,
+                        NDArrayHandle *outs,
+                        int priority);
+
+// The updater pushes of int keys call (NULL: none).
+//
+// # Safety
+// `updater` must be callable as `MXKVStoreUpdater` with `updater_handle` whenever the store
+// pushes, until it is replaced or the store freed.
+int MXKVStoreSetUpdater(KVStoreHandle handle, void (*updater)(int,
+                                                              NDArrayHandle,
+                                                              NDArrayHandle,
+                                                              void*), void *updater_handle);
+
+// The updaters pushes of int and string keys call.
+//
+// # Safety
+// As [`MXKVStoreSetUpdater`], for both functions.
+int MXKVStoreSetUpdaterEx(KVStoreHandle handle,
+                          void (*updater)(int, NDArrayHandle, NDArrayHandle, void*),
+                          void (*str_updater)(const char*, NDArrayHandle, NDArrayHandle, void*),
+                          void *updater_handle);
+
+// Gradient compression: `type` (`2bit`) and `threshold`.
+//
+// # Safety
+// `keys` and `vals` must point to `num_params` NUL-terminated strings each.
+int MXKVStoreSetGradientCompression(KVStoreHandle handle,
+                                    uint32_t num_params,
+                                    const char **keys,
+                                    const char **vals);
+
+// The store's type name (valid while the store lives).
+//
+// # Safety
+// `type_` must be NULL or valid for writes.
+int MXKVStoreGetType(KVStoreHandle handle, const char **type_);
+
+// This process's rank: 0 (one machine).
+//
+// # Safety
+// `ret` must be NULL or valid for writes.
+int MXKVStoreGetRank(KVStoreHandle handle, int *ret);
+
+// The number of workers: 1 (one machine).
+//
+// # Safety
+// `ret` must be NULL or valid for writes.
+int MXKVStoreGetGroupSize(KVStoreHandle handle, int *ret);
+
+// Dead nodes: none (one machine).
+//
+// # Safety
+// `number` must be NULL or valid for writes.
+int MXKVStoreGetNumDeadNode(KVStoreHandle handle, int _node_id, int *number, int _timeout_sec);
+
+// A barrier among workers: nothing to wait for on one machine.
+int MXKVStoreBarrier(KVStoreHandle handle);
+
+// A command to the servers: a one-machine store has none, so it does nothing (as stock's).
+int MXKVStoreSendCommmandToServers(KVStoreHandle handle, int _cmd_id, const char *_cmd_body);
+
+// Run a server: a one-machine store has no server role, so it returns at once (as stock's).
+int MXKVStoreRunServer(KVStoreHandle handle,
+                       void (*_controller)(int, const char*, void*),
+                       void *_controller_handle);
+
+// Refused: a barrier before exit exists only for distributed stores.
+int MXKVStoreSetBarrierBeforeExit(KVStoreHandle _handle, int _barrier_before_exit);
+
+// Refused: the parameter server's environment exists only for distributed stores.
+int MXInitPSEnv(uint32_t _num_vars, const char **_keys, const char **_vals);
 
 // Create an empty NDArray handle (no shape, no storage).
 //
@@ -2227,165 +2448,6 @@ int MXFuncInvokeEx(FunctionHandle _fun,
 
 // Not supported yet: -1 with NotImplementedError.
 int MXGetFunction(const char *_name, FunctionHandle *_out);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXInitPSEnv(uint32_t _num_vars, const char **_keys, const char **_vals);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreBarrier(KVStoreHandle _handle);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreBroadcast(KVStoreHandle _handle,
-                       uint32_t _vnum,
-                       const int *_vkeys,
-                       uint32_t _onum,
-                       const int *_okeys,
-                       NDArrayHandle *_vals,
-                       NDArrayHandle *_outs,
-                       int _priority);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreBroadcastEx(KVStoreHandle _handle,
-                         uint32_t _vnum,
-                         const char **_vkeys,
-                         uint32_t _onum,
-                         const char **_okeys,
-                         NDArrayHandle *_vals,
-                         NDArrayHandle *_outs,
-                         int _priority);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreCreate(const char *_type_, KVStoreHandle *_out);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreFree(KVStoreHandle _handle);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreGetGroupSize(KVStoreHandle _handle, int *_ret);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreGetNumDeadNode(KVStoreHandle _handle, int _node_id, int *_number, int _timeout_sec);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreGetRank(KVStoreHandle _handle, int *_ret);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreGetType(KVStoreHandle _handle, const char **_type_);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreInit(KVStoreHandle _handle, uint32_t _num, const int *_keys, NDArrayHandle *_vals);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreInitEx(KVStoreHandle _handle, uint32_t _num, const char **_keys, NDArrayHandle *_vals);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStorePull(KVStoreHandle _handle,
-                  uint32_t _num,
-                  const int *_keys,
-                  NDArrayHandle *_vals,
-                  int _priority);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStorePullEx(KVStoreHandle _handle,
-                    uint32_t _num,
-                    const char **_keys,
-                    NDArrayHandle *_vals,
-                    int _priority);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStorePullRowSparse(KVStoreHandle _handle,
-                           uint32_t _num,
-                           const int *_keys,
-                           NDArrayHandle *_vals,
-                           const NDArrayHandle *_row_ids,
-                           int _priority);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStorePullRowSparseEx(KVStoreHandle _handle,
-                             uint32_t _num,
-                             const char **_keys,
-                             NDArrayHandle *_vals,
-                             const NDArrayHandle *_row_ids,
-                             int _priority);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStorePullWithSparse(KVStoreHandle _handle,
-                            uint32_t _num,
-                            const int *_keys,
-                            NDArrayHandle *_vals,
-                            int _priority,
-                            bool _ignore_sparse);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStorePullWithSparseEx(KVStoreHandle _handle,
-                              uint32_t _num,
-                              const char **_keys,
-                              NDArrayHandle *_vals,
-                              int _priority,
-                              bool _ignore_sparse);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStorePush(KVStoreHandle _handle,
-                  uint32_t _num,
-                  const int *_keys,
-                  NDArrayHandle *_vals,
-                  int _priority);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStorePushEx(KVStoreHandle _handle,
-                    uint32_t _num,
-                    const char **_keys,
-                    NDArrayHandle *_vals,
-                    int _priority);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStorePushPull(KVStoreHandle _handle,
-                      uint32_t _vnum,
-                      const int *_vkeys,
-                      uint32_t _onum,
-                      const int *_okeys,
-                      NDArrayHandle *_vals,
-                      NDArrayHandle *_outs,
-                      int _priority);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStorePushPullEx(KVStoreHandle _handle,
-                        uint32_t _vnum,
-                        const char **_vkeys,
-                        uint32_t _onum,
-                        const char **_okeys,
-                        NDArrayHandle *_vals,
-                        NDArrayHandle *_outs,
-                        int _priority);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreRunServer(KVStoreHandle _handle,
-                       void (*_controller)(int, const char*, void*),
-                       void *_controller_handle);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreSendCommmandToServers(KVStoreHandle _handle, int _cmd_id, const char *_cmd_body);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreSetBarrierBeforeExit(KVStoreHandle _handle, int _barrier_before_exit);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreSetGradientCompression(KVStoreHandle _handle,
-                                    uint32_t _num_params,
-                                    const char **_keys,
-                                    const char **_vals);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreSetUpdater(KVStoreHandle _handle, void (*_updater)(int,
-                                                                NDArrayHandle,
-                                                                NDArrayHandle,
-                                                                void*), void *_updater_handle);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXKVStoreSetUpdaterEx(KVStoreHandle _handle,
-                          void (*_updater)(int, NDArrayHandle, NDArrayHandle, void*),
-                          void (*_str_updater)(const char*, NDArrayHandle, NDArrayHandle, void*),
-                          void *_updater_handle);
 
 // Not supported yet: -1 with NotImplementedError.
 int MXNDArrayCreateSparseEx64(int _storage_type,

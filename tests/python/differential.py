@@ -254,8 +254,8 @@ def run_script(script: str, which: str, tmp_path, *args: str, timeout: float = 3
 
 def assert_same_results(ours: Dict[str, Any], stock: Dict[str, Any], skip: Sequence[str] = ()) -> None:
     """Both libraries' results (as `run_script` returns them) are equal, key by key: arrays in
-    dtype and value (bit for bit), tuples and lists element by element, anything else by
-    `==`."""
+    dtype and value (bit for bit), tuples, lists and dicts element by element, anything else
+    by `==`."""
     assert ours.keys() == stock.keys()
     for k in ours:
         if k not in skip:
@@ -263,7 +263,11 @@ def assert_same_results(ours: Dict[str, Any], stock: Dict[str, Any], skip: Seque
 
 
 def _assert_same(a: Any, b: Any, what: str) -> None:
-    if isinstance(a, (tuple, list)):
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), what
+        for k in a:
+            _assert_same(a[k], b[k], f"{what}[{k!r}]")
+    elif isinstance(a, (tuple, list)):
         assert isinstance(b, (tuple, list)) and len(a) == len(b), what
         for u, v in zip(a, b):
             _assert_same(u, v, what)

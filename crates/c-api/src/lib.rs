@@ -18,6 +18,7 @@ pub mod executor;
 pub mod ffi;
 pub mod frontend;
 pub mod handle;
+pub mod kvstore;
 pub mod ndarray;
 pub mod ndarray_io;
 pub mod nnvm;

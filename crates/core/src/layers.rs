@@ -16,7 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["autograd"],
     &["symbol"],
     &["executor"],
-    &["data"],
+    &["data", "kvstore"],
 ];
 
 fn layer_of(module: &str) -> Option<usize> {

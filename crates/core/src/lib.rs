@@ -17,7 +17,8 @@
 //! 11. [`autograd`] (recording calls and computing gradients);
 //! 12. [`symbol`] (symbolic graphs: composition, JSON, inference);
 //! 13. [`executor`] (CachedOp and Executor);
-//! 14. [`data`] (the data pipeline: RecordIO files, data iterators).
+//! 14. [`data`] (the data pipeline: RecordIO files, data iterators), [`kvstore`] (the key-value
+//!     stores of data-parallel training).
 //!
 //! What the frontend implements in its own language (custom operators, `autograd.Function`)
 //! the domain declares as traits ([`op::custom::FrontendProp`], [`op::CustomBackward`]); the C
@@ -33,6 +34,7 @@ pub mod error;
 pub mod executor;
 mod heap;
 pub mod intern;
+pub mod kvstore;
 pub mod ndarray;
 pub mod op;
 pub mod profiler;

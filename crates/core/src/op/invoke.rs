@@ -163,15 +163,18 @@ fn invoke_parsed(
     for (i, x) in inputs.iter().enumerate() {
         let c =
             x.ctx().ok_or_else(|| Error::value(format!("input {i} of operator {} is an empty NDArray", op.name)))?;
-        if let Some(prev) = ctx {
-            if prev != c {
+        // As stock: the host contexts (cpu(i), cpu_pinned, cpu_shared) are one memory and mix;
+        // the call runs on the first input's context.
+        match ctx {
+            Some(prev) if prev != c && !(prev.dev_type.is_host() && c.dev_type.is_host()) => {
                 return Err(Error::value(format!(
                     "operator {}: all inputs must be on one context, got {prev} and {c}",
                     op.name
                 )));
             }
+            Some(_) => {}
+            None => ctx = Some(c),
         }
-        ctx = Some(c);
         in_meta.push(Meta::new(x.shape.clone(), x.dtype));
     }
     if let Some(c) = op.ctx_of(&attrs) {

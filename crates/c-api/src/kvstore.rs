@@ -1,0 +1,562 @@
+//! C API: KVStore handles (`mx.kv.create`, `gluon.Trainer`'s store), over
+//! `mxnet_core::kvstore`.
+//!
+//! Owns: the KVStore handle table, the reading of key and array lists (int keys for the plain
+//! functions, string keys for the `Ex` ones), and the C updaters: a push that updates calls
+//! the caller's function on the pushing thread with two new NDArray handles (the summed
+//! gradient and the stored value), which the callee owns and frees, as stock's do.
+//! One-machine stores answer the distributed queries as stock's non-distributed build does:
+//! rank 0, one worker, barriers and server commands that do nothing.
+
+use super::ffi::{self, cstr, list};
+use super::ndarray::arrays;
+use super::types::{KVStoreHandle, NDArrayHandle};
+use crate::handle::HandleTable;
+use mxnet_core::error::{Error, Result};
+use mxnet_core::kvstore::{KVStore, Keys, Updater, UpdaterKey};
+use mxnet_core::ndarray::NDArray;
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::sync::{Arc, OnceLock};
+
+fn stores() -> &'static HandleTable<KVStore> {
+    static T: OnceLock<HandleTable<KVStore>> = OnceLock::new();
+    T.get_or_init(|| HandleTable::new(18, "KVStore"))
+}
+
+/// `MXKVStoreUpdater`: (key, recv, local, handle). (The exported signatures spell the
+/// function types out, as stock's header declares them.)
+type CUpdater = unsafe extern "C" fn(c_int, NDArrayHandle, NDArrayHandle, *mut c_void);
+/// `MXKVStoreStrUpdater`: (key, recv, local, handle).
+type CStrUpdater = unsafe extern "C" fn(*const c_char, NDArrayHandle, NDArrayHandle, *mut c_void);
+
+/// The caller's opaque updater argument.
+#[derive(Clone, Copy)]
+struct Opaque(*mut c_void);
+// SAFETY: the pointer is never dereferenced by this library; it is only handed back to the
+// caller's own callback, on the thread that pushes, as stock does.
+unsafe impl Send for Opaque {}
+// SAFETY: as above.
+unsafe impl Sync for Opaque {}
+
+/// New handles for the summed gradient and the stored value, owned by the callee.
+fn updater_handles(recv: &NDArray, local: &NDArray) -> (NDArrayHandle, NDArrayHandle) {
+    (arrays().insert(Arc::new(recv.clone())), arrays().insert(Arc::new(local.clone())))
+}
+
+fn wrap_int_updater(f: CUpdater, handle: Opaque) -> Updater {
+    Arc::new(move |key, recv, local| {
+        let k = match key {
+            UpdaterKey::Int(k) => k,
+            UpdaterKey::Str(_) => return, // string keys go to the string updater (see the core)
+        };
+        let (r, l) = updater_handles(recv, local);
+        let h = handle;
+        // SAFETY: the caller registered `f` for exactly this call shape; the handles are new
+        // and valid, and become the callee's.
+        unsafe { f(k, r, l, h.0) }
+    })
+}
+
+fn wrap_str_updater(f: CStrUpdater, handle: Opaque) -> Updater {
+    Arc::new(move |key, recv, local| {
+        let UpdaterKey::Str(k) = key else { return };
+        let Ok(k) = CString::new(k) else { return }; // keys came in as C strings: no NUL inside
+        let (r, l) = updater_handles(recv, local);
+        let h = handle;
+        // SAFETY: as in `int_updater`; `k` outlives the call.
+        unsafe { f(k.as_ptr(), r, l, h.0) }
+    })
+}
+
+/// The `n` arrays at `handles`.
+///
+/// # Safety
+/// `handles` must point to `n` readable handles when `n > 0`.
+unsafe fn read_arrays(handles: *const NDArrayHandle, n: u32, what: &str) -> Result<Vec<NDArray>> {
+    // SAFETY: per this function's contract.
+    let hs = unsafe { list(handles, n, what) }?;
+    hs.iter().map(|&h| arrays().get(h).map(|a| (*a).clone())).collect()
+}
+
+/// The `n` string keys at `keys`.
+///
+/// # Safety
+/// `keys` must point to `n` readable NUL-terminated strings when `n > 0`.
+unsafe fn read_str_keys<'a>(keys: *const *const c_char, n: u32) -> Result<Vec<&'a str>> {
+    // SAFETY: per this function's contract.
+    let ks = unsafe { list(keys, n, "keys") }?;
+    // SAFETY: each is a NUL-terminated string per the contract.
+    ks.iter().map(|&k| unsafe { cstr(k, "a key") }).collect()
+}
+
+/// # Safety
+/// `keys` must point to `n` readable ints when `n > 0`.
+unsafe fn read_int_keys<'a>(keys: *const c_int, n: u32) -> Result<&'a [i32]> {
+    // SAFETY: per this function's contract.
+    unsafe { list(keys, n, "keys") }
+}
+
+/// Create a store: `local`, `device` (any name containing it); `dist*` and `nccl` stores are
+/// refused with NotImplementedError.
+///
+/// # Safety
+/// `type_` must be a NUL-terminated string; `out` NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStoreCreate(type_: *const c_char, out: *mut KVStoreHandle) -> c_int {
+    // SAFETY: per this function's contract.
+    unsafe {
+        ffi::call_out("MXKVStoreCreate", out, "out", || {
+            Ok(stores().insert(Arc::new(KVStore::create(cstr(type_, "type")?)?)))
+        })
+    }
+}
+
+/// Free a store (operations already pushed finish). NULL does nothing.
+#[no_mangle]
+pub extern "C" fn MXKVStoreFree(handle: KVStoreHandle) -> c_int {
+    ffi::call("MXKVStoreFree", || if handle.is_null() { Ok(()) } else { stores().remove(handle).map(drop) })
+}
+
+/// Initialise int keys with copies of `vals`.
+///
+/// # Safety
+/// `keys` and `vals` must point to `num` readable entries.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStoreInit(
+    handle: KVStoreHandle,
+    num: u32,
+    keys: *const c_int,
+    vals: *mut NDArrayHandle,
+) -> c_int {
+    ffi::call("MXKVStoreInit", || {
+        // SAFETY: per this function's contract.
+        let (k, v) = unsafe { (read_int_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
+        stores().get(handle)?.init(Keys::Int(k), &v)
+    })
+}
+
+/// Initialise string keys with copies of `vals`.
+///
+/// # Safety
+/// `keys` and `vals` must point to `num` readable entries.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStoreInitEx(
+    handle: KVStoreHandle,
+    num: u32,
+    keys: *mut *const c_char,
+    vals: *mut NDArrayHandle,
+) -> c_int {
+    ffi::call("MXKVStoreInitEx", || {
+        // SAFETY: per this function's contract.
+        let (k, v) = unsafe { (read_str_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
+        stores().get(handle)?.init(Keys::Str(&k), &v)
+    })
+}
+
+/// Push `vals` (a key given several times sums its values).
+///
+/// # Safety
+/// `keys` and `vals` must point to `num` readable entries.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStorePush(
+    handle: KVStoreHandle,
+    num: u32,
+    keys: *const c_int,
+    vals: *mut NDArrayHandle,
+    priority: c_int,
+) -> c_int {
+    ffi::call("MXKVStorePush", || {
+        // SAFETY: per this function's contract.
+        let (k, v) = unsafe { (read_int_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
+        stores().get(handle)?.push(Keys::Int(k), &v, priority)
+    })
+}
+
+/// [`MXKVStorePush`] with string keys.
+///
+/// # Safety
+/// `keys` and `vals` must point to `num` readable entries.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStorePushEx(
+    handle: KVStoreHandle,
+    num: u32,
+    keys: *mut *const c_char,
+    vals: *mut NDArrayHandle,
+    priority: c_int,
+) -> c_int {
+    ffi::call("MXKVStorePushEx", || {
+        // SAFETY: per this function's contract.
+        let (k, v) = unsafe { (read_str_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
+        stores().get(handle)?.push(Keys::Str(&k), &v, priority)
+    })
+}
+
+/// Copy the stored values into `vals`.
+///
+/// # Safety
+/// `keys` and `vals` must point to `num` readable entries.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStorePull(
+    handle: KVStoreHandle,
+    num: u32,
+    keys: *const c_int,
+    vals: *mut NDArrayHandle,
+    priority: c_int,
+) -> c_int {
+    ffi::call("MXKVStorePull", || {
+        // SAFETY: per this function's contract.
+        let (k, v) = unsafe { (read_int_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
+        stores().get(handle)?.pull(Keys::Int(k), &v, priority)
+    })
+}
+
+/// [`MXKVStorePull`] with string keys.
+///
+/// # Safety
+/// `keys` and `vals` must point to `num` readable entries.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStorePullEx(
+    handle: KVStoreHandle,
+    num: u32,
+    keys: *mut *const c_char,
+    vals: *mut NDArrayHandle,
+    priority: c_int,
+) -> c_int {
+    ffi::call("MXKVStorePullEx", || {
+        // SAFETY: per this function's contract.
+        let (k, v) = unsafe { (read_str_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
+        stores().get(handle)?.pull(Keys::Str(&k), &v, priority)
+    })
+}
+
+/// [`MXKVStorePull`]; `ignore_sparse` has nothing to skip (arrays are dense here).
+///
+/// # Safety
+/// `keys` and `vals` must point to `num` readable entries.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStorePullWithSparse(
+    handle: KVStoreHandle,
+    num: u32,
+    keys: *const c_int,
+    vals: *mut NDArrayHandle,
+    priority: c_int,
+    _ignore_sparse: bool,
+) -> c_int {
+    ffi::call("MXKVStorePullWithSparse", || {
+        // SAFETY: per this function's contract.
+        let (k, v) = unsafe { (read_int_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
+        stores().get(handle)?.pull(Keys::Int(k), &v, priority)
+    })
+}
+
+/// [`MXKVStorePullWithSparse`] with string keys.
+///
+/// # Safety
+/// `keys` and `vals` must point to `num` readable entries.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStorePullWithSparseEx(
+    handle: KVStoreHandle,
+    num: u32,
+    keys: *mut *const c_char,
+    vals: *mut NDArrayHandle,
+    priority: c_int,
+    _ignore_sparse: bool,
+) -> c_int {
+    ffi::call("MXKVStorePullWithSparseEx", || {
+        // SAFETY: per this function's contract.
+        let (k, v) = unsafe { (read_str_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
+        stores().get(handle)?.pull(Keys::Str(&k), &v, priority)
+    })
+}
+
+/// `row_sparse_pull`: refused (sparse storage is not supported yet).
+#[no_mangle]
+pub extern "C" fn MXKVStorePullRowSparse(
+    _handle: KVStoreHandle,
+    _num: u32,
+    _keys: *const c_int,
+    _vals: *mut NDArrayHandle,
+    _row_ids: *const NDArrayHandle,
+    _priority: c_int,
+) -> c_int {
+    ffi::call("MXKVStorePullRowSparse", || {
+        Err(Error::not_supported("row_sparse_pull (sparse storage; MXKVStorePullRowSparse)"))
+    })
+}
+
+/// `row_sparse_pull` with string keys: refused (sparse storage is not supported yet).
+#[no_mangle]
+pub extern "C" fn MXKVStorePullRowSparseEx(
+    _handle: KVStoreHandle,
+    _num: u32,
+    _keys: *mut *const c_char,
+    _vals: *mut NDArrayHandle,
+    _row_ids: *const NDArrayHandle,
+    _priority: c_int,
+) -> c_int {
+    ffi::call("MXKVStorePullRowSparseEx", || {
+        Err(Error::not_supported("row_sparse_pull (sparse storage; MXKVStorePullRowSparseEx)"))
+    })
+}
+
+/// Initialise `vkeys` with `vals`, then pull `okeys` into `outs`.
+///
+/// # Safety
+/// Each list must hold its count of readable entries.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStoreBroadcast(
+    handle: KVStoreHandle,
+    vnum: u32,
+    vkeys: *const c_int,
+    onum: u32,
+    okeys: *const c_int,
+    vals: *mut NDArrayHandle,
+    outs: *mut NDArrayHandle,
+    priority: c_int,
+) -> c_int {
+    ffi::call("MXKVStoreBroadcast", || {
+        // SAFETY: per this function's contract.
+        let (vk, ok, v, o) = unsafe {
+            (
+                read_int_keys(vkeys, vnum)?,
+                read_int_keys(okeys, onum)?,
+                read_arrays(vals, vnum, "vals")?,
+                read_arrays(outs, onum, "outs")?,
+            )
+        };
+        stores().get(handle)?.broadcast(Keys::Int(vk), &v, Keys::Int(ok), &o, priority)
+    })
+}
+
+/// [`MXKVStoreBroadcast`] with string keys.
+///
+/// # Safety
+/// Each list must hold its count of readable entries.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStoreBroadcastEx(
+    handle: KVStoreHandle,
+    vnum: u32,
+    vkeys: *mut *const c_char,
+    onum: u32,
+    okeys: *mut *const c_char,
+    vals: *mut NDArrayHandle,
+    outs: *mut NDArrayHandle,
+    priority: c_int,
+) -> c_int {
+    ffi::call("MXKVStoreBroadcastEx", || {
+        // SAFETY: per this function's contract.
+        let (vk, ok, v, o) = unsafe {
+            (
+                read_str_keys(vkeys, vnum)?,
+                read_str_keys(okeys, onum)?,
+                read_arrays(vals, vnum, "vals")?,
+                read_arrays(outs, onum, "outs")?,
+            )
+        };
+        stores().get(handle)?.broadcast(Keys::Str(&vk), &v, Keys::Str(&ok), &o, priority)
+    })
+}
+
+/// Push `vals` under `vkeys`, then pull `okeys` into `outs`.
+///
+/// # Safety
+/// Each list must hold its count of readable entries.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStorePushPull(
+    handle: KVStoreHandle,
+    vnum: u32,
+    vkeys: *const c_int,
+    onum: u32,
+    okeys: *const c_int,
+    vals: *mut NDArrayHandle,
+    outs: *mut NDArrayHandle,
+    priority: c_int,
+) -> c_int {
+    ffi::call("MXKVStorePushPull", || {
+        // SAFETY: per this function's contract.
+        let (vk, ok, v, o) = unsafe {
+            (
+                read_int_keys(vkeys, vnum)?,
+                read_int_keys(okeys, onum)?,
+                read_arrays(vals, vnum, "vals")?,
+                read_arrays(outs, onum, "outs")?,
+            )
+        };
+        stores().get(handle)?.pushpull(Keys::Int(vk), &v, Keys::Int(ok), &o, priority)
+    })
+}
+
+/// [`MXKVStorePushPull`] with string keys.
+///
+/// # Safety
+/// Each list must hold its count of readable entries.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStorePushPullEx(
+    handle: KVStoreHandle,
+    vnum: u32,
+    vkeys: *mut *const c_char,
+    onum: u32,
+    okeys: *mut *const c_char,
+    vals: *mut NDArrayHandle,
+    outs: *mut NDArrayHandle,
+    priority: c_int,
+) -> c_int {
+    ffi::call("MXKVStorePushPullEx", || {
+        // SAFETY: per this function's contract.
+        let (vk, ok, v, o) = unsafe {
+            (
+                read_str_keys(vkeys, vnum)?,
+                read_str_keys(okeys, onum)?,
+                read_arrays(vals, vnum, "vals")?,
+                read_arrays(outs, onum, "outs")?,
+            )
+        };
+        stores().get(handle)?.pushpull(Keys::Str(&vk), &v, Keys::Str(&ok), &o, priority)
+    })
+}
+
+/// The updater pushes of int keys call (NULL: none).
+///
+/// # Safety
+/// `updater` must be callable as `MXKVStoreUpdater` with `updater_handle` whenever the store
+/// pushes, until it is replaced or the store freed.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStoreSetUpdater(
+    handle: KVStoreHandle,
+    updater: Option<unsafe extern "C" fn(c_int, NDArrayHandle, NDArrayHandle, *mut c_void)>,
+    updater_handle: *mut c_void,
+) -> c_int {
+    ffi::call("MXKVStoreSetUpdater", || {
+        let f = updater.ok_or_else(|| Error::mxnet("invalid updater"))?;
+        stores().get(handle)?.set_updater(Some(wrap_int_updater(f, Opaque(updater_handle))), None);
+        Ok(())
+    })
+}
+
+/// The updaters pushes of int and string keys call.
+///
+/// # Safety
+/// As [`MXKVStoreSetUpdater`], for both functions.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStoreSetUpdaterEx(
+    handle: KVStoreHandle,
+    updater: Option<unsafe extern "C" fn(c_int, NDArrayHandle, NDArrayHandle, *mut c_void)>,
+    str_updater: Option<unsafe extern "C" fn(*const c_char, NDArrayHandle, NDArrayHandle, *mut c_void)>,
+    updater_handle: *mut c_void,
+) -> c_int {
+    ffi::call("MXKVStoreSetUpdaterEx", || {
+        let (f, g) = match (updater, str_updater) {
+            (Some(f), Some(g)) => (f, g),
+            _ => return Err(Error::mxnet("invalid updater")),
+        };
+        let h = Opaque(updater_handle);
+        stores().get(handle)?.set_updater(Some(wrap_int_updater(f, h)), Some(wrap_str_updater(g, h)));
+        Ok(())
+    })
+}
+
+/// Gradient compression: `type` (`2bit`) and `threshold`.
+///
+/// # Safety
+/// `keys` and `vals` must point to `num_params` NUL-terminated strings each.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStoreSetGradientCompression(
+    handle: KVStoreHandle,
+    num_params: u32,
+    keys: *mut *const c_char,
+    vals: *mut *const c_char,
+) -> c_int {
+    ffi::call("MXKVStoreSetGradientCompression", || {
+        // SAFETY: per this function's contract.
+        let (k, v) = unsafe { (read_str_keys(keys, num_params)?, read_str_keys(vals, num_params)?) };
+        let params: Vec<(&str, &str)> = k.into_iter().zip(v).collect();
+        stores().get(handle)?.set_gradient_compression(&params)
+    })
+}
+
+/// The store's type name (valid while the store lives).
+///
+/// # Safety
+/// `type_` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStoreGetType(handle: KVStoreHandle, type_: *mut *const c_char) -> c_int {
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXKVStoreGetType", type_, "type", || ffi::return_str(stores().get(handle)?.type_name())) }
+}
+
+/// This process's rank: 0 (one machine).
+///
+/// # Safety
+/// `ret` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStoreGetRank(handle: KVStoreHandle, ret: *mut c_int) -> c_int {
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXKVStoreGetRank", ret, "ret", || stores().get(handle).map(|_| 0)) }
+}
+
+/// The number of workers: 1 (one machine).
+///
+/// # Safety
+/// `ret` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStoreGetGroupSize(handle: KVStoreHandle, ret: *mut c_int) -> c_int {
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXKVStoreGetGroupSize", ret, "ret", || stores().get(handle).map(|_| 1)) }
+}
+
+/// Dead nodes: none (one machine).
+///
+/// # Safety
+/// `number` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXKVStoreGetNumDeadNode(
+    handle: KVStoreHandle,
+    _node_id: c_int,
+    number: *mut c_int,
+    _timeout_sec: c_int,
+) -> c_int {
+    // SAFETY: per this function's contract.
+    unsafe { ffi::call_out("MXKVStoreGetNumDeadNode", number, "number", || stores().get(handle).map(|_| 0)) }
+}
+
+/// A barrier among workers: nothing to wait for on one machine.
+#[no_mangle]
+pub extern "C" fn MXKVStoreBarrier(handle: KVStoreHandle) -> c_int {
+    ffi::call("MXKVStoreBarrier", || stores().get(handle).map(drop))
+}
+
+/// A command to the servers: a one-machine store has none, so it does nothing (as stock's).
+#[no_mangle]
+pub extern "C" fn MXKVStoreSendCommmandToServers(
+    handle: KVStoreHandle,
+    _cmd_id: c_int,
+    _cmd_body: *const c_char,
+) -> c_int {
+    ffi::call("MXKVStoreSendCommmandToServers", || stores().get(handle).map(drop))
+}
+
+/// Run a server: a one-machine store has no server role, so it returns at once (as stock's).
+#[no_mangle]
+pub extern "C" fn MXKVStoreRunServer(
+    handle: KVStoreHandle,
+    _controller: Option<unsafe extern "C" fn(c_int, *const c_char, *mut c_void)>,
+    _controller_handle: *mut c_void,
+) -> c_int {
+    ffi::call("MXKVStoreRunServer", || stores().get(handle).map(drop))
+}
+
+/// Refused: a barrier before exit exists only for distributed stores.
+#[no_mangle]
+pub extern "C" fn MXKVStoreSetBarrierBeforeExit(_handle: KVStoreHandle, _barrier_before_exit: c_int) -> c_int {
+    ffi::call("MXKVStoreSetBarrierBeforeExit", || {
+        Err(Error::not_supported("a barrier before exit (distributed KVStore; MXKVStoreSetBarrierBeforeExit)"))
+    })
+}
+
+/// Refused: the parameter server's environment exists only for distributed stores.
+#[no_mangle]
+pub extern "C" fn MXInitPSEnv(_num_vars: u32, _keys: *mut *const c_char, _vals: *mut *const c_char) -> c_int {
+    ffi::call("MXInitPSEnv", || {
+        Err(Error::not_supported("the parameter server's environment (distributed KVStore; MXInitPSEnv)"))
+    })
+}

@@ -1,0 +1,792 @@
+//! KVStore: the key-value stores of `mx.kv.create('local')` and `mx.kv.create('device')`,
+//! with which data-parallel training sums gradients over devices and keeps weights.
+//!
+//! Owns: the stored values by key (int keys, or string keys mapped to ints, never both in one
+//! store), the merge buffers that pushes reduce into, the optimizer updater a push runs, and
+//! 2-bit gradient compression's residuals. Behaviour is stock 1.9.1's `KVStoreLocal`:
+//! - `init` copies each value to `cpu_pinned(0)`;
+//! - `push` groups the values by key (keys ascending, values of a key in the order given),
+//!   sums each group into the key's merge buffer (`local`: on the host, added four sources at
+//!   a time; `device`: on the sources' devices, load-balanced by size, added left to right),
+//!   then either calls the updater with (key, sum, stored value) or makes the sum the stored
+//!   value. One value with no compression is its own sum (no copy): the store then holds the
+//!   pushed array itself, as stock's does;
+//! - `pull` copies the stored value into every output (converting dtype when they differ);
+//! - `broadcast` is `init` then `pull`, `pushpull` is `push` then `pull`.
+//!
+//! Every copy and sum is an engine operation on the arrays' variables, at the caller's
+//! priority, so pushes and pulls overlap with computation; the updater runs on the pushing
+//! thread, as stock's does (it pushes the optimizer's operations in turn). Unlike stock, bad
+//! input is refused before anything changes: an unknown or uninitialised key, a duplicate
+//! init, a pushed or pulled shape that differs from the key's, a device array.
+//!
+//! Sums of big arrays (at least `MXNET_KVSTORE_BIGARRAY_BOUND` elements) run on
+//! `MXNET_KVSTORE_REDUCTION_NTHREADS` threads; both are read at each push.
+
+mod kernels;
+
+use crate::context::{Context, DevType};
+use crate::engine::{self, FnProperty, Push, Var, VarList};
+use crate::error::{Error, Result};
+use crate::ndarray::{DType, NDArray};
+use crate::op::tensor::{OutBlob, TBlob};
+use crate::sync::Mutex;
+use kernels::Order;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The keys of one call: all ints or all strings (the C API has one function for each).
+#[derive(Debug, Clone, Copy)]
+pub enum Keys<'a> {
+    Int(&'a [i32]),
+    Str(&'a [&'a str]),
+}
+
+impl Keys<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            Keys::Int(k) => k.len(),
+            Keys::Str(k) => k.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn kind(&self) -> KeyType {
+        match self {
+            Keys::Int(_) => KeyType::Int,
+            Keys::Str(_) => KeyType::Str,
+        }
+    }
+    fn describe(&self, i: usize) -> String {
+        match self {
+            Keys::Int(k) => k[i].to_string(),
+            Keys::Str(k) => k[i].to_string(),
+        }
+    }
+}
+
+/// The key an updater is called with: as the keys were given.
+#[derive(Debug, Clone, Copy)]
+pub enum UpdaterKey<'a> {
+    Int(i32),
+    Str(&'a str),
+}
+
+/// An optimizer step the store runs at each push: `(key, summed gradient, stored weight)`;
+/// it updates the stored weight in place (by pushing operations).
+pub type Updater = Arc<dyn Fn(UpdaterKey<'_>, &NDArray, &NDArray) + Send + Sync>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyType {
+    Int,
+    Str,
+}
+
+/// Where a store sums: stock's `CommCPU` and `CommDevice`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Comm {
+    Host,
+    Device,
+}
+
+/// The buffers one key's pushes reduce into.
+struct Merge {
+    dtype: DType,
+    ctx: Context,
+    merged: NDArray,
+    /// Copies of the sources after the first (all sources with compression).
+    copies: Vec<NDArray>,
+    /// Per source, with compression: (residual on the source's device, packed form there,
+    /// packed form on the merge device when that differs).
+    compressed: Vec<(NDArray, NDArray, Option<NDArray>)>,
+}
+
+struct Entry {
+    /// The stored value; after a push without updater, the sum itself (see the module doc).
+    value: NDArray,
+    shape: Vec<usize>,
+    merge: Option<Merge>,
+    /// `device`: the context this key's sums run on, once placed.
+    place: Option<Context>,
+}
+
+#[derive(Default)]
+struct State {
+    key_type: Option<KeyType>,
+    entries: HashMap<i32, Entry>,
+    str_ids: HashMap<String, i32>,
+    str_names: HashMap<i32, String>,
+    next_str: i32,
+    updater: Option<Updater>,
+    str_updater: Option<Updater>,
+    /// 2-bit compression's threshold, once set.
+    threshold: Option<f32>,
+    /// `device`: elements placed on each context so far.
+    loads: Vec<(Context, usize)>,
+}
+
+/// A `local` or `device` store.
+pub struct KVStore {
+    name: String,
+    comm: Comm,
+    state: Mutex<State>,
+}
+
+/// Where stored values live (stock's pinned context).
+fn pinned() -> Context {
+    Context { dev_type: DevType::CpuPinned, dev_id: 0 }
+}
+
+fn host_only(a: &NDArray, what: &str) -> Result<()> {
+    match a.ctx() {
+        None => Err(Error::mxnet(format!("{what} is an empty array (created with MXNDArrayCreateNone)"))),
+        Some(c) if !c.dev_type.is_host() => Err(Error::not_supported(format!("KVStore with arrays on {c}"))),
+        Some(_) => Ok(()),
+    }
+}
+
+fn same_chunk(a: &NDArray, b: &NDArray) -> bool {
+    matches!((&a.chunk, &b.chunk), (Some(x), Some(y)) if Arc::ptr_eq(x, y))
+}
+
+fn shape_text(s: &[usize]) -> String {
+    format!("({})", s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))
+}
+
+/// Push `f` to the engine as `name`, reading `reads` and writing `writes`, at `priority`.
+/// Refused unless every array is on the host and no written array shares memory with
+/// another array of the operation: that is what makes the views below sound.
+fn push_op(
+    name: &str,
+    reads: &[&NDArray],
+    writes: &[&NDArray],
+    priority: i32,
+    f: impl FnOnce(&[TBlob], &mut [OutBlob]) -> Result<()> + Send + 'static,
+) -> Result<()> {
+    for (i, w) in writes.iter().enumerate() {
+        let clash = reads.iter().any(|r| same_chunk(r, w)) || writes[..i].iter().any(|o| same_chunk(o, w));
+        if clash {
+            return Err(Error::mxnet(format!("{name}: an array it writes shares memory with another of its arrays")));
+        }
+    }
+    let mut const_vars: VarList = VarList::new();
+    let mut ins = Vec::with_capacity(reads.len());
+    for r in reads {
+        host_only(r, "an input")?;
+        let v: &Arc<Var> = r.chunk()?;
+        if !const_vars.iter().any(|c| Arc::ptr_eq(c, v)) {
+            const_vars.push(v.clone());
+        }
+        // SAFETY: the address is the view's start inside its chunk (`data` allocates it); the
+        // operation holds the chunk's variable for reading, so nothing writes it while the
+        // blob is used, and no blob this operation writes shares the chunk (checked above).
+        // The chunk stays alive: the variable list and `keep` hold it.
+        ins.push(unsafe { TBlob::new(r.data()?, &r.shape, r.dtype) });
+    }
+    let mut mutable_vars: VarList = VarList::new();
+    let mut outs = Vec::with_capacity(writes.len());
+    for w in writes {
+        host_only(w, "an output")?;
+        mutable_vars.push(w.chunk()?.clone());
+        // SAFETY: as above; the operation holds the variable for writing, and no other blob
+        // of the operation shares the chunk (checked above), so this blob is the one access.
+        outs.push(unsafe { OutBlob::new(w.data()?, &w.shape, w.dtype) });
+    }
+    let keep: Vec<NDArray> = reads.iter().chain(writes).map(|a| (*a).clone()).collect();
+    let mut p = Push::sync(
+        move |_| {
+            let _keep = &keep;
+            f(&ins, &mut outs)
+        },
+        const_vars,
+        mutable_vars,
+    );
+    p.priority = priority;
+    p.prop = FnProperty::CpuPrioritized;
+    let name = crate::intern::intern(name);
+    p.name = Some(&name);
+    engine::global()?.submit(p)
+}
+
+/// Copy `src` into `dst` (same number of elements; the dtype converts) as an engine
+/// operation. Nothing to do when they are the same bytes.
+fn copy(src: &NDArray, dst: &NDArray, priority: i32) -> Result<()> {
+    if same_chunk(src, dst) && src.offset == dst.offset && src.dtype == dst.dtype {
+        return Ok(());
+    }
+    let (sd, dd) = (src.dtype, dst.dtype);
+    push_op("CopyCPU2CPU", &[src], &[dst], priority, move |ins, outs| {
+        if sd == dd {
+            crate::dispatch_num!(sd, "KVStore copy", T => outs[0].as_mut::<T>().copy_from_slice(ins[0].as_slice::<T>()));
+        } else {
+            crate::dispatch_num!(sd, "KVStore copy", S => {
+                crate::dispatch_num!(dd, "KVStore copy", D => kernels::cast_copy(ins[0].as_slice::<S>(), outs[0].as_mut::<D>()))
+            });
+        }
+        Ok(())
+    })
+}
+
+/// Threads for summing `elements` elements: `MXNET_KVSTORE_REDUCTION_NTHREADS` for arrays of
+/// at least `MXNET_KVSTORE_BIGARRAY_BOUND` elements, else one.
+fn reduction_threads(elements: usize) -> Result<usize> {
+    let reg = crate::config::global();
+    const BY: &str = "KVStore push";
+    let bound = reg.get_int("MXNET_KVSTORE_BIGARRAY_BOUND", BY)?.unwrap_or(1_000_000).max(1) as usize;
+    let threads = reg.get_int("MXNET_KVSTORE_REDUCTION_NTHREADS", BY)?.unwrap_or(4).max(1) as usize;
+    Ok(if elements >= bound { threads } else { 1 })
+}
+
+/// Push the sum of `srcs` into `dst` (`first`: whether `dst` already holds the first source,
+/// which `srcs` then lacks).
+fn push_sum(srcs: &[&NDArray], dst: &NDArray, order: Order, first: bool, priority: i32) -> Result<()> {
+    let threads = reduction_threads(dst.size())?;
+    let dtype = dst.dtype;
+    push_op("KVStoreReduce", srcs, &[dst], priority, move |ins, outs| {
+        crate::dispatch_num!(dtype, "KVStore reduction", T => {
+            let all: Vec<&[T]> = ins.iter().map(|b| b.as_slice::<T>()).collect();
+            let out = outs[0].as_mut::<T>();
+            let rest = if first { &all[..] } else {
+                out.copy_from_slice(all[0]);
+                &all[1..]
+            };
+            kernels::sum_into(out, rest, order, threads);
+        });
+        Ok(())
+    })
+}
+
+impl KVStore {
+    /// `mx.kv.create(name)`: `local` (or any name without `device`/`dist`/`nccl`) sums on
+    /// the host, a name containing `device` on the arrays' devices. Distributed and NCCL
+    /// stores are refused.
+    pub fn create(name: &str) -> Result<Self> {
+        let lower = name.to_lowercase();
+        if lower.contains("dist") {
+            return Err(Error::not_supported(format!(
+                "the distributed KVStore '{name}' (this build has no distributed training; use 'local' or 'device' on one machine)"
+            )));
+        }
+        if lower.contains("nccl") {
+            return Err(Error::not_supported(format!("the NCCL KVStore '{name}' (no GPU support in this build)")));
+        }
+        let comm = if lower.contains("device") { Comm::Device } else { Comm::Host };
+        Ok(KVStore { name: lower, comm, state: Mutex::new(State::default()) })
+    }
+
+    /// The type name (lower case), as `kv.type` shows it.
+    pub fn type_name(&self) -> &str {
+        &self.name
+    }
+
+    /// `SetUpdater(Ex)`: the updaters pushes of int and string keys call.
+    pub fn set_updater(&self, int: Option<Updater>, string: Option<Updater>) {
+        let mut st = self.state.lock();
+        if int.is_some() {
+            st.updater = int;
+        }
+        if string.is_some() {
+            st.str_updater = string;
+        }
+    }
+
+    /// `SetGradientCompression`: `type` (`2bit`, the one kind 1.9.1 has) and `threshold`
+    /// (default 0.5, must be > 0). Compression applies to `device` stores' pushes (a `local`
+    /// store accepts the setting and ignores it, as stock's does).
+    pub fn set_gradient_compression(&self, params: &[(&str, &str)]) -> Result<()> {
+        let (mut kind, mut threshold) = (None, 0.5f32);
+        for &(k, v) in params {
+            match k {
+                "type" => kind = Some(v),
+                "threshold" => {
+                    threshold = v.trim().parse::<f32>().map_err(|_| {
+                        Error::mxnet(format!("Invalid Parameter format for threshold expect float but value='{v}'"))
+                    })?
+                }
+                _ => {} // stock ignores unknown keys (InitAllowUnknown)
+            }
+        }
+        let kind = kind.ok_or_else(|| Error::mxnet("Required parameter type of string is not presented"))?;
+        if threshold.is_nan() || threshold <= 0.0 {
+            return Err(Error::mxnet(format!("threshold must be greater than 0 (got {threshold})")));
+        }
+        if kind != "2bit" {
+            return Err(Error::mxnet(format!("Unknown type for gradient compression {kind}")));
+        }
+        self.state.lock().threshold = Some(threshold);
+        Ok(())
+    }
+
+    fn check_key_type(st: &State, keys: &Keys) -> Result<()> {
+        match st.key_type {
+            Some(t) if t != keys.kind() => Err(Error::mxnet("Mixed key types are not allowed")),
+            _ => Ok(()),
+        }
+    }
+
+    /// The int ids of existing `keys`.
+    fn ids(st: &State, keys: &Keys) -> Result<Vec<i32>> {
+        Self::check_key_type(st, keys)?;
+        let ids: Vec<i32> = match keys {
+            Keys::Int(k) => k.to_vec(),
+            Keys::Str(k) => k
+                .iter()
+                .map(|s| {
+                    st.str_ids
+                        .get(*s)
+                        .copied()
+                        .ok_or_else(|| Error::mxnet(format!("key {s} doesn't exist. Did you init?")))
+                })
+                .collect::<Result<_>>()?,
+        };
+        for (i, id) in ids.iter().enumerate() {
+            if !st.entries.contains_key(id) {
+                return Err(Error::mxnet(format!("key {} has not been initialized", keys.describe(i))));
+            }
+        }
+        Ok(ids)
+    }
+
+    /// `Init`: store a copy of each value under its key.
+    pub fn init(&self, keys: Keys, values: &[NDArray]) -> Result<()> {
+        let mut st = self.state.lock();
+        Self::init_locked(&mut st, keys, values)
+    }
+
+    fn init_locked(st: &mut State, keys: Keys, values: &[NDArray]) -> Result<()> {
+        if keys.len() != values.len() {
+            return Err(Error::mxnet(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        Self::check_key_type(st, &keys)?;
+        for (i, v) in values.iter().enumerate() {
+            host_only(v, "a value")?;
+            let dup = match keys {
+                Keys::Int(k) => st.entries.contains_key(&k[i]) || k[..i].contains(&k[i]),
+                Keys::Str(k) => st.str_ids.contains_key(k[i]) || k[..i].contains(&k[i]),
+            };
+            if dup {
+                return Err(Error::mxnet(format!(
+                    "duplicate init of key {}. Please double check if you called kv.init or kv.broadcast with this key multiple times",
+                    keys.describe(i)
+                )));
+            }
+        }
+        // Allocate everything before changing anything.
+        let stored: Vec<NDArray> =
+            values.iter().map(|v| NDArray::new(v.shape.clone(), pinned(), v.dtype, false)).collect::<Result<_>>()?;
+        st.key_type = Some(keys.kind());
+        for (i, (v, s)) in values.iter().zip(stored).enumerate() {
+            copy(v, &s, 0)?;
+            let id = match keys {
+                Keys::Int(k) => k[i],
+                Keys::Str(k) => {
+                    let id = st.next_str;
+                    st.next_str += 1;
+                    st.str_ids.insert(k[i].to_string(), id);
+                    st.str_names.insert(id, k[i].to_string());
+                    id
+                }
+            };
+            st.entries.insert(id, Entry { shape: v.shape.clone(), value: s, merge: None, place: None });
+        }
+        Ok(())
+    }
+
+    /// Positions of `ids` grouped by key: keys ascending, positions in the order given.
+    fn group(ids: &[i32]) -> Vec<(i32, Vec<usize>)> {
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_by_key(|&i| ids[i]); // stable: a key's values keep their order
+        let mut groups: Vec<(i32, Vec<usize>)> = Vec::new();
+        for i in order {
+            match groups.last_mut() {
+                Some((k, v)) if *k == ids[i] => v.push(i),
+                _ => groups.push((ids[i], vec![i])),
+            }
+        }
+        groups
+    }
+
+    /// `Push`: sum each key's values and update or replace the stored value.
+    pub fn push(&self, keys: Keys, values: &[NDArray], priority: i32) -> Result<()> {
+        let calls = {
+            let mut st = self.state.lock();
+            self.push_locked(&mut st, keys, values, priority)?
+        };
+        // The updater runs without the lock: it calls back into this library.
+        for (updater, key, merged, stored) in calls {
+            match &key {
+                Pushed::Int(k) => updater(UpdaterKey::Int(*k), &merged, &stored),
+                Pushed::Str(k) => updater(UpdaterKey::Str(k), &merged, &stored),
+            }
+        }
+        Ok(())
+    }
+
+    fn push_locked(&self, st: &mut State, keys: Keys, values: &[NDArray], priority: i32) -> Result<Vec<UpdaterCall>> {
+        if keys.len() != values.len() {
+            return Err(Error::mxnet(format!("{} keys but {} values", keys.len(), values.len())));
+        }
+        let ids = Self::ids(st, &keys)?;
+        let groups = Self::group(&ids);
+        for (id, members) in &groups {
+            let e = &st.entries[id];
+            let first = &values[members[0]];
+            for &i in members {
+                let v = &values[i];
+                host_only(v, "a pushed value")?;
+                if v.shape != e.shape {
+                    return Err(Error::mxnet(format!(
+                        "shape mismatch for key {}: it was initialized with shape {}, pushed {}",
+                        keys.describe(i),
+                        shape_text(&e.shape),
+                        shape_text(&v.shape)
+                    )));
+                }
+                if v.dtype != first.dtype {
+                    return Err(Error::mxnet(format!(
+                        "values pushed to key {} differ in dtype ({} and {})",
+                        keys.describe(i),
+                        first.dtype.name(),
+                        v.dtype.name()
+                    )));
+                }
+            }
+            if st.threshold.is_some() && self.comm == Comm::Device && first.dtype != DType::F32 {
+                return Err(Error::not_supported(format!(
+                    "gradient compression of {} arrays (key {}; it compresses float32)",
+                    first.dtype.name(),
+                    keys.describe(members[0])
+                )));
+            }
+        }
+        let mut calls = Vec::new();
+        for (id, members) in groups {
+            let srcs: Vec<&NDArray> = members.iter().map(|&i| &values[i]).collect();
+            let merged = self.reduce(st, id, &srcs, priority)?;
+            // As stock: an update needs the int-key updater; string keys go to the string
+            // one when there is one, else to the int one with the key's internal number.
+            let call = match (&st.updater, &st.str_updater, keys) {
+                (None, _, _) => None,
+                (Some(_), Some(su), Keys::Str(_)) => Some((su.clone(), Pushed::Str(st.str_names[&id].clone()))),
+                (Some(u), _, _) => Some((u.clone(), Pushed::Int(id))),
+            };
+            let entry = st.entries.get_mut(&id).expect("checked above");
+            match call {
+                Some((u, key)) => calls.push((u, key, merged, entry.value.clone())),
+                None => entry.value = merged,
+            }
+        }
+        Ok(calls)
+    }
+
+    /// The sum of one key's `srcs` (stock's `Comm::Reduce`).
+    fn reduce(&self, st: &mut State, id: i32, srcs: &[&NDArray], priority: i32) -> Result<NDArray> {
+        let compress = if self.comm == Comm::Device { st.threshold } else { None };
+        if srcs.len() == 1 && compress.is_none() {
+            return Ok(srcs[0].clone());
+        }
+        let dtype = srcs[0].dtype;
+        let ctx = match self.comm {
+            Comm::Host => pinned(),
+            Comm::Device => self.place(st, id, srcs),
+        };
+        let entry = st.entries.get_mut(&id).expect("an initialised key");
+        let shape = entry.shape.clone();
+        let n_copies = if compress.is_some() { srcs.len() } else { srcs.len() - 1 };
+        let fresh = |m: &Merge| m.dtype != dtype || m.ctx != ctx;
+        if entry.merge.as_ref().is_none_or(fresh) {
+            entry.merge = Some(Merge {
+                dtype,
+                ctx,
+                merged: NDArray::new(shape.clone(), ctx, dtype, false)?,
+                copies: Vec::new(),
+                compressed: Vec::new(),
+            });
+        }
+        let m = entry.merge.as_mut().expect("set above");
+        while m.copies.len() < n_copies {
+            m.copies.push(NDArray::new(shape.clone(), ctx, dtype, false)?);
+        }
+        let order = if self.comm == Comm::Host { Order::Grouped } else { Order::Fold };
+        match compress {
+            None => {
+                copy(srcs[0], &m.merged, priority)?;
+                for (s, c) in srcs[1..].iter().zip(&m.copies) {
+                    copy(s, c, priority)?;
+                }
+                let copies: Vec<&NDArray> = m.copies[..n_copies].iter().collect();
+                push_sum(&copies, &m.merged, order, true, priority)?;
+            }
+            Some(threshold) => {
+                let words = kernels::two_bit_words(m.merged.size());
+                while m.compressed.len() < srcs.len() {
+                    let next = m.compressed.len();
+                    let sctx = srcs[next].ctx().expect("checked host arrays");
+                    let residual = NDArray::new(shape.clone(), sctx, DType::F32, false)?;
+                    push_op("KVStoreZeroResidual", &[], &[&residual], priority, |_, outs| {
+                        outs[0].as_mut::<f32>().fill(0.0);
+                        Ok(())
+                    })?;
+                    let send = NDArray::new(vec![words * 4], sctx, DType::U8, false)?;
+                    let recv =
+                        if sctx != ctx { Some(NDArray::new(vec![words * 4], ctx, DType::U8, false)?) } else { None };
+                    m.compressed.push((residual, send, recv));
+                }
+                for (k, &s) in srcs.iter().enumerate() {
+                    let (residual, send, recv) = &m.compressed[k];
+                    push_op("QuantizeCPU", &[s], &[residual, send], priority, move |ins, outs| {
+                        let (r, p) = outs.split_at_mut(1);
+                        kernels::quantize_2bit(
+                            ins[0].as_slice::<f32>(),
+                            r[0].as_mut::<f32>(),
+                            p[0].as_mut::<u8>(),
+                            threshold,
+                        );
+                        Ok(())
+                    })?;
+                    let packed = match recv {
+                        Some(r) => {
+                            copy(send, r, priority)?;
+                            r
+                        }
+                        None => send,
+                    };
+                    push_op("DequantizeCPU", &[packed], &[&m.copies[k]], priority, move |ins, outs| {
+                        kernels::dequantize_2bit(ins[0].as_slice::<u8>(), outs[0].as_mut::<f32>(), threshold);
+                        Ok(())
+                    })?;
+                }
+                let copies: Vec<&NDArray> = m.copies[..n_copies].iter().collect();
+                push_sum(&copies, &m.merged, Order::Fold, false, priority)?;
+            }
+        }
+        Ok(m.merged.clone())
+    }
+
+    /// `device`: the context key `id` sums on. Keys not placed yet are placed together, the
+    /// largest first, each on the source context with the fewest elements placed so far.
+    fn place(&self, st: &mut State, id: i32, srcs: &[&NDArray]) -> Context {
+        if let Some(c) = st.entries[&id].place {
+            return c;
+        }
+        for s in srcs {
+            let c = s.ctx().expect("checked host arrays");
+            if !st.loads.iter().any(|(x, _)| *x == c) {
+                st.loads.push((c, 0));
+            }
+        }
+        st.loads.sort_by_key(|(c, _)| (c.dev_type as i32, c.dev_id));
+        let mut todo: Vec<(i32, usize)> =
+            st.entries.iter().filter(|(_, e)| e.place.is_none()).map(|(k, e)| (*k, e.shape.iter().product())).collect();
+        todo.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        for (k, size) in todo {
+            let slot = st.loads.iter_mut().min_by_key(|(_, load)| *load).expect("at least one source");
+            slot.1 += size;
+            let c = slot.0;
+            st.entries.get_mut(&k).expect("listed above").place = Some(c);
+        }
+        st.entries[&id].place.expect("placed above")
+    }
+
+    /// `Pull`: copy each key's stored value into its outputs.
+    pub fn pull(&self, keys: Keys, outs: &[NDArray], priority: i32) -> Result<()> {
+        let st = self.state.lock();
+        Self::pull_locked(&st, keys, outs, priority)
+    }
+
+    fn check_outs(st: &State, keys: &Keys, ids: &[i32], outs: &[NDArray], pending: &[(i32, &[usize])]) -> Result<()> {
+        if ids.len() != outs.len() {
+            return Err(Error::mxnet(format!("{} keys but {} outputs", ids.len(), outs.len())));
+        }
+        for (i, (id, o)) in ids.iter().zip(outs).enumerate() {
+            host_only(o, "an output")?;
+            let shape = match st.entries.get(id) {
+                Some(e) => &e.shape[..],
+                None => pending.iter().find(|(k, _)| k == id).map(|(_, s)| *s).expect("resolved key"),
+            };
+            if o.shape != shape {
+                return Err(Error::mxnet(format!(
+                    "shape mismatch for key {}: its value has shape {}, the output {}",
+                    keys.describe(i),
+                    shape_text(shape),
+                    shape_text(&o.shape)
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn pull_locked(st: &State, keys: Keys, outs: &[NDArray], priority: i32) -> Result<()> {
+        let ids = Self::ids(st, &keys)?;
+        Self::check_outs(st, &keys, &ids, outs, &[])?;
+        for (id, members) in Self::group(&ids) {
+            let value = &st.entries[&id].value;
+            for i in members {
+                copy(value, &outs[i], priority)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `Broadcast`: `init(vkeys, values)` then `pull(okeys, outs)`, checked as a whole first.
+    pub fn broadcast(
+        &self,
+        vkeys: Keys,
+        values: &[NDArray],
+        okeys: Keys,
+        outs: &[NDArray],
+        priority: i32,
+    ) -> Result<()> {
+        let mut st = self.state.lock();
+        Self::check_key_type(&st, &vkeys)?;
+        if vkeys.kind() != okeys.kind() {
+            return Err(Error::mxnet("Mixed key types are not allowed"));
+        }
+        if vkeys.len() != values.len() {
+            return Err(Error::mxnet(format!("{} keys but {} values", vkeys.len(), values.len())));
+        }
+        // The outputs' keys: existing ones, or among those being initialised.
+        let mut ids = Vec::with_capacity(okeys.len());
+        let mut pending: Vec<(i32, &[usize])> = Vec::new();
+        for i in 0..okeys.len() {
+            let fresh = (0..vkeys.len()).find(|&j| match (vkeys, okeys) {
+                (Keys::Int(v), Keys::Int(o)) => v[j] == o[i],
+                (Keys::Str(v), Keys::Str(o)) => v[j] == o[i],
+                _ => false,
+            });
+            match fresh {
+                Some(j) => {
+                    let pseudo = -1 - j as i32; // not a stored id: the value being initialised
+                    let id = match okeys {
+                        Keys::Int(o) => o[i],
+                        Keys::Str(_) => pseudo,
+                    };
+                    if !pending.iter().any(|(k, _)| *k == id) && !st.entries.contains_key(&id) {
+                        pending.push((id, &values[j].shape[..]));
+                    }
+                    ids.push(id);
+                }
+                None => ids.push(Self::ids(&st, &okeys_one(&okeys, i))?[0]),
+            }
+        }
+        Self::check_outs(&st, &okeys, &ids, outs, &pending)?;
+        Self::init_locked(&mut st, vkeys, values)?;
+        Self::pull_locked(&st, okeys, outs, priority)
+    }
+
+    /// `PushPull`: `push(vkeys, values)` then `pull(okeys, outs)`.
+    pub fn pushpull(
+        &self,
+        vkeys: Keys,
+        values: &[NDArray],
+        okeys: Keys,
+        outs: &[NDArray],
+        priority: i32,
+    ) -> Result<()> {
+        {
+            let st = self.state.lock();
+            let ids = Self::ids(&st, &okeys)?;
+            Self::check_outs(&st, &okeys, &ids, outs, &[])?;
+        }
+        self.push(vkeys, values, priority)?;
+        self.pull(okeys, outs, priority)
+    }
+}
+
+/// The key of one pending updater call.
+enum Pushed {
+    Int(i32),
+    Str(String),
+}
+
+type UpdaterCall = (Updater, Pushed, NDArray, NDArray);
+
+/// Key `i` of `keys` alone.
+fn okeys_one<'a>(keys: &Keys<'a>, i: usize) -> Keys<'a> {
+    match *keys {
+        Keys::Int(k) => Keys::Int(&k[i..i + 1]),
+        Keys::Str(k) => Keys::Str(&k[i..i + 1]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ndarray::testing::{array_f32, values};
+
+    fn arr(v: &[f32]) -> NDArray {
+        array_f32(&[v.len()], v)
+    }
+
+    #[test]
+    fn push_sums_in_each_order_and_pull_copies() {
+        for name in ["local", "device"] {
+            let kv = KVStore::create(name).unwrap();
+            kv.init(Keys::Int(&[3, 5]), &[arr(&[0.0; 3]), arr(&[1.0, 2.0])]).unwrap();
+            let a = arr(&[1.0, 2.0, 3.0]);
+            let b = arr(&[10.0, 20.0, 30.0]);
+            let c = arr(&[100.0, 200.0, 300.0]);
+            // Keys out of order: grouped by key, values of a key in the order given.
+            kv.push(Keys::Int(&[5, 3, 3, 3]), &[arr(&[7.0, 8.0]), a.clone(), b, c], 0).unwrap();
+            let out = arr(&[0.0; 3]);
+            let out5 = arr(&[0.0; 2]);
+            kv.pull(Keys::Int(&[3, 5]), &[out.clone(), out5.clone()], 0).unwrap();
+            assert_eq!(values(&out), vec![111.0, 222.0, 333.0], "{name}");
+            assert_eq!(values(&out5), vec![7.0, 8.0], "{name}");
+        }
+    }
+
+    #[test]
+    fn bad_input_is_refused_and_changes_nothing() {
+        let kv = KVStore::create("local").unwrap();
+        kv.init(Keys::Int(&[1]), &[arr(&[1.0, 2.0])]).unwrap();
+        let e = kv.init(Keys::Int(&[2, 1]), &[arr(&[0.0]), arr(&[0.0])]).unwrap_err();
+        assert!(e.message().starts_with("duplicate init of key 1"), "{e}");
+        // Key 2 was not initialised by the refused call.
+        let e = kv.pull(Keys::Int(&[2]), &[arr(&[0.0])], 0).unwrap_err();
+        assert_eq!(e.message(), "key 2 has not been initialized");
+        let e = kv.push(Keys::Int(&[1]), &[arr(&[1.0, 2.0, 3.0])], 0).unwrap_err();
+        assert!(e.message().contains("initialized with shape (2), pushed (3)"), "{e}");
+        let e = kv.init(Keys::Str(&["w"]), &[arr(&[0.0])]).unwrap_err();
+        assert_eq!(e.message(), "Mixed key types are not allowed");
+        let out = arr(&[0.0, 0.0]);
+        kv.pull(Keys::Int(&[1]), std::slice::from_ref(&out), 0).unwrap();
+        assert_eq!(values(&out), vec![1.0, 2.0]);
+        assert!(KVStore::create("dist_sync").is_err());
+    }
+
+    #[test]
+    fn updater_gets_sum_and_stored_value() {
+        let kv = KVStore::create("local").unwrap();
+        kv.init(Keys::Str(&["w"]), &[arr(&[1.0, 1.0])]).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        let up: Updater = Arc::new(move |k, g, w| {
+            let UpdaterKey::Str(k) = k else { panic!("a string key") };
+            s2.lock().push((k.to_string(), values(g), values(w)));
+            w.copy_from(&arr(&[5.0, 6.0])).unwrap();
+        });
+        kv.set_updater(Some(Arc::new(|_, _, _| panic!("the string updater serves string keys"))), Some(up));
+        kv.push(Keys::Str(&["w", "w"]), &[arr(&[1.0, 2.0]), arr(&[3.0, 4.0])], 0).unwrap();
+        assert_eq!(seen.lock().clone(), vec![("w".to_string(), vec![4.0, 6.0], vec![1.0, 1.0])]);
+        let out = arr(&[0.0, 0.0]);
+        kv.pull(Keys::Str(&["w"]), std::slice::from_ref(&out), 0).unwrap();
+        assert_eq!(values(&out), vec![5.0, 6.0]);
+    }
+
+    #[test]
+    fn compression_sends_thresholds_and_keeps_residuals() {
+        let kv = KVStore::create("device").unwrap();
+        kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "0.5")]).unwrap();
+        kv.init(Keys::Int(&[0]), &[arr(&[0.0; 4])]).unwrap();
+        let g = arr(&[0.3, -0.7, 0.6, 0.1]);
+        let out = arr(&[0.0; 4]);
+        kv.pushpull(Keys::Int(&[0]), std::slice::from_ref(&g), Keys::Int(&[0]), std::slice::from_ref(&out), 0).unwrap();
+        assert_eq!(values(&out), vec![0.0, -0.5, 0.5, 0.0]);
+        kv.pushpull(Keys::Int(&[0]), &[g], Keys::Int(&[0]), std::slice::from_ref(&out), 0).unwrap();
+        assert_eq!(values(&out), vec![0.5, -0.5, 0.5, 0.0]);
+        assert!(kv.set_gradient_compression(&[("type", "1bit")]).is_err());
+        assert!(kv.set_gradient_compression(&[("type", "2bit"), ("threshold", "0")]).is_err());
+    }
+}
