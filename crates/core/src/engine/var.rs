@@ -105,6 +105,13 @@ impl Var {
         Arc::new(Var { alias_of: Some(root.clone()), ..Var::default() })
     }
 
+    /// Whether `a` and `b` stand for one data block: the same variable, or aliases
+    /// ([`Var::alias`]) of one root (or one the other's root).
+    pub fn same_block(a: &Arc<Var>, b: &Arc<Var>) -> bool {
+        let root = |v: &Arc<Var>| v.alias_of.clone().unwrap_or_else(|| v.clone());
+        Arc::ptr_eq(&root(a), &root(b))
+    }
+
     /// Whether this variable is an alias ([`Var::alias`]) of `other`'s data block.
     pub fn is_alias_of(&self, other: &Arc<Var>) -> bool {
         let root = other.alias_of.as_ref().unwrap_or(other);

@@ -29,6 +29,7 @@ use crate::context::{Context, DevType};
 use crate::engine::{self, FnProperty, Push, Var, VarList};
 use crate::error::{Error, Result};
 use crate::ndarray::{DType, NDArray};
+use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::tensor::{OutBlob, TBlob};
 use crate::sync::Mutex;
 use kernels::Order;
@@ -92,7 +93,6 @@ enum Comm {
 
 /// The buffers one key's pushes reduce into.
 struct Merge {
-    dtype: DType,
     ctx: Context,
     merged: NDArray,
     /// Copies of the sources after the first (all sources with compression).
@@ -106,6 +106,9 @@ struct Entry {
     /// The stored value; after a push without updater, the sum itself (see the module doc).
     value: NDArray,
     shape: Vec<usize>,
+    /// The dtype the key was initialised with: sums are computed in it (as stock's `device`
+    /// store does; values pushed in another dtype are converted).
+    dtype: DType,
     merge: Option<Merge>,
     /// `device`: the context this key's sums run on, once placed.
     place: Option<Context>,
@@ -146,7 +149,14 @@ fn host_only(a: &NDArray, what: &str) -> Result<()> {
     }
 }
 
-fn same_chunk(a: &NDArray, b: &NDArray) -> bool {
+/// Whether `a` and `b` are views of one memory block (the same variable, or an alias of it:
+/// a custom operator's view).
+fn same_block(a: &NDArray, b: &NDArray) -> bool {
+    matches!((&a.chunk, &b.chunk), (Some(x), Some(y)) if Var::same_block(x, y))
+}
+
+/// Whether `a` and `b` are views of one variable.
+fn same_var(a: &NDArray, b: &NDArray) -> bool {
     matches!((&a.chunk, &b.chunk), (Some(x), Some(y)) if Arc::ptr_eq(x, y))
 }
 
@@ -155,8 +165,8 @@ fn shape_text(s: &[usize]) -> String {
 }
 
 /// Push `f` to the engine as `name`, reading `reads` and writing `writes`, at `priority`.
-/// Refused unless every array is on the host and no written array shares memory with
-/// another array of the operation: that is what makes the views below sound.
+/// Refused unless every array is on the host and no written array shares a memory block
+/// with another array of the operation: that is what makes the views below sound.
 fn push_op(
     name: &str,
     reads: &[&NDArray],
@@ -165,7 +175,7 @@ fn push_op(
     f: impl FnOnce(&[TBlob], &mut [OutBlob]) -> Result<()> + Send + 'static,
 ) -> Result<()> {
     for (i, w) in writes.iter().enumerate() {
-        let clash = reads.iter().any(|r| same_chunk(r, w)) || writes[..i].iter().any(|o| same_chunk(o, w));
+        let clash = reads.iter().any(|r| same_block(r, w)) || writes[..i].iter().any(|o| same_block(o, w));
         if clash {
             return Err(Error::mxnet(format!("{name}: an array it writes shares memory with another of its arrays")));
         }
@@ -180,8 +190,8 @@ fn push_op(
         }
         // SAFETY: the address is the view's start inside its chunk (`data` allocates it); the
         // operation holds the chunk's variable for reading, so nothing writes it while the
-        // blob is used, and no blob this operation writes shares the chunk (checked above).
-        // The chunk stays alive: the variable list and `keep` hold it.
+        // blob is used, and no blob this operation writes shares the memory block (checked
+        // above, aliases included). The chunk stays alive: the variable list and `keep` hold it.
         ins.push(unsafe { TBlob::new(r.data()?, &r.shape, r.dtype) });
     }
     let mut mutable_vars: VarList = VarList::new();
@@ -190,7 +200,8 @@ fn push_op(
         host_only(w, "an output")?;
         mutable_vars.push(w.chunk()?.clone());
         // SAFETY: as above; the operation holds the variable for writing, and no other blob
-        // of the operation shares the chunk (checked above), so this blob is the one access.
+        // of the operation shares the memory block (checked above), so this blob is the one
+        // access.
         outs.push(unsafe { OutBlob::new(w.data()?, &w.shape, w.dtype) });
     }
     let keep: Vec<NDArray> = reads.iter().chain(writes).map(|a| (*a).clone()).collect();
@@ -209,16 +220,74 @@ fn push_op(
     engine::global()?.submit(p)
 }
 
-/// Copy `src` into `dst` (same number of elements; the dtype converts) as an engine
-/// operation. Nothing to do when they are the same bytes.
-fn copy(src: &NDArray, dst: &NDArray, priority: i32) -> Result<()> {
-    if same_chunk(src, dst) && src.offset == dst.offset && src.dtype == dst.dtype {
+/// Whether [`copy`] can copy `src` into `dst`: views of one memory block must be views of
+/// one variable (not a custom operator's alias, which the engine does not order against its
+/// root) and, where their bytes meet, of one dtype.
+fn copy_check(src: &NDArray, dst: &NDArray) -> Result<()> {
+    if !same_block(src, dst) {
         return Ok(());
     }
+    if !same_var(src, dst) {
+        return Err(Error::not_supported("a KVStore copy between an array and a custom operator's view of it"));
+    }
+    if src.dtype != dst.dtype {
+        return Err(Error::not_supported("a KVStore copy with a dtype change between views of one array"));
+    }
+    Ok(())
+}
+
+/// Source and destination of a copy within one chunk.
+struct WithinChunk {
+    src: *const u8,
+    dst: *mut u8,
+    bytes: usize,
+}
+// SAFETY: only the addresses move to the engine's thread; they are dereferenced there by
+// `ptr::copy` alone, while the operation holds the chunk for writing (see `copy`).
+unsafe impl Send for WithinChunk {}
+
+/// Copy `src` into `dst` (same number of elements; the dtype converts) as an engine
+/// operation. Nothing to do when they are the same bytes; views of one array (which may
+/// overlap; one dtype, see [`copy_check`]) are copied as bytes in one operation that holds
+/// the array for writing.
+fn copy(src: &NDArray, dst: &NDArray, priority: i32) -> Result<()> {
+    copy_check(src, dst)?;
     let (sd, dd) = (src.dtype, dst.dtype);
+    if same_var(src, dst) {
+        if src.offset == dst.offset {
+            return Ok(());
+        }
+        {
+            let m = WithinChunk { src: src.data()?, dst: dst.data()?, bytes: src.size() * sd.size() };
+            let keep = (src.clone(), dst.clone());
+            let mut p = Push::sync(
+                move |_| {
+                    let _keep = &keep;
+                    let m = m;
+                    // SAFETY: both ranges lie inside the chunk (a view is checked against its
+                    // chunk when it is made), which `keep` keeps alive and this operation holds
+                    // for writing, so nothing else reads or writes it meanwhile; `ptr::copy`
+                    // allows the ranges to overlap, and no reference to them is made.
+                    unsafe { std::ptr::copy(m.src, m.dst, m.bytes) };
+                    Ok(())
+                },
+                VarList::new(),
+                [dst.chunk()?.clone()].into_iter().collect::<VarList>(),
+            );
+            p.priority = priority;
+            p.prop = FnProperty::CpuPrioritized;
+            let name = crate::intern::intern("CopyCPU2CPU");
+            p.name = Some(&name);
+            return engine::global()?.submit(p);
+        }
+    }
     push_op("CopyCPU2CPU", &[src], &[dst], priority, move |ins, outs| {
         if sd == dd {
-            crate::dispatch_num!(sd, "KVStore copy", T => outs[0].as_mut::<T>().copy_from_slice(ins[0].as_slice::<T>()));
+            crate::dispatch_num!(sd, "KVStore copy", T => {
+                let src = ins[0].as_slice::<T>();
+                // On the kernel threads for big arrays, as other operators' copies.
+                par_for_mut(outs[0].as_mut::<T>(), 1, Cost(0.1), sd, |r, dst| dst.copy_from_slice(&src[r]));
+            });
         } else {
             crate::dispatch_num!(sd, "KVStore copy", S => {
                 crate::dispatch_num!(dd, "KVStore copy", D => kernels::cast_copy(ins[0].as_slice::<S>(), outs[0].as_mut::<D>()))
@@ -228,20 +297,35 @@ fn copy(src: &NDArray, dst: &NDArray, priority: i32) -> Result<()> {
     })
 }
 
-/// Threads for summing `elements` elements: `MXNET_KVSTORE_REDUCTION_NTHREADS` for arrays of
-/// at least `MXNET_KVSTORE_BIGARRAY_BOUND` elements, else one.
-fn reduction_threads(elements: usize) -> Result<usize> {
-    let reg = crate::config::global();
-    const BY: &str = "KVStore push";
-    let bound = reg.get_int("MXNET_KVSTORE_BIGARRAY_BOUND", BY)?.unwrap_or(1_000_000).max(1) as usize;
-    let threads = reg.get_int("MXNET_KVSTORE_REDUCTION_NTHREADS", BY)?.unwrap_or(4).max(1) as usize;
-    Ok(if elements >= bound { threads } else { 1 })
+/// The reduction's configuration, read at each push: arrays of at least
+/// `MXNET_KVSTORE_BIGARRAY_BOUND` elements are summed on `MXNET_KVSTORE_REDUCTION_NTHREADS`
+/// threads, others on one.
+#[derive(Clone, Copy)]
+struct Reduction {
+    bound: usize,
+    threads: usize,
+}
+
+impl Reduction {
+    fn read() -> Result<Self> {
+        let reg = crate::config::global();
+        const BY: &str = "KVStore push";
+        let bound = reg.get_int("MXNET_KVSTORE_BIGARRAY_BOUND", BY)?.unwrap_or(1_000_000).max(1) as usize;
+        let threads = reg.get_int("MXNET_KVSTORE_REDUCTION_NTHREADS", BY)?.unwrap_or(4).max(1) as usize;
+        Ok(Reduction { bound, threads })
+    }
+    fn threads(self, elements: usize) -> usize {
+        if elements >= self.bound {
+            self.threads
+        } else {
+            1
+        }
+    }
 }
 
 /// Push the sum of `srcs` into `dst` (`first`: whether `dst` already holds the first source,
 /// which `srcs` then lacks).
-fn push_sum(srcs: &[&NDArray], dst: &NDArray, order: Order, first: bool, priority: i32) -> Result<()> {
-    let threads = reduction_threads(dst.size())?;
+fn push_sum(srcs: &[&NDArray], dst: &NDArray, order: Order, first: bool, threads: usize, priority: i32) -> Result<()> {
     let dtype = dst.dtype;
     push_op("KVStoreReduce", srcs, &[dst], priority, move |ins, outs| {
         crate::dispatch_num!(dtype, "KVStore reduction", T => {
@@ -388,7 +472,7 @@ impl KVStore {
                     id
                 }
             };
-            st.entries.insert(id, Entry { shape: v.shape.clone(), value: s, merge: None, place: None });
+            st.entries.insert(id, Entry { shape: v.shape.clone(), dtype: v.dtype, value: s, merge: None, place: None });
         }
         Ok(())
     }
@@ -429,9 +513,9 @@ impl KVStore {
         }
         let ids = Self::ids(st, &keys)?;
         let groups = Self::group(&ids);
+        let compress = if self.comm == Comm::Device { st.threshold } else { None };
         for (id, members) in &groups {
-            let e = &st.entries[id];
-            let first = &values[members[0]];
+            let e = st.entries.get(id).ok_or_else(|| Error::internal("a checked KVStore key vanished"))?;
             for &i in members {
                 let v = &values[i];
                 host_only(v, "a pushed value")?;
@@ -443,35 +527,36 @@ impl KVStore {
                         shape_text(&v.shape)
                     )));
                 }
-                if v.dtype != first.dtype {
-                    return Err(Error::mxnet(format!(
-                        "values pushed to key {} differ in dtype ({} and {})",
-                        keys.describe(i),
-                        first.dtype.name(),
-                        v.dtype.name()
+                if compress.is_some() && (v.dtype != DType::F32 || e.dtype != DType::F32) {
+                    return Err(Error::not_supported(format!(
+                        "gradient compression of {} arrays (key {}; it compresses float32)",
+                        if v.dtype != DType::F32 { v.dtype } else { e.dtype }.name(),
+                        keys.describe(i)
                     )));
                 }
             }
-            if st.threshold.is_some() && self.comm == Comm::Device && first.dtype != DType::F32 {
-                return Err(Error::not_supported(format!(
-                    "gradient compression of {} arrays (key {}; it compresses float32)",
-                    first.dtype.name(),
-                    keys.describe(members[0])
-                )));
-            }
+        }
+        // Everything that can fail happens before the first operation is pushed: a refused push
+        // changes no stored value.
+        let reduction = Reduction::read()?;
+        let srcs_of = |members: &[usize]| members.iter().map(|&i| &values[i]).collect::<Vec<&NDArray>>();
+        for (id, members) in &groups {
+            self.prepare(st, *id, &srcs_of(members), compress)?;
         }
         let mut calls = Vec::new();
-        for (id, members) in groups {
-            let srcs: Vec<&NDArray> = members.iter().map(|&i| &values[i]).collect();
-            let merged = self.reduce(st, id, &srcs, priority)?;
+        for (id, members) in &groups {
+            let merged = Self::reduce(st, *id, &srcs_of(members), compress, self.comm, reduction, priority)?;
             // As stock: an update needs the int-key updater; string keys go to the string
             // one when there is one, else to the int one with the key's internal number.
             let call = match (&st.updater, &st.str_updater, keys) {
                 (None, _, _) => None,
-                (Some(_), Some(su), Keys::Str(_)) => Some((su.clone(), Pushed::Str(st.str_names[&id].clone()))),
-                (Some(u), _, _) => Some((u.clone(), Pushed::Int(id))),
+                (Some(_), Some(su), Keys::Str(_)) => {
+                    let name = st.str_names.get(id).ok_or_else(|| Error::internal("a string key without its name"))?;
+                    Some((su.clone(), Pushed::Str(name.clone())))
+                }
+                (Some(u), _, _) => Some((u.clone(), Pushed::Int(*id))),
             };
-            let entry = st.entries.get_mut(&id).expect("checked above");
+            let entry = st.entries.get_mut(id).ok_or_else(|| Error::internal("a checked KVStore key vanished"))?;
             match call {
                 Some((u, key)) => calls.push((u, key, merged, entry.value.clone())),
                 None => entry.value = merged,
@@ -480,59 +565,78 @@ impl KVStore {
         Ok(calls)
     }
 
-    /// The sum of one key's `srcs` (stock's `Comm::Reduce`).
-    fn reduce(&self, st: &mut State, id: i32, srcs: &[&NDArray], priority: i32) -> Result<NDArray> {
-        let compress = if self.comm == Comm::Device { st.threshold } else { None };
+    /// The buffers one key's push of `srcs` sums into, allocated (and placed) before anything
+    /// is pushed. A single value without compression needs none.
+    fn prepare(&self, st: &mut State, id: i32, srcs: &[&NDArray], compress: Option<f32>) -> Result<()> {
         if srcs.len() == 1 && compress.is_none() {
-            return Ok(srcs[0].clone());
+            return Ok(());
         }
-        let dtype = srcs[0].dtype;
         let ctx = match self.comm {
             Comm::Host => pinned(),
-            Comm::Device => self.place(st, id, srcs),
+            Comm::Device => Self::place(st, id, srcs)?,
         };
-        let entry = st.entries.get_mut(&id).expect("an initialised key");
-        let shape = entry.shape.clone();
-        let n_copies = if compress.is_some() { srcs.len() } else { srcs.len() - 1 };
-        let fresh = |m: &Merge| m.dtype != dtype || m.ctx != ctx;
-        if entry.merge.as_ref().is_none_or(fresh) {
-            entry.merge = Some(Merge {
-                dtype,
+        let entry = st.entries.get_mut(&id).ok_or_else(|| Error::internal("a checked KVStore key vanished"))?;
+        let (shape, dtype) = (entry.shape.clone(), entry.dtype);
+        let m = match &mut entry.merge {
+            Some(m) if m.ctx == ctx => m,
+            slot => slot.insert(Merge {
                 ctx,
                 merged: NDArray::new(shape.clone(), ctx, dtype, false)?,
                 copies: Vec::new(),
                 compressed: Vec::new(),
-            });
-        }
-        let m = entry.merge.as_mut().expect("set above");
+            }),
+        };
+        let n_copies = if compress.is_some() { srcs.len() } else { srcs.len() - 1 };
         while m.copies.len() < n_copies {
             m.copies.push(NDArray::new(shape.clone(), ctx, dtype, false)?);
         }
-        let order = if self.comm == Comm::Host { Order::Grouped } else { Order::Fold };
+        if compress.is_some() {
+            let bytes = kernels::two_bit_words(m.merged.size()) * 4;
+            while m.compressed.len() < srcs.len() {
+                let sctx = srcs[m.compressed.len()].ctx().unwrap_or(ctx);
+                let residual = NDArray::new(shape.clone(), sctx, DType::F32, false)?;
+                let zeros = vec![0f32; residual.size()];
+                // SAFETY: `zeros` holds the array's elements and outlives the (waited-for) copy.
+                unsafe { residual.copy_from_host(zeros.as_ptr() as *const u8, zeros.len())? };
+                let send = NDArray::new(vec![bytes], sctx, DType::U8, false)?;
+                let recv = if sctx != ctx { Some(NDArray::new(vec![bytes], ctx, DType::U8, false)?) } else { None };
+                m.compressed.push((residual, send, recv));
+            }
+        }
+        Ok(())
+    }
+
+    /// Push the operations that sum one key's `srcs` into its prepared buffers (stock's
+    /// `Comm::Reduce`); returns the sum.
+    fn reduce(
+        st: &State,
+        id: i32,
+        srcs: &[&NDArray],
+        compress: Option<f32>,
+        comm: Comm,
+        reduction: Reduction,
+        priority: i32,
+    ) -> Result<NDArray> {
+        if srcs.len() == 1 && compress.is_none() {
+            return Ok(srcs[0].clone());
+        }
+        let m = st
+            .entries
+            .get(&id)
+            .and_then(|e| e.merge.as_ref())
+            .ok_or_else(|| Error::internal("a KVStore merge buffer was not prepared"))?;
+        let threads = reduction.threads(m.merged.size());
         match compress {
             None => {
+                let order = if comm == Comm::Host { Order::Grouped } else { Order::Fold };
                 copy(srcs[0], &m.merged, priority)?;
                 for (s, c) in srcs[1..].iter().zip(&m.copies) {
                     copy(s, c, priority)?;
                 }
-                let copies: Vec<&NDArray> = m.copies[..n_copies].iter().collect();
-                push_sum(&copies, &m.merged, order, true, priority)?;
+                let copies: Vec<&NDArray> = m.copies[..srcs.len() - 1].iter().collect();
+                push_sum(&copies, &m.merged, order, true, threads, priority)?;
             }
             Some(threshold) => {
-                let words = kernels::two_bit_words(m.merged.size());
-                while m.compressed.len() < srcs.len() {
-                    let next = m.compressed.len();
-                    let sctx = srcs[next].ctx().expect("checked host arrays");
-                    let residual = NDArray::new(shape.clone(), sctx, DType::F32, false)?;
-                    push_op("KVStoreZeroResidual", &[], &[&residual], priority, |_, outs| {
-                        outs[0].as_mut::<f32>().fill(0.0);
-                        Ok(())
-                    })?;
-                    let send = NDArray::new(vec![words * 4], sctx, DType::U8, false)?;
-                    let recv =
-                        if sctx != ctx { Some(NDArray::new(vec![words * 4], ctx, DType::U8, false)?) } else { None };
-                    m.compressed.push((residual, send, recv));
-                }
                 for (k, &s) in srcs.iter().enumerate() {
                     let (residual, send, recv) = &m.compressed[k];
                     push_op("QuantizeCPU", &[s], &[residual, send], priority, move |ins, outs| {
@@ -557,8 +661,8 @@ impl KVStore {
                         Ok(())
                     })?;
                 }
-                let copies: Vec<&NDArray> = m.copies[..n_copies].iter().collect();
-                push_sum(&copies, &m.merged, Order::Fold, false, priority)?;
+                let copies: Vec<&NDArray> = m.copies[..srcs.len()].iter().collect();
+                push_sum(&copies, &m.merged, Order::Fold, false, threads, priority)?;
             }
         }
         Ok(m.merged.clone())
@@ -566,12 +670,12 @@ impl KVStore {
 
     /// `device`: the context key `id` sums on. Keys not placed yet are placed together, the
     /// largest first, each on the source context with the fewest elements placed so far.
-    fn place(&self, st: &mut State, id: i32, srcs: &[&NDArray]) -> Context {
-        if let Some(c) = st.entries[&id].place {
-            return c;
+    fn place(st: &mut State, id: i32, srcs: &[&NDArray]) -> Result<Context> {
+        let placed = |st: &State| st.entries.get(&id).and_then(|e| e.place);
+        if let Some(c) = placed(st) {
+            return Ok(c);
         }
-        for s in srcs {
-            let c = s.ctx().expect("checked host arrays");
+        for c in srcs.iter().filter_map(|s| s.ctx()) {
             if !st.loads.iter().any(|(x, _)| *x == c) {
                 st.loads.push((c, 0));
             }
@@ -581,12 +685,14 @@ impl KVStore {
             st.entries.iter().filter(|(_, e)| e.place.is_none()).map(|(k, e)| (*k, e.shape.iter().product())).collect();
         todo.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         for (k, size) in todo {
-            let slot = st.loads.iter_mut().min_by_key(|(_, load)| *load).expect("at least one source");
+            let Some(slot) = st.loads.iter_mut().min_by_key(|(_, load)| *load) else { break };
             slot.1 += size;
             let c = slot.0;
-            st.entries.get_mut(&k).expect("listed above").place = Some(c);
+            if let Some(e) = st.entries.get_mut(&k) {
+                e.place = Some(c);
+            }
         }
-        st.entries[&id].place.expect("placed above")
+        placed(st).ok_or_else(|| Error::internal("a KVStore key could not be placed"))
     }
 
     /// `Pull`: copy each key's stored value into its outputs.
@@ -602,8 +708,15 @@ impl KVStore {
         for (i, (id, o)) in ids.iter().zip(outs).enumerate() {
             host_only(o, "an output")?;
             let shape = match st.entries.get(id) {
-                Some(e) => &e.shape[..],
-                None => pending.iter().find(|(k, _)| k == id).map(|(_, s)| *s).expect("resolved key"),
+                Some(e) => {
+                    copy_check(&e.value, o)?;
+                    &e.shape[..]
+                }
+                None => pending
+                    .iter()
+                    .find(|(k, _)| k == id)
+                    .map(|(_, s)| *s)
+                    .ok_or_else(|| Error::internal("an output's KVStore key was not resolved"))?,
             };
             if o.shape != shape {
                 return Err(Error::mxnet(format!(
@@ -621,7 +734,7 @@ impl KVStore {
         let ids = Self::ids(st, &keys)?;
         Self::check_outs(st, &keys, &ids, outs, &[])?;
         for (id, members) in Self::group(&ids) {
-            let value = &st.entries[&id].value;
+            let value = &st.entries.get(&id).ok_or_else(|| Error::internal("a checked KVStore key vanished"))?.value;
             for i in members {
                 copy(value, &outs[i], priority)?;
             }
@@ -650,11 +763,7 @@ impl KVStore {
         let mut ids = Vec::with_capacity(okeys.len());
         let mut pending: Vec<(i32, &[usize])> = Vec::new();
         for i in 0..okeys.len() {
-            let fresh = (0..vkeys.len()).find(|&j| match (vkeys, okeys) {
-                (Keys::Int(v), Keys::Int(o)) => v[j] == o[i],
-                (Keys::Str(v), Keys::Str(o)) => v[j] == o[i],
-                _ => false,
-            });
+            let fresh = (0..vkeys.len()).find(|&j| same_key(&vkeys, j, &okeys, i));
             match fresh {
                 Some(j) => {
                     let pseudo = -1 - j as i32; // not a stored id: the value being initialised
@@ -688,6 +797,15 @@ impl KVStore {
             let st = self.state.lock();
             let ids = Self::ids(&st, &okeys)?;
             Self::check_outs(&st, &okeys, &ids, outs, &[])?;
+            // The value pulled may be one of those pushed (one value, no update): the pull must
+            // be able to copy from it too, so that it cannot fail after the push.
+            for (i, o) in outs.iter().enumerate() {
+                for (j, v) in values.iter().enumerate() {
+                    if same_key(&vkeys, j, &okeys, i) {
+                        copy_check(v, o)?;
+                    }
+                }
+            }
         }
         self.push(vkeys, values, priority)?;
         self.pull(okeys, outs, priority)
@@ -701,6 +819,15 @@ enum Pushed {
 }
 
 type UpdaterCall = (Updater, Pushed, NDArray, NDArray);
+
+/// Whether key `j` of `a` is key `i` of `b`.
+fn same_key(a: &Keys, j: usize, b: &Keys, i: usize) -> bool {
+    match (a, b) {
+        (Keys::Int(a), Keys::Int(b)) => a.get(j) == b.get(i),
+        (Keys::Str(a), Keys::Str(b)) => a.get(j) == b.get(i),
+        _ => false,
+    }
+}
 
 /// Key `i` of `keys` alone.
 fn okeys_one<'a>(keys: &Keys<'a>, i: usize) -> Keys<'a> {
@@ -773,6 +900,43 @@ mod tests {
         let out = arr(&[0.0, 0.0]);
         kv.pull(Keys::Str(&["w"]), std::slice::from_ref(&out), 0).unwrap();
         assert_eq!(values(&out), vec![5.0, 6.0]);
+    }
+
+    #[test]
+    fn views_of_one_array_copy_as_bytes_and_aliases_are_refused() {
+        let kv = KVStore::create("local").unwrap();
+        let x = arr(&[1.0, 2.0, 3.0, 4.0, 5.0]);
+        kv.init(Keys::Int(&[0]), &[arr(&[0.0, 0.0, 0.0])]).unwrap();
+        // One value is stored as itself; pulling it into an overlapping view of the same array
+        // copies the bytes in one operation (memmove).
+        kv.push(Keys::Int(&[0]), &[x.slice(0, 3).unwrap()], 0).unwrap();
+        kv.pull(Keys::Int(&[0]), &[x.slice(2, 5).unwrap()], 0).unwrap();
+        assert_eq!(values(&x), vec![1.0, 2.0, 1.0, 2.0, 3.0]);
+        // A custom operator's alias of the stored array: refused before anything is pushed.
+        let alias = x.slice(0, 3).unwrap().through_alias(&Var::alias(x.chunk().unwrap())).unwrap();
+        let e = kv.pull(Keys::Int(&[0]), std::slice::from_ref(&alias), 0).unwrap_err();
+        assert!(e.message().contains("custom operator's view"), "{e}");
+        // pushpull whose pull could not copy from the value pushed: refused before the push.
+        kv.push(Keys::Int(&[0]), &[arr(&[7.0, 8.0, 9.0])], 0).unwrap();
+        let e = kv.pushpull(Keys::Int(&[0]), &[x.slice(0, 3).unwrap()], Keys::Int(&[0]), &[alias], 0).unwrap_err();
+        assert!(e.message().contains("custom operator's view"), "{e}");
+        let out = arr(&[0.0; 3]);
+        kv.pull(Keys::Int(&[0]), std::slice::from_ref(&out), 0).unwrap();
+        assert_eq!(values(&out), vec![7.0, 8.0, 9.0]);
+    }
+
+    #[test]
+    fn sums_run_in_the_dtype_the_key_was_initialised_with() {
+        let kv = KVStore::create("device").unwrap();
+        kv.init(Keys::Int(&[0]), &[arr(&[0.0, 0.0])]).unwrap();
+        let f64s = NDArray::new(vec![2], Context::CPU, DType::F64, false).unwrap();
+        let v = [0.25f64, 1e-9];
+        // SAFETY: two f64 values for a two-element f64 array.
+        unsafe { f64s.copy_from_host(v.as_ptr() as *const u8, 2).unwrap() };
+        kv.push(Keys::Int(&[0, 0]), &[arr(&[1.0, 1.0]), f64s], 0).unwrap();
+        let out = arr(&[0.0; 2]);
+        kv.pull(Keys::Int(&[0]), std::slice::from_ref(&out), 0).unwrap();
+        assert_eq!(values(&out), vec![1.25, 1.0]);
     }
 
     #[test]
