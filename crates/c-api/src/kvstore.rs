@@ -78,22 +78,96 @@ unsafe fn read_arrays(handles: *const NDArrayHandle, n: u32, what: &str) -> Resu
     hs.iter().map(|&h| arrays().get(h).map(|a| (*a).clone())).collect()
 }
 
-/// The `n` string keys at `keys`.
-///
-/// # Safety
-/// `keys` must point to `n` readable NUL-terminated strings when `n > 0`.
-unsafe fn read_str_keys<'a>(keys: *const *const c_char, n: u32) -> Result<Vec<&'a str>> {
-    // SAFETY: per this function's contract.
-    let ks = unsafe { list(keys, n, "keys") }?;
-    // SAFETY: each is a NUL-terminated string per the contract.
-    ks.iter().map(|&k| unsafe { cstr(k, "a key") }).collect()
+/// Where a call's keys are: ints (the plain functions) or strings (the `Ex` ones).
+#[derive(Clone, Copy)]
+enum KeyPtr {
+    Int(*const c_int),
+    Str(*const *const c_char),
 }
 
+/// The keys of one call, read.
+enum KeyList<'a> {
+    Int(&'a [i32]),
+    Str(Vec<&'a str>),
+}
+
+impl KeyList<'_> {
+    fn keys(&self) -> Keys<'_> {
+        match self {
+            KeyList::Int(k) => Keys::Int(k),
+            KeyList::Str(k) => Keys::Str(k),
+        }
+    }
+}
+
+/// The `n` strings at `p`.
+///
 /// # Safety
-/// `keys` must point to `n` readable ints when `n > 0`.
-unsafe fn read_int_keys<'a>(keys: *const c_int, n: u32) -> Result<&'a [i32]> {
+/// `p` must point to `n` readable NUL-terminated strings when `n > 0`.
+unsafe fn read_strs<'a>(p: *const *const c_char, n: u32, what: &str) -> Result<Vec<&'a str>> {
     // SAFETY: per this function's contract.
-    unsafe { list(keys, n, "keys") }
+    let ps = unsafe { list(p, n, what) }?;
+    // SAFETY: each is a NUL-terminated string per the contract.
+    ps.iter().map(|&s| unsafe { cstr(s, what) }).collect()
+}
+
+/// The `n` keys at `p`.
+///
+/// # Safety
+/// `p` must point to `n` readable ints, or `n` readable NUL-terminated strings, when `n > 0`.
+unsafe fn read_keys<'a>(p: KeyPtr, n: u32) -> Result<KeyList<'a>> {
+    match p {
+        // SAFETY: per this function's contract.
+        KeyPtr::Int(k) => Ok(KeyList::Int(unsafe { list(k, n, "keys") }?)),
+        // SAFETY: per this function's contract.
+        KeyPtr::Str(k) => Ok(KeyList::Str(unsafe { read_strs(k, n, "keys") }?)),
+    }
+}
+
+/// `api` over one list: `num` keys at `keys` and arrays at `vals`.
+///
+/// # Safety
+/// As [`read_keys`] and [`read_arrays`] for `num` entries.
+unsafe fn keyed(
+    api: &'static str,
+    handle: KVStoreHandle,
+    keys: KeyPtr,
+    num: u32,
+    vals: *const NDArrayHandle,
+    f: impl FnOnce(&KVStore, Keys, &[NDArray]) -> Result<()>,
+) -> c_int {
+    ffi::call(api, || {
+        // SAFETY: per this function's contract.
+        let (k, v) = unsafe { (read_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
+        f(&*stores().get(handle)?, k.keys(), &v)
+    })
+}
+
+/// `api` over values (`vnum` keys at `vkeys`, arrays at `vals`) and outputs (`onum` keys at
+/// `okeys`, arrays at `outs`).
+///
+/// # Safety
+/// As [`read_keys`] and [`read_arrays`] for each list's count.
+#[allow(clippy::too_many_arguments)]
+unsafe fn keyed2(
+    api: &'static str,
+    handle: KVStoreHandle,
+    (vkeys, vnum, vals): (KeyPtr, u32, *const NDArrayHandle),
+    (okeys, onum, outs): (KeyPtr, u32, *const NDArrayHandle),
+    f: impl FnOnce(&KVStore, Keys, &[NDArray], Keys, &[NDArray]) -> Result<()>,
+) -> c_int {
+    ffi::call(api, || {
+        // SAFETY: per this function's contract.
+        let (vk, ok, v, o) = unsafe {
+            (
+                read_keys(vkeys, vnum)?,
+                read_keys(okeys, onum)?,
+                read_arrays(vals, vnum, "vals")?,
+                read_arrays(outs, onum, "outs")?,
+            )
+        };
+        f(&*stores().get(handle)?, vk.keys(), &v, ok.keys(), &o)
+    })
 }
 
 /// Create a store: `local`, `device` (any name containing it); `dist*` and `nccl` stores are
@@ -128,11 +202,8 @@ pub unsafe extern "C" fn MXKVStoreInit(
     keys: *const c_int,
     vals: *mut NDArrayHandle,
 ) -> c_int {
-    ffi::call("MXKVStoreInit", || {
-        // SAFETY: per this function's contract.
-        let (k, v) = unsafe { (read_int_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
-        stores().get(handle)?.init(Keys::Int(k), &v)
-    })
+    // SAFETY: per this function's contract.
+    unsafe { keyed("MXKVStoreInit", handle, KeyPtr::Int(keys), num, vals, |kv, k, v| kv.init(k, v)) }
 }
 
 /// Initialise string keys with copies of `vals`.
@@ -146,11 +217,8 @@ pub unsafe extern "C" fn MXKVStoreInitEx(
     keys: *mut *const c_char,
     vals: *mut NDArrayHandle,
 ) -> c_int {
-    ffi::call("MXKVStoreInitEx", || {
-        // SAFETY: per this function's contract.
-        let (k, v) = unsafe { (read_str_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
-        stores().get(handle)?.init(Keys::Str(&k), &v)
-    })
+    // SAFETY: per this function's contract.
+    unsafe { keyed("MXKVStoreInitEx", handle, KeyPtr::Str(keys), num, vals, |kv, k, v| kv.init(k, v)) }
 }
 
 /// Push `vals` (a key given several times sums its values).
@@ -165,11 +233,8 @@ pub unsafe extern "C" fn MXKVStorePush(
     vals: *mut NDArrayHandle,
     priority: c_int,
 ) -> c_int {
-    ffi::call("MXKVStorePush", || {
-        // SAFETY: per this function's contract.
-        let (k, v) = unsafe { (read_int_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
-        stores().get(handle)?.push(Keys::Int(k), &v, priority)
-    })
+    // SAFETY: per this function's contract.
+    unsafe { keyed("MXKVStorePush", handle, KeyPtr::Int(keys), num, vals, |kv, k, v| kv.push(k, v, priority)) }
 }
 
 /// [`MXKVStorePush`] with string keys.
@@ -184,11 +249,8 @@ pub unsafe extern "C" fn MXKVStorePushEx(
     vals: *mut NDArrayHandle,
     priority: c_int,
 ) -> c_int {
-    ffi::call("MXKVStorePushEx", || {
-        // SAFETY: per this function's contract.
-        let (k, v) = unsafe { (read_str_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
-        stores().get(handle)?.push(Keys::Str(&k), &v, priority)
-    })
+    // SAFETY: per this function's contract.
+    unsafe { keyed("MXKVStorePushEx", handle, KeyPtr::Str(keys), num, vals, |kv, k, v| kv.push(k, v, priority)) }
 }
 
 /// Copy the stored values into `vals`.
@@ -203,11 +265,8 @@ pub unsafe extern "C" fn MXKVStorePull(
     vals: *mut NDArrayHandle,
     priority: c_int,
 ) -> c_int {
-    ffi::call("MXKVStorePull", || {
-        // SAFETY: per this function's contract.
-        let (k, v) = unsafe { (read_int_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
-        stores().get(handle)?.pull(Keys::Int(k), &v, priority)
-    })
+    // SAFETY: per this function's contract.
+    unsafe { keyed("MXKVStorePull", handle, KeyPtr::Int(keys), num, vals, |kv, k, v| kv.pull(k, v, priority)) }
 }
 
 /// [`MXKVStorePull`] with string keys.
@@ -222,11 +281,8 @@ pub unsafe extern "C" fn MXKVStorePullEx(
     vals: *mut NDArrayHandle,
     priority: c_int,
 ) -> c_int {
-    ffi::call("MXKVStorePullEx", || {
-        // SAFETY: per this function's contract.
-        let (k, v) = unsafe { (read_str_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
-        stores().get(handle)?.pull(Keys::Str(&k), &v, priority)
-    })
+    // SAFETY: per this function's contract.
+    unsafe { keyed("MXKVStorePullEx", handle, KeyPtr::Str(keys), num, vals, |kv, k, v| kv.pull(k, v, priority)) }
 }
 
 /// [`MXKVStorePull`]; `ignore_sparse` has nothing to skip (arrays are dense here).
@@ -242,11 +298,10 @@ pub unsafe extern "C" fn MXKVStorePullWithSparse(
     priority: c_int,
     _ignore_sparse: bool,
 ) -> c_int {
-    ffi::call("MXKVStorePullWithSparse", || {
-        // SAFETY: per this function's contract.
-        let (k, v) = unsafe { (read_int_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
-        stores().get(handle)?.pull(Keys::Int(k), &v, priority)
-    })
+    // SAFETY: per this function's contract.
+    unsafe {
+        keyed("MXKVStorePullWithSparse", handle, KeyPtr::Int(keys), num, vals, |kv, k, v| kv.pull(k, v, priority))
+    }
 }
 
 /// [`MXKVStorePullWithSparse`] with string keys.
@@ -262,11 +317,10 @@ pub unsafe extern "C" fn MXKVStorePullWithSparseEx(
     priority: c_int,
     _ignore_sparse: bool,
 ) -> c_int {
-    ffi::call("MXKVStorePullWithSparseEx", || {
-        // SAFETY: per this function's contract.
-        let (k, v) = unsafe { (read_str_keys(keys, num)?, read_arrays(vals, num, "vals")?) };
-        stores().get(handle)?.pull(Keys::Str(&k), &v, priority)
-    })
+    // SAFETY: per this function's contract.
+    unsafe {
+        keyed("MXKVStorePullWithSparseEx", handle, KeyPtr::Str(keys), num, vals, |kv, k, v| kv.pull(k, v, priority))
+    }
 }
 
 /// `row_sparse_pull`: refused (sparse storage is not supported yet).
@@ -314,18 +368,9 @@ pub unsafe extern "C" fn MXKVStoreBroadcast(
     outs: *mut NDArrayHandle,
     priority: c_int,
 ) -> c_int {
-    ffi::call("MXKVStoreBroadcast", || {
-        // SAFETY: per this function's contract.
-        let (vk, ok, v, o) = unsafe {
-            (
-                read_int_keys(vkeys, vnum)?,
-                read_int_keys(okeys, onum)?,
-                read_arrays(vals, vnum, "vals")?,
-                read_arrays(outs, onum, "outs")?,
-            )
-        };
-        stores().get(handle)?.broadcast(Keys::Int(vk), &v, Keys::Int(ok), &o, priority)
-    })
+    let (v, o) = ((KeyPtr::Int(vkeys), vnum, vals as *const _), (KeyPtr::Int(okeys), onum, outs as *const _));
+    // SAFETY: per this function's contract.
+    unsafe { keyed2("MXKVStoreBroadcast", handle, v, o, |kv, vk, v, ok, o| kv.broadcast(vk, v, ok, o, priority)) }
 }
 
 /// [`MXKVStoreBroadcast`] with string keys.
@@ -343,18 +388,9 @@ pub unsafe extern "C" fn MXKVStoreBroadcastEx(
     outs: *mut NDArrayHandle,
     priority: c_int,
 ) -> c_int {
-    ffi::call("MXKVStoreBroadcastEx", || {
-        // SAFETY: per this function's contract.
-        let (vk, ok, v, o) = unsafe {
-            (
-                read_str_keys(vkeys, vnum)?,
-                read_str_keys(okeys, onum)?,
-                read_arrays(vals, vnum, "vals")?,
-                read_arrays(outs, onum, "outs")?,
-            )
-        };
-        stores().get(handle)?.broadcast(Keys::Str(&vk), &v, Keys::Str(&ok), &o, priority)
-    })
+    let (v, o) = ((KeyPtr::Str(vkeys), vnum, vals as *const _), (KeyPtr::Str(okeys), onum, outs as *const _));
+    // SAFETY: per this function's contract.
+    unsafe { keyed2("MXKVStoreBroadcastEx", handle, v, o, |kv, vk, v, ok, o| kv.broadcast(vk, v, ok, o, priority)) }
 }
 
 /// Push `vals` under `vkeys`, then pull `okeys` into `outs`.
@@ -372,18 +408,9 @@ pub unsafe extern "C" fn MXKVStorePushPull(
     outs: *mut NDArrayHandle,
     priority: c_int,
 ) -> c_int {
-    ffi::call("MXKVStorePushPull", || {
-        // SAFETY: per this function's contract.
-        let (vk, ok, v, o) = unsafe {
-            (
-                read_int_keys(vkeys, vnum)?,
-                read_int_keys(okeys, onum)?,
-                read_arrays(vals, vnum, "vals")?,
-                read_arrays(outs, onum, "outs")?,
-            )
-        };
-        stores().get(handle)?.pushpull(Keys::Int(vk), &v, Keys::Int(ok), &o, priority)
-    })
+    let (v, o) = ((KeyPtr::Int(vkeys), vnum, vals as *const _), (KeyPtr::Int(okeys), onum, outs as *const _));
+    // SAFETY: per this function's contract.
+    unsafe { keyed2("MXKVStorePushPull", handle, v, o, |kv, vk, v, ok, o| kv.pushpull(vk, v, ok, o, priority)) }
 }
 
 /// [`MXKVStorePushPull`] with string keys.
@@ -401,18 +428,9 @@ pub unsafe extern "C" fn MXKVStorePushPullEx(
     outs: *mut NDArrayHandle,
     priority: c_int,
 ) -> c_int {
-    ffi::call("MXKVStorePushPullEx", || {
-        // SAFETY: per this function's contract.
-        let (vk, ok, v, o) = unsafe {
-            (
-                read_str_keys(vkeys, vnum)?,
-                read_str_keys(okeys, onum)?,
-                read_arrays(vals, vnum, "vals")?,
-                read_arrays(outs, onum, "outs")?,
-            )
-        };
-        stores().get(handle)?.pushpull(Keys::Str(&vk), &v, Keys::Str(&ok), &o, priority)
-    })
+    let (v, o) = ((KeyPtr::Str(vkeys), vnum, vals as *const _), (KeyPtr::Str(okeys), onum, outs as *const _));
+    // SAFETY: per this function's contract.
+    unsafe { keyed2("MXKVStorePushPullEx", handle, v, o, |kv, vk, v, ok, o| kv.pushpull(vk, v, ok, o, priority)) }
 }
 
 /// The updater pushes of int keys call (NULL: none).
@@ -468,7 +486,7 @@ pub unsafe extern "C" fn MXKVStoreSetGradientCompression(
 ) -> c_int {
     ffi::call("MXKVStoreSetGradientCompression", || {
         // SAFETY: per this function's contract.
-        let (k, v) = unsafe { (read_str_keys(keys, num_params)?, read_str_keys(vals, num_params)?) };
+        let (k, v) = unsafe { (read_strs(keys, num_params, "keys")?, read_strs(vals, num_params, "vals")?) };
         let params: Vec<(&str, &str)> = k.into_iter().zip(v).collect();
         stores().get(handle)?.set_gradient_compression(&params)
     })
