@@ -29,6 +29,7 @@ mod nn;
 mod nn_grad;
 mod norms;
 mod optim;
+mod optim_adamw_lamb;
 mod random_ops;
 mod reduce;
 mod reduce_grad;
@@ -46,6 +47,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     init::register(ops);
     random_ops::register(ops);
     optim::register(ops);
+    optim_adamw_lamb::register(ops);
     add_n::register(ops);
     elemwise::register(ops);
     elemwise_grad::register(ops);

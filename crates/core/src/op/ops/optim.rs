@@ -19,7 +19,7 @@ use crate::op::{Inputs, Meta, OpCtx, OpDef};
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
 /// The arithmetic type of a kernel: f32 (for float32 and float16 storage) or f64.
-trait Real:
+pub(super) trait Real:
     Copy
     + Send
     + Sync
@@ -33,6 +33,8 @@ trait Real:
     fn of(v: f64) -> Self;
     fn load<T: Elem>(v: T) -> Self;
     fn store<T: Elem>(self) -> T;
+    fn to_f64(self) -> f64;
+    fn sqrt(self) -> Self;
 }
 
 impl Real for f32 {
@@ -47,6 +49,14 @@ impl Real for f32 {
     #[inline(always)]
     fn store<T: Elem>(self) -> T {
         T::from_f32(self)
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    #[inline(always)]
+    fn sqrt(self) -> Self {
+        f32::sqrt(self)
     }
 }
 
@@ -63,11 +73,19 @@ impl Real for f64 {
     fn store<T: Elem>(self) -> T {
         T::from_f64(self)
     }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn sqrt(self) -> Self {
+        f64::sqrt(self)
+    }
 }
 
 /// `max(min(x, c), -c)`: stock's gradient clip (applied when `c >= 0`).
 #[inline(always)]
-fn clip<R: Real>(x: R, c: R) -> R {
+pub(super) fn clip<R: Real>(x: R, c: R) -> R {
     let x = if x > c { c } else { x };
     let m = -c;
     if x < m {
@@ -92,7 +110,7 @@ fn sign<R: Real>(x: R) -> R {
 
 /// One weight's arrays as an update kernel sees them: the weight (possibly lent to the output
 /// in place), the gradient, `N` states (mutated inputs, written) and the output.
-struct Views<'a, T, S, const N: usize> {
+pub(super) struct Views<'a, T, S, const N: usize> {
     w: Operand<'a, T>,
     g: &'a [T],
     states: [&'a mut [S]; N],
@@ -102,7 +120,7 @@ struct Views<'a, T, S, const N: usize> {
 /// The [`Views`] of one weight: inputs `w` and `g`, output `o` (of `nout` outputs) and the
 /// writable blobs `states` (indices into `outs`, past the outputs: mutated inputs come after
 /// them).
-fn views<'a, T: Elem, S: Elem, const N: usize>(
+pub(super) fn views<'a, T: Elem, S: Elem, const N: usize>(
     ins: &'a [TBlob],
     outs: &'a mut [OutBlob],
     nout: usize,
@@ -118,7 +136,7 @@ fn views<'a, T: Elem, S: Elem, const N: usize>(
 /// Run `f(weight, grad, states) -> new weight` over every element: inputs are the weight, the
 /// gradient and `N` states (mutated inputs, updated in place); output 0 gets the new weight
 /// (it may be the weight itself, declared in place).
-fn update<T: Elem, R: Real, const N: usize>(
+pub(super) fn update<T: Elem, R: Real, const N: usize>(
     _cx: &OpCtx,
     ins: &[TBlob],
     outs: &mut [OutBlob],
@@ -374,7 +392,10 @@ fn sgd_core(
 /// is not read), `M - 1` float32 states, then the float32 master weight (all `M` writable);
 /// `f(w32, g, states)` gives the new master weight, which is also written (converted) to the
 /// output.
-fn mp_update<T: Elem, const M: usize>(v: Views<'_, T, f32, M>, f: impl Fn(f32, f32, &mut [f32]) -> f32 + Sync + Send) {
+pub(super) fn mp_update<T: Elem, const M: usize>(
+    v: Views<'_, T, f32, M>,
+    f: impl Fn(f32, f32, &mut [f32]) -> f32 + Sync + Send,
+) {
     let g = v.g;
     par_for_zip(v.out, v.states, Cost::MEDIUM, T::DTYPE, |r, o, st| {
         for (j, i) in r.enumerate() {
@@ -645,13 +666,13 @@ type Kernel = fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()>;
 /// The most weights one multi-weight call takes (stock's limit).
 const MAX_WEIGHTS: usize = 60;
 
-fn is_float(d: DType) -> bool {
+pub(super) fn is_float(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F64 | DType::F16)
 }
 
 /// Inference of one mixed-precision group: weight and gradient alike (a float type), then
 /// float32 arrays of the same shape.
-fn mp_group(op: &str, ins: &[Meta], base: usize) -> Result<Meta> {
+pub(super) fn mp_group(op: &str, ins: &[Meta], base: usize) -> Result<Meta> {
     let w = &ins[base];
     if !is_float(w.dtype) {
         return Err(Error::type_error(format!(
