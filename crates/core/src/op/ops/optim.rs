@@ -35,6 +35,7 @@ pub(super) trait Real:
     fn store<T: Elem>(self) -> T;
     fn to_f64(self) -> f64;
     fn sqrt(self) -> Self;
+    fn powf(self, e: Self) -> Self;
 }
 
 impl Real for f32 {
@@ -58,6 +59,10 @@ impl Real for f32 {
     fn sqrt(self) -> Self {
         f32::sqrt(self)
     }
+    #[inline(always)]
+    fn powf(self, e: Self) -> Self {
+        f32::powf(self, e)
+    }
 }
 
 impl Real for f64 {
@@ -80,6 +85,10 @@ impl Real for f64 {
     #[inline(always)]
     fn sqrt(self) -> Self {
         f64::sqrt(self)
+    }
+    #[inline(always)]
+    fn powf(self, e: Self) -> Self {
+        f64::powf(self, e)
     }
 }
 
@@ -111,10 +120,10 @@ fn sign<R: Real>(x: R) -> R {
 /// One weight's arrays as an update kernel sees them: the weight (possibly lent to the output
 /// in place), the gradient, `N` states (mutated inputs, written) and the output.
 pub(super) struct Views<'a, T, S, const N: usize> {
-    w: Operand<'a, T>,
-    g: &'a [T],
-    states: [&'a mut [S]; N],
-    out: &'a mut [T],
+    pub(super) w: Operand<'a, T>,
+    pub(super) g: &'a [T],
+    pub(super) states: [&'a mut [S]; N],
+    pub(super) out: &'a mut [T],
 }
 
 /// The [`Views`] of one weight: inputs `w` and `g`, output `o` (of `nout` outputs) and the
@@ -664,7 +673,7 @@ fn ftrl(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 type Kernel = fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()>;
 
 /// The most weights one multi-weight call takes (stock's limit).
-const MAX_WEIGHTS: usize = 60;
+pub(super) const MAX_WEIGHTS: usize = 60;
 
 pub(super) fn is_float(d: DType) -> bool {
     matches!(d, DType::F32 | DType::F64 | DType::F16)
@@ -747,7 +756,7 @@ fn multi_infer(op: &'static str, stride: usize, momentum: bool, mp: bool) -> cra
 }
 
 /// `(input, output)` pairs and mutated inputs of the multi-weight forms, for their largest call.
-fn multi_tables(stride: usize, states: &[usize]) -> (&'static [(usize, usize)], &'static [usize]) {
+pub(super) fn multi_tables(stride: usize, states: &[usize]) -> (&'static [(usize, usize)], &'static [usize]) {
     let pairs: Vec<(usize, usize)> = (0..MAX_WEIGHTS).map(|i| (stride * i, i)).collect();
     let muts: Vec<usize> = (0..MAX_WEIGHTS).flat_map(|i| states.iter().map(move |k| stride * i + k)).collect();
     (Box::leak(pairs.into_boxed_slice()), Box::leak(muts.into_boxed_slice()))

@@ -10,12 +10,12 @@
 
 use super::common::check_same;
 use super::nn::dispatch_real;
-use super::optim::{clip, is_float, mp_group, update, Real};
+use super::optim::{clip, is_float, mp_group, multi_tables, update, views, Real, Views, MAX_WEIGHTS};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_zip, Cost};
-use crate::op::param::op_params;
-use crate::op::tensor::{Elem, OutBlob, TBlob};
+use crate::op::param::{op_params, Attrs, ParamSpec};
+use crate::op::tensor::{Elem, Operand, OutBlob, TBlob};
 use crate::op::{Inputs, Meta, OpCtx, OpDef};
 
 const WD_DOC: &str = "Weight decay augments the objective function with a regularization term that penalizes large weights. The penalty scales with the square of the magnitude of each weight.";
@@ -54,6 +54,24 @@ op_params! {
         lr: f64 = required, "Learning rate";
         lower_bound: f64 = "-1", "Lower limit of norm of weight. If lower_bound <= 0, Lower limit is not set";
         upper_bound: f64 = "-1", "Upper limit of norm of weight. If upper_bound <= 0, Upper limit is not set";
+    }
+}
+
+op_params! {
+    /// `_multi_lamb_update`'s and `_multi_mp_lamb_update`'s parameters.
+    struct MultiLambParams<'a> => MULTI_LAMB_PARAMS {
+        learning_rates: &'a [f64] = required, "List of learning rates";
+        beta1: f64 = "0.9", "Exponential decay rate for the first moment estimates.";
+        beta2: f64 = "0.999", "Exponential decay rate for the second moment estimates.";
+        epsilon: f64 = "1e-06", "Small value to avoid division by 0.";
+        wds: &'a [f64] = required, "List of Weight decays.Weight decay augments the objective function with a regularization term that penalizes large weights. The penalty scales with the square of the magnitude of each weight.";
+        rescale_grad: f64 = "1", "Gradient rescaling factor";
+        lower_bound: f64 = "-1", "Lower limit of norm of weight. If lower_bound <= 0, Lower limit is not set";
+        upper_bound: f64 = "-1", "Upper limit of norm of weight. If upper_bound <= 0, Upper limit is not set";
+        clip_gradient: f64 = "-1", CLIP_DOC;
+        bias_correction: bool = "True", "Whether to use bias correction.";
+        step_count: &'a [i64] = required, "Step count for each tensor";
+        num_tensors: i64 = "1", "Number of tensors";
     }
 }
 
@@ -327,74 +345,198 @@ fn infer_lamb2(op: &'static str, mp: bool) -> crate::op::InferFn {
     })
 }
 
+/// The tensors of a multi-LAMB call (stock allows at most 45).
+fn lamb_tensors(a: &Attrs) -> usize {
+    MultiLambParams::of(a).num_tensors.clamp(0, 45) as usize
+}
+
+fn infer_multi_lamb(op: &'static str, mp: bool) -> crate::op::InferFn {
+    Box::new(move |a, ins| {
+        let p = MultiLambParams::of(a);
+        let n = p.num_tensors;
+        if !(1..=45).contains(&n) {
+            return Err(Error::value(format!("operator {op}: num_tensors must be in [1, 45], got {n}")));
+        }
+        let (n, stride) = (n as usize, if mp { 5 } else { 4 });
+        if ins.len() != stride * n {
+            return Err(Error::value(format!(
+                "operator {op}: expects {} inputs for num_tensors={n}, got {}",
+                stride * n,
+                ins.len()
+            )));
+        }
+        for (key, len) in
+            [("learning_rates", p.learning_rates.len()), ("wds", p.wds.len()), ("step_count", p.step_count.len())]
+        {
+            if len != n {
+                return Err(Error::value(format!("operator {op}: {key} has {len} values, expected num_tensors={n}")));
+            }
+        }
+        (0..n)
+            .map(|i| {
+                let group = &ins[stride * i..stride * (i + 1)];
+                if mp {
+                    return mp_group(op, group, 0);
+                }
+                if !is_float(group[0].dtype) {
+                    return Err(Error::type_error(format!(
+                        "operator {op}: weight {i} must be a float array, got {}",
+                        group[0].dtype.name()
+                    )));
+                }
+                for (k, m) in group.iter().enumerate().skip(1) {
+                    check_same(op, &group[0], m, stride * i + k)?;
+                }
+                Ok(group[0].clone())
+            })
+            .collect()
+    })
+}
+
+/// The sum of squares of an array as stock's `multi_sum_sq` takes it on the CPU: element
+/// products in the array's type, added one by one into a float32.
+fn sum_sq<T: Elem>(x: impl Iterator<Item = T>) -> f32 {
+    let mut sum = 0f32;
+    for v in x {
+        sum = match T::DTYPE {
+            DType::F64 => (sum as f64 + v.to_f64() * v.to_f64()) as f32,
+            DType::F16 => sum + half::f16::from_f32(v.to_f32() * v.to_f32()).to_f32(),
+            _ => sum + v.to_f32() * v.to_f32(),
+        };
+    }
+    sum
+}
+
+/// One tensor of a multi-LAMB update (stock's two kernels with the norms between): `S`/`R`
+/// the states' type and arithmetic (the weight's, or float32 with master weights `mp`, the
+/// last state).
+fn lamb_tensor<T: Elem, S: Elem, R: Real, const N: usize>(
+    v: Views<'_, T, S, N>,
+    p: &MultiLambParams,
+    i: usize,
+    mp: bool,
+) {
+    let Views { w, g, states, out } = v;
+    let weight = |j: usize| match w {
+        Operand::Input(w) => w[j],
+        Operand::Output => out[j],
+    };
+    let n = g.len();
+    let r1sq = sum_sq::<T>((0..n).map(weight));
+    let c = |x: f64| R::of(x as f32 as f64);
+    let (b1, b2, eps, rs) = (c(p.beta1), c(p.beta2), c(p.epsilon), c(p.rescale_grad));
+    let (one, step) = (R::of(1.0), R::of(p.step_count[i] as f64));
+    let (lr, wd) = (c(p.learning_rates[i]), c(p.wds[i]));
+    let (cl, clipping) = (c(p.clip_gradient), p.clip_gradient >= 0.0);
+    let (bc1, bc2) = (one - b1.powf(step), one - b2.powf(step));
+    let mut temp = vec![0f32; n];
+    for (j, t) in temp.iter_mut().enumerate() {
+        let wj = if mp { R::load(states[N - 1][j]) } else { R::load(weight(j)) };
+        let sg = R::load(g[j]) * rs;
+        let sg = if clipping { clip(sg, cl) } else { sg };
+        let m = b1 * R::load(states[0][j]) + (one - b1) * sg;
+        let var = b2 * R::load(states[1][j]) + (one - b2) * sg * sg;
+        states[0][j] = m.store();
+        states[1][j] = var.store();
+        let (m, var) = (R::load(states[0][j]), R::load(states[1][j]));
+        let d = if p.bias_correction {
+            (m / bc1) / ((var / bc2).sqrt() + eps) + wd * wj
+        } else {
+            m / (var.sqrt() + eps) + wd * wj
+        };
+        *t = d.to_f64() as f32;
+    }
+    let r2sq = sum_sq::<f32>(temp.iter().copied());
+    let (mut r1, r2) = (r1sq.sqrt(), r2sq.sqrt());
+    if p.lower_bound >= 0.0 {
+        r1 = r1.max(p.lower_bound as f32);
+    }
+    if p.upper_bound >= 0.0 {
+        r1 = r1.min(p.upper_bound as f32);
+    }
+    let r = if r1 == 0.0 || r2 == 0.0 { one } else { R::of((r1 / r2) as f64) };
+    let lr = lr * r;
+    for (j, &t) in temp.iter().enumerate() {
+        let wj = match (mp, w) {
+            (true, _) => R::load(states[N - 1][j]),
+            (false, Operand::Input(w)) => R::load(w[j]),
+            (false, Operand::Output) => R::load(out[j]),
+        };
+        let nw = wj - lr * R::of(t as f64);
+        if mp {
+            states[N - 1][j] = nw.store();
+        }
+        out[j] = nw.store();
+    }
+}
+
+fn multi_lamb(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], mp: bool) -> Result<()> {
+    let p = MultiLambParams::of(cx.attrs);
+    let n = lamb_tensors(cx.attrs);
+    let stride = if mp { 5 } else { 4 };
+    for i in 0..n {
+        let (w, g, first) = (stride * i, stride * i + 1, n + i * (stride - 2));
+        if mp {
+            crate::dispatch_float!(ins[w].dtype, cx.attrs.op, T => {
+                lamb_tensor::<T, f32, f32, 3>(views(ins, outs, n, (w, g, i), [first, first + 1, first + 2]), &p, i, true)
+            });
+        } else {
+            dispatch_real!(ins[w].dtype, cx.attrs.op, T, R => {
+                lamb_tensor::<T, T, R, 2>(views(ins, outs, n, (w, g, i), [first, first + 1]), &p, i, false)
+            });
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
-    ops.push(
-        OpDef::new(
-            "_adamw_update",
-            Inputs::Fixed(&["weight", "grad", "mean", "var", "rescale_grad"]),
-            infer_adamw("_adamw_update"),
-            Box::new(adamw),
-        )
-        .params(ADAMW_PARAMS)
-        .inplace(&[(0, 0)])
-        .mutates(&[2, 3])
-        .doc("Update function for AdamW optimizer (weight decay decoupled from the gradient step). If rescale_grad is NaN, Inf, or 0, the update is skipped."),
-    );
-    ops.push(
-        OpDef::new(
-            "_mp_adamw_update",
-            Inputs::Fixed(&["weight", "grad", "mean", "var", "weight32", "rescale_grad"]),
-            infer_mp_adamw("_mp_adamw_update"),
-            Box::new(mp_adamw),
-        )
-        .params(ADAMW_PARAMS)
-        .inplace(&[(0, 0)])
-        .mutates(&[2, 3, 4])
-        .doc("Update function for multi-precision AdamW optimizer. If rescale_grad is NaN, Inf, or 0, the update is skipped."),
-    );
-    ops.push(
-        OpDef::new(
-            "lamb_update_phase1",
-            Inputs::Fixed(&["weight", "grad", "mean", "var"]),
-            infer_lamb1("lamb_update_phase1", false),
-            Box::new(lamb1),
-        )
-        .params(LAMB1_PARAMS)
-        .mutates(&[2, 3])
-        .doc("Phase I of lamb update: updates the moments and returns the update direction g."),
-    );
-    ops.push(
-        OpDef::new(
-            "mp_lamb_update_phase1",
-            Inputs::Fixed(&["weight", "grad", "mean", "var", "weight32"]),
-            infer_lamb1("mp_lamb_update_phase1", true),
-            Box::new(mp_lamb1),
-        )
-        .params(LAMB1_PARAMS)
-        .mutates(&[2, 3])
-        .doc("Mixed Precision version of Phase I of lamb update: returns the float32 direction g."),
-    );
-    ops.push(
-        OpDef::new(
-            "lamb_update_phase2",
-            Inputs::Fixed(&["weight", "g", "r1", "r2"]),
-            infer_lamb2("lamb_update_phase2", false),
-            Box::new(lamb2),
-        )
-        .params(LAMB2_PARAMS)
-        .inplace(&[(0, 0)])
-        .doc("Phase II of lamb update: weight - lr * r1 / r2 * g (lr alone when a norm is 0)."),
-    );
-    ops.push(
-        OpDef::new(
-            "mp_lamb_update_phase2",
-            Inputs::Fixed(&["weight", "g", "r1", "r2", "weight32"]),
-            infer_lamb2("mp_lamb_update_phase2", true),
-            Box::new(mp_lamb2),
-        )
-        .params(LAMB2_PARAMS)
-        .inplace(&[(0, 0)])
-        .mutates(&[4])
-        .doc("Mixed Precision version of Phase II of lamb update: updates weight32 and writes it to the output."),
-    );
+    for (name, mp) in [("_multi_lamb_update", false), ("_multi_mp_lamb_update", true)] {
+        let stride = if mp { 5 } else { 4 };
+        let (pairs, muts) = multi_tables(stride, if mp { &[2, 3, 4] } else { &[2, 3] });
+        const { assert!(MAX_WEIGHTS >= 45, "the in-place and mutation tables cover 45 tensors") };
+        let kernel: crate::op::ComputeFn = if mp {
+            Box::new(|cx, i, o| multi_lamb(cx, i, o, true))
+        } else {
+            Box::new(|cx, i, o| multi_lamb(cx, i, o, false))
+        };
+        ops.push(
+            OpDef::new(name, Inputs::Variadic("data"), infer_multi_lamb(name, mp), kernel)
+                .params(MULTI_LAMB_PARAMS)
+                .outputs(lamb_tensors, lamb_tensors)
+                .inplace(pairs)
+                .mutates(muts)
+                .doc(format!("{name}: LAMB update of num_tensors tensors in one call (inputs: weight, grad, mean, var{} per tensor).", if mp { ", weight32" } else { "" })),
+        );
+    }
+    type Kernel = fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()>;
+    #[allow(clippy::type_complexity)]
+    let table: Vec<(&'static str, &'static [&'static str], crate::op::InferFn, Kernel, &'static [ParamSpec], &'static [(usize, usize)], &'static [usize], &str)> = vec![
+        ("_adamw_update", &["weight", "grad", "mean", "var", "rescale_grad"], infer_adamw("_adamw_update"), adamw,
+         ADAMW_PARAMS, &[(0, 0)], &[2, 3],
+         "Update function for AdamW optimizer (weight decay decoupled from the gradient step). If rescale_grad is NaN, Inf, or 0, the update is skipped."),
+        ("_mp_adamw_update", &["weight", "grad", "mean", "var", "weight32", "rescale_grad"], infer_mp_adamw("_mp_adamw_update"),
+         mp_adamw, ADAMW_PARAMS, &[(0, 0)], &[2, 3, 4],
+         "Update function for multi-precision AdamW optimizer. If rescale_grad is NaN, Inf, or 0, the update is skipped."),
+        ("lamb_update_phase1", &["weight", "grad", "mean", "var"], infer_lamb1("lamb_update_phase1", false), lamb1,
+         LAMB1_PARAMS, &[], &[2, 3],
+         "Phase I of lamb update: updates the moments and returns the update direction g."),
+        ("mp_lamb_update_phase1", &["weight", "grad", "mean", "var", "weight32"], infer_lamb1("mp_lamb_update_phase1", true),
+         mp_lamb1, LAMB1_PARAMS, &[], &[2, 3],
+         "Mixed Precision version of Phase I of lamb update: returns the float32 direction g."),
+        ("lamb_update_phase2", &["weight", "g", "r1", "r2"], infer_lamb2("lamb_update_phase2", false), lamb2,
+         LAMB2_PARAMS, &[(0, 0)], &[],
+         "Phase II of lamb update: weight - lr * r1 / r2 * g (lr alone when a norm is 0)."),
+        ("mp_lamb_update_phase2", &["weight", "g", "r1", "r2", "weight32"], infer_lamb2("mp_lamb_update_phase2", true),
+         mp_lamb2, LAMB2_PARAMS, &[(0, 0)], &[4],
+         "Mixed Precision version of Phase II of lamb update: updates weight32 and writes it to the output."),
+    ];
+    for (name, inputs, infer, kernel, params, inplace, mutates, doc) in table {
+        ops.push(
+            OpDef::new(name, Inputs::Fixed(inputs), infer, Box::new(kernel))
+                .params(params)
+                .inplace(inplace)
+                .mutates(mutates)
+                .doc(doc),
+        );
+    }
 }
