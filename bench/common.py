@@ -26,6 +26,21 @@ def libraries():
     return libs
 
 
+def run_python(lib_name: str, lib: Path, script: str, *args: str, timeout: float = 600):
+    """Run `script` with the stock frontend in a fresh interpreter on one library (ours through
+    MXNET_LIBRARY_PATH when `lib_name` is "mxnet-rt", else the wheel's own) and return the JSON
+    value its last line of output prints."""
+    env = dict(os.environ)
+    env.pop("MXNET_LIBRARY_PATH", None)
+    if lib_name == "mxnet-rt":
+        env["MXNET_LIBRARY_PATH"] = str(lib)
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", script, *args], env=env, capture_output=True,
+                         text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"{lib_name}: {out.stderr.strip()[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def build(source: str) -> Path:
     exe = ROOT / "build" / Path(source).stem
     exe.parent.mkdir(exist_ok=True)

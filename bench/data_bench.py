@@ -7,16 +7,14 @@ the machine's noise. Medians; Markdown on stdout and in bench/results/data.md.
 
     .venv/bin/python bench/data_bench.py [repetitions]
 """
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-from common import libraries, write_result
+from common import libraries, run_python, write_result
 
 CHILD = r"""
 import json, os, sys, time
@@ -97,17 +95,6 @@ def files(d):
         f.write(np.array([0x801, 10000], dtype=">u4").tobytes() + rs.randint(0, 10, 10000).astype(np.uint8).tobytes())
 
 
-def child(lib_name, lib, d):
-    env = dict(os.environ)
-    env.pop("MXNET_LIBRARY_PATH", None)
-    if lib_name == "mxnet-rt":
-        env["MXNET_LIBRARY_PATH"] = str(lib)
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", CHILD, d], env=env, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise RuntimeError(f"{lib_name}: {out.stderr.strip()[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main():
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     libs = libraries()
@@ -116,7 +103,7 @@ def main():
         files(d)
         for _ in range(reps):
             for name, lib in libs.items():
-                runs[name].append(child(name, lib, d))
+                runs[name].append(run_python(name, lib, CHILD, d))
     ours, stock = ("mxnet-rt", "stock 1.9.1")
     med = {k: {key: statistics.median(r[key] for r in runs[k]) for key, _, _ in ROWS} for k in runs}
     load = os.getloadavg()[0]

@@ -9,13 +9,11 @@ bench/results/kvstore.md.
 
     .venv/bin/python bench/kvstore_bench.py [repetitions]
 """
-import json
 import os
 import statistics
-import subprocess
 import sys
 
-from common import libraries, write_result
+from common import libraries, run_python, write_result
 
 CHILD = r"""
 import json, time
@@ -78,24 +76,13 @@ ROWS = [
 ]
 
 
-def child(lib_name, lib):
-    env = dict(os.environ)
-    env.pop("MXNET_LIBRARY_PATH", None)
-    if lib_name == "mxnet-rt":
-        env["MXNET_LIBRARY_PATH"] = str(lib)
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise RuntimeError(f"{lib_name}: {out.stderr.strip()[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main():
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     libs = libraries()
     runs = {k: [] for k in libs}
     for _ in range(reps):
         for name, lib in libs.items():
-            runs[name].append(child(name, lib))
+            runs[name].append(run_python(name, lib, CHILD))
     ours, stock = ("mxnet-rt", "stock 1.9.1")
     med = {k: {key: statistics.median(r[key] for r in runs[k]) for key, _ in ROWS} for k in runs}
     load = os.getloadavg()[0]

@@ -205,7 +205,7 @@ fn push_op(
         outs.push(unsafe { OutBlob::new(w.data()?, &w.shape, w.dtype) });
     }
     let keep: Vec<NDArray> = reads.iter().chain(writes).map(|a| (*a).clone()).collect();
-    let mut p = Push::sync(
+    let p = Push::sync(
         move |_| {
             let _keep = &keep;
             f(&ins, &mut outs)
@@ -213,11 +213,13 @@ fn push_op(
         const_vars,
         mutable_vars,
     );
-    p.priority = priority;
-    p.prop = FnProperty::CpuPrioritized;
-    let name = crate::intern::intern(name);
-    p.name = Some(&name);
-    engine::global()?.submit(p)
+    submit(p, &crate::intern::intern(name), priority)
+}
+
+/// Submit one of the store's operations as `name` at the caller's `priority`
+/// (`CpuPrioritized`, as stock's communicators push theirs).
+fn submit<'a>(p: Push<'a>, name: &'a Arc<str>, priority: i32) -> Result<()> {
+    engine::global()?.submit(Push { priority, prop: FnProperty::CpuPrioritized, name: Some(name), ..p })
 }
 
 /// Whether [`copy`] can copy `src` into `dst`: views of one memory block must be views of
@@ -257,29 +259,23 @@ fn copy(src: &NDArray, dst: &NDArray, priority: i32) -> Result<()> {
         if src.offset == dst.offset {
             return Ok(());
         }
-        {
-            let m = WithinChunk { src: src.data()?, dst: dst.data()?, bytes: src.size() * sd.size() };
-            let keep = (src.clone(), dst.clone());
-            let mut p = Push::sync(
-                move |_| {
-                    let _keep = &keep;
-                    let m = m;
-                    // SAFETY: both ranges lie inside the chunk (a view is checked against its
-                    // chunk when it is made), which `keep` keeps alive and this operation holds
-                    // for writing, so nothing else reads or writes it meanwhile; `ptr::copy`
-                    // allows the ranges to overlap, and no reference to them is made.
-                    unsafe { std::ptr::copy(m.src, m.dst, m.bytes) };
-                    Ok(())
-                },
-                VarList::new(),
-                [dst.chunk()?.clone()].into_iter().collect::<VarList>(),
-            );
-            p.priority = priority;
-            p.prop = FnProperty::CpuPrioritized;
-            let name = crate::intern::intern("CopyCPU2CPU");
-            p.name = Some(&name);
-            return engine::global()?.submit(p);
-        }
+        let m = WithinChunk { src: src.data()?, dst: dst.data()?, bytes: src.size() * sd.size() };
+        let keep = (src.clone(), dst.clone());
+        let p = Push::sync(
+            move |_| {
+                let _keep = &keep;
+                let m = m;
+                // SAFETY: both ranges lie inside the chunk (a view is checked against its
+                // chunk when it is made), which `keep` keeps alive and this operation holds
+                // for writing, so nothing else reads or writes it meanwhile; `ptr::copy`
+                // allows the ranges to overlap, and no reference to them is made.
+                unsafe { std::ptr::copy(m.src, m.dst, m.bytes) };
+                Ok(())
+            },
+            VarList::new(),
+            [dst.chunk()?.clone()].into_iter().collect::<VarList>(),
+        );
+        return submit(p, &crate::intern::intern("CopyCPU2CPU"), priority);
     }
     push_op("CopyCPU2CPU", &[src], &[dst], priority, move |ins, outs| {
         if sd == dd {

@@ -714,45 +714,57 @@ fn mp_infer(op: &'static str) -> crate::op::InferFn {
 fn multi_infer(op: &'static str, stride: usize, momentum: bool, mp: bool) -> crate::op::InferFn {
     Box::new(move |a, ins| {
         let p = Multi::of(a, momentum);
-        let n = p.num_weights;
-        if n < 1 || n as usize > MAX_WEIGHTS {
-            return Err(Error::value(format!("operator {op}: num_weights must be in [1, {MAX_WEIGHTS}], got {n}")));
+        let lists = [("lrs", p.lrs.len()), ("wds", p.wds.len())];
+        multi_groups(op, ins, ("num_weights", p.num_weights, MAX_WEIGHTS), stride, mp, &lists)
+    })
+}
+
+/// Inference of a multi-weight update: `count` (its parameter's name, value and stock's
+/// limit) groups of `stride` inputs, each per-weight list of `lists` (name, length) holding
+/// one value per weight, and each group a weight with its like-typed arrays (or, `mp`, a
+/// mixed-precision group). One output per weight, like it.
+pub(super) fn multi_groups(
+    op: &str,
+    ins: &[Meta],
+    (count, n, max): (&str, i64, usize),
+    stride: usize,
+    mp: bool,
+    lists: &[(&str, usize)],
+) -> Result<Vec<Meta>> {
+    if n < 1 || n as usize > max {
+        return Err(Error::value(format!("operator {op}: {count} must be in [1, {max}], got {n}")));
+    }
+    let n = n as usize;
+    if ins.len() != stride * n {
+        return Err(Error::value(format!(
+            "operator {op}: expects {} inputs for {count}={n}, got {}",
+            stride * n,
+            ins.len()
+        )));
+    }
+    for &(key, len) in lists {
+        if len != n {
+            return Err(Error::value(format!("operator {op}: {key} has {len} values, expected {count}={n}")));
         }
-        let n = n as usize;
-        if ins.len() != stride * n {
-            return Err(Error::value(format!(
-                "operator {op}: expects {} inputs for num_weights={n}, got {}",
-                stride * n,
-                ins.len()
-            )));
-        }
-        for (key, values) in [("lrs", p.lrs), ("wds", p.wds)] {
-            if values.len() != n {
-                return Err(Error::value(format!(
-                    "operator {op}: {key} has {} values, expected num_weights={n}",
-                    values.len()
+    }
+    (0..n)
+        .map(|i| {
+            let group = &ins[stride * i..stride * (i + 1)];
+            if mp {
+                return mp_group(op, group, 0);
+            }
+            if !is_float(group[0].dtype) {
+                return Err(Error::type_error(format!(
+                    "operator {op}: weight {i} must be float16, float32 or float64, got {}",
+                    group[0].dtype.name()
                 )));
             }
-        }
-        (0..n)
-            .map(|i| {
-                let group = &ins[stride * i..stride * (i + 1)];
-                if mp {
-                    return mp_group(op, group, 0);
-                }
-                if !is_float(group[0].dtype) {
-                    return Err(Error::type_error(format!(
-                        "operator {op}: weight {i} must be float16, float32 or float64, got {}",
-                        group[0].dtype.name()
-                    )));
-                }
-                for (k, m) in group.iter().enumerate().skip(1) {
-                    super::common::check_same(op, &group[0], m, stride * i + k)?;
-                }
-                Ok(group[0].clone())
-            })
-            .collect()
-    })
+            for (k, m) in group.iter().enumerate().skip(1) {
+                super::common::check_same(op, &group[0], m, stride * i + k)?;
+            }
+            Ok(group[0].clone())
+        })
+        .collect()
 }
 
 /// `(input, output)` pairs and mutated inputs of the multi-weight forms, for their largest call.

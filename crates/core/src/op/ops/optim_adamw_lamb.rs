@@ -10,7 +10,7 @@
 
 use super::common::check_same;
 use super::nn::dispatch_real;
-use super::optim::{clip, is_float, mp_group, multi_tables, update, views, Real, Views, MAX_WEIGHTS};
+use super::optim::{clip, is_float, mp_group, multi_groups, multi_tables, update, views, Real, Views, MAX_WEIGHTS};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_zip, Cost};
@@ -168,6 +168,11 @@ fn mp_adamw(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
+/// Phase 1's step count `t`, as the exponent of `beta^t`.
+fn step(cx: &OpCtx, t: i64) -> Result<i32> {
+    i32::try_from(t).map_err(|_| Error::value(format!("operator {}: t={t} is out of range", cx.attrs.op)))
+}
+
 /// LAMB's phase-1 direction from the new moments `m`, `v` and the weight `w` (bias correction
 /// with `b1t = beta1^t`, `b2t = beta2^t`: the mean divided in double precision, the variance
 /// in `R`, as stock's kernel does).
@@ -184,8 +189,7 @@ fn lamb_direction<R: Real>(m: R, v: R, w: R, (b1t, b2t, eps, wd): (R, R, R, R), 
 
 fn lamb1(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let p = LambOneParams::of(cx.attrs);
-    let t =
-        i32::try_from(p.t).map_err(|_| Error::value(format!("operator {}: t={} is out of range", cx.attrs.op, p.t)))?;
+    let t = step(cx, p.t)?;
     dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let pow = |b: f64| R::of((b as f32 as f64).powi(t));
         let k = (pow(p.beta1), pow(p.beta2), f::<R>(p.epsilon), f::<R>(p.wd));
@@ -206,8 +210,7 @@ fn lamb1(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 fn mp_lamb1(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let p = LambOneParams::of(cx.attrs);
-    let t =
-        i32::try_from(p.t).map_err(|_| Error::value(format!("operator {}: t={} is out of range", cx.attrs.op, p.t)))?;
+    let t = step(cx, p.t)?;
     let pow = |b: f64| ((b as f32 as f64).powi(t)) as f32;
     let k = (pow(p.beta1), pow(p.beta2), p.epsilon as f32, p.wd as f32);
     let (b1, b2, rs, cl, clipping) =
@@ -353,43 +356,9 @@ fn lamb_tensors(a: &Attrs) -> usize {
 fn infer_multi_lamb(op: &'static str, mp: bool) -> crate::op::InferFn {
     Box::new(move |a, ins| {
         let p = MultiLambParams::of(a);
-        let n = p.num_tensors;
-        if !(1..=45).contains(&n) {
-            return Err(Error::value(format!("operator {op}: num_tensors must be in [1, 45], got {n}")));
-        }
-        let (n, stride) = (n as usize, if mp { 5 } else { 4 });
-        if ins.len() != stride * n {
-            return Err(Error::value(format!(
-                "operator {op}: expects {} inputs for num_tensors={n}, got {}",
-                stride * n,
-                ins.len()
-            )));
-        }
-        for (key, len) in
-            [("learning_rates", p.learning_rates.len()), ("wds", p.wds.len()), ("step_count", p.step_count.len())]
-        {
-            if len != n {
-                return Err(Error::value(format!("operator {op}: {key} has {len} values, expected num_tensors={n}")));
-            }
-        }
-        (0..n)
-            .map(|i| {
-                let group = &ins[stride * i..stride * (i + 1)];
-                if mp {
-                    return mp_group(op, group, 0);
-                }
-                if !is_float(group[0].dtype) {
-                    return Err(Error::type_error(format!(
-                        "operator {op}: weight {i} must be a float array, got {}",
-                        group[0].dtype.name()
-                    )));
-                }
-                for (k, m) in group.iter().enumerate().skip(1) {
-                    check_same(op, &group[0], m, stride * i + k)?;
-                }
-                Ok(group[0].clone())
-            })
-            .collect()
+        let lists =
+            [("learning_rates", p.learning_rates.len()), ("wds", p.wds.len()), ("step_count", p.step_count.len())];
+        multi_groups(op, ins, ("num_tensors", p.num_tensors, 45), if mp { 5 } else { 4 }, mp, &lists)
     })
 }
 
