@@ -43,3 +43,34 @@ def test_refused_exports_say_so():
         first = lib.MXGetLastError().decode().splitlines()[0]
         assert first.startswith("NotImplementedError: ") and f"({n})" in first, first
         assert first.endswith("is not supported yet"), first
+
+
+LOAD_AFTER = r"""
+import ctypes, sys
+first = sys.argv[1]
+if first == "stock":
+    import mxnet as mx  # stock's own libmxnet.so (MXNET_LIBRARY_PATH unset)
+    assert "mxnet_rt" not in mx.base._LIB._name and float(mx.nd.ones((2, 3)).sum().asscalar()) == 6.0
+lib = ctypes.CDLL(sys.argv[2], mode=ctypes.RTLD_LOCAL)
+v = ctypes.c_int()
+assert lib.MXGetVersion(ctypes.byref(v)) == 0
+print(v.value)
+"""
+
+
+@pytest.mark.parametrize("first", ["stock", "none"])
+def test_loads_after_another_library_took_the_static_tls_room(first, tmp_path):
+    # A library with initial-exec TLS (the allocator's, once) must fit its whole TLS block in
+    # glibc's small spare static TLS room, and failed to dlopen after stock's libmxnet.so with
+    # "cannot allocate memory in static TLS block". A copy, so that the path is a new one.
+    import shutil
+    import subprocess
+    import sys
+    copy = tmp_path / "libmxnet.so"
+    shutil.copy(os.environ["MXNET_LIBRARY_PATH"], copy)
+    env = {k: v for k, v in os.environ.items() if k != "MXNET_LIBRARY_PATH"}
+    env["MXNET_RT_ACTIVATE"] = "0"
+    r = subprocess.run([sys.executable, "-c", LOAD_AFTER, first, str(copy)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["10901"]

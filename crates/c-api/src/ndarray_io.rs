@@ -15,7 +15,7 @@ type Loaded = (Vec<NDArrayHandle>, Vec<CString>, Vec<*const c_char>, Vec<u8>);
 
 thread_local! {
     /// Handles and names returned by the loaders, and the bytes of SaveRawBytes.
-    /// (Boxed to keep the static TLS block small.)
+    /// (Boxed to keep the TLS block small.)
     static LOADED: RefCell<Box<Loaded>> = RefCell::new(Box::default());
 }
 

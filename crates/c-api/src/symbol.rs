@@ -50,8 +50,7 @@ impl<T> ShapeRet<T> {
     }
 }
 
-// Boxed: the library's static TLS block must stay small (mimalloc's initial-exec TLS makes
-// the whole block static, and dlopen has little room for it).
+// Boxed: keeps every thread's copy of the library's TLS block small (docs/design/c-api.md).
 thread_local! {
     static STRS: RefCell<Box<(Vec<CString>, Vec<*const c_char>)>> = RefCell::new(Box::default());
     static SHAPES32: RefCell<Box<[ShapeRet<c_int>; 3]>> = RefCell::new(Box::new([ShapeRet::new(), ShapeRet::new(), ShapeRet::new()]));
