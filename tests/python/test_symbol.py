@@ -120,6 +120,28 @@ def test_bad_parameters_and_compose():
     assert fc.list_arguments()[0] == "free_data", "the original is not modified"
     with pytest.raises(mx.base.MXNetError):
         fc(not_an_input=mx.sym.var("y"))
+    # As stock (nnvm): keyword symbols are matched only while inputs are open. An operator
+    # without inputs ignores them (upstream test_random composes `sym.random.randn(data=...)`);
+    # an unknown one beside open inputs fails.
+    randn = mx.sym.random.randn(data=mx.sym.ones((2, 2)), loc=0, scale=1)
+    assert randn.list_arguments() == [] and randn.get_children() is None
+    with pytest.raises(mx.base.MXNetError, match="foo"):
+        mx.sym.relu(data, foo=mx.sym.var("y"))
+    with pytest.raises(mx.base.MXNetError, match="foo"):
+        mx.sym.broadcast_add(data, foo=mx.sym.var("y"))
+
+
+def test_sampler_without_shape_takes_its_consumers():
+    # Legacy shape semantics (stock's InitShape): a sampler's empty `shape` is unknown, and
+    # graph inference gives it the shape of what it is added to; a run draws that many.
+    x = mx.sym.var("X")
+    for y in (mx.sym.random.normal(loc=0, scale=1) + x,
+              mx.sym.random.randn(data=mx.sym.ones((2, 2)), loc=0, scale=1) + x):
+        assert y.infer_shape(X=(2, 3)) == ([(2, 3)], [(2, 3)], [])
+        out = y.bind(mx.cpu(), {"X": mx.nd.zeros((2, 3))}).forward()[0].asnumpy()
+        assert out.shape == (2, 3) and len(np.unique(out)) == 6
+    with pytest.raises(mx.base.MXNetError, match="shape"):
+        (mx.sym.ones((3,)) + x).bind(mx.cpu(), {"X": mx.nd.zeros((2, 2))})
 
 
 def test_infer_shape():

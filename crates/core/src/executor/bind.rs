@@ -160,7 +160,7 @@ impl Executor {
         for (a, (_, p)) in aux.into_iter().zip(&aux_pos) {
             inputs[*p] = a;
         }
-        let outputs = Mutex::new(allocated_outputs(&runner, &inputs));
+        let outputs = Mutex::new(allocated_outputs(&runner, &inputs)?);
         Ok(Executor {
             runner,
             sym: sym.deep_copy(),
@@ -494,26 +494,28 @@ impl Executor {
 /// The heads as stock's bind allocates them, before any forward (the frontend's Executor reads
 /// them at once): shapes and dtypes inferred from the bound arrays, storage allocated at first
 /// use. Empty when inference cannot tell every head's shape (forward then makes them).
-fn allocated_outputs(runner: &Runner, inputs: &[NDArray]) -> Vec<NDArray> {
+fn allocated_outputs(runner: &Runner, inputs: &[NDArray]) -> Result<Vec<NDArray>> {
     let g = &runner.graph;
     let shapes: Vec<_> = inputs.iter().map(|a| Some(a.shape.iter().map(|&d| d as i64).collect())).collect();
     let dtypes: Vec<_> = inputs.iter().map(|a| Some(a.dtype)).collect();
     let np = crate::ndarray::np_shape::get() != 0;
-    let Ok(inferred) = crate::symbol::infer::infer(g, &shapes, &dtypes, np) else { return Vec::new() };
+    // Bound arrays that contradict the graph fail the bind, as stock's does; outputs that
+    // inference leaves open are allocated by the first forward instead.
+    let inferred = crate::symbol::infer::infer(g, &shapes, &dtypes, np)?;
     let ctx = inputs.iter().find_map(|a| a.ctx()).unwrap_or(crate::context::Context::CPU);
     let mut outs = Vec::with_capacity(g.heads.len());
     for &(node, i) in &g.heads {
         let e = inferred.offsets[node] + i;
-        let (Some(shape), Some(dtype)) = (&inferred.shapes[e], inferred.dtypes[e]) else { return Vec::new() };
+        let (Some(shape), Some(dtype)) = (&inferred.shapes[e], inferred.dtypes[e]) else { return Ok(Vec::new()) };
         let Ok(shape) = shape.iter().map(|&d| usize::try_from(d)).collect::<std::result::Result<Vec<_>, _>>() else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         match NDArray::new(shape, ctx, dtype, true) {
             Ok(a) => outs.push(a),
-            Err(_) => return Vec::new(),
+            Err(_) => return Ok(Vec::new()),
         }
     }
-    outs
+    Ok(outs)
 }
 
 impl Executor {

@@ -50,7 +50,7 @@ pub struct Runner {
     /// node and by no head; with the nodes that read it (this one included), which decide
     /// whether a recorded run may (none of them keeps it for a gradient).
     inplace: Vec<Option<(usize, Vec<usize>)>>,
-    /// Creation nodes whose `shape` has a 0 dimension, "unknown" in the legacy shape semantics
+    /// Creation nodes whose `shape` is empty or has a 0 dimension, "unknown" in the legacy shape semantics
     /// (a hybridized RNN's begin state, `F.zeros((L, 0, H))`): each run gives them the shape
     /// graph inference finds from the inputs (stock runs them with the inferred shape).
     open_shapes: Vec<usize>,
@@ -85,14 +85,14 @@ impl MemoryPlan {
 }
 
 /// Whether node `i` creates an array from its `shape` parameter (no inputs) and that shape
-/// has a 0 dimension (see [`Runner::open_shapes`]).
+/// is empty or has a 0 dimension (see [`Runner::open_shapes`]).
 fn has_open_shape(graph: &Graph, i: usize) -> bool {
     let n = &graph.nodes[i];
     let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { return false };
     if !op.creates_from_shape() {
         return false;
     }
-    (op.infer)(attrs, &[]).is_ok_and(|outs| outs.iter().any(|m| m.shape.contains(&0)))
+    (op.infer)(attrs, &[]).is_ok_and(|outs| outs.iter().any(|m| m.shape.is_empty() || m.shape.contains(&0)))
 }
 
 /// Which input of node `i` its output may overwrite (see [`Runner::inplace`]).
@@ -215,11 +215,14 @@ impl Runner {
                 _ => continue,
             };
             let text = format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "));
-            let kv: Vec<(&str, &str)> = n
+            let mut kv: Vec<(&str, &str)> = n
                 .raw
                 .iter()
                 .map(|(k, v)| (k.as_str(), if k == "shape" { text.as_str() } else { v.as_str() }))
                 .collect();
+            if !n.raw.contains_key("shape") {
+                kv.push(("shape", text.as_str()));
+            }
             out.push((i, op.parse_attrs(kv, 0)?));
         }
         *self.resolved.lock().unwrap_or_else(|e| e.into_inner()) = Some((key, out.clone()));

@@ -297,8 +297,12 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: boo
         // A creation operator's `shape` parameter (no inputs) with a 0 dimension means "unknown" in the
         // legacy shape semantics (stock's InitShape): `F.zeros((0, H))` as a begin state
         // takes its batch size from the operator that reads it.
+        // So does an empty shape (`shape=()`, unknown rank): `sym.random.randn(...) + x` is x's shape.
         let unknown_zeros = !np_shape && op.creates_from_shape();
         for (k, m) in outs.iter().enumerate().take(osh.len()) {
+            if unknown_zeros && m.shape.is_empty() {
+                continue;
+            }
             let shape = m.shape.iter().map(|&x| if x == 0 && unknown_zeros { -1 } else { x as i64 }).collect();
             merge(&mut osh[k], &Some(shape), &out_what(k))?;
             if dtypes_known {

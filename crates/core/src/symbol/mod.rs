@@ -436,7 +436,10 @@ impl Symbol {
                         inputs.push(v.outputs[0].clone());
                     }
                 }
-                if matched != kwargs.len() {
+                // As nnvm's Compose: keyword symbols are matched only when the positional
+                // ones leave inputs open, so extra ones beside a full set (or given to an
+                // operator without inputs, as `sym.random.randn(data=...)` does) are ignored.
+                if matched != kwargs.len() && args.len() != names.len() {
                     let bad: Vec<&str> = kwargs
                         .iter()
                         .map(|(k, _)| *k)
