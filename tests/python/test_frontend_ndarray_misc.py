@@ -290,7 +290,6 @@ def test_error_class_matches_stock(name, stock_errors, our_errors):
 # ---- unsupported features answer NotImplementedError ----
 
 @pytest.mark.parametrize("code", [
-    "mx.nd.shuffle(a)",
     "a.tostype('csr')",
     "mx.nd.sparse.zeros('csr', (2, 3))",
     "mx.nd.contrib.boolean_mask(a, mx.nd.array([1, 0]))",

@@ -114,12 +114,12 @@ def test_stubs_have_stock_signatures():
 @pytest.mark.skipif("MXNET_LIBRARY_PATH" not in os.environ, reason="needs an operator this library lacks")
 def test_a_stub_called_with_stock_arguments_is_not_implemented():
     stubs = {n for n in all_names() if info(n)[2] == f"{n}: not supported by mxnet-rt yet."}
-    assert "_sample_multinomial" in stubs, "implemented now: pick another stub"
-    # The frontend passes shape positionally; a generic stub signature failed in Python.
-    with pytest.raises(NotImplementedError, match="_sample_multinomial is not supported yet"):
-        mx.nd.random.multinomial(mx.nd.array([[0.5, 0.5]]), shape=2)
+    assert "im2col" in stubs, "implemented now: pick another stub"
+    # Stock's signature: data, then the parameters (kernel is required).
+    with pytest.raises(NotImplementedError, match="operator im2col is not supported yet"):
+        mx.nd.im2col(mx.nd.ones((1, 1, 4, 4)), kernel=(2, 2))
     with pytest.raises(NotImplementedError, match="is not supported yet"):
-        mx.sym.random.multinomial(mx.sym.var("p"), shape=2)
+        mx.sym.im2col(mx.sym.var("x"), kernel=(2, 2))
 
 
 def test_sparse_cast_storage_is_not_implemented():

@@ -64,6 +64,11 @@ pub struct Stream {
 }
 
 impl Stream {
+    /// A stream of its own (unit tests of samplers).
+    #[cfg(test)]
+    pub fn for_test(key: u64) -> Stream {
+        Stream { key, base: 0 }
+    }
     /// Draw `i` as 64 random bits.
     #[inline]
     pub fn bits(&self, i: u64) -> u64 {

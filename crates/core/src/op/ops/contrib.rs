@@ -1,9 +1,11 @@
 //! Small operators of stock's contrib and utility sets: `_contrib_allclose`,
 //! `_contrib_arange_like`, `_contrib_div_sqrt_dim` (with its backward), `all_finite`,
-//! `multi_all_finite` and `multi_sum_sq`.
+//! `multi_all_finite`, `multi_sum_sq`, `_contrib_index_array`, `khatri_rao`,
+//! `_contrib_index_copy` and `_contrib_quadratic` (with their backward operators).
 
 use super::common::norm_axis;
 use super::init::fill;
+use super::nn::infer_float_like_first;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
@@ -211,6 +213,236 @@ fn multi_sum_sq(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
+// ---- index_array ----
+
+op_params! {
+    struct IndexArrayParams<'a> => INDEX_ARRAY_PARAMS {
+        axes: Option<&'a [i64]> = "None", "The axes to include in the index array. Supports negative values.";
+    }
+}
+
+/// The axes `_contrib_index_array` lists, normalised (all of them, in order, by default).
+fn index_axes(a: &Attrs, ndim: usize) -> Result<Vec<usize>> {
+    match IndexArrayParams::of(a).axes {
+        None => Ok((0..ndim).collect()),
+        Some(axes) => axes.iter().map(|&x| norm_axis(a.op, x, ndim)).collect(),
+    }
+}
+
+fn infer_index_array(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let axes = index_axes(a, ins[0].shape.len())?;
+    let mut shape = ins[0].shape.clone();
+    shape.push(axes.len());
+    Ok(vec![Meta::new(shape, DType::I64)])
+}
+
+/// `out[i_1, ..., i_n, j] = i_{axes[j]}` (int64).
+fn index_array(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let shape = &ins[0].shape;
+    let axes = index_axes(cx.attrs, shape.len())?;
+    let m = axes.len();
+    if m == 0 {
+        return Ok(());
+    }
+    let strides: Vec<usize> = (0..shape.len()).map(|d| shape[d + 1..].iter().product()).collect();
+    par_for_mut(outs[0].as_mut::<i64>(), m, Cost::MEDIUM, DType::I64, |r, o| {
+        for (k, row) in o.chunks_mut(m).enumerate() {
+            let i = r.start + k;
+            for (v, &ax) in row.iter_mut().zip(&axes) {
+                *v = ((i / strides[ax]) % shape[ax]) as i64;
+            }
+        }
+    });
+    Ok(())
+}
+
+// ---- khatri_rao ----
+
+op_params! {
+    struct KhatriRaoParams<'a> => KHATRI_RAO_PARAMS {
+        num_args: i64 = required, "Number of input matrices.";
+    }
+}
+
+fn infer_khatri_rao(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let cols = ins.first().and_then(|m| m.shape.get(1)).copied().unwrap_or(0);
+    let mut rows = 1usize;
+    for (k, m) in ins.iter().enumerate() {
+        if m.shape.len() != 2 || m.shape[1] != cols {
+            return Err(Error::value(format!(
+                "operator {}: input {k} has shape {:?}; the inputs must be matrices with one number of columns ({cols})",
+                a.op, m.shape
+            )));
+        }
+        if m.dtype != ins[0].dtype {
+            return Err(Error::type_error(format!(
+                "operator {}: input {k} is {}, input 0 {}",
+                a.op,
+                m.dtype.name(),
+                ins[0].dtype.name()
+            )));
+        }
+        rows = rows
+            .checked_mul(m.shape[0])
+            .ok_or_else(|| Error::value(format!("operator {}: the product of the row counts overflows", a.op)))?;
+    }
+    Ok(vec![Meta::new(vec![rows, cols], ins[0].dtype)])
+}
+
+/// Column `k` of the output is the outer product of the inputs' columns `k`, the first
+/// input's row index varying slowest.
+fn khatri_rao(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    dispatch_float!(outs[0].dtype, cx.attrs.op, T => {
+        let mats: Vec<&[T]> = ins.iter().map(|b| b.as_slice::<T>()).collect();
+        let rows: Vec<usize> = ins.iter().map(|b| b.shape[0]).collect();
+        let cols = outs[0].shape[1];
+        if cols == 0 {
+            return Ok(());
+        }
+        par_for_mut(outs[0].as_mut::<T>(), cols, Cost::MEDIUM, T::DTYPE, |r, o| {
+            for (k, row) in o.chunks_mut(cols).enumerate() {
+                // Split the output row index into one row per input (last input fastest).
+                let mut rest = r.start + k;
+                let mut picks = vec![0usize; rows.len()];
+                for (p, &n) in picks.iter_mut().zip(&rows).rev() {
+                    *p = rest % n;
+                    rest /= n;
+                }
+                for (c, v) in row.iter_mut().enumerate() {
+                    let prod = mats.iter().zip(&picks).fold(1.0, |acc, (m, &p)| acc * m[p * cols + c].to_f64());
+                    *v = T::from_f64(prod);
+                }
+            }
+        });
+    });
+    Ok(())
+}
+
+// ---- index_copy ----
+
+fn infer_index_copy(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let (old, index, new) = (&ins[0].shape, &ins[1].shape, &ins[2].shape);
+    let ok = index.len() == 1
+        && old.len() == new.len()
+        && !old.is_empty()
+        && old[0] >= new[0]
+        && old[1..] == new[1..]
+        && index[0] == new[0];
+    if !ok {
+        return Err(Error::value(format!(
+            "operator {}: old_tensor {old:?}, index_vector {index:?} and new_tensor {new:?} do not fit: the index must be a vector as long as new_tensor's first dimension, and new_tensor's other dimensions must equal old_tensor's (whose first is at least as long)",
+            a.op
+        )));
+    }
+    if ins[2].dtype != ins[0].dtype {
+        return Err(Error::type_error(format!(
+            "operator {}: new_tensor is {}, old_tensor {}",
+            a.op,
+            ins[2].dtype.name(),
+            ins[0].dtype.name()
+        )));
+    }
+    Ok(vec![ins[0].clone()])
+}
+
+/// The index vector's rows, checked against `rows` (the old tensor's first dimension).
+fn copy_rows(op: &str, index: &TBlob, rows: usize) -> Result<Vec<usize>> {
+    let raw: Vec<f64> =
+        crate::dispatch_num!(index.dtype, op, T => index.as_slice::<T>().iter().map(|v| v.to_f64()).collect());
+    raw.iter()
+        .map(|&v| {
+            if v >= 0.0 && (v as usize) < rows {
+                Ok(v as usize)
+            } else {
+                Err(Error::index(format!("operator {op}: index {v} is out of range for {rows} rows")))
+            }
+        })
+        .collect()
+}
+
+/// Old tensor's rows, with row `index[i]` replaced by the new tensor's row `i`.
+fn index_copy(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let rows = copy_rows(cx.attrs.op, &ins[1], ins[0].shape[0])?;
+    let row_bytes = ins[2].bytes().checked_div(rows.len()).unwrap_or(0);
+    outs[0].copy_from(&ins[0]);
+    let (out, new) = (outs[0].as_bytes_mut(), ins[2].as_bytes());
+    for (i, &r) in rows.iter().enumerate() {
+        out[r * row_bytes..(r + 1) * row_bytes].copy_from_slice(&new[i * row_bytes..(i + 1) * row_bytes]);
+    }
+    Ok(())
+}
+
+/// Inputs: output gradient, old tensor, index, new tensor. The old tensor's gradient is the
+/// output's with the replaced rows zero; the new tensor's row `i` gets row `index[i]`; the
+/// index gets zeros.
+fn index_copy_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let rows = copy_rows(cx.attrs.op, &ins[2], ins[1].shape[0])?;
+    let g = ins[0].as_bytes();
+    let row_bytes = g.len().checked_div(ins[1].shape[0]).unwrap_or(0);
+    if cx.req[0] != Req::Null {
+        let old = outs[0].as_bytes_mut();
+        old.copy_from_slice(g);
+        for &r in &rows {
+            old[r * row_bytes..(r + 1) * row_bytes].fill(0);
+        }
+    }
+    if cx.req[1] != Req::Null {
+        outs[1].as_bytes_mut().fill(0);
+    }
+    if cx.req[2] != Req::Null {
+        let new = outs[2].as_bytes_mut();
+        for (i, &r) in rows.iter().enumerate() {
+            new[i * row_bytes..(i + 1) * row_bytes].copy_from_slice(&g[r * row_bytes..(r + 1) * row_bytes]);
+        }
+    }
+    Ok(())
+}
+
+// ---- quadratic ----
+
+op_params! {
+    struct QuadraticParams<'a> => QUADRATIC_PARAMS {
+        a: f64 = "0", "Coefficient of the quadratic term in the quadratic function.";
+        b: f64 = "0", "Coefficient of the linear term in the quadratic function.";
+        c: f64 = "0", "Constant term in the quadratic function.";
+    }
+}
+
+/// `a x² + b x + c`.
+fn quadratic(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let p = QuadraticParams::of(cx.attrs);
+    // Stock's coefficients are float32.
+    let (a, b, c) = (p.a as f32 as f64, p.b as f32 as f64, p.c as f32 as f64);
+    dispatch_float!(ins[0].dtype, cx.attrs.op, T => {
+        let x = ins[0].as_slice::<T>();
+        par_for_mut(outs[0].as_mut::<T>(), 1, Cost::MEDIUM, T::DTYPE, |r, o| {
+            for (o, &v) in o.iter_mut().zip(&x[r]) {
+                let v = v.to_f64();
+                *o = T::from_f64(v * v * a + v * b + c);
+            }
+        });
+    });
+    Ok(())
+}
+
+/// Inputs: output gradient, data; `g (2 a x + b)`.
+fn quadratic_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    if cx.req[0] == Req::Null {
+        return Ok(());
+    }
+    let p = QuadraticParams::of(cx.attrs);
+    let (a, b) = (p.a as f32 as f64, p.b as f32 as f64);
+    dispatch_float!(ins[1].dtype, cx.attrs.op, T => {
+        let (g, x) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>());
+        par_for_mut(outs[0].as_mut::<T>(), 1, Cost::MEDIUM, T::DTYPE, |r, o| {
+            for ((o, &g), &v) in o.iter_mut().zip(&g[r.clone()]).zip(&x[r]) {
+                *o = T::from_f64(g.to_f64() * (2.0 * a * v.to_f64() + b));
+            }
+        });
+    });
+    Ok(())
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("_contrib_allclose", Inputs::Fixed(&["a", "b"]), Box::new(infer_allclose), Box::new(allclose))
@@ -237,6 +469,46 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         .doc("Rescale the input by the square root of the channel dimension: out = data / sqrt(data.shape[-1])."),
     );
     ops.push(OpDef::backward("_backward_div_sqrt_dim", &[], Box::new(div_sqrt_dim_backward)));
+    ops.push(
+        OpDef::new("_contrib_index_array", Inputs::Fixed(&["data"]), Box::new(infer_index_array), Box::new(index_array))
+            .alias(&["_npx_index_array"])
+            .params(INDEX_ARRAY_PARAMS)
+            .grad(Grad::Zero)
+            .doc("Returns an array of indexes of the input array: for an input of shape (d_1, ..., d_n), an int64 array of shape (d_1, ..., d_n, n) (or (..., m) with m axes given) whose last dimension holds each element's index (along the given axes)."),
+    );
+    ops.push(
+        OpDef::new(
+            "_contrib_index_copy",
+            Inputs::Fixed(&["old_tensor", "index_vector", "new_tensor"]),
+            Box::new(infer_index_copy),
+            Box::new(index_copy),
+        )
+        .alias(&["_npx_index_copy"])
+        .grad(Grad::Backward { op: "_contrib_backward_index_copy", inputs: true, outputs: false })
+        .doc("Copies the elements of a `new_tensor` into the `old_tensor`: if `index[i] == j`, the `i` th row of `new_tensor` is the `j` th row of the output; the other rows are `old_tensor`'s."),
+    );
+    ops.push(OpDef::backward("_contrib_backward_index_copy", &[], Box::new(index_copy_backward)));
+    ops.push(
+        OpDef::new(
+            "_contrib_quadratic",
+            Inputs::Fixed(&["data"]),
+            Box::new(infer_float_like_first),
+            Box::new(quadratic),
+        )
+        .params(QUADRATIC_PARAMS)
+        .elementwise_shape()
+        .same_shape()
+        .grad(Grad::Backward { op: "_contrib_backward_quadratic", inputs: true, outputs: false })
+        .doc("This operators implements the quadratic function f(x) = a * x^2 + b * x + c, element-wise."),
+    );
+    ops.push(OpDef::backward("_contrib_backward_quadratic", QUADRATIC_PARAMS, Box::new(quadratic_backward)));
+    ops.push(
+        OpDef::new("khatri_rao", Inputs::Variadic("args"), Box::new(infer_khatri_rao), Box::new(khatri_rao))
+            .params(KHATRI_RAO_PARAMS)
+            .num_args_key("num_args")
+            .grad(Grad::None)
+            .doc("Computes the Khatri-Rao product of the input matrices: for matrices A_1 (M_1 x N) ... A_n (M_n x N), the (M_1 ... M_n) x N matrix whose k-th column is the outer product of the inputs' k-th columns."),
+    );
     ops.push(
         OpDef::new("all_finite", Inputs::Fixed(&["data"]), Box::new(infer_all_finite), Box::new(all_finite))
             .params(ALL_FINITE_PARAMS)

@@ -1,8 +1,12 @@
-//! Random sampling operators: `_random_{uniform, normal, gamma, exponential, poisson, randint}`
+//! Random sampling operators: `_random_{uniform, normal, gamma, exponential, poisson,
+//! negative_binomial, generalized_negative_binomial, randint}`
 //! (scalar parameters, a `shape`), their `_like` forms (the shape of an input), and
-//! `_sample_{uniform, normal, gamma, exponential, poisson}` (parameters given as tensors; each
+//! `_sample_{uniform, normal, gamma, exponential, poisson, negative_binomial,
+//! generalized_negative_binomial}` (parameters given as tensors; each
 //! parameter element gets `shape` samples, so the output shape is the parameter shape followed
-//! by `shape`).
+//! by `shape`); `_sample_multinomial` (indices drawn from the probability vectors along the
+//! last axis, optionally with their log probabilities, whose gradient reaches the
+//! probabilities) and `_shuffle` (a random permutation along the first axis).
 //!
 //! Reproducibility: output element `i` is drawn from draws `2i` and `2i + 1` of the call's
 //! [`Stream`] (rejection samplers seed a small per-element generator from them), so results
@@ -15,8 +19,8 @@ use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{dtype_from_name, op_params, Attrs, ParamSpec};
 use crate::op::random::Stream;
-use crate::op::tensor::{Elem, OutBlob, TBlob};
-use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Resource};
+use crate::op::tensor::{two_mut, Elem, OutBlob, TBlob};
+use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Req, Resource};
 use crate::{dispatch_float, dispatch_num};
 
 /// A per-element generator (SplitMix64) for samplers that need an unbounded number of draws.
@@ -160,10 +164,47 @@ const POISSON: Dist = Dist {
     sample: |p, s, i| poisson(p[0], &mut Local::new(s, i)),
 };
 
+/// Negative binomial (`k` failures, success probability `p`, as stock draws it): Poisson of a
+/// Gamma(`k`, scale `(1 - p) / p`) rate.
+const NEG_BINOMIAL: Dist = Dist {
+    name: "negative binomial",
+    arity: 2,
+    check: |p| {
+        if p[0] >= 0.0 && p[1] > 0.0 && p[1] <= 1.0 {
+            Ok(())
+        } else {
+            Err(format!("k must be non-negative and p in (0, 1], got {} and {}", p[0], p[1]))
+        }
+    },
+    sample: |p, s, i| {
+        let g = &mut Local::new(s, i);
+        let rate = if p[0] == 0.0 || p[1] == 1.0 { 0.0 } else { gamma_unit(p[0], g) * (1.0 - p[1]) / p[1] };
+        poisson(rate, g)
+    },
+};
+/// Generalized negative binomial (mean `mu`, dispersion `alpha`): Poisson of a
+/// Gamma(`1 / alpha`, scale `alpha mu`) rate; Poisson(`mu`) for `alpha` 0.
+const GEN_NEG_BINOMIAL: Dist = Dist {
+    name: "generalized negative binomial",
+    arity: 2,
+    check: |p| {
+        if p[0] >= 0.0 && p[1] >= 0.0 {
+            Ok(())
+        } else {
+            Err(format!("mu and alpha must be non-negative, got {} and {}", p[0], p[1]))
+        }
+    },
+    sample: |p, s, i| {
+        let g = &mut Local::new(s, i);
+        let rate = if p[1] == 0.0 || p[0] == 0.0 { p[0] } else { gamma_unit(1.0 / p[1], g) * p[1] * p[0] };
+        poisson(rate, g)
+    },
+};
+
 /// Write `sample(params_of(i / per), stream, i)` into every element of `out`, keeping uniform
 /// samples strictly below `high` after rounding to the output type.
 fn fill<T: Elem>(out: &mut OutBlob, d: &Dist, s: Stream, per: usize, params: &(dyn Fn(usize) -> [f64; 2] + Sync)) {
-    let cost = if d.arity == 2 && d.name != "gamma" { Cost::MATH } else { Cost(40.0) };
+    let cost = if matches!(d.name, "uniform" | "normal") { Cost::MATH } else { Cost(40.0) };
     let upper = d.name == "uniform";
     par_for_mut(out.as_mut::<T>(), 1, cost, T::DTYPE, |r, chunk| {
         for (k, v) in chunk.iter_mut().enumerate() {
@@ -347,10 +388,10 @@ op_params! {
 /// `dtype`) and its `_like` form (the scalars only), each with the function that reads it.
 macro_rules! dist_params {
     ($draw:ident, $like:ident, $read:ident, $read_like:ident, $table:ident, $like_table:ident,
-     [$($field:ident = $default:literal, $doc:expr;)+]) => {
+     [$($field:ident: $ty:ty = $default:literal, $doc:expr;)+]) => {
         op_params! {
             struct $draw<'a> => $table {
-                $($field: f64 = $default, $doc;)+
+                $($field: $ty = $default, $doc;)+
                 shape: &'a [i64] = "()", SHAPE_DOC;
                 ctx: Option<Context> = "", CTX_DOC;
                 dtype: &'a str = "None" in *FLOAT_DTYPES, DTYPE_DOC;
@@ -358,13 +399,13 @@ macro_rules! dist_params {
         }
         op_params! {
             struct $like<'a> => $like_table {
-                $($field: f64 = $default, $doc;)+
+                $($field: $ty = $default, $doc;)+
             }
         }
         fn $read(a: &Attrs) -> Draw<'_> {
             let p = $draw::of(a);
             let mut scalars = [0.0; 2];
-            for (s, v) in scalars.iter_mut().zip([$(p.$field),+]) {
+            for (s, v) in scalars.iter_mut().zip([$(p.$field as f64),+]) {
                 *s = v;
             }
             Draw { scalars, shape: p.shape, dtype: p.dtype }
@@ -372,7 +413,7 @@ macro_rules! dist_params {
         fn $read_like(a: &Attrs) -> [f64; 2] {
             let p = $like::of(a);
             let mut scalars = [0.0; 2];
-            for (s, v) in scalars.iter_mut().zip([$(p.$field),+]) {
+            for (s, v) in scalars.iter_mut().zip([$(p.$field as f64),+]) {
                 *s = v;
             }
             scalars
@@ -381,19 +422,28 @@ macro_rules! dist_params {
 }
 
 dist_params!(UniformParams, UniformLikeParams, read_uniform, read_uniform_like, UNIFORM_PARAMS, UNIFORM_LIKE, [
-    low = "0", LOW_DOC;
-    high = "1", HIGH_DOC;
+    low: f64 = "0", LOW_DOC;
+    high: f64 = "1", HIGH_DOC;
 ]);
 dist_params!(NormalParams, NormalLikeParams, read_normal, read_normal_like, NORMAL_PARAMS, NORMAL_LIKE, [
-    loc = "0", "Mean of the distribution.";
-    scale = "1", "Standard deviation of the distribution.";
+    loc: f64 = "0", "Mean of the distribution.";
+    scale: f64 = "1", "Standard deviation of the distribution.";
 ]);
 dist_params!(GammaParams, GammaLikeParams, read_gamma, read_gamma_like, GAMMA_PARAMS, GAMMA_LIKE, [
-    alpha = "1", "Alpha parameter (shape) of the gamma distribution.";
-    beta = "1", "Beta parameter (scale) of the distribution.";
+    alpha: f64 = "1", "Alpha parameter (shape) of the gamma distribution.";
+    beta: f64 = "1", "Beta parameter (scale) of the distribution.";
 ]);
 dist_params!(LamParams, LamLikeParams, read_lam, read_lam_like, LAM_PARAMS, LAM_LIKE, [
-    lam = "1", LAM_DOC;
+    lam: f64 = "1", LAM_DOC;
+]);
+
+dist_params!(NegBinomialParams, NegBinomialLikeParams, read_nb, read_nb_like, NB_PARAMS, NB_LIKE, [
+    k: i64 = "1", "Limit of unsuccessful experiments.";
+    p: f64 = "1", "Failure probability in each experiment.";
+]);
+dist_params!(GenNegBinomialParams, GenNegBinomialLikeParams, read_gnb, read_gnb_like, GNB_PARAMS, GNB_LIKE, [
+    mu: f64 = "1", "Mean of the negative binomial distribution.";
+    alpha: f64 = "1", "Alpha (dispersion) parameter of the negative binomial distribution.";
 ]);
 
 op_params! {
@@ -469,6 +519,226 @@ fn randint_op() -> OpDef {
     .doc("Draw random samples from a discrete uniform distribution.")
 }
 
+op_params! {
+    /// `_sample_multinomial`'s parameters.
+    struct MultinomialParams<'a> => MULTINOMIAL_PARAMS {
+        shape: &'a [i64] = "()", "Shape to be sampled from each random distribution.";
+        get_prob: bool = "0", "Whether to also return the log probability of sampled result. This is usually used for differentiating through stochastic variables, e.g. in reinforcement learning.";
+        dtype: &'a str = "int32" in ["uint8", "int32", "float16", "float32", "float64"], "DType of the output in case this can't be inferred.";
+    }
+}
+
+fn multinomial_outputs(a: &Attrs) -> usize {
+    1 + usize::from(MultinomialParams::of(a).get_prob)
+}
+
+/// `(distributions, categories, samples per distribution)` of a call.
+fn multinomial_dims(data: &[usize], out: usize) -> (usize, usize, usize) {
+    let k = data.last().copied().unwrap_or(1).max(1);
+    let n = data.iter().product::<usize>() / k;
+    (n, k, out.checked_div(n).unwrap_or(0))
+}
+
+fn multinomial_op() -> OpDef {
+    OpDef::new(
+        "_sample_multinomial",
+        Inputs::Fixed(&["data"]),
+        Box::new(|a, ins| {
+            let p = MultinomialParams::of(a);
+            let data = &ins[0];
+            if !matches!(data.dtype, DType::F32 | DType::F64 | DType::F16) {
+                return Err(Error::type_error(format!(
+                    "operator {}: data must be float16, float32 or float64, got {}",
+                    a.op,
+                    data.dtype.name()
+                )));
+            }
+            if data.shape.is_empty() || data.shape.last() == Some(&0) {
+                return Err(Error::value(format!(
+                    "operator {}: data must have a non-empty last axis of probabilities, got shape {:?}",
+                    a.op, data.shape
+                )));
+            }
+            let extra = shape_param(a.op, "shape", p.shape)?;
+            let shape = match data.shape.len() {
+                1 if extra.is_empty() => vec![1],
+                1 => extra,
+                n => data.shape[..n - 1].iter().copied().chain(extra).collect(),
+            };
+            let mut out = vec![Meta::new(shape.clone(), dtype_from_name(p.dtype).expect("enum of dtype names"))];
+            if p.get_prob {
+                out.push(Meta::new(shape, data.dtype));
+            }
+            Ok(out)
+        }),
+        Box::new(|cx, ins, outs| {
+            let s = rng(cx)?;
+            let op = cx.attrs.op;
+            let probs = read_f64(op, &ins[0])?;
+            let (n, k, m) = multinomial_dims(&ins[0].shape, outs[0].size());
+            // Per distribution: the running sums in float64 stored as float32, as stock's
+            // table; draw `j` searches it for a float32 uniform (the first sum >= it).
+            let mut picks = vec![0usize; n * m];
+            let mut cum = vec![0f32; k];
+            for i in 0..n {
+                let mut acc = 0.0;
+                for (c, t) in cum.iter_mut().enumerate() {
+                    acc += probs[i * k + c];
+                    *t = acc as f32;
+                }
+                for j in 0..m {
+                    let u = s.uniform_f32((i * m + j) as u64);
+                    picks[i * m + j] = cum.partition_point(|&t| t < u).min(k - 1);
+                }
+            }
+            if let Some(lp) = outs.get_mut(1) {
+                let logs: Vec<f64> = picks.iter().enumerate().map(|(e, &c)| (probs[(e / m) * k + c] as f32).ln() as f64).collect();
+                dispatch_float!(lp.dtype, op, T => lp.as_mut::<T>().iter_mut().zip(&logs).for_each(|(o, &v)| *o = T::from_f64(v)));
+            }
+            dispatch_num!(outs[0].dtype, op, T => outs[0].as_mut::<T>().iter_mut().zip(&picks).for_each(|(o, &c)| *o = T::from_f64(c as f64)));
+            Ok(())
+        }),
+    )
+    .alias(&["sample_multinomial"])
+    .params(MULTINOMIAL_PARAMS)
+    .outputs(multinomial_outputs, multinomial_outputs)
+    .resources(&[Resource::Random])
+    .grad(Grad::Backward { op: "_backward_sample_multinomial", inputs: true, outputs: true })
+    .doc("Concurrent sampling from multiple multinomial distributions. *data* is an *n* dimensional array whose last dimension has length *k*, where *k* is the number of possible outcomes of each multinomial distribution; the output has shape *data.shape[:-1] + shape*, or *shape* for one distribution. With get_prob, the log probabilities of the samples are returned as well, and their head gradient (a reward) reaches *data*. The input distribution must be normalized.")
+}
+
+/// `_backward_sample_multinomial`. Inputs: the output gradients (the samples', and the log
+/// probabilities' with `get_prob`), data, the samples (and log probabilities); the gradient
+/// of data is `sum over draws of g / p` at each drawn category (0 without `get_prob`).
+fn multinomial_backward() -> OpDef {
+    OpDef::backward(
+        "_backward_sample_multinomial",
+        MULTINOMIAL_PARAMS,
+        Box::new(|cx, ins, outs| {
+            if cx.req[0] == Req::Null {
+                return Ok(());
+            }
+            let op = cx.attrs.op;
+            let get_prob = MultinomialParams::of(cx.attrs).get_prob;
+            let data_at = if get_prob { 2 } else { 1 };
+            let data = &ins[data_at];
+            let (n, k, m) = multinomial_dims(&data.shape, ins[data_at + 1].size());
+            let mut grad = vec![0f64; n * k];
+            if get_prob {
+                let probs = read_f64(op, data)?;
+                let g = read_f64(op, &ins[1])?;
+                let picks: Vec<f64> =
+                    dispatch_num!(ins[3].dtype, op, T => ins[3].as_slice::<T>().iter().map(|v| v.to_f64()).collect());
+                for (e, (&c, &gv)) in picks.iter().zip(&g).enumerate() {
+                    let at = (e / m.max(1)) * k + (c as usize).min(k - 1);
+                    grad[at] += gv / probs[at];
+                }
+            }
+            dispatch_float!(outs[0].dtype, op, T => outs[0].as_mut::<T>().iter_mut().zip(&grad).for_each(|(o, &v)| *o = T::from_f64(v)));
+            Ok(())
+        }),
+    )
+}
+
+op_params! {
+    /// `_sample_unique_zipfian`'s parameters.
+    struct ZipfianParams<'a> => ZIPFIAN_PARAMS {
+        range_max: i64 = required, "The number of possible classes.";
+        shape: &'a [i64] = "()", "2-D shape of the output, where shape[0] is the batch size, and shape[1] is the number of candidates to sample for each batch.";
+    }
+}
+
+/// `(batch, num_sampled, range_max)` of a `_sample_unique_zipfian` call, checked.
+fn zipfian_dims(a: &Attrs) -> Result<(usize, usize, i64)> {
+    let p = ZipfianParams::of(a);
+    let shape = shape_param(a.op, "shape", p.shape)?;
+    let [batch, num] = shape[..] else {
+        return Err(Error::value(format!("operator {}: shape must have 2 dimensions, got {:?}", a.op, p.shape)));
+    };
+    if p.range_max <= 0 || num as i64 > p.range_max {
+        return Err(Error::value(format!(
+            "operator {}: Number of samples cannot exceed the number of possible classes (range_max {}, {num} samples)",
+            a.op, p.range_max
+        )));
+    }
+    Ok((batch, num, p.range_max))
+}
+
+/// `_sample_unique_zipfian`: per batch row, `num_sampled` distinct classes drawn from the
+/// approximately log-uniform distribution `round(range_max^u) - 1` (stock's), and how many
+/// draws that took.
+fn unique_zipfian_op() -> OpDef {
+    OpDef::new(
+        "_sample_unique_zipfian",
+        Inputs::Fixed(&[]),
+        Box::new(|a, _| {
+            let (batch, num, _) = zipfian_dims(a)?;
+            Ok(vec![Meta::new(vec![batch, num], DType::I64), Meta::new(vec![batch], DType::I64)])
+        }),
+        Box::new(|cx, _, outs| {
+            let (batch, num, range_max) = zipfian_dims(cx.attrs)?;
+            let s = rng(cx)?;
+            let log_range = (range_max as f64).ln();
+            let (samples, tries) = two_mut(outs, 0, 1);
+            let (samples, tries) = (samples.as_mut::<i64>(), tries.as_mut::<i64>());
+            for row in 0..batch {
+                let mut g = Local::new(&s, row as u64);
+                let mut seen = std::collections::HashSet::with_capacity(num);
+                let mut n = 0i64;
+                while seen.len() < num {
+                    let v = (g.uniform() * log_range).exp().round() as i64 - 1;
+                    if seen.insert(v) {
+                        samples[row * num + seen.len() - 1] = v;
+                    }
+                    n += 1;
+                }
+                tries[row] = n;
+            }
+            Ok(())
+        }),
+    )
+    .params(ZIPFIAN_PARAMS)
+    .outputs(|_| 2, |_| 2)
+    .resources(&[Resource::Random])
+    .grad(Grad::None)
+    .doc("Draw random samples from an an approximately log-uniform or Zipfian distribution without replacement: for each of shape[0] instances, shape[1] distinct classes in [0, range_max), P(class) = (log(class + 2) - log(class + 1)) / log(range_max + 1); also returns the number of trials each instance took.")
+}
+
+/// `_shuffle`: the first axis in a random order (Fisher-Yates; swap `i` with a draw in
+/// `[0, i]`, from the last row down), the rest of each row unchanged.
+fn shuffle_op() -> OpDef {
+    OpDef::new(
+        "_shuffle",
+        Inputs::Fixed(&["data"]),
+        Box::new(|_, ins| Ok(vec![ins[0].clone()])),
+        Box::new(|cx, ins, outs| {
+            let s = rng(cx)?;
+            let rows = ins[0].shape.first().copied().unwrap_or(1);
+            let mut order: Vec<usize> = (0..rows).collect();
+            for i in (1..rows).rev() {
+                order.swap(i, s.int_in(i as u64, 0, i as i64 + 1) as usize);
+            }
+            let from = ins[0].as_bytes();
+            let row = from.len().checked_div(rows).unwrap_or(0);
+            let to = outs[0].as_bytes_mut();
+            if row == 0 {
+                return Ok(());
+            }
+            par_for_mut(to, row, Cost(0.06 * row as f64), DType::U8, |r, chunk| {
+                for (k, dst) in chunk.chunks_mut(row).enumerate() {
+                    let src = order[r.start + k];
+                    dst.copy_from_slice(&from[src * row..(src + 1) * row]);
+                }
+            });
+            Ok(())
+        }),
+    )
+    .alias(&["shuffle", "_npi_shuffle"])
+    .resources(&[Resource::Random])
+    .grad(Grad::None)
+    .doc("Randomly shuffle the elements. This shuffles the array along the first axis. The order of the elements in each subarray does not change.")
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         random_op(&UNIFORM, "_random_uniform", "random_uniform", (UNIFORM_PARAMS, read_uniform)).alias(&["uniform"]),
@@ -488,6 +758,26 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(sample_op(&GAMMA, "_sample_gamma", "sample_gamma", &["alpha", "beta"]));
     ops.push(sample_op(&EXPONENTIAL, "_sample_exponential", "sample_exponential", &["lam"]));
     ops.push(sample_op(&POISSON, "_sample_poisson", "sample_poisson", &["lam"]));
+    ops.push(random_op(&NEG_BINOMIAL, "_random_negative_binomial", "random_negative_binomial", (NB_PARAMS, read_nb)));
+    ops.push(random_op(
+        &GEN_NEG_BINOMIAL,
+        "_random_generalized_negative_binomial",
+        "random_generalized_negative_binomial",
+        (GNB_PARAMS, read_gnb),
+    ));
+    ops.push(like_op(&NEG_BINOMIAL, "_random_negative_binomial_like", (NB_LIKE, read_nb_like)));
+    ops.push(like_op(&GEN_NEG_BINOMIAL, "_random_generalized_negative_binomial_like", (GNB_LIKE, read_gnb_like)));
+    ops.push(sample_op(&NEG_BINOMIAL, "_sample_negative_binomial", "sample_negative_binomial", &["k", "p"]));
+    ops.push(sample_op(
+        &GEN_NEG_BINOMIAL,
+        "_sample_generalized_negative_binomial",
+        "sample_generalized_negative_binomial",
+        &["mu", "alpha"],
+    ));
+    ops.push(multinomial_op());
+    ops.push(multinomial_backward());
+    ops.push(shuffle_op());
+    ops.push(unique_zipfian_op());
 }
 
 #[cfg(test)]
@@ -516,6 +806,27 @@ mod tests {
             assert!((m - lam).abs() < 0.05 * lam.max(1.0), "poisson({lam}) mean {m}");
             assert!((v - lam).abs() < 0.1 * lam.max(1.0), "poisson({lam}) var {v}");
         }
+    }
+
+    #[test]
+    fn negative_binomial_moments() {
+        let s = Stream::for_test(7);
+        for &(k, p) in &[(3.0, 0.4), (10.0, 0.8), (0.5, 0.3)] {
+            let xs: Vec<f64> = (0..40_000).map(|i| (NEG_BINOMIAL.sample)(&[k, p], &s, i)).collect();
+            let (m, v) = moments(&xs);
+            let (em, ev) = (k * (1.0 - p) / p, k * (1.0 - p) / (p * p));
+            assert!((m - em).abs() < 0.05 * em.max(1.0), "nb({k}, {p}) mean {m} vs {em}");
+            assert!((v - ev).abs() < 0.1 * ev.max(1.0), "nb({k}, {p}) var {v} vs {ev}");
+        }
+        for &(mu, alpha) in &[(4.0, 0.5), (2.0, 0.0)] {
+            let xs: Vec<f64> = (0..40_000).map(|i| (GEN_NEG_BINOMIAL.sample)(&[mu, alpha], &s, i)).collect();
+            let (m, v) = moments(&xs);
+            let ev = mu + alpha * mu * mu;
+            assert!((m - mu).abs() < 0.05 * mu, "gnb({mu}, {alpha}) mean {m}");
+            assert!((v - ev).abs() < 0.1 * ev, "gnb({mu}, {alpha}) var {v} vs {ev}");
+        }
+        assert_eq!((NEG_BINOMIAL.sample)(&[0.0, 0.5], &s, 3), 0.0);
+        assert!((NEG_BINOMIAL.check)(&[1.0, 0.0]).is_err() && (GEN_NEG_BINOMIAL.check)(&[-1.0, 1.0]).is_err());
     }
 
     #[test]

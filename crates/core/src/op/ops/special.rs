@@ -25,7 +25,7 @@ extern "C" {
 }
 
 /// The C library's functions in the precision the kernel computes in.
-trait Libm: Real {
+pub(super) trait Libm: Real {
     fn c_erf(self) -> Self;
     fn c_tgamma(self) -> Self;
     fn c_lgamma(self) -> Self;
@@ -121,7 +121,7 @@ fn erfinv(x: f64) -> f64 {
 
 /// The digamma function psi(x): reflection below 0, the recurrence `psi(x) = psi(x + 1) -
 /// 1/x` up to 10, then the asymptotic series. Poles (0, negative integers) give NaN.
-fn digamma(x: f64) -> f64 {
+pub(super) fn digamma(x: f64) -> f64 {
     if x.is_nan() || x == f64::NEG_INFINITY {
         return f64::NAN;
     }
