@@ -114,12 +114,12 @@ def test_stubs_have_stock_signatures():
 @pytest.mark.skipif("MXNET_LIBRARY_PATH" not in os.environ, reason="needs an operator this library lacks")
 def test_a_stub_called_with_stock_arguments_is_not_implemented():
     stubs = {n for n in all_names() if info(n)[2] == f"{n}: not supported by mxnet-rt yet."}
-    assert "im2col" in stubs, "implemented now: pick another stub"
-    # Stock's signature: data, then the parameters (kernel is required).
-    with pytest.raises(NotImplementedError, match="operator im2col is not supported yet"):
-        mx.nd.im2col(mx.nd.ones((1, 1, 4, 4)), kernel=(2, 2))
+    assert "_contrib_boolean_mask" in stubs, "implemented now: pick another stub"
+    # Stock's signature: data and index, then the parameters.
+    with pytest.raises(NotImplementedError, match="operator _contrib_boolean_mask is not supported yet"):
+        mx.nd.contrib.boolean_mask(mx.nd.ones((2, 2)), mx.nd.array([1, 0]), axis=0)
     with pytest.raises(NotImplementedError, match="is not supported yet"):
-        mx.sym.im2col(mx.sym.var("x"), kernel=(2, 2))
+        mx.sym.contrib.boolean_mask(mx.sym.var("x"), mx.sym.var("i"), axis=0)
 
 
 def test_sparse_cast_storage_is_not_implemented():

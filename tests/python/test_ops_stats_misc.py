@@ -1,5 +1,6 @@
 """`moments` (mean and variance over axes, with gradients), `_contrib_index_array`,
-`khatri_rao`, `_contrib_index_copy` and `_contrib_quadratic` (with gradients) (issue 35) on this library against stock 1.9.1 in the same test: several shapes,
+`khatri_rao`, `_contrib_index_copy` and `_contrib_quadratic` (with gradients), `_histogram`, and
+`im2col`/`col2im` (with gradients) (issue 35) on this library against stock 1.9.1 in the same test: several shapes,
 axes (negative, all, keepdims), dtypes, imperative and symbolic calls, and bad input."""
 import os
 
@@ -62,8 +63,33 @@ for dtype in ("float32", "float64"):
         y = mx.nd.contrib.quadratic(x, a=2.5, b=-3.1, c=0.7)
     y.backward(mx.nd.array(rng.uniform(-1, 1, (4, 5)), dtype=dtype))
     res["quadratic", dtype] = (y.asnumpy(), x.grad.asnumpy())
+x = mx.nd.array([[0, 1], [2, 2], [3, 4], [5, -1], [4.999, 0.5], [2.5, float("nan")]])
+for dtype in ("float32", "float64", "int32"):
+    xd = x.astype(dtype) if dtype != "int32" else mx.nd.array([[0, 1], [2, 2], [3, 4], [5, -1]], dtype="int32")
+    res["histogram", dtype] = [a.asnumpy() for a in mx.nd.histogram(xd, bins=5, range=(0, 5))]
+    res["histogram-range", dtype] = [a.asnumpy() for a in mx.nd.histogram(xd, bins=3, range=(1, 1))]
+    res["histogram-bins", dtype] = [a.asnumpy() for a in mx.nd.histogram(xd, bins=mx.nd.array([0., 2.1, 3., 4.], dtype=dtype))]
+res["histogram-sym"] = mx.sym.histogram(mx.sym.var("x"), bins=4, range=(0, 1)).infer_shape(x=(3, 2))
+# 2-D only: stock's im2col fails on 1-D and 3-D data (test_im2col_in_1d_and_3d covers ours).
+for shape, kw in (((2, 2, 5, 6), dict(kernel=(2, 3))),
+                  ((1, 3, 6, 5), dict(kernel=(3, 2), stride=(2, 1), dilate=(1, 2), pad=(1, 1)))):
+    x = mx.nd.array(rng.uniform(-1, 1, shape))
+    x.attach_grad()
+    with mx.autograd.record():
+        cols = mx.nd.im2col(x, **kw)
+    head = mx.nd.array(rng.uniform(-1, 1, cols.shape))
+    cols.backward(head)
+    c = mx.nd.array(rng.uniform(-1, 1, cols.shape))
+    c.attach_grad()
+    with mx.autograd.record():
+        img = mx.nd.col2im(c, output_size=shape[2:], **kw)
+    img.backward(mx.nd.array(rng.uniform(-1, 1, img.shape)))
+    res["im2col", shape] = (cols.asnumpy(), x.grad.asnumpy(), img.asnumpy(), c.grad.asnumpy())
 errs = {}
 for k, call in {
+    "im2col-kernel": lambda: mx.nd.im2col(mx.nd.ones((1, 1, 2, 2)), kernel=(3, 3)),
+    "col2im-size": lambda: mx.nd.col2im(mx.nd.ones((1, 4, 5)), output_size=(3, 3), kernel=(2, 2)),
+    "histogram-range-order": lambda: mx.nd.histogram(mx.nd.ones((3,)), bins=2, range=(2, 1))[0],
     "index-copy-shape": lambda: mx.nd.contrib.index_copy(mx.nd.ones((5, 3)), mx.nd.array([0, 1]), mx.nd.ones((3, 3))),
     "moments-no-axes": lambda: mx.nd.moments(mx.nd.ones((2, 3))),
     "moments-bad-axis": lambda: mx.nd.moments(mx.nd.ones((2, 3)), axes=(2,)),
@@ -104,7 +130,7 @@ def test_against_stock(tmp_path):
             for a, b in zip(ours[key], stock[key]):
                 assert a.dtype == b.dtype
                 np.testing.assert_allclose(a, b, rtol=2e-6 if key[1] == "float32" else 1e-12, err_msg=str(key))
-        elif key in ("moments-sym", "khatri_rao-sym"):
+        elif key in ("moments-sym", "khatri_rao-sym", "histogram-sym"):
             assert ours[key] == stock[key], key
         else:
             for a, b in zip(ours[key], stock[key]):
@@ -118,3 +144,26 @@ def test_index_copy_checks_its_index():
     for bad in ([5], [-1]):
         with pytest.raises(IndexError, match="out of range"):
             mx.nd.contrib.index_copy(mx.nd.zeros((3, 2)), mx.nd.array(bad), mx.nd.ones((1, 2))).wait_to_read()
+
+
+def test_im2col_in_1d_and_3d():
+    # Against a direct unfolding in NumPy (stock 1.9.1's im2col handles 2-D data only).
+    import mxnet as mx
+    rng = np.random.RandomState(1)
+    x = rng.uniform(-1, 1, (2, 3, 9))
+    cols = mx.nd.im2col(mx.nd.array(x), kernel=(3,), stride=(2,), pad=(1,)).asnumpy()
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1)))
+    want = np.stack([xp[:, :, j:j + 2 * 5:2] for j in range(3)], axis=2).reshape(2, 9, 5)
+    np.testing.assert_allclose(cols, want, rtol=1e-6)
+    x3 = rng.uniform(-1, 1, (1, 2, 3, 4, 4))
+    cols3 = mx.nd.im2col(mx.nd.array(x3), kernel=(2, 2, 3)).asnumpy()
+    blocks = [x3[:, :, d:d + 2, h:h + 2, w:w + 3].reshape(1, 2 * 12) for d in range(2) for h in range(3) for w in range(2)]
+    np.testing.assert_allclose(cols3, np.stack(blocks, axis=2), rtol=1e-6)
+    # col2im sums each block back: folding columns of ones counts the blocks covering a pixel.
+    ones = mx.nd.col2im(mx.nd.ones((1, 2 * 12, 12)), output_size=(3, 4, 4), kernel=(2, 2, 3)).asnumpy()
+    cover = np.zeros((3, 4, 4))
+    for d in range(2):
+        for h in range(3):
+            for w in range(2):
+                cover[d:d + 2, h:h + 2, w:w + 3] += 1
+    np.testing.assert_allclose(ones[0, 0], cover)

@@ -1,7 +1,8 @@
 //! Small operators of stock's contrib and utility sets: `_contrib_allclose`,
 //! `_contrib_arange_like`, `_contrib_div_sqrt_dim` (with its backward), `all_finite`,
 //! `multi_all_finite`, `multi_sum_sq`, `_contrib_index_array`, `khatri_rao`,
-//! `_contrib_index_copy` and `_contrib_quadratic` (with their backward operators).
+//! `_contrib_index_copy` and `_contrib_quadratic` (with their backward operators), and
+//! `_histogram`.
 
 use super::common::norm_axis;
 use super::init::fill;
@@ -11,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{op_params, Attrs};
-use crate::op::tensor::{Elem, OutBlob, TBlob};
+use crate::op::tensor::{two_mut, Elem, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Req};
 use crate::{dispatch_all, dispatch_float};
 
@@ -443,6 +444,121 @@ fn quadratic_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result
     Ok(())
 }
 
+// ---- histogram ----
+
+op_params! {
+    struct HistogramParams<'a> => HISTOGRAM_PARAMS {
+        bin_cnt: Option<i64> = "None", "Number of bins for uniform case";
+        range: Option<&'a [f64]> = "None", "The lower and upper range of the bins. if not provided, range is simply (a.min(), a.max()). values outside the range are ignored. the first element of the range must be less than or equal to the second. range affects the automatic bin computation as well. while bin width is computed to be optimal based on the actual data within range, the bin count will fill the entire range including portions containing no data.";
+    }
+}
+
+/// `data` alone with `bin_cnt` (and `range`), `data` and `bins` without.
+fn histogram_inputs(a: &Attrs) -> usize {
+    if HistogramParams::of(a).bin_cnt.is_some() {
+        1
+    } else {
+        2
+    }
+}
+
+/// With `bin_cnt`: the count and the range (widened by 0.5 each way when empty), checked.
+fn uniform_bins(a: &Attrs) -> Result<Option<(usize, f64, f64)>> {
+    let p = HistogramParams::of(a);
+    match (p.bin_cnt, p.range) {
+        (None, None) => Ok(None),
+        (Some(n), Some(&[lo, hi])) if n >= 1 && lo <= hi => {
+            Ok(Some(if lo == hi { (n as usize, lo - 0.5, hi + 0.5) } else { (n as usize, lo, hi) }))
+        }
+        (Some(_), Some(_)) => Err(Error::value(format!(
+            "operator {}: bin_cnt must be at least 1 and range a pair (low, high) with low <= high, got {:?} and {:?}",
+            a.op, p.bin_cnt, p.range
+        ))),
+        _ => Err(Error::value(format!("operator {}: cnt and range should both or neither specified", a.op))),
+    }
+}
+
+fn infer_histogram(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let dt = ins[0].dtype;
+    if let Some((n, _, _)) = uniform_bins(a)? {
+        return Ok(vec![Meta::new(vec![n], DType::I64), Meta::new(vec![n + 1], dt)]);
+    }
+    let bins = &ins[1];
+    if bins.shape.len() != 1 || bins.shape[0] < 2 || bins.dtype != dt {
+        return Err(Error::value(format!(
+            "operator {}: bins must be a vector of at least 2 bounds of the data's dtype ({}), got shape {:?} of {}",
+            a.op,
+            dt.name(),
+            bins.shape,
+            bins.dtype.name()
+        )));
+    }
+    Ok(vec![Meta::new(vec![bins.shape[0] - 1], DType::I64), bins.clone()])
+}
+
+/// Stock's bin of `x` among `n` uniform bins over [lo, hi] with bounds `b` (-1: outside).
+fn uniform_bin<T: Elem>(x: T, b: &[T], n: usize, lo: f64, hi: f64) -> i64 {
+    let v = x.to_f64();
+    if !(v >= lo && v <= hi) {
+        return -1;
+    }
+    let n = n as i64;
+    let mut t = (((v - lo) * n as f64 / (hi - lo)) as i64).min(n - 1);
+    if v < b[t as usize].to_f64() {
+        t -= 1;
+    }
+    if t != n - 1 && v >= b[(t + 1) as usize].to_f64() {
+        t += 1;
+    }
+    t
+}
+
+/// The bin of `x` among the bounds `b` (increasing): the last bound not above it, the last
+/// bin for the upper bound, -1 outside.
+fn given_bin<T: Elem>(x: T, b: &[T]) -> i64 {
+    let (v, n) = (x.to_f64(), b.len() - 1);
+    if !(v >= b[0].to_f64() && v <= b[n].to_f64()) {
+        return -1;
+    }
+    let above = b.iter().position(|&e| e.to_f64() > v).unwrap_or(n + 1);
+    (above as i64 - 1).min(n as i64 - 1)
+}
+
+fn histogram(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let uniform = uniform_bins(cx.attrs)?;
+    let (counts, edges) = two_mut(outs, 0, 1);
+    let counts = counts.as_mut::<i64>();
+    counts.fill(0);
+    crate::dispatch_num!(ins[0].dtype, cx.attrs.op, T => {
+        let x = ins[0].as_slice::<T>();
+        let edges = edges.as_mut::<T>();
+        match uniform {
+            Some((n, lo, hi)) => {
+                for (i, e) in edges.iter_mut().enumerate() {
+                    *e = T::from_f64((hi * i as f64 + (n - i) as f64 * lo) / n as f64);
+                }
+                for &v in x {
+                    let t = uniform_bin(v, edges, n, lo, hi);
+                    if t >= 0 {
+                        counts[t as usize] += 1;
+                    }
+                }
+            }
+            None => {
+                let bounds = ins[1].as_slice::<T>();
+                edges.copy_from_slice(bounds);
+                for &v in x {
+                    let t = given_bin(v, bounds);
+                    if t >= 0 {
+                        counts[t as usize] += 1;
+                    }
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("_contrib_allclose", Inputs::Fixed(&["a", "b"]), Box::new(infer_allclose), Box::new(allclose))
@@ -502,6 +618,19 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         .doc("This operators implements the quadratic function f(x) = a * x^2 + b * x + c, element-wise."),
     );
     ops.push(OpDef::backward("_contrib_backward_quadratic", QUADRATIC_PARAMS, Box::new(quadratic_backward)));
+    ops.push(
+        OpDef::new(
+            "_histogram",
+            Inputs::Leading(&["data", "bins"], histogram_inputs),
+            Box::new(infer_histogram),
+            Box::new(histogram),
+        )
+        .alias(&["_npi_histogram"])
+        .params(HISTOGRAM_PARAMS)
+        .outputs(|_| 2, |_| 2)
+        .grad(Grad::None)
+        .doc("This operators implements the histogram function: the counts (int64) of data in each bin and the bin edges, with bin_cnt uniform bins over range, or the bins given by the bounds in bins."),
+    );
     ops.push(
         OpDef::new("khatri_rao", Inputs::Variadic("args"), Box::new(infer_khatri_rao), Box::new(khatri_rao))
             .params(KHATRI_RAO_PARAMS)

@@ -15,6 +15,7 @@ mod deconv;
 mod detection;
 mod elemwise;
 mod elemwise_grad;
+mod im2col;
 mod image;
 mod index;
 mod index_grad;
@@ -50,6 +51,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     random_ops::register(ops);
     pdf::register(ops);
     moments::register(ops);
+    im2col::register(ops);
     optim::register(ops);
     optim_adamw_lamb::register(ops);
     add_n::register(ops);
