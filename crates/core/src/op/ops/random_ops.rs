@@ -6,11 +6,14 @@
 //! parameter element gets `shape` samples, so the output shape is the parameter shape followed
 //! by `shape`); `_sample_multinomial` (indices drawn from the probability vectors along the
 //! last axis, optionally with their log probabilities, whose gradient reaches the
-//! probabilities) and `_shuffle` (a random permutation along the first axis).
+//! probabilities), `_shuffle` (a random permutation along the first axis) and
+//! `_sample_unique_zipfian` (distinct log-uniform classes per batch row).
 //!
 //! Reproducibility: output element `i` is drawn from draws `2i` and `2i + 1` of the call's
-//! [`Stream`] (rejection samplers seed a small per-element generator from them), so results
-//! depend only on the seed and the order of calls, never on how the loop is split.
+//! [`Stream`] (rejection samplers seed a small per-element generator from them); a
+//! multinomial sample `i` from draw `i`, a shuffle's swap at row `i` from draw `i`, and a
+//! unique-Zipfian row from its own generator. Results depend only on the seed and the order
+//! of calls, never on how the loop is split.
 
 use super::common::shape_param;
 use crate::context::Context;
