@@ -5,6 +5,7 @@
 //! `_histogram`.
 
 use super::common::norm_axis;
+use super::index::read_indices;
 use super::init::fill;
 use super::nn::infer_float_like_first;
 use crate::context::Context;
@@ -348,15 +349,13 @@ fn infer_index_copy(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 
 /// The index vector's rows, checked against `rows` (the old tensor's first dimension).
 fn copy_rows(op: &str, index: &TBlob, rows: usize) -> Result<Vec<usize>> {
-    let raw: Vec<f64> =
-        crate::dispatch_num!(index.dtype, op, T => index.as_slice::<T>().iter().map(|v| v.to_f64()).collect());
-    raw.iter()
-        .map(|&v| {
-            if v >= 0.0 && (v as usize) < rows {
-                Ok(v as usize)
-            } else {
-                Err(Error::index(format!("operator {op}: index {v} is out of range for {rows} rows")))
-            }
+    read_indices(index)
+        .into_iter()
+        .map(|v| {
+            usize::try_from(v)
+                .ok()
+                .filter(|&r| r < rows)
+                .ok_or_else(|| Error::index(format!("operator {op}: index {v} is out of range for {rows} rows")))
         })
         .collect()
 }

@@ -14,7 +14,7 @@
 //! parameter's gradient is the sum over its samples.
 
 use super::nn::{dispatch_real, Real};
-use super::special::{digamma, Libm};
+use super::special::{psi, Libm};
 use crate::error::{Error, Result};
 use crate::ndarray::{DType, Meta};
 use crate::op::kernel::{par_for_mut, Cost};
@@ -43,10 +43,6 @@ op_params! {
 
 fn lgamma<R: Libm>(x: R) -> R {
     x.c_lgamma()
-}
-
-fn psi<R: Real>(x: R) -> R {
-    R::of(digamma(x.f64()))
 }
 
 /// The negative binomial's log density (`k` trials to fail, failure probability `p`).

@@ -16,6 +16,7 @@
 //! of calls, never on how the loop is split.
 
 use super::common::shape_param;
+use super::index::read_indices;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
@@ -630,10 +631,9 @@ fn multinomial_backward() -> OpDef {
             if get_prob {
                 let probs = read_f64(op, data)?;
                 let g = read_f64(op, &ins[1])?;
-                let picks: Vec<f64> =
-                    dispatch_num!(ins[3].dtype, op, T => ins[3].as_slice::<T>().iter().map(|v| v.to_f64()).collect());
+                let picks = read_indices(&ins[3]);
                 for (e, (&c, &gv)) in picks.iter().zip(&g).enumerate() {
-                    let at = (e / m.max(1)) * k + (c as usize).min(k - 1);
+                    let at = (e / m.max(1)) * k + c.clamp(0, k as i64 - 1) as usize;
                     grad[at] += gv / probs[at];
                 }
             }

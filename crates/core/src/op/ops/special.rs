@@ -147,6 +147,11 @@ pub(super) fn digamma(x: f64) -> f64 {
     acc + x.ln() - 0.5 / x - series
 }
 
+/// [`digamma`] in the kernel's precision (computed in float64, rounded).
+pub(super) fn psi<R: Real>(x: R) -> R {
+    R::of(digamma(x.f64()))
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum F {
     Erf,
@@ -170,7 +175,6 @@ fn value<R: Libm>(f: F, x: R) -> R {
 /// precision; psi in that precision too (float32 data: rounded to float32).
 #[inline]
 fn slope<R: Libm>(f: F, v: R) -> R {
-    let psi = |x: R| R::of(digamma(x.f64()));
     match f {
         F::Erf => R::of(std::f64::consts::FRAC_2_SQRT_PI) * (-(v * v)).exp(),
         F::Erfinv => R::of(0.5 * std::f64::consts::PI.sqrt()) * (v * v).exp(),
