@@ -262,17 +262,41 @@ def assert_same_results(ours: Dict[str, Any], stock: Dict[str, Any], skip: Seque
             _assert_same(ours[k], stock[k], k)
 
 
-def _assert_same(a: Any, b: Any, what: str) -> None:
+def assert_close_results(ours: Dict[str, Any], stock: Dict[str, Any], tol, skip: Sequence[Any] = ()) -> None:
+    """As `assert_same_results`, arrays equal in dtype and shape and close in value:
+    `tol(dtype)` gives the (rtol, atol) for arrays of that dtype."""
+    assert ours.keys() == stock.keys()
+    for k in ours:
+        if k not in skip:
+            _assert_same(ours[k], stock[k], str(k), tol)
+
+
+def assert_both_refuse(ours: Dict[str, Optional[str]], stock: Dict[str, Optional[str]],
+                       stock_accepts: Sequence[str] = ()) -> None:
+    """Bad-input cases (name -> the first line of the error, None if the call worked, as the
+    scripts record them) fail here with MXNetError, and with stock too unless listed in
+    `stock_accepts` (cases stock does not check)."""
+    assert ours.keys() == stock.keys()
+    for k, msg in ours.items():
+        assert msg is not None and msg.startswith("MXNetError: "), (k, msg)
+        assert stock[k] is not None or k in stock_accepts, (k, "stock accepts it")
+
+
+def _assert_same(a: Any, b: Any, what: str, tol=None) -> None:
     if isinstance(a, dict):
         assert isinstance(b, dict) and a.keys() == b.keys(), what
         for k in a:
-            _assert_same(a[k], b[k], f"{what}[{k!r}]")
+            _assert_same(a[k], b[k], f"{what}[{k!r}]", tol)
     elif isinstance(a, (tuple, list)):
         assert isinstance(b, (tuple, list)) and len(a) == len(b), what
         for u, v in zip(a, b):
-            _assert_same(u, v, what)
+            _assert_same(u, v, what, tol)
     elif isinstance(a, np.ndarray):
-        assert isinstance(b, np.ndarray) and a.dtype == b.dtype, what
-        np.testing.assert_array_equal(a, b, err_msg=what)
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape, what
+        if tol is None:
+            np.testing.assert_array_equal(a, b, err_msg=what)
+        else:
+            rtol, atol = tol(a.dtype)
+            np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol, atol=atol, err_msg=what)
     else:
         assert a == b, what

@@ -85,6 +85,24 @@ pub enum Inputs {
     /// The first `count(attrs)` of these (optional trailing inputs such as a bias the frontend
     /// drops when `no_bias` is set).
     Leading(&'static [&'static str], fn(&Attrs) -> usize),
+    /// Those of these whose bit (`1 << index`) is set in `mask(attrs)`, in order (optional
+    /// inputs anywhere: CTCLoss's `data_lengths` and `label_lengths` each by its own flag).
+    Selected(&'static [&'static str], fn(&Attrs) -> u32),
+}
+
+impl Inputs {
+    /// The names of a call's inputs with these parameters (`None`: variadic).
+    pub fn names_for(&self, attrs: &Attrs) -> Option<Vec<&'static str>> {
+        match *self {
+            Inputs::Fixed(names) => Some(names.to_vec()),
+            Inputs::Leading(names, count) => Some(names[..count(attrs).min(names.len())].to_vec()),
+            Inputs::Selected(names, mask) => {
+                let m = mask(attrs);
+                Some(names.iter().enumerate().filter(|(i, _)| m & (1 << i) != 0).map(|(_, n)| *n).collect())
+            }
+            Inputs::Variadic(_) => None,
+        }
+    }
 }
 
 /// Which inputs an operator writes ([`OpDef::mutated_inputs`]).
@@ -491,6 +509,7 @@ impl OpDef {
         Ok(match self.inputs {
             Inputs::Fixed(names) => names.len(),
             Inputs::Leading(_, count) => count(attrs),
+            Inputs::Selected(names, mask) => (mask(attrs) & ((1u32 << names.len()) - 1)).count_ones() as usize,
             Inputs::Variadic(_) if self.key_var_num_args.is_empty() => given,
             Inputs::Variadic(_) => {
                 let n = self.num_args(attrs);
@@ -578,7 +597,7 @@ impl OpDef {
                     args.push((n.to_string(), "NDArray-or-Symbol".to_string(), format!("Input {n}")));
                 }
             }
-            (None, Inputs::Fixed(names) | Inputs::Leading(names, _)) => {
+            (None, Inputs::Fixed(names) | Inputs::Leading(names, _) | Inputs::Selected(names, _)) => {
                 for n in names {
                     args.push((n.to_string(), "NDArray-or-Symbol".to_string(), format!("Input {n}")));
                 }

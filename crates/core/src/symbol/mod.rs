@@ -196,12 +196,9 @@ fn dfs(heads: &[Entry]) -> Vec<Arc<Node>> {
 /// (`None`: variadic without a count, inputs only positional).
 fn input_names(op: &OpDef, attrs: &Attrs) -> Result<Option<Vec<String>>> {
     Ok(match op.inputs {
-        Inputs::Fixed(names) => Some(names.iter().map(|s| s.to_string()).collect()),
-        Inputs::Leading(names, count) => {
-            Some(names[..count(attrs).min(names.len())].iter().map(|s| s.to_string()).collect())
-        }
         Inputs::Variadic(_) if op.key_var_num_args.is_empty() => None,
         Inputs::Variadic(_) => Some((0..op.num_inputs(attrs, 0)?).map(|i| format!("arg{i}")).collect()),
+        named => named.names_for(attrs).map(|v| v.iter().map(|s| s.to_string()).collect()),
     })
 }
 

@@ -506,7 +506,7 @@ pub(crate) const BINS: &[BinDef] = &[
     BinDef {
         op: Bin::Add,
         doc: "sum",
-        elemwise: ("elemwise_add", &["_plus", "_add", "_Plus", "_sparse_elemwise_add"]),
+        elemwise: ("elemwise_add", &["_plus", "_add", "_Plus", "_sparse_elemwise_add", "_grad_add"]),
         scalar: ("_plus_scalar", &["_PlusScalar"]),
         rscalar: None,
         broadcast: Some("broadcast_add"),
@@ -1201,7 +1201,7 @@ const UNARY: &[UnDef] = &[
     ),
     (
         "_copy",
-        &["identity", "_sparse_copy"],
+        &["identity", "_sparse_copy", "_CrossDeviceCopy"],
         Un::Copy,
         Some(("_backward_copy", false, false)),
         "Returns a copy of the input.",

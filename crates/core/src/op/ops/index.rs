@@ -1,6 +1,6 @@
 //! Indexing operators: `slice`, `slice_axis`, `slice_like`, `_slice_assign`,
 //! `_slice_assign_scalar`, `take`, `pick`, `one_hot`, `where`, `gather_nd`,
-//! `_scatter_set_nd`, `fill_element_0index`, and the sorting family `sort`, `argsort`, `topk`.
+//! `scatter_nd`, `_scatter_set_nd`, `fill_element_0index`, and the sorting family `sort`, `argsort`, `topk`.
 //!
 //! Slices are strided views copied by [`super::strided`]; gathers copy whole inner blocks
 //! by element size; index arrays of any dtype are read as integers (truncated like stock).
@@ -694,6 +694,35 @@ fn run_scatter_set_nd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result
     Ok(())
 }
 
+/// scatter_nd: zeros of `shape`, with the blocks of `data` written where `indices` point.
+fn infer_scatter_nd(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let want = super::common::shape_param("scatter_nd", "shape", ScatterParams::of(a).shape)?;
+    let (d, i) = (&ins[0].shape, &ins[1].shape);
+    let (m, _, _) = nd_geometry("scatter_nd", &want, i)?;
+    let mut ds = i[1..].to_vec();
+    ds.extend_from_slice(&want[m..]);
+    if *d != ds {
+        return Err(Error::value(format!(
+            "operator scatter_nd: data has shape {d:?}, expected {ds:?} for indices of shape {i:?} and shape {want:?}"
+        )));
+    }
+    one_out(want, ins[0].dtype)
+}
+
+fn run_scatter_nd(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let offs = nd_offsets("scatter_nd", &outs[0].shape, &ins[1])?;
+    let inner = nd_geometry("scatter_nd", &outs[0].shape, &ins[1].shape)?.2;
+    outs[0].as_bytes_mut().fill(0);
+    by_size!(ins[0].dtype, E => {
+        let (src, dst) = (elems::<E>(&ins[0]), elems_mut::<E>(&mut outs[0]));
+        // Serial, so repeated indices are last-wins.
+        for (j, &o) in offs.iter().enumerate() {
+            dst[o..o + inner].copy_from_slice(&src[j * inner..(j + 1) * inner]);
+        }
+    });
+    Ok(())
+}
+
 fn infer_fill_element_0index(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let (l, m, r) = (&ins[0], &ins[1], &ins[2]);
     if l.shape.len() != 2 || m.shape != [l.shape[0]] || r.shape != [l.shape[0]] {
@@ -1170,6 +1199,12 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .params(SCATTER_PARAMS)
             .inplace(&[(0, 0)])
             .doc("This operator has the same functionality as scatter_nd except that it does not reset the elements not indexed by the input index `NDArray` in the input data `NDArray`."),
+    );
+    ops.push(
+        op("scatter_nd", Inputs::Fixed(&["data", "indices"]), infer_scatter_nd, run_scatter_nd)
+            .params(SCATTER_PARAMS)
+            .grad(bwd("_backward_scatter_nd", true))
+            .doc("Scatters data into a new tensor according to indices: zeros of `shape`, with output[indices[:, i]] = data[i] (the last write wins where indices repeat)."),
     );
     ops.push(
         op("fill_element_0index", Inputs::Fixed(&["lhs", "mhs", "rhs"]), infer_fill_element_0index, run_fill_element_0index)

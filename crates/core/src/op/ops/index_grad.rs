@@ -1,7 +1,7 @@
 //! Backward operators of the indexing family (see `op::grad` for the convention):
 //! `_backward_slice`, `_backward_slice_axis`, `_backward_slice_like`, `_backward_take`,
 //! `_backward_Embedding`,
-//! `_backward_pick`, `_backward_gather_nd`, `_backward_where`, `_backward_topk` and
+//! `_backward_pick`, `_backward_gather_nd`, `_backward_scatter_nd`, `_backward_where`, `_backward_topk` and
 //! `_backward_sort`.
 //!
 //! Slices write the output gradient into the selected view of a zeroed input gradient (all
@@ -205,6 +205,25 @@ fn gather_nd_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()>
     Ok(())
 }
 
+/// scatter_nd: inputs (ograd, data, indices); data's gradient is the output gradient's
+/// blocks gathered back from where they were scattered.
+fn scatter_nd_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    zero_from(cx, outs, 1);
+    if cx.req[0] == Req::Null {
+        return Ok(());
+    }
+    let g = &ins[0];
+    let offs = nd_offsets("scatter_nd", &g.shape, &ins[2])?;
+    let inner = nd_geometry("scatter_nd", &g.shape, &ins[2].shape)?.2;
+    by_size!(g.dtype, E => {
+        let (src, dst) = (elems::<E>(g), elems_mut::<E>(&mut outs[0]));
+        for (j, &o) in offs.iter().enumerate() {
+            dst[j * inner..(j + 1) * inner].copy_from_slice(&src[o..o + inner]);
+        }
+    });
+    Ok(())
+}
+
 /// where: inputs (ograd, condition, x, y); x gets the gradient where the condition holds, y
 /// elsewhere, the condition zeros.
 fn where_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
@@ -275,6 +294,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ("_backward_Embedding", "Embedding", embedding_back),
         ("_backward_pick", "pick", pick_back),
         ("_backward_gather_nd", "gather_nd", gather_nd_back),
+        ("_backward_scatter_nd", "scatter_nd", scatter_nd_back),
         ("_backward_where", "where", where_back),
         ("_backward_topk", "topk", topk_back),
         ("_backward_sort", "sort", topk_back),

@@ -1,10 +1,13 @@
-//! Creation operators: `_zeros`, `_ones`, `_full`, `_arange`, `_linspace`, `_eye`.
+//! Creation operators: `_zeros`, `_ones`, `_full`, `_zeros_without_dtype`, `_arange`,
+//! `_linspace`, `_eye`; and stock's two legacy NDArray functions that write a caller-given
+//! array, `_set_value` (fill with a scalar) and `_onehot_encode` (one-hot rows from indices),
+//! run as `_full` and `one_hot` into that array.
 
 use super::common::shape_param;
 use crate::context::Context;
 use crate::dispatch_all;
 use crate::error::{Error, Result};
-use crate::ndarray::DType;
+use crate::ndarray::{DType, NDArray};
 use crate::op::gpu::GpuKernel;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::op_params;
@@ -32,6 +35,91 @@ op_params! {
         dtype: &'a str = "float32" in *DTYPES, "Target data type.";
         value: f64 = required, "Value with which to fill newly created tensor";
     }
+}
+
+op_params! {
+    /// `_zeros_without_dtype`'s parameters: `dtype` is a type code, -1 for float32.
+    struct ZerosNoDtypeParams<'a> => ZEROS_NO_DTYPE_PARAMS {
+        shape: &'a [i64] = "()", "The shape of the output";
+        ctx: Option<Context> = "", CTX_DOC;
+        dtype: i64 = "-1", "Target data type.";
+    }
+}
+
+fn infer_zeros_no_dtype(a: &crate::op::param::Attrs, _: &[Meta]) -> Result<Vec<Meta>> {
+    let p = ZerosNoDtypeParams::of(a);
+    let dtype = match p.dtype {
+        -1 => DType::F32,
+        code => DType::from_code(i32::try_from(code).unwrap_or(-2))
+            .map_err(|_| Error::value(format!("operator _zeros_without_dtype: unknown dtype code {code}")))?,
+    };
+    Ok(vec![Meta::new(shape_param("_zeros_without_dtype", "shape", p.shape)?, dtype)])
+}
+
+op_params! {
+    /// `_set_value`'s parameter.
+    struct SetValueParams<'a> => SET_VALUE_PARAMS {
+        src: f64 = required, "Source input to the function.";
+    }
+}
+
+/// The caller's single output of a legacy NDArray function (`out=`), which it requires.
+fn given_out<'a>(op: &str, outputs: Option<&[&'a NDArray]>) -> Result<&'a NDArray> {
+    match outputs {
+        Some(&[o]) => Ok(o),
+        _ => Err(Error::value(format!("operator {op} writes into the array given as out= (one array)"))),
+    }
+}
+
+/// `_set_value(src=v, out=a)`: every element of `a` set to `v`.
+fn invoke_set_value(
+    _: &'static OpDef,
+    inputs: &[&NDArray],
+    outputs: Option<&[&NDArray]>,
+    attrs: crate::op::param::Attrs,
+) -> Result<crate::op::OwnInvoked> {
+    let out = given_out("_set_value", outputs)?;
+    if !inputs.is_empty() {
+        return Err(Error::value(format!("operator _set_value takes no array inputs, got {}", inputs.len())));
+    }
+    let v = SetValueParams::of(&attrs).src;
+    let dims: Vec<String> = out.shape.iter().map(|d| d.to_string()).collect();
+    let shape = if dims.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(",")) };
+    let value = format!("{v:?}");
+    let kv = [("shape", shape.as_str()), ("dtype", out.dtype.name()), ("value", value.as_str())];
+    let done = crate::op::invoke::invoke(crate::op::lookup("_full")?, &[], Some(&[out]), kv)?;
+    Ok((done, None))
+}
+
+/// `_onehot_encode(indices, out, out=out)`: row `i` of the 2-D `out` is zero but for a one
+/// at column `indices[i]` (indices out of range give a zero row, as `one_hot`).
+fn invoke_onehot_encode(
+    _: &'static OpDef,
+    inputs: &[&NDArray],
+    outputs: Option<&[&NDArray]>,
+    _: crate::op::param::Attrs,
+) -> Result<crate::op::OwnInvoked> {
+    let out = given_out("_onehot_encode", outputs)?;
+    let &[indices, _] = inputs else {
+        return Err(Error::value(format!(
+            "operator _onehot_encode takes indices and out, got {} arrays",
+            inputs.len()
+        )));
+    };
+    if indices.shape.len() != 1 || out.shape.len() != 2 || out.shape[0] != indices.shape[0] {
+        return Err(Error::value(format!(
+            "operator _onehot_encode: needs 1-D indices and a 2-D out with one row per index, got {:?} and {:?}",
+            indices.shape, out.shape
+        )));
+    }
+    let depth = out.shape[1].to_string();
+    let kv = [("depth", depth.as_str()), ("dtype", out.dtype.name())];
+    let done = crate::op::invoke::invoke(crate::op::lookup("one_hot")?, &[indices], Some(&[out]), kv)?;
+    Ok((done, None))
+}
+
+fn legacy_function_in_graph(op: &'static str) -> crate::op::InferFn {
+    Box::new(move |_, _| Err(Error::not_supported(format!("{op} in a symbolic graph (it writes a given NDArray)"))))
 }
 
 /// Output shape and dtype from the `shape` and `dtype` parameters of `_zeros`, `_ones` and
@@ -129,6 +217,30 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         .params(FULL_PARAMS)
         .gpu(GpuKernel::Fill(|cx| FullParams::of(cx.attrs).value))
         .doc("fill target with a scalar value"),
+    );
+    ops.push(
+        OpDef::new("_zeros_without_dtype", Inputs::Fixed(&[]), Box::new(infer_zeros_no_dtype), filler(|_| 0.0))
+            .params(ZEROS_NO_DTYPE_PARAMS)
+            .gpu(GpuKernel::Fill(|_| 0.0))
+            .doc("fill target with zeros without default dtype"),
+    );
+    let unreachable: fn(&'static str) -> crate::op::ComputeFn =
+        |op| Box::new(move |_, _, _| Err(Error::internal(format!("{op} runs through its own invocation"))));
+    ops.push(
+        OpDef::new("_set_value", Inputs::Fixed(&[]), legacy_function_in_graph("_set_value"), unreachable("_set_value"))
+            .params(SET_VALUE_PARAMS)
+            .invoke_with(invoke_set_value)
+            .doc("Set all the elements in ndarray to be scalar value"),
+    );
+    ops.push(
+        OpDef::new(
+            "_onehot_encode",
+            Inputs::Fixed(&["lhs", "rhs"]),
+            legacy_function_in_graph("_onehot_encode"),
+            unreachable("_onehot_encode"),
+        )
+        .invoke_with(invoke_onehot_encode)
+        .doc("One-hot encoding of the indices lhs into the matrix rhs, which must also be the output (out=rhs)."),
     );
     register_ranges(ops);
 }

@@ -11,6 +11,7 @@ mod common;
 mod contrib;
 mod conv;
 mod conv_grad;
+mod ctc;
 mod deconv;
 mod detection;
 mod elemwise;
@@ -32,6 +33,7 @@ mod nn_grad;
 mod norms;
 mod optim;
 mod optim_adamw_lamb;
+mod optim_fused;
 mod pdf;
 mod random_ops;
 mod reduce;
@@ -39,11 +41,13 @@ mod reduce_grad;
 mod resize;
 mod rnn;
 mod roi;
+mod scan;
 mod sequence;
 mod shape;
 mod shape_grad;
 mod special;
 mod strided;
+mod sync_batch_norm;
 mod unsupported;
 
 pub(super) fn register_all(ops: &mut Vec<OpDef>) {
@@ -54,6 +58,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     im2col::register(ops);
     optim::register(ops);
     optim_adamw_lamb::register(ops);
+    optim_fused::register(ops);
     add_n::register(ops);
     elemwise::register(ops);
     elemwise_grad::register(ops);
@@ -83,8 +88,11 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     la::register(ops);
     legacy_nn::register(ops);
     loss::register(ops);
+    ctc::register(ops);
     contrib::register(ops);
     special::register(ops);
+    scan::register(ops);
+    sync_batch_norm::register(ops);
     super::custom::register(ops);
     unsupported::register(ops);
     // last: stubs for the stock names no family registered

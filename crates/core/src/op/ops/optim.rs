@@ -155,7 +155,7 @@ pub(super) fn update<T: Elem, R: Real, const N: usize>(
 }
 
 /// [`update`] of one weight's views.
-fn update_one<T: Elem, R: Real, const N: usize>(
+pub(super) fn update_one<T: Elem, R: Real, const N: usize>(
     v: Views<'_, T, T, N>,
     f: impl Fn(R, R, &mut [R; N]) -> R + Sync + Send,
 ) {

@@ -1,4 +1,5 @@
-//! The AdamW and LAMB update operators: `_adamw_update`, `_mp_adamw_update` (the gradient
+//! The AdamW and LAMB update operators: `_adamw_update`, `_mp_adamw_update` and their
+//! multi-weight forms `_multi_adamw_update`, `_multi_mp_adamw_update` (the gradient
 //! scale is an array, and a scale that is 0, infinite or NaN skips the update) and
 //! `lamb_update_phase1`/`lamb_update_phase2` with their mixed-precision forms (phase 1 turns
 //! the gradient into the update direction and updates the moments; the caller takes the two
@@ -72,6 +73,20 @@ op_params! {
         bias_correction: bool = "True", "Whether to use bias correction.";
         step_count: &'a [i64] = required, "Step count for each tensor";
         num_tensors: i64 = "1", "Number of tensors";
+    }
+}
+
+op_params! {
+    /// `_multi_adamw_update`'s and `_multi_mp_adamw_update`'s parameters.
+    struct MultiAdamWParams<'a> => MULTI_ADAMW_PARAMS {
+        lrs: &'a [f64] = required, "Learning rates";
+        beta1: f64 = "0.9", "The decay rate for the 1st moment estimates.";
+        beta2: f64 = "0.999", "The decay rate for the 2nd moment estimates.";
+        epsilon: f64 = "1e-08", "A small constant for numerical stability.";
+        wds: &'a [f64] = required, WD_DOC;
+        etas: &'a [f64] = required, "Learning rates schedule multiplier";
+        clip_gradient: f64 = "-1", CLIP_DOC;
+        num_weights: i64 = "1", "Number of updated weights.";
     }
 }
 
@@ -165,6 +180,97 @@ fn mp_adamw(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
             w - eta * (lr * s[0] / (s[1].sqrt() + eps) + wd * w)
         });
     });
+    Ok(())
+}
+
+/// The multi-weight AdamW forms' output count, within the limit inference enforces.
+fn adamw_weights(a: &Attrs) -> usize {
+    MultiAdamWParams::of(a).num_weights.clamp(0, MAX_WEIGHTS as i64) as usize
+}
+
+/// Inference of the multi-weight AdamW forms: `num_weights` groups of `stride` inputs
+/// (weight, grad, mean, var and, `mp`, weight32), then the gradient scale.
+fn infer_multi_adamw(op: &'static str, mp: bool) -> crate::op::InferFn {
+    Box::new(move |a, ins| {
+        let p = MultiAdamWParams::of(a);
+        let Some((scale, body)) = ins.split_last() else {
+            return Err(Error::value(format!("operator {op}: expects the weights' arrays, then rescale_grad")));
+        };
+        // As stock: the scale has the weights' type (float32 in the mixed-precision form).
+        let want = if mp { DType::F32 } else { body.first().map_or(DType::F32, |w| w.dtype) };
+        if scale.dtype != want || scale.size() == 0 {
+            return Err(Error::type_error(format!(
+                "operator {op}: rescale_grad must be a non-empty {} array, got {} of shape {:?}",
+                want.name(),
+                scale.dtype.name(),
+                scale.shape
+            )));
+        }
+        let lists = [("lrs", p.lrs.len()), ("wds", p.wds.len()), ("etas", p.etas.len())];
+        let stride = if mp { 5 } else { 4 };
+        multi_groups(op, body, ("num_weights", p.num_weights, MAX_WEIGHTS), stride, mp, &lists)
+    })
+}
+
+/// The gradient scale of the multi-weight forms: the last input's first element (of any
+/// float type, read as float32 as stock does), or `None` to skip the update.
+fn any_scale(b: &TBlob) -> Option<f32> {
+    let s = match b.dtype {
+        DType::F64 => *b.as_slice::<f64>().first()? as f32,
+        DType::F16 => b.as_slice::<half::f16>().first()?.to_f32(),
+        _ => *b.as_slice::<f32>().first()?,
+    };
+    (s.is_finite() && s != 0.0).then_some(s)
+}
+
+/// The multi-weight AdamW update in stock's multi-tensor kernel form:
+/// `mean = beta1 * (mean - g) + g`, `var = beta2 * (var - g^2) + g^2`,
+/// `w -= eta * (lr * mean / (sqrt(var) + epsilon) + wd * w)`, in the weight's type (`mp`:
+/// in float32 on the master weight).
+fn multi_adamw(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], mp: bool) -> Result<()> {
+    let p = MultiAdamWParams::of(cx.attrs);
+    let n = adamw_weights(cx.attrs);
+    let stride = if mp { 5 } else { 4 };
+    let Some(rs) = any_scale(&ins[stride * n]) else {
+        // Skipped: each output keeps its weight (stock leaves it unwritten).
+        for i in 0..n {
+            let w = &ins[stride * i];
+            if w.lent_to().is_none() {
+                outs[i].as_bytes_mut().copy_from_slice(w.as_bytes());
+            }
+        }
+        return Ok(());
+    };
+    for i in 0..n {
+        let (w, g, first) = (stride * i, stride * i + 1, n + i * (stride - 2));
+        if mp {
+            let (lr, b1, b2, eps, wd, eta) =
+                (p.lrs[i] as f32, p.beta1 as f32, p.beta2 as f32, p.epsilon as f32, p.wds[i] as f32, p.etas[i] as f32);
+            let (cl, clipping) = (p.clip_gradient as f32, p.clip_gradient >= 0.0);
+            crate::dispatch_float!(ins[w].dtype, cx.attrs.op, T => {
+                super::optim::mp_update::<T, 3>(views(ins, outs, n, (w, g, i), [first, first + 1, first + 2]), |w, g, s| {
+                    let g = rs * g;
+                    let g = if clipping { clip(g, cl) } else { g };
+                    s[0] = b1 * (s[0] - g) + g;
+                    s[1] = b2 * (s[1] - g * g) + g * g;
+                    w - eta * (lr * s[0] / (s[1].sqrt() + eps) + wd * w)
+                });
+            });
+        } else {
+            dispatch_real!(ins[w].dtype, cx.attrs.op, T, R => {
+                let (lr, b1, b2, eps, wd, eta): (R, R, R, R, R, R) =
+                    (f(p.lrs[i]), f(p.beta1), f(p.beta2), f(p.epsilon), f(p.wds[i]), f(p.etas[i]));
+                let (rs, cl, clipping): (R, R, bool) = (f(rs as f64), f(p.clip_gradient), p.clip_gradient >= 0.0);
+                super::optim::update_one::<T, R, 2>(views(ins, outs, n, (w, g, i), [first, first + 1]), |w, g, s| {
+                    let g = rs * g;
+                    let g = if clipping { clip(g, cl) } else { g };
+                    s[0] = b1 * (s[0] - g) + g;
+                    s[1] = b2 * (s[1] - g * g) + g * g;
+                    w - eta * (lr * s[0] / (s[1].sqrt() + eps) + wd * w)
+                });
+            });
+        }
+    }
     Ok(())
 }
 
@@ -459,6 +565,23 @@ fn multi_lamb(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], mp: bool) -> Resu
 }
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
+    for (name, mp) in [("_multi_adamw_update", false), ("_multi_mp_adamw_update", true)] {
+        let stride = if mp { 5 } else { 4 };
+        let (pairs, muts) = multi_tables(stride, if mp { &[2, 3, 4] } else { &[2, 3] });
+        let kernel: crate::op::ComputeFn = if mp {
+            Box::new(|cx, i, o| multi_adamw(cx, i, o, true))
+        } else {
+            Box::new(|cx, i, o| multi_adamw(cx, i, o, false))
+        };
+        ops.push(
+            OpDef::new(name, Inputs::Variadic("data"), infer_multi_adamw(name, mp), kernel)
+                .params(MULTI_ADAMW_PARAMS)
+                .outputs(adamw_weights, adamw_weights)
+                .inplace(pairs)
+                .mutates(muts)
+                .doc(format!("{name}: AdamW update of num_weights weights in one call (inputs: weight, grad, mean, var{} per weight, then rescale_grad). If rescale_grad is NaN, Inf, or 0, the update is skipped.", if mp { ", weight32" } else { "" })),
+        );
+    }
     for (name, mp) in [("_multi_lamb_update", false), ("_multi_mp_lamb_update", true)] {
         let stride = if mp { 5 } else { 4 };
         let (pairs, muts) = multi_tables(stride, if mp { &[2, 3, 4] } else { &[2, 3] });

@@ -238,9 +238,10 @@ fn lstm(a: &Attrs) -> bool {
     RnnParams::of(a).mode == "lstm"
 }
 
-fn num_inputs(a: &Attrs) -> usize {
-    let p = RnnParams::of(a);
-    3 + lstm(a) as usize + p.use_sequence_length as usize
+/// data, parameters, state, then state_cell (LSTM) and sequence_length (when used): a GRU's
+/// lengths are its fourth input, named `sequence_length` as in stock.
+fn input_mask(a: &Attrs) -> u32 {
+    0b111 | (lstm(a) as u32) << 3 | (RnnParams::of(a).use_sequence_length as u32) << 4
 }
 
 /// Output, final state, final cell state (LSTM), reserve: the states are visible with
@@ -953,7 +954,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new(
             "RNN",
-            Inputs::Leading(&["data", "parameters", "state", "state_cell", "sequence_length"], num_inputs),
+            Inputs::Selected(&["data", "parameters", "state", "state_cell", "sequence_length"], input_mask),
             Box::new(infer),
             Box::new(forward),
         )

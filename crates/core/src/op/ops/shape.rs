@@ -996,6 +996,52 @@ fn infer_amp_cast(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 }
 
 op_params! {
+    pub(super) struct AmpMultiCastParams<'a> => AMP_MULTICAST_PARAMS {
+        num_outputs: i64 = required, "Number of input/output pairs to be casted to the widest type.";
+        cast_narrow: bool = "False", "Whether to cast to the narrowest type";
+    }
+}
+
+fn multicast_count(a: &Attrs) -> usize {
+    AmpMultiCastParams::of(a).num_outputs.max(0) as usize
+}
+
+/// amp_multicast's output types, by stock's rule: float16 and float32 inputs go to float32
+/// if any input is float32, else to the first input's type (`cast_narrow`: to float16 if any
+/// input is float16, else float32); other inputs keep their type.
+fn infer_amp_multicast(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let p = AmpMultiCastParams::of(a);
+    if p.num_outputs < 1 || ins.len() as i64 != p.num_outputs {
+        return Err(Error::value(format!(
+            "operator amp_multicast: num_outputs={} but {} inputs given",
+            p.num_outputs,
+            ins.len()
+        )));
+    }
+    let low = |d: DType| matches!(d, DType::F32 | DType::F16);
+    let mut target = if p.cast_narrow { DType::F32 } else { ins[0].dtype };
+    for m in ins {
+        if !p.cast_narrow && m.dtype == DType::F32 {
+            target = DType::F32;
+        } else if p.cast_narrow && m.dtype == DType::F16 {
+            target = DType::F16;
+        }
+    }
+    Ok(ins.iter().map(|m| Meta::new(m.shape.clone(), if low(m.dtype) { target } else { m.dtype })).collect())
+}
+
+/// Each input cast to its output's type (amp_multicast, and its backward: each gradient to
+/// its input's type).
+pub(super) fn run_multicast(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    for (k, (x, o)) in ins.iter().zip(outs.iter_mut()).enumerate() {
+        if cx.req.get(k).is_none_or(|r| *r != crate::op::Req::Null) {
+            cast_into(x, o);
+        }
+    }
+    Ok(())
+}
+
+op_params! {
     pub(super) struct BlockParams<'a> => BLOCK_PARAMS {
         block_size: i64 = required, "Blocks of [block_size. block_size] are moved";
     }
@@ -1189,6 +1235,18 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .doc("Remove single-dimensional entries from the shape of an array."),
     );
     ops.push(
+        OpDef::new(
+            "_identity_with_attr_like_rhs",
+            Inputs::Fixed(&["lhs", "rhs"]),
+            super::common::all_same("_identity_with_attr_like_rhs"),
+            Box::new(run_copy),
+        )
+        .inplace(&[(0, 0)])
+        .elementwise_shape()
+        .grad(bwd("_backward_identity_with_attr_like_rhs"))
+        .doc("lhs, unchanged, with the shape and dtype of rhs (an internal operator of gradient graphs: rhs is not read; its gradient is zero)."),
+    );
+    ops.push(
         op("reshape_like", Inputs::Fixed(&["lhs", "rhs"]), infer_reshape_like, run_copy)
             .gpu(crate::op::gpu::GpuKernel::Map1("x"))
             .alias(&["_npx_reshape_like"])
@@ -1339,6 +1397,14 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .amp_cast()
             .grad(bwd("_backward_amp_cast"))
             .doc("Cast function between low precision float/FP32 used by AMP; non-float inputs pass through."),
+    );
+    ops.push(
+        OpDef::new("amp_multicast", Inputs::Variadic("data"), Box::new(infer_amp_multicast), Box::new(run_multicast))
+            .params(AMP_MULTICAST_PARAMS)
+            .outputs(multicast_count, multicast_count)
+            .amp_cast()
+            .grad(bwd("_backward_amp_multicast"))
+            .doc("Cast function used by AMP, that casts its inputs to the common widest type.\n\nIt casts only between low precision float/FP32 and does not do anything for other types."),
     );
     ops.push(
         op("depth_to_space", data, infer_d2s, run_d2s)

@@ -273,10 +273,12 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ("_backward_reshape", "Reshape", reshape_back),
         ("_backward_squeeze", "squeeze", reshape_back),
         ("_backward_reshape_like", "reshape_like", reshape_back),
+        ("_backward_identity_with_attr_like_rhs", "_identity_with_attr_like_rhs", reshape_back),
         ("_backward_transpose", "transpose", transpose_back),
         ("_backward_SwapAxis", "SwapAxis", swap_back),
         ("_backward_cast", "Cast", cast_back),
         ("_backward_amp_cast", "amp_cast", cast_back),
+        ("_backward_amp_multicast", "amp_multicast", super::shape::run_multicast),
         ("_backward_Concat", "Concat", concat_back),
         ("_backward_stack", "stack", stack_back),
         ("_backward_SliceChannel", "SliceChannel", slice_channel_back),
@@ -291,8 +293,14 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         ("_backward_diag", "diag", diag_back),
     ];
     // Copies: their GPU form is a (converting) copy of the output gradient.
-    const COPIES: &[&str] =
-        &["_backward_reshape", "_backward_squeeze", "_backward_reshape_like", "_backward_cast", "_backward_amp_cast"];
+    const COPIES: &[&str] = &[
+        "_backward_reshape",
+        "_backward_squeeze",
+        "_backward_reshape_like",
+        "_backward_identity_with_attr_like_rhs",
+        "_backward_cast",
+        "_backward_amp_cast",
+    ];
     for &(name, fwd, f) in table {
         let mut def = OpDef::backward(name, params_of(ops, fwd), Box::new(f));
         if COPIES.contains(&name) {

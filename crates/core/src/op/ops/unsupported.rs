@@ -10,7 +10,6 @@ const NAMES: &[&str] = &[
     "_np_all",
     "_np_any",
     "_np_sometrue",
-    "_np_cumsum",
     "_npx_nonzero",
     "_np_repeat",
     "_np_transpose",

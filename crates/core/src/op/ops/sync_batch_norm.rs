@@ -1,0 +1,204 @@
+//! `_contrib_SyncBatchNorm` on one device (`ndev=1`, what Gluon's `SyncBatchNorm` asks for
+//! without GPUs): batch normalisation over axis 1 with stock's own arithmetic, which differs
+//! from `BatchNorm`'s: the batch variance is `E[x^2] - E[x]^2`, the saved statistics are the
+//! mean and that variance, and the moving statistics are updated in the backward pass. A
+//! larger `ndev` (statistics shared across devices through a barrier) answers
+//! NotImplementedError.
+
+use super::nn::{float_only, read_f64, read_out_f64, write_f64};
+use crate::dispatch_float;
+use crate::error::{Error, Result};
+use crate::op::param::{op_params, Attrs};
+use crate::op::tensor::{Elem, OutBlob, TBlob};
+use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Req};
+
+op_params! {
+    /// `_contrib_SyncBatchNorm`'s parameters.
+    struct SyncBnParams<'a> => SYNC_BN_PARAMS {
+        eps: f64 = "0.001", "Epsilon to prevent div 0";
+        momentum: f64 = "0.9", "Momentum for moving average";
+        fix_gamma: bool = "True", "Fix gamma while training";
+        use_global_stats: bool = "False", "Whether use global moving statistics instead of local batch-norm. This will force change batch-norm into a scale shift operator.";
+        output_mean_var: bool = "False", "Output All,normal mean and var";
+        ndev: i64 = "1", "The count of GPU devices";
+        key: &'a str = required, "Hash key for synchronization, please set the same hash key for same layer, Block.prefix is typically used as in :class:`gluon.nn.contrib.SyncBatchNorm`.";
+    }
+}
+
+const OP: &str = "_contrib_SyncBatchNorm";
+
+fn three(_: &Attrs) -> usize {
+    3
+}
+
+fn visible(a: &Attrs) -> usize {
+    if SyncBnParams::of(a).output_mean_var {
+        3
+    } else {
+        1
+    }
+}
+
+fn check_ndev(a: &Attrs) -> Result<()> {
+    let n = SyncBnParams::of(a).ndev;
+    if n != 1 {
+        return Err(Error::not_supported(format!("{OP} across devices (ndev={n})")));
+    }
+    Ok(())
+}
+
+/// (batch, channels, spatial size) of data as stock views it: channels on axis 1 (1 for 1-D
+/// data), everything after it one spatial axis.
+fn geometry(shape: &[usize]) -> (usize, usize, usize) {
+    let n = shape.first().copied().unwrap_or(1);
+    let c = shape.get(1).copied().unwrap_or(1);
+    (n, c, shape.iter().skip(2).product())
+}
+
+fn infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    check_ndev(a)?;
+    let x = &ins[0];
+    float_only(OP, x.dtype)?;
+    if x.shape.is_empty() {
+        return Err(Error::value(format!("operator {OP}: data must have at least one dimension")));
+    }
+    let c = geometry(&x.shape).1;
+    for (i, name) in [(1, "gamma"), (2, "beta"), (3, "moving_mean"), (4, "moving_var")] {
+        if ins[i].shape != [c] {
+            return Err(Error::value(format!("operator {OP}: {name} has shape {:?}, expected ({c},)", ins[i].shape)));
+        }
+        float_only(OP, ins[i].dtype)?;
+    }
+    let stat = Meta::new(vec![c], ins[1].dtype);
+    Ok(vec![x.clone(), stat.clone(), stat])
+}
+
+fn param_shapes(_: &Attrs, data: &[i64], n_inputs: usize) -> Result<Vec<(usize, Vec<i64>)>> {
+    let c = data.get(1).copied().unwrap_or(1);
+    Ok((1..n_inputs).map(|k| (k, vec![c])).collect())
+}
+
+/// Per channel: Σ f(element) over the batch and spatial axes.
+fn channel_sums((n, c, s): (usize, usize, usize), f: impl Fn(usize, usize) -> f64) -> Vec<f64> {
+    let mut out = vec![0.0; c];
+    for b in 0..n {
+        for (ch, o) in out.iter_mut().enumerate() {
+            let base = (b * c + ch) * s;
+            *o += (base..base + s).map(|i| f(i, ch)).sum::<f64>();
+        }
+    }
+    out
+}
+
+fn to_f64(op: &str, b: &TBlob) -> Result<Vec<f64>> {
+    read_f64(op, b)
+}
+
+fn store(op: &str, out: &mut OutBlob, v: impl Fn(usize) -> f64) -> Result<()> {
+    dispatch_float!(out.dtype, op, T => {
+        for (i, o) in out.as_mut::<T>().iter_mut().enumerate() {
+            *o = T::from_f64(v(i));
+        }
+    });
+    Ok(())
+}
+
+fn forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    check_ndev(cx.attrs)?;
+    let p = SyncBnParams::of(cx.attrs);
+    let geom @ (n, c, s) = geometry(&ins[0].shape);
+    let x = to_f64(OP, &ins[0])?;
+    let gamma = if p.fix_gamma { vec![1.0; c] } else { to_f64(OP, &ins[1])? };
+    let beta = to_f64(OP, &ins[2])?;
+    let ch = |i: usize| (i / s.max(1)) % c.max(1);
+    if cx.is_train && !p.use_global_stats {
+        let scale = 1.0 / (n * s).max(1) as f64;
+        let mean: Vec<f64> = channel_sums(geom, |i, _| x[i]).iter().map(|v| v * scale).collect();
+        let ex2: Vec<f64> = channel_sums(geom, |i, _| x[i] * x[i]).iter().map(|v| v * scale).collect();
+        let var: Vec<f64> = ex2.iter().zip(&mean).map(|(e, m)| e - m * m).collect();
+        let inv: Vec<f64> = var.iter().map(|v| 1.0 / (v + p.eps).sqrt()).collect();
+        store(OP, &mut outs[0], |i| gamma[ch(i)] * (x[i] - mean[ch(i)]) * inv[ch(i)] + beta[ch(i)])?;
+        write_f64(OP, &mut outs[1], &mean)?;
+        write_f64(OP, &mut outs[2], &var)?;
+    } else {
+        // The moving statistics are the mutated inputs: writable blobs 3 and 4.
+        let (mm, mv) = (read_out_f64(OP, &outs[3])?, read_out_f64(OP, &outs[4])?);
+        let k: Vec<f64> = (0..c).map(|j| gamma[j] / (mv[j] + p.eps).sqrt()).collect();
+        store(OP, &mut outs[0], |i| {
+            k[ch(i)] * x[i] + (beta[ch(i)] - gamma[ch(i)] * mm[ch(i)] / (mv[ch(i)] + p.eps).sqrt())
+        })?;
+        write_f64(OP, &mut outs[1], &mm)?;
+        write_f64(OP, &mut outs[2], &mv)?;
+    }
+    Ok(())
+}
+
+/// `_backward_SyncBatchNorm(dy[, dmean, dvar], data, gamma, beta, moving_mean, moving_var,
+/// y, mean, var) -> (ddata, dgamma, dbeta, 0, 0)`; in training it also updates the moving
+/// statistics (writable blobs 5 and 6) from the saved batch statistics.
+fn backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let p = SyncBnParams::of(cx.attrs);
+    let nv = ins.len() - 8;
+    let geom @ (n, c, s) = geometry(&ins[nv].shape);
+    let (dy, x) = (to_f64(OP, &ins[0])?, to_f64(OP, &ins[nv])?);
+    let gamma = if p.fix_gamma { vec![1.0; c] } else { to_f64(OP, &ins[nv + 1])? };
+    let ch = |i: usize| (i / s.max(1)) % c.max(1);
+    let training = cx.is_train && !p.use_global_stats;
+    let (mean, var) = if training {
+        let (mean, var) = (to_f64(OP, &ins[nv + 6])?, to_f64(OP, &ins[nv + 7])?);
+        let (mm, mv) = (read_out_f64(OP, &outs[5])?, read_out_f64(OP, &outs[6])?);
+        let m = p.momentum;
+        let new_mm: Vec<f64> = mm.iter().zip(&mean).map(|(o, b)| o * m + b * (1.0 - m)).collect();
+        let new_mv: Vec<f64> = mv.iter().zip(&var).map(|(o, b)| o * m + b * (1.0 - m)).collect();
+        write_f64(OP, &mut outs[5], &new_mm)?;
+        write_f64(OP, &mut outs[6], &new_mv)?;
+        (mean, var)
+    } else {
+        (read_out_f64(OP, &outs[5])?, read_out_f64(OP, &outs[6])?)
+    };
+    let inv: Vec<f64> = var.iter().map(|v| 1.0 / (v + p.eps).sqrt()).collect();
+    let sum_grad = channel_sums(geom, |i, _| dy[i]);
+    let sum_prod = channel_sums(geom, |i, j| dy[i] * (x[i] - mean[j]));
+    if cx.req[0] != Req::Null {
+        let scale = 1.0 / (n * s).max(1) as f64;
+        if training {
+            let gvar: Vec<f64> = (0..c).map(|j| -sum_prod[j] * gamma[j] * inv[j].powi(3)).collect();
+            let gmean: Vec<f64> = (0..c).map(|j| -sum_grad[j] * gamma[j] * inv[j]).collect();
+            store(OP, &mut outs[0], |i| {
+                let j = ch(i);
+                dy[i] * gamma[j] * inv[j] + gvar[j] * scale * (x[i] - mean[j]) + gmean[j] * scale
+            })?;
+        } else {
+            store(OP, &mut outs[0], |i| dy[i] * gamma[ch(i)] * inv[ch(i)])?;
+        }
+    }
+    if cx.req[1] != Req::Null {
+        let dg: Vec<f64> = if p.fix_gamma { vec![0.0; c] } else { (0..c).map(|j| sum_prod[j] * inv[j]).collect() };
+        write_f64(OP, &mut outs[1], &dg)?;
+    }
+    if cx.req[2] != Req::Null {
+        write_f64(OP, &mut outs[2], &sum_grad)?;
+    }
+    for (o, r) in outs.iter_mut().zip(cx.req).take(5).skip(3) {
+        if *r != Req::Null {
+            o.as_bytes_mut().fill(0);
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn register(ops: &mut Vec<OpDef>) {
+    ops.push(
+        OpDef::new(OP, Inputs::Fixed(&["data", "gamma", "beta", "moving_mean", "moving_var"]), Box::new(infer), Box::new(forward))
+            .params(SYNC_BN_PARAMS)
+            .outputs(three, visible)
+            .output_names(&["output", "mean", "var"])
+            .param_shapes(param_shapes)
+            .input_inits(&[(3, "[\"zero\", {}]"), (4, "[\"one\", {}]")])
+            .never_mirrored()
+            .mutates(&[3, 4])
+            .grad(Grad::Backward { op: "_backward_SyncBatchNorm", inputs: true, outputs: true })
+            .doc("Batch normalization with synchronized statistics across devices (here one device: ndev=1). Normalizes the data over the batch and spatial axes per channel (axis 1)."),
+    );
+    ops.push(OpDef::backward("_backward_SyncBatchNorm", SYNC_BN_PARAMS, Box::new(backward)).mutates_from_end(&[5, 4]));
+}
