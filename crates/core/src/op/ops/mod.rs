@@ -45,6 +45,7 @@ mod scan;
 mod sequence;
 mod shape;
 mod shape_grad;
+mod spatial;
 mod special;
 mod strided;
 mod sync_batch_norm;
@@ -93,6 +94,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     special::register(ops);
     scan::register(ops);
     sync_batch_norm::register(ops);
+    spatial::register(ops);
     super::custom::register(ops);
     unsupported::register(ops);
     // last: stubs for the stock names no family registered
