@@ -1,8 +1,10 @@
 //! Older layer and loss operators that MXNet 1.x models still use: `LRN` (local response
 //! normalisation across channels), `SoftmaxActivation`, `Crop`, `SVMOutput`,
-//! `softmax_cross_entropy` and `hard_sigmoid`, each with its backward operator.
+//! `softmax_cross_entropy`, `hard_sigmoid` and `IdentityAttachKLSparseReg` (the identity, whose
+//! backward adds a KL sparseness penalty from a moving average of the activations it updates),
+//! each with its backward operator.
 //!
-//! `LRN`, `SoftmaxActivation` and `Crop` are float32-only as in stock 1.9.1 (its legacy
+//! `LRN`, `SoftmaxActivation`, `Crop` and `IdentityAttachKLSparseReg` are float32-only as in stock 1.9.1 (its legacy
 //! `real_t` kernels); the others take every float type, computing float16 in float32.
 //! `SVMOutput` is an output layer like `SoftmaxOutput`: its forward is the identity and its
 //! backward ignores the head gradient, giving the hinge-loss gradient for the labels.
@@ -479,7 +481,90 @@ fn two(_: &Attrs) -> usize {
     2
 }
 
+// ---- IdentityAttachKLSparseReg ----
+
+op_params! {
+    /// `IdentityAttachKLSparseReg`'s parameters.
+    struct KlRegParams<'a> => KL_REG_PARAMS {
+        sparseness_target: f64 = "0.1", "The sparseness target";
+        penalty: f64 = "0.001", "The tradeoff parameter for the sparseness penalty";
+        momentum: f64 = "0.9", "The momentum for running average";
+    }
+}
+
+const KL_REG: &str = "IdentityAttachKLSparseReg";
+
+/// Rows are the first axis, columns everything after it; `moving_avg` has one value per
+/// column.
+fn kl_reg_infer(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    let (d, m) = (&ins[0], &ins[1]);
+    float32_only(KL_REG, ins)?;
+    let cols: usize = d.shape.iter().skip(1).product();
+    if d.shape.len() < 2 || m.shape != [cols] || m.dtype != d.dtype {
+        return Err(Error::value(format!(
+            "operator {KL_REG}: data must be at least 2-D and moving_avg a float32 vector of its {cols} columns, got {:?} and {:?}",
+            d.shape, m.shape
+        )));
+    }
+    Ok(vec![d.clone()])
+}
+
+fn kl_reg_param_shapes(_: &Attrs, data: &[i64], n: usize) -> Result<Vec<(usize, Vec<i64>)>> {
+    Ok(if n == 2 && data.len() >= 2 { vec![(1, vec![data[1..].iter().product()])] } else { vec![] })
+}
+
+fn kl_reg(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    outs[0].copy_from(&ins[0]);
+    Ok(())
+}
+
+/// Inputs (output gradient, data, moving_avg; moving_avg is writable blob 2): the moving
+/// average takes this batch's column means, and the gradient gains
+/// `penalty * (-target / avg + (1 - target) / (1 - avg))`.
+fn kl_reg_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let p = KlRegParams::of(cx.attrs);
+    let (dy, x) = (ins[0].as_slice::<f32>(), ins[1].as_slice::<f32>());
+    let cols = outs[2].size();
+    let rows = x.len() / cols.max(1);
+    let (m, t, pen) = (p.momentum as f32, p.sparseness_target as f32, p.penalty as f32);
+    let mut avg = vec![0.0f32; cols];
+    for row in x.chunks(cols.max(1)) {
+        for (a, &v) in avg.iter_mut().zip(row) {
+            *a += v;
+        }
+    }
+    let mavg = outs[2].as_mut::<f32>();
+    for (ma, a) in mavg.iter_mut().zip(&avg) {
+        *ma = m * *ma + (1.0 - m) * (a / rows as f32);
+    }
+    let extra: Vec<f32> = mavg.iter().map(|&a| pen * (-t / a + (1.0 - t) / (1.0 - a))).collect();
+    if cx.req[0] != Req::Null {
+        for (i, (o, &g)) in outs[0].as_mut::<f32>().iter_mut().zip(dy).enumerate() {
+            *o = g + extra[i % cols.max(1)];
+        }
+    }
+    if cx.req[1] != Req::Null {
+        outs[1].as_bytes_mut().fill(0);
+    }
+    Ok(())
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
+    ops.push(
+        OpDef::new(KL_REG, Inputs::Fixed(&["data", "moving_avg"]), Box::new(kl_reg_infer), Box::new(kl_reg))
+            .params(KL_REG_PARAMS)
+            .listed_inputs(&["data"])
+            .param_shapes(kl_reg_param_shapes)
+            .input_inits(&[(1, "[\"zero\", {}]")])
+            .never_mirrored()
+            .mutates(&[1])
+            .grad(Grad::Backward { op: "_backward_IdentityAttachKLSparseReg", inputs: true, outputs: false })
+            .doc("Apply a sparse regularization to the output a sigmoid activation function."),
+    );
+    ops.push(
+        OpDef::backward("_backward_IdentityAttachKLSparseReg", KL_REG_PARAMS, Box::new(kl_reg_backward))
+            .mutates_from_end(&[1]),
+    );
     ops.push(
         OpDef::new("LRN", Inputs::Fixed(&["data"]), Box::new(lrn_infer), Box::new(lrn))
             .params(LRN_PARAMS)

@@ -1,5 +1,6 @@
 //! Neural-network operators: `Activation`, `LeakyReLU`, `softmax` / `log_softmax` /
-//! `softmin`, `SoftmaxOutput`, `Dropout`, `BatchNorm`, `LayerNorm` and `Pooling`.
+//! `softmin`, `SoftmaxOutput`, `Dropout`, `BatchNorm` (and `_contrib_BatchNormWithReLU`),
+//! `LayerNorm` and `Pooling`.
 //!
 //! Owns: their parameter schemas (stock names and defaults), shape/dtype inference and CPU
 //! kernels. Kernels compute float16 in float32 and float32/float64 natively (the [`Real`]
@@ -720,6 +721,23 @@ fn bn_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![ins[0].clone(), stat.clone(), stat])
 }
 
+/// `_contrib_BatchNormWithReLU`: BatchNorm, then the ReLU in place on its output.
+fn batch_norm_relu(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    batch_norm(cx, ins, outs)?;
+    let op = cx.attrs.op;
+    dispatch_real!(outs[0].dtype, op, T, _R => {
+        par_for_mut(outs[0].as_mut::<T>(), 1, Cost::CHEAP, T::DTYPE, |_, part| {
+            for v in part.iter_mut() {
+                // max(x, 0) with NaN to 0, as stock's relu.
+                if (*v).partial_cmp(&T::zero()) != Some(std::cmp::Ordering::Greater) {
+                    *v = T::zero();
+                }
+            }
+        });
+    });
+    Ok(())
+}
+
 fn batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let op = a.op;
@@ -1367,6 +1385,24 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .mutates(&[3, 4])
             .grad(Grad::Backward { op: "_backward_BatchNorm", inputs: true, outputs: true })
             .doc("Batch normalization. Outputs the normalized data and (with output_mean_var) the batch mean and inverse std."),
+    );
+    ops.push(
+        OpDef::new(
+            "_contrib_BatchNormWithReLU",
+            Inputs::Fixed(&["data", "gamma", "beta", "moving_mean", "moving_var"]),
+            Box::new(bn_infer),
+            Box::new(batch_norm_relu),
+        )
+        .params(BN_PARAMS)
+        .outputs(three, bn_visible)
+        .output_names(&["output", "mean", "var"])
+        .param_shapes(norm_param_shapes)
+        .float32_params()
+        .input_inits(&[(3, "[\"zero\", {}]"), (4, "[\"one\", {}]")])
+        .never_mirrored()
+        .mutates(&[3, 4])
+        .grad(Grad::Backward { op: "_backward_BatchNormWithReLU", inputs: true, outputs: true })
+        .doc("Batch normalization with ReLU fusion: BatchNorm's output passed through max(0, x); the mean and inverse std outputs are BatchNorm's."),
     );
     ops.push(
         OpDef::new("LayerNorm", Inputs::Fixed(&["data", "gamma", "beta"]), Box::new(ln_infer), Box::new(layer_norm))

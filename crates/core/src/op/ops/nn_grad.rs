@@ -2,7 +2,7 @@
 //!
 //! Owns `_backward_Activation`, `_backward_LeakyReLU`, `_backward_softmax`,
 //! `_backward_log_softmax`, `_backward_softmin`, `_backward_SoftmaxOutput`,
-//! `_backward_Dropout`, `_backward_BatchNorm`, `_backward_LayerNorm` and `_backward_Pooling`.
+//! `_backward_Dropout`, `_backward_BatchNorm`, `_backward_BatchNormWithReLU`, `_backward_LayerNorm` and `_backward_Pooling`.
 //! Kernels compute float16 in float32 and float32/float64 natively, like the forward ones;
 //! elementwise and per-plane loops run on the kernel pool.
 
@@ -338,6 +338,16 @@ fn dropout_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<(
 /// statistics as constants. The gradients of the optional mean/invstd outputs are ignored, as
 /// in stock.
 fn batch_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    bn_backward(cx, ins, outs, false)
+}
+
+/// `_backward_BatchNormWithReLU`: as `_backward_BatchNorm`, with the output gradient first
+/// passed through the ReLU (kept where the output `y` is positive).
+fn batch_norm_relu_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    bn_backward(cx, ins, outs, true)
+}
+
+fn bn_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], relu: bool) -> Result<()> {
     let a = cx.attrs;
     let op = a.op;
     let nv = ins.len() - 8;
@@ -367,6 +377,14 @@ fn batch_norm_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Resul
     let mut sgx = vec![0.0f64; c];
     dispatch_real!(x.dtype, op, T, R => {
         let (gs, xs) = (g.as_slice::<T>(), x.as_slice::<T>());
+        let masked: Vec<T>;
+        let gs = if relu {
+            let ys = ins[nv + 5].as_slice::<T>();
+            masked = gs.iter().zip(ys).map(|(&gv, &yv)| if yv > T::zero() { gv } else { T::zero() }).collect();
+            &masked[..]
+        } else {
+            gs
+        };
         par_for_zip(&mut sg, [&mut sgx], Cost((outer * inner) as f64), T::DTYPE, |r, p1, [p2]| {
             for (k, ch) in r.enumerate() {
             let m = R::of(mean[ch]);
@@ -793,6 +811,10 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(OpDef::backward("_backward_Dropout", DROPOUT_PARAMS, Box::new(dropout_backward)));
     ops.push(
         OpDef::backward("_backward_BatchNorm", BN_PARAMS, Box::new(batch_norm_backward)).mutates_from_end(&[5, 4]),
+    );
+    ops.push(
+        OpDef::backward("_backward_BatchNormWithReLU", BN_PARAMS, Box::new(batch_norm_relu_backward))
+            .mutates_from_end(&[5, 4]),
     );
     ops.push(OpDef::backward("_backward_LayerNorm", LN_PARAMS, Box::new(layer_norm_backward)));
     ops.push(OpDef::backward("_backward_Pooling", POOL_PARAMS, Box::new(pooling_backward)));
