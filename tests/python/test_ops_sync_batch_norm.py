@@ -1,4 +1,4 @@
-"""`_contrib_SyncBatchNorm` on one device (issue 35) on this library against stock 1.9.1 in
+"""`_contrib_SyncBatchNorm` on one device and the legacy `BatchNorm_v1` (issue 35) on this library against stock 1.9.1 in
 the same test: training and inference outputs, gradients, the moving statistics (updated in
 the backward pass), fix_gamma, output_mean_var, 2-D to 5-D data, Gluon's
 `contrib.nn.SyncBatchNorm` block hybridized, and bad input."""
@@ -44,6 +44,19 @@ for shape in ((4, 3), (2, 3, 5), (2, 4, 3, 3), (2, 2, 2, 3, 2)):
         loss.backward()
         res["sbn", shape, fix_gamma, global_stats, train] = (
             y.asnumpy(), x.grad.asnumpy(), gamma.grad.asnumpy(), beta.grad.asnumpy(), mm.asnumpy(), mv.asnumpy())
+# BatchNorm_v1 (stock's legacy kernel: 2-D or 4-D data), through a bound executor.
+for shape, fix_gamma, global_stats in (((5, 3), False, False), ((2, 3, 4, 4), True, False), ((2, 3, 4, 4), False, True)):
+    s = mx.sym.BatchNorm_v1(mx.sym.var("x"), fix_gamma=fix_gamma, use_global_stats=global_stats, momentum=0.7,
+                            eps=1e-4, output_mean_var=True, name="bn")
+    args = {"x": mx.nd.array(rng.uniform(-2, 3, shape)), "bn_gamma": mx.nd.array(rng.uniform(0.5, 1.5, (3,))),
+            "bn_beta": mx.nd.array(rng.uniform(-1, 1, (3,)))}
+    grads = {k: mx.nd.zeros(v.shape) for k, v in args.items()}
+    aux = {"bn_moving_mean": mx.nd.array(rng.uniform(-0.5, 0.5, (3,))), "bn_moving_var": mx.nd.array(rng.uniform(0.5, 2, (3,)))}
+    ex = s.bind(mx.cpu(), args, args_grad=grads, aux_states=aux)
+    outs = [o.asnumpy() for o in ex.forward(is_train=True)]
+    ex.backward([mx.nd.array(rng.uniform(-1, 1, shape)), mx.nd.zeros((3,)), mx.nd.zeros((3,))])
+    res["v1", shape, fix_gamma, global_stats] = (s.list_arguments(), s.list_auxiliary_states(), outs,
+                                                 [grads[k].asnumpy() for k in sorted(grads)], [aux[k].asnumpy() for k in sorted(aux)])
 x = mx.nd.array(rng.uniform(-2, 3, (3, 2, 4)))
 outs = mx.nd.contrib.SyncBatchNorm(x, mx.nd.ones((2,)), mx.nd.zeros((2,)), mx.nd.zeros((2,)), mx.nd.ones((2,)),
                                    key="omv", output_mean_var=True)

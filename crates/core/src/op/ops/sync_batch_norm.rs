@@ -1,9 +1,9 @@
 //! `_contrib_SyncBatchNorm` on one device (`ndev=1`, what Gluon's `SyncBatchNorm` asks for
-//! without GPUs): batch normalisation over axis 1 with stock's own arithmetic, which differs
-//! from `BatchNorm`'s: the batch variance is `E[x^2] - E[x]^2`, the saved statistics are the
-//! mean and that variance, and the moving statistics are updated in the backward pass. A
-//! larger `ndev` (statistics shared across devices through a barrier) answers
-//! NotImplementedError.
+//! without GPUs) and the legacy `BatchNorm_v1`: batch normalisation over axis 1 with stock's
+//! arithmetic for these two, which differs from `BatchNorm`'s: the saved statistics are the
+//! mean and the variance (SyncBatchNorm's `E[x^2] - E[x]^2`, BatchNorm_v1's
+//! `E[(x - mean)^2]`), and the moving statistics are updated in the backward pass. A larger
+//! `ndev` (statistics shared across devices through a barrier) answers NotImplementedError.
 
 use super::nn::{float_only, read_f64, read_out_f64, write_f64};
 use crate::dispatch_float;
@@ -25,14 +25,52 @@ op_params! {
     }
 }
 
+op_params! {
+    /// `BatchNorm_v1`'s parameters.
+    struct BnV1Params<'a> => BN_V1_PARAMS {
+        eps: f64 = "0.001", "Epsilon to prevent div 0";
+        momentum: f64 = "0.9", "Momentum for moving average";
+        fix_gamma: bool = "True", "Fix gamma while training";
+        use_global_stats: bool = "False", "Whether use global moving statistics instead of local batch-norm. This will force change batch-norm into a scale shift operator.";
+        output_mean_var: bool = "False", "Output All,normal mean and var";
+    }
+}
+
 const OP: &str = "_contrib_SyncBatchNorm";
+
+/// The parameters both operators share, and which variance formula the call uses.
+struct Common {
+    eps: f64,
+    momentum: f64,
+    fix_gamma: bool,
+    use_global_stats: bool,
+    output_mean_var: bool,
+    /// `E[(x - mean)^2]` (BatchNorm_v1) rather than `E[x^2] - E[x]^2`.
+    two_pass: bool,
+}
+
+impl Common {
+    fn of(a: &Attrs) -> Self {
+        if a.declares(BN_V1_PARAMS) {
+            let p = BnV1Params::of(a);
+            let (eps, momentum, fix_gamma) = (p.eps, p.momentum, p.fix_gamma);
+            let (use_global_stats, output_mean_var) = (p.use_global_stats, p.output_mean_var);
+            Common { eps, momentum, fix_gamma, use_global_stats, output_mean_var, two_pass: true }
+        } else {
+            let p = SyncBnParams::of(a);
+            let (eps, momentum, fix_gamma) = (p.eps, p.momentum, p.fix_gamma);
+            let (use_global_stats, output_mean_var) = (p.use_global_stats, p.output_mean_var);
+            Common { eps, momentum, fix_gamma, use_global_stats, output_mean_var, two_pass: false }
+        }
+    }
+}
 
 fn three(_: &Attrs) -> usize {
     3
 }
 
 fn visible(a: &Attrs) -> usize {
-    if SyncBnParams::of(a).output_mean_var {
+    if Common::of(a).output_mean_var {
         3
     } else {
         1
@@ -40,6 +78,9 @@ fn visible(a: &Attrs) -> usize {
 }
 
 fn check_ndev(a: &Attrs) -> Result<()> {
+    if a.declares(BN_V1_PARAMS) {
+        return Ok(());
+    }
     let n = SyncBnParams::of(a).ndev;
     if n != 1 {
         return Err(Error::not_supported(format!("{OP} across devices (ndev={n})")));
@@ -57,17 +98,17 @@ fn geometry(shape: &[usize]) -> (usize, usize, usize) {
 
 fn infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     check_ndev(a)?;
-    let x = &ins[0];
-    float_only(OP, x.dtype)?;
+    let (op, x) = (a.op, &ins[0]);
+    float_only(op, x.dtype)?;
     if x.shape.is_empty() {
-        return Err(Error::value(format!("operator {OP}: data must have at least one dimension")));
+        return Err(Error::value(format!("operator {op}: data must have at least one dimension")));
     }
     let c = geometry(&x.shape).1;
     for (i, name) in [(1, "gamma"), (2, "beta"), (3, "moving_mean"), (4, "moving_var")] {
         if ins[i].shape != [c] {
-            return Err(Error::value(format!("operator {OP}: {name} has shape {:?}, expected ({c},)", ins[i].shape)));
+            return Err(Error::value(format!("operator {op}: {name} has shape {:?}, expected ({c},)", ins[i].shape)));
         }
-        float_only(OP, ins[i].dtype)?;
+        float_only(op, ins[i].dtype)?;
     }
     let stat = Meta::new(vec![c], ins[1].dtype);
     Ok(vec![x.clone(), stat.clone(), stat])
@@ -105,30 +146,34 @@ fn store(op: &str, out: &mut OutBlob, v: impl Fn(usize) -> f64) -> Result<()> {
 
 fn forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     check_ndev(cx.attrs)?;
-    let p = SyncBnParams::of(cx.attrs);
+    let p = Common::of(cx.attrs);
     let geom @ (n, c, s) = geometry(&ins[0].shape);
-    let x = to_f64(OP, &ins[0])?;
-    let gamma = if p.fix_gamma { vec![1.0; c] } else { to_f64(OP, &ins[1])? };
-    let beta = to_f64(OP, &ins[2])?;
+    let x = to_f64(cx.attrs.op, &ins[0])?;
+    let gamma = if p.fix_gamma { vec![1.0; c] } else { to_f64(cx.attrs.op, &ins[1])? };
+    let beta = to_f64(cx.attrs.op, &ins[2])?;
     let ch = |i: usize| (i / s.max(1)) % c.max(1);
     if cx.is_train && !p.use_global_stats {
         let scale = 1.0 / (n * s).max(1) as f64;
         let mean: Vec<f64> = channel_sums(geom, |i, _| x[i]).iter().map(|v| v * scale).collect();
-        let ex2: Vec<f64> = channel_sums(geom, |i, _| x[i] * x[i]).iter().map(|v| v * scale).collect();
-        let var: Vec<f64> = ex2.iter().zip(&mean).map(|(e, m)| e - m * m).collect();
+        let var: Vec<f64> = if p.two_pass {
+            channel_sums(geom, |i, j| (x[i] - mean[j]) * (x[i] - mean[j])).iter().map(|v| v * scale).collect()
+        } else {
+            let ex2 = channel_sums(geom, |i, _| x[i] * x[i]);
+            ex2.iter().zip(&mean).map(|(e, m)| e * scale - m * m).collect()
+        };
         let inv: Vec<f64> = var.iter().map(|v| 1.0 / (v + p.eps).sqrt()).collect();
-        store(OP, &mut outs[0], |i| gamma[ch(i)] * (x[i] - mean[ch(i)]) * inv[ch(i)] + beta[ch(i)])?;
-        write_f64(OP, &mut outs[1], &mean)?;
-        write_f64(OP, &mut outs[2], &var)?;
+        store(cx.attrs.op, &mut outs[0], |i| gamma[ch(i)] * (x[i] - mean[ch(i)]) * inv[ch(i)] + beta[ch(i)])?;
+        write_f64(cx.attrs.op, &mut outs[1], &mean)?;
+        write_f64(cx.attrs.op, &mut outs[2], &var)?;
     } else {
         // The moving statistics are the mutated inputs: writable blobs 3 and 4.
-        let (mm, mv) = (read_out_f64(OP, &outs[3])?, read_out_f64(OP, &outs[4])?);
+        let (mm, mv) = (read_out_f64(cx.attrs.op, &outs[3])?, read_out_f64(cx.attrs.op, &outs[4])?);
         let k: Vec<f64> = (0..c).map(|j| gamma[j] / (mv[j] + p.eps).sqrt()).collect();
-        store(OP, &mut outs[0], |i| {
+        store(cx.attrs.op, &mut outs[0], |i| {
             k[ch(i)] * x[i] + (beta[ch(i)] - gamma[ch(i)] * mm[ch(i)] / (mv[ch(i)] + p.eps).sqrt())
         })?;
-        write_f64(OP, &mut outs[1], &mm)?;
-        write_f64(OP, &mut outs[2], &mv)?;
+        write_f64(cx.attrs.op, &mut outs[1], &mm)?;
+        write_f64(cx.attrs.op, &mut outs[2], &mv)?;
     }
     Ok(())
 }
@@ -137,24 +182,24 @@ fn forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 /// y, mean, var) -> (ddata, dgamma, dbeta, 0, 0)`; in training it also updates the moving
 /// statistics (writable blobs 5 and 6) from the saved batch statistics.
 fn backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let p = SyncBnParams::of(cx.attrs);
+    let p = Common::of(cx.attrs);
     let nv = ins.len() - 8;
     let geom @ (n, c, s) = geometry(&ins[nv].shape);
-    let (dy, x) = (to_f64(OP, &ins[0])?, to_f64(OP, &ins[nv])?);
-    let gamma = if p.fix_gamma { vec![1.0; c] } else { to_f64(OP, &ins[nv + 1])? };
+    let (dy, x) = (to_f64(cx.attrs.op, &ins[0])?, to_f64(cx.attrs.op, &ins[nv])?);
+    let gamma = if p.fix_gamma { vec![1.0; c] } else { to_f64(cx.attrs.op, &ins[nv + 1])? };
     let ch = |i: usize| (i / s.max(1)) % c.max(1);
     let training = cx.is_train && !p.use_global_stats;
     let (mean, var) = if training {
-        let (mean, var) = (to_f64(OP, &ins[nv + 6])?, to_f64(OP, &ins[nv + 7])?);
-        let (mm, mv) = (read_out_f64(OP, &outs[5])?, read_out_f64(OP, &outs[6])?);
+        let (mean, var) = (to_f64(cx.attrs.op, &ins[nv + 6])?, to_f64(cx.attrs.op, &ins[nv + 7])?);
+        let (mm, mv) = (read_out_f64(cx.attrs.op, &outs[5])?, read_out_f64(cx.attrs.op, &outs[6])?);
         let m = p.momentum;
         let new_mm: Vec<f64> = mm.iter().zip(&mean).map(|(o, b)| o * m + b * (1.0 - m)).collect();
         let new_mv: Vec<f64> = mv.iter().zip(&var).map(|(o, b)| o * m + b * (1.0 - m)).collect();
-        write_f64(OP, &mut outs[5], &new_mm)?;
-        write_f64(OP, &mut outs[6], &new_mv)?;
+        write_f64(cx.attrs.op, &mut outs[5], &new_mm)?;
+        write_f64(cx.attrs.op, &mut outs[6], &new_mv)?;
         (mean, var)
     } else {
-        (read_out_f64(OP, &outs[5])?, read_out_f64(OP, &outs[6])?)
+        (read_out_f64(cx.attrs.op, &outs[5])?, read_out_f64(cx.attrs.op, &outs[6])?)
     };
     let inv: Vec<f64> = var.iter().map(|v| 1.0 / (v + p.eps).sqrt()).collect();
     let sum_grad = channel_sums(geom, |i, _| dy[i]);
@@ -164,20 +209,20 @@ fn backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
         if training {
             let gvar: Vec<f64> = (0..c).map(|j| -sum_prod[j] * gamma[j] * inv[j].powi(3)).collect();
             let gmean: Vec<f64> = (0..c).map(|j| -sum_grad[j] * gamma[j] * inv[j]).collect();
-            store(OP, &mut outs[0], |i| {
+            store(cx.attrs.op, &mut outs[0], |i| {
                 let j = ch(i);
                 dy[i] * gamma[j] * inv[j] + gvar[j] * scale * (x[i] - mean[j]) + gmean[j] * scale
             })?;
         } else {
-            store(OP, &mut outs[0], |i| dy[i] * gamma[ch(i)] * inv[ch(i)])?;
+            store(cx.attrs.op, &mut outs[0], |i| dy[i] * gamma[ch(i)] * inv[ch(i)])?;
         }
     }
     if cx.req[1] != Req::Null {
         let dg: Vec<f64> = if p.fix_gamma { vec![0.0; c] } else { (0..c).map(|j| sum_prod[j] * inv[j]).collect() };
-        write_f64(OP, &mut outs[1], &dg)?;
+        write_f64(cx.attrs.op, &mut outs[1], &dg)?;
     }
     if cx.req[2] != Req::Null {
-        write_f64(OP, &mut outs[2], &sum_grad)?;
+        write_f64(cx.attrs.op, &mut outs[2], &sum_grad)?;
     }
     for (o, r) in outs.iter_mut().zip(cx.req).take(5).skip(3) {
         if *r != Req::Null {
@@ -201,4 +246,18 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .doc("Batch normalization with synchronized statistics across devices (here one device: ndev=1). Normalizes the data over the batch and spatial axes per channel (axis 1)."),
     );
     ops.push(OpDef::backward("_backward_SyncBatchNorm", SYNC_BN_PARAMS, Box::new(backward)).mutates_from_end(&[5, 4]));
+    ops.push(
+        OpDef::new("BatchNorm_v1", Inputs::Fixed(&["data", "gamma", "beta", "moving_mean", "moving_var"]), Box::new(infer), Box::new(forward))
+            .params(BN_V1_PARAMS)
+            .listed_inputs(&["data", "gamma", "beta"])
+            .outputs(three, visible)
+            .output_names(&["output", "mean", "var"])
+            .param_shapes(param_shapes)
+            .input_inits(&[(3, "[\"zero\", {}]"), (4, "[\"one\", {}]")])
+            .never_mirrored()
+            .mutates(&[3, 4])
+            .grad(Grad::Backward { op: "_backward_BatchNorm_v1", inputs: true, outputs: true })
+            .doc("Batch normalization (the legacy operator; use BatchNorm): normalizes over the batch and spatial axes per channel (axis 1), outputs the batch mean and variance with output_mean_var."),
+    );
+    ops.push(OpDef::backward("_backward_BatchNorm_v1", BN_V1_PARAMS, Box::new(backward)).mutates_from_end(&[5, 4]));
 }
