@@ -35,6 +35,7 @@ mod optim;
 mod optim_adamw_lamb;
 mod optim_fused;
 mod pdf;
+mod proposal;
 mod random_ops;
 mod reduce;
 mod reduce_grad;
@@ -95,6 +96,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     scan::register(ops);
     sync_batch_norm::register(ops);
     spatial::register(ops);
+    proposal::register(ops);
     super::custom::register(ops);
     unsupported::register(ops);
     // last: stubs for the stock names no family registered
