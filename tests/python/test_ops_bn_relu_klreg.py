@@ -1,4 +1,4 @@
-"""`_contrib_BatchNormWithReLU` and `IdentityAttachKLSparseReg` (issue 35) on this library
+"""`_contrib_BatchNormWithReLU`, `IdentityAttachKLSparseReg` and `Convolution_v1` (issue 35) on this library
 against stock 1.9.1 in the same test: outputs, gradients and the moving statistics each
 updates in its backward pass, imperatively and in bound executors, and bad input."""
 import os
@@ -58,6 +58,17 @@ ex.aux_dict["sp_moving_avg"][:] = 0.5
 ex.forward(is_train=True)
 ex.backward(mx.nd.ones((3, 5)))
 res["klreg-net"] = [ex.grad_dict[k].asnumpy() for k in ("fc_weight", "fc_bias", "d")] + [ex.aux_dict["sp_moving_avg"].asnumpy()]
+
+for kw in (dict(kernel=(3, 3), num_filter=4, stride=(2, 2), pad=(1, 1)), dict(kernel=(2, 3), num_filter=2, no_bias=True)):
+    x = mx.nd.array(rng.uniform(-1, 1, (2, 3, 7, 7)))
+    w = mx.nd.array(rng.uniform(-1, 1, (kw["num_filter"], 3) + kw["kernel"]))
+    args = [x, w] if kw.get("no_bias") else [x, w, mx.nd.array(rng.uniform(-1, 1, (kw["num_filter"],)))]
+    for a in args:
+        a.attach_grad()
+    with mx.autograd.record():
+        y = mx.nd.Convolution_v1(*args, **kw)
+    y.backward(mx.nd.array(rng.uniform(-1, 1, y.shape)))
+    res["conv_v1", str(kw)] = [y.asnumpy()] + [a.grad.asnumpy() for a in args]
 
 errs = {}
 def attempt(key, f):

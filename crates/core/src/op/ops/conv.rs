@@ -493,7 +493,8 @@ fn conv_param_shapes(a: &Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Ve
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("Convolution", Inputs::Leading(&["data", "weight", "bias"], conv_inputs), Box::new(conv_infer), Box::new(convolution))
-            .alias(&["_npx_convolution"])
+            // The legacy `Convolution_v1` computes the same (stock's takes 2-D and 3-D only).
+            .alias(&["_npx_convolution", "Convolution_v1"])
             .params(CONV_PARAMS)
             .param_shapes(conv_param_shapes)
             .never_mirrored()
