@@ -1,7 +1,9 @@
 //! Region-of-interest pooling of detection heads: `_contrib_ROIAlign` (bilinear samples
 //! averaged per bin, optionally position-sensitive) and `ROIPooling` (the maximum per bin, with
-//! a hidden int32 argmax output), with their backward operators. Owns only these four
-//! operators.
+//! a hidden int32 argmax output), with their backward operators; and R-FCN's
+//! `_contrib_PSROIPooling` (each bin averages its own group of channels; float32 or float64,
+//! computed in the data's type as stock's; a roi whose batch index is outside the batch is an
+//! error, where stock reads past the data).
 //!
 //! Both take NCHW data and rois `[R, 5]`, rows `(batch_index, x1, y1, x2, y2)` in image
 //! coordinates that `spatial_scale` maps onto the data, and give `[R, C', ph, pw]`. The
@@ -626,6 +628,7 @@ fn one(_: &Attrs) -> usize {
 }
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
+    register_psroi(ops);
     ops.push(
         OpDef::new(
             "_contrib_ROIAlign",
@@ -860,4 +863,171 @@ mod tests {
         assert_eq!((c_int(-0.5), c_int(2.9), c_int(-2.9)), (0, 2, -2));
         assert_eq!((c_int(f64::NAN), c_int(3e9), c_int(-3e9)), (-2147483648, -2147483648, -2147483648));
     }
+}
+
+// ---- PSROIPooling (position-sensitive ROI pooling, R-FCN) ----
+
+op_params! {
+    /// `_contrib_PSROIPooling`'s parameters.
+    struct PsRoiParams<'a> => PSROI_PARAMS {
+        spatial_scale: f64 = required, "Ratio of input feature map height (or w) to raw image height (or w). Equals the reciprocal of total stride in convolutional layers";
+        output_dim: i64 = required, "fix output dim";
+        pooled_size: i64 = required, "fix pooled size";
+        group_size: i64 = "0", "fix group size";
+    }
+}
+
+/// (output_dim, pooled size, group size: `pooled_size` when 0).
+fn psroi_dims(a: &Attrs) -> Result<(usize, usize, usize)> {
+    let p = PsRoiParams::of(a);
+    let g = if p.group_size == 0 { p.pooled_size } else { p.group_size };
+    if p.output_dim < 1 || p.pooled_size < 1 || g < 1 || !(0.0..=1.0).contains(&p.spatial_scale) {
+        return Err(Error::value(format!(
+            "operator _contrib_PSROIPooling: output_dim, pooled_size and group_size must be positive and spatial_scale in [0, 1], got {}, {}, {g}, {}",
+            p.output_dim, p.pooled_size, p.spatial_scale
+        )));
+    }
+    Ok((p.output_dim as usize, p.pooled_size as usize, g as usize))
+}
+
+fn psroi_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    const OP: &str = "_contrib_PSROIPooling";
+    let (od, ps, g) = psroi_dims(a)?;
+    let (d, r) = (&ins[0], &ins[1]);
+    if d.shape.len() != 4 || r.shape.len() != 2 || r.shape[1] != 5 {
+        return Err(Error::value(format!(
+            "operator {OP}: data must be 4-D and rois (num_rois, 5), got {:?} and {:?}",
+            d.shape, r.shape
+        )));
+    }
+    if d.shape[1] != od * g * g {
+        return Err(Error::value(format!(
+            "operator {OP}: data has {} channels, output_dim * group_size^2 is {}",
+            d.shape[1],
+            od * g * g
+        )));
+    }
+    if !matches!(d.dtype, DType::F32 | DType::F64) || r.dtype != d.dtype {
+        return Err(Error::type_error(format!("operator {OP}: data and rois must be float32 or float64 alike")));
+    }
+    Ok(vec![Meta::new(vec![r.shape[0], od, ps, ps], d.dtype)])
+}
+
+macro_rules! psroi_bins {
+    ($name:ident, $t:ty) => {
+        /// Each output element's (input channel plane offset, h range, w range), in stock's
+        /// arithmetic in the data's type; `None` for an ROI outside the batch.
+        fn $name(
+            rois: &[$t],
+            scale: f64,
+            (od, ps, g): (usize, usize, usize),
+            (n, c, h, w): (usize, usize, usize, usize),
+        ) -> Result<Vec<(usize, (usize, usize), (usize, usize))>> {
+            let scale = scale as $t;
+            let mut bins = Vec::with_capacity(rois.len() / 5 * od * ps * ps);
+            for r in rois.chunks(5) {
+                let b = r[0] as i64;
+                if b < 0 || b as usize >= n {
+                    return Err(Error::value(format!(
+                        "operator _contrib_PSROIPooling: roi batch index {b} is outside the batch of {n}"
+                    )));
+                }
+                let sw = (r[1].round()) * scale;
+                let sh = (r[2].round()) * scale;
+                let ew = ((r[3].round() as f64 + 1.0) as $t) * scale;
+                let eh = ((r[4].round() as f64 + 1.0) as $t) * scale;
+                let (rw, rh) = ((ew - sw).max(0.1), (eh - sh).max(0.1));
+                let (bh, bw) = (rh / ps as $t, rw / ps as $t);
+                for ctop in 0..od {
+                    for ph in 0..ps {
+                        for pw in 0..ps {
+                            let clampi = |v: $t, hi: usize| (v as i64).clamp(0, hi as i64) as usize;
+                            let hs = clampi((ph as $t * bh + sh).floor(), h);
+                            let he = clampi(((ph + 1) as $t * bh + sh).ceil(), h);
+                            let ws = clampi((pw as $t * bw + sw).floor(), w);
+                            let we = clampi(((pw + 1) as $t * bw + sw).ceil(), w);
+                            let gw = ((pw as $t * g as $t / ps as $t).floor() as i64).clamp(0, g as i64 - 1) as usize;
+                            let gh = ((ph as $t * g as $t / ps as $t).floor() as i64).clamp(0, g as i64 - 1) as usize;
+                            let ch = (ctop * g + gh) * g + gw;
+                            bins.push((((b as usize) * c + ch) * h * w, (hs, he), (ws, we)));
+                        }
+                    }
+                }
+            }
+            Ok(bins)
+        }
+    };
+}
+psroi_bins!(psroi_bins_f32, f32);
+psroi_bins!(psroi_bins_f64, f64);
+
+macro_rules! psroi_run {
+    ($t:ty, $bins:ident, $cx:expr, $ins:expr, $outs:expr, $back:expr) => {{
+        let dims = psroi_dims($cx.attrs)?;
+        let scale = PsRoiParams::of($cx.attrs).spatial_scale;
+        let ds = if $back { &$ins[1].shape } else { &$ins[0].shape };
+        let shape = (ds[0], ds[1], ds[2], ds[3]);
+        let w = shape.3;
+        let rois = if $back { $ins[2].as_slice::<$t>() } else { $ins[1].as_slice::<$t>() };
+        let bins = $bins(rois, scale, dims, shape)?;
+        if !$back {
+            let x = $ins[0].as_slice::<$t>();
+            for (o, &(base, (hs, he), (ws, we))) in $outs[0].as_mut::<$t>().iter_mut().zip(&bins) {
+                let mut sum: $t = 0.0;
+                for hh in hs..he {
+                    for ww in ws..we {
+                        sum += x[base + hh * w + ww];
+                    }
+                }
+                let area = ((he.saturating_sub(hs)) * (we.saturating_sub(ws))) as $t;
+                *o = if he <= hs || we <= ws { 0.0 } else { sum / area };
+            }
+        } else if $cx.req[0] != Req::Null {
+            let dy = $ins[0].as_slice::<$t>();
+            let dx = $outs[0].as_mut::<$t>();
+            dx.fill(0.0);
+            for (&g, &(base, (hs, he), (ws, we))) in dy.iter().zip(&bins) {
+                if he <= hs || we <= ws {
+                    continue;
+                }
+                let v = g / ((he - hs) * (we - ws)) as $t;
+                for hh in hs..he {
+                    for ww in ws..we {
+                        dx[base + hh * w + ww] += v;
+                    }
+                }
+            }
+        }
+    }};
+}
+
+fn psroi_forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    match ins[0].dtype {
+        DType::F64 => psroi_run!(f64, psroi_bins_f64, cx, ins, outs, false),
+        _ => psroi_run!(f32, psroi_bins_f32, cx, ins, outs, false),
+    }
+    Ok(())
+}
+
+/// Inputs (output gradient, data, rois): each bin's gradient spread evenly over its inputs;
+/// the rois get zeros.
+fn psroi_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    if cx.req.get(1).is_some_and(|r| *r != Req::Null) {
+        outs[1].as_bytes_mut().fill(0);
+    }
+    match ins[1].dtype {
+        DType::F64 => psroi_run!(f64, psroi_bins_f64, cx, ins, outs, true),
+        _ => psroi_run!(f32, psroi_bins_f32, cx, ins, outs, true),
+    }
+    Ok(())
+}
+
+fn register_psroi(ops: &mut Vec<OpDef>) {
+    ops.push(
+        OpDef::new("_contrib_PSROIPooling", Inputs::Fixed(&["data", "rois"]), Box::new(psroi_infer), Box::new(psroi_forward))
+            .params(PSROI_PARAMS)
+            .grad(Grad::Backward { op: "_backward_PSROIPooling", inputs: true, outputs: false })
+            .doc("Performs region-of-interest pooling on inputs with position-sensitive score maps (R-FCN): each output bin averages its own group of input channels."),
+    );
+    ops.push(OpDef::backward("_backward_PSROIPooling", PSROI_PARAMS, Box::new(psroi_backward)));
 }
