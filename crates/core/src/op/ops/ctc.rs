@@ -48,9 +48,9 @@ fn one(_: &Attrs) -> usize {
 fn infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let p = CtcParams::of(a);
     let (d, l) = (&ins[0], &ins[1]);
-    if d.shape.len() != 3 {
+    if d.shape.len() != 3 || d.shape[2] == 0 {
         return Err(Error::value(format!(
-            "operator {OP}: data must be 3-D (time, batch, alphabet), got {:?}",
+            "operator {OP}: data must be 3-D (time, batch, alphabet) with an alphabet, got {:?}",
             d.shape
         )));
     }

@@ -93,7 +93,7 @@ mod tests {
         // SAFETY: as above.
         let first = unsafe { std::ffi::CStr::from_ptr(info.arg_types[0]) };
         assert_eq!(first.to_str().unwrap(), "NDArray-or-Symbol");
-        let stub = registry().get("_contrib_Proposal").unwrap();
+        let stub = registry().get("Correlation").unwrap();
         assert!(stub.not_supported && stub.key_var_num_args.is_empty());
     }
 }
