@@ -12,13 +12,14 @@
 //!
 //! Each sequence of the batch is one task; arithmetic is in float64 for every dtype.
 
+use super::index::read_indices;
+use crate::dispatch_float;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::par_items;
 use crate::op::param::{op_params, Attrs};
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Req};
-use crate::{dispatch_all, dispatch_float};
 
 op_params! {
     /// `CTCLoss`' parameters.
@@ -222,10 +223,6 @@ fn label_rows(
         .collect()
 }
 
-fn read_ints(b: &TBlob) -> Vec<i64> {
-    dispatch_all!(b.dtype, T => b.as_slice::<T>().iter().map(|v| v.to_f64() as i64).collect())
-}
-
 fn forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let p = CtcParams::of(cx.attrs);
     let (tmax, batch, a) = (ins[0].shape[0], ins[0].shape[1], ins[0].shape[2]);
@@ -233,7 +230,7 @@ fn forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let mut k = 2;
     let data_len: Vec<usize> = if p.use_data_lengths {
         k += 1;
-        read_ints(&ins[2])
+        read_indices(&ins[2])
             .into_iter()
             .enumerate()
             .map(|(b, n)| {
@@ -247,8 +244,8 @@ fn forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     } else {
         vec![tmax; batch]
     };
-    let label_lengths = p.use_label_lengths.then(|| read_ints(&ins[k]));
-    let labels = label_rows(&p, &read_ints(&ins[1]), batch, ins[1].shape[1], label_lengths.as_deref(), a)?;
+    let label_lengths = p.use_label_lengths.then(|| read_indices(&ins[k]));
+    let labels = label_rows(&p, &read_indices(&ins[1]), batch, ins[1].shape[1], label_lengths.as_deref(), a)?;
     let data: Vec<f64> =
         dispatch_float!(ins[0].dtype, OP, T => ins[0].as_slice::<T>().iter().map(|v| v.to_f64()).collect());
     let want_grad = cx.req.get(1).is_some_and(|r| *r != Req::Null);

@@ -1370,9 +1370,22 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .grad(Grad::Backward { op: "_backward_Dropout", inputs: false, outputs: true })
             .doc("Applies dropout operation to input array (identity at inference unless mode is always)."),
     );
-    ops.push(
-        OpDef::new("BatchNorm", Inputs::Fixed(&["data", "gamma", "beta", "moving_mean", "moving_var"]), Box::new(bn_infer), Box::new(batch_norm))
-            .alias(&["_npx_batch_norm"])
+    // BatchNorm, and the same with the ReLU fused on its output (and gradient).
+    let bn_forms: [(&'static str, &'static [&'static str], crate::op::ComputeFn, &'static str, &'static str); 2] = [
+        ("BatchNorm", &["_npx_batch_norm"], Box::new(batch_norm), "_backward_BatchNorm",
+         "Batch normalization. Outputs the normalized data and (with output_mean_var) the batch mean and inverse std."),
+        ("_contrib_BatchNormWithReLU", &[], Box::new(batch_norm_relu), "_backward_BatchNormWithReLU",
+         "Batch normalization with ReLU fusion: BatchNorm's output passed through max(0, x); the mean and inverse std outputs are BatchNorm's."),
+    ];
+    for (name, aliases, kernel, back, doc) in bn_forms {
+        ops.push(
+            OpDef::new(
+                name,
+                Inputs::Fixed(&["data", "gamma", "beta", "moving_mean", "moving_var"]),
+                Box::new(bn_infer),
+                kernel,
+            )
+            .alias(aliases)
             .params(BN_PARAMS)
             .outputs(three, bn_visible)
             .output_names(&["output", "mean", "var"])
@@ -1383,27 +1396,10 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             // Written by the backward operator in training; declared here too,
             // which makes them auxiliary states and orders the forward after earlier updates.
             .mutates(&[3, 4])
-            .grad(Grad::Backward { op: "_backward_BatchNorm", inputs: true, outputs: true })
-            .doc("Batch normalization. Outputs the normalized data and (with output_mean_var) the batch mean and inverse std."),
-    );
-    ops.push(
-        OpDef::new(
-            "_contrib_BatchNormWithReLU",
-            Inputs::Fixed(&["data", "gamma", "beta", "moving_mean", "moving_var"]),
-            Box::new(bn_infer),
-            Box::new(batch_norm_relu),
-        )
-        .params(BN_PARAMS)
-        .outputs(three, bn_visible)
-        .output_names(&["output", "mean", "var"])
-        .param_shapes(norm_param_shapes)
-        .float32_params()
-        .input_inits(&[(3, "[\"zero\", {}]"), (4, "[\"one\", {}]")])
-        .never_mirrored()
-        .mutates(&[3, 4])
-        .grad(Grad::Backward { op: "_backward_BatchNormWithReLU", inputs: true, outputs: true })
-        .doc("Batch normalization with ReLU fusion: BatchNorm's output passed through max(0, x); the mean and inverse std outputs are BatchNorm's."),
-    );
+            .grad(Grad::Backward { op: back, inputs: true, outputs: true })
+            .doc(doc),
+        );
+    }
     ops.push(
         OpDef::new("LayerNorm", Inputs::Fixed(&["data", "gamma", "beta"]), Box::new(ln_infer), Box::new(layer_norm))
             .alias(&["_npx_layer_norm"])

@@ -8,12 +8,12 @@
 //! and the gradients in float64. Stock's hidden outputs (the grids it keeps for its
 //! backward) are not outputs here: the backward operators recompute them.
 
-use crate::dispatch_float;
+use super::nn::{read_f64, write_f64};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::par_items;
 use crate::op::param::{op_params, Attrs};
-use crate::op::tensor::{Elem, OutBlob, TBlob};
+use crate::op::tensor::{OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Req};
 
 op_params! {
@@ -74,21 +74,19 @@ fn affine_source(m: &[f64], dst: &[[f64; 3]]) -> Vec<f64> {
     g
 }
 
-fn read<T: Elem>(b: &TBlob) -> Vec<f64> {
-    b.as_slice::<T>().iter().map(|v| v.to_f64()).collect()
-}
-
-fn read_any(op: &str, b: &TBlob) -> Result<Vec<f64>> {
-    dispatch_float!(b.dtype, op, T => Ok(read::<T>(b)))
-}
-
-fn write_any(op: &str, out: &mut OutBlob, v: &[f64]) -> Result<()> {
-    dispatch_float!(out.dtype, op, T => {
-        for (o, &x) in out.as_mut::<T>().iter_mut().zip(v) {
-            *o = T::from_f64(x);
-        }
-    });
-    Ok(())
+/// The gradient of 2x3 affine matrices from their source grids' gradient `g` (N, 2, H*W):
+/// each matrix entry (row r, column k) sums the grid gradient of row r times the target
+/// grid's coordinate k.
+fn affine_grad(g: &[f64], dst: &[[f64; 3]]) -> Vec<f64> {
+    let hw = dst.len();
+    g.chunks((2 * hw).max(1))
+        .flat_map(|gb| {
+            (0..6).map(move |k| {
+                let (r, col) = (k / 3, k % 3);
+                gb[r * hw..(r + 1) * hw].iter().zip(dst).map(|(gv, dv)| gv * dv[col]).sum::<f64>()
+            })
+        })
+        .collect()
 }
 
 /// The source coordinate of normalized `g` along an axis of `size`, in the data's precision.
@@ -214,7 +212,7 @@ fn grid_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 fn grid_forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     const OP: &str = "GridGenerator";
     let p = GridParams::of(cx.attrs);
-    let x = read_any(OP, &ins[0])?;
+    let x = read_f64(OP, &ins[0])?;
     let out: Vec<f64> = if p.transform_type == "affine" {
         let dst = affine_grid(target(OP, p.target_shape)?);
         x.chunks(6).flat_map(|m| affine_source(m, &dst)).collect()
@@ -234,7 +232,7 @@ fn grid_forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
             })
             .collect()
     };
-    write_any(OP, &mut outs[0], &out)
+    write_f64(OP, &mut outs[0], &out)
 }
 
 /// Inputs (output gradient): affine, the gradient times the target grid; warp, the gradient
@@ -245,28 +243,15 @@ fn grid_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> 
         return Ok(());
     }
     let p = GridParams::of(cx.attrs);
-    let g = read_any(OP, &ins[0])?;
+    let g = read_f64(OP, &ins[0])?;
     let d: Vec<f64> = if p.transform_type == "affine" {
-        let dst = affine_grid(target(OP, p.target_shape)?);
-        let hw = dst.len();
-        g.chunks((2 * hw).max(1))
-            .flat_map(|gb| {
-                (0..6)
-                    .map(move |k| (r_of(k), k % 3))
-                    .map(|(r, col)| gb[r * hw..(r + 1) * hw].iter().zip(&dst).map(|(gv, dv)| gv * dv[col]).sum::<f64>())
-            })
-            .collect()
+        affine_grad(&g, &affine_grid(target(OP, p.target_shape)?))
     } else {
         let (_, _, h, w) = dims(&ins[0].shape);
         let (sx, sy) = ((w as f64 - 1.0) / 2.0, (h as f64 - 1.0) / 2.0);
         g.iter().enumerate().map(|(i, &v)| if (i / (h * w)) % 2 == 0 { v / sx } else { v / sy }).collect()
     };
-    write_any(OP, &mut outs[0], &d)
-}
-
-/// The row (x: 0, y: 1) of entry `k` of a 2x3 affine matrix.
-fn r_of(k: usize) -> usize {
-    k / 3
+    write_f64(OP, &mut outs[0], &d)
 }
 
 // ---- BilinearSampler ----
@@ -293,23 +278,23 @@ fn sampler_infer(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 
 fn sampler_forward(_: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     const OP: &str = "BilinearSampler";
-    let (data, grid) = (read_any(OP, &ins[0])?, read_any(OP, &ins[1])?);
+    let (data, grid) = (read_f64(OP, &ins[0])?, read_f64(OP, &ins[1])?);
     let ohw = ins[1].shape[2] * ins[1].shape[3];
     let out = sample(&data, &grid, dims(&ins[0].shape), ohw, ins[0].dtype != DType::F64);
-    write_any(OP, &mut outs[0], &out)
+    write_f64(OP, &mut outs[0], &out)
 }
 
 /// Inputs (output gradient, data, grid).
 fn sampler_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     const OP: &str = "_backward_BilinearSampler";
-    let (dy, data, grid) = (read_any(OP, &ins[0])?, read_any(OP, &ins[1])?, read_any(OP, &ins[2])?);
+    let (dy, data, grid) = (read_f64(OP, &ins[0])?, read_f64(OP, &ins[1])?, read_f64(OP, &ins[2])?);
     let ohw = ins[2].shape[2] * ins[2].shape[3];
     let (gd, gg) = sample_back(&dy, &data, &grid, dims(&ins[1].shape), ohw, ins[1].dtype != DType::F64);
     if cx.req[0] != Req::Null {
-        write_any(OP, &mut outs[0], &gd)?;
+        write_f64(OP, &mut outs[0], &gd)?;
     }
     if cx.req[1] != Req::Null {
-        write_any(OP, &mut outs[1], &gg)?;
+        write_f64(OP, &mut outs[1], &gg)?;
     }
     Ok(())
 }
@@ -339,35 +324,25 @@ fn st_grid(a: &Attrs, loc: &[f64]) -> Result<(Vec<f64>, Vec<[f64; 3]>)> {
 
 fn st_forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     const OP: &str = "SpatialTransformer";
-    let (data, loc) = (read_any(OP, &ins[0])?, read_any(OP, &ins[1])?);
+    let (data, loc) = (read_f64(OP, &ins[0])?, read_f64(OP, &ins[1])?);
     let (grid, dst) = st_grid(cx.attrs, &loc)?;
     let out = sample(&data, &grid, dims(&ins[0].shape), dst.len(), ins[0].dtype != DType::F64);
-    write_any(OP, &mut outs[0], &out)
+    write_f64(OP, &mut outs[0], &out)
 }
 
 /// Inputs (output gradient, data, loc): the sampler's gradients, the grid's taken back to
 /// the matrices through the target grid.
 fn st_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     const OP: &str = "_backward_SpatialTransformer";
-    let (dy, data, loc) = (read_any(OP, &ins[0])?, read_any(OP, &ins[1])?, read_any(OP, &ins[2])?);
+    let (dy, data, loc) = (read_f64(OP, &ins[0])?, read_f64(OP, &ins[1])?, read_f64(OP, &ins[2])?);
     let (grid, dst) = st_grid(cx.attrs, &loc)?;
-    let hw = dst.len();
-    let (gd, gg) = sample_back(&dy, &data, &grid, dims(&ins[1].shape), hw, ins[1].dtype != DType::F64);
+    let (gd, gg) = sample_back(&dy, &data, &grid, dims(&ins[1].shape), dst.len(), ins[1].dtype != DType::F64);
     if cx.req[0] != Req::Null {
-        write_any(OP, &mut outs[0], &gd)?;
+        write_f64(OP, &mut outs[0], &gd)?;
     }
     if cx.req[1] != Req::Null {
-        let gl: Vec<f64> = gg
-            .chunks((2 * hw).max(1))
-            .flat_map(|gb| {
-                let dst = &dst;
-                (0..6).map(move |k| {
-                    let (r, col) = (r_of(k), k % 3);
-                    gb[r * hw..(r + 1) * hw].iter().zip(dst).map(|(gv, dv)| gv * dv[col]).sum::<f64>()
-                })
-            })
-            .collect();
-        write_any(OP, &mut outs[1], &gl)?;
+        let gl = affine_grad(&gg, &dst);
+        write_f64(OP, &mut outs[1], &gl)?;
     }
     Ok(())
 }

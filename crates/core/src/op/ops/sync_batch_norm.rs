@@ -8,7 +8,7 @@
 use super::nn::{float_only, read_f64, read_out_f64, write_f64};
 use crate::dispatch_float;
 use crate::error::{Error, Result};
-use crate::op::param::{op_params, Attrs};
+use crate::op::param::{op_params, Attrs, ParamSpec};
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Req};
 
@@ -131,10 +131,6 @@ fn channel_sums((n, c, s): (usize, usize, usize), f: impl Fn(usize, usize) -> f6
     out
 }
 
-fn to_f64(op: &str, b: &TBlob) -> Result<Vec<f64>> {
-    read_f64(op, b)
-}
-
 fn store(op: &str, out: &mut OutBlob, v: impl Fn(usize) -> f64) -> Result<()> {
     dispatch_float!(out.dtype, op, T => {
         for (i, o) in out.as_mut::<T>().iter_mut().enumerate() {
@@ -148,9 +144,9 @@ fn forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     check_ndev(cx.attrs)?;
     let p = Common::of(cx.attrs);
     let geom @ (n, c, s) = geometry(&ins[0].shape);
-    let x = to_f64(cx.attrs.op, &ins[0])?;
-    let gamma = if p.fix_gamma { vec![1.0; c] } else { to_f64(cx.attrs.op, &ins[1])? };
-    let beta = to_f64(cx.attrs.op, &ins[2])?;
+    let x = read_f64(cx.attrs.op, &ins[0])?;
+    let gamma = if p.fix_gamma { vec![1.0; c] } else { read_f64(cx.attrs.op, &ins[1])? };
+    let beta = read_f64(cx.attrs.op, &ins[2])?;
     let ch = |i: usize| (i / s.max(1)) % c.max(1);
     if cx.is_train && !p.use_global_stats {
         let scale = 1.0 / (n * s).max(1) as f64;
@@ -185,12 +181,12 @@ fn backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let p = Common::of(cx.attrs);
     let nv = ins.len() - 8;
     let geom @ (n, c, s) = geometry(&ins[nv].shape);
-    let (dy, x) = (to_f64(cx.attrs.op, &ins[0])?, to_f64(cx.attrs.op, &ins[nv])?);
-    let gamma = if p.fix_gamma { vec![1.0; c] } else { to_f64(cx.attrs.op, &ins[nv + 1])? };
+    let (dy, x) = (read_f64(cx.attrs.op, &ins[0])?, read_f64(cx.attrs.op, &ins[nv])?);
+    let gamma = if p.fix_gamma { vec![1.0; c] } else { read_f64(cx.attrs.op, &ins[nv + 1])? };
     let ch = |i: usize| (i / s.max(1)) % c.max(1);
     let training = cx.is_train && !p.use_global_stats;
     let (mean, var) = if training {
-        let (mean, var) = (to_f64(cx.attrs.op, &ins[nv + 6])?, to_f64(cx.attrs.op, &ins[nv + 7])?);
+        let (mean, var) = (read_f64(cx.attrs.op, &ins[nv + 6])?, read_f64(cx.attrs.op, &ins[nv + 7])?);
         let (mm, mv) = (read_out_f64(cx.attrs.op, &outs[5])?, read_out_f64(cx.attrs.op, &outs[6])?);
         let m = p.momentum;
         let new_mm: Vec<f64> = mm.iter().zip(&mean).map(|(o, b)| o * m + b * (1.0 - m)).collect();
@@ -233,31 +229,33 @@ fn backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 }
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
-    ops.push(
-        OpDef::new(OP, Inputs::Fixed(&["data", "gamma", "beta", "moving_mean", "moving_var"]), Box::new(infer), Box::new(forward))
-            .params(SYNC_BN_PARAMS)
-            .outputs(three, visible)
-            .output_names(&["output", "mean", "var"])
-            .param_shapes(param_shapes)
-            .input_inits(&[(3, "[\"zero\", {}]"), (4, "[\"one\", {}]")])
-            .never_mirrored()
-            .mutates(&[3, 4])
-            .grad(Grad::Backward { op: "_backward_SyncBatchNorm", inputs: true, outputs: true })
-            .doc("Batch normalization with synchronized statistics across devices (here one device: ndev=1). Normalizes the data over the batch and spatial axes per channel (axis 1)."),
-    );
-    ops.push(OpDef::backward("_backward_SyncBatchNorm", SYNC_BN_PARAMS, Box::new(backward)).mutates_from_end(&[5, 4]));
-    ops.push(
-        OpDef::new("BatchNorm_v1", Inputs::Fixed(&["data", "gamma", "beta", "moving_mean", "moving_var"]), Box::new(infer), Box::new(forward))
-            .params(BN_V1_PARAMS)
-            .listed_inputs(&["data", "gamma", "beta"])
-            .outputs(three, visible)
-            .output_names(&["output", "mean", "var"])
-            .param_shapes(param_shapes)
-            .input_inits(&[(3, "[\"zero\", {}]"), (4, "[\"one\", {}]")])
-            .never_mirrored()
-            .mutates(&[3, 4])
-            .grad(Grad::Backward { op: "_backward_BatchNorm_v1", inputs: true, outputs: true })
-            .doc("Batch normalization (the legacy operator; use BatchNorm): normalizes over the batch and spatial axes per channel (axis 1), outputs the batch mean and variance with output_mean_var."),
-    );
-    ops.push(OpDef::backward("_backward_BatchNorm_v1", BN_V1_PARAMS, Box::new(backward)).mutates_from_end(&[5, 4]));
+    type Form = (&'static str, &'static [ParamSpec], Option<&'static [&'static str]>, &'static str, &'static str);
+    let forms: [Form; 2] = [
+        (OP, SYNC_BN_PARAMS, None, "_backward_SyncBatchNorm",
+         "Batch normalization with synchronized statistics across devices (here one device: ndev=1). Normalizes the data over the batch and spatial axes per channel (axis 1)."),
+        ("BatchNorm_v1", BN_V1_PARAMS, Some(&["data", "gamma", "beta"]), "_backward_BatchNorm_v1",
+         "Batch normalization (the legacy operator; use BatchNorm): normalizes over the batch and spatial axes per channel (axis 1), outputs the batch mean and variance with output_mean_var."),
+    ];
+    for (name, params, listed, back, doc) in forms {
+        let mut def = OpDef::new(
+            name,
+            Inputs::Fixed(&["data", "gamma", "beta", "moving_mean", "moving_var"]),
+            Box::new(infer),
+            Box::new(forward),
+        )
+        .params(params)
+        .outputs(three, visible)
+        .output_names(&["output", "mean", "var"])
+        .param_shapes(param_shapes)
+        .input_inits(&[(3, "[\"zero\", {}]"), (4, "[\"one\", {}]")])
+        .never_mirrored()
+        .mutates(&[3, 4])
+        .grad(Grad::Backward { op: back, inputs: true, outputs: true })
+        .doc(doc);
+        if let Some(names) = listed {
+            def = def.listed_inputs(names);
+        }
+        ops.push(def);
+        ops.push(OpDef::backward(back, params, Box::new(backward)).mutates_from_end(&[5, 4]));
+    }
 }
