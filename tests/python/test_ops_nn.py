@@ -453,7 +453,7 @@ def test_convolution_3d_and_errors():
 
 
 def test_rnn_of_an_empty_sequence_passes_the_state_gradients_through():
-    x = mx.nd.zeros((0, 2, 3))
+    x = mx.nd.array(np.zeros((0, 2, 3)))
     w = mx.nd.ones((4 * 5 * (3 + 5 + 2),))
     h0, c0 = mx.nd.ones((1, 2, 5)), mx.nd.ones((1, 2, 5)) * 2
     for a in (h0, c0):
@@ -470,14 +470,14 @@ def test_rnn_of_an_empty_sequence_passes_the_state_gradients_through():
 
 def test_resampling_and_deconvolution_sizes_are_checked_not_allocated():
     # An empty batch resized to a huge plane allocates nothing per pixel.
-    y = mx.nd.contrib.BilinearResize2D(mx.nd.zeros((0, 3, 4, 4)), height=1 << 20, width=1 << 20)
+    y = mx.nd.contrib.BilinearResize2D(mx.nd.array(np.zeros((0, 3, 4, 4))), height=1 << 20, width=1 << 20)
     assert y.shape == (0, 3, 1 << 20, 1 << 20)
-    y = mx.nd.UpSampling(mx.nd.zeros((0, 1, 4, 4)), scale=1 << 20, sample_type="nearest", num_args=1)
+    y = mx.nd.UpSampling(mx.nd.array(np.zeros((0, 1, 4, 4))), scale=1 << 20, sample_type="nearest", num_args=1)
     assert y.shape == (0, 1, 4 << 20, 4 << 20)
     with pytest.raises(mx.base.MXNetError, match="too large"):
         mx.nd.UpSampling(mx.nd.zeros((1, 1, 4, 4)), scale=1 << 40, sample_type="nearest", num_args=1)
     with pytest.raises(mx.base.MXNetError, match="height and width must be positive"):
-        mx.nd.contrib.BilinearResize2D(mx.nd.zeros((1, 1, 0, 4)), height=2, width=4)
+        mx.nd.contrib.BilinearResize2D(mx.nd.array(np.zeros((1, 1, 0, 4))), height=2, width=4)
     with pytest.raises(mx.base.MXNetError, match="too large"):
         mx.nd.Deconvolution(mx.nd.zeros((1, 1, 5)), mx.nd.zeros((1, 1, 1)), kernel=(1,), stride=(1 << 62,), num_filter=1)
     with pytest.raises(mx.base.MXNetError, match="too large"):

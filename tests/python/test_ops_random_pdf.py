@@ -210,7 +210,7 @@ def test_sampler_parameters_are_checked():
     import mxnet as mx
     for call in (lambda: mx.nd.random.negative_binomial(k=-1, p=0.5, shape=3),
                  lambda: mx.nd.random.generalized_negative_binomial(mu=-1.0, alpha=0.5, shape=3),
-                 lambda: mx.nd.random.multinomial(mx.nd.ones((2, 0)))):
+                 lambda: mx.nd.random.multinomial(mx.nd.array(np.ones((2, 0))))):
         with pytest.raises(mx.base.MXNetError) as e:
             call().wait_to_read()
         assert "operator _" in str(e.value).splitlines()[0]

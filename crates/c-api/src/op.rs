@@ -240,6 +240,24 @@ unsafe fn handles<'a>(p: *const NDArrayHandle, n: c_int, what: &str) -> Result<&
     Ok(unsafe { std::slice::from_raw_parts(p, n as usize) })
 }
 
+/// A creation operator (`_zeros`, the samplers) called by the frontend without output arrays
+/// and with a `shape` that legacy shape semantics call unknown (a 0 dimension, or `()`) fails,
+/// as stock's does ("inferring shapes failed"); under `mx.np_shape()` such shapes are
+/// zero-size and scalar arrays. Internal callers (autograd's gradient fills) are not checked.
+fn check_creation_shape(op: &op::OpDef, kv: &[(&str, &str)], no_outputs: bool) -> Result<()> {
+    if !no_outputs || !op.creates_from_shape() || mxnet_core::ndarray::np_shape::get() != 0 {
+        return Ok(());
+    }
+    let Some(&(_, text)) = kv.iter().find(|(k, _)| *k == "shape") else { return Ok(()) };
+    match mxnet_core::symbol::infer::parse_shape_attr(text, true) {
+        Some(Some(dims)) if dims.is_empty() || dims.contains(&0) => Err(Error::mxnet(format!(
+            "Operator {} inferring shapes failed: shape {text} has no dimension or a 0 dimension, which legacy shape semantics read as unknown (mx.np_shape() allows scalar and zero-size arrays)",
+            op.name
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// # Safety
 /// As for [`MXImperativeInvokeEx`].
 #[allow(clippy::too_many_arguments)]
@@ -276,6 +294,7 @@ unsafe fn invoke_c(
         // SAFETY: per the contract, both arrays hold `num_params` strings.
         unsafe { kv.push((cstr(*param_keys.add(i), "param key")?, cstr(*param_vals.add(i), "param value")?)) };
     }
+    check_creation_shape(op, &kv, outs_ptr.is_null() || *n_out == 0)?;
     let given_handles = if outs_ptr.is_null() || *n_out == 0 {
         None
     } else {

@@ -562,17 +562,24 @@ pub fn backward(args: BackwardArgs) -> Result<Vec<NDArray>> {
 fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Result<Vec<NDArray>> {
     let ctx = args.heads.first().and_then(|h| h.ctx()).unwrap_or(crate::context::Context::CPU);
     let mut grads: HashMap<Key, Vec<NDArray>> = HashMap::new();
+    // Heads given a gradient of another shape: (head, given shape, head's shape).
+    let mut misshapen: HashMap<Key, (usize, Vec<usize>, Vec<usize>)> = HashMap::new();
     for (i, (h, e)) in args.heads.iter().zip(heads).enumerate() {
         let g = match args.head_grads.get(i).and_then(|g| g.clone()) {
-            Some(g) => {
-                if g.shape != h.shape {
-                    return Err(Error::value(format!(
-                        "head gradient {i} has shape {:?}, the head has {:?}",
-                        g.shape, h.shape
-                    )));
-                }
+            // A head gradient of another shape is refused only where a backward operation
+            // would read it (below): stock ignores head gradients the gradient does not use
+            // (`shape_array`, `argsort`: zero gradients).
+            Some(g) if g.shape != h.shape => {
+                misshapen.insert(key(e), (i, g.shape.clone(), h.shape.clone()));
                 g
             }
+            // Another dtype is converted, as stock's executor copies head gradients into
+            // arrays of the outputs' dtypes.
+            Some(g) if g.dtype != h.dtype => {
+                let dtype = h.dtype.name();
+                self::invoke(op::lookup("Cast")?, &[&g], None, [("dtype", dtype)]).map(|mut v| v.remove(0))?
+            }
+            Some(g) => g,
             None => ones_like(&Meta::new(h.shape.clone(), h.dtype), h.ctx().unwrap_or(ctx))?,
         };
         grads.entry(key(e)).or_default().push(plain(&g));
@@ -631,6 +638,9 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
         }
         if !any || call.op.grad == Grad::Zero && call.custom.is_none() {
             continue;
+        }
+        if let Some((i, given, want)) = (0..call.out_meta.len()).find_map(|i| misshapen.get(&(nk, i))) {
+            return Err(Error::value(format!("head gradient {i} has shape {given:?}, the head has {want:?}")));
         }
         if call.op.grad == Grad::None && call.custom.is_none() {
             return Err(Error::mxnet(format!(

@@ -469,7 +469,14 @@ impl Executor {
         if self.grads.iter().all(|(r, _)| *r == GradReq::Null) {
             return Ok(());
         }
-        let heads = self.heads.lock().clone();
+        let mut heads = self.heads.lock().clone();
+        if heads.is_empty() {
+            // Stock runs the backward graph on whatever its arrays hold, even before any
+            // forward; a gradient that reads no forward value (`repeat`, `tile`) is then
+            // right. Here the forward runs first, so every gradient is.
+            self.forward(true)?;
+            heads = self.heads.lock().clone();
+        }
         if heads.is_empty() || heads.iter().all(|h| h.ag.is_none()) {
             return Err(Error::mxnet("Executor.backward needs a forward pass first (and an argument with a gradient)"));
         }
@@ -479,7 +486,8 @@ impl Executor {
             heads: &heads,
             head_grads: &hg,
             variables: &[],
-            retain_graph: false,
+            // Stock's executor may run backward again after one forward (its arrays stay).
+            retain_graph: true,
             create_graph: false,
             is_train,
         })?;

@@ -85,12 +85,15 @@ impl MemoryPlan {
 }
 
 /// Whether node `i` creates an array from its `shape` parameter (no inputs) and that shape
-/// is empty or has a 0 dimension (see [`Runner::open_shapes`]).
+/// is empty or has a 0 or negative dimension (see [`Runner::open_shapes`]).
 fn has_open_shape(graph: &Graph, i: usize) -> bool {
     let n = &graph.nodes[i];
     let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { return false };
     if !op.creates_from_shape() {
         return false;
+    }
+    if op.shape_of(attrs).is_some_and(|s| s.iter().any(|&d| d < 0)) {
+        return true;
     }
     (op.infer)(attrs, &[]).is_ok_and(|outs| outs.iter().any(|m| m.shape.is_empty() || m.shape.contains(&0)))
 }

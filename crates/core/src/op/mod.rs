@@ -115,6 +115,9 @@ pub enum Mutates {
     FromEnd(&'static [usize]),
     /// Every input (`reset_arrays`).
     All,
+    /// Decided by the call's parameters (`Custom`: its property's auxiliary states), given
+    /// the input count; only where the parameters are at hand ([`OpDef::mutated_inputs_of`]).
+    Dynamic(fn(&Attrs, usize) -> smallvec::SmallVec<[usize; 4]>),
 }
 
 pub type InferFn = Box<dyn Fn(&Attrs, &[Meta]) -> Result<Vec<Meta>> + Send + Sync>;
@@ -151,6 +154,12 @@ pub struct OpCtx<'a> {
 }
 
 impl OpCtx<'_> {
+    /// This call's context with other parameters: for an operator that runs another's kernel
+    /// (bilinear `UpSampling` is a `Deconvolution`).
+    pub fn with_attrs<'b>(&'b self, attrs: &'b Attrs) -> OpCtx<'b> {
+        OpCtx { attrs, req: self.req, rng: self.rng, is_train: self.is_train, temp: self.temp.clone() }
+    }
+
     /// `bytes` of scratch memory for this kernel call: the operator's shared workspace, or
     /// memory of its own when it has none (a kernel called directly, as tests do).
     pub fn workspace(&self, bytes: usize) -> Result<resource::Scratch<'_>> {
@@ -165,6 +174,13 @@ impl OpCtx<'_> {
 /// (input 0; -1 for a dimension not known yet) and how many inputs the node has, the shapes of
 /// the other inputs it determines, as `(input, shape)`. An error names what is inconsistent.
 pub type ParamShapesFn = fn(&Attrs, &[i64], usize) -> Result<Vec<(usize, Vec<i64>)>>;
+
+/// The input names a call's parameters give a variadic operator (see [`OpDef::input_names_of`]).
+pub type InputNamesFn = fn(&Attrs) -> Result<Vec<String>>;
+
+/// Graph inference of outputs from partially known inputs (every rank known, some
+/// dimensions -1): the output shapes, or None to leave them to the generic rule.
+pub type PartialShapesFn = fn(&Attrs, &[Option<Vec<i64>>]) -> Option<Vec<Option<Vec<i64>>>>;
 
 /// Graph inference of inputs from outputs: given the parameters and the partial shapes of the
 /// inputs and outputs (`None`: unknown rank; -1: an unknown dimension), the input shapes they
@@ -243,6 +259,17 @@ pub struct OpDef {
     /// (stock lists only `data` for log_softmax and softmin, whose optional `length` input is
     /// not a frontend argument, so `log_softmax(x, axis)` passes the axis as a parameter).
     pub listed_inputs: Option<&'static [&'static str]>,
+    /// The names of a variadic operator's inputs when its parameters decide them (`Custom`:
+    /// its property's arguments and auxiliary states), so that symbols compose by keyword
+    /// and missing inputs become `<node>_<name>` variables, as stock's FListInputNames.
+    pub input_names_of: Option<InputNamesFn>,
+    /// Graph inference of the outputs from inputs of known rank but unknown dimensions (-1),
+    /// where stock's rule differs from what the generic probing finds (see
+    /// `symbol::infer`): None leaves it to the probing.
+    pub partial_shapes: Option<PartialShapesFn>,
+    /// Stock declares no input names for it (no FListInputNames: `Activation`,
+    /// `SoftmaxActivation`), so an executor monitor labels its inputs `<node>_input<i>`.
+    pub unnamed_inputs: bool,
     /// When every input has one shape and dtype, the output is one array of that shape and
     /// dtype (element-wise operators, and broadcasting ones on equal shapes): the imperative
     /// call then skips general inference ([`invoke`]'s same-shape path).
@@ -318,6 +345,9 @@ impl OpDef {
             invoke_with: None,
             is_backward: false,
             listed_inputs: None,
+            input_names_of: None,
+            partial_shapes: None,
+            unnamed_inputs: false,
             same_shape: false,
             elementwise_shape: 0,
             param_shapes: None,
@@ -345,6 +375,18 @@ impl OpDef {
         let mut d = OpDef::new(name, Inputs::Variadic("grads_and_data"), infer, compute).params(params);
         d.is_backward = true;
         d
+    }
+    pub fn unnamed_inputs(mut self) -> Self {
+        self.unnamed_inputs = true;
+        self
+    }
+    pub fn partial_shapes(mut self, f: PartialShapesFn) -> Self {
+        self.partial_shapes = Some(f);
+        self
+    }
+    pub fn input_names_of(mut self, f: InputNamesFn) -> Self {
+        self.input_names_of = Some(f);
+        self
     }
     pub fn listed_inputs(mut self, names: &'static [&'static str]) -> Self {
         self.listed_inputs = Some(names);
@@ -440,6 +482,11 @@ impl OpDef {
         self.mutate_inputs = Mutates::At(inputs);
         self
     }
+    /// The parameters decide which inputs are mutated (see [`Mutates::Dynamic`]).
+    pub fn mutates_dynamic(mut self, f: fn(&Attrs, usize) -> smallvec::SmallVec<[usize; 4]>) -> Self {
+        self.mutate_inputs = Mutates::Dynamic(f);
+        self
+    }
     /// Every input is mutated (see [`Mutates::All`]).
     pub fn mutates_all(mut self) -> Self {
         self.mutate_inputs = Mutates::All;
@@ -460,13 +507,21 @@ impl OpDef {
                 back.iter().filter(|&&k| k >= 1 && k <= n_inputs).map(|&k| n_inputs - k).collect()
             }
             Mutates::All => (0..n_inputs).collect(),
+            Mutates::Dynamic(_) => smallvec::SmallVec::new(),
+        }
+    }
+    /// [`OpDef::mutated_inputs`] for a call with these parameters (`None`: not parsed).
+    pub fn mutated_inputs_of(&self, attrs: Option<&Attrs>, n_inputs: usize) -> smallvec::SmallVec<[usize; 4]> {
+        match (self.mutate_inputs, attrs) {
+            (Mutates::Dynamic(f), Some(a)) => f(a, n_inputs).into_iter().filter(|&i| i < n_inputs).collect(),
+            _ => self.mutated_inputs(n_inputs),
         }
     }
     /// Whether some call of the operator writes one of its inputs.
     pub fn mutates_any(&self) -> bool {
         match self.mutate_inputs {
             Mutates::At(l) | Mutates::FromEnd(l) => !l.is_empty(),
-            Mutates::All => true,
+            Mutates::All | Mutates::Dynamic(_) => true,
         }
     }
     pub fn resources(mut self, r: &'static [Resource]) -> Self {
@@ -816,6 +871,14 @@ impl OpDef {
     /// Whether the operator creates its output from a `shape` parameter, without tensor
     /// inputs (`_zeros`, `_full`, the samplers): in legacy shape semantics a 0 dimension of
     /// that shape means "unknown" (stock's InitShape), which graph inference fills in.
+    /// A creation operator's `shape` parameter as given (None: no such parameter, or `None`).
+    pub fn shape_of<'a>(&self, attrs: &'a Attrs) -> Option<&'a [i64]> {
+        match attrs.value(self.params, self.param_at.shape?) {
+            param::Value::Shape(v) => Some(v),
+            _ => None,
+        }
+    }
+
     pub fn creates_from_shape(&self) -> bool {
         self.param_at.shape.is_some() && matches!(self.inputs, Inputs::Fixed(&[]))
     }

@@ -139,13 +139,15 @@ pub fn infer(g: &Graph, in_shapes: &[PShape], in_dtypes: &[Option<DType>], np_sh
         let n = &g.nodes[node];
         let e = st.offsets[node];
         let what = || format!("variable {}", n.name);
-        // A malformed attribute (a hand-edited JSON file) is an error, not silently no shape.
+        // A given shape or dtype wins; the attributes serve where none is given (stock reads
+        // them only for a variable whose shape or dtype is unknown). A malformed attribute (a
+        // hand-edited JSON file) is an error, not silently no shape.
         if let Some(attr) = n.raw.get("__shape__") {
             st.shapes[e] = parse_shape_attr(attr, np_shape)
                 .ok_or_else(|| Error::value(format!("{}: __shape__ {attr:?} is not a shape such as (2, 3)", what())))?;
         }
-        if let Some(s) = in_shapes.get(k) {
-            merge(&mut st.shapes[e], s, &what)?;
+        if let Some(Some(s)) = in_shapes.get(k) {
+            st.shapes[e] = Some(s.clone());
         }
         if let Some(attr) = n.raw.get("__dtype__") {
             let code = attr
@@ -156,8 +158,8 @@ pub fn infer(g: &Graph, in_shapes: &[PShape], in_dtypes: &[Option<DType>], np_sh
                 st.dtypes[e] = Some(DType::from_code(code)?);
             }
         }
-        if let Some(&d) = in_dtypes.get(k) {
-            merge_dtype(&mut st.dtypes[e], d, &what)?;
+        if let Some(&Some(d)) = in_dtypes.get(k) {
+            st.dtypes[e] = Some(d);
         }
     }
     for heuristics in [false, true] {
@@ -259,6 +261,58 @@ pub fn infer_types(sym: &super::Symbol, given: Given<Option<DType>>) -> Result<R
     Ok(report(&g, &r, &r.dtypes, r.dtype_complete()))
 }
 
+/// The operator's inference on complete input shapes. Inputs of unknown dtype are taken to
+/// have the first known one (float32 when none is known), so shapes are found whatever the
+/// dtypes: data of unknown dtype with float64 weights (`net.cast('float64')` before Gluon's
+/// deferred shape inference) is no conflict. Output dtypes are only learned (by the caller)
+/// when every input's is known.
+fn infer_complete(op: &OpDef, attrs: &Attrs, ish: &[PShape], idt: &[Option<DType>]) -> Result<Vec<Meta>> {
+    let fill = idt.iter().flatten().next().copied().unwrap_or(DType::F32);
+    let metas: Vec<Meta> = ish
+        .iter()
+        .zip(idt)
+        .map(|(s, d)| Meta::new(s.as_ref().expect("complete").iter().map(|&x| x as usize).collect(), d.unwrap_or(fill)))
+        .collect();
+    (op.infer)(attrs, &metas)
+}
+
+/// Dimensions an unknown input dimension is given in turn by [`infer_partial`]: small (so a
+/// `min(d, 10)` or a slice to 10 is not mistaken for known) and distinct.
+const PROBES: [i64; 3] = [2, 3, 5];
+
+/// Forward inference from inputs of known rank with unknown dimensions (stock's partial
+/// inference, e.g. `slice` of a `(0, 20)` variable is `(0, 10)`), for any operator: its
+/// inference runs once per probe value, every unknown input dimension set to it; an output
+/// dimension the same in every run is known, the others stay unknown. A run that fails (the
+/// probe contradicts a known dimension, say) means nothing is learned: never an error, since
+/// the real dimensions may well fit.
+fn infer_partial(op: &OpDef, attrs: &Attrs, ish: &[PShape], idt: &[Option<DType>]) -> Vec<PShape> {
+    let mut runs: Vec<Vec<Meta>> = Vec::with_capacity(PROBES.len());
+    for p in PROBES {
+        let probe: Vec<PShape> =
+            ish.iter().map(|s| s.as_ref().map(|v| v.iter().map(|&d| if d < 0 { p } else { d }).collect())).collect();
+        match infer_complete(op, attrs, &probe, idt) {
+            Ok(outs) => runs.push(outs),
+            Err(_) => return Vec::new(),
+        }
+    }
+    let (first, rest) = runs.split_first().expect("one run per probe");
+    first
+        .iter()
+        .enumerate()
+        .map(|(k, m)| {
+            if rest.iter().any(|r| r.get(k).is_none_or(|o| o.shape.len() != m.shape.len())) {
+                return None;
+            }
+            Some(
+                (0..m.shape.len())
+                    .map(|d| if rest.iter().all(|r| r[k].shape[d] == m.shape[d]) { m.shape[d] as i64 } else { -1 })
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
 /// One node; returns whether anything was learned.
 fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: bool) -> Result<bool> {
     let node = &g.nodes[i];
@@ -278,27 +332,20 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: boo
     let names: Vec<String> = node.inputs.iter().map(|&(src, _)| g.nodes[src].name.clone()).collect();
     param_shapes(op, attrs, node, &names, &mut ish)?;
     input_shapes(op, attrs, node, &names, &mut ish, &osh)?;
-    if ish.iter().all(is_complete) {
-        // Inputs of unknown dtype are taken to have the first known one (float32 when none is
-        // known), so shapes are found whatever the dtypes: data of unknown dtype with float64
-        // weights (`net.cast('float64')` before Gluon's deferred shape inference) is no
-        // conflict. Output dtypes are only learned when every input's is known.
-        let fill = idt.iter().flatten().next().copied().unwrap_or(DType::F32);
-        let metas: Vec<Meta> = ish
-            .iter()
-            .zip(&idt)
-            .map(|(s, d)| {
-                Meta::new(s.as_ref().expect("complete").iter().map(|&x| x as usize).collect(), d.unwrap_or(fill))
-            })
-            .collect();
-        let outs = (op.infer)(attrs, &metas)
+    // A creation operator's `shape` parameter (no inputs) with a 0 or negative dimension means
+    // "unknown" in the legacy shape semantics (stock's InitShape): `F.zeros((0, H))` as a begin
+    // state takes its batch size from the operator that reads it, `sym.ones(shape=(-1, -1))`
+    // its shape from its consumers. So does an empty shape (`shape=()`, unknown rank):
+    // `sym.random.randn(...) + x` is x's shape.
+    let unknown_zeros = !np_shape && op.creates_from_shape();
+    let partial_creation = unknown_zeros && op.shape_of(attrs).is_some_and(|s| s.iter().any(|&d| d < 0));
+    if partial_creation {
+        let dims = op.shape_of(attrs).unwrap_or_default().iter().map(|&d| if d <= 0 { -1 } else { d }).collect();
+        merge(&mut osh[0], &Some(dims), &out_what(0))?;
+    } else if ish.iter().all(is_complete) {
+        let outs = infer_complete(op, attrs, &ish, &idt)
             .map_err(|e| Error::mxnet(format!("{} ({}): {}", node.name, op.name, e.message())))?;
         let dtypes_known = idt.iter().all(Option::is_some);
-        // A creation operator's `shape` parameter (no inputs) with a 0 dimension means "unknown" in the
-        // legacy shape semantics (stock's InitShape): `F.zeros((0, H))` as a begin state
-        // takes its batch size from the operator that reads it.
-        // So does an empty shape (`shape=()`, unknown rank): `sym.random.randn(...) + x` is x's shape.
-        let unknown_zeros = !np_shape && op.creates_from_shape();
         for (k, m) in outs.iter().enumerate().take(osh.len()) {
             if unknown_zeros && m.shape.is_empty() {
                 continue;
@@ -309,11 +356,17 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: boo
                 merge_dtype(&mut odt[k], Some(m.dtype), &out_what(k))?;
             }
         }
+    } else if ish.iter().all(Option::is_some) {
+        let partial = op.partial_shapes.and_then(|rule| rule(attrs, &ish));
+        let partial = partial.unwrap_or_else(|| infer_partial(op, attrs, &ish, &idt));
+        for (k, shape) in partial.into_iter().enumerate().take(osh.len()) {
+            merge(&mut osh[k], &shape, &out_what(k))?;
+        }
     }
     if heuristics {
         default_dtypes(op, attrs, &mut idt, &mut odt);
     }
-    elementwise_shapes(op, &mut ish, &osh)?;
+    elementwise_shapes(op, &mut ish, &mut osh)?;
 
     let mut changed = false;
     for (k, &e) in in_e.iter().enumerate() {
@@ -375,16 +428,21 @@ fn input_shapes(
 }
 
 /// The element-wise shape rule ([`OpDef::elementwise_shape`]): the inputs it covers and the
-/// first output take the shape any of them has.
-fn elementwise_shapes(op: &OpDef, ins: &mut [PShape], outs: &[PShape]) -> Result<()> {
+/// first output take the shape any of them has, dimension by dimension: `(2, ?)` and `(?, 3)`
+/// are `(2, 3)`, as in stock.
+fn elementwise_shapes(op: &OpDef, ins: &mut [PShape], outs: &mut [PShape]) -> Result<()> {
     let n = op.elementwise_shape.min(ins.len());
     if n == 0 {
         return Ok(());
     }
-    let known = ins[..n].iter().chain(outs.first()).find(|s| is_complete(s)).cloned().flatten();
-    if let Some(k) = known {
-        for s in ins[..n].iter_mut() {
-            merge(s, &Some(k.clone()), &|| format!("an input of {} (its inputs have one shape)", op.name))?;
+    let what = || format!("an input of {} (its inputs have one shape)", op.name);
+    let mut known: PShape = None;
+    for s in ins[..n].iter().chain(outs.first()) {
+        merge(&mut known, s, &what)?;
+    }
+    if known.is_some() {
+        for s in ins[..n].iter_mut().chain(outs.first_mut()) {
+            merge(s, &known, &what)?;
         }
     }
     Ok(())
@@ -503,12 +561,37 @@ mod tests {
         let by_name = |n: &str| r.node_shape(g.nodes.iter().position(|x| x.name == n).unwrap()).clone().unwrap();
         assert_eq!(by_name("conv_weight"), [4, -1, 3, 3]);
         assert_eq!(by_name("conv_bias"), [4]);
-        // Forward inference needs complete inputs, so the layers after the convolution stay
-        // unknown (stock would carry partial shapes further).
-        assert!(r.node_shape(g.nodes.iter().position(|x| x.name == "fc_weight").unwrap()).is_none());
+        // Partial shapes are carried forward (by probing the unknown dimensions): the
+        // convolution's output is (1, 4, ?, ?), so the FullyConnected weight is (10, ?).
+        assert_eq!(by_name("fc_weight"), [10, -1]);
         // __shape__ with an unknown dim (Gluon's deferred parameters).
         assert_eq!(parse_shape_attr("(10, 0)", false), Some(Some(vec![10, -1])));
         assert_eq!(parse_shape_attr("()", false), Some(None));
+    }
+
+    #[test]
+    fn partial_forward_inference_and_given_attributes() {
+        // slice of a (?, 20) variable: the sliced known axis is known, the unknown one stays
+        // unknown even where a large probe would give a constant (`end` 5 on dim 0).
+        let v = Symbol::variable("data");
+        let mut sl = Symbol::atomic(lookup("slice").unwrap(), [("begin", "(None, 3)"), ("end", "(5, 10)")]).unwrap();
+        sl.compose(&[&v], &[], Some("s")).unwrap();
+        let g = sl.graph();
+        let r = infer(&g, &[Some(vec![-1, 20])], &[], false).unwrap();
+        assert_eq!(r.shapes[r.offsets[g.heads[0].0]], Some(vec![-1, 7]));
+        // Element-wise operands merge dimension by dimension: (2, ?) + (?, 3) = (2, 3).
+        let (a, b) = (Symbol::variable("a"), Symbol::variable("b"));
+        let mut add = Symbol::atomic(lookup("elemwise_add").unwrap(), std::iter::empty()).unwrap();
+        add.compose(&[&a, &b], &[], Some("add")).unwrap();
+        let g = add.graph();
+        let r = infer(&g, &[Some(vec![2, -1]), Some(vec![-1, 3])], &[], false).unwrap();
+        assert!(r.shape_complete());
+        // A given dtype wins over the variable's __dtype__ attribute.
+        let x = Symbol::variable("x");
+        x.outputs[0].node.inner.write().dict.insert("__dtype__".into(), "1".into());
+        let g = x.graph();
+        assert_eq!(infer(&g, &[], &[Some(DType::F32)], false).unwrap().node_dtype(0), Some(DType::F32));
+        assert_eq!(infer(&g, &[], &[None], false).unwrap().node_dtype(0), Some(DType::F64));
     }
 
     #[test]

@@ -195,6 +195,9 @@ fn dfs(heads: &[Entry]) -> Vec<Arc<Node>> {
 /// The parameter names of an operator's tensor inputs for a call with these attributes
 /// (`None`: variadic without a count, inputs only positional).
 fn input_names(op: &OpDef, attrs: &Attrs) -> Result<Option<Vec<String>>> {
+    if let Some(names) = op.input_names_of {
+        return names(attrs).map(Some);
+    }
     Ok(match op.inputs {
         Inputs::Variadic(_) if op.key_var_num_args.is_empty() => None,
         Inputs::Variadic(_) => Some((0..op.num_inputs(attrs, 0)?).map(|i| format!("arg{i}")).collect()),
@@ -221,7 +224,8 @@ pub fn output_name(op: &OpDef, attrs: Option<&Attrs>, node: &str, index: usize) 
 /// The name of input `index` of operator node `node`, as stock's executor monitor reports it:
 /// `<node>_<parameter name>` (`input<i>` where the operator does not name its inputs).
 pub fn input_label(op: &OpDef, attrs: &Attrs, node: &str, index: usize) -> String {
-    let named = input_names(op, attrs).ok().flatten().and_then(|v| v.get(index).cloned());
+    let named = (!op.unnamed_inputs).then(|| input_names(op, attrs).ok().flatten()).flatten();
+    let named = named.and_then(|v| v.get(index).cloned());
     format!("{node}_{}", named.unwrap_or_else(|| format!("input{index}")))
 }
 
@@ -712,7 +716,7 @@ fn mutated_inputs(nodes: &[Arc<Node>]) -> HashSet<usize> {
     for n in nodes {
         let d = n.inner.read();
         if let Some(op) = d.op {
-            for i in op.mutated_inputs(d.inputs.len()) {
+            for i in op.mutated_inputs_of(d.attrs.as_ref(), d.inputs.len()) {
                 if let Some(e) = d.inputs.get(i) {
                     set.insert(ptr(&e.node));
                 }
@@ -732,7 +736,7 @@ fn update_versions(d: &mut NodeData) -> Result<()> {
         }
     }
     if let Some(op) = d.op {
-        for i in op.mutated_inputs(d.inputs.len()) {
+        for i in op.mutated_inputs_of(d.attrs.as_ref(), d.inputs.len()) {
             let Some(e) = d.inputs.get_mut(i) else { continue };
             let mut v = e.node.inner.write();
             if v.op.is_some() {
@@ -809,7 +813,7 @@ impl Graph {
         let mut set = HashSet::new();
         for n in &self.nodes {
             if let Some(op) = n.op {
-                for i in op.mutated_inputs(n.inputs.len()) {
+                for i in op.mutated_inputs_of(n.attrs.as_ref(), n.inputs.len()) {
                     if let Some(&(src, _)) = n.inputs.get(i) {
                         set.insert(src);
                     }

@@ -621,6 +621,45 @@ fn num_outputs(a: &super::param::Attrs) -> usize {
     Prop::create(CustomParams::of(a).op_type, a.extra()).map_or(0, |p| p.outputs.len())
 }
 
+/// Graph inference of a `Custom` call's other inputs (arguments after the first, auxiliary
+/// states) from the first's shape, by the property's `infer_shape` (stock passes what it
+/// knows, so a property deriving its auxiliary states from the data fills them). Nothing is
+/// learned when the data's shape is incomplete or the property needs more.
+fn param_shapes(a: &super::param::Attrs, data: &[i64], n_inputs: usize) -> Result<Vec<(usize, Vec<i64>)>> {
+    let Ok(data) = data.iter().map(|&d| usize::try_from(d)).collect::<std::result::Result<Vec<usize>, _>>() else {
+        return Ok(Vec::new());
+    };
+    let prop = Prop::create(CustomParams::of(a).op_type, a.extra())?;
+    let (n_args, n_out, n_aux) = (prop.args.len(), prop.outputs.len(), prop.aux.len());
+    if n_inputs != n_args + n_aux || n_args == 0 {
+        return Ok(Vec::new());
+    }
+    let mut known: Vec<Option<&[usize]>> = vec![None; n_args + n_out + n_aux];
+    known[0] = Some(&data);
+    let Ok(shapes) = prop.frontend.infer_shape(&known) else { return Ok(Vec::new()) };
+    if shapes.len() != known.len() {
+        return Ok(Vec::new());
+    }
+    let as_i64 = |s: &Vec<usize>| s.iter().map(|&d| d as i64).collect::<Vec<i64>>();
+    let args = (1..n_args).map(|i| (i, as_i64(&shapes[i])));
+    let aux = (0..n_aux).map(|k| (n_args + k, as_i64(&shapes[n_args + n_out + k])));
+    Ok(args.chain(aux).collect())
+}
+
+/// A `Custom` call's auxiliary states (the inputs after its arguments), which it may write.
+fn aux_inputs(a: &super::param::Attrs, n_inputs: usize) -> smallvec::SmallVec<[usize; 4]> {
+    match Prop::create(CustomParams::of(a).op_type, a.extra()) {
+        Ok(p) => (p.args.len()..n_inputs).collect(),
+        Err(_) => smallvec::SmallVec::new(),
+    }
+}
+
+/// A `Custom` call's input names: its property's arguments, then its auxiliary states.
+fn input_names(a: &super::param::Attrs) -> Result<Vec<String>> {
+    let prop = Prop::create(CustomParams::of(a).op_type, a.extra())?;
+    Ok(prop.args.iter().chain(&prop.aux).cloned().collect())
+}
+
 /// The number of outputs of a `_backward_Custom` call: one gradient per argument.
 fn num_in_grads(a: &super::param::Attrs) -> usize {
     Prop::create(CustomParams::of(a).op_type, a.extra()).map_or(0, |p| p.args.len())
@@ -637,6 +676,9 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         .alias(&["_npi_Custom"])
         .params(CUSTOM_PARAMS)
         .open_params()
+        .input_names_of(input_names)
+        .mutates_dynamic(aux_inputs)
+        .param_shapes(param_shapes)
         .invoke_with(invoke_custom)
         .outputs(num_outputs, num_outputs)
         .grad(Grad::Stateful { op: "_backward_Custom" })

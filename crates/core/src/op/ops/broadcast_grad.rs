@@ -12,8 +12,9 @@
 //! summed dimension with per-task partial sums.
 
 use super::broadcast::{for_runs, BPlan};
-use super::elemwise::{Arith, Bin, Calc, BINS};
-use crate::error::Result;
+use super::elemwise::{dispatch_arith, Arith, Bin, Calc, BINS};
+use crate::error::{Error, Result};
+use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, par_tasks_mut, pool_threads, Cost};
 use crate::op::tensor::{OutBlob, TBlob};
 use crate::op::{OpCtx, OpDef, Req};
@@ -255,6 +256,7 @@ fn reduce_to<S: Copy + Sync, C: Calc, D: Copy + Send + Sync>(
 /// The gradient of one input of a binary function, from `g` (output-shaped) and, for functions
 /// that need them, the forward inputs.
 fn side<T: Arith>(op: Bin, i: usize, ins: &[TBlob], out: &mut OutBlob) {
+    type C<T> = <T as Arith>::C;
     let g = &ins[0];
     let dtype = g.dtype;
     let n = g.size();
@@ -278,10 +280,14 @@ fn side<T: Arith>(op: Bin, i: usize, ins: &[TBlob], out: &mut OutBlob) {
         }
         return;
     }
+    // Stock's `%` has no gradient in integer types (both sides 0).
+    if op == Bin::Mod && !matches!(T::DTYPE, DType::F32 | DType::F64 | DType::F16) {
+        out.as_mut::<T>().fill(T::store(C::<T>::ZERO));
+        return;
+    }
     let (l, r) = (&ins[1], &ins[2]);
     let plan = if l.shape == r.shape { BPlan::flat(n) } else { BPlan::new(&l.shape, &r.shape, &g.shape) };
     let (gs, ls, rs) = (g.as_slice::<T>(), l.as_slice::<T>(), r.as_slice::<T>());
-    type C<T> = <T as Arith>::C;
     macro_rules! go {
         ($cost:expr, |$g:ident, $l:ident, $r:ident| $e:expr) => {{
             if direct {
@@ -318,7 +324,8 @@ fn compute(op: Bin, name: &'static str) -> crate::op::ComputeFn {
     Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
         for (i, out) in outs.iter_mut().enumerate().take(2) {
             if cx.req[i] != Req::Null {
-                crate::dispatch_float!(ins[0].dtype, name, T => side::<T>(op, i, ins, out));
+                // Every dtype, as stock's (integer `%` has a gradient too).
+                dispatch_arith!(ins[0].dtype, name, T => side::<T>(op, i, ins, out));
             }
         }
         Ok(())

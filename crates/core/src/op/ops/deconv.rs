@@ -133,11 +133,36 @@ fn deconv_plan(a: &Attrs, data: &[usize]) -> Result<Deconv> {
     Ok(Deconv { conv, out_shape, weight_shape })
 }
 
+/// The deconvolution a bilinear `UpSampling` by `scale` is (stock's rule): a `2·scale −
+/// scale % 2` kernel, stride `scale`, padding `⌈(scale − 1) / 2⌉`, one group per channel and
+/// no bias, so `[N, C, H, W]` data and a `[C, 1, k, k]` weight give `[N, C, scale·H, scale·W]`.
+pub(super) fn bilinear_upsampling(op: &'static str, scale: i64, num_filter: i64, workspace: i64) -> Result<Attrs> {
+    let (k, pad) = (2 * scale - scale % 2, scale / 2);
+    let (kernel, stride, pad) = (format!("({k}, {k})"), format!("({scale}, {scale})"), format!("({pad}, {pad})"));
+    let (f, ws) = (num_filter.to_string(), workspace.to_string());
+    let kv = [
+        ("kernel", kernel.as_str()),
+        ("stride", stride.as_str()),
+        ("pad", pad.as_str()),
+        ("num_filter", f.as_str()),
+        ("num_group", f.as_str()),
+        ("workspace", ws.as_str()),
+        ("no_bias", "True"),
+    ];
+    Attrs::parse(op, DECONV_PARAMS, kv)
+}
+
+/// `bilinear_upsampling`'s weight shape for `channels` data channels.
+pub(super) fn bilinear_weight_shape(scale: i64, channels: i64) -> Vec<i64> {
+    let k = 2 * scale - scale % 2;
+    vec![channels, 1, k, k]
+}
+
 fn deconv_inputs(a: &Attrs) -> usize {
     2 + !DeconvParams::of(a).no_bias as usize
 }
 
-fn deconv_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+pub(super) fn deconv_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let op = a.op;
     let dt = super::common::floats_like_first(op, ins)?;
     let p = deconv_plan(a, &ins[0].shape)?;
@@ -189,7 +214,7 @@ fn forward_typed<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<
     }
 }
 
-fn deconvolution(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+pub(super) fn deconvolution(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let d = deconv_plan(a, &ins[0].shape)?;
     if outs[0].size() == 0 {
@@ -269,7 +294,7 @@ fn backward_typed<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], out
     }
 }
 
-fn deconvolution_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+pub(super) fn deconvolution_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let d = deconv_plan(a, &ins[1].shape)?;
     match ins[1].dtype {

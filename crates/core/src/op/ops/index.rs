@@ -197,6 +197,14 @@ fn infer_slice_axis(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     one_out(slice_axis_ranges(a, &ins[0].shape)?.iter().map(|r| r.2).collect(), ins[0].dtype)
 }
 
+/// Stock's partial rule: an unknown sliced axis leaves the output's unknown too (the other
+/// axes are copied); a known one is sliced as usual.
+fn partial_slice_axis(a: &Attrs, ins: &[Option<Vec<i64>>]) -> Option<Vec<Option<Vec<i64>>>> {
+    let shape = ins.first()?.as_ref()?;
+    let ax = norm_axis("slice_axis", SliceAxisParams::of(a).axis, shape.len()).ok()?;
+    (shape[ax] < 0).then(|| vec![Some(shape.clone())])
+}
+
 fn run_slice_axis(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (v, shape) = slice_view(&slice_axis_ranges(cx.attrs, &ins[0].shape)?, &ins[0].shape);
     copy(&ins[0], &v, &mut outs[0], &View::contiguous(&shape), &shape);
@@ -329,11 +337,12 @@ pub(super) fn resolve(op: &str, i: i64, n: usize, mode: u8) -> Result<usize> {
         b'c' => i.clamp(0, n - 1),
         b'w' => i.rem_euclid(n),
         _ => {
-            if i < -n || i >= n {
-                // MXNetError, as stock's take/pick report it.
+            // Only 0..n (stock's take in raise mode refuses negative indices too); an
+            // MXNetError, as stock reports it.
+            if i < 0 || i >= n {
                 return Err(Error::mxnet(format!("operator {op}: index {i} is out of bounds for axis of size {n}")));
             }
-            i.rem_euclid(n)
+            i
         }
     } as usize)
 }
@@ -1129,6 +1138,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         op("slice_axis", data, infer_slice_axis, run_slice_axis)
             .params(SLICE_AXIS_PARAMS)
+            .partial_shapes(partial_slice_axis)
             .grad(bwd("_backward_slice_axis", false))
             .doc("Slices along a given axis."),
     );
@@ -1257,6 +1267,7 @@ mod tests {
         assert_eq!(resolve("t", -1, 4, b'w').unwrap(), 3);
         assert_eq!(resolve("t", 9, 4, b'c').unwrap(), 3);
         assert!(resolve("t", 4, 4, b'r').is_err());
+        assert!(resolve("t", -1, 4, b'r').is_err());
         assert_eq!(total_cmp(&f32::NAN, &1.0), Ordering::Greater);
     }
 }

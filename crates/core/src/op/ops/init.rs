@@ -337,14 +337,29 @@ fn fill_index<T: Elem>(out: &mut OutBlob, f: impl Fn(usize) -> T + Sync + Send) 
 fn arange(cx: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (start, _, step, repeat) = range_of(&ArangeParams::of(cx.attrs))?;
     let out = &mut outs[0];
-    if matches!(out.dtype, DType::F32 | DType::F64 | DType::F16) {
-        dispatch_all!(out.dtype, T => fill_index::<T>(out, |i| T::from_f64(start + (i / repeat) as f64 * step)));
-    } else {
-        // Integer outputs step by the step converted to the dtype, like stock's kernel.
-        dispatch_all!(out.dtype, T => {
-            let (s, d) = (T::from_f64(start).to_f64(), T::from_f64(step).to_f64());
-            fill_index::<T>(out, |i| T::from_f64(s + (i / repeat) as f64 * d))
-        });
+    // Stock's kernel computes `start + (i / repeat) * step` in the output's type, start and
+    // step converted to it first: float32 arithmetic for float32 (and float16), and for
+    // integers wrapping arithmetic on the truncated start and step (`uint8` from 50 by -2
+    // counts 50, 48, ..., 0, 254, ...).
+    macro_rules! wrapping {
+        ($t:ty) => {{
+            let (s, d) = (start as i64, step as i64);
+            fill_index::<$t>(out, |i| s.wrapping_add(((i / repeat) as i64).wrapping_mul(d)) as $t)
+        }};
+    }
+    match out.dtype {
+        DType::F64 => fill_index::<f64>(out, |i| start + (i / repeat) as f64 * step),
+        DType::F32 => fill_index::<f32>(out, |i| start as f32 + (i / repeat) as f32 * step as f32),
+        DType::F16 => {
+            fill_index::<half::f16>(out, |i| half::f16::from_f32(start as f32 + (i / repeat) as f32 * step as f32))
+        }
+        DType::U8 => wrapping!(u8),
+        DType::I8 => wrapping!(i8),
+        DType::I32 => wrapping!(i32),
+        DType::I64 => wrapping!(i64),
+        DType::Bool => {
+            fill_index::<crate::op::tensor::Bool8>(out, |i| Elem::from_f64(start + (i / repeat) as f64 * step))
+        }
     }
     Ok(())
 }

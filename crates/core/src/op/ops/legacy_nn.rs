@@ -569,12 +569,14 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         OpDef::new("LRN", Inputs::Fixed(&["data"]), Box::new(lrn_infer), Box::new(lrn))
             .params(LRN_PARAMS)
             .outputs(two, one)
+            .output_names(&["output", "tmp_norm"])
             .grad(Grad::Backward { op: "_backward_LRN", inputs: true, outputs: true })
             .doc("Applies local response normalization to the input: out = x * (knorm + alpha / nsize * sum of x^2 over nsize neighbouring channels)^(-beta)."),
     );
     ops.push(OpDef::backward("_backward_LRN", LRN_PARAMS, Box::new(lrn_backward)));
     ops.push(
         OpDef::new("SoftmaxActivation", Inputs::Fixed(&["data"]), Box::new(softmax_act_infer), Box::new(softmax_act))
+            .unnamed_inputs()
             .params(SOFTMAX_ACT_PARAMS)
             .grad(Grad::Backward { op: "_backward_SoftmaxActivation", inputs: false, outputs: true })
             .doc("Applies softmax activation to input. This is intended for internal layers (instance: over the last axis; channel: over axis 1 at every position)."),

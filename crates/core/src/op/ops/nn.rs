@@ -260,15 +260,49 @@ fn leaky_outputs(a: &Attrs) -> usize {
 fn leaky_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     float_only(a.op, ins[0].dtype)?;
     if ins.len() > 1 {
-        let c = if ins[0].shape.len() > 1 { ins[0].shape[1] } else { 1 };
-        if ins[1].size() != 1 && ins[1].shape != [c] {
-            return Err(Error::value(format!(
-                "operator {}: gamma has shape {:?}, expected (1,) or ({c},)",
-                a.op, ins[1].shape
-            )));
-        }
+        PreluLayout::new(a.op, &ins[0].shape, &ins[1].shape)?;
     }
     Ok(vec![ins[0].clone(); leaky_outputs(a)])
+}
+
+/// How prelu's gamma broadcasts over the data (stock's rule): gamma's dimensions, last first,
+/// match the data's axes 1 and 0 (equal, or 1 to broadcast); the other axes broadcast. So a
+/// `(C,)` gamma is per channel, a `(N, C)` one per sample and channel, and a 1-D data's gamma
+/// may be per element. The data is seen as `outer × chans` blocks of `inner` elements.
+pub(super) struct PreluLayout {
+    pub chans: usize,
+    pub inner: usize,
+    /// gamma's extent along data axes 0 and 1 (1: broadcast).
+    g0: usize,
+    g1: usize,
+}
+
+impl PreluLayout {
+    pub fn new(op: &str, data: &[usize], gamma: &[usize]) -> Result<PreluLayout> {
+        let mut expanded = vec![1usize; data.len()];
+        let mut rest = gamma.iter().rev().peekable();
+        for i in (0..data.len().min(2)).rev() {
+            if let Some(&&g) = rest.peek() {
+                if g == data[i] || g == 1 {
+                    expanded[i] = g;
+                    rest.next();
+                }
+            }
+        }
+        if rest.next().is_some() {
+            return Err(Error::value(format!(
+                "operator {op}: cannot broadcast gamma of shape {gamma:?} to the data's shape {data:?}"
+            )));
+        }
+        let (g0, g1) = (expanded.first().copied().unwrap_or(1), expanded.get(1).copied().unwrap_or(1));
+        let chans = data.get(1).copied().unwrap_or(1);
+        Ok(PreluLayout { chans, inner: data.get(2..).map_or(1, |r| r.iter().product()), g0, g1 })
+    }
+    /// The gamma element of block `b` (`b = n * chans + c`).
+    pub fn gamma_of(&self, b: usize) -> usize {
+        let (n, c) = (b / self.chans.max(1), b % self.chans.max(1));
+        (if self.g0 > 1 { n } else { 0 }) * self.g1 + if self.g1 > 1 { c } else { 0 }
+    }
 }
 
 fn leaky(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
@@ -279,13 +313,13 @@ fn leaky(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     match params.act_type {
         "prelu" => {
             let gamma = read_f64(a.op, &ins[1])?;
-            let shape = &x.shape;
-            let (c, inner) = if shape.len() > 1 { (shape[1], shape[2..].iter().product::<usize>()) } else { (1, 1) };
+            let layout = PreluLayout::new(a.op, &x.shape, &ins[1].shape)?;
+            let inner = layout.inner;
             dispatch_real!(x.dtype, a.op, T, R => {
                 let xs = x.as_slice::<T>();
                 par_for_mut(o.as_mut::<T>(), inner, Cost(inner as f64 * 0.3), T::DTYPE, |r, part| {
                     for (b, ob) in r.zip(part.chunks_mut(inner.max(1))) {
-                        let g = R::of(gamma[if gamma.len() == 1 { 0 } else { b % c }]);
+                        let g = R::of(gamma[layout.gamma_of(b)]);
                         for (ov, &v) in ob.iter_mut().zip(&xs[b * inner..(b + 1) * inner]) {
                             let v = R::load(v);
                             *ov = (if v > R::of(0.0) { v } else { g * v }).store();
@@ -626,7 +660,8 @@ fn dropout(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
         mshape[norm_axis(a.op, ax, shape.len())?] = 1;
     }
     let pkeep = 1.0 - p;
-    let scale = if pkeep > 0.0 { 1.0 / pkeep } else { 0.0 };
+    // As stock: the mask is `keep · (1 / pkeep)`, so p = 1 gives 0 · inf = NaN everywhere.
+    let scale = 1.0 / pkeep;
     let rng = cx.rng;
     dispatch_real!(x.dtype, a.op, T, R => {
         let (xs, os, ms) = (x.as_slice::<T>(), o.as_mut::<T>(), m.as_mut::<T>());
@@ -637,7 +672,7 @@ fn dropout(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
         }
         let rng = rng.ok_or_else(|| Error::internal("Dropout has no random stream"))?;
         let msize: usize = mshape.iter().product();
-        let small: Vec<R> = (0..msize).map(|i| R::of(if (rng.uniform(i as u64)) < pkeep { scale } else { 0.0 })).collect();
+        let small: Vec<R> = (0..msize).map(|i| R::of(if (rng.uniform(i as u64)) < pkeep { 1.0 } else { 0.0 }) * R::of(scale)).collect();
         // Strides of the mask shape (0 along broadcast axes).
         let nd = shape.len();
         let mut mstride = vec![0usize; nd];
@@ -972,16 +1007,18 @@ fn max_pool_2d_any<T: Elem, R: Real>(x: &[T], o: &mut [T], p: &PoolPlan) {
 }
 
 /// A per-dimension parameter widened to three dimensions (`default` when not given and for
-/// the padded leading dimensions).
+/// the padded leading dimensions). The kernel must have one entry per spatial dimension;
+/// stride and pad may have more, and only the first are read (as stock: `pad=(0, 0, 0)` on
+/// 1-D pooling).
 fn tuple3(op: &str, name: &str, v: &[i64], nsp: usize, default: usize) -> Result<[usize; 3]> {
     let mut r = [default; 3];
     if v.is_empty() {
         return Ok(r);
     }
-    if v.len() != nsp {
+    if v.len() < nsp || (name == "kernel" && v.len() != nsp) {
         return Err(Error::value(format!("operator {op}: {name} {v:?} must have {nsp} entries for {nsp}-D pooling")));
     }
-    for (i, &x) in v.iter().enumerate() {
+    for (i, &x) in v[..nsp].iter().enumerate() {
         r[3 - nsp + i] = usize::try_from(x)
             .map_err(|_| Error::value(format!("operator {op}: {name} {v:?} has a negative entry")))?;
     }
@@ -1017,6 +1054,12 @@ pub(super) fn pool_plan(a: &Attrs, shape: &[usize]) -> Result<PoolPlan> {
             tuple3(op, "pad", params.pad, nsp, 0)?,
         )
     };
+    if params.pooling_convention == "same" && params.pad.iter().any(|&p| p != 0) {
+        return Err(Error::value(format!(
+            "operator {op}: the 'same' pooling convention disables the pad parameter, got pad {:?}",
+            params.pad
+        )));
+    }
     let mut pad = pad;
     let mut output = [1; 3];
     for d in 0..3 {
@@ -1266,6 +1309,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     register_smooth_l1(ops);
     ops.push(
         OpDef::new("Activation", Inputs::Fixed(&["data"]), Box::new(infer_float_like_first), Box::new(activation))
+            .unnamed_inputs()
             .alias(&["_npx_activation"])
             .params(ACT_PARAMS)
             .gpu(GpuKernel::MapBy(|a| {
@@ -1470,6 +1514,20 @@ pub(super) mod tests {
         ("(2, 2)", "(2, 2)", &[1, 2, 6, 20]),
         ("(2, 2)", "(2, 2)", &[1, 1, 5, 19]),
     ];
+
+    #[test]
+    fn prelu_gamma_layouts() {
+        // (C,) per channel, (N, C) per sample and channel, (N,) per element of 1-D data.
+        let l = PreluLayout::new("p", &[3, 4, 2], &[4]).unwrap();
+        assert_eq!((l.chans, l.inner, l.gamma_of(5)), (4, 2, 1));
+        let l = PreluLayout::new("p", &[3, 4, 2], &[3, 4]).unwrap();
+        assert_eq!(l.gamma_of(5), 5);
+        let l = PreluLayout::new("p", &[6], &[6]).unwrap();
+        assert_eq!((l.inner, l.gamma_of(4)), (1, 4));
+        assert_eq!(PreluLayout::new("p", &[3, 4], &[1]).unwrap().gamma_of(7), 0);
+        assert!(PreluLayout::new("p", &[3, 4], &[5]).is_err());
+        assert!(PreluLayout::new("p", &[3, 4, 2], &[2, 3, 4]).is_err());
+    }
 
     #[test]
     fn max_pool_fast_path_equals_the_general_one() {

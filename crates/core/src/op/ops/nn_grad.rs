@@ -92,10 +92,10 @@ fn leaky_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()>
     let (g, x) = (&ins[0], &ins[1]);
     if kind == "prelu" {
         let gamma = read_f64(a.op, &ins[2])?;
-        let shape = &x.shape;
-        let (c, inner) = if shape.len() > 1 { (shape[1], shape[2..].iter().product::<usize>()) } else { (1, 1) };
+        let layout = super::nn::PreluLayout::new(a.op, &x.shape, &ins[2].shape)?;
+        let inner = layout.inner;
         let blocks = x.size().checked_div(inner).unwrap_or(0);
-        let ch = |b: usize| if gamma.len() == 1 { 0 } else { b % c };
+        let ch = |b: usize| layout.gamma_of(b);
         dispatch_real!(x.dtype, a.op, T, R => {
             let (gs, xs) = (g.as_slice::<T>(), x.as_slice::<T>());
             if cx.req[0] != Req::Null {

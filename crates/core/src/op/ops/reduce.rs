@@ -21,6 +21,7 @@ use crate::op::param::op_params;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef};
 use std::any::TypeId;
+use std::borrow::Cow;
 
 /// Which dimensions of a `ndim`-dimensional input are reduced.
 pub(crate) fn reduced_axes(op: &str, ndim: usize, axis: Option<&[i64]>, exclude: bool) -> Result<Vec<bool>> {
@@ -511,17 +512,29 @@ fn infer_reduce(op: &'static str) -> crate::op::InferFn {
                 return Err(Error::value(format!("operator norm: ord must be 1 or 2, got {ord}")));
             }
             if let Some(d) = params.out_dtype {
-                if d != ins[0].dtype {
+                let float = |t: DType| matches!(t, DType::F32 | DType::F64 | DType::F16);
+                if d != ins[0].dtype && !(float(d) && float(ins[0].dtype)) {
                     return Err(Error::not_supported(format!(
                         "operator norm with out_dtype {} (input {})",
                         d.name(),
                         ins[0].dtype.name()
                     )));
                 }
+                let flags = flags_of(op, a, ins[0].shape.len())?;
+                return Ok(vec![Meta::new(reduced_shape(&ins[0].shape, &flags, keepdims_of(a)), d)]);
             }
         }
         let flags = flags_of(op, a, ins[0].shape.len())?;
-        Ok(vec![Meta::new(reduced_shape(&ins[0].shape, &flags, keepdims_of(a)), ins[0].dtype)])
+        let out = reduced_shape(&ins[0].shape, &flags, keepdims_of(a));
+        // A maximum or minimum of no elements has no value (stock refuses it).
+        let empty = ins[0].shape.iter().zip(&flags).any(|(&d, &r)| r && d == 0);
+        if matches!(op, "max" | "min") && empty && out.iter().product::<usize>() > 0 {
+            return Err(Error::value(format!(
+                "operator {op}: cannot reduce an empty axis of shape {:?} (the result has no value)",
+                ins[0].shape
+            )));
+        }
+        Ok(vec![Meta::new(out, ins[0].dtype)])
     })
 }
 
@@ -531,8 +544,9 @@ fn reduce_compute(kind: u8) -> crate::op::ComputeFn {
         let flags = flags_of(cx.attrs.op, cx.attrs, x.ndim())?;
         let plan = RPlan::new(&x.shape, &flags);
         let kind = if kind == NORM2 && NormParams::of(cx.attrs).ord == 1 { NORM1 } else { kind };
-        dispatch_arith!(x.dtype, cx.attrs.op, T => {
-            let (x, o) = (x.as_slice::<T>(), outs[0].as_mut::<T>());
+        dispatch_arith!(outs[0].dtype, cx.attrs.op, T => {
+            let x = elems_as::<T>(cx.attrs.op, x)?;
+            let (x, o) = (&x[..], outs[0].as_mut::<T>());
             match kind {
                 SUM => reduce_typed(R::<SUM>, &plan, x, o),
                 MEAN => reduce_typed(R::<MEAN>, &plan, x, o),
@@ -547,6 +561,15 @@ fn reduce_compute(kind: u8) -> crate::op::ComputeFn {
         });
         Ok(())
     })
+}
+
+/// `b`'s elements as `T`: borrowed when `b` has `T`'s dtype, converted otherwise (a `norm`
+/// with an `out_dtype` computes in the output's type, as stock does).
+pub(super) fn elems_as<'a, T: Elem>(op: &str, b: &'a TBlob) -> Result<Cow<'a, [T]>> {
+    if b.dtype == T::DTYPE {
+        return Ok(Cow::Borrowed(b.as_slice::<T>()));
+    }
+    Ok(Cow::Owned(super::nn::read_f64(op, b)?.into_iter().map(T::from_f64).collect()))
 }
 
 /// Sum `x`, viewed under `shape` (same size), over the dimensions `flags` marks, into `out`

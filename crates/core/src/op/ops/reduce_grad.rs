@@ -10,7 +10,7 @@
 
 use super::common::params_of;
 use super::elemwise::{Arith, Calc};
-use super::reduce::{flags_of, RPlan};
+use super::reduce::{elems_as, flags_of, RPlan};
 use crate::error::Result;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::ops::reduce::NormParams;
@@ -166,9 +166,11 @@ fn compute(kind: u8) -> crate::op::ComputeFn {
         let plan = RPlan::new(&dx.shape, &flags);
         let kind = if kind == NORM2 && NormParams::of(cx.attrs).ord == 1 { NORM1 } else { kind };
         crate::dispatch_float!(dx.dtype, cx.attrs.op, T => {
-            let g = ins[0].as_slice::<T>();
+            // A norm with an out_dtype: the gradient and output are converted to the input's.
+            let g = elems_as::<T>(cx.attrs.op, &ins[0])?;
+            let y = ins.get(2).map(|b| elems_as::<T>(cx.attrs.op, b)).transpose()?;
+            let (g, y) = (&g[..], y.as_deref().unwrap_or(&[]));
             let x = ins.get(1).map_or(&[][..], |b| b.as_slice::<T>());
-            let y = ins.get(2).map_or(&[][..], |b| b.as_slice::<T>());
             let d = dx.as_mut::<T>();
             match kind {
                 SUM => backward_typed::<T, SUM>(&plan, g, x, y, d),

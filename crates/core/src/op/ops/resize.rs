@@ -8,6 +8,7 @@
 //! kernel pool; the backward writes each input plane from its own output plane. Index and
 //! weight arithmetic follows stock 1.9.1 (bilinear source positions and scales in float32).
 
+use super::deconv;
 use super::nn::{dispatch_real, Real};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
@@ -357,16 +358,43 @@ fn bilinear_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<
 
 fn up_check(a: &Attrs) -> Result<usize> {
     let p = UpParams::of(a);
-    if p.sample_type == "bilinear" {
-        return Err(Error::not_supported("UpSampling with sample_type='bilinear'"));
-    }
     if p.scale < 1 {
         return Err(Error::value(format!("operator {}: scale must be >= 1, got {}", a.op, p.scale)));
     }
     Ok(p.scale as usize)
 }
 
+/// For `sample_type='bilinear'`: the deconvolution it runs (see
+/// [`deconv::bilinear_upsampling`]), after checking that it has its two inputs.
+fn up_bilinear(a: &Attrs, inputs: usize) -> Result<Option<Attrs>> {
+    let p = UpParams::of(a);
+    if p.sample_type != "bilinear" {
+        return Ok(None);
+    }
+    up_check(a)?;
+    if inputs != 2 {
+        return Err(Error::value(format!(
+            "operator {}: bilinear upsampling takes 2 inputs (data, weight), got {inputs}",
+            a.op
+        )));
+    }
+    deconv::bilinear_upsampling(a.op, p.scale, p.num_filter, p.workspace).map(Some)
+}
+
+/// Bilinear upsampling's weight `(channels, 1, k, k)` from the data's channels.
+fn up_param_shapes(a: &Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Vec<i64>)>> {
+    let p = UpParams::of(a);
+    if p.sample_type != "bilinear" || data.len() != 4 {
+        return Ok(Vec::new());
+    }
+    Ok(vec![(1, deconv::bilinear_weight_shape(p.scale, data[1]))])
+}
+
 fn up_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    if let Some(d) = up_bilinear(a, ins.len())? {
+        nchw(a.op, &ins[0].shape)?;
+        return deconv::deconv_infer(&d, ins);
+    }
     let scale = up_check(a)?;
     let sum = UpParams::of(a).multi_input_mode == "sum";
     let [n, _, h, w] = nchw(a.op, &ins[0].shape)?;
@@ -405,6 +433,9 @@ fn up_taps(ih: usize, iw: usize, oh: usize, ow: usize) -> Taps {
 
 fn up_forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
+    if let Some(d) = up_bilinear(a, ins.len())? {
+        return deconv::deconvolution(&cx.with_attrs(&d), ins, outs);
+    }
     up_check(a)?;
     let sum = UpParams::of(a).multi_input_mode == "sum";
     let [n, oc, oh, ow] = nchw(a.op, &outs[0].shape)?;
@@ -442,6 +473,9 @@ fn up_forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 /// pixels copied from it.
 fn up_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
+    if let Some(d) = up_bilinear(a, ins.len() - 1)? {
+        return deconv::deconvolution_backward(&cx.with_attrs(&d), ins, outs);
+    }
     let sum = UpParams::of(a).multi_input_mode == "sum";
     let [n, oc, oh, ow] = nchw(a.op, &ins[0].shape)?;
     let osz = oh * ow;
@@ -511,8 +545,9 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         OpDef::new("UpSampling", Inputs::Variadic("data"), Box::new(up_infer), Box::new(up_forward))
             .params(UP_PARAMS)
             .num_args_key("num_args")
+            .param_shapes(up_param_shapes)
             .grad(Grad::Backward { op: "_backward_UpSampling", inputs: true, outputs: false })
-            .doc("Upsamples the given input data (nearest neighbour; bilinear is not supported yet)."),
+            .doc("Upsamples the given input data: nearest neighbour, or bilinear (a deconvolution by a given weight)."),
     );
     ops.push(OpDef::backward("_backward_UpSampling", UP_PARAMS, Box::new(up_backward)));
 }

@@ -19,7 +19,8 @@
 
 use std::ops::{Add, Div, Mul, Range, Sub};
 
-use super::nn::dispatch_real;
+use super::nn::{dispatch_real, write_f64};
+use super::reduce::elems_as;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, Cost};
@@ -890,8 +891,9 @@ fn psroi_dims(a: &Attrs) -> Result<(usize, usize, usize)> {
     Ok((p.output_dim as usize, p.pooled_size as usize, g as usize))
 }
 
+const OP: &str = "_contrib_PSROIPooling";
+
 fn psroi_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
-    const OP: &str = "_contrib_PSROIPooling";
     let (od, ps, g) = psroi_dims(a)?;
     let (d, r) = (&ins[0], &ins[1]);
     if d.shape.len() != 4 || r.shape.len() != 2 || r.shape[1] != 5 {
@@ -907,8 +909,10 @@ fn psroi_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
             od * g * g
         )));
     }
-    if !matches!(d.dtype, DType::F32 | DType::F64) || r.dtype != d.dtype {
-        return Err(Error::type_error(format!("operator {OP}: data and rois must be float32 or float64 alike")));
+    if !matches!(d.dtype, DType::F32 | DType::F64 | DType::F16) || r.dtype != d.dtype {
+        return Err(Error::type_error(format!(
+            "operator {OP}: data and rois must be float16, float32 or float64 alike"
+        )));
     }
     Ok(vec![Meta::new(vec![r.shape[0], od, ps, ps], d.dtype)])
 }
@@ -961,6 +965,8 @@ macro_rules! psroi_bins {
 psroi_bins!(psroi_bins_f32, f32);
 psroi_bins!(psroi_bins_f64, f64);
 
+/// The kernel in `$t` arithmetic: float16 data runs in float32 (inputs converted, outputs
+/// stored back), as stock's half-precision arithmetic does.
 macro_rules! psroi_run {
     ($t:ty, $bins:ident, $cx:expr, $ins:expr, $outs:expr, $back:expr) => {{
         let dims = psroi_dims($cx.attrs)?;
@@ -968,11 +974,12 @@ macro_rules! psroi_run {
         let ds = if $back { &$ins[1].shape } else { &$ins[0].shape };
         let shape = (ds[0], ds[1], ds[2], ds[3]);
         let w = shape.3;
-        let rois = if $back { $ins[2].as_slice::<$t>() } else { $ins[1].as_slice::<$t>() };
-        let bins = $bins(rois, scale, dims, shape)?;
+        let rois = elems_as::<$t>(OP, if $back { &$ins[2] } else { &$ins[1] })?;
+        let bins = $bins(&rois, scale, dims, shape)?;
         if !$back {
-            let x = $ins[0].as_slice::<$t>();
-            for (o, &(base, (hs, he), (ws, we))) in $outs[0].as_mut::<$t>().iter_mut().zip(&bins) {
+            let x = elems_as::<$t>(OP, &$ins[0])?;
+            let mut out = vec![0.0 as $t; $outs[0].size()];
+            for (o, &(base, (hs, he), (ws, we))) in out.iter_mut().zip(&bins) {
                 let mut sum: $t = 0.0;
                 for hh in hs..he {
                     for ww in ws..we {
@@ -982,10 +989,10 @@ macro_rules! psroi_run {
                 let area = ((he.saturating_sub(hs)) * (we.saturating_sub(ws))) as $t;
                 *o = if he <= hs || we <= ws { 0.0 } else { sum / area };
             }
+            write_f64(OP, &mut $outs[0], &out.iter().map(|&v| v as f64).collect::<Vec<_>>())?;
         } else if $cx.req[0] != Req::Null {
-            let dy = $ins[0].as_slice::<$t>();
-            let dx = $outs[0].as_mut::<$t>();
-            dx.fill(0.0);
+            let dy = elems_as::<$t>(OP, &$ins[0])?;
+            let mut dx = vec![0.0 as $t; $outs[0].size()];
             for (&g, &(base, (hs, he), (ws, we))) in dy.iter().zip(&bins) {
                 if he <= hs || we <= ws {
                     continue;
@@ -997,6 +1004,7 @@ macro_rules! psroi_run {
                     }
                 }
             }
+            write_f64(OP, &mut $outs[0], &dx.iter().map(|&v| v as f64).collect::<Vec<_>>())?;
         }
     }};
 }

@@ -91,12 +91,34 @@ fn infer_reshape_op(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let spec = params.shape;
     if spec.is_empty() {
         if !params.target_shape.is_empty() {
-            return Err(Error::not_supported("operator Reshape: the deprecated target_shape parameter (use shape)"));
+            return one_out(target_shape(&ins[0].shape, params.target_shape, params.keep_highest)?, ins[0].dtype);
         }
         return Err(Error::value("operator Reshape: the target shape must have at least one dimension"));
     }
     let shape = infer_reshape(&ins[0].shape, spec, params.reverse).map_err(|e| named("Reshape", e))?;
     one_out(shape, ins[0].dtype)
+}
+
+/// The deprecated `target_shape` form of Reshape (stock's rule): the shape as given, with the
+/// data's first dimension when `keep_highest`, and one 0 (after the first dimension when
+/// `keep_highest`) filled in from the data's size.
+fn target_shape(data: &[usize], target: &[i64], keep_highest: bool) -> Result<Vec<usize>> {
+    let bad = || Error::value(format!("operator Reshape: target_shape {target:?} does not fit data of shape {data:?}"));
+    let mut out: Vec<usize> = target.iter().map(|&d| usize::try_from(d).map_err(|_| bad())).collect::<Result<_>>()?;
+    let start = usize::from(keep_highest);
+    if keep_highest {
+        *out.first_mut().ok_or_else(bad)? = *data.first().ok_or_else(bad)?;
+    }
+    let zeros: Vec<usize> = (start..out.len()).filter(|&i| out[i] == 0).collect();
+    let size: usize = data.iter().product();
+    if let [k] = zeros[..] {
+        let rest: usize = out.iter().enumerate().filter(|&(i, _)| i != k).map(|(_, &d)| d).product();
+        out[k] = size.checked_div(rest).ok_or_else(bad)?;
+    }
+    if out.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)) != Some(size) {
+        return Err(bad());
+    }
+    Ok(out)
 }
 
 fn infer_flatten(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
@@ -243,6 +265,17 @@ fn infer_transpose(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let params = TransposeParams::of(a);
     let perm = transpose_perm("transpose", params.axes, ins[0].shape.len())?;
     one_out(perm.iter().map(|&p| ins[0].shape[p]).collect(), ins[0].dtype)
+}
+
+/// Graph inference of transpose's input from its output (`input[perm[i]] = output[i]`).
+fn transpose_input(a: &Attrs, _: &[Option<Vec<i64>>], outs: &[Option<Vec<i64>>]) -> Result<Vec<(usize, Vec<i64>)>> {
+    let Some(Some(out)) = outs.first() else { return Ok(vec![]) };
+    let perm = transpose_perm("transpose", TransposeParams::of(a).axes, out.len())?;
+    let mut input = vec![-1; out.len()];
+    for (i, &p) in perm.iter().enumerate() {
+        input[p] = out[i];
+    }
+    Ok(vec![(0, input)])
 }
 
 pub(super) fn permuted_copy(src: &TBlob, dst: &mut OutBlob, perm: &[usize]) {
@@ -746,6 +779,14 @@ pub(super) fn tile_dims(a: &Attrs, shape: &[usize]) -> Result<(Vec<usize>, Vec<u
 }
 
 fn infer_tile(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
+    // A 0 repetition is "unknown" in legacy shape semantics, so stock refuses it there (the
+    // caller's thread holds the semantics, so only inference checks).
+    let reps = TileParams::of(a).reps;
+    if reps.contains(&0) && crate::ndarray::np_shape::get() == 0 {
+        return Err(Error::value(format!(
+            "operator tile: reps {reps:?} has a 0, which legacy shape semantics read as unknown (mx.np_shape() allows it)"
+        )));
+    }
     let (s, r) = tile_dims(a, &ins[0].shape)?;
     one_out(s.iter().zip(&r).map(|(x, y)| x * y).collect(), ins[0].dtype)
 }
@@ -1058,6 +1099,10 @@ fn block_view(op: &str, a: &Attrs, s: &[usize], to_space: bool) -> Result<(Vec<u
     }
     let b = b as usize;
     let (n, c, h, w) = (s[0], s[1], s[2], s[3]);
+    // Stock refuses empty inputs.
+    if s.contains(&0) {
+        return Err(Error::value(format!("operator {op}: every dimension of the input must be nonzero, got {s:?}")));
+    }
     if to_space {
         if c % (b * b) != 0 {
             return Err(Error::value(format!(
@@ -1142,7 +1187,12 @@ pub(super) fn diag_plan(a: &Attrs, s: &[usize]) -> Result<DiagPlan> {
     }
     let st = contiguous_strides(s);
     let (d1, d2) = (s[a1] as i64, s[a2] as i64);
-    let len = if k >= 0 { d1.min(d2 - k) } else { (d1 + k).min(d2) }.max(0) as usize;
+    let len = if k >= 0 { d1.min(d2 - k) } else { (d1 + k).min(d2) };
+    // A diagonal past the end by more than one (stock's shape is then unknown) is an error.
+    if len < 0 {
+        return Err(Error::value(format!("operator diag: k={k} is outside the matrix of shape {s:?}")));
+    }
+    let len = len as usize;
     let off = if len == 0 {
         0
     } else if k >= 0 {
@@ -1258,6 +1308,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         op("transpose", data, infer_transpose, run_transpose)
             .params(TRANSPOSE_PARAMS)
+            .input_shapes(transpose_input)
             .grad(bwd("_backward_transpose"))
             .doc("Permutes the dimensions of an array."),
     );
@@ -1440,6 +1491,14 @@ mod tests {
 
     fn attrs(op: &'static str, specs: &'static [ParamSpec], kv: &[(&str, &str)]) -> Attrs {
         Attrs::parse(op, specs, kv.iter().copied()).unwrap()
+    }
+
+    #[test]
+    fn deprecated_target_shape() {
+        assert_eq!(target_shape(&[2, 3, 5, 5], &[2, 0], false).unwrap(), [2, 75]);
+        assert_eq!(target_shape(&[2, 3, 5, 5], &[7, 0, 5], true).unwrap(), [2, 15, 5]);
+        assert!(target_shape(&[2, 3, 5, 5], &[4, 4], false).is_err());
+        assert!(target_shape(&[2, 3], &[-1, 6], false).is_err());
     }
 
     #[test]
