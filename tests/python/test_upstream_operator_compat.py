@@ -1,10 +1,11 @@
-"""Behaviours upstream 1.9.1's `test_operator.py` checks, on this library against stock 1.9.1
-in the same test (issue 35): executor head gradients of another dtype or an unused shape,
-backward without a forward and twice after one, prelu's gamma broadcasting, bilinear
-`UpSampling`, the deprecated `Reshape(target_shape=...)`, given dtypes over `__dtype__`
-attributes, `norm` with an `out_dtype`, `take` in raise mode, `arange` in integer and float32
-arithmetic, partial shape inference (slices of unknown dimensions, `ones(shape=(-1, -1))`
-through `transpose`), a `Custom` operator's auxiliary states by keyword, integer `%` (no
+"""Behaviours upstream 1.9.1's `test_operator.py` (and `test_gluon.py`, for pooling
+layouts) checks, on this library against stock 1.9.1 in the same test (issue 35): executor
+head gradients of another dtype or an unused shape, backward without a forward and twice
+after one, prelu's gamma broadcasting, bilinear `UpSampling`, the deprecated
+`Reshape(target_shape=...)`, given dtypes over `__dtype__` attributes, `norm` with an
+`out_dtype`, `take` in raise mode, `arange` in integer and float32 arithmetic, partial shape
+inference (slices of unknown dimensions, `ones(shape=(-1, -1))` through `transpose`), a
+`Custom` operator's auxiliary states by keyword, channel-last pooling, integer `%` (no
 gradient), `Dropout(p=1)`, LRN's output names, monitor labels, float16 PSROIPooling, and the
 bad input stock refuses (empty legacy shapes, `diag` past the matrix, empty
 `depth_to_space`, a 0 `tile` repetition, `min` of nothing, padded 'same' pooling)."""
@@ -170,6 +171,19 @@ for name, sym in (("act", mx.sym.Activation(mx.sym.var("data", shape=(2, 3)), ac
     mx.nd.waitall()
     labels[name] = seen
 res["monitor"] = labels
+
+# Channel-last pooling (NWC, NHWC, NDHWC), with its gradient.
+for layout, shape, kernel in (("NWC", (2, 9, 3), (3,)), ("NHWC", (2, 7, 6, 3), (3, 2)), ("NDHWC", (1, 4, 5, 6, 2), (2, 2, 3))):
+    for pool_type in ("max", "avg"):
+        d = mx.nd.array(rng.uniform(-1, 1, shape))
+        d.attach_grad()
+        with mx.autograd.record():
+            out = mx.nd.Pooling(d, kernel=kernel, stride=(2,) * len(kernel), pad=(1,) * len(kernel), layout=layout,
+                                pool_type=pool_type)
+        out.backward(mx.nd.array(rng.uniform(-1, 1, out.shape)))
+        res["pool-layout", layout, pool_type] = (out.asnumpy(), d.grad.asnumpy())
+    res["pool-layout-global", layout] = mx.nd.Pooling(mx.nd.array(rng.uniform(-1, 1, shape)), global_pool=True,
+                                                      kernel=kernel, layout=layout, pool_type="avg").asnumpy()
 
 rois = mx.nd.array([[0, 10, 22, 161, 173], [0, 20, 15, 154, 160]])
 data = mx.nd.array(rng.uniform(-1, 1, (1, 18, 14, 14)))

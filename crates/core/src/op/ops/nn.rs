@@ -348,9 +348,9 @@ fn leaky(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
             let zero = R::of(0.0);
             match kind {
                 "leaky" => map::<T, R>(x, o, Cost::CHEAP, |v| if v > zero { v } else { s * v }),
-                "elu" => map::<T, R>(x, o, Cost::MATH, |v| if v > zero { v } else { s * (v.exp() - R::of(1.0)) }),
+                "elu" => map::<T, R>(x, o, Cost::MATH, |v| if v > zero { v } else { s * v.exp_m1() }),
                 "selu" => map::<T, R>(x, o, Cost::MATH, |v| {
-                    R::of(SELU_LAMBDA) * if v > zero { v } else { R::of(SELU_ALPHA) * (v.exp() - R::of(1.0)) }
+                    R::of(SELU_LAMBDA) * if v > zero { v } else { R::of(SELU_ALPHA) * v.exp_m1() }
                 }),
                 _ => map::<T, R>(x, o, Cost::MATH, |v| R::of(0.5) * v * (R::of(1.0) + erf(v * R::of(std::f64::consts::FRAC_1_SQRT_2)))),
             }
@@ -945,6 +945,43 @@ pub(super) struct PoolPlan {
     pub(super) pad: [usize; 3],
     /// Output shape of the operator.
     out_shape: Vec<usize>,
+    /// Channel-last data (`NWC`, `NHWC`, `NDHWC`): the kernels pool a channel-first copy.
+    pub(super) channels_last: bool,
+}
+
+/// The axis orders between channel-last `(N, *spatial, C)` and channel-first `(N, C,
+/// *spatial)` data of rank `nd`: (to channel-first, back to channel-last).
+pub(super) fn channel_perms(nd: usize) -> (Vec<usize>, Vec<usize>) {
+    let to_first = std::iter::once(0).chain(std::iter::once(nd - 1)).chain(1..nd - 1).collect();
+    let to_last = std::iter::once(0).chain(2..nd).chain(std::iter::once(1)).collect();
+    (to_first, to_last)
+}
+
+/// `src` (of `shape`, row-major) with its axes permuted: axis `i` of the result is axis
+/// `perm[i]` of `src`.
+pub(super) fn permuted<T: Copy>(src: &[T], shape: &[usize], perm: &[usize]) -> Vec<T> {
+    let nd = shape.len();
+    let mut st = vec![1usize; nd];
+    for i in (0..nd.saturating_sub(1)).rev() {
+        st[i] = st[i + 1] * shape[i + 1];
+    }
+    let oshape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let ost: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+    let mut out = Vec::with_capacity(src.len());
+    let (mut idx, mut off) = (vec![0usize; nd], 0usize);
+    for _ in 0..src.len() {
+        out.push(src[off]);
+        for d in (0..nd).rev() {
+            idx[d] += 1;
+            off += ost[d];
+            if idx[d] < oshape[d] {
+                break;
+            }
+            off -= ost[d] * oshape[d];
+            idx[d] = 0;
+        }
+    }
+    out
 }
 
 impl PoolPlan {
@@ -1033,11 +1070,20 @@ pub(super) fn pool_plan(a: &Attrs, shape: &[usize]) -> Result<PoolPlan> {
             "operator {op}: data must be 3-D, 4-D or 5-D (N, C, spatial...), got {shape:?}"
         )));
     }
+    let channels_last = params.layout.is_some_and(|l| !l.starts_with("NC"));
     if let Some(l) = params.layout {
-        if !l.starts_with("NC") {
-            return Err(Error::not_supported(format!("operator {op} with layout {l} (channel-first layouts only)")));
+        if l.len() != shape.len() {
+            return Err(Error::value(format!("operator {op}: layout {l} does not fit data of shape {shape:?}")));
         }
     }
+    // Channel-last data is planned as its channel-first view.
+    let first: Vec<usize>;
+    let shape = if channels_last {
+        first = channel_perms(shape.len()).0.iter().map(|&i| shape[i]).collect();
+        &first[..]
+    } else {
+        shape
+    };
     let nsp = shape.len() - 2;
     let mut input = [1; 3];
     input[3 - nsp..].copy_from_slice(&shape[2..]);
@@ -1098,7 +1144,10 @@ pub(super) fn pool_plan(a: &Attrs, shape: &[usize]) -> Result<PoolPlan> {
     }
     let mut out_shape = shape[..2].to_vec();
     out_shape.extend_from_slice(&output[3 - nsp..]);
-    Ok(PoolPlan { input, output, kernel, stride, pad, out_shape })
+    if channels_last {
+        out_shape = channel_perms(out_shape.len()).1.iter().map(|&i| out_shape[i]).collect();
+    }
+    Ok(PoolPlan { input, output, kernel, stride, pad, out_shape, channels_last })
 }
 
 fn pool_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
@@ -1188,27 +1237,39 @@ fn pool_plane<T: Elem, R: Real>(x: &[T], o: &mut [T], p: &PoolPlan, kind: PoolKi
     }
 }
 
+/// Pool channel-first planes `xs` into `out`.
+fn pool_planes<T: Elem, R: Real>(xs: &[T], out: &mut [T], p: &PoolPlan, kind: PoolKind) {
+    let (isz, osz) = (p.input.iter().product::<usize>(), p.output.iter().product::<usize>());
+    let work = (osz * p.kernel.iter().product::<usize>()) as f64 * 0.5 + 1.0;
+    let fast = kind == PoolKind::Max && p.unclipped_2d();
+    par_for_mut(out, osz, Cost(work), T::DTYPE, |r, part| {
+        for (pl, o) in r.zip(part.chunks_mut(osz.max(1))) {
+            let x = &xs[pl * isz..(pl + 1) * isz];
+            if fast {
+                max_pool_2d_any::<T, R>(x, o, p);
+            } else {
+                pool_plane::<T, R>(x, o, p, kind);
+            }
+        }
+    });
+}
+
 fn pooling(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let p = pool_plan(a, &ins[0].shape)?;
     let kind = pool_kind(a);
-    let planes = ins[0].shape[0] * ins[0].shape[1];
-    let (isz, osz) = (p.input.iter().product::<usize>(), p.output.iter().product::<usize>());
-    let work = (osz * p.kernel.iter().product::<usize>()) as f64 * 0.5 + 1.0;
-    let fast = kind == PoolKind::Max && p.unclipped_2d();
     dispatch_real!(ins[0].dtype, a.op, T, R => {
         let xs = ins[0].as_slice::<T>();
-        debug_assert_eq!(outs[0].size(), planes * osz);
-        par_for_mut(outs[0].as_mut::<T>(), osz, Cost(work), T::DTYPE, |r, part| {
-            for (pl, o) in r.zip(part.chunks_mut(osz.max(1))) {
-                let x = &xs[pl * isz..(pl + 1) * isz];
-                if fast {
-                    max_pool_2d_any::<T, R>(x, o, &p);
-                } else {
-                    pool_plane::<T, R>(x, o, &p, kind);
-                }
-            }
-        });
+        if p.channels_last {
+            let (first, last) = channel_perms(ins[0].ndim());
+            let x = permuted(xs, &ins[0].shape, &first);
+            let mut o = vec![T::zero(); outs[0].size()];
+            pool_planes::<T, R>(&x, &mut o, &p, kind);
+            let oshape: Vec<usize> = first.iter().map(|&i| outs[0].shape[i]).collect();
+            outs[0].as_mut::<T>().copy_from_slice(&permuted(&o, &oshape, &last));
+        } else {
+            pool_planes::<T, R>(xs, outs[0].as_mut::<T>(), &p, kind);
+        }
     });
     Ok(())
 }

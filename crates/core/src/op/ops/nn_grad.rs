@@ -8,9 +8,9 @@
 
 use super::common::norm_axis;
 use super::nn::{
-    dispatch_real, erf, pool_kind, pool_plan, read_f64, read_out_f64, softmax_output_dims, split_at_axis, write_f64,
-    PoolKind, PoolPlan, Real, ACT_PARAMS, BN_PARAMS, DROPOUT_PARAMS, LEAKY_PARAMS, LN_PARAMS, POOL_PARAMS, SELU_ALPHA,
-    SELU_LAMBDA, SOFTMAX_OUTPUT_PARAMS, SOFTMAX_PARAMS,
+    channel_perms, dispatch_real, erf, permuted, pool_kind, pool_plan, read_f64, read_out_f64, softmax_output_dims,
+    split_at_axis, write_f64, PoolKind, PoolPlan, Real, ACT_PARAMS, BN_PARAMS, DROPOUT_PARAMS, LEAKY_PARAMS, LN_PARAMS,
+    POOL_PARAMS, SELU_ALPHA, SELU_LAMBDA, SOFTMAX_OUTPUT_PARAMS, SOFTMAX_PARAMS,
 };
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
@@ -772,25 +772,39 @@ fn pooling_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<(
     let (g, x, y) = (&ins[0], &ins[1], &ins[2]);
     let p = pool_plan(a, &x.shape)?;
     let kind = pool_kind(a);
-    let planes = x.shape[0] * x.shape[1];
+    dispatch_real!(x.dtype, a.op, T, R => {
+        let (gs, xs, ys) = (g.as_slice::<T>(), x.as_slice::<T>(), y.as_slice::<T>());
+        if p.channels_last {
+            // Channel-last data: the gradient of the channel-first copy, permuted back.
+            let (first, last) = channel_perms(x.ndim());
+            let (g, x2, y) = (permuted(gs, &g.shape, &first), permuted(xs, &x.shape, &first), permuted(ys, &y.shape, &first));
+            let mut d = vec![T::zero(); xs.len()];
+            unpool_planes::<T, R>(&g, &x2, &y, &mut d, &p, kind);
+            let xshape: Vec<usize> = first.iter().map(|&i| x.shape[i]).collect();
+            outs[0].as_mut::<T>().copy_from_slice(&permuted(&d, &xshape, &last));
+        } else {
+            unpool_planes::<T, R>(gs, xs, ys, outs[0].as_mut::<T>(), &p, kind);
+        }
+    });
+    Ok(())
+}
+
+/// The gradient `dx` of pooling channel-first planes, from `dy`, `x` and `y`.
+fn unpool_planes<T: Elem, R: Real>(gs: &[T], xs: &[T], ys: &[T], dx: &mut [T], p: &PoolPlan, kind: PoolKind) {
     let (isz, osz) = (p.input.iter().product::<usize>(), p.output.iter().product::<usize>());
     let work = (osz * p.kernel.iter().product::<usize>()) as f64 * 0.5 + isz as f64 * 0.25 + 1.0;
     let fast = kind == PoolKind::Max && p.unclipped_2d();
-    dispatch_real!(x.dtype, a.op, T, R => {
-        let (gs, xs, ys) = (g.as_slice::<T>(), x.as_slice::<T>(), y.as_slice::<T>());
-        debug_assert_eq!(outs[0].size(), planes * isz);
-        par_for_mut(outs[0].as_mut::<T>(), isz, Cost(work), T::DTYPE, |r, part| {
-            for (pl, d) in r.zip(part.chunks_mut(isz.max(1))) {
-                let (g, x, y) = (&gs[pl * osz..(pl + 1) * osz], &xs[pl * isz..(pl + 1) * isz], &ys[pl * osz..(pl + 1) * osz]);
-                if fast {
-                    max_unpool_2d_any::<T, R>(g, x, y, d, &p);
-                } else {
-                    unpool_plane::<T, R>(g, x, y, d, &p, kind);
-                }
+    par_for_mut(dx, isz, Cost(work), T::DTYPE, |r, part| {
+        for (pl, d) in r.zip(part.chunks_mut(isz.max(1))) {
+            let (g, x, y) =
+                (&gs[pl * osz..(pl + 1) * osz], &xs[pl * isz..(pl + 1) * isz], &ys[pl * osz..(pl + 1) * osz]);
+            if fast {
+                max_unpool_2d_any::<T, R>(g, x, y, d, p);
+            } else {
+                unpool_plane::<T, R>(g, x, y, d, p, kind);
             }
-        });
+        }
     });
-    Ok(())
 }
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
