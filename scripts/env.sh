@@ -19,7 +19,7 @@ export PATH="$VENV/bin:$PATH"
 
 want=(cmake pkgconf "mxnet==1.9.1" "numpy<1.24")
 if [ "${MXRT_ENV:-test}" = test ]; then
-  want+=(pytest setuptools wheel)  # the last two build bindings/python's wheel (test_wheel.py)
+  want+=(pytest setuptools wheel pillow)  # setuptools, wheel: bindings/python's wheel (test_wheel.py); pillow: test images
 fi
 # Install only what the venv lacks (a second run starts at once).
 missing=()

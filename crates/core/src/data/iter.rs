@@ -1,4 +1,5 @@
-//! The C++ data iterators of stock 1.9.1 that `mx.io` wraps: `MNISTIter` and `CSVIter`.
+//! The C++ data iterators of stock 1.9.1 that `mx.io` wraps: `MNISTIter` and `CSVIter` here,
+//! the image iterators in [`super::image_iter`].
 //!
 //! Owns: [`DataIter`] (reset, next batch), [`IterDef`] (an iterator's name, documentation and
 //! parameter table, served through `MXDataIterGetIterInfo`) and the iterators. Parameters are
@@ -11,7 +12,6 @@
 //! otherwise the last batch is padded with the previous batch's rows). Both read on the
 //! calling thread: `prefetch_buffer` and `ctx` are accepted and have no effect.
 
-use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::ndarray::{DType, NDArray};
 use crate::op::param::{op_params, Attrs, ParamSpec};
@@ -61,10 +61,23 @@ pub fn find(name: &str) -> Option<&'static IterDef> {
     ITERATORS.iter().find(|d| d.name == name)
 }
 
-static ITERATORS: [IterDef; 2] = [
-    IterDef { name: "MNISTIter", doc: MNIST_DOC, params: MNIST_PARAMS, create: Mnist::create },
-    IterDef { name: "CSVIter", doc: CSV_DOC, params: CSV_PARAMS, create: Csv::create },
-];
+static ITERATORS: [IterDef; 7] = {
+    use super::image_iter::{self as img, REC_PARAMS};
+    [
+        IterDef { name: "MNISTIter", doc: MNIST_DOC, params: MNIST_PARAMS, create: Mnist::create },
+        IterDef { name: "CSVIter", doc: CSV_DOC, params: CSV_PARAMS, create: Csv::create },
+        IterDef { name: "ImageRecordIter", doc: img::RECORD_ITER_DOC, params: REC_PARAMS, create: img::create_f32 },
+        IterDef { name: "ImageRecordIter_v1", doc: img::RECORD_ITER_DOC, params: REC_PARAMS, create: img::create_f32 },
+        IterDef { name: "ImageRecordUInt8Iter", doc: img::UINT8_ITER_DOC, params: REC_PARAMS, create: img::create_u8 },
+        IterDef {
+            name: "ImageRecordUInt8Iter_v1",
+            doc: img::UINT8_ITER_DOC,
+            params: REC_PARAMS,
+            create: img::create_u8,
+        },
+        IterDef { name: "ImageRecordInt8Iter", doc: img::INT8_ITER_DOC, params: REC_PARAMS, create: img::create_i8 },
+    ]
+};
 
 const PREFETCH_DOC: &str =
     "Maximum number of batches to prefetch (accepted; this library reads on the calling thread).";
@@ -73,11 +86,7 @@ const DTYPE_DOC: &str = "Output data type. ``None`` means no change.";
 
 /// A CPU array of `shape` holding `bytes` (of `dtype` elements).
 fn host_array(shape: Vec<usize>, dtype: DType, bytes: &[u8]) -> Result<NDArray> {
-    let a = NDArray::new(shape, Context::CPU, dtype, false)?;
-    debug_assert_eq!(a.size() * dtype.size(), bytes.len());
-    // SAFETY: `bytes` holds the array's elements (its length is size × element size).
-    unsafe { a.copy_from_host(bytes.as_ptr(), bytes.len() / dtype.size())? };
-    Ok(a)
+    NDArray::from_host_bytes(shape, dtype, bytes)
 }
 
 fn positive(op: &str, name: &str, v: i64) -> Result<usize> {
@@ -199,18 +208,7 @@ impl Mnist {
 /// Fisher-Yates with SplitMix64 (stock uses `std::shuffle` with `std::mt19937`, whose order
 /// this does not reproduce).
 fn shuffle(v: &mut [usize], seed: u64) {
-    let mut state = seed ^ 0x9e37_79b9_7f4a_7c15;
-    let mut next = || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    for i in (1..v.len()).rev() {
-        let j = (next() % (i as u64 + 1)) as usize;
-        v.swap(i, j);
-    }
+    crate::op::random::SplitMix64(seed ^ 0x9e37_79b9_7f4a_7c15).shuffle(v);
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {

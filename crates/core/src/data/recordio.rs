@@ -100,31 +100,36 @@ impl RecordReader {
         Ok(RecordReader { src: BufReader::with_capacity(1 << 16, file), path: path.to_string(), pos: 0, len })
     }
 
+    /// The header of part `part` of the record that started at `start`: (its offset, flag,
+    /// length), or `None` at the end of the file before a record's first part.
+    fn part_header(&mut self, start: u64, part: usize) -> Result<Option<(u64, u32, usize)>> {
+        let mut head = [0u8; 8];
+        let got = self.fill(&mut head)?;
+        if got == 0 && part == 0 {
+            return Ok(None);
+        }
+        let at = self.pos - got as u64;
+        if got < 8 {
+            return Err(self.corrupt(at, "the file ends inside a record header"));
+        }
+        if head[..4] != MAGIC_BYTES {
+            return Err(self.corrupt(at, "no RecordIO magic number where a record should start"));
+        }
+        let word = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+        let (flag, len) = (word >> 29, (word & MAX_PART as u32) as usize);
+        match (part, flag) {
+            (0, 0 | 1) | (1.., 2 | 3) => Ok(Some((at, flag, len))),
+            (0, _) => Err(self.corrupt(at, "a record starts with the continuation of a split record")),
+            _ => Err(self.corrupt(start, "a split record is missing its continuation")),
+        }
+    }
+
     /// The next record into `out` (replacing its contents); false at the end of the file.
     pub fn read_record(&mut self, out: &mut Vec<u8>) -> Result<bool> {
         out.clear();
         let start = self.pos;
-        let mut part = 0;
-        loop {
-            let mut head = [0u8; 8];
-            let got = self.fill(&mut head)?;
-            if got == 0 && part == 0 {
-                return Ok(false);
-            }
-            let at = self.pos - got as u64;
-            if got < 8 {
-                return Err(self.corrupt(at, "the file ends inside a record header"));
-            }
-            if head[..4] != MAGIC_BYTES {
-                return Err(self.corrupt(at, "no RecordIO magic number where a record should start"));
-            }
-            let word = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-            let (flag, len) = (word >> 29, (word & MAX_PART as u32) as usize);
-            match (part, flag) {
-                (0, 0 | 1) | (1.., 2 | 3) => {}
-                (0, _) => return Err(self.corrupt(at, "a record starts with the continuation of a split record")),
-                _ => return Err(self.corrupt(start, "a split record is missing its continuation")),
-            }
+        for part in 0.. {
+            let Some((at, flag, len)) = self.part_header(start, part)? else { return Ok(false) };
             let begin = out.len();
             out.resize(begin + len + padding(len), 0);
             if self.fill(&mut out[begin..])? < len + padding(len) {
@@ -132,11 +137,31 @@ impl RecordReader {
             }
             out.truncate(begin + len);
             if flag == 0 || flag == 3 {
-                return Ok(true);
+                break;
             }
             out.extend_from_slice(&MAGIC_BYTES);
-            part += 1;
         }
+        Ok(true)
+    }
+
+    /// Skip the next record without reading its bytes; false at the end of the file.
+    pub fn skip_record(&mut self) -> Result<bool> {
+        let start = self.pos;
+        for part in 0.. {
+            let Some((at, flag, len)) = self.part_header(start, part)? else { return Ok(false) };
+            let body = (len + padding(len)) as u64;
+            if self.pos + body > self.len {
+                return Err(self.corrupt(at, &format!("the file ends inside a record of {len} bytes")));
+            }
+            self.src
+                .seek_relative(body as i64)
+                .map_err(|e| Error::mxnet(format!("cannot seek in {}: {e}", self.path)))?;
+            self.pos += body;
+            if flag == 0 || flag == 3 {
+                break;
+            }
+        }
+        Ok(true)
     }
 
     /// Read as much of `buf` as the file has; returns the bytes read.
@@ -158,8 +183,16 @@ impl RecordReader {
         Error::mxnet(format!("invalid RecordIO file {} at byte {at}: {what}", self.path))
     }
 
+    /// The file's length in bytes.
+    pub fn file_len(&self) -> u64 {
+        self.len
+    }
+
     /// Continue reading at byte `pos` (a record's start, from a `.idx` file).
     pub fn seek(&mut self, pos: u64) -> Result<()> {
+        if pos == self.pos {
+            return Ok(()); // already there: keep the buffered bytes
+        }
         if pos > self.len {
             return Err(Error::value(format!(
                 "cannot seek to byte {pos} of {}, which has {} bytes",

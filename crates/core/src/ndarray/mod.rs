@@ -506,6 +506,31 @@ impl NDArray {
         // Data that a failed operation should have written is not data: report the failure.
         take_failure(&chunk)
     }
+
+    /// A new CPU array of `shape` and `dtype` holding `bytes` (its elements, in native byte
+    /// order).
+    pub fn from_host_bytes(shape: Vec<usize>, dtype: DType, bytes: &[u8]) -> Result<NDArray> {
+        let a = NDArray::new(shape, Context::CPU, dtype, false)?;
+        if bytes.len() != a.size() * dtype.size() {
+            return Err(Error::value(format!(
+                "{} bytes do not fill an array of shape {:?} {}",
+                bytes.len(),
+                a.shape,
+                dtype.name()
+            )));
+        }
+        // SAFETY: `bytes` holds size × element-size readable bytes (checked above).
+        unsafe { a.copy_from_host(bytes.as_ptr(), a.size())? };
+        Ok(a)
+    }
+
+    /// The array's elements as bytes in native order, after its pending writes.
+    pub fn to_host_bytes(&self) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.size() * self.dtype.size()];
+        // SAFETY: `out` holds size × element-size writable bytes.
+        unsafe { self.copy_to_host(out.as_mut_ptr(), self.size())? };
+        Ok(out)
+    }
 }
 
 /// How many threads copy `bytes` bytes: several at or above `MXNET_CPU_PARALLEL_COPY_SIZE`

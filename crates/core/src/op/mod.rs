@@ -16,6 +16,7 @@
 pub mod custom;
 pub mod gpu;
 pub mod grad;
+pub mod imgproc;
 pub mod invoke;
 pub mod kernel;
 pub mod library;

@@ -546,6 +546,17 @@ impl Attrs {
     }
 }
 
+/// A parameter's name from its field's identifier: `r#type` declares `type`.
+pub const fn unraw(ident: &'static str) -> &'static str {
+    match ident.as_bytes() {
+        [b'r', b'#', rest @ ..] => match std::str::from_utf8(rest) {
+            Ok(name) => name,
+            Err(_) => ident,
+        },
+        _ => ident,
+    }
+}
+
 /// Declares an operator family's parameters once: the table (`ParamSpec`s: name, type,
 /// default, doc) that is served to the frontend and parsed against, and a struct with one
 /// typed field per parameter, read with `Struct::of(&attrs)` (by index, borrowing: it
@@ -587,7 +598,7 @@ macro_rules! op_params {
         impl<$lt> $name<$lt> {
             const SPECS: &'static [$crate::op::param::ParamSpec] = &[
                 $($crate::op::param::ParamSpec {
-                    name: stringify!($field),
+                    name: $crate::op::param::unraw(stringify!($field)),
                     ty: $crate::op::param::op_params!(@ty $lt, $ty $(, $choices)?),
                     nullable: <$ty as $crate::op::param::ParamType<$lt>>::NULLABLE,
                     default: $crate::op::param::op_params!(@default $default),

@@ -33,6 +33,45 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// A sequential SplitMix64 generator, for code that needs an open-ended number of draws
+/// from one seed (rejection samplers, shuffles, a record's augmentations).
+#[derive(Debug, Clone)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    #[inline]
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        mix(self.0)
+    }
+    /// Uniform in [0, 1).
+    #[inline]
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+    /// Uniform in [0, 1), in float32.
+    #[inline]
+    pub fn uniform_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
+    }
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = 1.0 - self.uniform();
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+    /// Uniform integer in `[0, n]`.
+    pub fn up_to(&mut self, n: u64) -> u64 {
+        self.next_u64() % (n + 1)
+    }
+    /// Fisher-Yates.
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.up_to(i as u64) as usize);
+        }
+    }
+}
+
 /// `MXRandomSeed`: reseed every context.
 pub fn seed_all(seed: u64) {
     *STATE.lock() = Some(State { global_seed: seed, per_ctx: HashMap::new() });

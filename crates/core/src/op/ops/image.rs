@@ -4,12 +4,8 @@
 //! (`CropResize`) with its backward, and `_image_resize` (`Resize`) and `_cvimresize`
 //! (`mx.image.imresize`, so `CenterCrop`) with OpenCV's nearest and bilinear interpolation.
 //!
-//! Resizing follows `cv::resize`: pixel centres aligned (`(x + 0.5) · scale - 0.5`), edges
-//! clamped; 8-bit images through OpenCV's 11-bit fixed-point weights and rounding, and an
-//! exact halving through its 2×2 box average (what OpenCV does for bilinear at scale 1/2).
-//! OpenCV's vectorised rows may round an 8-bit value the other way; results are within 1 of
-//! stock's for `uint8` and within float rounding otherwise. Area, bicubic and Lanczos
-//! interpolation are not supported yet.
+//! Resizing is [`imgproc::resize`]'s (OpenCV's nearest and bilinear interpolation; area,
+//! bicubic and Lanczos interpolation are not supported yet).
 //!
 //! Stock's flips swap mirrored pairs only, so for an odd width (height) the middle column
 //! (row) of a new output is left unwritten; here every element is written.
@@ -17,6 +13,7 @@
 use crate::dispatch_all;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
+use crate::op::imgproc;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{op_params, Attrs};
 use crate::op::tensor::{Elem, OutBlob, TBlob};
@@ -364,129 +361,15 @@ fn resize_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![Meta::new(shape, ins[0].dtype)])
 }
 
-/// OpenCV's source position and weight of the next pixel for output `d` of `dst` pixels from
-/// `src` (bilinear: centres aligned, clamped at the edges).
-fn linear_tap(d: usize, src: usize, dst: usize) -> (usize, f64) {
-    let scale = src as f64 / dst as f64;
-    // In float32, as OpenCV computes it.
-    let f = ((d as f64 + 0.5) * scale - 0.5) as f32;
-    let s = f.floor();
-    let (mut s, mut frac) = (s as i64, (f - s) as f64);
-    if s < 0 {
-        (s, frac) = (0, 0.0);
-    }
-    if s as usize >= src - 1 {
-        (s, frac) = (src as i64 - 1, 0.0);
-    }
-    (s as usize, frac)
-}
-
-/// Float resizing in the image's own type with float32 weights, as OpenCV computes it.
-#[allow(clippy::too_many_arguments)]
-fn resize_float<T>(
-    x: &[T],
-    out: &mut [T],
-    (h, w, c): (usize, usize, usize),
-    (rh, rw): (usize, usize),
-    xs: &[(usize, f64)],
-    ys: &[(usize, f64)],
-    interp: i64,
-    halving: bool,
-    from_f32: impl Fn(f32) -> T + Sync,
-) where
-    T: Elem + Copy + Send + Sync + std::ops::Mul<Output = T> + std::ops::Add<Output = T>,
-{
-    let (in_img, out_img) = (h * w * c, rh * rw * c);
-    let quarter = from_f32(0.25);
-    par_for_mut(out, 1, Cost(4.0), T::DTYPE, |r, o| {
-        for (k, v) in r.clone().zip(o.iter_mut()) {
-            let (img, rest) = (k / out_img, k % out_img);
-            let (oy, ox, ch) = (rest / (rw * c), (rest / c) % rw, rest % c);
-            let px = |yy: usize, xx: usize| x[img * in_img + (yy * w + xx) * c + ch];
-            *v = if halving {
-                let (y0, x0) = (2 * oy, 2 * ox);
-                (px(y0, x0) + px(y0, x0 + 1) + px(y0 + 1, x0) + px(y0 + 1, x0 + 1)) * quarter
-            } else if interp == 0 {
-                px(ys[oy].0, xs[ox].0)
-            } else {
-                let ((sy, fy), (sx, fx)) = (ys[oy], xs[ox]);
-                let (fx, fy) = (fx as f32, fy as f32);
-                let (a0, a1, b0, b1) = (from_f32(1.0 - fx), from_f32(fx), from_f32(1.0 - fy), from_f32(fy));
-                let (sx1, sy1) = ((sx + 1).min(w - 1), (sy + 1).min(h - 1));
-                let row = |yy: usize| px(yy, sx) * a0 + px(yy, sx1) * a1;
-                row(sy) * b0 + row(sy1) * b1
-            };
-        }
-    });
-}
-
 fn resize(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (_, h, w, c) = nhwc(&ins[0].shape).ok_or_else(|| Error::internal("resize of a checked shape"))?;
     let (_, rh, rw, _) = nhwc(&outs[0].shape).ok_or_else(|| Error::internal("resize of a checked shape"))?;
     let (_, _, interp) = resize_target(cx.attrs, h, w)?;
-    let nearest =
-        |d: usize, src: usize, dst: usize| ((d as f64 * (src as f64 / dst as f64)).floor() as usize).min(src - 1);
-    let halving = interp == 1 && h == 2 * rh && w == 2 * rw;
-    let xs: Vec<(usize, f64)> =
-        (0..rw).map(|x| if interp == 0 { (nearest(x, w, rw), 0.0) } else { linear_tap(x, w, rw) }).collect();
-    let ys: Vec<(usize, f64)> =
-        (0..rh).map(|y| if interp == 0 { (nearest(y, h, rh), 0.0) } else { linear_tap(y, h, rh) }).collect();
-    let (in_img, out_img) = (h * w * c, rh * rw * c);
     match ins[0].dtype {
-        DType::U8 => {
-            let x = ins[0].as_slice::<u8>();
-            // OpenCV's fixed point: each weight rounded to 1/2048 (half to even), rows kept
-            // at that scale, then its vectorised rounding of the two rows' sum.
-            let q = |f: f64| -> (i64, i64) {
-                let f = f as f32;
-                (((1.0 - f) * 2048.0).round_ties_even() as i64, (f * 2048.0).round_ties_even() as i64)
-            };
-            par_for_mut(outs[0].as_mut::<u8>(), 1, Cost(4.0), DType::U8, |r, o| {
-                for (k, v) in r.clone().zip(o.iter_mut()) {
-                    let (img, rest) = (k / out_img, k % out_img);
-                    let (oy, ox, ch) = (rest / (rw * c), (rest / c) % rw, rest % c);
-                    let px = |yy: usize, xx: usize| x[img * in_img + (yy * w + xx) * c + ch] as i64;
-                    *v = if halving {
-                        let (y0, x0) = (2 * oy, 2 * ox);
-                        ((px(y0, x0) + px(y0, x0 + 1) + px(y0 + 1, x0) + px(y0 + 1, x0 + 1) + 2) >> 2) as u8
-                    } else if interp == 0 {
-                        px(ys[oy].0, xs[ox].0) as u8
-                    } else {
-                        let ((sy, fy), (sx, fx)) = (ys[oy], xs[ox]);
-                        let (a0, a1) = q(fx);
-                        let (b0, b1) = q(fy);
-                        let sx1 = (sx + 1).min(w - 1);
-                        let sy1 = (sy + 1).min(h - 1);
-                        let row = |yy: usize| px(yy, sx) * a0 + px(yy, sx1) * a1;
-                        ((((b0 * (row(sy) >> 4)) >> 16) + ((b1 * (row(sy1) >> 4)) >> 16) + 2) >> 2).clamp(0, 255) as u8
-                    };
-                }
-            });
-        }
-        DType::F32 => resize_float::<f32>(
-            ins[0].as_slice(),
-            outs[0].as_mut(),
-            (h, w, c),
-            (rh, rw),
-            &xs,
-            &ys,
-            interp,
-            halving,
-            |v| v,
-        ),
-        _ => resize_float::<f64>(
-            ins[0].as_slice(),
-            outs[0].as_mut(),
-            (h, w, c),
-            (rh, rw),
-            &xs,
-            &ys,
-            interp,
-            halving,
-            f64::from,
-        ),
+        DType::U8 => imgproc::resize::<u8>(ins[0].as_slice(), outs[0].as_mut(), (h, w, c), (rh, rw), interp),
+        DType::F32 => imgproc::resize::<f32>(ins[0].as_slice(), outs[0].as_mut(), (h, w, c), (rh, rw), interp),
+        _ => imgproc::resize::<f64>(ins[0].as_slice(), outs[0].as_mut(), (h, w, c), (rh, rw), interp),
     }
-    Ok(())
 }
 
 op_params! {

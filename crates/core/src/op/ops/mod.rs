@@ -12,6 +12,7 @@ mod contrib;
 mod conv;
 mod conv_grad;
 mod ctc;
+mod cv;
 mod deconv;
 mod detection;
 mod elemwise;
@@ -78,6 +79,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     deconv::register(ops);
     resize::register(ops);
     image::register(ops);
+    cv::register(ops);
     reduce::register(ops);
     reduce_grad::register(ops);
     shape_grad::register(ops);

@@ -22,34 +22,17 @@ use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{dtype_from_name, op_params, Attrs, ParamSpec};
-use crate::op::random::Stream;
+use crate::op::random::{SplitMix64, Stream};
 use crate::op::tensor::{two_mut, Elem, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Req, Resource};
 use crate::{dispatch_float, dispatch_num};
 
-/// A per-element generator (SplitMix64) for samplers that need an unbounded number of draws.
-struct Local(u64);
+/// A per-element generator for samplers that need an unbounded number of draws.
+type Local = SplitMix64;
 
-impl Local {
-    fn new(s: &Stream, i: u64) -> Self {
-        Local(s.bits(2 * i) ^ s.bits(2 * i + 1).rotate_left(29))
-    }
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    fn uniform(&mut self) -> f64 {
-        (self.next() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-    fn normal(&mut self) -> f64 {
-        let u1 = 1.0 - self.uniform();
-        let u2 = self.uniform();
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    }
+/// Element `i`'s generator of stream `s`.
+fn local(s: &Stream, i: u64) -> Local {
+    SplitMix64(s.bits(2 * i) ^ s.bits(2 * i + 1).rotate_left(29))
 }
 
 /// Gamma(shape `a`, scale 1) by Marsaglia and Tsang's method.
@@ -153,7 +136,7 @@ const GAMMA: Dist = Dist {
             Err(format!("alpha and beta must be positive, got {} and {}", p[0], p[1]))
         }
     },
-    sample: |p, s, i| p[1] * gamma_unit(p[0], &mut Local::new(s, i)),
+    sample: |p, s, i| p[1] * gamma_unit(p[0], &mut local(s, i)),
 };
 const EXPONENTIAL: Dist = Dist {
     name: "exponential",
@@ -165,7 +148,7 @@ const POISSON: Dist = Dist {
     name: "poisson",
     arity: 1,
     check: |p| if p[0] >= 0.0 { Ok(()) } else { Err(format!("lam must be non-negative, got {}", p[0])) },
-    sample: |p, s, i| poisson(p[0], &mut Local::new(s, i)),
+    sample: |p, s, i| poisson(p[0], &mut local(s, i)),
 };
 
 /// Negative binomial (`k` failures, success probability `p`, as stock draws it): Poisson of a
@@ -181,7 +164,7 @@ const NEG_BINOMIAL: Dist = Dist {
         }
     },
     sample: |p, s, i| {
-        let g = &mut Local::new(s, i);
+        let g = &mut local(s, i);
         let rate = if p[0] == 0.0 || p[1] == 1.0 { 0.0 } else { gamma_unit(p[0], g) * (1.0 - p[1]) / p[1] };
         poisson(rate, g)
     },
@@ -199,7 +182,7 @@ const GEN_NEG_BINOMIAL: Dist = Dist {
         }
     },
     sample: |p, s, i| {
-        let g = &mut Local::new(s, i);
+        let g = &mut local(s, i);
         let rate = if p[1] == 0.0 || p[0] == 0.0 { p[0] } else { gamma_unit(1.0 / p[1], g) * p[1] * p[0] };
         poisson(rate, g)
     },
@@ -685,7 +668,7 @@ fn unique_zipfian_op() -> OpDef {
             let (samples, tries) = two_mut(outs, 0, 1);
             let (samples, tries) = (samples.as_mut::<i64>(), tries.as_mut::<i64>());
             for row in 0..batch {
-                let mut g = Local::new(&s, row as u64);
+                let mut g = local(&s, row as u64);
                 let mut seen = std::collections::HashSet::with_capacity(num);
                 let mut n = 0i64;
                 while seen.len() < num {
@@ -795,7 +778,7 @@ mod tests {
 
     #[test]
     fn gamma_and_poisson_moments() {
-        let mut g = Local(12345);
+        let mut g = SplitMix64(12345);
         for &a in &[0.5, 1.0, 3.0, 9.0] {
             let xs: Vec<f64> = (0..40_000).map(|_| gamma_unit(a, &mut g)).collect();
             let (m, v) = moments(&xs);

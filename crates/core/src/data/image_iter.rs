@@ -1,0 +1,1099 @@
+//! `ImageRecordIter` and its typed variants (`ImageRecordUInt8Iter`, `ImageRecordInt8Iter`,
+//! the `_v1` names): batches of decoded, augmented images from a RecordIO file that
+//! `im2rec` (or `mx.recordio`) wrote.
+//!
+//! Owns: the record source (the part's records in file order or shuffled per epoch), stock's
+//! default augmenter (`aug_default`: resize, pad, crops, colour jitter, HSL and PCA noise,
+//! mirror), the normalisation into `(channels, height, width)` planes in RGB order, batch
+//! assembly with stock's `round_batch` and padding rules, and the prefetch thread.
+//!
+//! Semantics follow stock's `ImageRecordIOParser2`: records hold a 24-byte `IRHeader` (flag,
+//! label, id, id2), `flag` extra float labels, then the encoded image; pixels are
+//! `(x - mean) · contrast / std + illumination / std` in float32 (`uint8` keeps the pixel,
+//! `int8` is `saturate(x - round(mean))`); the label batch is `(batch, label_width)`; a part
+//! of `num_parts` is a byte range of the file (records by count with a `.idx` file). What
+//! differs, on purpose: random choices (crops, mirrors, jitter, shuffle order) come from a
+//! generator seeded per record from `seed` / `seed_aug` and the record's place in the epoch,
+//! so they are reproducible whatever the thread count, but they are not stock's draws; the
+//! affine augmentations (`max_rotate_angle`, `rotate`, `max_shear_ratio`, random scale and
+//! aspect ratio, `min/max_img_size`) and interpolations other than nearest and bilinear are
+//! refused with NotImplementedError. `GetIndex` reports each image's id (stock leaves zeros).
+//!
+//! Threads: one prefetch thread assembles up to `prefetch_buffer` batches ahead; inside a
+//! batch, `preprocess_threads` threads decode and augment records.
+
+use super::iter::{Batch, DataIter};
+use super::recordio::RecordReader;
+use crate::error::{Error, Result};
+use crate::ndarray::{DType, NDArray};
+use crate::op::imgproc::{self, Channels, Image};
+use crate::op::param::{op_params, Attrs};
+use crate::op::random::SplitMix64;
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::thread::JoinHandle;
+
+pub(super) const RECORD_ITER_DOC: &str = "Iterates on image RecordIO files\n\nReads batches of images from .rec RecordIO files. One can use ``im2rec.py`` tool\n(in tools/) to pack raw image files into RecordIO files. This iterator is less\nflexible to customization but is fast and has lot of language bindings. To\niterate over raw images directly use ``ImageIter`` instead (in Python).\n\nExample::\n\n  data_iter = mx.io.ImageRecordIter(\n    path_imgrec=\"./sample.rec\", # The target record file.\n    data_shape=(3, 227, 227), # Output data shape; 227x227 region will be cropped from the original image.\n    batch_size=4, # Number of items per batch.\n    resize=256 # Resize the shorter edge to 256 before cropping.\n    # You can specify more augmentation options. Use help(mx.io.ImageRecordIter) to see all the options.\n    )\n  # You can now use the data_iter to access batches of images.\n  batch = data_iter.next() # first batch.\n  images = batch.data[0] # This will contain 4 (=batch_size) images each of 3x227x227.\n  # process the images\n  ...\n  data_iter.reset() # To restart the iterator from the beginning.\n\n";
+pub(super) const UINT8_ITER_DOC: &str = "Iterating on image RecordIO files\n\n.. note:: ImageRecordUInt8Iter is deprecated. Use ImageRecordIter(dtype='uint8') instead.\n\nThis iterator is identical to ``ImageRecordIter`` except for using ``uint8`` as\nthe data type instead of ``float``.\n\n";
+pub(super) const INT8_ITER_DOC: &str = "Iterating on image RecordIO files\n\n.. note:: ``ImageRecordInt8Iter`` is deprecated. Use ImageRecordIter(dtype='int8') instead.\n\nThis iterator is identical to ``ImageRecordIter`` except for using ``int8`` as\nthe data type instead of ``float``.\n\n";
+
+op_params! {
+    /// The image iterators' parameters (stock's ImageRecParserParam, ImageRecordParam,
+    /// BatchParam, PrefetcherParam, DefaultImageAugmentParam and ImageNormalizeParam; a name
+    /// several of them declare is listed once).
+    pub(super) struct RecParams<'a> => REC_PARAMS {
+        path_imglist: &'a str = "", "Path to the image list (.lst) file. Generally created with tools/im2rec.py. Format (Tab separated): <index of record>\t<one or more labels>\t<relative path from root folder>.";
+        path_imgrec: &'a str = "", "Path to the image RecordIO (.rec) file or a directory path. Created with tools/im2rec.py.";
+        path_imgidx: &'a str = "", "Path to the image RecordIO index (.idx) file. Created with tools/im2rec.py.";
+        aug_seq: &'a str = "aug_default", "The augmenter names to represent sequence of augmenters to be applied, seperated by comma. Additional keyword parameters will be seen by these augmenters.";
+        label_width: i64 = "1", "The number of labels per image.";
+        data_shape: &'a [i64] = required, "The shape of one output image in (channels, height, width) format.";
+        preprocess_threads: i64 = "4", "The number of threads to do preprocessing.";
+        verbose: bool = "True", "If or not output verbose information.";
+        num_parts: i64 = "1", "Virtually partition the data into these many parts.";
+        part_index: i64 = "0", "The *i*-th virtual partition to be read.";
+        device_id: i64 = "0", "The device id used to create context for internal NDArray. Setting device_id to -1 will create Context::CPU(0). Setting device_id to valid positive device id will create Context::CPUPinned(device_id). Default is 0.";
+        shuffle_chunk_size: i64 = "0", "The data shuffle buffer size in MB. Only valid if shuffle is true.";
+        shuffle_chunk_seed: i64 = "0", "The random seed for shuffling";
+        seed_aug: Option<i64> = "None", "Random seed for augmentations.";
+        shuffle: bool = "False", "Whether to shuffle data randomly or not.";
+        seed: i64 = "0", "The random seed.";
+        batch_size: i64 = required, "Batch size.";
+        round_batch: bool = "True", "Whether to use round robin to handle overflow batch or not.";
+        prefetch_buffer: i64 = "4", "Maximum number of batches to prefetch.";
+        ctx: &'a str = "gpu" in ["cpu", "gpu"], "Context data loader optimized for.";
+        dtype: Option<DType> = "None", "Output data type. ``None`` means no change.";
+        resize: i64 = "-1", "Down scale the shorter edge to a new size  before applying other augmentations.";
+        rand_crop: bool = "False", "If or not randomly crop the image";
+        random_resized_crop: bool = "False", "If or not perform random resized cropping on the image, as a standard preprocessing for resnet training on ImageNet data.";
+        max_rotate_angle: i64 = "0", "Rotate by a random degree in ``[-v, v]``";
+        max_aspect_ratio: f64 = "0", "Change the aspect (namely width/height) to a random value. If min_aspect_ratio is None then the aspect ratio ins sampled from [1 - max_aspect_ratio, 1 + max_aspect_ratio], else it is in ``[min_aspect_ratio, max_aspect_ratio]``";
+        min_aspect_ratio: Option<f64> = "None", "Change the aspect (namely width/height) to a random value in ``[min_aspect_ratio, max_aspect_ratio]``";
+        max_shear_ratio: f64 = "0", "Apply a shear transformation (namely ``(x,y)->(x+my,y)``) with ``m`` randomly chose from ``[-max_shear_ratio, max_shear_ratio]``";
+        max_crop_size: i64 = "-1", "Crop both width and height into a random size in ``[min_crop_size, max_crop_size].``Ignored if ``random_resized_crop`` is True.";
+        min_crop_size: i64 = "-1", "Crop both width and height into a random size in ``[min_crop_size, max_crop_size].``Ignored if ``random_resized_crop`` is True.";
+        max_random_scale: f64 = "1", "Resize into ``[width*s, height*s]`` with ``s`` randomly chosen from ``[min_random_scale, max_random_scale]``. Ignored if ``random_resized_crop`` is True.";
+        min_random_scale: f64 = "1", "Resize into ``[width*s, height*s]`` with ``s`` randomly chosen from ``[min_random_scale, max_random_scale]``Ignored if ``random_resized_crop`` is True.";
+        max_random_area: f64 = "1", "Change the area (namely width * height) to a random value in ``[min_random_area, max_random_area]``. Ignored if ``random_resized_crop`` is False.";
+        min_random_area: f64 = "1", "Change the area (namely width * height) to a random value in ``[min_random_area, max_random_area]``. Ignored if ``random_resized_crop`` is False.";
+        max_img_size: f64 = "1e+10", "Set the maximal width and height after all resize and rotate argumentation  are applied";
+        min_img_size: f64 = "0", "Set the minimal width and height after all resize and rotate argumentation  are applied";
+        brightness: f64 = "0", "Add a random value in ``[-brightness, brightness]`` to the brightness of image.";
+        contrast: f64 = "0", "Add a random value in ``[-contrast, contrast]`` to the contrast of image.";
+        saturation: f64 = "0", "Add a random value in ``[-saturation, saturation]`` to the saturation of image.";
+        pca_noise: f64 = "0", "Add PCA based noise to the image.";
+        random_h: i64 = "0", "Add a random value in ``[-random_h, random_h]`` to the H channel in HSL color space.";
+        random_s: i64 = "0", "Add a random value in ``[-random_s, random_s]`` to the S channel in HSL color space.";
+        random_l: i64 = "0", "Add a random value in ``[-random_l, random_l]`` to the L channel in HSL color space.";
+        rotate: i64 = "-1", "Rotate by an angle. If set, it overwrites the ``max_rotate_angle`` option.";
+        fill_value: i64 = "255", "Set the padding pixels value to ``fill_value``.";
+        inter_method: i64 = "1", "The interpolation method: 0-NN 1-bilinear 2-cubic 3-area 4-lanczos4 9-auto 10-rand.";
+        pad: i64 = "0", "Change size from ``[width, height]`` into ``[pad + width + pad, pad + height + pad]`` by padding pixes";
+        mirror: bool = "False", "Whether to mirror the image or not. If true, images are flipped along the horizontal axis.";
+        rand_mirror: bool = "False", "Whether to randomly mirror images or not. If true, 50% of the images will be randomly mirrored (flipped along the horizontal axis)";
+        mean_img: &'a str = "", "Filename of the mean image.";
+        mean_r: f64 = "0", "The mean value to be subtracted on the R channel";
+        mean_g: f64 = "0", "The mean value to be subtracted on the G channel";
+        mean_b: f64 = "0", "The mean value to be subtracted on the B channel";
+        mean_a: f64 = "0", "The mean value to be subtracted on the alpha channel";
+        std_r: f64 = "1", "Augmentation Param: Standard deviation on R channel.";
+        std_g: f64 = "1", "Augmentation Param: Standard deviation on G channel.";
+        std_b: f64 = "1", "Augmentation Param: Standard deviation on B channel.";
+        std_a: f64 = "1", "Augmentation Param: Standard deviation on Alpha channel.";
+        scale: f64 = "1", "Multiply the image with a scale value.";
+        max_random_contrast: f64 = "0", "Change the contrast with a value randomly chosen from ``[-max_random_contrast, max_random_contrast]``";
+        max_random_illumination: f64 = "0", "Change the illumination with a value randomly chosen from ``[-max_random_illumination, max_random_illumination]``";
+    }
+}
+
+/// A record's generator: seeded from the record's place, so results do not depend on which
+/// thread augments which record.
+struct Rng(SplitMix64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        let mut r = SplitMix64(seed ^ 0x5851_f42d_4c95_7f2d);
+        r.next_u64();
+        Rng(r)
+    }
+    /// Uniform in `[0, 1)`.
+    fn unit(&mut self) -> f32 {
+        self.0.uniform_f32()
+    }
+    /// Uniform in `[lo, hi)`.
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * self.unit()
+    }
+    /// Uniform integer in `[lo, hi]` (`lo <= hi`).
+    fn int(&mut self, lo: usize, hi: usize) -> usize {
+        lo + self.0.up_to((hi - lo) as u64) as usize
+    }
+    fn normal(&mut self, std: f32) -> f32 {
+        std * self.0.normal() as f32
+    }
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        self.0.shuffle(v)
+    }
+}
+
+/// What one record holds: its labels, its image id and the encoded image.
+struct Record<'a> {
+    labels: Vec<f32>,
+    id: u64,
+    image: &'a [u8],
+}
+
+/// Parse a record's `IRHeader` (u32 flag, f32 label, u64 id, u64 id2) and the `flag` extra
+/// labels that follow it.
+fn parse_record(bytes: &[u8]) -> Result<Record<'_>> {
+    if bytes.len() < 24 {
+        return Err(Error::mxnet(format!("the record has {} bytes, fewer than its 24-byte header", bytes.len())));
+    }
+    let word = |i: usize| [bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]];
+    let flag = u32::from_le_bytes(word(0)) as usize;
+    let label = f32::from_le_bytes(word(4));
+    let id = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    let body = &bytes[24..];
+    if flag == 0 {
+        return Ok(Record { labels: vec![label], id, image: body });
+    }
+    let Some(image) = flag.checked_mul(4).and_then(|n| body.get(n..)) else {
+        return Err(Error::mxnet(format!("the record's header announces {flag} labels, more than the record holds")));
+    };
+    let labels = body[..4 * flag].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    Ok(Record { labels, id, image })
+}
+
+/// The labels of an image list (`.lst`: index, `label_width` labels, path), by image index.
+fn read_image_list(path: &str, width: usize) -> Result<std::collections::HashMap<u64, Vec<f32>>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::mxnet(format!("cannot read {path}: {e}")))?;
+    let mut map = std::collections::HashMap::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let mut fields = line.split_whitespace();
+        let bad = || Error::mxnet(format!("Bad ImageList format: line {} of {path}", n + 1));
+        let index: u64 = fields.next().and_then(|f| f.parse::<f64>().ok()).ok_or_else(bad)? as u64;
+        let labels = (0..width)
+            .map(|_| fields.next().and_then(|f| f.parse::<f32>().ok()).ok_or_else(bad))
+            .collect::<Result<Vec<_>>>()?;
+        map.insert(index, labels);
+    }
+    Ok(map)
+}
+
+/// The byte offsets of a part's records: from the `.idx` file (records split by count), or
+/// by scanning the `.rec` file (split by bytes, as dmlc-core's input splits do).
+fn part_offsets(rec: &str, idx: &str, parts: usize, part: usize) -> Result<Vec<u64>> {
+    if !idx.is_empty() {
+        let text = std::fs::read_to_string(idx).map_err(|e| Error::mxnet(format!("cannot read {idx}: {e}")))?;
+        let mut offsets = Vec::new();
+        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let off = line.split_whitespace().nth(1).and_then(|f| f.parse::<u64>().ok());
+            offsets
+                .push(off.ok_or_else(|| Error::mxnet(format!("line {} of {idx} is not '<key>\\t<offset>'", n + 1)))?);
+        }
+        offsets.sort_unstable();
+        let len = RecordReader::open(rec)?.file_len();
+        if let Some(bad) = offsets.iter().find(|&&o| o >= len) {
+            return Err(Error::mxnet(format!("{idx} points past the end of {rec} (byte {bad} of {len})")));
+        }
+        let step = offsets.len().div_ceil(parts);
+        let (lo, hi) = ((step * part).min(offsets.len()), (step * (part + 1)).min(offsets.len()));
+        return Ok(offsets[lo..hi].to_vec());
+    }
+    let mut reader = RecordReader::open(rec)?;
+    let total = reader.file_len();
+    let step = total.div_ceil(parts as u64).div_ceil(4) * 4;
+    let (lo, hi) = (step * part as u64, step * (part as u64 + 1));
+    let mut offsets = Vec::new();
+    loop {
+        let at = reader.tell();
+        if at >= hi || !reader.skip_record()? {
+            break;
+        }
+        if at >= lo {
+            offsets.push(at);
+        }
+    }
+    Ok(offsets)
+}
+
+/// The settled configuration of one iterator.
+#[derive(Clone)]
+struct Config {
+    rec: String,
+    channels: usize,
+    height: usize,
+    width: usize,
+    batch: usize,
+    label_width: usize,
+    dtype: DType,
+    round_batch: bool,
+    threads: usize,
+    shuffle: bool,
+    seed: u64,
+    aug_seed: u64,
+    labels: Option<std::sync::Arc<std::collections::HashMap<u64, Vec<f32>>>>,
+    aug: Augment,
+    norm: Normalize,
+}
+
+/// Stock's default augmenter's settings (the supported ones).
+#[derive(Clone)]
+struct Augment {
+    resize: Option<usize>,
+    rand_crop: bool,
+    random_resized_crop: bool,
+    crop_size: Option<(usize, usize)>,
+    area: (f32, f32),
+    aspect: (f32, f32),
+    brightness: f32,
+    contrast: f32,
+    saturation: f32,
+    pca_noise: f32,
+    hsl: [i64; 3],
+    fill: u8,
+    inter: i64,
+    pad: usize,
+}
+
+/// Stock's normalisation settings.
+#[derive(Clone)]
+struct Normalize {
+    mirror: bool,
+    rand_mirror: bool,
+    mean: [f32; 4],
+    std: [f32; 4],
+    scale: f32,
+    max_contrast: f32,
+    max_illumination: f32,
+    /// A mean image, `(channels, height, width)`, replacing `mean`.
+    mean_img: Option<std::sync::Arc<Vec<f32>>>,
+}
+
+fn refuse_affine(p: &RecParams) -> Result<()> {
+    let aspect_affine = !p.random_resized_crop && (p.max_aspect_ratio != 0.0 || p.min_aspect_ratio.is_some());
+    let affine = [
+        ("max_rotate_angle", p.max_rotate_angle > 0),
+        ("rotate", p.rotate > 0),
+        ("max_shear_ratio", p.max_shear_ratio > 0.0),
+        ("max_random_scale/min_random_scale", p.max_random_scale != 1.0 || p.min_random_scale != 1.0),
+        ("max_aspect_ratio/min_aspect_ratio without random_resized_crop", aspect_affine),
+        ("max_img_size/min_img_size", p.max_img_size != 1e10 || p.min_img_size != 0.0),
+    ];
+    if let Some((name, _)) = affine.iter().find(|(_, on)| *on) {
+        return Err(Error::not_supported(format!("ImageRecordIter's affine augmentation ({name})")));
+    }
+    Ok(())
+}
+
+impl Config {
+    fn new(a: &Attrs, default_dtype: DType) -> Result<Config> {
+        let p = RecParams::of(a);
+        let op = a.op;
+        if p.path_imgrec.is_empty() {
+            return Err(Error::value(format!("{op}: must specify path_imgrec")));
+        }
+        if p.aug_seq != "aug_default" {
+            return Err(Error::not_supported(format!("{op} with aug_seq={} (aug_default is)", p.aug_seq)));
+        }
+        refuse_affine(&p)?;
+        let &[channels, height, width] = p.data_shape else {
+            return Err(Error::value(format!(
+                "{op}: data_shape must be (channels, height, width), got {:?}",
+                p.data_shape
+            )));
+        };
+        if ![1, 3, 4].contains(&channels) || height <= 0 || width <= 0 {
+            return Err(Error::value(format!(
+                "{op}: data_shape {:?} needs 1, 3 or 4 channels and a positive height and width",
+                p.data_shape
+            )));
+        }
+        let positive = |name: &str, v: i64| {
+            usize::try_from(v)
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| Error::value(format!("{op}: {name} must be positive, got {v}")))
+        };
+        let dtype = p.dtype.unwrap_or(default_dtype);
+        if !matches!(dtype, DType::F32 | DType::U8 | DType::I8) {
+            return Err(Error::value(format!("{op}: dtype {} is not float32, uint8 or int8", dtype.name())));
+        }
+        let inter = p.inter_method;
+        if !(0..=4).contains(&inter) && inter != 9 && inter != 10 {
+            return Err(Error::value(format!("{op}: invalid inter_method {inter}: valid values are 0-4, 9 and 10")));
+        }
+        if !imgproc::resize_supported(inter) {
+            return Err(Error::not_supported(format!(
+                "{op} with inter_method={inter} (nearest 0 and bilinear 1 are supported)"
+            )));
+        }
+        let crop_size = match (p.max_crop_size, p.min_crop_size) {
+            (-1, -1) => None,
+            (hi, lo) if p.random_resized_crop => {
+                return Err(Error::value(format!(
+                    "{op}: random_resized_crop conflicts with min_crop_size {lo} / max_crop_size {hi}"
+                )))
+            }
+            (hi, lo) if lo >= 0 && hi >= lo => Some((lo as usize, hi as usize)),
+            (hi, lo) => return Err(Error::value(format!("{op}: crop sizes [{lo}, {hi}] are not a range"))),
+        };
+        if p.random_resized_crop && p.rand_crop {
+            return Err(Error::value(format!("{op}: random_resized_crop conflicts with rand_crop")));
+        }
+        let (amin, amax) = match p.min_aspect_ratio {
+            Some(lo) => (lo as f32, p.max_aspect_ratio as f32),
+            None => (1.0 - p.max_aspect_ratio as f32, 1.0 + p.max_aspect_ratio as f32),
+        };
+        if p.random_resized_crop && (amin <= 0.0 || amin > amax || p.min_random_area > p.max_random_area) {
+            return Err(Error::value(format!(
+                "{op}: random_resized_crop needs 0 < min_aspect_ratio <= max_aspect_ratio and min_random_area <= max_random_area"
+            )));
+        }
+        let aug = Augment {
+            resize: if p.resize > 0 { Some(p.resize as usize) } else { None },
+            rand_crop: p.rand_crop,
+            random_resized_crop: p.random_resized_crop,
+            crop_size,
+            area: (p.min_random_area as f32, p.max_random_area as f32),
+            aspect: (amin, amax),
+            brightness: p.brightness as f32,
+            contrast: p.contrast as f32,
+            saturation: p.saturation as f32,
+            pca_noise: p.pca_noise as f32,
+            hsl: [p.random_h, p.random_s, p.random_l],
+            fill: p.fill_value.clamp(0, 255) as u8,
+            inter,
+            pad: usize::try_from(p.pad).unwrap_or(0),
+        };
+        let norm = Normalize {
+            mirror: p.mirror,
+            rand_mirror: p.rand_mirror,
+            mean: [p.mean_r, p.mean_g, p.mean_b, p.mean_a].map(|v| v as f32),
+            std: [p.std_r, p.std_g, p.std_b, p.std_a].map(|v| v as f32),
+            scale: p.scale as f32,
+            max_contrast: p.max_random_contrast as f32,
+            max_illumination: p.max_random_illumination as f32,
+            mean_img: None,
+        };
+        let label_width = positive("label_width", p.label_width)?;
+        let labels = if p.path_imglist.is_empty() {
+            None
+        } else {
+            Some(std::sync::Arc::new(read_image_list(p.path_imglist, label_width)?))
+        };
+        Ok(Config {
+            rec: p.path_imgrec.to_string(),
+            channels: channels as usize,
+            height: height as usize,
+            width: width as usize,
+            batch: positive("batch_size", p.batch_size)?,
+            label_width,
+            dtype,
+            round_batch: p.round_batch,
+            threads: positive("preprocess_threads", p.preprocess_threads)?.min(64),
+            shuffle: p.shuffle,
+            seed: p.seed as u64,
+            aug_seed: p.seed_aug.unwrap_or(p.seed) as u64,
+            labels,
+            aug,
+            norm,
+        })
+    }
+
+    fn unit(&self) -> usize {
+        self.channels * self.height * self.width
+    }
+}
+
+/// The inter method for a resize from `(w, h)` to `(nw, nh)` (stock's `GetInterMethod`; the
+/// auto and random codes are refused at creation until area and cubic exist).
+fn inter_for(aug: &Augment) -> i64 {
+    aug.inter
+}
+
+fn resized(img: &Image, nh: usize, nw: usize, inter: i64) -> Result<Image> {
+    let mut data = vec![0u8; nh * nw * img.c];
+    imgproc::resize::<u8>(&img.data, &mut data, (img.h, img.w, img.c), (nh, nw), inter)?;
+    Ok(Image { h: nh, w: nw, c: img.c, data })
+}
+
+fn cropped(img: &Image, y: usize, x: usize, h: usize, w: usize) -> Image {
+    let c = img.c;
+    let mut data = Vec::with_capacity(h * w * c);
+    for r in y..y + h {
+        data.extend_from_slice(&img.data[(r * img.w + x) * c..(r * img.w + x + w) * c]);
+    }
+    Image { h, w, c, data }
+}
+
+/// OpenCV's `BGR2GRAY` of one pixel in its 14-bit fixed point (stock applies `RGB2GRAY` to
+/// its BGR images; the weights follow stock's call).
+fn gray_of(px: &[u8]) -> u8 {
+    let (r, g, b) = (px[0] as u32, px[1] as u32, px[2] as u32);
+    ((r * 4899 + g * 9617 + b * 1868 + (1 << 13)) >> 14) as u8
+}
+
+/// Stock's default augmenter on a BGR(A) image; returns the `(height, width)` crop.
+fn augment(cfg: &Config, mut img: Image, rng: &mut Rng) -> Result<Image> {
+    let aug = &cfg.aug;
+    let (dh, dw) = (cfg.height, cfg.width);
+    if let Some(size) = aug.resize {
+        let (nh, nw) = if img.h > img.w { (size * img.h / img.w, size) } else { (size, size * img.w / img.h) };
+        img = resized(&img, nh.max(1), nw.max(1), inter_for(aug))?;
+    }
+    if aug.pad > 0 {
+        let p = aug.pad;
+        let mut data = vec![0u8; (img.h + 2 * p) * (img.w + 2 * p) * img.c];
+        let fill = [aug.fill; 4];
+        imgproc::make_border(
+            &img.data,
+            &mut data,
+            (img.h, img.w, img.c),
+            (p, p, p, p),
+            imgproc::BORDER_CONSTANT,
+            &fill,
+        )?;
+        img = Image { h: img.h + 2 * p, w: img.w + 2 * p, c: img.c, data };
+    }
+    let mut done = false;
+    if aug.random_resized_crop && (aug.area != (1.0, 1.0) || aug.aspect != (1.0, 1.0)) {
+        let area = (img.h * img.w) as f32;
+        for _ in 0..10 {
+            let target = area * rng.uniform(aug.area.0, aug.area.1);
+            let ratio = rng.uniform(aug.aspect.0, aug.aspect.1);
+            let (mut ya, mut xa) = ((target / ratio).sqrt().round() as usize, (target * ratio).sqrt().round() as usize);
+            if rng.unit() > 0.5 {
+                std::mem::swap(&mut ya, &mut xa);
+            }
+            if ya >= 1 && xa >= 1 && ya <= img.h && xa <= img.w {
+                let (y, x) = (rng.int(0, img.h - ya), rng.int(0, img.w - xa));
+                img = resized(&cropped(&img, y, x, ya, xa), dh, dw, inter_for(aug))?;
+                done = true;
+                break;
+            }
+        }
+    } else if let Some((lo, hi)) = aug.crop_size {
+        if img.w < hi || img.h < hi {
+            return Err(Error::mxnet(format!("input image size {}x{} smaller than max_crop_size {hi}", img.h, img.w)));
+        }
+        let size = rng.int(lo.max(1), hi.max(1));
+        let (mut y, mut x) = (img.h - size, img.w - size);
+        if aug.rand_crop {
+            (y, x) = (rng.int(0, y), rng.int(0, x));
+        } else {
+            (y, x) = (y / 2, x / 2);
+        }
+        img = resized(&cropped(&img, y, x, size, size), dh, dw, inter_for(aug))?;
+        done = true;
+    }
+    if !done {
+        if img.h < dh {
+            let nw = (dh as f32 / img.h as f32 * img.w as f32) as usize;
+            img = resized(&img, dh, nw.max(1), inter_for(aug))?;
+        }
+        if img.w < dw {
+            let nh = (dw as f32 / img.w as f32 * img.h as f32) as usize;
+            img = resized(&img, nh.max(1), dw, inter_for(aug))?;
+        }
+        if img.h < dh || img.w < dw {
+            return Err(Error::mxnet(format!(
+                "input image size {}x{} smaller than input shape {dh}x{dw}",
+                img.h, img.w
+            )));
+        }
+        let (mut y, mut x) = (img.h - dh, img.w - dw);
+        if aug.rand_crop {
+            (y, x) = (rng.int(0, y), rng.int(0, x));
+        } else {
+            (y, x) = (y / 2, x / 2);
+        }
+        img = cropped(&img, y, x, dh, dw);
+    }
+    if img.c >= 3 {
+        color_jitter(aug, &mut img, rng);
+        hsl_noise(aug, &mut img, rng);
+        pca_noise(aug, &mut img, rng);
+    }
+    Ok(img)
+}
+
+/// Brightness, contrast and saturation in a random order (stock's `convertTo` and
+/// `addWeighted`, saturating to 8 bits).
+fn color_jitter(aug: &Augment, img: &mut Image, rng: &mut Rng) {
+    if aug.brightness <= 0.0 && aug.contrast <= 0.0 && aug.saturation <= 0.0 {
+        return;
+    }
+    let alpha_b = 1.0 + rng.uniform(-aug.brightness, aug.brightness);
+    let alpha_c = 1.0 + rng.uniform(-aug.contrast, aug.contrast);
+    let alpha_s = 1.0 + rng.uniform(-aug.saturation, aug.saturation);
+    let mut order = [0, 1, 2];
+    rng.shuffle(&mut order);
+    let c = img.c;
+    for step in order {
+        match step {
+            0 => img.data.iter_mut().for_each(|v| *v = imgproc::saturate_u8(*v as f32 * alpha_b)),
+            1 => {
+                let n = (img.h * img.w) as f64;
+                let mean = img.data.chunks_exact(c).map(|px| gray_of(px) as f64).sum::<f64>() / n;
+                let shift = (1.0 - alpha_c) * mean as f32;
+                img.data.iter_mut().for_each(|v| *v = imgproc::saturate_u8(*v as f32 * alpha_c + shift));
+            }
+            _ => {
+                for px in img.data.chunks_exact_mut(c) {
+                    let g = gray_of(px) as f32 * (1.0 - alpha_s);
+                    for v in &mut px[..3] {
+                        *v = imgproc::saturate_u8(*v as f32 * alpha_s + g);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// OpenCV's 8-bit BGR → HLS (hue in [0, 180)).
+fn bgr_to_hls(px: &[u8]) -> [f32; 3] {
+    let (b, g, r) = (px[0] as f32 / 255.0, px[1] as f32 / 255.0, px[2] as f32 / 255.0);
+    let (max, min) = (r.max(g).max(b), r.min(g).min(b));
+    let l = (max + min) / 2.0;
+    let (mut h, mut s) = (0.0, 0.0);
+    let d = max - min;
+    if d > f32::EPSILON {
+        s = if l < 0.5 { d / (max + min) } else { d / (2.0 - max - min) };
+        h = if max == r {
+            (g - b) / d
+        } else if max == g {
+            2.0 + (b - r) / d
+        } else {
+            4.0 + (r - g) / d
+        } * 60.0;
+        if h < 0.0 {
+            h += 360.0;
+        }
+    }
+    [
+        imgproc::saturate_u8(h / 2.0) as f32,
+        imgproc::saturate_u8(l * 255.0) as f32,
+        imgproc::saturate_u8(s * 255.0) as f32,
+    ]
+}
+
+/// OpenCV's 8-bit HLS → BGR.
+fn hls_to_bgr(hls: [f32; 3], px: &mut [u8]) {
+    let (h, l, s) = (hls[0] * 2.0, hls[1] / 255.0, hls[2] / 255.0);
+    let (r, g, b) = if s == 0.0 {
+        (l, l, l)
+    } else {
+        let q = if l <= 0.5 { l * (1.0 + s) } else { l + s - l * s };
+        let p = 2.0 * l - q;
+        let hue = |mut t: f32| {
+            t = t.rem_euclid(360.0);
+            if t < 60.0 {
+                p + (q - p) * t / 60.0
+            } else if t < 180.0 {
+                q
+            } else if t < 240.0 {
+                p + (q - p) * (240.0 - t) / 60.0
+            } else {
+                p
+            }
+        };
+        (hue(h + 120.0), hue(h), hue(h - 120.0))
+    };
+    px[0] = imgproc::saturate_u8(b * 255.0);
+    px[1] = imgproc::saturate_u8(g * 255.0);
+    px[2] = imgproc::saturate_u8(r * 255.0);
+}
+
+/// Random shifts in HLS space (stock's `random_h/s/l`).
+fn hsl_noise(aug: &Augment, img: &mut Image, rng: &mut Rng) {
+    if aug.hsl == [0, 0, 0] {
+        return;
+    }
+    let mut draw = |limit: i64| {
+        let r = (rng.unit() + 4.0 * rng.unit()) / 5.0;
+        (r * limit as f32 * 2.0 - limit as f32) as i64
+    };
+    let (h, s, l) = (draw(aug.hsl[0]), draw(aug.hsl[1]), draw(aug.hsl[2]));
+    let (shift, limit) = ([h, l, s], [180.0, 255.0, 255.0]);
+    for px in img.data.chunks_exact_mut(img.c) {
+        let mut hls = bgr_to_hls(px);
+        for k in 0..3 {
+            hls[k] = (hls[k] + shift[k] as f32).clamp(0.0, limit[k]);
+        }
+        hls_to_bgr(hls, px);
+    }
+}
+
+/// AlexNet-style PCA lighting noise (stock's eigenvectors scaled by eigenvalues).
+fn pca_noise(aug: &Augment, img: &mut Image, rng: &mut Rng) {
+    if aug.pca_noise <= 0.0 {
+        return;
+    }
+    const EIG: [[f32; 3]; 3] = [
+        [55.46 * -0.5675, 4.794 * 0.7192, 1.148 * 0.4009],
+        [55.46 * -0.5808, 4.794 * -0.0045, 1.148 * -0.8140],
+        [55.46 * -0.5836, 4.794 * -0.6948, 1.148 * 0.4203],
+    ];
+    let alpha = [rng.normal(aug.pca_noise), rng.normal(aug.pca_noise), rng.normal(aug.pca_noise)];
+    let rgb: Vec<f32> = EIG.iter().map(|row| row.iter().zip(&alpha).map(|(e, a)| e * a).sum()).collect();
+    let bgr = [rgb[2], rgb[1], rgb[0]];
+    for px in img.data.chunks_exact_mut(img.c) {
+        for k in 0..3 {
+            px[k] = (px[k] as i32 + bgr[k] as i32).clamp(0, 255) as u8;
+        }
+    }
+}
+
+/// Write an augmented `(height, width, c)` BGR(A) image into one batch slot as
+/// `(c, height, width)` planes in RGB(A) order, normalised for the output dtype.
+fn normalize(cfg: &Config, img: &Image, rng: &mut Rng, out: &mut [u8]) {
+    let n = &cfg.norm;
+    let (h, w, c) = (img.h, img.w, img.c);
+    let mirrored = (n.rand_mirror && rng.unit() < 0.5) || n.mirror;
+    // Stock draws both even when their ranges are 0; so does this.
+    let contrast = (rng.unit() * n.max_contrast * 2.0 - n.max_contrast + 1.0) * n.scale;
+    let illumination = (rng.unit() * n.max_illumination * 2.0 - n.max_illumination) * n.scale;
+    let swap: &[usize] = match c {
+        1 => &[0],
+        3 => &[2, 1, 0],
+        _ => &[2, 1, 0, 3],
+    };
+    let plane = h * w;
+    for (k, &src) in swap.iter().enumerate() {
+        let (mult, bias) = (contrast / n.std[k], illumination / n.std[k]);
+        let mean_int = n.mean[k].round() as i32;
+        for i in 0..h {
+            for j in 0..w {
+                let v = img.data[(i * w + j) * c + src];
+                let jj = if mirrored { w - 1 - j } else { j };
+                let at = k * plane + i * w + jj;
+                match cfg.dtype {
+                    DType::U8 => out[at] = v,
+                    DType::I8 => {
+                        let m = match &n.mean_img {
+                            Some(mi) => mi[k * plane + i * w + j].round() as i32,
+                            None => mean_int,
+                        };
+                        out[at] = (v as i32 - m).clamp(-128, 127) as i8 as u8;
+                    }
+                    _ => {
+                        let m = n.mean_img.as_ref().map_or(n.mean[k], |mi| mi[k * plane + i * w + j]);
+                        let x = (v as f32 - m) * mult + bias;
+                        out[at * 4..at * 4 + 4].copy_from_slice(&x.to_ne_bytes());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Decode, augment and normalise one record into `slot`; returns its labels.
+fn process(cfg: &Config, bytes: &[u8], seed: u64, slot: &mut [u8]) -> Result<(Vec<f32>, u64)> {
+    let rec = parse_record(bytes)?;
+    let want = match cfg.channels {
+        1 => Channels::Gray,
+        3 => Channels::Bgr,
+        _ => Channels::Unchanged,
+    };
+    let img = imgproc::decode(rec.image, want)?;
+    if img.c != cfg.channels {
+        return Err(Error::mxnet(format!(
+            "Invalid image with index {}. Expected {} channels, got {}",
+            rec.id, cfg.channels, img.c
+        )));
+    }
+    let labels = match &cfg.labels {
+        Some(map) => map
+            .get(&rec.id)
+            .cloned()
+            .ok_or_else(|| Error::mxnet(format!("fail to find imagelabel for id {}", rec.id)))?,
+        None if rec.labels.len() == cfg.label_width => rec.labels,
+        None => {
+            return Err(Error::mxnet(format!(
+                "rec file provide {}-dimensional label but label_width is set to {}",
+                rec.labels.len(),
+                cfg.label_width
+            )))
+        }
+    };
+    let mut rng = Rng::new(seed);
+    let img = augment(cfg, img, &mut rng)?;
+    normalize(cfg, &img, &mut rng, slot);
+    Ok((labels, rec.id))
+}
+
+/// Reads a part's records in batches: file order, or shuffled anew each epoch.
+struct Parser {
+    cfg: Config,
+    reader: RecordReader,
+    offsets: Vec<u64>,
+    order: Vec<usize>,
+    next: usize,
+    epoch: u64,
+    overflow: bool,
+    /// The last batch's data, kept for the padding of a short batch without `round_batch`.
+    last: Vec<u8>,
+    last_labels: Vec<f32>,
+}
+
+impl Parser {
+    fn new(cfg: Config, offsets: Vec<u64>) -> Result<Parser> {
+        let reader = RecordReader::open(&cfg.rec)?;
+        let bytes = cfg.batch * cfg.unit() * cfg.dtype.size();
+        let labels = cfg.batch * cfg.label_width;
+        let mut p = Parser {
+            reader,
+            order: (0..offsets.len()).collect(),
+            offsets,
+            next: 0,
+            epoch: 0,
+            overflow: false,
+            last: vec![0; bytes],
+            last_labels: vec![0.0; labels],
+            cfg,
+        };
+        p.reorder();
+        Ok(p)
+    }
+
+    fn reorder(&mut self) {
+        if self.cfg.shuffle {
+            self.order = (0..self.offsets.len()).collect();
+            Rng::new(self.cfg.seed.wrapping_mul(0x1000_0001).wrapping_add(self.epoch)).shuffle(&mut self.order);
+        }
+    }
+
+    fn rewind(&mut self) {
+        self.next = 0;
+        self.epoch += 1;
+        self.reorder();
+    }
+
+    fn before_first(&mut self) {
+        if self.cfg.round_batch && self.overflow {
+            self.overflow = false;
+        } else {
+            self.rewind();
+        }
+    }
+
+    /// The next record's bytes and its position in the epoch, or `None` at the end.
+    fn read(&mut self) -> Result<Option<(Vec<u8>, u64)>> {
+        let Some(&i) = self.order.get(self.next) else { return Ok(None) };
+        let at = self.offsets[i];
+        self.reader.seek(at)?;
+        let mut buf = Vec::new();
+        if !self.reader.read_record(&mut buf)? {
+            return Err(Error::mxnet(format!("{}: no record at byte {at} (a stale .idx file?)", self.cfg.rec)));
+        }
+        self.next += 1;
+        Ok(Some((buf, self.epoch << 32 | self.next as u64)))
+    }
+
+    fn next_batch(&mut self) -> Result<Option<Batch>> {
+        if self.overflow {
+            return Ok(None);
+        }
+        let batch = self.cfg.batch;
+        let mut records = Vec::with_capacity(batch);
+        while records.len() < batch {
+            match self.read()? {
+                Some(r) => records.push(r),
+                None => break,
+            }
+        }
+        if records.is_empty() {
+            return Ok(None);
+        }
+        let real = records.len();
+        if real < batch && self.cfg.round_batch {
+            self.overflow = true;
+            self.rewind();
+            while records.len() < batch {
+                match self.read()? {
+                    Some(r) => records.push(r),
+                    None => {
+                        return Err(Error::mxnet(format!(
+                            "{}: number of input images must be bigger than the batch size",
+                            self.cfg.rec
+                        )))
+                    }
+                }
+            }
+        }
+        let pad = batch - real;
+        let cfg = &self.cfg;
+        let unit = cfg.unit() * cfg.dtype.size();
+        let mut data = std::mem::take(&mut self.last);
+        let mut labels = std::mem::take(&mut self.last_labels);
+        let mut ids = vec![0u64; batch];
+        let jobs: Vec<_> = records.iter().zip(data.chunks_exact_mut(unit)).enumerate().collect();
+        let results = run_parallel(cfg.threads, jobs, |(slot, ((bytes, place), out))| {
+            let seed = cfg.aug_seed.wrapping_mul(0x9e37_79b9).wrapping_add(*place);
+            process(cfg, bytes, seed, out).map(|r| (slot, r)).map_err(|e| {
+                let msg = e.to_string();
+                let body = msg.split_once(": ").map_or(msg.as_str(), |(_, b)| b);
+                Error::mxnet(format!("{}: record {} of the epoch: {body}", cfg.rec, place & 0xffff_ffff))
+            })
+        });
+        for r in results {
+            let (slot, (l, id)) = r?;
+            labels[slot * cfg.label_width..(slot + 1) * cfg.label_width].copy_from_slice(&l);
+            ids[slot] = id;
+        }
+        let data_arr = NDArray::from_host_bytes(vec![batch, cfg.channels, cfg.height, cfg.width], cfg.dtype, &data)?;
+        let lshape = if cfg.label_width == 1 { vec![batch] } else { vec![batch, cfg.label_width] };
+        let lbytes: Vec<u8> = labels.iter().flat_map(|v| v.to_ne_bytes()).collect();
+        let label_arr = NDArray::from_host_bytes(lshape, DType::F32, &lbytes)?;
+        (self.last, self.last_labels) = (data, labels);
+        Ok(Some(Batch { data: data_arr, label: label_arr, pad, index: ids }))
+    }
+}
+
+/// Run `f` on every job with up to `threads` threads; results in job order.
+fn run_parallel<J: Send, R: Send>(threads: usize, jobs: Vec<J>, f: impl Fn(J) -> R + Sync) -> Vec<R> {
+    let n = jobs.len();
+    let threads = threads.min(n).max(1);
+    if threads == 1 {
+        return jobs.into_iter().map(f).collect();
+    }
+    let queue = std::sync::Mutex::new(jobs.into_iter().enumerate());
+    let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
+    let done = std::sync::Mutex::new(Vec::with_capacity(n));
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let Some((i, job)) = queue.lock().unwrap_or_else(|e| e.into_inner()).next() else { break };
+                let r = f(job);
+                done.lock().unwrap_or_else(|e| e.into_inner()).push((i, r));
+            });
+        }
+    });
+    for (i, r) in done.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        out[i] = Some(r);
+    }
+    out.into_iter().map(|r| r.expect("every job ran")).collect()
+}
+
+enum Control {
+    /// Start the next epoch; batches sent from now on carry this epoch number.
+    Reset(u64),
+}
+
+/// The iterator: a prefetch thread running a [`Parser`], `prefetch_buffer` batches ahead.
+struct ImageRecordIter {
+    batches: Receiver<(u64, Result<Option<Batch>>)>,
+    control: Option<SyncSender<Control>>,
+    thread: Option<JoinHandle<()>>,
+    epoch: u64,
+    ended: bool,
+    /// The process that started the thread: a forked child has no such thread.
+    pid: u32,
+}
+
+impl ImageRecordIter {
+    fn start(mut parser: Parser, depth: usize) -> Result<ImageRecordIter> {
+        let (tx, batches) = mpsc::sync_channel(depth);
+        let (control, commands) = mpsc::sync_channel::<Control>(16);
+        let thread = std::thread::Builder::new()
+            .name("mxrt-imagerec".into())
+            .spawn(move || {
+                let mut epoch = 0;
+                let mut ended = false;
+                loop {
+                    let command = if ended {
+                        commands.recv().map_err(|_| TryRecvError::Disconnected)
+                    } else {
+                        commands.try_recv()
+                    };
+                    match command {
+                        Ok(Control::Reset(e)) => {
+                            parser.before_first();
+                            (epoch, ended) = (e, false);
+                            continue;
+                        }
+                        Err(TryRecvError::Disconnected) => return,
+                        Err(TryRecvError::Empty) => {}
+                    }
+                    let item = parser.next_batch();
+                    ended = !matches!(item, Ok(Some(_)));
+                    if tx.send((epoch, item)).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| Error::mxnet(format!("cannot start the ImageRecordIter thread: {e}")))?;
+        Ok(ImageRecordIter {
+            batches,
+            control: Some(control),
+            thread: Some(thread),
+            epoch: 0,
+            ended: false,
+            pid: std::process::id(),
+        })
+    }
+
+    /// Refuse use in a forked child, where waiting for the parent's thread would hang.
+    fn check_process(&self) -> Result<()> {
+        if std::process::id() != self.pid {
+            return Err(Error::mxnet(
+                "this ImageRecordIter was created before fork(); its reading thread is in the parent process: create the iterator in the child",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl DataIter for ImageRecordIter {
+    fn before_first(&mut self) -> Result<()> {
+        self.check_process()?;
+        self.epoch += 1;
+        self.ended = false;
+        let control = self.control.as_ref().ok_or_else(|| Error::internal("ImageRecordIter without its thread"))?;
+        control.send(Control::Reset(self.epoch)).map_err(|_| Error::mxnet("the ImageRecordIter thread has stopped"))
+    }
+
+    fn next(&mut self) -> Result<Option<Batch>> {
+        self.check_process()?;
+        if self.ended {
+            return Ok(None);
+        }
+        loop {
+            let (epoch, item) =
+                self.batches.recv().map_err(|_| Error::mxnet("the ImageRecordIter thread has stopped"))?;
+            if epoch == self.epoch {
+                self.ended = !matches!(item, Ok(Some(_)));
+                return item;
+            }
+        }
+    }
+}
+
+impl Drop for ImageRecordIter {
+    fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // A forked child's copy: the thread is not here, and the channels' queued batches
+            // belong to the parent's state; leak them rather than tear them down here.
+            std::mem::forget(self.thread.take());
+            std::mem::forget(self.control.take());
+            std::mem::forget(std::mem::replace(&mut self.batches, mpsc::sync_channel(0).1));
+            return;
+        }
+        // Closing both channels ends the thread at its next send or command.
+        self.control = None;
+        let (_, dead) = mpsc::sync_channel(0);
+        drop(std::mem::replace(&mut self.batches, dead));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Load a mean image file (one `(channels, height, width)` array), or compute one over the
+/// part's images and save it there, as stock does when the file does not exist.
+fn mean_image(cfg: &Config, offsets: &[u64], path: &str) -> Result<Vec<f32>> {
+    let unit = cfg.unit();
+    if let Ok(bytes) = std::fs::read(path) {
+        let (arrays, _) = crate::ndarray::io::load_list(&bytes, false)?;
+        let [a] = arrays.as_slice() else {
+            return Err(Error::mxnet(format!("Invalid mean image file format: {path} holds {} arrays", arrays.len())));
+        };
+        if a.shape != [cfg.channels, cfg.height, cfg.width] || a.dtype != DType::F32 {
+            return Err(Error::mxnet(format!(
+                "the mean image {path} has shape {:?} {}, the data (channels, height, width) {:?} float32",
+                a.shape,
+                a.dtype.name(),
+                [cfg.channels, cfg.height, cfg.width]
+            )));
+        }
+        let b = a.to_host_bytes()?;
+        return Ok(b.chunks_exact(4).map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect());
+    }
+    let mut fcfg = cfg.clone();
+    fcfg.dtype = DType::F32;
+    let mut sum = vec![0f64; unit];
+    let mut reader = RecordReader::open(&cfg.rec)?;
+    let (mut buf, mut slot) = (Vec::new(), vec![0u8; unit * 4]);
+    for (k, &at) in offsets.iter().enumerate() {
+        reader.seek(at)?;
+        reader.read_record(&mut buf)?;
+        process(&fcfg, &buf, k as u64, &mut slot)?;
+        for (s, c) in sum.iter_mut().zip(slot.chunks_exact(4)) {
+            *s += f32::from_ne_bytes([c[0], c[1], c[2], c[3]]) as f64;
+        }
+    }
+    let n = offsets.len().max(1) as f64;
+    let mean: Vec<f32> = sum.iter().map(|s| (s / n) as f32).collect();
+    let bytes: Vec<u8> = mean.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let arr = NDArray::from_host_bytes(vec![cfg.channels, cfg.height, cfg.width], DType::F32, &bytes)?;
+    let file = crate::ndarray::io::save_list(&[arr], Some(&["mean_img".to_string()]), false)?;
+    crate::profiler::trace::write_atomic(path, &file)?;
+    Ok(mean)
+}
+
+fn create(a: &Attrs, default_dtype: DType) -> Result<Box<dyn DataIter>> {
+    let p = RecParams::of(a);
+    let mut cfg = Config::new(a, default_dtype)?;
+    let parts = usize::try_from(p.num_parts).ok().filter(|&n| n > 0);
+    let parts =
+        parts.ok_or_else(|| Error::value(format!("{}: num_parts must be positive, got {}", a.op, p.num_parts)))?;
+    let part = usize::try_from(p.part_index).ok().filter(|&i| i < parts).ok_or_else(|| {
+        Error::value(format!("{}: part_index {} is not in [0, num_parts={parts})", a.op, p.part_index))
+    })?;
+    let offsets = part_offsets(&cfg.rec, p.path_imgidx, parts, part)?;
+    if !p.mean_img.is_empty() && cfg.dtype != DType::U8 {
+        cfg.norm.mean_img = Some(std::sync::Arc::new(mean_image(&cfg, &offsets, p.mean_img)?));
+    }
+    let depth = usize::try_from(p.prefetch_buffer).unwrap_or(1).clamp(1, 64);
+    Ok(Box::new(ImageRecordIter::start(Parser::new(cfg, offsets)?, depth)?))
+}
+
+pub(super) fn create_f32(a: &Attrs) -> Result<Box<dyn DataIter>> {
+    create(a, DType::F32)
+}
+
+pub(super) fn create_u8(a: &Attrs) -> Result<Box<dyn DataIter>> {
+    create(a, DType::U8)
+}
+
+pub(super) fn create_i8(a: &Attrs) -> Result<Box<dyn DataIter>> {
+    create(a, DType::I8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_parse_their_headers_and_labels() {
+        let mut rec = Vec::new();
+        rec.extend(2u32.to_le_bytes());
+        rec.extend(0f32.to_le_bytes());
+        rec.extend(7u64.to_le_bytes());
+        rec.extend(0u64.to_le_bytes());
+        rec.extend(1.5f32.to_le_bytes());
+        rec.extend(2.5f32.to_le_bytes());
+        rec.extend(b"img");
+        let r = parse_record(&rec).unwrap();
+        assert_eq!((r.labels, r.id, r.image), (vec![1.5, 2.5], 7, &b"img"[..]));
+        rec[0] = 9;
+        assert!(parse_record(&rec).is_err(), "more labels than bytes");
+        assert!(parse_record(&rec[..10]).is_err());
+    }
+
+    #[test]
+    fn hls_round_trips_and_the_rng_is_in_range() {
+        for px in [[10u8, 200, 30], [0, 0, 0], [255, 255, 255], [128, 64, 250]] {
+            let mut out = [0u8; 3];
+            hls_to_bgr(bgr_to_hls(&px), &mut out);
+            for k in 0..3 {
+                assert!((out[k] as i32 - px[k] as i32).abs() <= 3, "{px:?} -> {out:?}");
+            }
+        }
+        let mut r = Rng::new(1);
+        for _ in 0..1000 {
+            let (u, i) = (r.unit(), r.int(3, 5));
+            assert!((0.0..1.0).contains(&u) && (3..=5).contains(&i));
+        }
+    }
+}
