@@ -250,32 +250,49 @@ impl Pixel for u8 {
         interp: i64,
         halving: bool,
     ) {
-        let (in_img, out_img) = (h * w * c, rh * rw * c);
+        let (in_img, row_len, line_len) = (h * w * c, rw * c, w * c);
         // OpenCV's fixed point: each weight rounded to 1/2048 (half to even), rows kept at
         // that scale, then its vectorised rounding of the two rows' sum.
         let q = |f: f64| -> (i64, i64) {
             let f = f as f32;
             (((1.0 - f) * 2048.0).round_ties_even() as i64, (f * 2048.0).round_ties_even() as i64)
         };
-        par_for_mut(out, 1, Cost(4.0), DType::U8, |r, o| {
-            for (k, v) in r.clone().zip(o.iter_mut()) {
-                let (img, rest) = (k / out_img, k % out_img);
-                let (oy, ox, ch) = (rest / (rw * c), (rest / c) % rw, rest % c);
-                let px = |yy: usize, xx: usize| x[img * in_img + (yy * w + xx) * c + ch] as i64;
-                *v = if halving {
-                    let (y0, x0) = (2 * oy, 2 * ox);
-                    ((px(y0, x0) + px(y0, x0 + 1) + px(y0 + 1, x0) + px(y0 + 1, x0 + 1) + 2) >> 2) as u8
+        let cols: Vec<(usize, usize, i64, i64)> = xs
+            .iter()
+            .map(|&(sx, fx)| {
+                let (a0, a1) = q(fx);
+                (sx * c, (sx + 1).min(w - 1) * c, a0, a1)
+            })
+            .collect();
+        // One unit is one output row: its source rows and weights are found once.
+        par_for_mut(out, row_len, Cost(4.0 * row_len as f64), DType::U8, |rows, o| {
+            for (r, orow) in rows.zip(o.chunks_exact_mut(row_len)) {
+                let (img, oy) = (r / rh, r % rh);
+                let line = |yy: usize| &x[img * in_img + yy * line_len..img * in_img + (yy + 1) * line_len];
+                if halving {
+                    let (l0, l1) = (line(2 * oy), line(2 * oy + 1));
+                    for (k, v) in orow.iter_mut().enumerate() {
+                        let i0 = (k / c) * 2 * c + k % c;
+                        let sum = l0[i0] as i32 + l0[i0 + c] as i32 + l1[i0] as i32 + l1[i0 + c] as i32;
+                        *v = ((sum + 2) >> 2) as u8;
+                    }
                 } else if interp == INTER_NEAREST {
-                    px(ys[oy].0, xs[ox].0) as u8
+                    let l = line(ys[oy].0);
+                    for (px, &(sx, ..)) in orow.chunks_exact_mut(c).zip(&cols) {
+                        px.copy_from_slice(&l[sx..sx + c]);
+                    }
                 } else {
-                    let ((sy, fy), (sx, fx)) = (ys[oy], xs[ox]);
-                    let (a0, a1) = q(fx);
+                    let (sy, fy) = ys[oy];
                     let (b0, b1) = q(fy);
-                    let sx1 = (sx + 1).min(w - 1);
-                    let sy1 = (sy + 1).min(h - 1);
-                    let row = |yy: usize| px(yy, sx) * a0 + px(yy, sx1) * a1;
-                    ((((b0 * (row(sy) >> 4)) >> 16) + ((b1 * (row(sy1) >> 4)) >> 16) + 2) >> 2).clamp(0, 255) as u8
-                };
+                    let (l0, l1) = (line(sy), line((sy + 1).min(h - 1)));
+                    for (px, &(sx, sx1, a0, a1)) in orow.chunks_exact_mut(c).zip(&cols) {
+                        for (ch, v) in px.iter_mut().enumerate() {
+                            let row = |l: &[u8]| l[sx + ch] as i64 * a0 + l[sx1 + ch] as i64 * a1;
+                            *v = ((((b0 * (row(l0) >> 4)) >> 16) + ((b1 * (row(l1) >> 4)) >> 16) + 2) >> 2)
+                                .clamp(0, 255) as u8;
+                        }
+                    }
+                }
             }
         });
     }
