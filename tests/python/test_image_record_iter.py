@@ -60,6 +60,8 @@ out['uint8 dtype'] = epoch(rec('png.rec', data_shape=(3, 12, 16), dtype='uint8')
 out['int8'] = epoch(rec('png.rec', data_shape=(3, 12, 16), dtype='int8', mean_r=128, mean_g=100, mean_b=1))
 out['gray'] = epoch(rec('png.rec', data_shape=(1, 12, 16)))
 out['rgba'] = epoch(rec('rgba.rec', data_shape=(4, 12, 16), batch_size=2))
+out['gray alpha as 4 channels'] = epoch(rec('ga.rec', data_shape=(4, 12, 16), batch_size=2))
+out['aspect 1 is no affine'] = epoch(rec('png.rec', data_shape=(3, 12, 16), min_aspect_ratio=1.0, max_aspect_ratio=1.0))
 out['labels 2'] = epoch(rec('multi.rec', data_shape=(3, 12, 16), label_width=2, batch_size=3))
 out['image list'] = epoch(rec('png.rec', data_shape=(3, 12, 16), path_imglist=os.path.join(d, 'list.lst'), label_width=2))
 it = rec('png.rec', data_shape=(3, 12, 16), batch_size=4)
@@ -138,6 +140,8 @@ def write_files(d, mx):
     write("multi.rec", [(header(0, [i, 10.0 * i], i, 0), encoded(a, "PNG")) for i, a in enumerate(images[:5])])
     rgba = [np.concatenate([a, np.full(a.shape[:2] + (1,), 40 * i, np.uint8)], -1) for i, a in enumerate(images[:4])]
     write("rgba.rec", [(header(0, float(i), i, 0), encoded(a, "PNG")) for i, a in enumerate(rgba)])
+    gray_alpha = [np.ascontiguousarray(a[..., 2:4]) for a in rgba]  # (h, w, 2): PIL writes an LA PNG
+    write("ga.rec", [(header(0, float(i), i, 0), encoded(a, "PNG")) for i, a in enumerate(gray_alpha)])
     with open(os.path.join(d, "list.lst"), "w") as f:
         for i in range(len(images)):
             f.write(f"{i}\t{i + 0.5}\t{100 - i}\timg{i}.png\n")
@@ -234,6 +238,27 @@ def test_bad_input_is_a_clear_error(tmp_path):
         mx.image.imdecode(b"GIF89a\x01\x00\x01\x00")
     with pytest.raises(mx.base.MXNetError, match="couldn't open file"):
         mx.image.imread(os.path.join(d, "missing.png"))
+    # A bad record fails its batch, and the iterator goes on after a reset; sizes beyond any
+    # image are refused before anything is allocated.
+    bad = mx.io.ImageRecordIter(path_imgrec=os.path.join(d, "bad.rec"), data_shape=(3, 8, 8), batch_size=1,
+                                round_batch=False)
+    assert next(iter(bad)).data[0].shape == (1, 3, 8, 8)
+    with pytest.raises(mx.base.MXNetError, match="Decoding failed"):
+        bad.next()
+    bad.reset()
+    assert bad.next().label[0].asnumpy().tolist() == [1.0]
+    with pytest.raises(ValueError, match="larger than"):
+        first_batch(label_width=2 ** 40)
+    with pytest.raises(ValueError, match="larger than 65536 pixels"):
+        first_batch(resize=10 ** 6)
+    with pytest.raises(mx.base.MXNetError, match="make the image larger than"):
+        mx.image.copyMakeBorder(mx.nd.zeros((4, 4, 3)), 2 ** 40, 2 ** 40, 0, 0).wait_to_read()
+    # Many resets in a row while the prefetch buffer is full do not block.
+    it = mx.io.ImageRecordIter(path_imgrec=png, data_shape=(3, 12, 16), batch_size=2, prefetch_buffer=1)
+    next(iter(it))
+    for _ in range(40):
+        it.reset()
+    assert it.next().data[0].shape == (2, 3, 12, 16)
     # Freeing mid-epoch neither hangs nor crashes; a forked child gets an error, not a hang
     # on the parent's reading thread.
     it = mx.io.ImageRecordIter(path_imgrec=png, data_shape=(3, 12, 16), batch_size=2, prefetch_buffer=1)

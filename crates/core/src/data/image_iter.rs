@@ -29,7 +29,7 @@ use crate::ndarray::{DType, NDArray};
 use crate::op::imgproc::{self, Channels, Image};
 use crate::op::param::{op_params, Attrs};
 use crate::op::random::SplitMix64;
-use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::thread::JoinHandle;
 
 pub(super) const RECORD_ITER_DOC: &str = "Iterates on image RecordIO files\n\nReads batches of images from .rec RecordIO files. One can use ``im2rec.py`` tool\n(in tools/) to pack raw image files into RecordIO files. This iterator is less\nflexible to customization but is fast and has lot of language bindings. To\niterate over raw images directly use ``ImageIter`` instead (in Python).\n\nExample::\n\n  data_iter = mx.io.ImageRecordIter(\n    path_imgrec=\"./sample.rec\", # The target record file.\n    data_shape=(3, 227, 227), # Output data shape; 227x227 region will be cropped from the original image.\n    batch_size=4, # Number of items per batch.\n    resize=256 # Resize the shorter edge to 256 before cropping.\n    # You can specify more augmentation options. Use help(mx.io.ImageRecordIter) to see all the options.\n    )\n  # You can now use the data_iter to access batches of images.\n  batch = data_iter.next() # first batch.\n  images = batch.data[0] # This will contain 4 (=batch_size) images each of 3x227x227.\n  # process the images\n  ...\n  data_iter.reset() # To restart the iterator from the beginning.\n\n";
@@ -196,13 +196,13 @@ fn part_offsets(rec: &str, idx: &str, parts: usize, part: usize) -> Result<Vec<u
             return Err(Error::mxnet(format!("{idx} points past the end of {rec} (byte {bad} of {len})")));
         }
         let step = offsets.len().div_ceil(parts);
-        let (lo, hi) = ((step * part).min(offsets.len()), (step * (part + 1)).min(offsets.len()));
+        let (lo, hi) = (step.saturating_mul(part).min(offsets.len()), step.saturating_mul(part + 1).min(offsets.len()));
         return Ok(offsets[lo..hi].to_vec());
     }
     let mut reader = RecordReader::open(rec)?;
     let total = reader.file_len();
     let step = total.div_ceil(parts as u64).div_ceil(4) * 4;
-    let (lo, hi) = (step * part as u64, step * (part as u64 + 1));
+    let (lo, hi) = (step.saturating_mul(part as u64), step.saturating_mul(part as u64 + 1));
     let mut offsets = Vec::new();
     loop {
         let at = reader.tell();
@@ -215,6 +215,12 @@ fn part_offsets(rec: &str, idx: &str, parts: usize, part: usize) -> Result<Vec<u
     }
     Ok(offsets)
 }
+
+/// The largest height, width, resize, pad, crop size and label width accepted (JPEG's own
+/// limit is 65535).
+const MAX_SIDE: i64 = 1 << 16;
+/// The largest batch buffer accepted.
+const MAX_BATCH_BYTES: usize = 1 << 36;
 
 /// The settled configuration of one iterator.
 #[derive(Clone)]
@@ -269,8 +275,18 @@ struct Normalize {
     mean_img: Option<std::sync::Arc<Vec<f32>>>,
 }
 
+/// The aspect-ratio range stock samples from: `[min, max]` when `min_aspect_ratio` is set,
+/// else `[1 - max, 1 + max]`.
+fn aspect_range(p: &RecParams) -> (f32, f32) {
+    match p.min_aspect_ratio {
+        Some(lo) => (lo as f32, p.max_aspect_ratio as f32),
+        None => (1.0 - p.max_aspect_ratio as f32, 1.0 + p.max_aspect_ratio as f32),
+    }
+}
+
 fn refuse_affine(p: &RecParams) -> Result<()> {
-    let aspect_affine = !p.random_resized_crop && (p.max_aspect_ratio != 0.0 || p.min_aspect_ratio.is_some());
+    let (amin, amax) = aspect_range(p);
+    let aspect_affine = !p.random_resized_crop && (amin != 1.0 || amax != 1.0);
     let affine = [
         ("max_rotate_angle", p.max_rotate_angle > 0),
         ("rotate", p.rotate > 0),
@@ -302,9 +318,9 @@ impl Config {
                 p.data_shape
             )));
         };
-        if ![1, 3, 4].contains(&channels) || height <= 0 || width <= 0 {
+        if ![1, 3, 4].contains(&channels) || !(1..=MAX_SIDE).contains(&height) || !(1..=MAX_SIDE).contains(&width) {
             return Err(Error::value(format!(
-                "{op}: data_shape {:?} needs 1, 3 or 4 channels and a positive height and width",
+                "{op}: data_shape {:?} needs 1, 3 or 4 channels and a height and width in [1, {MAX_SIDE}]",
                 p.data_shape
             )));
         }
@@ -340,14 +356,16 @@ impl Config {
         if p.random_resized_crop && p.rand_crop {
             return Err(Error::value(format!("{op}: random_resized_crop conflicts with rand_crop")));
         }
-        let (amin, amax) = match p.min_aspect_ratio {
-            Some(lo) => (lo as f32, p.max_aspect_ratio as f32),
-            None => (1.0 - p.max_aspect_ratio as f32, 1.0 + p.max_aspect_ratio as f32),
-        };
+        let (amin, amax) = aspect_range(&p);
         if p.random_resized_crop && (amin <= 0.0 || amin > amax || p.min_random_area > p.max_random_area) {
             return Err(Error::value(format!(
                 "{op}: random_resized_crop needs 0 < min_aspect_ratio <= max_aspect_ratio and min_random_area <= max_random_area"
             )));
+        }
+        for (name, v) in [("resize", p.resize), ("pad", p.pad), ("max_crop_size", p.max_crop_size)] {
+            if v > MAX_SIDE {
+                return Err(Error::value(format!("{op}: {name}={v} is larger than {MAX_SIDE} pixels")));
+            }
         }
         let aug = Augment {
             resize: if p.resize > 0 { Some(p.resize as usize) } else { None },
@@ -376,6 +394,17 @@ impl Config {
             mean_img: None,
         };
         let label_width = positive("label_width", p.label_width)?;
+        let batch = positive("batch_size", p.batch_size)?;
+        let bytes = (channels as usize * height as usize * width as usize)
+            .checked_mul(batch)
+            .and_then(|n| n.checked_mul(4))
+            .filter(|&n| n <= MAX_BATCH_BYTES && label_width <= MAX_SIDE as usize);
+        if bytes.is_none() {
+            return Err(Error::value(format!(
+                "{op}: a batch of {batch} images of {:?} (label_width {label_width}) is larger than this library's limit of {MAX_BATCH_BYTES} bytes",
+                p.data_shape
+            )));
+        }
         let labels = if p.path_imglist.is_empty() {
             None
         } else {
@@ -386,7 +415,7 @@ impl Config {
             channels: channels as usize,
             height: height as usize,
             width: width as usize,
-            batch: positive("batch_size", p.batch_size)?,
+            batch,
             label_width,
             dtype,
             round_batch: p.round_batch,
@@ -411,7 +440,19 @@ fn inter_for(aug: &Augment) -> i64 {
     aug.inter
 }
 
+/// Refuse an intermediate image larger than a decodable one (a huge `resize` or `pad`).
+fn check_size(h: usize, w: usize) -> Result<()> {
+    match h.checked_mul(w) {
+        Some(n) if n <= imgproc::MAX_PIXELS => Ok(()),
+        _ => Err(Error::value(format!(
+            "an augmented image of {h}x{w} pixels is larger than {} pixels",
+            imgproc::MAX_PIXELS
+        ))),
+    }
+}
+
 fn resized(img: &Image, nh: usize, nw: usize, inter: i64) -> Result<Image> {
+    check_size(nh, nw)?;
     let mut data = vec![0u8; nh * nw * img.c];
     imgproc::resize::<u8>(&img.data, &mut data, (img.h, img.w, img.c), (nh, nw), inter)?;
     Ok(Image { h: nh, w: nw, c: img.c, data })
@@ -443,6 +484,7 @@ fn augment(cfg: &Config, mut img: Image, rng: &mut Rng) -> Result<Image> {
     }
     if aug.pad > 0 {
         let p = aug.pad;
+        check_size(img.h + 2 * p, img.w + 2 * p)?;
         let mut data = vec![0u8; (img.h + 2 * p) * (img.w + 2 * p) * img.c];
         let fill = [aug.fill; 4];
         imgproc::make_border(
@@ -639,7 +681,8 @@ fn pca_noise(aug: &Augment, img: &mut Image, rng: &mut Rng) {
     let bgr = [rgb[2], rgb[1], rgb[0]];
     for px in img.data.chunks_exact_mut(img.c) {
         for k in 0..3 {
-            px[k] = (px[k] as i32 + bgr[k] as i32).clamp(0, 255) as u8;
+            // As stock: the sum in float, truncated to an integer, then clamped.
+            px[k] = ((px[k] as f32 + bgr[k]) as i32).clamp(0, 255) as u8;
         }
     }
 }
@@ -822,15 +865,38 @@ impl Parser {
             }
         }
         let pad = batch - real;
+        // The buffers go back whatever happens: a failed batch must not break the next ones.
+        let (mut data, mut labels) = (std::mem::take(&mut self.last), std::mem::take(&mut self.last_labels));
+        let made = self.fill(&records, &mut data, &mut labels).and_then(|ids| {
+            let cfg = &self.cfg;
+            let data_arr =
+                NDArray::from_host_bytes(vec![batch, cfg.channels, cfg.height, cfg.width], cfg.dtype, &data)?;
+            let lshape = if cfg.label_width == 1 { vec![batch] } else { vec![batch, cfg.label_width] };
+            let lbytes: Vec<u8> = labels.iter().flat_map(|v| v.to_ne_bytes()).collect();
+            let label_arr = NDArray::from_host_bytes(lshape, DType::F32, &lbytes)?;
+            Ok(Batch { data: data_arr, label: label_arr, pad, index: ids })
+        });
+        (self.last, self.last_labels) = (data, labels);
+        made.map(Some)
+    }
+
+    /// Decode, augment and normalise `records` into the batch buffers' first slots; returns
+    /// every slot's image id (0 for padding).
+    fn fill(&self, records: &[(Vec<u8>, u64)], data: &mut [u8], labels: &mut [f32]) -> Result<Vec<u64>> {
         let cfg = &self.cfg;
         let unit = cfg.unit() * cfg.dtype.size();
-        let mut data = std::mem::take(&mut self.last);
-        let mut labels = std::mem::take(&mut self.last_labels);
-        let mut ids = vec![0u64; batch];
+        let mut ids = vec![0u64; cfg.batch];
         let jobs: Vec<_> = records.iter().zip(data.chunks_exact_mut(unit)).enumerate().collect();
         let results = run_parallel(cfg.threads, jobs, |(slot, ((bytes, place), out))| {
             let seed = cfg.aug_seed.wrapping_mul(0x9e37_79b9).wrapping_add(*place);
-            process(cfg, bytes, seed, out).map(|r| (slot, r)).map_err(|e| {
+            // A decoder's panic is this record's error, not the end of the reading thread.
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| process(cfg, bytes, seed, out)));
+            let done = run.unwrap_or_else(|p| {
+                let why =
+                    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
+                Err(Error::internal(format!("decoding panicked: {}", why.unwrap_or_default())))
+            });
+            done.map(|r| (slot, r)).map_err(|e| {
                 let msg = e.to_string();
                 let body = msg.split_once(": ").map_or(msg.as_str(), |(_, b)| b);
                 Error::mxnet(format!("{}: record {} of the epoch: {body}", cfg.rec, place & 0xffff_ffff))
@@ -841,12 +907,7 @@ impl Parser {
             labels[slot * cfg.label_width..(slot + 1) * cfg.label_width].copy_from_slice(&l);
             ids[slot] = id;
         }
-        let data_arr = NDArray::from_host_bytes(vec![batch, cfg.channels, cfg.height, cfg.width], cfg.dtype, &data)?;
-        let lshape = if cfg.label_width == 1 { vec![batch] } else { vec![batch, cfg.label_width] };
-        let lbytes: Vec<u8> = labels.iter().flat_map(|v| v.to_ne_bytes()).collect();
-        let label_arr = NDArray::from_host_bytes(lshape, DType::F32, &lbytes)?;
-        (self.last, self.last_labels) = (data, labels);
-        Ok(Some(Batch { data: data_arr, label: label_arr, pad, index: ids }))
+        Ok(ids)
     }
 }
 
@@ -883,7 +944,7 @@ enum Control {
 /// The iterator: a prefetch thread running a [`Parser`], `prefetch_buffer` batches ahead.
 struct ImageRecordIter {
     batches: Receiver<(u64, Result<Option<Batch>>)>,
-    control: Option<SyncSender<Control>>,
+    control: Option<Sender<Control>>,
     thread: Option<JoinHandle<()>>,
     epoch: u64,
     ended: bool,
@@ -894,7 +955,8 @@ struct ImageRecordIter {
 impl ImageRecordIter {
     fn start(mut parser: Parser, depth: usize) -> Result<ImageRecordIter> {
         let (tx, batches) = mpsc::sync_channel(depth);
-        let (control, commands) = mpsc::sync_channel::<Control>(16);
+        // Unbounded: resets never block, even while the thread waits to hand over a batch.
+        let (control, commands) = mpsc::channel::<Control>();
         let thread = std::thread::Builder::new()
             .name("mxrt-imagerec".into())
             .spawn(move || {
@@ -908,6 +970,7 @@ impl ImageRecordIter {
                     };
                     match command {
                         Ok(Control::Reset(e)) => {
+                            let _call = crate::runtime::enter_call();
                             parser.before_first();
                             (epoch, ended) = (e, false);
                             continue;
@@ -915,7 +978,13 @@ impl ImageRecordIter {
                         Err(TryRecvError::Disconnected) => return,
                         Err(TryRecvError::Empty) => {}
                     }
-                    let item = parser.next_batch();
+                    // Inside the call gate, as a C call is: a fork waits until this batch is
+                    // made, so the child inherits no lock this thread held (never across the
+                    // channel waits, where a fork must not wait for us).
+                    let item = {
+                        let _call = crate::runtime::enter_call();
+                        parser.next_batch()
+                    };
                     ended = !matches!(item, Ok(Some(_)));
                     if tx.send((epoch, item)).is_err() {
                         return;

@@ -28,7 +28,7 @@ use crate::op::tensor::Elem;
 pub enum Channels {
     Gray,
     Bgr,
-    /// As stored: 1, 3 or 4 channels (gray-with-alpha becomes gray, as OpenCV does).
+    /// As stored: 1, 3 or 4 channels (gray with an alpha channel becomes BGRA, as in OpenCV).
     Unchanged,
 }
 
@@ -43,7 +43,7 @@ pub struct Image {
 
 /// Images larger than this many pixels are refused before decoding (a corrupt or hostile
 /// header must not make us allocate terabytes); OpenCV's own limit is 2^30 pixels.
-const MAX_PIXELS: usize = 1 << 30;
+pub const MAX_PIXELS: usize = 1 << 30;
 
 fn decode_error(what: impl std::fmt::Display) -> Error {
     Error::mxnet(format!("Decoding failed. Invalid image file: {what}"))
@@ -113,6 +113,9 @@ fn decode_png(bytes: &[u8], want: Channels) -> Result<Image> {
     d.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
     let mut r = d.read_info().map_err(decode_error)?;
     let (w, h) = (r.info().width as usize, r.info().height as usize);
+    // OpenCV keeps a gray image with an alpha channel as four channels (BGRA) when asked for
+    // them unchanged; a gray image with a tRNS chunk (which EXPAND gives an alpha) stays gray.
+    let gray_alpha = r.info().color_type == png::ColorType::GrayscaleAlpha;
     if w.checked_mul(h).is_none_or(|p| p > MAX_PIXELS) {
         return Err(decode_error(format!("a {w}x{h} PNG is larger than {MAX_PIXELS} pixels")));
     }
@@ -131,6 +134,7 @@ fn decode_png(bytes: &[u8], want: Channels) -> Result<Image> {
         return Err(decode_error(format!("the PNG decoder gave {} bytes for {h}x{w}x{stored}", buf.len())));
     }
     let c = match (want, stored) {
+        (Channels::Unchanged, 2) if gray_alpha => 4,
         (Channels::Gray, _) | (Channels::Unchanged, 1 | 2) => 1,
         (Channels::Bgr, _) | (Channels::Unchanged, 3) => 3,
         (Channels::Unchanged, _) => 4,
@@ -138,7 +142,8 @@ fn decode_png(bytes: &[u8], want: Channels) -> Result<Image> {
     let mut data = vec![0u8; h * w * c];
     for (src, dst) in buf.chunks_exact(stored).zip(data.chunks_exact_mut(c)) {
         let (r, g, b, a) = match stored {
-            1 | 2 => (src[0], src[0], src[0], 255),
+            1 => (src[0], src[0], src[0], 255),
+            2 => (src[0], src[0], src[0], src[1]),
             3 => (src[0], src[1], src[2], 255),
             _ => (src[0], src[1], src[2], src[3]),
         };
@@ -227,8 +232,8 @@ pub fn resize<T: Pixel>(
             "resizing with interpolation {interp} (nearest 0 and bilinear 1 are)"
         )));
     }
-    if h == 0 || w == 0 || rh == 0 || rw == 0 {
-        return Err(Error::value(format!("cannot resize a {h}x{w} image to {rh}x{rw}")));
+    if h == 0 || w == 0 || rh == 0 || rw == 0 || c == 0 {
+        return Err(Error::value(format!("cannot resize a {h}x{w}x{c} image to {rh}x{rw}")));
     }
     if x.len() % (h * w * c) != 0 || out.len() != x.len() / (h * w * c) * rh * rw * c {
         return Err(Error::internal("resize: buffer sizes do not match the shapes"));

@@ -132,7 +132,17 @@ fn border_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     let (t, b, l, r) = margins(a)?;
     let kind = BorderParams::of(a).r#type;
     imgproc::border_index(-1, 1, kind)?;
-    Ok(vec![Meta::new(vec![h + t + b, w + l + r, c], ins[0].dtype)])
+    let (oh, ow) = (h.checked_add(t).and_then(|v| v.checked_add(b)), w.checked_add(l).and_then(|v| v.checked_add(r)));
+    match (oh, ow) {
+        (Some(oh), Some(ow)) if oh.checked_mul(ow).is_some_and(|n| n <= imgproc::MAX_PIXELS) => {
+            Ok(vec![Meta::new(vec![oh, ow, c], ins[0].dtype)])
+        }
+        _ => Err(Error::value(format!(
+            "{}: margins ({t}, {b}, {l}, {r}) make the image larger than {} pixels",
+            a.op,
+            imgproc::MAX_PIXELS
+        ))),
+    }
 }
 
 fn border(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
