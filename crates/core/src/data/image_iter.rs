@@ -20,9 +20,10 @@
 //! refused with NotImplementedError. `GetIndex` reports each image's id (stock leaves zeros).
 //!
 //! Threads: one prefetch thread assembles up to `prefetch_buffer` batches ahead; inside a
-//! batch, `preprocess_threads` threads decode and augment records.
+//! batch, a pool of `preprocess_threads` threads (started with the iterator) decodes and
+//! augments records.
 
-use super::iter::{Batch, DataIter};
+use super::iter::{f32_bytes, positive, Batch, DataIter};
 use super::recordio::RecordReader;
 use crate::error::{Error, Result};
 use crate::ndarray::{DType, NDArray};
@@ -324,12 +325,7 @@ impl Config {
                 p.data_shape
             )));
         }
-        let positive = |name: &str, v: i64| {
-            usize::try_from(v)
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| Error::value(format!("{op}: {name} must be positive, got {v}")))
-        };
+        let positive = |name: &str, v: i64| positive(op, name, v);
         let dtype = p.dtype.unwrap_or(default_dtype);
         if !matches!(dtype, DType::F32 | DType::U8 | DType::I8) {
             return Err(Error::value(format!("{op}: dtype {} is not float32, uint8 or int8", dtype.name())));
@@ -434,12 +430,6 @@ impl Config {
     }
 }
 
-/// The inter method for a resize from `(w, h)` to `(nw, nh)` (stock's `GetInterMethod`; the
-/// auto and random codes are refused at creation until area and cubic exist).
-fn inter_for(aug: &Augment) -> i64 {
-    aug.inter
-}
-
 /// Refuse an intermediate image larger than a decodable one (a huge `resize` or `pad`).
 fn check_size(h: usize, w: usize) -> Result<()> {
     match h.checked_mul(w) {
@@ -480,7 +470,7 @@ fn augment(cfg: &Config, mut img: Image, rng: &mut Rng) -> Result<Image> {
     let (dh, dw) = (cfg.height, cfg.width);
     if let Some(size) = aug.resize {
         let (nh, nw) = if img.h > img.w { (size * img.h / img.w, size) } else { (size, size * img.w / img.h) };
-        img = resized(&img, nh.max(1), nw.max(1), inter_for(aug))?;
+        img = resized(&img, nh.max(1), nw.max(1), aug.inter)?;
     }
     if aug.pad > 0 {
         let p = aug.pad;
@@ -509,7 +499,7 @@ fn augment(cfg: &Config, mut img: Image, rng: &mut Rng) -> Result<Image> {
             }
             if ya >= 1 && xa >= 1 && ya <= img.h && xa <= img.w {
                 let (y, x) = (rng.int(0, img.h - ya), rng.int(0, img.w - xa));
-                img = resized(&cropped(&img, y, x, ya, xa), dh, dw, inter_for(aug))?;
+                img = resized(&cropped(&img, y, x, ya, xa), dh, dw, aug.inter)?;
                 done = true;
                 break;
             }
@@ -525,17 +515,17 @@ fn augment(cfg: &Config, mut img: Image, rng: &mut Rng) -> Result<Image> {
         } else {
             (y, x) = (y / 2, x / 2);
         }
-        img = resized(&cropped(&img, y, x, size, size), dh, dw, inter_for(aug))?;
+        img = resized(&cropped(&img, y, x, size, size), dh, dw, aug.inter)?;
         done = true;
     }
     if !done {
         if img.h < dh {
             let nw = (dh as f32 / img.h as f32 * img.w as f32) as usize;
-            img = resized(&img, dh, nw.max(1), inter_for(aug))?;
+            img = resized(&img, dh, nw.max(1), aug.inter)?;
         }
         if img.w < dw {
             let nh = (dw as f32 / img.w as f32 * img.h as f32) as usize;
-            img = resized(&img, nh.max(1), dw, inter_for(aug))?;
+            img = resized(&img, nh.max(1), dw, aug.inter)?;
         }
         if img.h < dh || img.w < dw {
             return Err(Error::mxnet(format!(
@@ -777,6 +767,8 @@ struct Parser {
     /// The last batch's data, kept for the padding of a short batch without `round_batch`.
     last: Vec<u8>,
     last_labels: Vec<f32>,
+    /// The `preprocess_threads` decoding threads, started once.
+    workers: rayon::ThreadPool,
 }
 
 impl Parser {
@@ -784,7 +776,13 @@ impl Parser {
         let reader = RecordReader::open(&cfg.rec)?;
         let bytes = cfg.batch * cfg.unit() * cfg.dtype.size();
         let labels = cfg.batch * cfg.label_width;
+        let workers = rayon::ThreadPoolBuilder::new()
+            .num_threads(cfg.threads)
+            .thread_name(|i| format!("mxrt-imgdec-{i}"))
+            .build()
+            .map_err(|e| Error::mxnet(format!("cannot start the decoding threads: {e}")))?;
         let mut p = Parser {
+            workers,
             reader,
             order: (0..offsets.len()).collect(),
             offsets,
@@ -872,8 +870,7 @@ impl Parser {
             let data_arr =
                 NDArray::from_host_bytes(vec![batch, cfg.channels, cfg.height, cfg.width], cfg.dtype, &data)?;
             let lshape = if cfg.label_width == 1 { vec![batch] } else { vec![batch, cfg.label_width] };
-            let lbytes: Vec<u8> = labels.iter().flat_map(|v| v.to_ne_bytes()).collect();
-            let label_arr = NDArray::from_host_bytes(lshape, DType::F32, &lbytes)?;
+            let label_arr = NDArray::from_host_bytes(lshape, DType::F32, &f32_bytes(&labels))?;
             Ok(Batch { data: data_arr, label: label_arr, pad, index: ids })
         });
         (self.last, self.last_labels) = (data, labels);
@@ -887,20 +884,27 @@ impl Parser {
         let unit = cfg.unit() * cfg.dtype.size();
         let mut ids = vec![0u64; cfg.batch];
         let jobs: Vec<_> = records.iter().zip(data.chunks_exact_mut(unit)).enumerate().collect();
-        let results = run_parallel(cfg.threads, jobs, |(slot, ((bytes, place), out))| {
-            let seed = cfg.aug_seed.wrapping_mul(0x9e37_79b9).wrapping_add(*place);
-            // A decoder's panic is this record's error, not the end of the reading thread.
-            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| process(cfg, bytes, seed, out)));
-            let done = run.unwrap_or_else(|p| {
-                let why =
-                    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
-                Err(Error::internal(format!("decoding panicked: {}", why.unwrap_or_default())))
-            });
-            done.map(|r| (slot, r)).map_err(|e| {
-                let msg = e.to_string();
-                let body = msg.split_once(": ").map_or(msg.as_str(), |(_, b)| b);
-                Error::mxnet(format!("{}: record {} of the epoch: {body}", cfg.rec, place & 0xffff_ffff))
-            })
+        use rayon::prelude::*;
+        let results: Vec<_> = self.workers.install(|| {
+            jobs.into_par_iter()
+                .map(|(slot, ((bytes, place), out))| {
+                    let seed = cfg.aug_seed.wrapping_mul(0x9e37_79b9).wrapping_add(*place);
+                    // A decoder's panic is this record's error, not the end of the reading thread.
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| process(cfg, bytes, seed, out)));
+                    let done = run.unwrap_or_else(|p| {
+                        let why = p
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned());
+                        Err(Error::internal(format!("decoding panicked: {}", why.unwrap_or_default())))
+                    });
+                    done.map(|r| (slot, r)).map_err(|e| {
+                        let msg = e.to_string();
+                        let body = msg.split_once(": ").map_or(msg.as_str(), |(_, b)| b);
+                        Error::mxnet(format!("{}: record {} of the epoch: {body}", cfg.rec, place & 0xffff_ffff))
+                    })
+                })
+                .collect()
         });
         for r in results {
             let (slot, (l, id)) = r?;
@@ -909,31 +913,6 @@ impl Parser {
         }
         Ok(ids)
     }
-}
-
-/// Run `f` on every job with up to `threads` threads; results in job order.
-fn run_parallel<J: Send, R: Send>(threads: usize, jobs: Vec<J>, f: impl Fn(J) -> R + Sync) -> Vec<R> {
-    let n = jobs.len();
-    let threads = threads.min(n).max(1);
-    if threads == 1 {
-        return jobs.into_iter().map(f).collect();
-    }
-    let queue = std::sync::Mutex::new(jobs.into_iter().enumerate());
-    let mut out: Vec<Option<R>> = (0..n).map(|_| None).collect();
-    let done = std::sync::Mutex::new(Vec::with_capacity(n));
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let Some((i, job)) = queue.lock().unwrap_or_else(|e| e.into_inner()).next() else { break };
-                let r = f(job);
-                done.lock().unwrap_or_else(|e| e.into_inner()).push((i, r));
-            });
-        }
-    });
-    for (i, r) in done.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        out[i] = Some(r);
-    }
-    out.into_iter().map(|r| r.expect("every job ran")).collect()
 }
 
 enum Control {
@@ -1093,8 +1072,7 @@ fn mean_image(cfg: &Config, offsets: &[u64], path: &str) -> Result<Vec<f32>> {
     }
     let n = offsets.len().max(1) as f64;
     let mean: Vec<f32> = sum.iter().map(|s| (s / n) as f32).collect();
-    let bytes: Vec<u8> = mean.iter().flat_map(|v| v.to_ne_bytes()).collect();
-    let arr = NDArray::from_host_bytes(vec![cfg.channels, cfg.height, cfg.width], DType::F32, &bytes)?;
+    let arr = NDArray::from_host_bytes(vec![cfg.channels, cfg.height, cfg.width], DType::F32, &f32_bytes(&mean))?;
     let file = crate::ndarray::io::save_list(&[arr], Some(&["mean_img".to_string()]), false)?;
     crate::profiler::trace::write_atomic(path, &file)?;
     Ok(mean)

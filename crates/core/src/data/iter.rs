@@ -40,14 +40,17 @@ pub trait DataIter: Send {
 pub struct IterDef {
     pub name: &'static str,
     pub doc: &'static str,
-    pub params: &'static [ParamSpec],
+    /// The table's static itself, read when used: a copy of its value taken in a static
+    /// initializer may point at another copy of the promoted array, and parameters are
+    /// checked against their table by address.
+    pub params: &'static &'static [ParamSpec],
     create: fn(&Attrs) -> Result<Box<dyn DataIter>>,
 }
 
 impl IterDef {
     /// Create one from the frontend's string parameters.
     pub fn create<'a>(&self, kv: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Box<dyn DataIter>> {
-        (self.create)(&Attrs::parse_open(self.name, self.params, kv)?)
+        (self.create)(&Attrs::parse_open(self.name, *self.params, kv)?)
     }
 }
 
@@ -64,18 +67,18 @@ pub fn find(name: &str) -> Option<&'static IterDef> {
 static ITERATORS: [IterDef; 7] = {
     use super::image_iter::{self as img, REC_PARAMS};
     [
-        IterDef { name: "MNISTIter", doc: MNIST_DOC, params: MNIST_PARAMS, create: Mnist::create },
-        IterDef { name: "CSVIter", doc: CSV_DOC, params: CSV_PARAMS, create: Csv::create },
-        IterDef { name: "ImageRecordIter", doc: img::RECORD_ITER_DOC, params: REC_PARAMS, create: img::create_f32 },
-        IterDef { name: "ImageRecordIter_v1", doc: img::RECORD_ITER_DOC, params: REC_PARAMS, create: img::create_f32 },
-        IterDef { name: "ImageRecordUInt8Iter", doc: img::UINT8_ITER_DOC, params: REC_PARAMS, create: img::create_u8 },
+        IterDef { name: "MNISTIter", doc: MNIST_DOC, params: &MNIST_PARAMS, create: Mnist::create },
+        IterDef { name: "CSVIter", doc: CSV_DOC, params: &CSV_PARAMS, create: Csv::create },
+        IterDef { name: "ImageRecordIter", doc: img::RECORD_ITER_DOC, params: &REC_PARAMS, create: img::create_f32 },
+        IterDef { name: "ImageRecordIter_v1", doc: img::RECORD_ITER_DOC, params: &REC_PARAMS, create: img::create_f32 },
+        IterDef { name: "ImageRecordUInt8Iter", doc: img::UINT8_ITER_DOC, params: &REC_PARAMS, create: img::create_u8 },
         IterDef {
             name: "ImageRecordUInt8Iter_v1",
             doc: img::UINT8_ITER_DOC,
-            params: REC_PARAMS,
+            params: &REC_PARAMS,
             create: img::create_u8,
         },
-        IterDef { name: "ImageRecordInt8Iter", doc: img::INT8_ITER_DOC, params: REC_PARAMS, create: img::create_i8 },
+        IterDef { name: "ImageRecordInt8Iter", doc: img::INT8_ITER_DOC, params: &REC_PARAMS, create: img::create_i8 },
     ]
 };
 
@@ -89,7 +92,7 @@ fn host_array(shape: Vec<usize>, dtype: DType, bytes: &[u8]) -> Result<NDArray> 
     NDArray::from_host_bytes(shape, dtype, bytes)
 }
 
-fn positive(op: &str, name: &str, v: i64) -> Result<usize> {
+pub(super) fn positive(op: &str, name: &str, v: i64) -> Result<usize> {
     usize::try_from(v)
         .ok()
         .filter(|&n| n > 0)
@@ -211,7 +214,7 @@ fn shuffle(v: &mut [usize], seed: u64) {
     crate::op::random::SplitMix64(seed ^ 0x9e37_79b9_7f4a_7c15).shuffle(v);
 }
 
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
+pub(super) fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_ne_bytes()).collect()
 }
 

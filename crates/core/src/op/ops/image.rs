@@ -345,7 +345,7 @@ fn resize_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
         return Err(Error::value(format!("{}: cannot resize an empty image of shape {s:?}", a.op)));
     }
     let (rh, rw, interp) = resize_target(a, h, w)?;
-    if interp != 0 && interp != 1 {
+    if !imgproc::resize_supported(interp) {
         return Err(Error::not_supported(format!("{} with interp={interp} (nearest 0 and bilinear 1 are)", a.op)));
     }
     if !matches!(ins[0].dtype, DType::U8 | DType::F32 | DType::F64) {
