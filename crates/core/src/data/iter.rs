@@ -50,7 +50,7 @@ pub struct IterDef {
 impl IterDef {
     /// Create one from the frontend's string parameters.
     pub fn create<'a>(&self, kv: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Box<dyn DataIter>> {
-        (self.create)(&Attrs::parse_open(self.name, *self.params, kv)?)
+        (self.create)(&Attrs::parse_open(self.name, self.params, kv)?)
     }
 }
 
