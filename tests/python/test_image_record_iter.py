@@ -277,3 +277,49 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     assert it.next().data[0].shape == (2, 3, 12, 16)
     del it
+
+
+FORK_WHILE_WAITING = r"""
+import io, os, pickle, sys, threading
+import numpy as np, mxnet as mx
+from PIL import Image
+path = os.path.join(sys.argv[1], "many.rec")
+w = mx.recordio.MXRecordIO(path, "w")
+rs = np.random.RandomState(0)
+for i in range(32):
+    b = io.BytesIO()
+    Image.fromarray(rs.randint(0, 255, (48, 48, 3), dtype=np.uint8)).save(b, "PNG")
+    w.write(mx.recordio.pack(mx.recordio.IRHeader(0, float(i), i, 0), b.getvalue()))
+w.close()
+it = mx.io.ImageRecordIter(path_imgrec=path, data_shape=(3, 48, 48), batch_size=1, prefetch_buffer=1,
+                           preprocess_threads=1)
+stop, batches = False, [0]
+def read():
+    while not stop:
+        try:
+            it.next()
+            batches[0] += 1
+        except StopIteration:
+            it.reset()
+t = threading.Thread(target=read)
+t.start()
+codes = []
+for _ in range(150):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    codes.append(os.waitpid(pid, 0)[1])
+stop = True
+t.join()
+with open(sys.argv[-1], "wb") as f:
+    pickle.dump({"codes": codes, "batches": batches[0]}, f)
+"""
+
+
+def test_fork_while_a_thread_waits_for_a_batch(tmp_path):
+    """A fork from one thread while another waits in `next()` for the reading thread: the
+    wait must not keep the fork waiting (the reading thread cannot make the batch while a
+    fork is being prepared). Stock 1.9.1 hangs here, so this runs on this library only."""
+    out = run_script(FORK_WHILE_WAITING, "ours", tmp_path, str(tmp_path), timeout=120)
+    assert out["codes"] == [0] * 150
+    assert out["batches"] > 0

@@ -92,16 +92,38 @@ struct Running {
     current: Option<Batch>,
 }
 
-fn running() -> &'static HandleTable<Mutex<Running>> {
-    static T: OnceLock<HandleTable<Mutex<Running>>> = OnceLock::new();
+/// A handle's value: the iterator under its lock, and what is checked before taking the lock.
+struct Entry {
+    name: String,
+    /// The process whose threads the iterator works with (see [`DataIter::owner_process`]).
+    owner: Option<u32>,
+    state: Mutex<Running>,
+}
+
+fn running() -> &'static HandleTable<Entry> {
+    static T: OnceLock<HandleTable<Entry>> = OnceLock::new();
     T.get_or_init(|| HandleTable::new(17, "DataIter"))
 }
 
+/// The iterator behind a handle, refused in a process forked from the one it works in before
+/// its lock is taken: a thread of the parent may have held it at the fork. The lock is taken
+/// by the caller, outside the handle table's slot lock (a batch takes time to make).
+fn entry(h: DataIterHandle) -> Result<Arc<Entry>> {
+    let e = running().get(h)?;
+    match e.owner {
+        Some(pid) if pid != std::process::id() => Err(Error::mxnet(format!(
+            "this {} was created before fork(); its reading thread is in the parent process: create the iterator in the child",
+            e.name
+        ))),
+        _ => Ok(e),
+    }
+}
+
 fn with_batch<R>(h: DataIterHandle, f: impl FnOnce(&Batch) -> Result<R>) -> Result<R> {
-    running().with(h, |r| match &r.lock().current {
+    match &entry(h)?.state.lock().current {
         Some(b) => f(b),
         None => Err(Error::value("the data iterator has no current batch (call MXDataIterNext first)")),
-    })?
+    }
 }
 
 /// The stock data iterator names.
@@ -175,7 +197,9 @@ pub unsafe extern "C" fn MXDataIterCreateIter(
                 .map(|(&k, &v)| Ok((ffi::cstr(k, "a key")?, ffi::cstr(v, "a value")?)))
                 .collect::<Result<Vec<_>>>()?;
             let iter = def.create(kv)?;
-            Ok(running().insert(Arc::new(Mutex::new(Running { iter, current: None }))))
+            let owner = iter.owner_process();
+            let state = Mutex::new(Running { iter, current: None });
+            Ok(running().insert(Arc::new(Entry { name: name.into_owned(), owner, state })))
         })
     }
 }
@@ -190,11 +214,10 @@ pub extern "C" fn MXDataIterFree(handle: DataIterHandle) -> c_int {
 #[no_mangle]
 pub extern "C" fn MXDataIterBeforeFirst(handle: DataIterHandle) -> c_int {
     ffi::call("MXDataIterBeforeFirst", || {
-        running().with(handle, |r| {
-            let mut r = r.lock();
-            r.current = None;
-            r.iter.before_first()
-        })?
+        let e = entry(handle)?;
+        let mut r = e.state.lock();
+        r.current = None;
+        r.iter.before_first()
     })
 }
 
@@ -207,11 +230,10 @@ pub unsafe extern "C" fn MXDataIterNext(handle: DataIterHandle, out: *mut c_int)
     ffi::call("MXDataIterNext", || {
         // SAFETY: per this function's contract.
         let out = unsafe { self::out(out, "out")? };
-        let more = running().with(handle, |r| {
-            let mut r = r.lock();
-            r.current = r.iter.next()?;
-            Ok::<_, Error>(r.current.is_some())
-        })??;
+        let e = entry(handle)?;
+        let mut r = e.state.lock();
+        r.current = r.iter.next()?;
+        let more = r.current.is_some();
         *out = c_int::from(more);
         Ok(())
     })

@@ -319,6 +319,11 @@ pub fn enter_call() -> CallGuard {
 /// `f`, and a lock held then would stay held in the child. Custom operators' forward and
 /// backward run on the library's own threads (nothing to release); their property callbacks,
 /// delete callbacks and `autograd.Function`'s backward come through here.
+///
+/// A call that waits on a library thread which itself enters the gate (the ImageRecordIter's
+/// reading thread) waits through here too: holding the gate across that wait, a fork
+/// prepared meanwhile would wait for the call, the thread for the fork (a waiting writer
+/// blocks new readers), and the call for the thread.
 pub fn outside_call<R>(f: impl FnOnce() -> R) -> R {
     /// Holds the gate again for the rest of the outer call when `f` returns (or unwinds);
     /// the outer call's guard releases it.

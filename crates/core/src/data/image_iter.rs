@@ -980,21 +980,10 @@ impl ImageRecordIter {
             pid: std::process::id(),
         })
     }
-
-    /// Refuse use in a forked child, where waiting for the parent's thread would hang.
-    fn check_process(&self) -> Result<()> {
-        if std::process::id() != self.pid {
-            return Err(Error::mxnet(
-                "this ImageRecordIter was created before fork(); its reading thread is in the parent process: create the iterator in the child",
-            ));
-        }
-        Ok(())
-    }
 }
 
 impl DataIter for ImageRecordIter {
     fn before_first(&mut self) -> Result<()> {
-        self.check_process()?;
         self.epoch += 1;
         self.ended = false;
         let control = self.control.as_ref().ok_or_else(|| Error::internal("ImageRecordIter without its thread"))?;
@@ -1002,18 +991,22 @@ impl DataIter for ImageRecordIter {
     }
 
     fn next(&mut self) -> Result<Option<Batch>> {
-        self.check_process()?;
         if self.ended {
             return Ok(None);
         }
         loop {
-            let (epoch, item) =
-                self.batches.recv().map_err(|_| Error::mxnet("the ImageRecordIter thread has stopped"))?;
+            // Outside the call gate: the thread takes it to make the batch.
+            let (epoch, item) = crate::runtime::outside_call(|| self.batches.recv())
+                .map_err(|_| Error::mxnet("the ImageRecordIter thread has stopped"))?;
             if epoch == self.epoch {
                 self.ended = !matches!(item, Ok(Some(_)));
                 return item;
             }
         }
+    }
+
+    fn owner_process(&self) -> Option<u32> {
+        Some(self.pid)
     }
 }
 
@@ -1032,7 +1025,8 @@ impl Drop for ImageRecordIter {
         let (_, dead) = mpsc::sync_channel(0);
         drop(std::mem::replace(&mut self.batches, dead));
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // Outside the call gate, as in `next`: the thread may be about to take it.
+            let _ = crate::runtime::outside_call(|| t.join());
         }
     }
 }

@@ -34,6 +34,13 @@ pub trait DataIter: Send {
     fn before_first(&mut self) -> Result<()>;
     /// The next batch; `None` at the end of the epoch.
     fn next(&mut self) -> Result<Option<Batch>>;
+    /// The process whose threads the iterator works with, for one that starts threads: a
+    /// child forked from it cannot use the iterator (its copy has no threads) and must be told
+    /// so before it waits on one of the iterator's locks, which a parent's thread may have
+    /// held at the fork.
+    fn owner_process(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// An iterator type: what `MXListDataIters` lists.
