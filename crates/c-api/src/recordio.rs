@@ -32,21 +32,22 @@ fn files() -> &'static HandleTable<RecordFile> {
     T.get_or_init(|| HandleTable::new(16, "RecordIO"))
 }
 
+// File I/O runs on a clone of the handle's value, not under the handle table's slot lock.
 fn with_writer<R>(h: RecordIOHandle, f: impl FnOnce(&mut RecordWriter) -> Result<R>) -> Result<R> {
-    files().with(h, |file| match file {
+    match &*files().get(h)? {
         RecordFile::Writer { file, .. } => match file.lock().as_mut() {
             Some(w) => f(w),
             None => Err(Error::value("the RecordIO writer is closed")),
         },
         RecordFile::Reader { .. } => Err(Error::value("a RecordIO reader handle where a writer's is expected")),
-    })?
+    }
 }
 
 fn with_reader<R>(h: RecordIOHandle, f: impl FnOnce(&mut RecordReader, &mut Vec<u8>) -> Result<R>) -> Result<R> {
-    files().with(h, |file| match file {
+    match &*files().get(h)? {
         RecordFile::Reader { file, record } => f(&mut file.lock(), &mut record.lock()),
         RecordFile::Writer { .. } => Err(Error::value("a RecordIO writer handle where a reader's is expected")),
-    })?
+    }
 }
 
 /// Create (truncate) the RecordIO file `uri` (a local path or `file://`) for writing.
