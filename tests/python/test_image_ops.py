@@ -106,6 +106,14 @@ for name, f in [
     ('crop resize', lambda: T.CropResize(1, 2, 10, 8, size=(6, 6))(img)),
     ('Resize', lambda: T.Resize(10)(img)),
     ('bad crop', lambda: mx.nd.image.crop(img, 15, 0, 5, 4)),
+    ('resize cubic u8', lambda: mx.nd.image.resize(img, (30, 25), interp=2)),
+    ('resize cubic f32', lambda: mx.nd.image.resize(imgf, (9, 20), interp=2)),
+    ('resize area down u8', lambda: mx.nd.image.resize(img, (7, 5), interp=3)),
+    ('resize area block u8', lambda: mx.nd.image.resize(batch, (11, 3), interp=3)),
+    ('resize area up f32', lambda: mx.nd.image.resize(imgf, (30, 25), interp=3)),
+    ('resize lanczos u8', lambda: mx.nd.image.resize(img, (9, 20), interp=4)),
+    ('Resize cubic', lambda: T.Resize(10, interpolation=2)(img)),
+    ('resize bad interp', lambda: mx.nd.image.resize(img, (5, 5), interp=7)),
 ]:
     try:
         out[name] = f().asnumpy()
@@ -116,17 +124,19 @@ with mx.autograd.record():
     y = mx.nd.image.crop(x, 2, 3, 5, 4)
 y.backward(mx.nd.ones_like(y) * 3)
 out['crop grad'] = x.grad.asnumpy()
+out['random resized crop'] = T.RandomResizedCrop(8)(img).shape
 pickle.dump(out, open(sys.argv[-1], "wb"))
 """
 
 
 def test_crop_and_resize_match_stock(tmp_path):
     # `_image_crop` (and its gradient) bit for bit; `_image_resize` and `_cvimresize` against
-    # stock's OpenCV: nearest, bilinear and the exact halving equal, bilinear upscaling of
-    # uint8 within 1 (OpenCV's vectorised rows round some values the other way) and of
-    # float32 within an ulp; errors where stock has them.
+    # stock's OpenCV: nearest, bilinear and the exact halving equal, the other resizes (and
+    # the area, bicubic and Lanczos ones) of uint8 within 1 (OpenCV's vectorised rows round
+    # some values the other way) and of float32 within an ulp; errors where stock has them.
     ours, stock = run_script(CROP_RESIZE, "ours", tmp_path), run_script(CROP_RESIZE, "stock", tmp_path)
     assert ours.keys() == stock.keys()
+    assert ours.pop("random resized crop") == stock.pop("random resized crop") == (8, 8, 3)
     for k in stock:
         a, b = ours[k], stock[k]
         if isinstance(b, tuple) or isinstance(a, tuple):

@@ -90,6 +90,27 @@ out['random aug shapes'] = [(b[0].shape, b[0].dtype.name, b[1].tolist()) for b i
 rr = epoch(rec('png.rec', data_shape=(3, 8, 8), random_resized_crop=True, min_random_area=0.3, max_aspect_ratio=1.5,
                min_aspect_ratio=0.6))
 out['random resized shapes'] = [(b[0].shape, b[1].tolist()) for b in rr]
+# The affine augmentation, where it draws nothing that matters: a fixed angle (rotate, a
+# one-angle rotate_list), a fixed scale, image size bounds; each interpolation.
+for interp in (1, 2, 3, 4):
+    out[('rotate', interp)] = epoch(rec('png.rec', data_shape=(3, 12, 12), rotate=30, fill_value=40,
+                                        inter_method=interp))
+out['rotate list'] = epoch(rec('png.rec', data_shape=(3, 12, 12), rotate_list='90'))
+out['scale'] = epoch(rec('png.rec', data_shape=(3, 9, 12), min_random_scale=0.8, max_random_scale=0.8))
+out['img size'] = epoch(rec('png.rec', data_shape=(3, 16, 16), min_img_size=18, max_img_size=19, rotate=15))
+out['auto interp'] = epoch(rec('png.rec', data_shape=(3, 10, 10), resize=24, inter_method=9))
+out['area shrink'] = epoch(rec('png.rec', data_shape=(3, 6, 8), resize=6, inter_method=3))
+out['cubic resize'] = epoch(rec('png.rec', data_shape=(3, 20, 20), resize=20, inter_method=2))
+ra = epoch(rec('png.rec', data_shape=(3, 10, 10), max_rotate_angle=20, max_shear_ratio=0.2, max_aspect_ratio=0.3,
+               min_random_scale=0.9, max_random_scale=1.2, inter_method=10, rand_crop=True))
+out['random affine shapes'] = [(b[0].shape, b[1].tolist()) for b in ra]
+# mx.image's resize: every interpolation, shrinking and enlarging, 8-bit and float.
+rs = np.random.RandomState(1)
+for dtype in ('uint8', 'float32'):
+    img = mx.nd.array(rs.uniform(0, 255, (13, 17, 3)), dtype=dtype)
+    for (w, h) in [(8, 6), (40, 30), (17, 5), (6, 13), (34, 26)]:
+        for interp in range(5):
+            out[('imresize', dtype, w, h, interp)] = mx.image.imresize(img, w, h, interp=interp).asnumpy()
 
 # mx.image's OpenCV operators.
 for f in ['a.png', 'gray.png', 'a.jpg']:
@@ -182,16 +203,22 @@ def test_image_record_iter_and_cv_ops_match_stock(tmp_path):
     assert stock.pop("no round pads") == [0, 0, 0] and ours.pop("no round pads") == [0, 0, 2]
     # Resizes round like OpenCV within one 8-bit level. JPEG: the decoders' IDCT and chroma
     # upsampling differ by a few levels (more on these tiny, noisy images, upscaled).
-    tolerance = {"resize crop": 1, "resize nearest": 0, "upscale": 1, "jpeg": (12, 0.5),
+    tolerance = {"resize crop": 1, "resize nearest": 0, "upscale": 1, "jpeg": (12, 0.5), "auto interp": 1,
+                 "cubic resize": 1, "scale": 1,
                  ("imdecode", "a.jpg", 1): 4, ("imdecode", "a.jpg", 0): 1, ("imdecode bgr", "a.jpg"): 4,
                  ("imread", "a.jpg"): 4}
     for k in ours:
-        _close(ours[k], stock[k], k, tolerance.get(k, 0))
+        if k[0] == "imresize":
+            # 8-bit: OpenCV's vectorised rounding; float: Lanczos weights summed in float.
+            _close(ours[k], stock[k], k, 1 if k[1] == "uint8" else 1e-3)
+        else:
+            _close(ours[k], stock[k], k, tolerance.get(k, 0))
     # Not vacuous: every image was read, wrapped around, padded, normalised.
     assert len(ours["plain"]) == 3 and ours["plain"][0][0].shape == (4, 3, 12, 16)
     assert [b[2] for b in ours["round 1"]] == [0, 0, 2] and len(ours["no round"]) == 3
     assert ours["labels 2"][0][1].shape == (3, 2) and ours["normalized"][0][0].min() < 0
     assert ours["shuffled labels"] == [float(i) for i in range(10)]
+    assert ours[("rotate", 1)][0][0].max() > ours[("rotate", 1)][0][0].min()
 
 
 def test_bad_input_is_a_clear_error(tmp_path):
@@ -210,10 +237,12 @@ def test_bad_input_is_a_clear_error(tmp_path):
         first_batch(path_imgrec=os.path.join(d, "nope.rec"))
     with pytest.raises(mx.base.MXNetError, match="label_width is set to 3"):
         first_batch(label_width=3)
-    with pytest.raises(NotImplementedError, match="affine augmentation \\(max_rotate_angle\\) is not supported yet"):
-        first_batch(max_rotate_angle=10)
-    with pytest.raises(NotImplementedError, match="inter_method=2"):
-        first_batch(inter_method=2)
+    with pytest.raises(ValueError, match="inter_method 0 is not valid with the affine augmentation"):
+        first_batch(max_rotate_angle=10, inter_method=0)
+    with pytest.raises(ValueError, match="invalid inter_method 5"):
+        first_batch(inter_method=5)
+    with pytest.raises(mx.base.MXNetError, match="the affine augmentation makes a"):
+        first_batch(max_img_size=0.5)
     with pytest.raises(ValueError, match="data_shape \\[2, 12, 16\\] needs 1, 3 or 4 channels"):
         first_batch(data_shape=(2, 12, 16))
     # A corrupt image names its record; a truncated file and a stale .idx are errors too.

@@ -14,10 +14,10 @@
 //! of `num_parts` is a byte range of the file (records by count with a `.idx` file). What
 //! differs, on purpose: random choices (crops, mirrors, jitter, shuffle order) come from a
 //! generator seeded per record from `seed` / `seed_aug` and the record's place in the epoch,
-//! so they are reproducible whatever the thread count, but they are not stock's draws; the
-//! affine augmentations (`max_rotate_angle`, `rotate`, `max_shear_ratio`, random scale and
-//! aspect ratio, `min/max_img_size`) and interpolations other than nearest and bilinear are
-//! refused with NotImplementedError. `GetIndex` reports each image's id (stock leaves zeros).
+//! so they are reproducible whatever the thread count, but they are not stock's draws.
+//! `GetIndex` reports each image's id (stock leaves zeros). The affine augmentation (rotation,
+//! shear, random scale and aspect ratio, `min/max_img_size`) warps as `cv::warpAffine` does,
+//! and every `inter_method` (0-4, 9 "auto", 10 "random") is OpenCV's.
 //!
 //! Threads: one prefetch thread assembles up to `prefetch_buffer` batches ahead; inside a
 //! batch, a pool of `preprocess_threads` threads (started with the iterator) decodes and
@@ -260,6 +260,24 @@ struct Augment {
     fill: u8,
     inter: i64,
     pad: usize,
+    affine: Option<Affine>,
+}
+
+/// Stock's affine augmentation: a random rotation, shear, scale and aspect ratio, warped into
+/// an image of the scaled size bounded by `img_size`.
+#[derive(Clone)]
+struct Affine {
+    max_shear: f32,
+    max_angle: i64,
+    /// `rotate` when positive: every image turns by it.
+    rotate: Option<i64>,
+    /// `rotate_list`: each image turns by one of these, chosen at random.
+    rotate_list: Vec<i64>,
+    /// Scale and aspect-ratio ranges; both 1 with `random_resized_crop`, which draws its own.
+    scale: (f32, f32),
+    aspect: (f32, f32),
+    /// `(min_img_size, max_img_size)`.
+    img_size: (f32, f32),
 }
 
 /// Stock's normalisation settings.
@@ -285,21 +303,56 @@ fn aspect_range(p: &RecParams) -> (f32, f32) {
     }
 }
 
-fn refuse_affine(p: &RecParams) -> Result<()> {
+/// C's `atoi`: leading blanks, a sign and digits; 0 when there are none.
+fn atoi(text: &str) -> i64 {
+    let t = text.trim_start();
+    let (sign, digits) = match t.as_bytes().first() {
+        Some(b'-') => (-1, &t[1..]),
+        Some(b'+') => (1, &t[1..]),
+        _ => (1, t),
+    };
+    let end = digits.bytes().position(|b| !b.is_ascii_digit()).unwrap_or(digits.len());
+    sign * digits[..end].parse::<i64>().unwrap_or(0).min(i64::from(i32::MAX))
+}
+
+/// The affine augmentation, when any of its settings asks for it. `rotate_list` is not a
+/// declared parameter in stock either: it is read from the undeclared ones, a comma-separated
+/// list of angles each read as C's `atoi` reads it.
+fn affine_of(p: &RecParams, extra: &[(String, String)], op: &str) -> Result<Option<Affine>> {
     let (amin, amax) = aspect_range(p);
-    let aspect_affine = !p.random_resized_crop && (amin != 1.0 || amax != 1.0);
-    let affine = [
-        ("max_rotate_angle", p.max_rotate_angle > 0),
-        ("rotate", p.rotate > 0),
-        ("max_shear_ratio", p.max_shear_ratio > 0.0),
-        ("max_random_scale/min_random_scale", p.max_random_scale != 1.0 || p.min_random_scale != 1.0),
-        ("max_aspect_ratio/min_aspect_ratio without random_resized_crop", aspect_affine),
-        ("max_img_size/min_img_size", p.max_img_size != 1e10 || p.min_img_size != 0.0),
-    ];
-    if let Some((name, _)) = affine.iter().find(|(_, on)| *on) {
-        return Err(Error::not_supported(format!("ImageRecordIter's affine augmentation ({name})")));
+    let rotate_list: Vec<i64> = extra
+        .iter()
+        .filter(|(k, _)| k == "rotate_list")
+        .flat_map(|(_, v)| v.split(',').map(atoi).collect::<Vec<_>>())
+        .collect();
+    let on = p.max_rotate_angle > 0
+        || p.max_shear_ratio > 0.0
+        || p.rotate > 0
+        || !rotate_list.is_empty()
+        || p.max_random_scale as f32 != 1.0
+        || p.min_random_scale != 1.0
+        || (!p.random_resized_crop && (amin != 1.0 || amax != 1.0))
+        || p.max_img_size as f32 != 1e10
+        || p.min_img_size as f32 != 0.0;
+    if !on {
+        return Ok(None);
     }
-    Ok(())
+    if !(1..=4).contains(&p.inter_method) && !(9..=10).contains(&p.inter_method) {
+        return Err(Error::value(format!(
+            "{op}: inter_method {} is not valid with the affine augmentation (1-4, 9 and 10 are)",
+            p.inter_method
+        )));
+    }
+    let rrc = p.random_resized_crop;
+    Ok(Some(Affine {
+        max_shear: p.max_shear_ratio as f32,
+        max_angle: p.max_rotate_angle.clamp(0, i64::from(i32::MAX)),
+        rotate: (p.rotate > 0).then_some(p.rotate),
+        rotate_list,
+        scale: if rrc { (1.0, 1.0) } else { (p.min_random_scale as f32, p.max_random_scale as f32) },
+        aspect: if rrc { (1.0, 1.0) } else { (amin, amax) },
+        img_size: (p.min_img_size as f32, p.max_img_size as f32),
+    }))
 }
 
 impl Config {
@@ -312,7 +365,7 @@ impl Config {
         if p.aug_seq != "aug_default" {
             return Err(Error::not_supported(format!("{op} with aug_seq={} (aug_default is)", p.aug_seq)));
         }
-        refuse_affine(&p)?;
+        let affine = affine_of(&p, a.extra(), op)?;
         let &[channels, height, width] = p.data_shape else {
             return Err(Error::value(format!(
                 "{op}: data_shape must be (channels, height, width), got {:?}",
@@ -333,11 +386,6 @@ impl Config {
         let inter = p.inter_method;
         if !(0..=4).contains(&inter) && inter != 9 && inter != 10 {
             return Err(Error::value(format!("{op}: invalid inter_method {inter}: valid values are 0-4, 9 and 10")));
-        }
-        if !imgproc::resize_supported(inter) {
-            return Err(Error::not_supported(format!(
-                "{op} with inter_method={inter} (nearest 0 and bilinear 1 are supported)"
-            )));
         }
         let crop_size = match (p.max_crop_size, p.min_crop_size) {
             (-1, -1) => None,
@@ -378,6 +426,7 @@ impl Config {
             fill: p.fill_value.clamp(0, 255) as u8,
             inter,
             pad: usize::try_from(p.pad).unwrap_or(0),
+            affine,
         };
         let norm = Normalize {
             mirror: p.mirror,
@@ -464,13 +513,70 @@ fn gray_of(px: &[u8]) -> u8 {
     ((r * 4899 + g * 9617 + b * 1868 + (1 << 13)) >> 14) as u8
 }
 
+/// The interpolation for a resize from `(h, w)` to `(nh, nw)`: `inter_method` itself, or for
+/// 9 bicubic when enlarging both sides, area when shrinking both, else bilinear; for 10 one
+/// of the five at random.
+fn pick_inter(inter: i64, (h, w): (usize, usize), (nh, nw): (usize, usize), rng: &mut Rng) -> i64 {
+    match inter {
+        9 if nh > h && nw > w => imgproc::INTER_CUBIC,
+        9 if nh < h && nw < w => imgproc::INTER_AREA,
+        9 => imgproc::INTER_LINEAR,
+        10 => rng.int(0, 4) as i64,
+        _ => inter,
+    }
+}
+
+/// Stock's affine augmentation: shear `s`, rotation by an integer angle, scale and aspect
+/// ratio drawn, the map centred on the scaled size (in float32, as stock computes it), the
+/// image warped into that size with the fill value around it.
+fn warped(aug: &Augment, af: &Affine, img: Image, rng: &mut Rng) -> Result<Image> {
+    let s = rng.unit() * af.max_shear * 2.0 - af.max_shear;
+    let mut angle = rng.int(0, 2 * af.max_angle as usize) as i64 - af.max_angle;
+    if let Some(r) = af.rotate {
+        angle = r;
+    }
+    if !af.rotate_list.is_empty() {
+        angle = af.rotate_list[rng.int(0, af.rotate_list.len() - 1)];
+    }
+    let radians = angle as f64 / 180.0 * std::f64::consts::PI;
+    let (a, b) = (radians.cos() as f32, radians.sin() as f32);
+    let scale = rng.unit() * (af.scale.1 - af.scale.0) + af.scale.0;
+    let ratio = rng.unit() * (af.aspect.1 - af.aspect.0) + af.aspect.0;
+    let hs = 2.0 * scale / (1.0 + ratio);
+    let ws = ratio * hs;
+    let (cols, rows) = (img.w as f32, img.h as f32);
+    let bounded = |v: f32| af.img_size.0.max(af.img_size.1.min(v));
+    let (new_w, new_h) = (bounded(scale * cols), bounded(scale * rows));
+    let (m00, m01, m10, m11) = (hs * a - s * b * ws, hs * b + s * a * ws, -b * ws, a * ws);
+    let (cx, cy) = (m00 * cols + m01 * rows, m10 * cols + m11 * rows);
+    let m = [m00, m01, (new_w - cx) / 2.0, m10, m11, (new_h - cy) / 2.0];
+    // OpenCV's size from floats: truncated.
+    let (nw, nh) = (new_w as i64, new_h as i64);
+    if nw < 1 || nh < 1 || nw > MAX_SIDE || nh > MAX_SIDE {
+        return Err(Error::mxnet(format!(
+            "the affine augmentation makes a {}x{} image {nh}x{nw}, outside [1, {MAX_SIDE}] (check min_img_size, max_img_size and the random scale)",
+            img.h, img.w
+        )));
+    }
+    let (nh, nw) = (nh as usize, nw as usize);
+    check_size(nh, nw)?;
+    let inter = pick_inter(aug.inter, (img.h, img.w), (nh, nw), rng);
+    let data = imgproc::warp_affine(&img.data, (img.h, img.w, img.c), m, (nh, nw), inter, aug.fill)?;
+    Ok(Image { h: nh, w: nw, c: img.c, data })
+}
+
 /// Stock's default augmenter on a BGR(A) image; returns the `(height, width)` crop.
 fn augment(cfg: &Config, mut img: Image, rng: &mut Rng) -> Result<Image> {
     let aug = &cfg.aug;
     let (dh, dw) = (cfg.height, cfg.width);
     if let Some(size) = aug.resize {
         let (nh, nw) = if img.h > img.w { (size * img.h / img.w, size) } else { (size, size * img.w / img.h) };
-        img = resized(&img, nh.max(1), nw.max(1), aug.inter)?;
+        let (nh, nw) = (nh.max(1), nw.max(1));
+        let inter = pick_inter(aug.inter, (img.h, img.w), (nh, nw), rng);
+        img = resized(&img, nh, nw, inter)?;
+    }
+    if let Some(af) = &aug.affine {
+        img = warped(aug, af, img, rng)?;
     }
     if aug.pad > 0 {
         let p = aug.pad;
@@ -499,7 +605,8 @@ fn augment(cfg: &Config, mut img: Image, rng: &mut Rng) -> Result<Image> {
             }
             if ya >= 1 && xa >= 1 && ya <= img.h && xa <= img.w {
                 let (y, x) = (rng.int(0, img.h - ya), rng.int(0, img.w - xa));
-                img = resized(&cropped(&img, y, x, ya, xa), dh, dw, aug.inter)?;
+                let inter = pick_inter(aug.inter, (ya, xa), (dh, dw), rng);
+                img = resized(&cropped(&img, y, x, ya, xa), dh, dw, inter)?;
                 done = true;
                 break;
             }
@@ -515,17 +622,19 @@ fn augment(cfg: &Config, mut img: Image, rng: &mut Rng) -> Result<Image> {
         } else {
             (y, x) = (y / 2, x / 2);
         }
-        img = resized(&cropped(&img, y, x, size, size), dh, dw, aug.inter)?;
+        let inter = pick_inter(aug.inter, (size, size), (dh, dw), rng);
+        img = resized(&cropped(&img, y, x, size, size), dh, dw, inter)?;
         done = true;
     }
     if !done {
+        let inter = pick_inter(aug.inter, (img.h, img.w), (dh, dw), rng);
         if img.h < dh {
             let nw = (dh as f32 / img.h as f32 * img.w as f32) as usize;
-            img = resized(&img, dh, nw.max(1), aug.inter)?;
+            img = resized(&img, dh, nw.max(1), inter)?;
         }
         if img.w < dw {
             let nh = (dw as f32 / img.w as f32 * img.h as f32) as usize;
-            img = resized(&img, nh.max(1), dw, aug.inter)?;
+            img = resized(&img, nh.max(1), dw, inter)?;
         }
         if img.h < dh || img.w < dw {
             return Err(Error::mxnet(format!(

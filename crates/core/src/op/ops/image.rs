@@ -2,10 +2,10 @@
 //! `_image_to_tensor` (`ToTensor`), `_image_normalize` (`Normalize`) with its backward, the
 //! flips, fixed and random (`RandomFlipLeftRight`, `RandomFlipTopBottom`), `_image_crop`
 //! (`CropResize`) with its backward, and `_image_resize` (`Resize`) and `_cvimresize`
-//! (`mx.image.imresize`, so `CenterCrop`) with OpenCV's nearest and bilinear interpolation.
+//! (`mx.image.imresize`, so `CenterCrop`) with OpenCV's five interpolations.
 //!
-//! Resizing is [`imgproc::resize`]'s (OpenCV's nearest and bilinear interpolation; area,
-//! bicubic and Lanczos interpolation are not supported yet).
+//! Resizing is [`imgproc::resize`]'s (OpenCV's nearest, bilinear, bicubic, area and Lanczos-4
+//! interpolation).
 //!
 //! Stock's flips swap mirrored pairs only, so for an odd width (height) the middle column
 //! (row) of a new output is left unwritten; here every element is written.
@@ -288,7 +288,7 @@ op_params! {
     struct ResizeParams<'a> => RESIZE_PARAMS {
         size: &'a [i64] = "[]", "Size of new image. Could be (width, height) or (size)";
         keep_ratio: bool = "False", "Whether to resize the short edge or both edges to `size`, if size is give as an integer.";
-        interp: i64 = "1", "Interpolation method for resizing. By default uses bilinear interpolation. Options are INTER_NEAREST - a nearest-neighbor interpolation, INTER_LINEAR - a bilinear interpolation (this library supports these two)";
+        interp: i64 = "1", "Interpolation method for resizing. By default uses bilinear interpolationOptions are INTER_NEAREST - a nearest-neighbor interpolationINTER_LINEAR - a bilinear interpolationINTER_AREA - resampling using pixel area relationINTER_CUBIC - a bicubic interpolation over 4x4 pixel neighborhoodINTER_LANCZOS4 - a Lanczos interpolation over 8x8 pixel neighborhoodNote that the GPU version only support bilinear interpolation(1)";
     }
 }
 
@@ -346,7 +346,7 @@ fn resize_infer(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     }
     let (rh, rw, interp) = resize_target(a, h, w)?;
     if !imgproc::resize_supported(interp) {
-        return Err(Error::not_supported(format!("{} with interp={interp} (nearest 0 and bilinear 1 are)", a.op)));
+        return Err(Error::mxnet(format!("{}: unknown interpolation method {interp} (OpenCV's are 0 to 4)", a.op)));
     }
     if !matches!(ins[0].dtype, DType::U8 | DType::F32 | DType::F64) {
         return Err(Error::type_error(format!(
@@ -797,7 +797,7 @@ mod tests {
             [("x", "3"), ("y", "0"), ("width", "2"), ("height", "1")],
         );
         assert!(bad.err().unwrap().to_string().contains("x + width should not be greater"));
-        let cubic = invoke(lookup("_image_resize").unwrap(), &[&img], None, [("size", "(3, 3)"), ("interp", "2")]);
-        assert!(cubic.err().unwrap().to_string().starts_with("NotImplementedError"));
+        let bad = invoke(lookup("_image_resize").unwrap(), &[&img], None, [("size", "(3, 3)"), ("interp", "7")]);
+        assert!(bad.err().unwrap().to_string().contains("unknown interpolation method 7"));
     }
 }

@@ -2,15 +2,9 @@
 //! `_image_resize`, `_cvcopyMakeBorder`, ...) and the image iterators (`ImageRecordIter`).
 //!
 //! Owns: decoding JPEG (zune-jpeg) and PNG (png) into OpenCV's layout (HWC, blue-green-red
-//! channel order), resizing with OpenCV's nearest and bilinear interpolation, and border
-//! filling with OpenCV's five border types. Images are `(height, width, channels)` slices in
-//! row-major order.
-//!
-//! Resizing follows `cv::resize`: pixel centres aligned (`(x + 0.5) · scale - 0.5`), edges
-//! clamped; 8-bit images through OpenCV's 11-bit fixed-point weights and rounding, and an
-//! exact halving through its 2×2 box average (what OpenCV does for bilinear at scale 1/2).
-//! OpenCV's vectorised rows may round an 8-bit value the other way; results are within 1 of
-//! stock's for `uint8` and within float rounding otherwise.
+//! channel order) and border filling with OpenCV's five border types; resizing (`resize`)
+//! and affine warps (`warp`) in their submodules. Images are `(height, width, channels)`
+//! slices in row-major order.
 //!
 //! Decoding: stock decodes through OpenCV and libjpeg-turbo. PNG pixels come out identical;
 //! JPEG pixels may differ by a few levels where the decoders' IDCT and chroma upsampling
@@ -18,9 +12,13 @@
 //! mean 0.01). Why zune-jpeg: `docs/design/dependencies.md`.
 
 use crate::error::{Error, Result};
-use crate::ndarray::DType;
-use crate::op::kernel::{par_for_mut, Cost};
-use crate::op::tensor::Elem;
+
+mod resize;
+mod warp;
+pub use resize::{
+    resize, resize_supported, Pixel, INTER_AREA, INTER_CUBIC, INTER_LANCZOS4, INTER_LINEAR, INTER_NEAREST,
+};
+pub use warp::warp_affine;
 
 /// The channels a decode produces (OpenCV's `IMREAD_GRAYSCALE`, `IMREAD_COLOR`,
 /// `IMREAD_UNCHANGED`).
@@ -168,201 +166,6 @@ pub fn swap_red_blue(data: &mut [u8], c: usize) {
         }
     }
 }
-
-/// OpenCV's source position and weight of the next pixel for output `d` of `dst` pixels from
-/// `src` (bilinear: centres aligned, clamped at the edges).
-fn linear_tap(d: usize, src: usize, dst: usize) -> (usize, f64) {
-    let scale = src as f64 / dst as f64;
-    // In float32, as OpenCV computes it.
-    let f = ((d as f64 + 0.5) * scale - 0.5) as f32;
-    let s = f.floor();
-    let (mut s, mut frac) = (s as i64, (f - s) as f64);
-    if s < 0 {
-        (s, frac) = (0, 0.0);
-    }
-    if s as usize >= src - 1 {
-        (s, frac) = (src as i64 - 1, 0.0);
-    }
-    (s as usize, frac)
-}
-
-/// The interpolations [`resize`] implements (OpenCV's codes).
-pub const INTER_NEAREST: i64 = 0;
-pub const INTER_LINEAR: i64 = 1;
-
-/// Whether [`resize`] implements OpenCV interpolation `interp`.
-pub fn resize_supported(interp: i64) -> bool {
-    interp == INTER_NEAREST || interp == INTER_LINEAR
-}
-
-/// The per-output-pixel taps of one axis.
-fn taps(dst: usize, src: usize, interp: i64) -> Vec<(usize, f64)> {
-    let nearest = |d: usize| ((d as f64 * (src as f64 / dst as f64)).floor() as usize).min(src - 1);
-    (0..dst).map(|d| if interp == INTER_NEAREST { (nearest(d), 0.0) } else { linear_tap(d, src, dst) }).collect()
-}
-
-/// A pixel type [`resize`] handles.
-pub trait Pixel: Elem + Copy + Send + Sync {
-    /// Resize `n` images of `(h, w, c)` in `x` to `(rh, rw)` into `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn resize_into(
-        x: &[Self],
-        out: &mut [Self],
-        hwc: (usize, usize, usize),
-        to: (usize, usize),
-        xs: &[(usize, f64)],
-        ys: &[(usize, f64)],
-        interp: i64,
-        halving: bool,
-    );
-}
-
-/// Resize `n` images of `(h, w, c)` (`x.len() == n·h·w·c`) to `(rh, rw)` into `out`, with
-/// OpenCV's nearest (0) or bilinear (1) interpolation; other codes are refused.
-pub fn resize<T: Pixel>(
-    x: &[T],
-    out: &mut [T],
-    hwc: (usize, usize, usize),
-    to: (usize, usize),
-    interp: i64,
-) -> Result<()> {
-    let ((h, w, c), (rh, rw)) = (hwc, to);
-    if !resize_supported(interp) {
-        return Err(Error::not_supported(format!(
-            "resizing with interpolation {interp} (nearest 0 and bilinear 1 are)"
-        )));
-    }
-    if h == 0 || w == 0 || rh == 0 || rw == 0 || c == 0 {
-        return Err(Error::value(format!("cannot resize a {h}x{w}x{c} image to {rh}x{rw}")));
-    }
-    if x.len() % (h * w * c) != 0 || out.len() != x.len() / (h * w * c) * rh * rw * c {
-        return Err(Error::internal("resize: buffer sizes do not match the shapes"));
-    }
-    let halving = interp == INTER_LINEAR && h == 2 * rh && w == 2 * rw;
-    let (xs, ys) = (taps(rw, w, interp), taps(rh, h, interp));
-    T::resize_into(x, out, hwc, to, &xs, &ys, interp, halving);
-    Ok(())
-}
-
-impl Pixel for u8 {
-    fn resize_into(
-        x: &[u8],
-        out: &mut [u8],
-        (h, w, c): (usize, usize, usize),
-        (rh, rw): (usize, usize),
-        xs: &[(usize, f64)],
-        ys: &[(usize, f64)],
-        interp: i64,
-        halving: bool,
-    ) {
-        let (in_img, row_len, line_len) = (h * w * c, rw * c, w * c);
-        // OpenCV's fixed point: each weight rounded to 1/2048 (half to even), rows kept at
-        // that scale, then its vectorised rounding of the two rows' sum.
-        let q = |f: f64| -> (i64, i64) {
-            let f = f as f32;
-            (((1.0 - f) * 2048.0).round_ties_even() as i64, (f * 2048.0).round_ties_even() as i64)
-        };
-        let cols: Vec<(usize, usize, i64, i64)> = xs
-            .iter()
-            .map(|&(sx, fx)| {
-                let (a0, a1) = q(fx);
-                (sx * c, (sx + 1).min(w - 1) * c, a0, a1)
-            })
-            .collect();
-        // One unit is one output row: its source rows and weights are found once.
-        par_for_mut(out, row_len, Cost(4.0 * row_len as f64), DType::U8, |rows, o| {
-            for (r, orow) in rows.zip(o.chunks_exact_mut(row_len)) {
-                let (img, oy) = (r / rh, r % rh);
-                let line = |yy: usize| &x[img * in_img + yy * line_len..img * in_img + (yy + 1) * line_len];
-                if halving {
-                    let (l0, l1) = (line(2 * oy), line(2 * oy + 1));
-                    for (k, v) in orow.iter_mut().enumerate() {
-                        let i0 = (k / c) * 2 * c + k % c;
-                        let sum = l0[i0] as i32 + l0[i0 + c] as i32 + l1[i0] as i32 + l1[i0 + c] as i32;
-                        *v = ((sum + 2) >> 2) as u8;
-                    }
-                } else if interp == INTER_NEAREST {
-                    let l = line(ys[oy].0);
-                    for (px, &(sx, ..)) in orow.chunks_exact_mut(c).zip(&cols) {
-                        px.copy_from_slice(&l[sx..sx + c]);
-                    }
-                } else {
-                    let (sy, fy) = ys[oy];
-                    let (b0, b1) = q(fy);
-                    let (l0, l1) = (line(sy), line((sy + 1).min(h - 1)));
-                    for (px, &(sx, sx1, a0, a1)) in orow.chunks_exact_mut(c).zip(&cols) {
-                        for (ch, v) in px.iter_mut().enumerate() {
-                            let row = |l: &[u8]| l[sx + ch] as i64 * a0 + l[sx1 + ch] as i64 * a1;
-                            *v = ((((b0 * (row(l0) >> 4)) >> 16) + ((b1 * (row(l1) >> 4)) >> 16) + 2) >> 2)
-                                .clamp(0, 255) as u8;
-                        }
-                    }
-                }
-            }
-        });
-    }
-}
-
-/// Float resizing in the image's own type with float32 weights, as OpenCV computes it.
-#[allow(clippy::too_many_arguments)]
-fn resize_float<T>(
-    x: &[T],
-    out: &mut [T],
-    (h, w, c): (usize, usize, usize),
-    (rh, rw): (usize, usize),
-    xs: &[(usize, f64)],
-    ys: &[(usize, f64)],
-    interp: i64,
-    halving: bool,
-    from_f32: impl Fn(f32) -> T + Sync,
-) where
-    T: Elem + Copy + Send + Sync + std::ops::Mul<Output = T> + std::ops::Add<Output = T>,
-{
-    let (in_img, out_img) = (h * w * c, rh * rw * c);
-    let quarter = from_f32(0.25);
-    par_for_mut(out, 1, Cost(4.0), T::DTYPE, |r, o| {
-        for (k, v) in r.clone().zip(o.iter_mut()) {
-            let (img, rest) = (k / out_img, k % out_img);
-            let (oy, ox, ch) = (rest / (rw * c), (rest / c) % rw, rest % c);
-            let px = |yy: usize, xx: usize| x[img * in_img + (yy * w + xx) * c + ch];
-            *v = if halving {
-                let (y0, x0) = (2 * oy, 2 * ox);
-                (px(y0, x0) + px(y0, x0 + 1) + px(y0 + 1, x0) + px(y0 + 1, x0 + 1)) * quarter
-            } else if interp == INTER_NEAREST {
-                px(ys[oy].0, xs[ox].0)
-            } else {
-                let ((sy, fy), (sx, fx)) = (ys[oy], xs[ox]);
-                let (fx, fy) = (fx as f32, fy as f32);
-                let (a0, a1, b0, b1) = (from_f32(1.0 - fx), from_f32(fx), from_f32(1.0 - fy), from_f32(fy));
-                let (sx1, sy1) = ((sx + 1).min(w - 1), (sy + 1).min(h - 1));
-                let row = |yy: usize| px(yy, sx) * a0 + px(yy, sx1) * a1;
-                row(sy) * b0 + row(sy1) * b1
-            };
-        }
-    });
-}
-
-/// `Pixel` for a float type, resized in that type with float32 weights.
-macro_rules! float_pixel {
-    ($t:ty, $from_f32:expr) => {
-        impl Pixel for $t {
-            fn resize_into(
-                x: &[$t],
-                out: &mut [$t],
-                hwc: (usize, usize, usize),
-                to: (usize, usize),
-                xs: &[(usize, f64)],
-                ys: &[(usize, f64)],
-                interp: i64,
-                halving: bool,
-            ) {
-                resize_float(x, out, hwc, to, xs, ys, interp, halving, $from_f32)
-            }
-        }
-    };
-}
-float_pixel!(f32, |v| v);
-float_pixel!(f64, f64::from);
 
 /// OpenCV's border types (`cv::BORDER_*`) that [`border_index`] maps.
 pub const BORDER_CONSTANT: i64 = 0;
