@@ -98,6 +98,9 @@ for interp in (1, 2, 3, 4):
 out['rotate list'] = epoch(rec('png.rec', data_shape=(3, 12, 12), rotate_list='90'))
 out['scale'] = epoch(rec('png.rec', data_shape=(3, 9, 12), min_random_scale=0.8, max_random_scale=0.8))
 out['img size'] = epoch(rec('png.rec', data_shape=(3, 16, 16), min_img_size=18, max_img_size=19, rotate=15))
+# A size that truncates to zero warps into the source's size, as OpenCV does.
+out['empty size'] = epoch(rec('png.rec', data_shape=(3, 12, 12), max_img_size=0.5, rotate=10))
+out['rotate list trailing comma'] = epoch(rec('png.rec', data_shape=(3, 12, 12), rotate_list='180,'))
 out['auto interp'] = epoch(rec('png.rec', data_shape=(3, 10, 10), resize=24, inter_method=9))
 out['area shrink'] = epoch(rec('png.rec', data_shape=(3, 6, 8), resize=6, inter_method=3))
 out['cubic resize'] = epoch(rec('png.rec', data_shape=(3, 20, 20), resize=20, inter_method=2))
@@ -242,7 +245,9 @@ def test_bad_input_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="invalid inter_method 5"):
         first_batch(inter_method=5)
     with pytest.raises(mx.base.MXNetError, match="the affine augmentation makes a"):
-        first_batch(max_img_size=0.5)
+        first_batch(min_img_size=100000)
+    with pytest.raises(ValueError, match="random_resized_crop conflicts with min_random_scale"):
+        first_batch(random_resized_crop=True, min_random_scale=0.5)
     with pytest.raises(ValueError, match="data_shape \\[2, 12, 16\\] needs 1, 3 or 4 channels"):
         first_batch(data_shape=(2, 12, 16))
     # A corrupt image names its record; a truncated file and a stale .idx are errors too.
@@ -330,8 +335,10 @@ def read():
             batches[0] += 1
         except StopIteration:
             it.reset()
-t = threading.Thread(target=read)
-t.start()
+# Two readers: while one waits for the reading thread, the other waits for the iterator.
+threads = [threading.Thread(target=read) for _ in range(2)]
+for t in threads:
+    t.start()
 codes = []
 for _ in range(150):
     pid = os.fork()
@@ -339,16 +346,18 @@ for _ in range(150):
         os._exit(0)
     codes.append(os.waitpid(pid, 0)[1])
 stop = True
-t.join()
+for t in threads:
+    t.join()
 with open(sys.argv[-1], "wb") as f:
     pickle.dump({"codes": codes, "batches": batches[0]}, f)
 """
 
 
 def test_fork_while_a_thread_waits_for_a_batch(tmp_path):
-    """A fork from one thread while another waits in `next()` for the reading thread: the
-    wait must not keep the fork waiting (the reading thread cannot make the batch while a
-    fork is being prepared). Stock 1.9.1 hangs here, so this runs on this library only."""
+    """A fork from one thread while another waits in `next()` for the reading thread (and a
+    third for the iterator the second holds): neither wait may keep the fork waiting (the
+    reading thread cannot make the batch while a fork is being prepared). Stock 1.9.1 hangs
+    here, so this runs on this library only."""
     out = run_script(FORK_WHILE_WAITING, "ours", tmp_path, str(tmp_path), timeout=120)
     assert out["codes"] == [0] * 150
     assert out["batches"] > 0

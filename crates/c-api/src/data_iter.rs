@@ -13,7 +13,7 @@ use super::types::{DataIterCreator, DataIterHandle, NDArrayHandle};
 use crate::handle::HandleTable;
 use mxnet_core::data::iter::{self, Batch, DataIter};
 use mxnet_core::error::{Error, Result};
-use mxnet_core::sync::Mutex;
+use mxnet_core::sync::{Mutex, MutexGuard};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::{Arc, OnceLock};
 
@@ -119,8 +119,22 @@ fn entry(h: DataIterHandle) -> Result<Arc<Entry>> {
     }
 }
 
+impl Entry {
+    /// The iterator's lock. One with threads may be held by a call waiting for its thread
+    /// outside the call gate; waiting for it inside the gate would close a cycle with a fork
+    /// being prepared (the fork waits for this call, the holder's thread for the fork, the
+    /// holder for its thread), so that wait is outside the gate too. Holding it across a
+    /// fork is harmless: the child is refused before it takes the lock ([`entry`]).
+    fn lock(&self) -> MutexGuard<'_, Running> {
+        match self.owner {
+            Some(_) => self.state.try_lock().unwrap_or_else(|| mxnet_core::runtime::outside_call(|| self.state.lock())),
+            None => self.state.lock(),
+        }
+    }
+}
+
 fn with_batch<R>(h: DataIterHandle, f: impl FnOnce(&Batch) -> Result<R>) -> Result<R> {
-    match &entry(h)?.state.lock().current {
+    match &entry(h)?.lock().current {
         Some(b) => f(b),
         None => Err(Error::value("the data iterator has no current batch (call MXDataIterNext first)")),
     }
@@ -215,7 +229,7 @@ pub extern "C" fn MXDataIterFree(handle: DataIterHandle) -> c_int {
 pub extern "C" fn MXDataIterBeforeFirst(handle: DataIterHandle) -> c_int {
     ffi::call("MXDataIterBeforeFirst", || {
         let e = entry(handle)?;
-        let mut r = e.state.lock();
+        let mut r = e.lock();
         r.current = None;
         r.iter.before_first()
     })
@@ -231,7 +245,7 @@ pub unsafe extern "C" fn MXDataIterNext(handle: DataIterHandle, out: *mut c_int)
         // SAFETY: per this function's contract.
         let out = unsafe { self::out(out, "out")? };
         let e = entry(handle)?;
-        let mut r = e.state.lock();
+        let mut r = e.lock();
         r.current = r.iter.next()?;
         let more = r.current.is_some();
         *out = c_int::from(more);

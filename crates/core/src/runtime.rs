@@ -323,7 +323,11 @@ pub fn enter_call() -> CallGuard {
 /// A call that waits on a library thread which itself enters the gate (the ImageRecordIter's
 /// reading thread) waits through here too: holding the gate across that wait, a fork
 /// prepared meanwhile would wait for the call, the thread for the fork (a waiting writer
-/// blocks new readers), and the call for the thread.
+/// blocks new readers), and the call for the thread. That call holds the iterator's own lock
+/// across the wait (the one exception to the rule above): a forked child is refused before
+/// it takes that lock, and another call waiting for it waits outside the gate as well.
+/// Inside an engine operation or on a library thread the gate is not released, so such
+/// waits must not happen there (the iterators are used from frontend threads).
 pub fn outside_call<R>(f: impl FnOnce() -> R) -> R {
     /// Holds the gate again for the rest of the outer call when `f` returns (or unwinds);
     /// the outer call's guard releases it.

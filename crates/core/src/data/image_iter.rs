@@ -317,20 +317,21 @@ fn atoi(text: &str) -> i64 {
 
 /// The affine augmentation, when any of its settings asks for it. `rotate_list` is not a
 /// declared parameter in stock either: it is read from the undeclared ones, a comma-separated
-/// list of angles each read as C's `atoi` reads it.
+/// list of angles each read as C's `atoi` reads it (empty pieces are skipped, as stock's
+/// reading skips a trailing comma). Settings compare in float32, stock's type for them.
 fn affine_of(p: &RecParams, extra: &[(String, String)], op: &str) -> Result<Option<Affine>> {
     let (amin, amax) = aspect_range(p);
     let rotate_list: Vec<i64> = extra
         .iter()
         .filter(|(k, _)| k == "rotate_list")
-        .flat_map(|(_, v)| v.split(',').map(atoi).collect::<Vec<_>>())
+        .flat_map(|(_, v)| v.split(',').filter(|t| !t.is_empty()).map(atoi).collect::<Vec<_>>())
         .collect();
     let on = p.max_rotate_angle > 0
-        || p.max_shear_ratio > 0.0
+        || p.max_shear_ratio as f32 > 0.0
         || p.rotate > 0
         || !rotate_list.is_empty()
         || p.max_random_scale as f32 != 1.0
-        || p.min_random_scale != 1.0
+        || p.min_random_scale as f32 != 1.0
         || (!p.random_resized_crop && (amin != 1.0 || amax != 1.0))
         || p.max_img_size as f32 != 1e10
         || p.min_img_size as f32 != 0.0;
@@ -399,6 +400,12 @@ impl Config {
         };
         if p.random_resized_crop && p.rand_crop {
             return Err(Error::value(format!("{op}: random_resized_crop conflicts with rand_crop")));
+        }
+        if p.random_resized_crop && (p.min_random_scale as f32 != 1.0 || p.max_random_scale as f32 != 1.0) {
+            return Err(Error::value(format!(
+                "{op}: random_resized_crop conflicts with min_random_scale {} / max_random_scale {}",
+                p.min_random_scale, p.max_random_scale
+            )));
         }
         let (amin, amax) = aspect_range(&p);
         if p.random_resized_crop && (amin <= 0.0 || amin > amax || p.min_random_area > p.max_random_area) {
@@ -550,8 +557,11 @@ fn warped(aug: &Augment, af: &Affine, img: Image, rng: &mut Rng) -> Result<Image
     let (m00, m01, m10, m11) = (hs * a - s * b * ws, hs * b + s * a * ws, -b * ws, a * ws);
     let (cx, cy) = (m00 * cols + m01 * rows, m10 * cols + m11 * rows);
     let m = [m00, m01, (new_w - cx) / 2.0, m10, m11, (new_h - cy) / 2.0];
-    // OpenCV's size from floats: truncated.
-    let (nw, nh) = (new_w as i64, new_h as i64);
+    // OpenCV's size from floats: truncated; an empty one means the source's size.
+    let (mut nw, mut nh) = (new_w as i64, new_h as i64);
+    if nw == 0 || nh == 0 {
+        (nw, nh) = (img.w as i64, img.h as i64);
+    }
     if nw < 1 || nh < 1 || nw > MAX_SIDE || nh > MAX_SIDE {
         return Err(Error::mxnet(format!(
             "the affine augmentation makes a {}x{} image {nh}x{nw}, outside [1, {MAX_SIDE}] (check min_img_size, max_img_size and the random scale)",

@@ -76,12 +76,14 @@ fn linear_taps(dst: usize, src: usize, interp: i64) -> Vec<(usize, f64)> {
         .collect()
 }
 
-/// One axis of a general separable resize: output `d` is the sum over `j < k` of
+/// One axis of a general separable resize: output `d` is the sum over `j < len[d]` of
 /// `w[d·k + j]` times source pixel `idx[d·k + j]`.
 pub struct Taps {
     k: usize,
     idx: Vec<usize>,
     w: Vec<f32>,
+    /// The taps each output has (at most `k`; fewer for some area outputs).
+    len: Vec<usize>,
     /// 8-bit images: OpenCV's fixed-point weights (bicubic, Lanczos) or float ones (area).
     fixed: bool,
 }
@@ -96,18 +98,33 @@ fn cubic_weights(x: f32) -> [f32; 4] {
 }
 
 /// The Lanczos kernel of order 4 at the eight pixels around fraction `x`, normalised to sum
-/// to one (the centre pixel alone when `x` is 0).
+/// to one (the centre pixel alone when `x` is 0), in OpenCV's arithmetic.
+///
+/// With `y_i = -(x + 3 - i)·π/4`, tap `i`'s weight is `sinc(4y_i/π)·sinc(y_i/π)`, which is
+/// `sin(4y_i)·sin(y_i) / y_i²` up to a constant. `4y_i = 4y_0 + iπ`, so `sin(4y_i)` is
+/// `(-1)^i sin(4y_0)`, a constant the normalisation removes; and `sin(y_i)` is
+/// `sin(y_0)cos(iπ/4) + cos(y_0)sin(iπ/4)`. So each weight is
+/// `(-1)^i (cos(iπ/4)·sin y_0 + sin(iπ/4)·cos y_0) / y_i²` with the exact values of the
+/// cosines and sines of multiples of π/4 (0, ±1, ±√½), summed and normalised in float.
 fn lanczos4_weights(x: f32) -> [f32; 8] {
     let mut w = [0f32; 8];
     if x < f32::EPSILON {
         w[3] = 1.0;
         return w;
     }
+    const H: f64 = std::f64::consts::FRAC_1_SQRT_2;
+    // (cos(iπ/4), sin(iπ/4)) for i = 0..8.
+    const UNIT: [(f64, f64); 8] =
+        [(1.0, 0.0), (H, H), (0.0, 1.0), (-H, H), (-1.0, 0.0), (-H, -H), (0.0, -1.0), (H, -H)];
+    let quarter = std::f64::consts::PI * 0.25;
+    let y0 = -(f64::from(x) + 3.0) * quarter;
+    let (s0, c0) = (y0.sin(), y0.cos());
     let mut sum = 0f32;
     for (i, wi) in w.iter_mut().enumerate() {
-        // sinc(t)·sinc(t/4) up to a constant factor, which the normalisation removes.
-        let t = (f64::from(x) + 3.0 - i as f64) * std::f64::consts::PI;
-        *wi = (t.sin() * (t / 4.0).sin() / (t * t)) as f32;
+        let y = -(f64::from(x) + 3.0 - i as f64) * quarter;
+        let sign = if i % 2 == 0 { 1.0 } else { -1.0 };
+        let (c, s) = (sign * UNIT[i].0, sign * UNIT[i].1);
+        *wi = ((c * s0 + s * c0) / (y * y)) as f32;
         sum += *wi;
     }
     let inv = 1.0 / sum;
@@ -128,7 +145,8 @@ pub(super) fn kernel_weights(interp: i64, x: f32) -> Vec<f32> {
 fn kernel_taps(dst: usize, src: usize, interp: i64) -> Taps {
     let k = if interp == INTER_CUBIC { 4 } else { 8 };
     let scale = scale_of(src, dst);
-    let mut t = Taps { k, idx: Vec::with_capacity(dst * k), w: Vec::with_capacity(dst * k), fixed: true };
+    let mut t =
+        Taps { k, idx: Vec::with_capacity(dst * k), w: Vec::with_capacity(dst * k), len: vec![k; dst], fixed: true };
     for d in 0..dst {
         let f = ((d as f64 + 0.5) * scale - 0.5) as f32;
         let first = f.floor() as i64 - (k as i64 / 2 - 1);
@@ -145,7 +163,8 @@ fn area_taps(dst: usize, src: usize) -> Taps {
     let scale = scale_of(src, dst);
     let lists: Vec<Vec<(usize, f32)>> = (0..dst)
         .map(|d| {
-            let (lo, hi) = (d as f64 * scale, (d as f64 + 1.0) * scale);
+            let lo = d as f64 * scale;
+            let hi = lo + scale;
             let cell = scale.min(src as f64 - lo);
             let last = (hi.floor() as usize).min(src - 1);
             let first = (lo.ceil() as usize).min(last);
@@ -161,7 +180,8 @@ fn area_taps(dst: usize, src: usize) -> Taps {
         })
         .collect();
     let k = lists.iter().map(Vec::len).max().unwrap_or(1).max(1);
-    let mut t = Taps { k, idx: Vec::with_capacity(dst * k), w: Vec::with_capacity(dst * k), fixed: false };
+    let len = lists.iter().map(Vec::len).collect();
+    let mut t = Taps { k, idx: Vec::with_capacity(dst * k), w: Vec::with_capacity(dst * k), len, fixed: false };
     for l in lists {
         let pad = l.last().map_or(0, |&(s, _)| s);
         t.idx.extend(l.iter().map(|&(s, _)| s).chain(std::iter::repeat(pad)).take(k));
@@ -228,12 +248,16 @@ pub fn resize<T: Pixel>(
         return Ok(());
     }
     let blocks = (integer_factor(h, rh), integer_factor(w, rw));
+    // OpenCV's 8-bit 2x2 average rounds half up for 1, 3 and 4 channels (its vector code),
+    // half to even otherwise (as its other block averages).
+    let round_up = T::DTYPE != DType::U8 || matches!(c, 1 | 3 | 4);
     match interp {
         INTER_AREA if rh <= h && rw <= w => match blocks {
-            (Some(2), Some(2)) => linear(x, out, hwc, to, INTER_LINEAR, true),
+            (Some(2), Some(2)) if round_up => linear(x, out, hwc, to, INTER_LINEAR, true),
             (Some(by), Some(bx)) => T::resize_blocks(x, out, hwc, to, (by, bx)),
             _ => T::resize_taps(x, out, hwc, to, &area_taps(rw, w), &area_taps(rh, h)),
         },
+        INTER_LINEAR if blocks == (Some(2), Some(2)) && !round_up => T::resize_blocks(x, out, hwc, to, (2, 2)),
         INTER_NEAREST | INTER_LINEAR | INTER_AREA => {
             let halving = interp == INTER_LINEAR && blocks == (Some(2), Some(2));
             linear(x, out, hwc, to, interp, halving)
@@ -257,9 +281,10 @@ fn linear<T: Pixel>(
     T::resize_into(x, out, hwc, to, &xs, &ys, interp, halving);
 }
 
-/// A general separable resize, output row by output row: the `k` source rows each filtered
-/// horizontally in `A`, then combined. `weight` turns a tap's weight into `A`, `store` a sum
-/// into a pixel.
+/// A general separable resize, output row by output row: each of the row's source rows is
+/// filtered horizontally in `A` and added, weighted, to the row's sums (in tap order, so the
+/// sums are `((r0·w0 + r1·w1) + r2·w2) + ...`, OpenCV's order). `weight` turns a tap's weight
+/// into `A`, `store` a sum into a pixel.
 #[allow(clippy::too_many_arguments)]
 fn separable<T, A>(
     x: &[T],
@@ -280,28 +305,29 @@ fn separable<T, A>(
     let yw: Vec<A> = yt.w.iter().map(|&v| weight(v)).collect();
     let cost = Cost(((xt.k + 1) * yt.k * row_len) as f64);
     par_for_mut(out, row_len, cost, T::DTYPE, |rows, o| {
-        let mut filtered: Vec<Vec<A>> = Vec::with_capacity(yt.k);
+        let mut sums: Vec<A> = Vec::with_capacity(row_len);
         for (r, orow) in rows.zip(o.chunks_exact_mut(row_len)) {
             let (img, oy) = (r / rh, r % rh);
-            filtered.clear();
-            for &sy in &yt.idx[oy * yt.k..(oy + 1) * yt.k] {
+            sums.clear();
+            let taps = oy * yt.k..oy * yt.k + yt.len[oy];
+            for (j, (&sy, &wy)) in yt.idx[taps.clone()].iter().zip(&yw[taps]).enumerate() {
                 let line = &x[img * in_img + sy * line_len..img * in_img + (sy + 1) * line_len];
-                let mut f = Vec::with_capacity(row_len);
                 for ox in 0..rw {
-                    let (ids, ws) = (&xt.idx[ox * xt.k..(ox + 1) * xt.k], &xw[ox * xt.k..(ox + 1) * xt.k]);
+                    let xtaps = ox * xt.k..ox * xt.k + xt.len[ox];
+                    let (ids, ws) = (&xt.idx[xtaps.clone()], &xw[xtaps]);
                     for ch in 0..c {
-                        let mut taps = ids.iter().zip(ws).map(|(&sx, &wt)| load(line[sx * c + ch]) * wt);
-                        let first = taps.next().expect("a tap per output pixel");
-                        f.push(taps.fold(first, |s, v| s + v));
+                        let mut terms = ids.iter().zip(ws).map(|(&sx, &wt)| load(line[sx * c + ch]) * wt);
+                        let first = terms.next().expect("a tap per output pixel");
+                        let v = terms.fold(first, |s, v| s + v) * wy;
+                        match j {
+                            0 => sums.push(v),
+                            _ => sums[ox * c + ch] = sums[ox * c + ch] + v,
+                        }
                     }
                 }
-                filtered.push(f);
             }
-            let wy = &yw[oy * yt.k..(oy + 1) * yt.k];
-            for (q, v) in orow.iter_mut().enumerate() {
-                let mut rows = filtered.iter().zip(wy).map(|(f, &wt)| f[q] * wt);
-                let first = rows.next().expect("a tap per output row");
-                *v = store(rows.fold(first, |s, v| s + v));
+            for (o, &s) in orow.iter_mut().zip(&sums) {
+                *o = store(s);
             }
         }
     });
@@ -519,7 +545,7 @@ mod tests {
     fn area_weights_cover_each_output_pixel() {
         // 5 -> 2: each output covers 2.5 source pixels.
         let t = area_taps(2, 5);
-        assert_eq!(t.k, 3);
+        assert_eq!((t.k, t.len.as_slice()), (3, &[3, 3][..]));
         assert_eq!(&t.idx[..3], &[0, 1, 2]);
         assert_eq!(&t.w[..3], &[0.4, 0.4, 0.2]);
         assert_eq!(&t.idx[3..], &[2, 3, 4]);

@@ -108,6 +108,10 @@ pub fn warp_affine(
     if h == 0 || w == 0 || c == 0 || oh == 0 || ow == 0 || x.len() != h * w * c {
         return Err(Error::value(format!("cannot warp a {h}x{w}x{c} image into {oh}x{ow}")));
     }
+    if h > i16::MAX as usize || w > i16::MAX as usize {
+        // OpenCV keeps source positions in 16 bits: beyond, it samples clamped positions.
+        return Err(Error::not_supported(format!("warping a {h}x{w} image (sides above 32767 pixels)")));
+    }
     let interp = if interp == INTER_AREA { INTER_LINEAR } else { interp };
     // The inverse map (output position to source position), in double.
     let m = m.map(f64::from);
