@@ -114,12 +114,12 @@ def test_stubs_have_stock_signatures():
 @pytest.mark.skipif("MXNET_LIBRARY_PATH" not in os.environ, reason="needs an operator this library lacks")
 def test_a_stub_called_with_stock_arguments_is_not_implemented():
     stubs = {n for n in all_names() if info(n)[2] == f"{n}: not supported by mxnet-rt yet."}
-    assert "_contrib_boolean_mask" in stubs, "implemented now: pick another stub"
-    # Stock's signature: data and index, then the parameters.
-    with pytest.raises(NotImplementedError, match="operator _contrib_boolean_mask is not supported yet"):
-        mx.nd.contrib.boolean_mask(mx.nd.ones((2, 2)), mx.nd.array([1, 0]), axis=0)
+    assert "Correlation" in stubs, "implemented now: pick another stub"
+    # Stock's signature: data1 and data2, then the parameters.
+    with pytest.raises(NotImplementedError, match="operator Correlation is not supported yet"):
+        mx.nd.Correlation(mx.nd.ones((1, 1, 4, 4)), mx.nd.ones((1, 1, 4, 4)), kernel_size=1)
     with pytest.raises(NotImplementedError, match="is not supported yet"):
-        mx.sym.contrib.boolean_mask(mx.sym.var("x"), mx.sym.var("i"), axis=0)
+        mx.sym.Correlation(mx.sym.var("x"), mx.sym.var("y"), kernel_size=1)
 
 
 def test_sparse_cast_storage_is_not_implemented():

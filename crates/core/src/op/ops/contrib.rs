@@ -1,8 +1,15 @@
 //! Small operators of stock's contrib and utility sets: `_contrib_allclose`,
 //! `_contrib_arange_like`, `_contrib_div_sqrt_dim` (with its backward), `all_finite`,
 //! `multi_all_finite`, `multi_sum_sq`, `_contrib_index_array`, `khatri_rao`,
-//! `_contrib_index_copy` and `_contrib_quadratic` (with their backward operators), and
-//! `_histogram`.
+//! `_contrib_index_copy` and `_contrib_quadratic` (with their backward operators),
+//! `_histogram`, and `_contrib_boolean_mask`.
+//!
+//! `_contrib_boolean_mask` makes an array whose first dimension only the mask's values know,
+//! so it runs through its own invocation: the mask is read (waiting for its writers), the
+//! selected rows copied, and the call's backward scatters the output gradient back into those
+//! rows (zeros elsewhere, and for the mask). A hybridized block runs it (its CachedOp runs
+//! calls whose shapes cannot be inferred one by one); shape inference, so a symbol executor,
+//! refuses it, as stock's does.
 
 use super::common::norm_axis;
 use super::index::read_indices;
@@ -10,12 +17,13 @@ use super::init::fill;
 use super::nn::infer_float_like_first;
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::ndarray::DType;
+use crate::ndarray::{DType, NDArray};
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{op_params, Attrs};
 use crate::op::tensor::{two_mut, Elem, OutBlob, TBlob};
-use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Req};
+use crate::op::{CustomBackward, Grad, Inputs, Meta, OpCtx, OpDef, OwnInvoked, Req};
 use crate::{dispatch_all, dispatch_float};
+use std::sync::Arc;
 
 // ---- allclose ----
 
@@ -558,7 +566,135 @@ fn histogram(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
+op_params! {
+    /// `_contrib_boolean_mask`'s parameters.
+    struct BooleanMaskParams<'a> => BOOLEAN_MASK_PARAMS {
+        axis: i64 = "0", "An integer that represents the axis in NDArray to mask from.";
+    }
+}
+
+/// Which of the mask's elements are non-zero (C's truth of each value: `-0.0` is false, NaN
+/// true).
+fn mask_rows(mask: &NDArray) -> Result<Vec<usize>> {
+    let bytes = mask.to_host_bytes()?;
+    let size = mask.dtype.size();
+    let truth = |b: &[u8]| match mask.dtype {
+        DType::F32 => f32::from_ne_bytes([b[0], b[1], b[2], b[3]]) != 0.0,
+        DType::F64 => f64::from_ne_bytes(b.try_into().unwrap_or([0; 8])) != 0.0,
+        DType::F16 => u16::from_ne_bytes([b[0], b[1]]) & 0x7fff != 0,
+        _ => b.iter().any(|&v| v != 0),
+    };
+    Ok(bytes.chunks_exact(size).enumerate().filter(|(_, b)| truth(b)).map(|(i, _)| i).collect())
+}
+
+/// `rows` of `x` (rows of `row` bytes each), in order.
+fn gather_rows(x: &[u8], rows: &[usize], row: usize) -> Vec<u8> {
+    rows.iter().flat_map(|&r| &x[r * row..(r + 1) * row]).copied().collect()
+}
+
+fn invoke_boolean_mask(
+    _: &'static OpDef,
+    inputs: &[&NDArray],
+    out: Option<&[&NDArray]>,
+    a: Attrs,
+) -> Result<OwnInvoked> {
+    const OP: &str = "_contrib_boolean_mask";
+    let axis = BooleanMaskParams::of(&a).axis;
+    let &[data, index] = inputs else {
+        return Err(Error::value(format!("{OP} takes two arrays (data, index), got {}", inputs.len())));
+    };
+    if data.ctx().is_some_and(|c| !c.dev_type.is_host()) || index.ctx().is_some_and(|c| !c.dev_type.is_host()) {
+        return Err(Error::not_supported(format!("{OP} on a GPU")));
+    }
+    if axis != 0 {
+        return Err(Error::mxnet(format!("{OP}: axis {axis}: only axis 0 is supported (as in stock)")));
+    }
+    if index.shape.len() != 1 || data.shape.first() != index.shape.first() {
+        return Err(Error::mxnet(format!(
+            "{OP}: the index must be 1-D with one value per row of the data: data {:?}, index {:?}",
+            data.shape, index.shape
+        )));
+    }
+    let rows = mask_rows(index)?;
+    let mut shape = data.shape.clone();
+    shape[0] = rows.len();
+    let row = data.size() / data.shape[0].max(1) * data.dtype.size();
+    let made = NDArray::from_host_bytes(shape, data.dtype, &gather_rows(&data.to_host_bytes()?, &rows, row))?;
+    let made = match out {
+        None => made,
+        Some(&[o]) => {
+            if o.shape != made.shape || o.dtype != made.dtype {
+                return Err(Error::value(format!(
+                    "{OP}: the result has shape {:?} {}, out= has shape {:?} {}",
+                    made.shape,
+                    made.dtype.name(),
+                    o.shape,
+                    o.dtype.name()
+                )));
+            }
+            o.copy_from(&made)?;
+            o.clone()
+        }
+        Some(o) => return Err(Error::value(format!("{OP} has one output, got {} arrays as out=", o.len()))),
+    };
+    let backward =
+        BooleanMaskBackward { rows, data: (data.shape.clone(), data.dtype), index: (index.shape.clone(), index.dtype) };
+    Ok((vec![made], Some(Arc::new(backward))))
+}
+
+/// A recorded `_contrib_boolean_mask`: the rows it selected, and its inputs' shapes and types.
+struct BooleanMaskBackward {
+    rows: Vec<usize>,
+    data: (Vec<usize>, DType),
+    index: (Vec<usize>, DType),
+}
+
+impl CustomBackward for BooleanMaskBackward {
+    fn backward(&self, ograds: &[NDArray], want: &[bool]) -> Result<Vec<Option<NDArray>>> {
+        let (shape, dtype) = &self.data;
+        let grad_data = match want.first() {
+            Some(true) => {
+                let [g] = ograds else {
+                    return Err(Error::internal("_contrib_boolean_mask's backward takes one gradient"));
+                };
+                let row = shape.iter().skip(1).product::<usize>() * dtype.size();
+                let g = g.to_host_bytes()?;
+                let mut bytes = vec![0u8; shape.iter().product::<usize>() * dtype.size()];
+                for (k, &r) in self.rows.iter().enumerate() {
+                    bytes[r * row..(r + 1) * row].copy_from_slice(&g[k * row..(k + 1) * row]);
+                }
+                Some(NDArray::from_host_bytes(shape.clone(), *dtype, &bytes)?)
+            }
+            _ => None,
+        };
+        let grad_index = match want.get(1) {
+            Some(true) => {
+                let (shape, dtype) = &self.index;
+                Some(NDArray::from_host_bytes(shape.clone(), *dtype, &vec![0u8; shape[0] * dtype.size()])?)
+            }
+            _ => None,
+        };
+        Ok(vec![grad_data, grad_index])
+    }
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
+    ops.push(
+        OpDef::new(
+            "_contrib_boolean_mask",
+            Inputs::Fixed(&["data", "index"]),
+            Box::new(|_, _| {
+                Err(Error::not_supported(
+                    "_contrib_boolean_mask in a symbolic graph (its output shape depends on the mask's values)",
+                ))
+            }),
+            Box::new(|_, _, _| Err(Error::internal("_contrib_boolean_mask runs through its own invocation"))),
+        )
+        .alias(&["_npi_boolean_mask"])
+        .params(BOOLEAN_MASK_PARAMS)
+        .invoke_with(invoke_boolean_mask)
+        .doc("Given an n-d NDArray data, and a 1-d NDArray index, the operator produces an un-predeterminable shaped n-d NDArray out, which stands for the rows in x where the corresonding element in index is non-zero."),
+    );
     ops.push(
         OpDef::new("_contrib_allclose", Inputs::Fixed(&["a", "b"]), Box::new(infer_allclose), Box::new(allclose))
             .params(ALLCLOSE_PARAMS)

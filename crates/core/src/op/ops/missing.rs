@@ -73,14 +73,14 @@ mod tests {
         for s in schemas.iter().filter(|s| !s.name.starts_with("_backward_")) {
             assert!(registry().get(s.name).is_some(), "{}", s.name);
         }
-        let op = registry().get("_contrib_boolean_mask").or_else(|| registry().get("_cvimdecode")).unwrap();
-        let err = op.parse_attrs([("axis", "0")], 2).unwrap_err().to_string();
+        let op = registry().get("_contrib_hawkesll").unwrap();
+        let err = op.parse_attrs([], 8).unwrap_err().to_string();
         assert!(err.starts_with("NotImplementedError"), "{err}");
     }
 
     #[test]
     fn stubs_list_stock_arguments() {
-        let op = registry().get("_contrib_boolean_mask").unwrap();
+        let op = registry().get("_contrib_hawkesll").unwrap();
         assert!(op.not_supported, "implemented now: pick another stub");
         let info = op.c_info();
         let names: Vec<String> = info
@@ -89,7 +89,7 @@ mod tests {
             // SAFETY: the pointers address NUL-terminated strings owned by the static CInfo.
             .map(|&p| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names, ["data", "index", "axis"]);
+        assert_eq!(names, ["lda", "alpha", "beta", "state", "lags", "marks", "valid_length", "max_time"]);
         // SAFETY: as above.
         let first = unsafe { std::ffi::CStr::from_ptr(info.arg_types[0]) };
         assert_eq!(first.to_str().unwrap(), "NDArray-or-Symbol");

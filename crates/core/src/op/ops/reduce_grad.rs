@@ -9,9 +9,10 @@
 //! it runs along contiguous outputs; both are plain slice loops.
 
 use super::common::params_of;
-use super::elemwise::{Arith, Calc};
+use super::elemwise::{dispatch_arith, Arith, Calc};
 use super::reduce::{elems_as, flags_of, RPlan};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::ops::reduce::NormParams;
 use crate::op::tensor::{OutBlob, TBlob};
@@ -165,7 +166,8 @@ fn compute(kind: u8) -> crate::op::ComputeFn {
         let flags = flags_of(cx.attrs.op, cx.attrs, dx.ndim())?;
         let plan = RPlan::new(&dx.shape, &flags);
         let kind = if kind == NORM2 && NormParams::of(cx.attrs).ord == 1 { NORM1 } else { kind };
-        crate::dispatch_float!(dx.dtype, cx.attrs.op, T => {
+        // Every arithmetic type, as the forward (integer division by zero is 0).
+        dispatch_arith!(dx.dtype, cx.attrs.op, T => {
             // A norm with an out_dtype: the gradient and output are converted to the input's.
             let g = elems_as::<T>(cx.attrs.op, &ins[0])?;
             let y = ins.get(2).map(|b| elems_as::<T>(cx.attrs.op, b)).transpose()?;
