@@ -8,8 +8,9 @@
 //! so it runs through its own invocation: the mask is read (waiting for its writers), the
 //! selected rows copied, and the call's backward scatters the output gradient back into those
 //! rows (zeros elsewhere, and for the mask). A hybridized block runs it (its CachedOp runs
-//! calls whose shapes cannot be inferred one by one); shape inference, so a symbol executor,
-//! refuses it, as stock's does.
+//! calls whose shapes cannot be inferred one by one). Shape inference refuses it (stock's
+//! leaves the shape unknown); a symbol executor fails to bind it in both. CPU only (stock
+//! has a GPU kernel too), axis 0 only (as stock).
 
 use super::common::norm_axis;
 use super::index::read_indices;
@@ -619,7 +620,13 @@ fn invoke_boolean_mask(
     let mut shape = data.shape.clone();
     shape[0] = rows.len();
     let row = data.size() / data.shape[0].max(1) * data.dtype.size();
-    let made = NDArray::from_host_bytes(shape, data.dtype, &gather_rows(&data.to_host_bytes()?, &rows, row))?;
+    let mut made = NDArray::from_host_bytes(shape, data.dtype, &gather_rows(&data.to_host_bytes()?, &rows, row))?;
+    if let Some(ctx) = data.ctx().filter(|&c| c != Context::CPU) {
+        // On the data's context (cpu(1), cpu_pinned, cpu_shared), as stock's output is.
+        let moved = NDArray::new(made.shape.clone(), ctx, made.dtype, false)?;
+        moved.copy_from(&made)?;
+        made = moved;
+    }
     let made = match out {
         None => made,
         Some(&[o]) => {
@@ -658,6 +665,15 @@ impl CustomBackward for BooleanMaskBackward {
                     return Err(Error::internal("_contrib_boolean_mask's backward takes one gradient"));
                 };
                 let row = shape.iter().skip(1).product::<usize>() * dtype.size();
+                if g.dtype != *dtype || g.size() * dtype.size() != self.rows.len() * row {
+                    return Err(Error::internal(format!(
+                        "_contrib_boolean_mask's backward got a gradient of shape {:?} {} for {} rows of {}",
+                        g.shape,
+                        g.dtype.name(),
+                        self.rows.len(),
+                        dtype.name()
+                    )));
+                }
                 let g = g.to_host_bytes()?;
                 let mut bytes = vec![0u8; shape.iter().product::<usize>() * dtype.size()];
                 for (k, &r) in self.rows.iter().enumerate() {

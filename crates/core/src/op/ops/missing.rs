@@ -80,7 +80,7 @@ mod tests {
 
     #[test]
     fn stubs_list_stock_arguments() {
-        let op = registry().get("_contrib_hawkesll").unwrap();
+        let op = registry().get("Correlation").unwrap();
         assert!(op.not_supported, "implemented now: pick another stub");
         let info = op.c_info();
         let names: Vec<String> = info
@@ -89,11 +89,14 @@ mod tests {
             // SAFETY: the pointers address NUL-terminated strings owned by the static CInfo.
             .map(|&p| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names, ["lda", "alpha", "beta", "state", "lags", "marks", "valid_length", "max_time"]);
+        assert_eq!(
+            names,
+            ["data1", "data2", "kernel_size", "max_displacement", "stride1", "stride2", "pad_size", "is_multiply"]
+        );
         // SAFETY: as above.
         let first = unsafe { std::ffi::CStr::from_ptr(info.arg_types[0]) };
         assert_eq!(first.to_str().unwrap(), "NDArray-or-Symbol");
-        let stub = registry().get("Correlation").unwrap();
+        let stub = registry().get("_contrib_hawkesll").unwrap();
         assert!(stub.not_supported && stub.key_var_num_args.is_empty());
     }
 }
