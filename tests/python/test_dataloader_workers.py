@@ -7,7 +7,8 @@ an NDArray dataset with 0, 2 and 4 workers, of a NumPy dataset, with `pin_memory
 child process (the pickling the DataLoader registers, the other way round). Then checks of
 this library alone: no descriptor or `/dev/shm` entry is left after many batches, memory a
 killed process sent stays readable, `MXNET_MP_WORKER_NTHREADS` sets a forked child's engine
-workers (and kernels run on one thread there), and the handle functions refuse bad input.
+workers (and kernels run on one thread there), `MXNET_MP_OPENCV_NUM_THREADS` its image
+threads, and the handle functions refuse bad input.
 """
 import ctypes
 import os
@@ -136,17 +137,21 @@ assert sorted(os.listdir('/dev/shm')) == shm_before, 'a /dev/shm entry was left'
 print('ok')
 """
 
-THREADS = r"""
-import os, sys
-import mxnet as mx
-x = mx.nd.ones((512, 512))
-(x * 2).wait_to_read()
+# The names of this process's threads (pasted into the scripts below).
+NAMES = r"""
+import os
 def names():
     out = []
     for t in os.listdir('/proc/self/task'):
         with open(f'/proc/self/task/{t}/comm') as f:
             out.append(f.read().strip())
     return out
+"""
+
+THREADS = NAMES + r"""
+import mxnet as mx
+x = mx.nd.ones((512, 512))
+(x * 2).wait_to_read()
 pid = os.fork()
 if pid == 0:
     y = mx.nd.dot(x, x).exp()  # big enough to split if kernels had several threads
@@ -175,6 +180,37 @@ def test_mp_worker_nthreads_sets_a_forked_childs_engine_workers(setting, expect)
     assert r.returncode == 0, r.stderr[-3000:]
     workers, kernels = map(int, r.stdout.split())
     assert (workers, kernels) == (expect, 0), r.stdout
+
+
+IMAGE_THREADS = NAMES + r"""
+import mxnet as mx, numpy as np
+img = mx.nd.array(np.random.RandomState(0).randint(0, 256, (1024, 1024, 3)), dtype='uint8')
+def resized():
+    return [mx.image.imresize(img, 700, 500, interp=i).asnumpy() for i in (1, 2)]
+parent = resized()
+pid = os.fork()
+if pid == 0:
+    child = resized()
+    same = all((a == b).all() for a, b in zip(parent, child))
+    print(sum(s.startswith('mxnet-rt image') for s in names()), same, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.parametrize("setting, expect", [(None, 0), ("1", 0), ("3", 3)])
+def test_mp_opencv_num_threads_sets_a_forked_childs_image_threads(setting, expect):
+    # Resizing (stock: OpenCV) in the forked child runs on MXNET_MP_OPENCV_NUM_THREADS
+    # threads of its own (0 and 1: on the calling thread), with the parent's results.
+    env = dict(os.environ)
+    env.pop("MXNET_MP_OPENCV_NUM_THREADS", None)
+    env.pop("OMP_NUM_THREADS", None)
+    if setting is not None:
+        env["MXNET_MP_OPENCV_NUM_THREADS"] = setting
+    r = subprocess.run([sys.executable, "-c", IMAGE_THREADS], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    threads, same = r.stdout.split()
+    assert (int(threads), same) == (expect, "True"), r.stdout
 
 
 def test_shared_mem_handles_refuse_bad_input():

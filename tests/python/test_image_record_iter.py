@@ -361,3 +361,33 @@ def test_fork_while_a_thread_waits_for_a_batch(tmp_path):
     out = run_script(FORK_WHILE_WAITING, "ours", tmp_path, str(tmp_path), timeout=120)
     assert out["codes"] == [0] * 150
     assert out["batches"] > 0
+
+
+FIRST_CALL_RESIZES = r"""
+import io, os, pickle, sys
+import numpy as np, mxnet as mx
+from PIL import Image
+path = os.path.join(sys.argv[1], "resize.rec")
+w = mx.recordio.MXRecordIO(path, "w")
+rs = np.random.RandomState(0)
+for i in range(16):
+    b = io.BytesIO()
+    Image.fromarray(rs.randint(0, 255, (40, 30, 3), dtype=np.uint8)).save(b, "PNG")
+    w.write(mx.recordio.pack(mx.recordio.IRHeader(0, float(i), i, 0), b.getvalue()))
+w.close()
+# Nothing has used the kernel pool yet: the decoding threads' resizes build it.
+os.environ["OMP_NUM_THREADS"] = "2"
+it = mx.io.ImageRecordIter(path_imgrec=path, data_shape=(3, 64, 64), batch_size=8, preprocess_threads=4)
+n = sum(b.data[0].shape[0] for b in it)
+with open(sys.argv[-1], "wb") as f:
+    pickle.dump(n, f)
+"""
+
+
+def test_decoding_threads_that_build_the_kernel_pool_do_not_deadlock(tmp_path):
+    """The first resizes of a process, on the decoding threads: one builds the kernel pool and
+    measures it, and while it waits for that it runs another record's job of its own pool,
+    whose resize asks for the kernel pool again. The pool's lock was held across the
+    measurement, and the reading thread hung. Several fresh processes, on this library."""
+    for _ in range(4):
+        assert run_script(FIRST_CALL_RESIZES, "ours", tmp_path, str(tmp_path), timeout=60) == 16

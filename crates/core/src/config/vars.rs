@@ -66,8 +66,8 @@ pub static VARS: &[VarSpec] = &[
         "Number of threads used by NNPACK (this build has no NNPACK)."),
     var("MXNET_MP_WORKER_NTHREADS", THREAD_COUNT, Some("1"), Once, Active, THREADS,
         "CPU worker threads of the engine in a forked process (a DataLoader worker), in place of MXNET_CPU_WORKER_NTHREADS; kernels there run on one thread unless the process calls MXSetNumOMPThreads."),
-    var("MXNET_MP_OPENCV_NUM_THREADS", VarType::Int { min: 0, max: 1024 }, Some("0"), Once, Reserved, THREADS,
-        "OpenCV threads in multiprocess data-loader workers; 0 disables OpenCV multithreading."),
+    var("MXNET_MP_OPENCV_NUM_THREADS", VarType::Int { min: 0, max: 1024 }, Some("0"), Once, Active, THREADS,
+        "Threads of image processing (what stock does with OpenCV: resizing and warping in mx.image, transforms.Resize and the image iterators' augmenters) in a forked process (a DataLoader worker); 0 and 1 run it on the calling thread."),
     // --- Memory ---
     var("MXNET_EXEC_ENABLE_INPLACE", VarType::Bool, Some("true"), Dynamic, Active, MEMORY,
         "In graph runs (CachedOp, executor), an operator that declares it writes its output over an intermediate input that nothing reads later (no gradient keeps it); false: always a new array."),

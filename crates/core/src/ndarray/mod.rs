@@ -511,17 +511,23 @@ impl NDArray {
     /// order).
     pub fn from_host_bytes(shape: Vec<usize>, dtype: DType, bytes: &[u8]) -> Result<NDArray> {
         let a = NDArray::new(shape, Context::CPU, dtype, false)?;
-        if bytes.len() != a.size() * dtype.size() {
+        a.write_host_bytes(bytes)?;
+        Ok(a)
+    }
+
+    /// Overwrite the array's elements with `bytes` (native byte order; exactly the array's
+    /// size), after its pending reads and writes; returns when done.
+    pub fn write_host_bytes(&self, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != self.size() * self.dtype.size() {
             return Err(Error::value(format!(
                 "{} bytes do not fill an array of shape {:?} {}",
                 bytes.len(),
-                a.shape,
-                dtype.name()
+                self.shape,
+                self.dtype.name()
             )));
         }
         // SAFETY: `bytes` holds size × element-size readable bytes (checked above).
-        unsafe { a.copy_from_host(bytes.as_ptr(), a.size())? };
-        Ok(a)
+        unsafe { self.copy_from_host(bytes.as_ptr(), self.size()) }
     }
 
     /// The array's elements as bytes in native order, after its pending writes.

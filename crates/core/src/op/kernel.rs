@@ -3,7 +3,8 @@
 //! `MXNET_USE_OPERATOR_TUNING`), which decides when a loop is too small to split.
 //!
 //! Owns: the kernel pool (re-created when the thread count changes, and in a forked child,
-//! where the parent's pool has no threads), [`par_for`] and the
+//! where the parent's pool has no threads), the image pool of a forked child (seed 001's
+//! `MXNET_MP_OPENCV_NUM_THREADS`: see [`PoolKind::Image`]), [`par_for`] and the
 //! tuning decision. Tuning: at pool creation the fork-join cost of the pool is measured; a
 //! loop runs on several threads only when its estimated serial time (elements × the
 //! operator's declared cost per element) exceeds a few times that cost. With tuning disabled
@@ -46,6 +47,19 @@ struct KernelPool {
     forks: usize,
 }
 
+/// The pool a loop runs on.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum PoolKind {
+    /// Operator kernels: `MXSetNumOMPThreads`, else `OMP_NUM_THREADS`, else the cores (one
+    /// thread in a forked child until it calls `MXSetNumOMPThreads`), as stock's OpenMP.
+    Kernels,
+    /// Image processing, what stock does with OpenCV (resizing, warping): the kernel pool,
+    /// except in a forked child (a DataLoader worker), where it has
+    /// `MXNET_MP_OPENCV_NUM_THREADS` threads, 0 or 1 running it on the calling thread, as
+    /// stock's `cv::setNumThreads` there.
+    Image,
+}
+
 /// The process's kernel execution state.
 struct Kernels {
     /// How many times this process is a forked child of a process that used kernels
@@ -55,12 +69,22 @@ struct Kernels {
     omp_env: OnceLock<Option<usize>>,
     /// The pool, if a loop was split since the thread count last changed.
     pool: Mutex<Option<Arc<KernelPool>>>,
+    /// A forked child's image pool, if an image loop was split there.
+    image_pool: Mutex<Option<Arc<KernelPool>>>,
+    /// A forked child's `MXNET_MP_OPENCV_NUM_THREADS`, read once.
+    image_threads: OnceLock<usize>,
     /// The tuning configuration, read once.
     tuning: OnceLock<Tuning>,
 }
 
-static KERNELS: Kernels =
-    Kernels { forks: AtomicUsize::new(0), omp_env: OnceLock::new(), pool: Mutex::new(None), tuning: OnceLock::new() };
+static KERNELS: Kernels = Kernels {
+    forks: AtomicUsize::new(0),
+    omp_env: OnceLock::new(),
+    pool: Mutex::new(None),
+    image_pool: Mutex::new(None),
+    image_threads: OnceLock::new(),
+    tuning: OnceLock::new(),
+};
 
 /// The pool's part in the runtime's lifecycle: a forked child counts the fork, and builds a
 /// new pool at its next use.
@@ -93,28 +117,66 @@ pub fn requested_threads() -> usize {
     }
 }
 
+/// Threads of a forked child's image pool: `MXNET_MP_OPENCV_NUM_THREADS` (0 and 1: none).
+fn forked_image_threads() -> usize {
+    *KERNELS.image_threads.get_or_init(|| {
+        let consumer = "image processing in a forked process";
+        config::global().get_int("MXNET_MP_OPENCV_NUM_THREADS", consumer).map_or_else(
+            |e| {
+                eprintln!("[mxnet-rt] warning: {e}; image processing runs on one thread");
+                0
+            },
+            |v| v.unwrap_or(0).max(0) as usize,
+        )
+    })
+}
+
+/// The pool `kind` loops run on, built at first use (`None`: run on the calling thread).
+fn pool_of(kind: PoolKind) -> Option<Arc<KernelPool>> {
+    match kind {
+        PoolKind::Image if runtime().is_forked_child() => {
+            build_pool(&KERNELS.image_pool, forked_image_threads(), "mxnet-rt image")
+        }
+        _ => pool(),
+    }
+}
+
 fn pool() -> Option<Arc<KernelPool>> {
-    let want = requested_threads();
+    build_pool(&KERNELS.pool, requested_threads(), "mxnet-rt kernel")
+}
+
+/// The pool in `slot`, rebuilt with `want` threads named `name i` when it has another
+/// count or was built before a fork.
+///
+/// The slot's lock is not held while a pool is built and measured: measuring runs jobs on the
+/// new pool, and a caller that is a worker of another rayon pool (an image iterator's
+/// decoding thread) runs its own pool's queued jobs while it waits for them, one of which may
+/// come here again. Two callers may both build a pool; the first one stored is kept.
+fn build_pool(slot: &Mutex<Option<Arc<KernelPool>>>, want: usize, name: &'static str) -> Option<Arc<KernelPool>> {
     if want <= 1 {
         return None;
     }
-    let mut slot = KERNELS.pool.lock();
     let forks = KERNELS.forks.load(Ordering::Relaxed);
-    if slot.as_ref().is_some_and(|p| p.forks != forks) {
-        // A forked child: the pool's threads stayed in the parent. Dropping it would signal
-        // threads that do not exist here; leak it and build a new one.
-        std::mem::forget(slot.take());
-    }
-    if let Some(p) = slot.as_ref().filter(|p| p.threads == want) {
-        return Some(p.clone());
+    let usable = |slot: &mut Option<Arc<KernelPool>>| {
+        if slot.as_ref().is_some_and(|p| p.forks != forks) {
+            // A forked child: the pool's threads stayed in the parent. Dropping it would
+            // signal threads that do not exist here; leak it and build a new one.
+            std::mem::forget(slot.take());
+        }
+        slot.as_ref().filter(|p| p.threads == want).cloned()
+    };
+    if let Some(p) = usable(&mut slot.lock()) {
+        return Some(p);
     }
     runtime().adopt(crate::runtime::Stage::KernelPool, &PoolStage);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(want)
-        .thread_name(|i| format!("mxnet-rt kernel {i}"))
-        .build()
-        .ok()?;
+    let pool =
+        rayon::ThreadPoolBuilder::new().num_threads(want).thread_name(move |i| format!("{name} {i}")).build().ok()?;
     let overhead_ns = measure_overhead(&pool, want);
+    let mut slot = slot.lock();
+    if let Some(p) = usable(&mut slot) {
+        // Another caller stored one meanwhile; ours ends its threads when dropped.
+        return Some(p);
+    }
     let p = Arc::new(KernelPool { pool, threads: want, overhead_ns, forks });
     *slot = Some(p.clone());
     Some(p)
@@ -192,11 +254,11 @@ const MIN_CHUNK: usize = 1024;
 /// The pool and thread count for work estimated at `serial_ns` that splits into at most
 /// `max_parts` parts; `None` runs it serially on the calling thread. The one place the tuning
 /// decision is made (one pool lookup per loop).
-fn decide(max_parts: usize, serial_ns: f64, dtype: DType) -> Option<(Arc<KernelPool>, usize)> {
+fn decide(kind: PoolKind, max_parts: usize, serial_ns: f64, dtype: DType) -> Option<(Arc<KernelPool>, usize)> {
     if max_parts < 2 || in_kernel_pool() {
         return None;
     }
-    let p = pool()?;
+    let p = pool_of(kind)?;
     let t = tuning();
     let threads = p.threads.min(max_parts);
     if !t.enabled[dtype as usize] {
@@ -220,12 +282,12 @@ pub(crate) fn max_parts(n: usize, cost: Cost) -> usize {
 
 /// How many threads a loop of `n` elements at `cost` per element should use.
 pub fn plan(n: usize, cost: Cost, dtype: DType) -> usize {
-    decide(max_parts(n, cost), n as f64 * cost.0, dtype).map_or(1, |(_, t)| t)
+    decide(PoolKind::Kernels, max_parts(n, cost), n as f64 * cost.0, dtype).map_or(1, |(_, t)| t)
 }
 
 /// Run `f` over `0..n` split into contiguous ranges, in parallel when [`plan`] says so.
 pub fn par_for(n: usize, cost: Cost, dtype: DType, f: impl Fn(Range<usize>) + Sync + Send) {
-    let split = decide(max_parts(n, cost), n as f64 * cost.0, dtype);
+    let split = decide(PoolKind::Kernels, max_parts(n, cost), n as f64 * cost.0, dtype);
     let Some((p, threads)) = split else {
         if n > 0 {
             f(0..n);
@@ -255,9 +317,21 @@ pub fn par_for_mut<T: Send>(
     dtype: DType,
     f: impl Fn(Range<usize>, &mut [T]) + Sync + Send,
 ) {
+    par_for_mut_on(PoolKind::Kernels, out, unit, cost, dtype, f)
+}
+
+/// [`par_for_mut`] on the pool of `kind`.
+pub fn par_for_mut_on<T: Send>(
+    kind: PoolKind,
+    out: &mut [T],
+    unit: usize,
+    cost: Cost,
+    dtype: DType,
+    f: impl Fn(Range<usize>, &mut [T]) + Sync + Send,
+) {
     let n = out.len().checked_div(unit).unwrap_or(0);
     debug_assert_eq!(n * unit, out.len(), "par_for_mut: the output is not whole units");
-    let split = decide(max_parts(n, cost), n as f64 * cost.0, dtype);
+    let split = decide(kind, max_parts(n, cost), n as f64 * cost.0, dtype);
     let Some((p, threads)) = split else {
         if n > 0 {
             f(0..n, out);
@@ -285,7 +359,7 @@ pub fn par_for_zip<A: Send, B: Send, const M: usize>(
 ) {
     let n = a.len();
     assert!(bs.iter().all(|b| b.len() == n), "par_for_zip: outputs of different lengths");
-    let Some((p, threads)) = decide(max_parts(n, cost), n as f64 * cost.0, dtype) else {
+    let Some((p, threads)) = decide(PoolKind::Kernels, max_parts(n, cost), n as f64 * cost.0, dtype) else {
         if n > 0 {
             f(0..n, a, bs);
         }
@@ -315,7 +389,7 @@ pub fn par_for_zip<A: Send, B: Send, const M: usize>(
 /// Run `f(i)` for `i in 0..tasks` on the kernel pool (`tasks` coarse, independent units such as
 /// images of a batch), serially when `serial_ns` (the estimated total time) is too small.
 pub fn par_tasks(tasks: usize, serial_ns: f64, dtype: DType, f: impl Fn(usize) + Sync + Send) {
-    match decide(tasks, serial_ns, dtype) {
+    match decide(PoolKind::Kernels, tasks, serial_ns, dtype) {
         None => (0..tasks).for_each(f),
         Some((p, _)) => p.pool.install(|| {
             use rayon::prelude::*;
@@ -342,7 +416,7 @@ pub fn par_tasks_mut<T: Send>(
 /// [`par_tasks`] over owned work items: item `i` (typically disjoint `&mut` parts of the
 /// outputs and workspace, split before the call with [`parts`]) goes to task `i` alone.
 pub fn par_items<I: Send>(items: Vec<I>, serial_ns: f64, dtype: DType, f: impl Fn(usize, I) + Sync + Send) {
-    match decide(items.len(), serial_ns, dtype) {
+    match decide(PoolKind::Kernels, items.len(), serial_ns, dtype) {
         None => items.into_iter().enumerate().for_each(|(i, it)| f(i, it)),
         Some((p, _)) => p.pool.install(|| {
             use rayon::prelude::*;

@@ -14,7 +14,7 @@
 
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_for_mut, Cost};
+use crate::op::kernel::{par_for_mut_on, Cost, PoolKind};
 use crate::op::tensor::Elem;
 use std::ops::{Add, Mul};
 
@@ -199,19 +199,9 @@ fn integer_factor(src: usize, dst: usize) -> Option<usize> {
 
 /// A pixel type [`resize`] handles.
 pub trait Pixel: Elem + Copy + Send + Sync {
-    /// Nearest or bilinear (`halving`: the 2×2 average) of `n` images of `(h, w, c)` in `x`
-    /// to `(rh, rw)` into `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn resize_into(
-        x: &[Self],
-        out: &mut [Self],
-        hwc: (usize, usize, usize),
-        to: (usize, usize),
-        xs: &[(usize, f64)],
-        ys: &[(usize, f64)],
-        interp: i64,
-        halving: bool,
-    );
+    /// Nearest or bilinear (or the 2×2 average, as `plan` says) of `n` images of `(h, w, c)`
+    /// in `x` to `(rh, rw)` into `out`.
+    fn resize_into(x: &[Self], out: &mut [Self], hwc: (usize, usize, usize), to: (usize, usize), plan: &Linear);
     /// A general separable resize.
     fn resize_taps(x: &[Self], out: &mut [Self], hwc: (usize, usize, usize), to: (usize, usize), xt: &Taps, yt: &Taps);
     /// The average of each `(by, bx)` block (an exact integer shrink).
@@ -267,6 +257,15 @@ pub fn resize<T: Pixel>(
     Ok(())
 }
 
+/// A nearest or bilinear resize: each output column's and row's source index and fraction,
+/// the interpolation, and whether it is the 2×2 average (`halving`).
+pub struct Linear {
+    xs: Vec<(usize, f64)>,
+    ys: Vec<(usize, f64)>,
+    interp: i64,
+    halving: bool,
+}
+
 fn linear<T: Pixel>(
     x: &[T],
     out: &mut [T],
@@ -278,24 +277,19 @@ fn linear<T: Pixel>(
     let (xs, ys) = (linear_taps(to.1, hwc.1, interp), linear_taps(to.0, hwc.0, interp));
     // Area enlargement is bilinear with its own weights.
     let interp = if interp == INTER_AREA { INTER_LINEAR } else { interp };
-    T::resize_into(x, out, hwc, to, &xs, &ys, interp, halving);
+    T::resize_into(x, out, hwc, to, &Linear { xs, ys, interp, halving });
 }
 
 /// A general separable resize, output row by output row: each of the row's source rows is
 /// filtered horizontally in `A` and added, weighted, to the row's sums (in tap order, so the
 /// sums are `((r0·w0 + r1·w1) + r2·w2) + ...`, OpenCV's order). `weight` turns a tap's weight
 /// into `A`, `store` a sum into a pixel.
-#[allow(clippy::too_many_arguments)]
 fn separable<T, A>(
     x: &[T],
     out: &mut [T],
-    (h, w, c): (usize, usize, usize),
-    (rh, rw): (usize, usize),
-    xt: &Taps,
-    yt: &Taps,
-    load: impl Fn(T) -> A + Sync,
-    weight: impl Fn(f32) -> A,
-    store: impl Fn(A) -> T + Sync,
+    ((h, w, c), (rh, rw)): ((usize, usize, usize), (usize, usize)),
+    (xt, yt): (&Taps, &Taps),
+    (load, weight, store): (impl Fn(T) -> A + Sync, impl Fn(f32) -> A, impl Fn(A) -> T + Sync),
 ) where
     T: Elem + Copy + Send + Sync,
     A: Copy + Send + Sync + Add<Output = A> + Mul<Output = A>,
@@ -304,7 +298,7 @@ fn separable<T, A>(
     let xw: Vec<A> = xt.w.iter().map(|&v| weight(v)).collect();
     let yw: Vec<A> = yt.w.iter().map(|&v| weight(v)).collect();
     let cost = Cost(((xt.k + 1) * yt.k * row_len) as f64);
-    par_for_mut(out, row_len, cost, T::DTYPE, |rows, o| {
+    par_for_mut_on(PoolKind::Image, out, row_len, cost, T::DTYPE, |rows, o| {
         let mut sums: Vec<A> = Vec::with_capacity(row_len);
         for (r, orow) in rows.zip(o.chunks_exact_mut(row_len)) {
             let (img, oy) = (r / rh, r % rh);
@@ -347,7 +341,7 @@ fn blocks<T, A>(
     A: Copy + Add<Output = A>,
 {
     let (in_img, row_len) = (h * w * c, rw * c);
-    par_for_mut(out, row_len, Cost((by * bx * row_len) as f64), T::DTYPE, |rows, o| {
+    par_for_mut_on(PoolKind::Image, out, row_len, Cost((by * bx * row_len) as f64), T::DTYPE, |rows, o| {
         for (r, orow) in rows.zip(o.chunks_exact_mut(row_len)) {
             let (img, oy) = (r / rh, r % rh);
             for (q, v) in orow.iter_mut().enumerate() {
@@ -369,11 +363,9 @@ impl Pixel for u8 {
         out: &mut [u8],
         (h, w, c): (usize, usize, usize),
         (rh, rw): (usize, usize),
-        xs: &[(usize, f64)],
-        ys: &[(usize, f64)],
-        interp: i64,
-        halving: bool,
+        plan: &Linear,
     ) {
+        let Linear { xs, ys, interp, halving } = plan;
         let (in_img, row_len, line_len) = (h * w * c, rw * c, w * c);
         // OpenCV's fixed point: each weight rounded to 1/2048 (half to even), rows kept at
         // that scale, then its vectorised rounding of the two rows' sum.
@@ -389,18 +381,18 @@ impl Pixel for u8 {
             })
             .collect();
         // One unit is one output row: its source rows and weights are found once.
-        par_for_mut(out, row_len, Cost(4.0 * row_len as f64), DType::U8, |rows, o| {
+        par_for_mut_on(PoolKind::Image, out, row_len, Cost(4.0 * row_len as f64), DType::U8, |rows, o| {
             for (r, orow) in rows.zip(o.chunks_exact_mut(row_len)) {
                 let (img, oy) = (r / rh, r % rh);
                 let line = |yy: usize| &x[img * in_img + yy * line_len..img * in_img + (yy + 1) * line_len];
-                if halving {
+                if *halving {
                     let (l0, l1) = (line(2 * oy), line(2 * oy + 1));
                     for (k, v) in orow.iter_mut().enumerate() {
                         let i0 = (k / c) * 2 * c + k % c;
                         let sum = l0[i0] as i32 + l0[i0 + c] as i32 + l1[i0] as i32 + l1[i0 + c] as i32;
                         *v = ((sum + 2) >> 2) as u8;
                     }
-                } else if interp == INTER_NEAREST {
+                } else if *interp == INTER_NEAREST {
                     let l = line(ys[oy].0);
                     for (px, &(sx, ..)) in orow.chunks_exact_mut(c).zip(&cols) {
                         px.copy_from_slice(&l[sx..sx + c]);
@@ -426,9 +418,9 @@ impl Pixel for u8 {
             // Weights rounded to 1/2048 on each axis; one rounding of the 2^22-scaled sum.
             let weight = |v: f32| (v * 2048.0).round_ties_even() as i64;
             let store = |s: i64| ((s + (1 << 21)) >> 22).clamp(0, 255) as u8;
-            separable(x, out, hwc, to, xt, yt, i64::from, weight, store);
+            separable(x, out, (hwc, to), (xt, yt), (i64::from, weight, store));
         } else {
-            separable(x, out, hwc, to, xt, yt, f32::from, |v| v, super::saturate_u8);
+            separable(x, out, (hwc, to), (xt, yt), (f32::from, |v| v, super::saturate_u8));
         }
     }
 
@@ -440,23 +432,18 @@ impl Pixel for u8 {
 }
 
 /// Float resizing in the image's own type with float32 weights, as OpenCV computes it.
-#[allow(clippy::too_many_arguments)]
 fn resize_float<T>(
     x: &[T],
     out: &mut [T],
-    (h, w, c): (usize, usize, usize),
-    (rh, rw): (usize, usize),
-    xs: &[(usize, f64)],
-    ys: &[(usize, f64)],
-    interp: i64,
-    halving: bool,
+    ((h, w, c), (rh, rw)): ((usize, usize, usize), (usize, usize)),
+    &Linear { ref xs, ref ys, interp, halving }: &Linear,
     from_f32: impl Fn(f32) -> T + Sync,
 ) where
     T: Elem + Copy + Send + Sync + Mul<Output = T> + Add<Output = T>,
 {
     let (in_img, out_img) = (h * w * c, rh * rw * c);
     let quarter = from_f32(0.25);
-    par_for_mut(out, 1, Cost(4.0), T::DTYPE, |r, o| {
+    par_for_mut_on(PoolKind::Image, out, 1, Cost(4.0), T::DTYPE, |r, o| {
         for (k, v) in r.clone().zip(o.iter_mut()) {
             let (img, rest) = (k / out_img, k % out_img);
             let (oy, ox, ch) = (rest / (rw * c), (rest / c) % rw, rest % c);
@@ -482,17 +469,8 @@ fn resize_float<T>(
 macro_rules! float_pixel {
     ($t:ty, $from_f32:expr) => {
         impl Pixel for $t {
-            fn resize_into(
-                x: &[$t],
-                out: &mut [$t],
-                hwc: (usize, usize, usize),
-                to: (usize, usize),
-                xs: &[(usize, f64)],
-                ys: &[(usize, f64)],
-                interp: i64,
-                halving: bool,
-            ) {
-                resize_float(x, out, hwc, to, xs, ys, interp, halving, $from_f32)
+            fn resize_into(x: &[$t], out: &mut [$t], hwc: (usize, usize, usize), to: (usize, usize), plan: &Linear) {
+                resize_float(x, out, (hwc, to), plan, $from_f32)
             }
 
             fn resize_taps(
@@ -503,7 +481,7 @@ macro_rules! float_pixel {
                 xt: &Taps,
                 yt: &Taps,
             ) {
-                separable(x, out, hwc, to, xt, yt, |v| v, $from_f32, |v| v);
+                separable(x, out, (hwc, to), (xt, yt), (|v| v, $from_f32, |v| v));
             }
 
             fn resize_blocks(

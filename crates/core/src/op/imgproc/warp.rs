@@ -12,7 +12,7 @@
 use super::resize::{kernel_weights, resize_supported, INTER_AREA, INTER_LINEAR, INTER_NEAREST};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_for_mut, Cost};
+use crate::op::kernel::{par_for_mut_on, Cost, PoolKind};
 use std::sync::OnceLock;
 
 /// Fraction bits of the source positions computed per pixel, and of those interpolated.
@@ -130,7 +130,7 @@ pub fn warp_affine(
     let back = (k / 2).saturating_sub(1) as i32;
     let (row_len, line_len) = (ow * c, w * c);
     let mut out = vec![0u8; oh * row_len];
-    par_for_mut(&mut out, row_len, Cost((k * k * row_len) as f64), DType::U8, |rows, o| {
+    par_for_mut_on(PoolKind::Image, &mut out, row_len, Cost((k * k * row_len) as f64), DType::U8, |rows, o| {
         for (oy, orow) in rows.zip(o.chunks_exact_mut(row_len)) {
             let x0 = fix((inv[1] * oy as f64 + inv[2]) * scale).saturating_add(round);
             let y0 = fix((inv[4] * oy as f64 + inv[5]) * scale).saturating_add(round);

@@ -1,6 +1,8 @@
 //! Helpers shared by the operator families: inference shorthands and shape arithmetic.
 
+use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::ndarray::{DType, NDArray};
 use crate::op::param::Attrs;
 use crate::op::{InferFn, Meta};
 
@@ -85,6 +87,38 @@ pub fn shape_param(op: &str, name: &str, s: &[i64]) -> Result<Vec<usize>> {
                 .map_err(|_| Error::value(format!("operator {op}: {name} has a negative dimension: {s:?}")))
         })
         .collect()
+}
+
+/// A result an operator that makes its own output (`invoke_with`) computed on the host: the
+/// elements (native byte order) of an array of `shape` and `dtype`.
+pub struct HostResult {
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    pub bytes: Vec<u8>,
+}
+
+impl HostResult {
+    /// The result written into the one array given as `out=` (which must have its shape and
+    /// dtype; the error reads "`op`: `what` [shape] dtype, out= has ..."), or into a new array
+    /// on `ctx`.
+    pub fn deliver(self, op: &str, what: &str, ctx: Context, out: Option<&[&NDArray]>) -> Result<NDArray> {
+        let target = match out {
+            None => NDArray::new(self.shape, ctx, self.dtype, false)?,
+            Some(&[o]) if o.shape == self.shape && o.dtype == self.dtype => o.clone(),
+            Some(&[o]) => {
+                return Err(Error::value(format!(
+                    "{op}: {what} {:?} {}, out= has shape {:?} {}",
+                    self.shape,
+                    self.dtype.name(),
+                    o.shape,
+                    o.dtype.name()
+                )))
+            }
+            Some(o) => return Err(Error::value(format!("{op} has one output, got {} arrays as out=", o.len()))),
+        };
+        target.write_host_bytes(&self.bytes)?;
+        Ok(target)
+    }
 }
 
 /// The parameter schema of the already registered operator `name` (empty if there is none):

@@ -12,7 +12,7 @@
 //! leaves the shape unknown); a symbol executor fails to bind it in both. CPU only (stock
 //! has a GPU kernel too), axis 0 only (as stock).
 
-use super::common::norm_axis;
+use super::common::{norm_axis, HostResult};
 use super::index::read_indices;
 use super::init::fill;
 use super::nn::infer_float_like_first;
@@ -620,30 +620,14 @@ fn invoke_boolean_mask(
     let mut shape = data.shape.clone();
     shape[0] = rows.len();
     let row = data.size() / data.shape[0].max(1) * data.dtype.size();
-    let mut made = NDArray::from_host_bytes(shape, data.dtype, &gather_rows(&data.to_host_bytes()?, &rows, row))?;
-    if let Some(ctx) = data.ctx().filter(|&c| c != Context::CPU) {
-        // On the data's context (cpu(1), cpu_pinned, cpu_shared), as stock's output is.
-        let moved = NDArray::new(made.shape.clone(), ctx, made.dtype, false)?;
-        moved.copy_from(&made)?;
-        made = moved;
-    }
-    let made = match out {
-        None => made,
-        Some(&[o]) => {
-            if o.shape != made.shape || o.dtype != made.dtype {
-                return Err(Error::value(format!(
-                    "{OP}: the result has shape {:?} {}, out= has shape {:?} {}",
-                    made.shape,
-                    made.dtype.name(),
-                    o.shape,
-                    o.dtype.name()
-                )));
-            }
-            o.copy_from(&made)?;
-            o.clone()
-        }
-        Some(o) => return Err(Error::value(format!("{OP} has one output, got {} arrays as out=", o.len()))),
-    };
+    let bytes = gather_rows(&data.to_host_bytes()?, &rows, row);
+    // On the data's context (cpu(1), cpu_pinned, cpu_shared), as stock's output is.
+    let made = HostResult { shape, dtype: data.dtype, bytes }.deliver(
+        OP,
+        "the result has shape",
+        data.ctx().unwrap_or(Context::CPU),
+        out,
+    )?;
     let backward =
         BooleanMaskBackward { rows, data: (data.shape.clone(), data.dtype), index: (index.shape.clone(), index.dtype) };
     Ok((vec![made], Some(Arc::new(backward))))

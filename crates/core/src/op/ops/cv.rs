@@ -6,6 +6,8 @@
 //! their own invocation (imperative only, as in stock) and write into `out=` when one is
 //! given. Pixels come from [`imgproc`]: see there how close JPEG decoding is to stock's.
 
+use super::common::HostResult;
+use crate::context::Context;
 use crate::dispatch_all;
 use crate::error::{Error, Result};
 use crate::ndarray::{DType, NDArray};
@@ -56,23 +58,8 @@ fn decode_into(op: &str, bytes: &[u8], flag: i64, to_rgb: bool, out: Option<&[&N
     if to_rgb {
         imgproc::swap_red_blue(&mut img.data, img.c);
     }
-    let made = NDArray::from_host_bytes(vec![img.h, img.w, img.c], DType::U8, &img.data)?;
-    match out {
-        None => Ok(vec![made]),
-        Some(&[o]) => {
-            if o.shape != made.shape || o.dtype != DType::U8 {
-                return Err(Error::value(format!(
-                    "{op}: the image decodes to shape {:?} uint8, out= has shape {:?} {}",
-                    made.shape,
-                    o.shape,
-                    o.dtype.name()
-                )));
-            }
-            o.copy_from(&made)?;
-            Ok(vec![o.clone()])
-        }
-        Some(o) => Err(Error::value(format!("{op} has one output, got {} arrays as out=", o.len()))),
-    }
+    let made = HostResult { shape: vec![img.h, img.w, img.c], dtype: DType::U8, bytes: img.data };
+    Ok(vec![made.deliver(op, "the image decodes to shape", Context::CPU, out)?])
 }
 
 fn invoke_imdecode(_: &'static OpDef, inputs: &[&NDArray], out: Option<&[&NDArray]>, a: Attrs) -> Result<OwnInvoked> {
