@@ -132,7 +132,9 @@ with open(sys.argv[-1], 'wb') as f:
 """
 
 
-def write_files(d, mx):
+def sample_images():
+    """Ten small RGB images of several sizes: gradients with noise (also used by
+    test_image_det_record_iter.py)."""
     rs = np.random.RandomState(0)
     sizes = [(12, 16), (13, 17), (16, 12), (12, 16), (20, 15), (12, 16), (14, 18), (12, 16), (15, 20), (12, 16)]
     images = []
@@ -140,6 +142,11 @@ def write_files(d, mx):
         y, x = np.mgrid[0:h, 0:w]
         base = np.stack([x * 255 / w, y * 255 / h, (x + y) * 100 / (w + h) + 50], -1)
         images.append(np.clip(base + rs.normal(0, 25, (h, w, 3)), 0, 255).astype(np.uint8))
+    return images
+
+
+def write_files(d, mx):
+    images = sample_images()
 
     def encoded(a, fmt, **kw):
         b = io.BytesIO()

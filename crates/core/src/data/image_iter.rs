@@ -2,10 +2,11 @@
 //! the `_v1` names): batches of decoded, augmented images from a RecordIO file that
 //! `im2rec` (or `mx.recordio`) wrote.
 //!
-//! Owns: the record source (the part's records in file order or shuffled per epoch), stock's
-//! default augmenter (`aug_default`: resize, pad, crops, colour jitter, HSL and PCA noise,
-//! mirror), the normalisation into `(channels, height, width)` planes in RGB order, batch
-//! assembly with stock's `round_batch` and padding rules, and the prefetch thread.
+//! Owns: stock's default augmenter (`aug_default`: resize, pad, crops, colour jitter, HSL and
+//! PCA noise, mirror), the normalisation into `(channels, height, width)` planes in RGB
+//! order, and the image helpers the detection iterator shares (resizing, cropping, the
+//! interpolation choice, HLS shifts). Reading, batching and prefetching are
+//! [`super::record_batches`]'s.
 //!
 //! Semantics follow stock's `ImageRecordIOParser2`: records hold a 24-byte `IRHeader` (flag,
 //! label, id, id2), `flag` extra float labels, then the encoded image; pixels are
@@ -21,17 +22,16 @@
 //!
 //! Threads: one prefetch thread assembles up to `prefetch_buffer` batches ahead; inside a
 //! batch, a pool of `preprocess_threads` threads (started with the iterator) decodes and
-//! augments records.
+//! augments records (both in [`super::record_batches`]).
 
-use super::iter::{f32_bytes, positive, Batch, DataIter};
+use super::iter::{f32_bytes, positive, DataIter};
+use super::record_batches::{parse_record, part_offsets, BatchReader, Batching, Prefetcher, Rng};
 use super::recordio::RecordReader;
 use crate::error::{Error, Result};
 use crate::ndarray::{DType, NDArray};
 use crate::op::imgproc::{self, Channels, Image};
 use crate::op::param::{op_params, Attrs};
-use crate::op::random::SplitMix64;
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 
 pub(super) const RECORD_ITER_DOC: &str = "Iterates on image RecordIO files\n\nReads batches of images from .rec RecordIO files. One can use ``im2rec.py`` tool\n(in tools/) to pack raw image files into RecordIO files. This iterator is less\nflexible to customization but is fast and has lot of language bindings. To\niterate over raw images directly use ``ImageIter`` instead (in Python).\n\nExample::\n\n  data_iter = mx.io.ImageRecordIter(\n    path_imgrec=\"./sample.rec\", # The target record file.\n    data_shape=(3, 227, 227), # Output data shape; 227x227 region will be cropped from the original image.\n    batch_size=4, # Number of items per batch.\n    resize=256 # Resize the shorter edge to 256 before cropping.\n    # You can specify more augmentation options. Use help(mx.io.ImageRecordIter) to see all the options.\n    )\n  # You can now use the data_iter to access batches of images.\n  batch = data_iter.next() # first batch.\n  images = batch.data[0] # This will contain 4 (=batch_size) images each of 3x227x227.\n  # process the images\n  ...\n  data_iter.reset() # To restart the iterator from the beginning.\n\n";
 pub(super) const UINT8_ITER_DOC: &str = "Iterating on image RecordIO files\n\n.. note:: ImageRecordUInt8Iter is deprecated. Use ImageRecordIter(dtype='uint8') instead.\n\nThis iterator is identical to ``ImageRecordIter`` except for using ``uint8`` as\nthe data type instead of ``float``.\n\n";
@@ -106,64 +106,6 @@ op_params! {
     }
 }
 
-/// A record's generator: seeded from the record's place, so results do not depend on which
-/// thread augments which record.
-struct Rng(SplitMix64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        let mut r = SplitMix64(seed ^ 0x5851_f42d_4c95_7f2d);
-        r.next_u64();
-        Rng(r)
-    }
-    /// Uniform in `[0, 1)`.
-    fn unit(&mut self) -> f32 {
-        self.0.uniform_f32()
-    }
-    /// Uniform in `[lo, hi)`.
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * self.unit()
-    }
-    /// Uniform integer in `[lo, hi]` (`lo <= hi`).
-    fn int(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.0.up_to((hi - lo) as u64) as usize
-    }
-    fn normal(&mut self, std: f32) -> f32 {
-        std * self.0.normal() as f32
-    }
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        self.0.shuffle(v)
-    }
-}
-
-/// What one record holds: its labels, its image id and the encoded image.
-struct Record<'a> {
-    labels: Vec<f32>,
-    id: u64,
-    image: &'a [u8],
-}
-
-/// Parse a record's `IRHeader` (u32 flag, f32 label, u64 id, u64 id2) and the `flag` extra
-/// labels that follow it.
-fn parse_record(bytes: &[u8]) -> Result<Record<'_>> {
-    if bytes.len() < 24 {
-        return Err(Error::mxnet(format!("the record has {} bytes, fewer than its 24-byte header", bytes.len())));
-    }
-    let word = |i: usize| [bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]];
-    let flag = u32::from_le_bytes(word(0)) as usize;
-    let label = f32::from_le_bytes(word(4));
-    let id = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
-    let body = &bytes[24..];
-    if flag == 0 {
-        return Ok(Record { labels: vec![label], id, image: body });
-    }
-    let Some(image) = flag.checked_mul(4).and_then(|n| body.get(n..)) else {
-        return Err(Error::mxnet(format!("the record's header announces {flag} labels, more than the record holds")));
-    };
-    let labels = body[..4 * flag].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    Ok(Record { labels, id, image })
-}
-
 /// The labels of an image list (`.lst`: index, `label_width` labels, path), by image index.
 fn read_image_list(path: &str, width: usize) -> Result<std::collections::HashMap<u64, Vec<f32>>> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::mxnet(format!("cannot read {path}: {e}")))?;
@@ -180,48 +122,11 @@ fn read_image_list(path: &str, width: usize) -> Result<std::collections::HashMap
     Ok(map)
 }
 
-/// The byte offsets of a part's records: from the `.idx` file (records split by count), or
-/// by scanning the `.rec` file (split by bytes, as dmlc-core's input splits do).
-fn part_offsets(rec: &str, idx: &str, parts: usize, part: usize) -> Result<Vec<u64>> {
-    if !idx.is_empty() {
-        let text = std::fs::read_to_string(idx).map_err(|e| Error::mxnet(format!("cannot read {idx}: {e}")))?;
-        let mut offsets = Vec::new();
-        for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let off = line.split_whitespace().nth(1).and_then(|f| f.parse::<u64>().ok());
-            offsets
-                .push(off.ok_or_else(|| Error::mxnet(format!("line {} of {idx} is not '<key>\\t<offset>'", n + 1)))?);
-        }
-        offsets.sort_unstable();
-        let len = RecordReader::open(rec)?.file_len();
-        if let Some(bad) = offsets.iter().find(|&&o| o >= len) {
-            return Err(Error::mxnet(format!("{idx} points past the end of {rec} (byte {bad} of {len})")));
-        }
-        let step = offsets.len().div_ceil(parts);
-        let (lo, hi) = (step.saturating_mul(part).min(offsets.len()), step.saturating_mul(part + 1).min(offsets.len()));
-        return Ok(offsets[lo..hi].to_vec());
-    }
-    let mut reader = RecordReader::open(rec)?;
-    let total = reader.file_len();
-    let step = total.div_ceil(parts as u64).div_ceil(4) * 4;
-    let (lo, hi) = (step.saturating_mul(part as u64), step.saturating_mul(part as u64 + 1));
-    let mut offsets = Vec::new();
-    loop {
-        let at = reader.tell();
-        if at >= hi || !reader.skip_record()? {
-            break;
-        }
-        if at >= lo {
-            offsets.push(at);
-        }
-    }
-    Ok(offsets)
-}
-
 /// The largest height, width, resize, pad, crop size and label width accepted (JPEG's own
 /// limit is 65535).
-const MAX_SIDE: i64 = 1 << 16;
+pub(super) const MAX_SIDE: i64 = 1 << 16;
 /// The largest batch buffer accepted.
-const MAX_BATCH_BYTES: usize = 1 << 36;
+pub(super) const MAX_BATCH_BYTES: usize = 1 << 36;
 
 /// The settled configuration of one iterator.
 #[derive(Clone)]
@@ -367,18 +272,7 @@ impl Config {
             return Err(Error::not_supported(format!("{op} with aug_seq={} (aug_default is)", p.aug_seq)));
         }
         let affine = affine_of(&p, a.extra(), op)?;
-        let &[channels, height, width] = p.data_shape else {
-            return Err(Error::value(format!(
-                "{op}: data_shape must be (channels, height, width), got {:?}",
-                p.data_shape
-            )));
-        };
-        if ![1, 3, 4].contains(&channels) || !(1..=MAX_SIDE).contains(&height) || !(1..=MAX_SIDE).contains(&width) {
-            return Err(Error::value(format!(
-                "{op}: data_shape {:?} needs 1, 3 or 4 channels and a height and width in [1, {MAX_SIDE}]",
-                p.data_shape
-            )));
-        }
+        let [channels, height, width] = image_shape(op, p.data_shape)?;
         let positive = |name: &str, v: i64| positive(op, name, v);
         let dtype = p.dtype.unwrap_or(default_dtype);
         if !matches!(dtype, DType::F32 | DType::U8 | DType::I8) {
@@ -447,7 +341,7 @@ impl Config {
         };
         let label_width = positive("label_width", p.label_width)?;
         let batch = positive("batch_size", p.batch_size)?;
-        let bytes = (channels as usize * height as usize * width as usize)
+        let bytes = (channels * height * width)
             .checked_mul(batch)
             .and_then(|n| n.checked_mul(4))
             .filter(|&n| n <= MAX_BATCH_BYTES && label_width <= MAX_SIDE as usize);
@@ -464,9 +358,9 @@ impl Config {
         };
         Ok(Config {
             rec: p.path_imgrec.to_string(),
-            channels: channels as usize,
-            height: height as usize,
-            width: width as usize,
+            channels,
+            height,
+            width,
             batch,
             label_width,
             dtype,
@@ -486,8 +380,20 @@ impl Config {
     }
 }
 
+/// An image iterator's `data_shape`: `(channels, height, width)` with 1, 3 or 4 channels and
+/// sides in `[1, MAX_SIDE]`.
+pub(super) fn image_shape(op: &str, data_shape: &[i64]) -> Result<[usize; 3]> {
+    match *data_shape {
+        [c @ (1 | 3 | 4), h @ 1..=MAX_SIDE, w @ 1..=MAX_SIDE] => Ok([c as usize, h as usize, w as usize]),
+        [_, _, _] => Err(Error::value(format!(
+            "{op}: data_shape {data_shape:?} needs 1, 3 or 4 channels and a height and width in [1, {MAX_SIDE}]"
+        ))),
+        _ => Err(Error::value(format!("{op}: data_shape must be (channels, height, width), got {data_shape:?}"))),
+    }
+}
+
 /// Refuse an intermediate image larger than a decodable one (a huge `resize` or `pad`).
-fn check_size(h: usize, w: usize) -> Result<()> {
+pub(super) fn check_size(h: usize, w: usize) -> Result<()> {
     match h.checked_mul(w) {
         Some(n) if n <= imgproc::MAX_PIXELS => Ok(()),
         _ => Err(Error::value(format!(
@@ -497,14 +403,14 @@ fn check_size(h: usize, w: usize) -> Result<()> {
     }
 }
 
-fn resized(img: &Image, nh: usize, nw: usize, inter: i64) -> Result<Image> {
+pub(super) fn resized(img: &Image, nh: usize, nw: usize, inter: i64) -> Result<Image> {
     check_size(nh, nw)?;
     let mut data = vec![0u8; nh * nw * img.c];
     imgproc::resize::<u8>(&img.data, &mut data, (img.h, img.w, img.c), (nh, nw), inter)?;
     Ok(Image { h: nh, w: nw, c: img.c, data })
 }
 
-fn cropped(img: &Image, y: usize, x: usize, h: usize, w: usize) -> Image {
+pub(super) fn cropped(img: &Image, y: usize, x: usize, h: usize, w: usize) -> Image {
     let c = img.c;
     let mut data = Vec::with_capacity(h * w * c);
     for r in y..y + h {
@@ -523,7 +429,7 @@ fn gray_of(px: &[u8]) -> u8 {
 /// The interpolation for a resize from `(h, w)` to `(nh, nw)`: `inter_method` itself, or for
 /// 9 bicubic when enlarging both sides, area when shrinking both, else bilinear; for 10 one
 /// of the five at random.
-fn pick_inter(inter: i64, (h, w): (usize, usize), (nh, nw): (usize, usize), rng: &mut Rng) -> i64 {
+pub(super) fn pick_inter(inter: i64, (h, w): (usize, usize), (nh, nw): (usize, usize), rng: &mut Rng) -> i64 {
     match inter {
         9 if nh > h && nw > w => imgproc::INTER_CUBIC,
         9 if nh < h && nw < w => imgproc::INTER_AREA,
@@ -765,7 +671,13 @@ fn hsl_noise(aug: &Augment, img: &mut Image, rng: &mut Rng) {
         (r * limit as f32 * 2.0 - limit as f32) as i64
     };
     let (h, s, l) = (draw(aug.hsl[0]), draw(aug.hsl[1]), draw(aug.hsl[2]));
-    let (shift, limit) = ([h, l, s], [180.0, 255.0, 255.0]);
+    shift_hls(img, [h, l, s]);
+}
+
+/// Add `shift` (hue, lightness, saturation) to each pixel in OpenCV's 8-bit HLS space,
+/// clamped to its range.
+pub(super) fn shift_hls(img: &mut Image, shift: [i64; 3]) {
+    let limit = [180.0, 255.0, 255.0];
     for px in img.data.chunks_exact_mut(img.c) {
         let mut hls = bgr_to_hls(px);
         for k in 0..3 {
@@ -874,282 +786,6 @@ fn process(cfg: &Config, bytes: &[u8], seed: u64, slot: &mut [u8]) -> Result<(Ve
     Ok((labels, rec.id))
 }
 
-/// Reads a part's records in batches: file order, or shuffled anew each epoch.
-struct Parser {
-    cfg: Config,
-    reader: RecordReader,
-    offsets: Vec<u64>,
-    order: Vec<usize>,
-    next: usize,
-    epoch: u64,
-    overflow: bool,
-    /// The last batch's data, kept for the padding of a short batch without `round_batch`.
-    last: Vec<u8>,
-    last_labels: Vec<f32>,
-    /// The `preprocess_threads` decoding threads, started once.
-    workers: rayon::ThreadPool,
-}
-
-impl Parser {
-    fn new(cfg: Config, offsets: Vec<u64>) -> Result<Parser> {
-        let reader = RecordReader::open(&cfg.rec)?;
-        let bytes = cfg.batch * cfg.unit() * cfg.dtype.size();
-        let labels = cfg.batch * cfg.label_width;
-        let workers = rayon::ThreadPoolBuilder::new()
-            .num_threads(cfg.threads)
-            .thread_name(|i| format!("mxrt-imgdec-{i}"))
-            .build()
-            .map_err(|e| Error::mxnet(format!("cannot start the decoding threads: {e}")))?;
-        let mut p = Parser {
-            workers,
-            reader,
-            order: (0..offsets.len()).collect(),
-            offsets,
-            next: 0,
-            epoch: 0,
-            overflow: false,
-            last: vec![0; bytes],
-            last_labels: vec![0.0; labels],
-            cfg,
-        };
-        p.reorder();
-        Ok(p)
-    }
-
-    fn reorder(&mut self) {
-        if self.cfg.shuffle {
-            self.order = (0..self.offsets.len()).collect();
-            Rng::new(self.cfg.seed.wrapping_mul(0x1000_0001).wrapping_add(self.epoch)).shuffle(&mut self.order);
-        }
-    }
-
-    fn rewind(&mut self) {
-        self.next = 0;
-        self.epoch += 1;
-        self.reorder();
-    }
-
-    fn before_first(&mut self) {
-        if self.cfg.round_batch && self.overflow {
-            self.overflow = false;
-        } else {
-            self.rewind();
-        }
-    }
-
-    /// The next record's bytes and its position in the epoch, or `None` at the end.
-    fn read(&mut self) -> Result<Option<(Vec<u8>, u64)>> {
-        let Some(&i) = self.order.get(self.next) else { return Ok(None) };
-        let at = self.offsets[i];
-        self.reader.seek(at)?;
-        let mut buf = Vec::new();
-        if !self.reader.read_record(&mut buf)? {
-            return Err(Error::mxnet(format!("{}: no record at byte {at} (a stale .idx file?)", self.cfg.rec)));
-        }
-        self.next += 1;
-        Ok(Some((buf, self.epoch << 32 | self.next as u64)))
-    }
-
-    fn next_batch(&mut self) -> Result<Option<Batch>> {
-        if self.overflow {
-            return Ok(None);
-        }
-        let batch = self.cfg.batch;
-        let mut records = Vec::with_capacity(batch);
-        while records.len() < batch {
-            match self.read()? {
-                Some(r) => records.push(r),
-                None => break,
-            }
-        }
-        if records.is_empty() {
-            return Ok(None);
-        }
-        let real = records.len();
-        if real < batch && self.cfg.round_batch {
-            self.overflow = true;
-            self.rewind();
-            while records.len() < batch {
-                match self.read()? {
-                    Some(r) => records.push(r),
-                    None => {
-                        return Err(Error::mxnet(format!(
-                            "{}: number of input images must be bigger than the batch size",
-                            self.cfg.rec
-                        )))
-                    }
-                }
-            }
-        }
-        let pad = batch - real;
-        // The buffers go back whatever happens: a failed batch must not break the next ones.
-        let (mut data, mut labels) = (std::mem::take(&mut self.last), std::mem::take(&mut self.last_labels));
-        let made = self.fill(&records, &mut data, &mut labels).and_then(|ids| {
-            let cfg = &self.cfg;
-            let data_arr =
-                NDArray::from_host_bytes(vec![batch, cfg.channels, cfg.height, cfg.width], cfg.dtype, &data)?;
-            let lshape = if cfg.label_width == 1 { vec![batch] } else { vec![batch, cfg.label_width] };
-            let label_arr = NDArray::from_host_bytes(lshape, DType::F32, &f32_bytes(&labels))?;
-            Ok(Batch { data: data_arr, label: label_arr, pad, index: ids })
-        });
-        (self.last, self.last_labels) = (data, labels);
-        made.map(Some)
-    }
-
-    /// Decode, augment and normalise `records` into the batch buffers' first slots; returns
-    /// every slot's image id (0 for padding).
-    fn fill(&self, records: &[(Vec<u8>, u64)], data: &mut [u8], labels: &mut [f32]) -> Result<Vec<u64>> {
-        let cfg = &self.cfg;
-        let unit = cfg.unit() * cfg.dtype.size();
-        let mut ids = vec![0u64; cfg.batch];
-        let jobs: Vec<_> = records.iter().zip(data.chunks_exact_mut(unit)).enumerate().collect();
-        use rayon::prelude::*;
-        let results: Vec<_> = self.workers.install(|| {
-            jobs.into_par_iter()
-                .map(|(slot, ((bytes, place), out))| {
-                    let seed = cfg.aug_seed.wrapping_mul(0x9e37_79b9).wrapping_add(*place);
-                    // A decoder's panic is this record's error, not the end of the reading thread.
-                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| process(cfg, bytes, seed, out)));
-                    let done = run.unwrap_or_else(|p| {
-                        let why = p
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| p.downcast_ref::<String>().cloned());
-                        Err(Error::internal(format!("decoding panicked: {}", why.unwrap_or_default())))
-                    });
-                    done.map(|r| (slot, r)).map_err(|e| {
-                        let msg = e.to_string();
-                        let body = msg.split_once(": ").map_or(msg.as_str(), |(_, b)| b);
-                        Error::mxnet(format!("{}: record {} of the epoch: {body}", cfg.rec, place & 0xffff_ffff))
-                    })
-                })
-                .collect()
-        });
-        for r in results {
-            let (slot, (l, id)) = r?;
-            labels[slot * cfg.label_width..(slot + 1) * cfg.label_width].copy_from_slice(&l);
-            ids[slot] = id;
-        }
-        Ok(ids)
-    }
-}
-
-enum Control {
-    /// Start the next epoch; batches sent from now on carry this epoch number.
-    Reset(u64),
-}
-
-/// The iterator: a prefetch thread running a [`Parser`], `prefetch_buffer` batches ahead.
-struct ImageRecordIter {
-    batches: Receiver<(u64, Result<Option<Batch>>)>,
-    control: Option<Sender<Control>>,
-    thread: Option<JoinHandle<()>>,
-    epoch: u64,
-    ended: bool,
-    /// The process that started the thread: a forked child has no such thread.
-    pid: u32,
-}
-
-impl ImageRecordIter {
-    fn start(mut parser: Parser, depth: usize) -> Result<ImageRecordIter> {
-        let (tx, batches) = mpsc::sync_channel(depth);
-        // Unbounded: resets never block, even while the thread waits to hand over a batch.
-        let (control, commands) = mpsc::channel::<Control>();
-        let thread = std::thread::Builder::new()
-            .name("mxrt-imagerec".into())
-            .spawn(move || {
-                let mut epoch = 0;
-                let mut ended = false;
-                loop {
-                    let command = if ended {
-                        commands.recv().map_err(|_| TryRecvError::Disconnected)
-                    } else {
-                        commands.try_recv()
-                    };
-                    match command {
-                        Ok(Control::Reset(e)) => {
-                            let _call = crate::runtime::enter_call();
-                            parser.before_first();
-                            (epoch, ended) = (e, false);
-                            continue;
-                        }
-                        Err(TryRecvError::Disconnected) => return,
-                        Err(TryRecvError::Empty) => {}
-                    }
-                    // Inside the call gate, as a C call is: a fork waits until this batch is
-                    // made, so the child inherits no lock this thread held (never across the
-                    // channel waits, where a fork must not wait for us).
-                    let item = {
-                        let _call = crate::runtime::enter_call();
-                        parser.next_batch()
-                    };
-                    ended = !matches!(item, Ok(Some(_)));
-                    if tx.send((epoch, item)).is_err() {
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| Error::mxnet(format!("cannot start the ImageRecordIter thread: {e}")))?;
-        Ok(ImageRecordIter {
-            batches,
-            control: Some(control),
-            thread: Some(thread),
-            epoch: 0,
-            ended: false,
-            pid: std::process::id(),
-        })
-    }
-}
-
-impl DataIter for ImageRecordIter {
-    fn before_first(&mut self) -> Result<()> {
-        self.epoch += 1;
-        self.ended = false;
-        let control = self.control.as_ref().ok_or_else(|| Error::internal("ImageRecordIter without its thread"))?;
-        control.send(Control::Reset(self.epoch)).map_err(|_| Error::mxnet("the ImageRecordIter thread has stopped"))
-    }
-
-    fn next(&mut self) -> Result<Option<Batch>> {
-        if self.ended {
-            return Ok(None);
-        }
-        loop {
-            // Outside the call gate: the thread takes it to make the batch.
-            let (epoch, item) = crate::runtime::outside_call(|| self.batches.recv())
-                .map_err(|_| Error::mxnet("the ImageRecordIter thread has stopped"))?;
-            if epoch == self.epoch {
-                self.ended = !matches!(item, Ok(Some(_)));
-                return item;
-            }
-        }
-    }
-
-    fn owner_process(&self) -> Option<u32> {
-        Some(self.pid)
-    }
-}
-
-impl Drop for ImageRecordIter {
-    fn drop(&mut self) {
-        if std::process::id() != self.pid {
-            // A forked child's copy: the thread is not here, and the channels' queued batches
-            // belong to the parent's state; leak them rather than tear them down here.
-            std::mem::forget(self.thread.take());
-            std::mem::forget(self.control.take());
-            std::mem::forget(std::mem::replace(&mut self.batches, mpsc::sync_channel(0).1));
-            return;
-        }
-        // Closing both channels ends the thread at its next send or command.
-        self.control = None;
-        let (_, dead) = mpsc::sync_channel(0);
-        drop(std::mem::replace(&mut self.batches, dead));
-        if let Some(t) = self.thread.take() {
-            // Outside the call gate, as in `next`: the thread may be about to take it.
-            let _ = crate::runtime::outside_call(|| t.join());
-        }
-    }
-}
-
 /// Load a mean image file (one `(channels, height, width)` array), or compute one over the
 /// part's images and save it there, as stock does when the file does not exist.
 fn mean_image(cfg: &Config, offsets: &[u64], path: &str) -> Result<Vec<f32>> {
@@ -1205,7 +841,21 @@ fn create(a: &Attrs, default_dtype: DType) -> Result<Box<dyn DataIter>> {
         cfg.norm.mean_img = Some(std::sync::Arc::new(mean_image(&cfg, &offsets, p.mean_img)?));
     }
     let depth = usize::try_from(p.prefetch_buffer).unwrap_or(1).clamp(1, 64);
-    Ok(Box::new(ImageRecordIter::start(Parser::new(cfg, offsets)?, depth)?))
+    let batching = Batching {
+        rec: cfg.rec.clone(),
+        shape: [cfg.channels, cfg.height, cfg.width],
+        dtype: cfg.dtype,
+        batch: cfg.batch,
+        label_width: cfg.label_width,
+        label_2d: false,
+        round_batch: cfg.round_batch,
+        threads: cfg.threads,
+        shuffle: cfg.shuffle,
+        seed: cfg.seed,
+        aug_seed: cfg.aug_seed,
+    };
+    let process = Arc::new(move |bytes: &[u8], seed: u64, slot: &mut [u8]| process(&cfg, bytes, seed, slot));
+    Ok(Box::new(Prefetcher::start(a.op, BatchReader::new(batching, process, offsets)?, depth)?))
 }
 
 pub(super) fn create_f32(a: &Attrs) -> Result<Box<dyn DataIter>> {

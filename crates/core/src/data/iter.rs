@@ -1,5 +1,5 @@
 //! The C++ data iterators of stock 1.9.1 that `mx.io` wraps: `MNISTIter` and `CSVIter` here,
-//! the image iterators in [`super::image_iter`].
+//! the image iterators in [`super::image_iter`] and [`super::image_det_iter`].
 //!
 //! Owns: [`DataIter`] (reset, next batch), [`IterDef`] (an iterator's name, documentation and
 //! parameter table, served through `MXDataIterGetIterInfo`) and the iterators. Parameters are
@@ -71,7 +71,8 @@ pub fn find(name: &str) -> Option<&'static IterDef> {
     ITERATORS.iter().find(|d| d.name == name)
 }
 
-static ITERATORS: [IterDef; 7] = {
+static ITERATORS: [IterDef; 8] = {
+    use super::image_det_iter::{self as det, DET_PARAMS};
     use super::image_iter::{self as img, REC_PARAMS};
     [
         IterDef { name: "MNISTIter", doc: MNIST_DOC, params: &MNIST_PARAMS, create: Mnist::create },
@@ -86,6 +87,7 @@ static ITERATORS: [IterDef; 7] = {
             create: img::create_u8,
         },
         IterDef { name: "ImageRecordInt8Iter", doc: img::INT8_ITER_DOC, params: &REC_PARAMS, create: img::create_i8 },
+        IterDef { name: "ImageDetRecordIter", doc: det::DET_ITER_DOC, params: &DET_PARAMS, create: det::create },
     ]
 };
 
