@@ -192,7 +192,9 @@ pid = os.fork()
 if pid == 0:
     child = resized()
     same = all((a == b).all() for a, b in zip(parent, child))
-    print(sum(s.startswith('mxnet-rt image') for s in names()), same, flush=True)
+    n = names()
+    print(sum(s.startswith('mxnet-rt image') for s in n), sum(s.startswith('mxnet-rt kernel') for s in n), same,
+          flush=True)
     os._exit(0)
 os.waitpid(pid, 0)
 """
@@ -201,7 +203,8 @@ os.waitpid(pid, 0)
 @pytest.mark.parametrize("setting, expect", [(None, 0), ("1", 0), ("3", 3)])
 def test_mp_opencv_num_threads_sets_a_forked_childs_image_threads(setting, expect):
     # Resizing (stock: OpenCV) in the forked child runs on MXNET_MP_OPENCV_NUM_THREADS
-    # threads of its own (0 and 1: on the calling thread), with the parent's results.
+    # threads of its own (0 and 1: on the calling thread, no kernel threads either), with the
+    # parent's results.
     env = dict(os.environ)
     env.pop("MXNET_MP_OPENCV_NUM_THREADS", None)
     env.pop("OMP_NUM_THREADS", None)
@@ -209,8 +212,8 @@ def test_mp_opencv_num_threads_sets_a_forked_childs_image_threads(setting, expec
         env["MXNET_MP_OPENCV_NUM_THREADS"] = setting
     r = subprocess.run([sys.executable, "-c", IMAGE_THREADS], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
-    threads, same = r.stdout.split()
-    assert (int(threads), same) == (expect, "True"), r.stdout
+    image, kernel, same = r.stdout.split()
+    assert (int(image), int(kernel), same) == (expect, 0, "True"), r.stdout
 
 
 def test_shared_mem_handles_refuse_bad_input():

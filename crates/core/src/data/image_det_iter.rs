@@ -13,15 +13,20 @@
 //! n, label..., label_pad_value...]` of width `label_pad_width + 4`, where `label` is the
 //! augmented label (`n` values: objects whose box is empty are dropped, as stock's parser
 //! drops them); the image sits at the top left of its `(channels, height, width)` slot (the
-//! `shrink` and `fit` modes leave the rest zero); pixels are `((x - mean) / std) · scale` in
+//! `shrink` and `fit` modes leave the rest zero before normalisation); pixels are `((x - mean) / std) · scale` in
 //! float32, the mean subtracted only when one of `mean_r/g/b/a` is positive and `std` applied
 //! only where positive, as stock does. What differs, on purpose: random choices (samplers,
 //! crops, pads, mirrors, jitter, shuffle order) come from the per-record generator of
 //! [`super::record_batches`], reproducible whatever the thread count, not stock's draws; a
-//! crop or fit that would leave no pixel keeps one. Not supported yet (NotImplementedError):
-//! `mean_img`, another `aug_seq`, an output `dtype` other than float32.
+//! crop or fit that would leave no pixel keeps one; HLS jitter on a 4-channel image shifts
+//! its colour channels and keeps alpha (stock's conversion drops alpha and then misreads the
+//! image); `resize` and `label_pad_width` beyond 65536 and a non-numeric label in an image list
+//! are errors (stock: OpenCV's failure, an oversized buffer, 0). Not supported yet
+//! (NotImplementedError): `mean_img`, another `aug_seq`, an output `dtype` other than float32.
 
-use super::image_iter::{check_size, cropped, image_shape, pick_inter, resized, shift_hls, MAX_BATCH_BYTES, MAX_SIDE};
+use super::image_iter::{
+    check_size, cropped, cv_scalar, image_shape, pick_inter, resized, shift_hls, MAX_BATCH_BYTES, MAX_SIDE,
+};
 use super::iter::{positive, DataIter};
 use super::record_batches::{parse_record, part_offsets, BatchReader, Batching, Prefetcher, Rng};
 use super::recordio::RecordReader;
@@ -454,8 +459,11 @@ impl DetConfig {
         if !(0..=4).contains(&inter) && inter != 9 && inter != 10 {
             return Err(Error::value(format!("{op}: invalid inter_method {inter}: valid values are 0-4, 9 and 10")));
         }
-        if p.resize > MAX_SIDE {
-            return Err(Error::value(format!("{op}: resize={} is larger than {MAX_SIDE} pixels", p.resize)));
+        if p.resize > MAX_SIDE || p.resize == 0 || p.resize < -1 {
+            return Err(Error::value(format!(
+                "{op}: resize={} must be -1 (off) or a size in [1, {MAX_SIDE}] pixels",
+                p.resize
+            )));
         }
         if p.emit_overlap_thresh < 0.0 {
             return Err(Error::value(format!(
@@ -537,7 +545,14 @@ fn augment(cfg: &DetConfig, mut img: Image, label: &mut DetLabel, rng: &mut Rng)
             [(h, aug.hsl[0].1), (s, aug.hsl[1].1), (l, aug.hsl[2].1)]
                 .map(|(v, prob)| if rng.unit() < prob { v } else { 0 });
         let c = if rng.unit() < aug.contrast.1 { c } else { 0.0 };
-        if (h, s, l) != (0, 0, 0) && img.c >= 3 {
+        if (h, s, l) != (0, 0, 0) {
+            if img.c < 3 {
+                // Stock's cvtColor(BGR2HLS) fails on a gray image.
+                return Err(Error::mxnet(format!(
+                    "random hue, saturation or illumination needs a colour image, got {} channel(s)",
+                    img.c
+                )));
+            }
             shift_hls(&mut img, [h, l, s]);
         }
         if c.abs() > 1e-3 {
@@ -572,7 +587,7 @@ fn augment(cfg: &DetConfig, mut img: Image, label: &mut DetLabel, rng: &mut Rng)
                 (img.h.saturating_add(top).saturating_add(bottom), img.w.saturating_add(left).saturating_add(right));
             check_size(nh, nw)?;
             let mut data = vec![0u8; nh * nw * img.c];
-            let fill = [aug.fill; 4];
+            let fill = cv_scalar(aug.fill);
             imgproc::make_border(
                 &img.data,
                 &mut data,

@@ -392,6 +392,11 @@ pub(super) fn image_shape(op: &str, data_shape: &[i64]) -> Result<[usize; 3]> {
     }
 }
 
+/// Stock's border colour `cv::Scalar(v, v, v)`: `v` in the three colour channels, 0 in alpha.
+pub(super) fn cv_scalar(v: u8) -> [u8; 4] {
+    [v, v, v, 0]
+}
+
 /// Refuse an intermediate image larger than a decodable one (a huge `resize` or `pad`).
 pub(super) fn check_size(h: usize, w: usize) -> Result<()> {
     match h.checked_mul(w) {
@@ -477,7 +482,7 @@ fn warped(aug: &Augment, af: &Affine, img: Image, rng: &mut Rng) -> Result<Image
     let (nh, nw) = (nh as usize, nw as usize);
     check_size(nh, nw)?;
     let inter = pick_inter(aug.inter, (img.h, img.w), (nh, nw), rng);
-    let data = imgproc::warp_affine(&img.data, (img.h, img.w, img.c), m, (nh, nw), inter, aug.fill)?;
+    let data = imgproc::warp_affine(&img.data, (img.h, img.w, img.c), m, (nh, nw), inter, cv_scalar(aug.fill))?;
     Ok(Image { h: nh, w: nw, c: img.c, data })
 }
 
@@ -498,7 +503,7 @@ fn augment(cfg: &Config, mut img: Image, rng: &mut Rng) -> Result<Image> {
         let p = aug.pad;
         check_size(img.h + 2 * p, img.w + 2 * p)?;
         let mut data = vec![0u8; (img.h + 2 * p) * (img.w + 2 * p) * img.c];
-        let fill = [aug.fill; 4];
+        let fill = cv_scalar(aug.fill);
         imgproc::make_border(
             &img.data,
             &mut data,

@@ -60,6 +60,14 @@ pub enum PoolKind {
     Image,
 }
 
+/// A pool, if one was built since the thread count last changed, and whether one is being
+/// built now (the fork count when the build started: a build that was under way at a fork
+/// goes on only in the parent).
+struct PoolSlot {
+    pool: Option<Arc<KernelPool>>,
+    building: Option<usize>,
+}
+
 /// The process's kernel execution state.
 struct Kernels {
     /// How many times this process is a forked child of a process that used kernels
@@ -68,9 +76,9 @@ struct Kernels {
     /// A valid `OMP_NUM_THREADS`, read once.
     omp_env: OnceLock<Option<usize>>,
     /// The pool, if a loop was split since the thread count last changed.
-    pool: Mutex<Option<Arc<KernelPool>>>,
+    pool: Mutex<PoolSlot>,
     /// A forked child's image pool, if an image loop was split there.
-    image_pool: Mutex<Option<Arc<KernelPool>>>,
+    image_pool: Mutex<PoolSlot>,
     /// A forked child's `MXNET_MP_OPENCV_NUM_THREADS`, read once.
     image_threads: OnceLock<usize>,
     /// The tuning configuration, read once.
@@ -80,8 +88,8 @@ struct Kernels {
 static KERNELS: Kernels = Kernels {
     forks: AtomicUsize::new(0),
     omp_env: OnceLock::new(),
-    pool: Mutex::new(None),
-    image_pool: Mutex::new(None),
+    pool: Mutex::new(PoolSlot { pool: None, building: None }),
+    image_pool: Mutex::new(PoolSlot { pool: None, building: None }),
     image_threads: OnceLock::new(),
     tuning: OnceLock::new(),
 };
@@ -148,38 +156,50 @@ fn pool() -> Option<Arc<KernelPool>> {
 /// The pool in `slot`, rebuilt with `want` threads named `name i` when it has another
 /// count or was built before a fork.
 ///
-/// The slot's lock is not held while a pool is built and measured: measuring runs jobs on the
-/// new pool, and a caller that is a worker of another rayon pool (an image iterator's
-/// decoding thread) runs its own pool's queued jobs while it waits for them, one of which may
-/// come here again. Two callers may both build a pool; the first one stored is kept.
-fn build_pool(slot: &Mutex<Option<Arc<KernelPool>>>, want: usize, name: &'static str) -> Option<Arc<KernelPool>> {
+/// The slot's lock is not held while a pool is built and measured, and the measuring runs on
+/// a thread of its own: measuring runs jobs on the new pool, and a caller that is a worker of
+/// another rayon pool (an image iterator's decoding thread) would run its own pool's queued
+/// jobs while it waits, one of which may come here again. Meanwhile other callers run their
+/// loops serially (`None`) rather than build pools of their own.
+fn build_pool(slot: &Mutex<PoolSlot>, want: usize, name: &'static str) -> Option<Arc<KernelPool>> {
     if want <= 1 {
         return None;
     }
     let forks = KERNELS.forks.load(Ordering::Relaxed);
-    let usable = |slot: &mut Option<Arc<KernelPool>>| {
-        if slot.as_ref().is_some_and(|p| p.forks != forks) {
+    {
+        let mut s = slot.lock();
+        if s.pool.as_ref().is_some_and(|p| p.forks != forks) {
             // A forked child: the pool's threads stayed in the parent. Dropping it would
             // signal threads that do not exist here; leak it and build a new one.
-            std::mem::forget(slot.take());
+            std::mem::forget(s.pool.take());
         }
-        slot.as_ref().filter(|p| p.threads == want).cloned()
-    };
-    if let Some(p) = usable(&mut slot.lock()) {
-        return Some(p);
+        if let Some(p) = s.pool.as_ref().filter(|p| p.threads == want) {
+            return Some(p.clone());
+        }
+        if s.building == Some(forks) {
+            return None;
+        }
+        s.building = Some(forks);
     }
     runtime().adopt(crate::runtime::Stage::KernelPool, &PoolStage);
-    let pool =
-        rayon::ThreadPoolBuilder::new().num_threads(want).thread_name(move |i| format!("{name} {i}")).build().ok()?;
-    let overhead_ns = measure_overhead(&pool, want);
-    let mut slot = slot.lock();
-    if let Some(p) = usable(&mut slot) {
-        // Another caller stored one meanwhile; ours ends its threads when dropped.
-        return Some(p);
+    let built = rayon::ThreadPoolBuilder::new()
+        .num_threads(want)
+        .thread_name(move |i| format!("{name} {i}"))
+        .build()
+        .ok()
+        .and_then(|pool| {
+            let overhead_ns = std::thread::scope(|sc| {
+                let t = std::thread::Builder::new().spawn_scoped(sc, || measure_overhead(&pool, want)).ok()?;
+                t.join().ok()
+            })?;
+            Some(Arc::new(KernelPool { pool, threads: want, overhead_ns, forks }))
+        });
+    let mut s = slot.lock();
+    s.building = None;
+    if built.is_some() {
+        s.pool = built.clone();
     }
-    let p = Arc::new(KernelPool { pool, threads: want, overhead_ns, forks });
-    *slot = Some(p.clone());
-    Some(p)
+    built
 }
 
 /// Median time of a split empty loop on `pool`.

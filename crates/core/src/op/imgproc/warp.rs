@@ -93,14 +93,15 @@ fn table(interp: i64) -> &'static [i32] {
 
 /// Warp the `(h, w, c)` image `x` by the forward affine map `m` (`[m0 m1 m2; m3 m4 m5]` takes
 /// a source position to an output one) into an `(oh, ow, c)` image, with OpenCV interpolation
-/// `interp` (0 to 4); output pixels whose source lies outside the image are `fill`.
+/// `interp` (0 to 4); output pixels whose source lies outside the image are `fill` (one value
+/// per channel, as OpenCV's border `Scalar`).
 pub fn warp_affine(
     x: &[u8],
     (h, w, c): (usize, usize, usize),
     m: [f32; 6],
     (oh, ow): (usize, usize),
     interp: i64,
-    fill: u8,
+    fill: [u8; 4],
 ) -> Result<Vec<u8>> {
     if !resize_supported(interp) {
         return Err(Error::value(format!("unknown interpolation {interp} (OpenCV's are 0 to 4)")));
@@ -146,7 +147,7 @@ pub fn warp_affine(
                             let s = sy as usize * line_len + sx as usize * c;
                             px.copy_from_slice(&x[s..s + c]);
                         }
-                        false => px.fill(fill),
+                        false => px.copy_from_slice(&fill[..c]),
                     }
                     continue;
                 }
@@ -158,8 +159,11 @@ pub fn warp_affine(
                         let yy = sy + r as i32;
                         for (t, &wv) in wt[r * k..(r + 1) * k].iter().enumerate() {
                             let xx = sx + t as i32;
-                            let s =
-                                if inside(yy, xx) { x[yy as usize * line_len + xx as usize * c + ch] } else { fill };
+                            let s = if inside(yy, xx) {
+                                x[yy as usize * line_len + xx as usize * c + ch]
+                            } else {
+                                fill[ch]
+                            };
                             sum += i64::from(s) * i64::from(wv);
                         }
                     }
@@ -190,19 +194,19 @@ mod tests {
         let (h, w) = (5, 6);
         let x: Vec<u8> = (0..h * w * 2).map(|v| (v * 3) as u8).collect();
         for interp in 0..=4 {
-            let same = warp_affine(&x, (h, w, 2), [1.0, 0.0, 0.0, 0.0, 1.0, 0.0], (h, w), interp, 9).unwrap();
+            let same = warp_affine(&x, (h, w, 2), [1.0, 0.0, 0.0, 0.0, 1.0, 0.0], (h, w), interp, [9; 4]).unwrap();
             assert_eq!(same, x, "interp {interp}");
         }
         // One pixel right and down: the first row and column are the fill.
-        let moved = warp_affine(&x, (h, w, 2), [1.0, 0.0, 1.0, 0.0, 1.0, 1.0], (h, w), 1, 9).unwrap();
+        let moved = warp_affine(&x, (h, w, 2), [1.0, 0.0, 1.0, 0.0, 1.0, 1.0], (h, w), 1, [9; 4]).unwrap();
         assert!(moved[..w * 2].iter().all(|&v| v == 9));
         assert_eq!(moved[(w + 1) * 2..(w + 2) * 2], x[..2]);
         // A quarter turn about the origin, shifted back into view: (x, y) -> (h-1-y, x).
-        let turned = warp_affine(&x, (h, w, 2), [0.0, -1.0, (h - 1) as f32, 1.0, 0.0, 0.0], (w, h), 0, 9).unwrap();
+        let turned = warp_affine(&x, (h, w, 2), [0.0, -1.0, (h - 1) as f32, 1.0, 0.0, 0.0], (w, h), 0, [9; 4]).unwrap();
         for (yy, xx) in [(0, 0), (2, 3), (4, 5)] {
             let (ox, oy) = (h - 1 - yy, xx);
             assert_eq!(turned[(oy * h + ox) * 2..][..2], x[(yy * w + xx) * 2..][..2]);
         }
-        assert!(warp_affine(&x, (h, w, 2), [1.0, 0.0, 0.0, 0.0, 1.0, 0.0], (0, w), 1, 9).is_err());
+        assert!(warp_affine(&x, (h, w, 2), [1.0, 0.0, 0.0, 0.0, 1.0, 0.0], (0, w), 1, [9; 4]).is_err());
     }
 }
