@@ -2,8 +2,8 @@
 """The data pipeline of mxnet-rt vs stock MXNet 1.9.1 (the same stock Python frontend on both
 libraries): `gluon.data.DataLoader` batches/s with 0 and 2 worker processes (batches cross
 processes as shared-memory arrays), RecordIO write and read MB/s, and `CSVIter` /
-`MNISTIter` batches/s, and `ImageRecordIter` images/s over 256×256 JPEGs the benchmark writes
-(decode, augment, normalise, batch). Each repetition is a fresh interpreter; the libraries alternate to share
+`MNISTIter` batches/s, and `ImageRecordIter` and `ImageDetRecordIter` images/s over 256×256
+JPEGs the benchmark writes (decode, augment, normalise, batch). Each repetition is a fresh interpreter; the libraries alternate to share
 the machine's noise. Medians; Markdown on stdout and in bench/results/data.md.
 
     .venv/bin/python bench/data_bench.py [repetitions]
@@ -76,8 +76,8 @@ out['mnist'] = rate(lambda: mx.io.MNISTIter(image=os.path.join(d, 'img-idx3'), l
                                             batch_size=100, shuffle=False, silent=True))
 
 # ImageRecordIter: 384 JPEGs of 256x256 (quality 90), batch 32, default preprocess_threads.
-def images(**kw):
-    it = mx.io.ImageRecordIter(path_imgrec=os.path.join(d, 'img.rec'), batch_size=32, **kw)
+def images(make=mx.io.ImageRecordIter, rec='img.rec', **kw):
+    it = make(path_imgrec=os.path.join(d, rec), batch_size=32, **kw)
     next(iter(it))  # warm up: threads started, first batch decoded
     it.reset()
     t = time.perf_counter()
@@ -91,6 +91,10 @@ def images(**kw):
 out['imgrec_train'] = images(data_shape=(3, 224, 224), rand_crop=True, rand_mirror=True, mean_r=123.68, mean_g=116.28,
                              mean_b=103.53, std_r=58.395, std_g=57.12, std_b=57.375)
 out['imgrec_resize'] = images(data_shape=(3, 224, 224), resize=224, mean_r=123.68, mean_g=116.28, mean_b=103.53)
+# ImageDetRecordIter (SSD-style): the same JPEGs with two boxes each, forced to 300x300,
+# mirrored with probability 0.5, mean-subtracted.
+out['imgdet'] = images(make=mx.io.ImageDetRecordIter, rec='det.rec', data_shape=(3, 300, 300), rand_mirror_prob=0.5,
+                       mean_r=123.68, mean_g=116.28, mean_b=103.53)
 print(json.dumps(out))
 """
 
@@ -103,6 +107,7 @@ ROWS = [
     ("mnist", "`MNISTIter`, 10,000 28×28 images, batch 100 (batches/s)", True),
     ("imgrec_train", "`ImageRecordIter`, 256×256 JPEGs → 3×224×224, random crop + mirror + mean/std (images/s)", True),
     ("imgrec_resize", "`ImageRecordIter`, same JPEGs, resize shorter edge to 224 + centre crop (images/s)", True),
+    ("imgdet", "`ImageDetRecordIter`, same JPEGs with 2 boxes, force 300×300 + mirror p=0.5 + mean (images/s)", True),
 ]
 
 
@@ -114,10 +119,12 @@ def files(d):
     with open(os.path.join(d, "lab-idx1"), "wb") as f:
         f.write(np.array([0x801, 10000], dtype=">u4").tobytes() + rs.randint(0, 10, 10000).astype(np.uint8).tobytes())
     jpeg_records(os.path.join(d, "img.rec"), rs)
+    jpeg_records(os.path.join(d, "det.rec"), np.random.RandomState(1), det=True)
 
 
-def jpeg_records(path, rs, n=384, size=256):
-    """`n` photograph-like JPEGs (smooth gradients, blotches and grain) in a RecordIO file."""
+def jpeg_records(path, rs, n=384, size=256, det=False):
+    """`n` photograph-like JPEGs (smooth gradients, blotches and grain) in a RecordIO file;
+    labelled with a class, or with `det` a detection label of two boxes."""
     import io
     from PIL import Image  # pip install pillow (scripts/env.sh installs it with the tests)
     import mxnet as mx  # stock's frontend only packs records here
@@ -130,7 +137,8 @@ def jpeg_records(path, rs, n=384, size=256):
         img = np.clip(base + blotch + rs.normal(0, 8, (size, size, 3)), 0, 255).astype(np.uint8)
         buf = io.BytesIO()
         Image.fromarray(img).save(buf, "JPEG", quality=90)
-        w.write(mx.recordio.pack(mx.recordio.IRHeader(0, float(i % 10), i, 0), buf.getvalue()))
+        label = [2, 5, i % 10, 0.1, 0.2, 0.6, 0.7, 1, 0.3, 0.1, 0.9, 0.5] if det else float(i % 10)
+        w.write(mx.recordio.pack(mx.recordio.IRHeader(0, label, i, 0), buf.getvalue()))
     w.close()
 
 
