@@ -25,7 +25,8 @@
 //! (NotImplementedError): `mean_img`, another `aug_seq`, an output `dtype` other than float32.
 
 use super::image_iter::{
-    check_size, cropped, cv_scalar, image_shape, pick_inter, resized, shift_hls, MAX_BATCH_BYTES, MAX_SIDE,
+    check_size, cropped, cv_scalar, image_shape, pick_inter, resize_shorter, resized, shift_hls, MAX_BATCH_BYTES,
+    MAX_SIDE,
 };
 use super::iter::{positive, DataIter};
 use super::record_batches::{parse_record, part_offsets, BatchReader, Batching, Prefetcher, Rng};
@@ -532,10 +533,7 @@ fn crop_box(s: &Sampler, img_aspect: f32, rng: &mut Rng) -> Rect {
 fn augment(cfg: &DetConfig, mut img: Image, label: &mut DetLabel, rng: &mut Rng) -> Result<Image> {
     let aug = &cfg.aug;
     if let Some(size) = aug.resize {
-        let (nh, nw) = if img.h > img.w { (size * img.h / img.w, size) } else { (size, size * img.w / img.h) };
-        let (nh, nw) = (nh.max(1), nw.max(1));
-        let inter = pick_inter(aug.inter, (img.h, img.w), (nh, nw), rng);
-        img = resized(&img, nh, nw, inter)?;
+        img = resize_shorter(&img, size, aug.inter, rng)?;
     }
     if aug.hsl.iter().any(|&(_, prob)| prob > 0.0) || aug.contrast.1 > 0.0 {
         // Stock's order of draws: the four amounts, then the four coin flips.
@@ -722,13 +720,7 @@ pub(super) fn create(a: &Attrs) -> Result<Box<dyn DataIter>> {
         return Err(Error::not_supported(format!("{op} with dtype={} (float32 is)", p.dtype.map_or("", |d| d.name()))));
     }
     let mut cfg = DetConfig::new(&p, op)?;
-    let parts = usize::try_from(p.num_parts).ok().filter(|&n| n > 0);
-    let parts = parts.ok_or_else(|| Error::value(format!("{op}: num_parts must be positive, got {}", p.num_parts)))?;
-    let part = usize::try_from(p.part_index)
-        .ok()
-        .filter(|&i| i < parts)
-        .ok_or_else(|| Error::value(format!("{op}: part_index {} is not in [0, num_parts={parts})", p.part_index)))?;
-    let offsets = part_offsets(p.path_imgrec, "", parts, part)?;
+    let offsets = part_offsets(op, p.path_imgrec, "", p.num_parts, p.part_index)?;
     let widest = match &cfg.labels {
         Some(map) => map.values().map(Vec::len).max().unwrap_or(0),
         None => widest_record_label(p.path_imgrec, &offsets, cfg.label_width)?,

@@ -431,6 +431,14 @@ fn gray_of(px: &[u8]) -> u8 {
     ((r * 4899 + g * 9617 + b * 1868 + (1 << 13)) >> 14) as u8
 }
 
+/// Stock's `resize` augmentation: the shorter side scaled to `size`, the longer in proportion
+/// (integer arithmetic, as stock's), with `inter_method` `inter`.
+pub(super) fn resize_shorter(img: &Image, size: usize, inter: i64, rng: &mut Rng) -> Result<Image> {
+    let (nh, nw) = if img.h > img.w { (size * img.h / img.w, size) } else { (size, size * img.w / img.h) };
+    let (nh, nw) = (nh.max(1), nw.max(1));
+    resized(img, nh, nw, pick_inter(inter, (img.h, img.w), (nh, nw), rng))
+}
+
 /// The interpolation for a resize from `(h, w)` to `(nh, nw)`: `inter_method` itself, or for
 /// 9 bicubic when enlarging both sides, area when shrinking both, else bilinear; for 10 one
 /// of the five at random.
@@ -491,10 +499,7 @@ fn augment(cfg: &Config, mut img: Image, rng: &mut Rng) -> Result<Image> {
     let aug = &cfg.aug;
     let (dh, dw) = (cfg.height, cfg.width);
     if let Some(size) = aug.resize {
-        let (nh, nw) = if img.h > img.w { (size * img.h / img.w, size) } else { (size, size * img.w / img.h) };
-        let (nh, nw) = (nh.max(1), nw.max(1));
-        let inter = pick_inter(aug.inter, (img.h, img.w), (nh, nw), rng);
-        img = resized(&img, nh, nw, inter)?;
+        img = resize_shorter(&img, size, aug.inter, rng)?;
     }
     if let Some(af) = &aug.affine {
         img = warped(aug, af, img, rng)?;
@@ -835,13 +840,7 @@ fn mean_image(cfg: &Config, offsets: &[u64], path: &str) -> Result<Vec<f32>> {
 fn create(a: &Attrs, default_dtype: DType) -> Result<Box<dyn DataIter>> {
     let p = RecParams::of(a);
     let mut cfg = Config::new(a, default_dtype)?;
-    let parts = usize::try_from(p.num_parts).ok().filter(|&n| n > 0);
-    let parts =
-        parts.ok_or_else(|| Error::value(format!("{}: num_parts must be positive, got {}", a.op, p.num_parts)))?;
-    let part = usize::try_from(p.part_index).ok().filter(|&i| i < parts).ok_or_else(|| {
-        Error::value(format!("{}: part_index {} is not in [0, num_parts={parts})", a.op, p.part_index))
-    })?;
-    let offsets = part_offsets(&cfg.rec, p.path_imgidx, parts, part)?;
+    let offsets = part_offsets(a.op, &cfg.rec, p.path_imgidx, p.num_parts, p.part_index)?;
     if !p.mean_img.is_empty() && cfg.dtype != DType::U8 {
         cfg.norm.mean_img = Some(std::sync::Arc::new(mean_image(&cfg, &offsets, p.mean_img)?));
     }

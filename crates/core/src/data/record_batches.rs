@@ -78,9 +78,16 @@ pub(super) fn parse_record(bytes: &[u8]) -> Result<Record<'_>> {
     Ok(Record { flag, labels, id, image })
 }
 
-/// The byte offsets of a part's records: from the `.idx` file (records split by count), or
-/// by scanning the `.rec` file (split by bytes, as dmlc-core's input splits do).
-pub(super) fn part_offsets(rec: &str, idx: &str, parts: usize, part: usize) -> Result<Vec<u64>> {
+/// The byte offsets of the records of part `part_index` of `num_parts` (the iterator
+/// parameters, checked here): from the `.idx` file (records split by count), or by scanning
+/// the `.rec` file (split by bytes, as dmlc-core's input splits do).
+pub(super) fn part_offsets(op: &str, rec: &str, idx: &str, num_parts: i64, part_index: i64) -> Result<Vec<u64>> {
+    let parts = usize::try_from(num_parts).ok().filter(|&n| n > 0);
+    let parts = parts.ok_or_else(|| Error::value(format!("{op}: num_parts must be positive, got {num_parts}")))?;
+    let part = usize::try_from(part_index)
+        .ok()
+        .filter(|&i| i < parts)
+        .ok_or_else(|| Error::value(format!("{op}: part_index {part_index} is not in [0, num_parts={parts})")))?;
     if !idx.is_empty() {
         let text = std::fs::read_to_string(idx).map_err(|e| Error::mxnet(format!("cannot read {idx}: {e}")))?;
         let mut offsets = Vec::new();
