@@ -1,7 +1,7 @@
 """GPU contexts through the stock 1.9.1 frontend: every operator with a GPU form on gpu(0)
 against the same call on cpu(0) (whose results the other suites compare with stock), copies
-between devices, a Gluon MLP imperative and hybridized, and the clear error of an operator
-without a GPU form. Skips (saying so) on a machine without a CUDA driver or GPU; there it
+between devices, a Gluon MLP imperative and hybridized, five model-zoo networks (forward),
+and the clear error of an operator without a GPU form. Skips (saying so) on a machine without a CUDA driver or GPU; there it
 checks that gpu(0) is refused with a clear error."""
 import numpy as np
 import pytest
@@ -149,8 +149,17 @@ def test_gluon_mlp_on_gpu_equals_cpu():
 def test_an_operator_without_a_gpu_form_says_so():
     x = mx.nd.ones((1, 1, 4, 4), ctx=mx.gpu(0))
     w = mx.nd.ones((1, 1, 3, 3), ctx=mx.gpu(0))
-    with pytest.raises(NotImplementedError, match=r"operator Convolution on gpu\(0\) is not supported yet"):
-        mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=1, no_bias=True).wait_to_read()
+    with pytest.raises(NotImplementedError, match=r"operator Deconvolution on gpu\(0\) is not supported yet"):
+        mx.nd.Deconvolution(x, w, kernel=(3, 3), num_filter=1, no_bias=True).wait_to_read()
+    # Forms that exist, with parameters they cannot honour yet, say so too.
+    with pytest.raises(NotImplementedError, match=r"Dropout on gpu\(0\) while training"):
+        with mx.autograd.train_mode():
+            mx.nd.Dropout(x, p=0.5).wait_to_read()
+    with pytest.raises(NotImplementedError, match="pool_type lp"):
+        mx.nd.Pooling(x, kernel=(2, 2), pool_type="lp", p_value=2).wait_to_read()
+    with pytest.raises(NotImplementedError, match="symmetric padding"):
+        mx.nd.Pooling(mx.nd.ones((1, 1, 6, 6), ctx=mx.gpu(0)), kernel=(3, 3), stride=(2, 2),
+                      pooling_convention="full").wait_to_read()
     with pytest.raises((mx.MXNetError, ValueError), match="one context"):
         (x + mx.nd.ones((1, 1, 4, 4))).wait_to_read()
 
@@ -230,3 +239,96 @@ def test_gluon_mlp_training_on_gpu_equals_cpu(hybrid):
     assert gl[-1] < gl[0]
     for g, c in zip(gw, cw):
         np.testing.assert_allclose(g, c, rtol=1e-4, atol=1e-5)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_convolution_pooling_batchnorm_concat_on_gpu_equal_cpu(dtype):
+    tol = 1e-4 if dtype == "float32" else 1e-10
+    nd = mx.nd
+    assert mx.runtime.Features().is_enabled("CUDNN")
+
+    def check(fn, *arrays, **kw):
+        g, c = both(fn, *arrays, **kw)
+        np.testing.assert_allclose(g, c, rtol=tol, atol=tol, err_msg=f"{fn.__name__} {kw}")
+
+    x = rand(2, 4, 9, 8, dtype=dtype)
+    w = rand(6, 4, 3, 3, dtype=dtype)
+    b = rand(6, dtype=dtype)
+    check(nd.Convolution, x, w, b, kernel=(3, 3), num_filter=6)
+    check(nd.Convolution, x, w, kernel=(3, 3), num_filter=6, no_bias=True, stride=(2, 1), pad=(1, 2), dilate=(1, 2))
+    check(nd.Convolution, x, rand(6, 2, 3, 3, dtype=dtype), kernel=(3, 3), num_filter=6, num_group=2, no_bias=True)
+    check(nd.Convolution, x, rand(4, 1, 3, 3, dtype=dtype), kernel=(3, 3), num_filter=4, num_group=4, pad=(1, 1),
+          no_bias=True)  # depthwise
+    check(nd.Convolution, x, rand(5, 4, 1, 1, dtype=dtype), rand(5, dtype=dtype), kernel=(1, 1), num_filter=5)
+    check(nd.Convolution, rand(2, 3, 11, dtype=dtype), rand(4, 3, 3, dtype=dtype), kernel=(3,), num_filter=4,
+          no_bias=True, pad=(1,))
+    check(nd.Convolution, rand(1, 2, 5, 6, 7, dtype=dtype), rand(3, 2, 2, 3, 3, dtype=dtype), kernel=(2, 3, 3),
+          num_filter=3, no_bias=True)
+    # The selection modes give the same output (each algorithm is timed once per shape).
+    for tune in ["off", "limited_workspace", "fastest"]:
+        check(nd.Convolution, x, w, b, kernel=(3, 3), num_filter=6, pad=(1, 1), cudnn_tune=tune)
+    for kw in [dict(kernel=(3, 3), stride=(2, 2), pad=(1, 1)), dict(kernel=(2, 2), stride=(2, 2), pool_type="avg"),
+               dict(kernel=(3, 3), pad=(1, 1), pool_type="avg"),
+               dict(kernel=(3, 3), pad=(1, 1), pool_type="avg", count_include_pad=False),
+               dict(kernel=(2, 3), pool_type="sum"), dict(kernel=(1, 1), global_pool=True, pool_type="avg"),
+               dict(kernel=(1, 1), global_pool=True, pool_type="max")]:
+        check(nd.Pooling, x, **kw)
+    check(nd.Pooling, rand(2, 3, 10, dtype=dtype), kernel=(3,), stride=(2,))
+    check(nd.Pooling, rand(1, 2, 4, 6, 6, dtype=dtype), kernel=(2, 2, 2), stride=(2, 2, 2), pool_type="avg")
+    c = 4
+    gamma, beta = rand(c, dtype=dtype), rand(c, dtype=dtype)
+    mean, var = rand(c, dtype=dtype), rand(c, dtype=dtype, positive=True)
+    for kw in [dict(fix_gamma=False), dict(fix_gamma=True), dict(fix_gamma=False, use_global_stats=True, eps=1e-5)]:
+        for out in range(3):
+            check(lambda *a, **k: nd.BatchNorm(*a, output_mean_var=True, **k)[out], x, gamma, beta, mean, var, **kw)
+    check(nd.BatchNorm, rand(3, 5, 4, dtype=dtype), gamma, beta, mean, var, axis=-1, fix_gamma=False)
+    check(nd.BatchNorm, rand(6, 4, dtype=dtype), gamma, beta, mean, var, fix_gamma=False)
+    check(lambda *a: nd.concat(*a, dim=1), x, rand(2, 3, 9, 8, dtype=dtype), rand(2, 1, 9, 8, dtype=dtype))
+    check(lambda *a: nd.concat(*a, dim=-1), x, rand(2, 4, 9, 2, dtype=dtype))
+    check(lambda *a: nd.concat(*a, dim=0), x, x)
+    check(nd.clip, x, a_min=-0.5, a_max=1.25)
+    check(nd.Dropout, x, p=0.3)
+
+
+@needs_gpu
+def test_batchnorm_training_statistics_on_gpu_equal_cpu():
+    """In training BatchNorm normalises by the batch's statistics and outputs them (mean and
+    inverse standard deviation), as on the CPU."""
+    x, gamma, beta = rand(4, 3, 5, 5), rand(3), rand(3)
+    mean, var = np.zeros(3, "float32"), np.ones(3, "float32")
+    got = []
+    for ctx in [mx.gpu(0), mx.cpu()]:
+        arrs = [mx.nd.array(a, ctx=ctx) for a in (x, gamma, beta, mean, var)]
+        with mx.autograd.train_mode():
+            outs = mx.nd.BatchNorm(*arrs, fix_gamma=False, output_mean_var=True, eps=1e-5)
+        got.append([o.asnumpy() for o in outs])
+    for g, c in zip(*got):
+        np.testing.assert_allclose(g, c, rtol=1e-4, atol=1e-4)
+
+
+ZOO = ["resnet18_v1", "resnet50_v1", "mobilenetv2_1.0", "vgg11_bn", "densenet121"]
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", ZOO)
+def test_model_zoo_forward_on_gpu_equals_cpu(name):
+    """A model-zoo network (random weights, fixed seed) gives on gpu(0) what it gives on
+    cpu(0), imperative and hybridized; the largest difference is reported relative to the
+    largest output."""
+    mx.random.seed(3)
+    net = mx.gluon.model_zoo.vision.get_model(name, pretrained=False)
+    net.initialize(mx.init.Xavier(), ctx=mx.cpu())
+    x = rand(2, 3, 224, 224)
+    want = net(mx.nd.array(x)).asnumpy()
+    scale = float(np.max(np.abs(want)))
+    assert np.isfinite(scale) and scale > 0
+    net.collect_params().reset_ctx(mx.gpu(0))
+    for hybrid in [False, True]:
+        if hybrid:
+            net.hybridize()
+        got = net(mx.nd.array(x, ctx=mx.gpu(0)))
+        assert got.context == mx.gpu(0)
+        err = float(np.max(np.abs(got.asnumpy() - want))) / scale
+        print(f"{name} hybrid={hybrid}: max |gpu - cpu| / max |cpu| = {err:.1e}")
+        assert err < 1e-4, (name, hybrid, err)

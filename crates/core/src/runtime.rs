@@ -570,10 +570,10 @@ impl Default for Runtime {
 pub fn feature_list() -> Vec<(&'static CStr, bool)> {
     let simd = cpu_simd();
     vec![
-        // CUDA is loaded at run time: on when a driver and a GPU were found (cuDNN and NCCL
-        // are not used yet).
+        // CUDA is loaded at run time: on when a driver and a GPU were found; cuDNN when its
+        // library loads too (NCCL is not used yet).
         (c"CUDA", crate::cuda::available()),
-        (c"CUDNN", false),
+        (c"CUDNN", crate::cuda::dnn::available()),
         (c"NCCL", false),
         (c"CUDA_RTC", crate::cuda::rtc::available()),
         (c"TENSORRT", false),

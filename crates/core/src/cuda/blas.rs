@@ -63,7 +63,7 @@ fn handle(dev: i32, tf32: bool) -> Result<sys::cublasHandle_t> {
 }
 
 /// Element type of a GEMM.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Real {
     F32,
     F64,

@@ -14,6 +14,7 @@
 //! host-side ones; events between streams are not used yet (docs/design/cuda.md).
 
 pub mod blas;
+pub mod dnn;
 pub mod rtc;
 
 use crate::error::{Error, Result};

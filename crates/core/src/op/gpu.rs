@@ -5,7 +5,9 @@
 //! of the element-wise kernel family ([`map_source`], cached per form, expression and dtypes;
 //! broadcasting by strides, so one kernel serves every shape), the GEMM plans of `dot`,
 //! `batch_dot` and `FullyConnected` (cuBLAS), and the math mode the seeds' variables choose.
-//! An operator without a GPU form fails on a GPU context with NotImplementedError.
+//! The layers' forms (cuDNN convolution, pooling, batch norm; concat, dropout) are in
+//! [`super::gpu_nn`]. An operator without a GPU form fails on a GPU context with
+//! NotImplementedError.
 
 use super::param::Attrs;
 use super::tensor::{OutBlob, TBlob};
@@ -67,6 +69,19 @@ pub enum GpuKernel {
     /// The backward of a copy or reshape: output 0 is the output gradient (converted to its
     /// dtype), any further output (the gradient of `reshape_like`'s shape input) zero.
     CopyGrad,
+    /// `out = e(x)` of input 0 with four scalars `p0..p3` read from the parameters (`clip`).
+    Map1P(&'static str, fn(&Attrs) -> [f64; 4]),
+    /// `Convolution` through cuDNN, planned by the function from the parameters and the
+    /// data's shape.
+    Convolution(fn(&Attrs, &[usize]) -> Result<super::gpu_nn::ConvGpu>),
+    /// `Pooling` through cuDNN, planned likewise.
+    Pooling(fn(&Attrs, &[usize]) -> Result<super::gpu_nn::PoolGpu>),
+    /// `BatchNorm`'s forward through cuDNN; the function reads the parameters.
+    BatchNorm(fn(&Attrs) -> super::gpu_nn::BnGpu),
+    /// `Concat` along the axis the function reads.
+    Concat(fn(&Attrs) -> i64),
+    /// `Dropout`; the function reads (p, whether mode is "always").
+    Dropout(fn(&Attrs) -> (f64, bool)),
 }
 
 /// A reduction's GPU form: `init` folded with `combine(a, b)` over `pre(v)` of each element
@@ -120,6 +135,12 @@ impl std::fmt::Debug for GpuKernel {
             GpuKernel::AddN => write!(f, "AddN"),
             GpuKernel::CopyGrad => write!(f, "CopyGrad"),
             GpuKernel::MultiMap2P(e, _) => write!(f, "MultiMap2P({e})"),
+            GpuKernel::Map1P(e, _) => write!(f, "Map1P({e})"),
+            GpuKernel::Convolution(_) => write!(f, "Convolution"),
+            GpuKernel::Pooling(_) => write!(f, "Pooling"),
+            GpuKernel::BatchNorm(_) => write!(f, "BatchNorm"),
+            GpuKernel::Concat(_) => write!(f, "Concat"),
+            GpuKernel::Dropout(_) => write!(f, "Dropout"),
         }
     }
 }
@@ -448,7 +469,7 @@ pub fn tf32_allowed() -> Result<bool> {
     Ok(tc && conv)
 }
 
-fn float_dtype(op: &str, dtype: DType) -> Result<cuda::blas::Real> {
+pub(super) fn float_dtype(op: &str, dtype: DType) -> Result<cuda::blas::Real> {
     match dtype {
         DType::F32 => Ok(cuda::blas::Real::F32),
         DType::F64 => Ok(cuda::blas::Real::F64),
@@ -505,6 +526,14 @@ pub(crate) fn run(op: &str, k: GpuKernel, cx: &OpCtx, dev: i32, ins: &[TBlob], o
                 map(op, dev, req, Form::Fill, "x", &[], o, 0.0, none)?;
             }
         }
+        GpuKernel::Map1P(e, params) => map(op, dev, req0, Form::Unary, e, &ins[..1], &outs[0], 0.0, params(cx.attrs))?,
+        GpuKernel::Convolution(plan) => {
+            super::gpu_nn::convolution(op, dev, cx, plan(cx.attrs, &ins[0].shape)?, ins, outs)?
+        }
+        GpuKernel::Pooling(plan) => super::gpu_nn::pooling(op, dev, cx, plan(cx.attrs, &ins[0].shape)?, ins, outs)?,
+        GpuKernel::BatchNorm(params) => super::gpu_nn::batch_norm(op, dev, cx, params(cx.attrs), ins, outs)?,
+        GpuKernel::Concat(dim) => super::gpu_nn::concat(op, dev, cx, dim(cx.attrs), ins, outs)?,
+        GpuKernel::Dropout(params) => super::gpu_nn::dropout(op, dev, cx, params(cx.attrs), ins, outs)?,
         GpuKernel::AddN => {
             for (j, x) in ins.iter().enumerate() {
                 let req = if j == 0 { req0 } else { Req::Add };
@@ -515,12 +544,12 @@ pub(crate) fn run(op: &str, k: GpuKernel, cx: &OpCtx, dev: i32, ins: &[TBlob], o
     cuda::sync(dev)
 }
 
-fn add_of(req: Req) -> i32 {
+pub(super) fn add_of(req: Req) -> i32 {
     i32::from(req == Req::Add)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn map(
+pub(super) fn map(
     op: &str,
     dev: i32,
     req: Req,

@@ -178,11 +178,10 @@ fn invoke_parsed(
         }
         in_meta.push(Meta::new(x.shape.clone(), x.dtype));
     }
-    if let Some(c) = op.ctx_of(&attrs) {
-        ctx = Some(c);
-    }
-    // No input and no `ctx` parameter: where the caller's outputs are (`_zeros(out=...)`).
-    let ctx = ctx.or_else(|| outputs.and_then(|o| o.iter().find_map(|x| x.ctx())));
+    // As stock's GetContext: the inputs' context, else the caller's outputs' (`_zeros(out=...)`,
+    // an initializer filling a CPU array while gpu(0) is the current context), else the
+    // `ctx` parameter.
+    let ctx = ctx.or_else(|| outputs.and_then(|o| o.first()).and_then(|x| x.ctx())).or_else(|| op.ctx_of(&attrs));
     let ctx = ctx.unwrap_or(Context::CPU).check_available()?;
     let out_meta = (op.infer)(&attrs, &in_meta)?;
     let total = (op.num_outputs)(&attrs);
@@ -601,7 +600,7 @@ fn launch_with(
     kernel: Option<(CallKernel, &Arc<Var>)>,
 ) -> Result<()> {
     let (kernel, state_var) = kernel.map_or((None, None), |(k, v)| (Some(k), Some(v)));
-    if !ctx.dev_type.is_host() && (op.gpu.is_none() || op.resources.contains(&Resource::TempSpace)) {
+    if !ctx.dev_type.is_host() && op.gpu.is_none() {
         return Err(Error::not_supported(format!("operator {} on {ctx}", op.name)));
     }
     check_devices(op, inputs, outs, ctx)?;
@@ -627,7 +626,8 @@ fn launch_with(
         let draws: u64 = outs.iter().map(|m| m.size() as u64).sum::<u64>() * 2 + 2;
         call.rng = Some(random::take(ctx, draws));
     }
-    if op.resources.contains(&Resource::TempSpace) {
+    // GPU forms take their workspace (device memory) from the pool themselves.
+    if op.resources.contains(&Resource::TempSpace) && ctx.dev_type.is_host() {
         call.temp = Some(super::resource::request(ctx)?);
     }
     let elems: usize = inputs.iter().map(|x| x.size()).chain(outs.iter().map(NDArray::size)).sum();

@@ -15,6 +15,7 @@
 
 pub mod custom;
 pub mod gpu;
+pub mod gpu_nn;
 pub mod grad;
 pub mod imgproc;
 pub mod invoke;

@@ -151,6 +151,22 @@ impl Tuner {
     /// Choose an algorithm for `req` and leave the call's output computed by it: `run(i)`
     /// computes the output with algorithm `i`. Returns the chosen index.
     pub fn select(&self, reg: &Registry, req: &Request, mut run: impl FnMut(usize) -> Result<()>) -> Result<usize> {
+        self.select_timed(reg, req, |i| {
+            let t = Instant::now();
+            run(i)?;
+            Ok(t.elapsed().as_secs_f64())
+        })
+    }
+
+    /// As [`Tuner::select`], with `run(i)` returning how many seconds algorithm `i` took: for
+    /// a caller whose algorithms must be warmed up before they are timed (cuDNN's first call
+    /// of an algorithm prepares it) or whose work finishes elsewhere (a GPU).
+    pub fn select_timed(
+        &self,
+        reg: &Registry,
+        req: &Request,
+        mut run: impl FnMut(usize) -> Result<f64>,
+    ) -> Result<usize> {
         let (mode, _) = resolve_mode(reg, req.per_op)?;
         let det = reg.get_bool("MXNET_ENFORCE_DETERMINISM", CONSUMER)?.unwrap_or(false);
         let mut eligible: Vec<usize> = (0..req.algos.len()).filter(|&i| !det || req.algos[i].deterministic).collect();
@@ -199,9 +215,7 @@ impl Tuner {
                 None => {
                     let mut best = (eligible[0], f64::INFINITY);
                     for &i in &eligible {
-                        let t = Instant::now();
-                        run(i)?;
-                        let secs = t.elapsed().as_secs_f64();
+                        let secs = run(i)?;
                         self.timings.fetch_add(1, Ordering::Relaxed);
                         if secs < best.1 {
                             best = (i, secs);

@@ -464,6 +464,28 @@ fn convolution(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
+/// The GPU form's plan of a call (cuDNN's problem is made from it).
+fn gpu_plan(a: &Attrs, data: &[usize]) -> Result<crate::op::gpu_nn::ConvGpu> {
+    let p = plan(a, data)?;
+    let params = ConvParams::of(a);
+    Ok(crate::op::gpu_nn::ConvGpu {
+        nsp: params.kernel.len(),
+        n: p.n,
+        c: p.c,
+        f: p.f,
+        g: p.g,
+        input: p.input,
+        kernel: p.kernel,
+        stride: p.stride,
+        dilate: p.dilate,
+        pad: p.pad,
+        output: p.output,
+        // `cudnn_tune` is one of the three names (the schema checks), each with a static name.
+        per_op: params.cudnn_tune.and_then(tune::Mode::from_param).map(tune::Mode::name),
+        workspace_limit: (params.workspace as usize).saturating_mul(1 << 20),
+    })
+}
+
 /// Graph inference of the weight and bias from the data: `(num_filter, channels / num_group,
 /// *kernel)` (the channels last for a channels-last layout) and `(num_filter,)`.
 fn conv_param_shapes(a: &Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Vec<i64>)>> {
@@ -497,6 +519,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .alias(&["_npx_convolution", "Convolution_v1"])
             .params(CONV_PARAMS)
             .param_shapes(conv_param_shapes)
+            .gpu(crate::op::gpu::GpuKernel::Convolution(gpu_plan))
             .never_mirrored()
             .grad(Grad::Backward { op: "_backward_Convolution", inputs: true, outputs: false })
             .resources(&[Resource::TempSpace])

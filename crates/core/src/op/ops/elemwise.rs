@@ -1306,6 +1306,11 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .same_shape()
             .elementwise_shape()
             .params(CLIP_PARAMS)
+            // As the CPU kernel: NaN stays NaN (both comparisons false).
+            .gpu(GpuKernel::Map1P("x < p0 ? p0 : (x > p1 ? p1 : x)", |a| {
+                let p = ClipParams::of(a);
+                [p.a_min, p.a_max, 0.0, 0.0]
+            }))
             .inplace(&[(0, 0)])
             .grad(Grad::Backward { op: "_backward_clip", inputs: true, outputs: false })
             .doc("Clips (limits) the values in an array to [a_min, a_max]."),

@@ -1168,6 +1168,32 @@ pub(super) enum PoolKind {
     Lp(i64),
 }
 
+/// The GPU form's plan of a pooling (cuDNN's part: channel-first max, average and sum).
+fn gpu_pool(a: &Attrs, shape: &[usize]) -> Result<crate::op::gpu_nn::PoolGpu> {
+    use crate::op::gpu_nn::{PoolGpu, PoolGpuKind};
+    let p = pool_plan(a, shape)?;
+    if p.channels_last {
+        return Err(Error::not_supported(format!("operator {} on a GPU with a channel-last layout", a.op)));
+    }
+    let kind = match pool_kind(a) {
+        PoolKind::Max => PoolGpuKind::Max,
+        PoolKind::Avg { include_pad } => PoolGpuKind::Avg { include_pad },
+        PoolKind::Sum => PoolGpuKind::Sum,
+        PoolKind::Lp(_) => return Err(Error::not_supported(format!("operator {} on a GPU with pool_type lp", a.op))),
+    };
+    Ok(PoolGpu {
+        nsp: shape.len() - 2,
+        n: shape[0],
+        c: shape[1],
+        input: p.input,
+        output: p.output,
+        kernel: p.kernel,
+        stride: p.stride,
+        pad: p.pad,
+        kind,
+    })
+}
+
 /// The pooling a call asks for.
 pub(super) fn pool_kind(a: &Attrs) -> PoolKind {
     let params = PoolParams::of(a);
@@ -1467,6 +1493,10 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         OpDef::new("Dropout", Inputs::Fixed(&["data"]), Box::new(dropout_infer), Box::new(dropout))
             .alias(&["_npx_dropout"])
             .params(DROPOUT_PARAMS)
+            .gpu(GpuKernel::Dropout(|a| {
+                let p = DropoutParams::of(a);
+                (p.p, p.mode == "always")
+            }))
             .outputs(two, one)
             .output_names(&["output", "mask"])
             .elementwise_shape()
@@ -1483,27 +1513,38 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
          "Batch normalization with ReLU fusion: BatchNorm's output passed through max(0, x); the mean and inverse std outputs are BatchNorm's."),
     ];
     for (name, aliases, kernel, back, doc) in bn_forms {
-        ops.push(
-            OpDef::new(
-                name,
-                Inputs::Fixed(&["data", "gamma", "beta", "moving_mean", "moving_var"]),
-                Box::new(bn_infer),
-                kernel,
-            )
-            .alias(aliases)
-            .params(BN_PARAMS)
-            .outputs(three, bn_visible)
-            .output_names(&["output", "mean", "var"])
-            .param_shapes(norm_param_shapes)
-            .float32_params()
-            .input_inits(&[(3, "[\"zero\", {}]"), (4, "[\"one\", {}]")])
-            .never_mirrored()
-            // Written by the backward operator in training; declared here too,
-            // which makes them auxiliary states and orders the forward after earlier updates.
-            .mutates(&[3, 4])
-            .grad(Grad::Backward { op: back, inputs: true, outputs: true })
-            .doc(doc),
-        );
+        let mut def = OpDef::new(
+            name,
+            Inputs::Fixed(&["data", "gamma", "beta", "moving_mean", "moving_var"]),
+            Box::new(bn_infer),
+            kernel,
+        )
+        .alias(aliases)
+        .params(BN_PARAMS)
+        .outputs(three, bn_visible)
+        .output_names(&["output", "mean", "var"])
+        .param_shapes(norm_param_shapes)
+        .float32_params()
+        .input_inits(&[(3, "[\"zero\", {}]"), (4, "[\"one\", {}]")])
+        .never_mirrored()
+        // Written by the backward operator in training; declared here too,
+        // which makes them auxiliary states and orders the forward after earlier updates.
+        .mutates(&[3, 4])
+        .grad(Grad::Backward { op: back, inputs: true, outputs: true })
+        .doc(doc);
+        // The fused ReLU form has no GPU form yet.
+        if name == "BatchNorm" {
+            def = def.gpu(GpuKernel::BatchNorm(|a| {
+                let p = BnParams::of(a);
+                crate::op::gpu_nn::BnGpu {
+                    axis: p.axis,
+                    eps: p.eps,
+                    fix_gamma: p.fix_gamma,
+                    use_global_stats: p.use_global_stats,
+                }
+            }));
+        }
+        ops.push(def);
     }
     ops.push(
         OpDef::new("LayerNorm", Inputs::Fixed(&["data", "gamma", "beta"]), Box::new(ln_infer), Box::new(layer_norm))
@@ -1520,6 +1561,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         OpDef::new("Pooling", Inputs::Fixed(&["data"]), Box::new(pool_infer), Box::new(pooling))
             .alias(&["_npx_pooling"])
             .params(POOL_PARAMS)
+            .gpu(GpuKernel::Pooling(gpu_pool))
             .grad(Grad::Backward { op: "_backward_Pooling", inputs: true, outputs: true })
             .doc("Performs pooling (max, avg, sum, lp) over 1-D, 2-D or 3-D inputs."),
     );

@@ -1332,6 +1332,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .never_mirrored()
             .alias(&["concat", "_sparse_concat"])
             .params(CONCAT_PARAMS)
+            .gpu(crate::op::gpu::GpuKernel::Concat(|a| ConcatParams::of(a).dim))
             .num_args_key("num_args")
             .grad(bwd("_backward_Concat"))
             .doc("Joins input arrays along a given axis."),
