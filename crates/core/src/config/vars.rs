@@ -137,7 +137,7 @@ pub static VARS: &[VarSpec] = &[
     var("MXNET_CUDA_ALLOW_TENSOR_CORE", VarType::Bool, Some("1"), Once, Active, OTHER,
         "Allow Tensor Core use in CUDA operators; can only be set once in a process (float32 matrix products use them only with the next variable)."),
     var("MXNET_CUDA_TENSOR_OP_MATH_ALLOW_CONVERSION", VarType::Bool, Some("0"), Dynamic, Active, OTHER,
-        "Allow float32 matrix products (dot, batch_dot, FullyConnected on a GPU) to convert to the Tensor Cores' precision (TF32)."),
+        "Allow float32 matrix products and convolutions on a GPU (dot, batch_dot, FullyConnected through cuBLAS, Convolution through cuDNN) to convert to the Tensor Cores' precision (TF32)."),
     var("MXNET_GLUON_REPO", VarType::Url, Some("https://apache-mxnet.s3-accelerate.dualstack.amazonaws.com/"), Dynamic, Frontend, OTHER,
         "Repository URL for Gluon datasets and pretrained models."),
     var("MXNET_HOME", VarType::Path, Some("~/.mxnet"), Dynamic, Frontend, OTHER,

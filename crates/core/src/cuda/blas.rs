@@ -26,10 +26,14 @@ fn err(what: &str, dev: i32, e: blas::CublasError) -> Error {
     Error::mxnet(format!("cuBLAS error on gpu({dev}) in {what}: {e:?}"))
 }
 
-/// Whether cuBLAS can be loaded.
+/// Whether cuBLAS can be loaded (asked once: every matrix product asks, and each probe opens
+/// the library by every candidate name).
 pub fn available() -> bool {
+    static A: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     // SAFETY: only probes whether the library can be opened.
-    super::available() && guarded("loading cuBLAS", || Ok(unsafe { sys::is_culib_present() })).unwrap_or(false)
+    *A.get_or_init(|| {
+        super::available() && guarded("loading cuBLAS", || Ok(unsafe { sys::is_culib_present() })).unwrap_or(false)
+    })
 }
 
 /// This thread's handle on GPU `dev`, on this thread's stream, in the asked math mode.

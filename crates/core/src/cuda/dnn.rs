@@ -1,8 +1,9 @@
-//! cuDNN, loaded at run time: one handle per (thread, device) on that thread's stream, the
-//! descriptors of one call, and the forward convolution, pooling and batch normalisation
+//! cuDNN 9, loaded at run time: one handle per (thread, device) on that thread's stream, the
+//! descriptors of each problem, and the forward convolution, pooling and batch normalisation
 //! over raw device pointers.
 //!
-//! Owns: the handles, the descriptors (created and destroyed per call), the list of forward
+//! Owns: the handles, the descriptors (made once per thread and problem, kept in per-thread
+//! caches of at most [`CACHE_LIMIT`] problems), the list of forward
 //! convolution algorithms cuDNN offers for a problem (with their workspace and determinism,
 //! for the selection under `cudnn_tune`), and the math mode (`tf32`: TF32 tensor cores for
 //! float32, as stock allows with `MXNET_CUDA_TENSOR_OP_MATH_ALLOW_CONVERSION`; otherwise
@@ -16,32 +17,54 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::rc::Rc;
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::CudaStream;
+
+/// Most problems each per-thread cache keeps; past it the cache starts again (a program whose
+/// shapes keep changing must not grow it without end).
+const CACHE_LIMIT: usize = 512;
 
 fn err(what: &str, dev: i32, e: impl std::fmt::Debug) -> Error {
     Error::mxnet(format!("cuDNN error on gpu({dev}) in {what}: {e:?}"))
 }
 
-/// Whether cuDNN can be loaded.
-pub fn available() -> bool {
-    // SAFETY: only probes whether the library can be opened.
-    super::available() && guarded("loading cuDNN", || Ok(unsafe { sys::is_culib_present() })).unwrap_or(false)
-}
-
-/// cuDNN's version (`major * 10000 + minor * 100 + patch` for cuDNN 9), 0 when not loaded.
+/// The loaded cuDNN's version (`major * 10000 + minor * 100 + patch`), asked once: 0 when
+/// there is no GPU or no cuDNN, or when the library found is not cuDNN 9, the version the
+/// bindings describe (another major version's status codes are not values of the bindings'
+/// enumerations, so it is not called at all).
 pub fn version() -> usize {
-    if !available() {
-        return 0;
-    }
-    // SAFETY: a query without arguments.
-    guarded("cudnnGetVersion", || Ok(unsafe { sys::cudnnGetVersion() })).unwrap_or(0)
+    static V: OnceLock<usize> = OnceLock::new();
+    *V.get_or_init(|| {
+        // SAFETY: probes whether the library can be opened, then a query without arguments
+        // (which every cuDNN version has, with this signature).
+        let v =
+            super::available() && guarded("loading cuDNN", || Ok(unsafe { sys::is_culib_present() })).unwrap_or(false);
+        let v = if v { guarded("cudnnGetVersion", || Ok(unsafe { sys::cudnnGetVersion() })).unwrap_or(0) } else { 0 };
+        // cuDNN 9 numbers versions major * 10000 + ...; cuDNN 8 major * 1000 + ...
+        if v / 10000 == 9 {
+            v
+        } else {
+            0
+        }
+    })
 }
 
-struct Handle(sys::cudnnHandle_t);
+/// Whether cuDNN 9 was loaded (asked once: every call of a layer asks).
+pub fn available() -> bool {
+    version() > 0
+}
+
+/// A handle, with the stream it was bound to kept alive as long as it is.
+struct Handle {
+    raw: sys::cudnnHandle_t,
+    _stream: Arc<CudaStream>,
+}
 
 impl Drop for Handle {
     fn drop(&mut self) {
         // SAFETY: created by `cudnnCreate`, destroyed once (here).
-        let _ = guarded("cudnnDestroy", || Ok(unsafe { sys::cudnnDestroy(self.0) }));
+        let _ = guarded("cudnnDestroy", || Ok(unsafe { sys::cudnnDestroy(self.raw) }));
     }
 }
 
@@ -54,11 +77,11 @@ fn handle(dev: i32) -> Result<sys::cudnnHandle_t> {
     let s = stream(dev)?;
     if !available() {
         return Err(Error::not_supported(
-            "convolution, pooling and batch normalisation on a GPU without cuDNN (libcudnn could not be loaded)",
+            "convolution, pooling and batch normalisation on a GPU without cuDNN 9 (libcudnn.so.9 could not be loaded)",
         ));
     }
     let i = dev as usize;
-    let h = HANDLES.with(|v| -> Result<sys::cudnnHandle_t> {
+    let tls = HANDLES.try_with(|v| -> Result<sys::cudnnHandle_t> {
         let mut v = v.borrow_mut();
         if v.len() <= i {
             v.resize_with(i + 1, || None);
@@ -69,10 +92,11 @@ fn handle(dev: i32) -> Result<sys::cudnnHandle_t> {
             guarded("cudnnCreate", || {
                 unsafe { sys::cudnnCreate(&mut h) }.result().map_err(|e| err("cudnnCreate", dev, e))
             })?;
-            v[i] = Some(Handle(h));
+            v[i] = Some(Handle { raw: h, _stream: s.clone() });
         }
-        Ok(v[i].as_ref().map(|h| h.0).expect("just set"))
-    })?;
+        Ok(v[i].as_ref().map(|h| h.raw).expect("just set"))
+    });
+    let h = tls.map_err(|_| Error::mxnet("cuDNN: a call on a thread that is exiting"))??;
     guarded("cudnnSetStream", || {
         // SAFETY: a live handle and this thread's live stream.
         unsafe { sys::cudnnSetStream(h, s.cu_stream() as _) }.result().map_err(|e| err("cudnnSetStream", dev, e))
@@ -120,13 +144,13 @@ fn dims_i32(dev: i32, what: &str, v: &[usize]) -> Result<Vec<i32>> {
         .collect()
 }
 
-/// Packed (row-major) strides of `dims`.
-fn packed(dims: &[i32]) -> Vec<i32> {
+/// Packed (row-major) strides of `dims`; None when one does not fit in 32 bits.
+fn packed(dims: &[i32]) -> Option<Vec<i32>> {
     let mut s = vec![1i32; dims.len()];
     for d in (0..dims.len().saturating_sub(1)).rev() {
-        s[d] = s[d + 1].saturating_mul(dims[d + 1]);
+        s[d] = s[d + 1].checked_mul(dims[d + 1])?;
     }
-    s
+    Some(s)
 }
 
 /// A cuDNN descriptor type: the owning wrapper `$name` of `sys::$raw`, made by `$name::create`
@@ -167,7 +191,11 @@ impl Tensor {
     /// A tensor descriptor of packed `dims` (4 or 5 of them).
     fn new(dev: i32, real: Real, dims: &[i32]) -> Result<Tensor> {
         let t = Tensor::create(dev)?;
-        let strides = packed(dims);
+        let strides = packed(dims).ok_or_else(|| {
+            Error::not_supported(format!(
+                "a tensor of shape {dims:?} on gpu({dev}) through cuDNN (its strides exceed 32 bits)"
+            ))
+        })?;
         // SAFETY: `dims` and `strides` hold `dims.len()` entries each.
         unsafe {
             sys::cudnnSetTensorNdDescriptor(t.0, data_type(real), dims.len() as i32, dims.as_ptr(), strides.as_ptr())
@@ -389,7 +417,13 @@ pub fn conv_plan(dev: i32, p: &ConvProblem) -> Result<Rc<ConvPlan>> {
         Ok(ConvPlan { descs: d, algos: out, warm })
     })?;
     let plan = Rc::new(plan);
-    CONV_PLANS.with(|m| m.borrow_mut().insert((dev, p.clone()), plan.clone()));
+    CONV_PLANS.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() >= CACHE_LIMIT {
+            m.clear();
+        }
+        m.insert((dev, p.clone()), plan.clone())
+    });
     Ok(plan)
 }
 
@@ -531,7 +565,13 @@ fn pool_plan(dev: i32, p: &PoolProblem) -> Result<Rc<PoolPlan>> {
         Ok(PoolPlan { desc, x, y })
     })?;
     let plan = Rc::new(plan);
-    POOL_PLANS.with(|m| m.borrow_mut().insert((dev, p.clone()), plan.clone()));
+    POOL_PLANS.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() >= CACHE_LIMIT {
+            m.clear();
+        }
+        m.insert((dev, p.clone()), plan.clone())
+    });
     Ok(plan)
 }
 
@@ -596,7 +636,13 @@ fn bn_descs(dev: i32, p: &BnProblem) -> Result<BnDescs> {
     }
     let xd = dims_i32(dev, "BatchNorm", &[p.outer, p.c, p.inner, 1])?;
     let d = Rc::new((Tensor::new(dev, p.real, &xd)?, Tensor::new(dev, p.real, &[1, xd[1], 1, 1])?));
-    BN_DESCS.with(|m| m.borrow_mut().insert((dev, *p), d.clone()));
+    BN_DESCS.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() >= CACHE_LIMIT {
+            m.clear();
+        }
+        m.insert((dev, *p), d.clone())
+    });
     Ok(d)
 }
 
@@ -676,8 +722,10 @@ mod tests {
 
     #[test]
     fn packed_strides_and_algorithm_names() {
-        assert_eq!(packed(&[2, 3, 4, 5]), vec![60, 20, 5, 1]);
-        assert_eq!(packed(&[7]), vec![1]);
+        assert_eq!(packed(&[2, 3, 4, 5]), Some(vec![60, 20, 5, 1]));
+        assert_eq!(packed(&[7]), Some(vec![1]));
+        // Each dimension fits in 32 bits, their product does not: refused, not saturated.
+        assert_eq!(packed(&[2, 65536, 65536]), None);
         assert_eq!(std::mem::size_of::<RawPerf>(), std::mem::size_of::<sys::cudnnConvolutionFwdAlgoPerf_t>());
         assert_eq!(std::mem::align_of::<RawPerf>(), std::mem::align_of::<sys::cudnnConvolutionFwdAlgoPerf_t>());
         let a = FwdAlgo { algo: 6, workspace: 0, deterministic: true };

@@ -32,11 +32,14 @@ fn cache() -> &'static Cache {
     C.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Whether NVRTC can be loaded.
+/// Whether NVRTC can be loaded (asked once).
 pub fn available() -> bool {
+    static A: OnceLock<bool> = OnceLock::new();
     // SAFETY: only probes whether the library can be opened.
-    super::available()
-        && guarded("loading NVRTC", || Ok(unsafe { cudarc::nvrtc::sys::is_culib_present() })).unwrap_or(false)
+    *A.get_or_init(|| {
+        super::available()
+            && guarded("loading NVRTC", || Ok(unsafe { cudarc::nvrtc::sys::is_culib_present() })).unwrap_or(false)
+    })
 }
 
 /// The kernel `name` of the source `src()` (compiled at its first use on `dev`); `key` names

@@ -103,8 +103,10 @@ pub(super) fn convolution(
         prob.groups,
         u8::from(tf32)
     );
-    let request =
-        Request { key, per_op: spec.per_op, workspace_limit: spec.workspace_limit, algos: &infos, heuristic: 0 };
+    // `off` takes cuDNN's best candidate within the workspace limit (stock's choice), else
+    // its best.
+    let heuristic = algos.iter().position(|a| a.workspace <= spec.workspace_limit).unwrap_or(0);
+    let request = Request { key, per_op: spec.per_op, workspace_limit: spec.workspace_limit, algos: &infos, heuristic };
     let (x, w) = (ins[0].device_ptr(), ins[1].device_ptr());
     let bias = ins.get(2).map(TBlob::device_ptr);
     // Adding to the output: the selection may run several algorithms, so each writes a
@@ -115,10 +117,13 @@ pub(super) fn convolution(
         None
     };
     let y = temp.as_ref().map_or(outs[0].device_ptr(), |b| b.ptr() as u64);
+    // Dropped before the temporary: nothing queued uses it once it is back in the pool.
+    let _sync = SyncOnDrop(dev);
     tune::global().select_timed(crate::config::global(), &request, |i| {
         let a = algos[i];
         let ws = if a.workspace > 0 { Some(Block::alloc(a.workspace, Context::gpu(dev))?) } else { None };
         let ws_ptr = ws.as_ref().map_or(0, |b| b.ptr() as u64);
+        let _sync = SyncOnDrop(dev);
         let io = dnn::ConvIo { x, w, bias, y, ws: ws_ptr, ws_bytes: a.workspace };
         let go = || {
             // SAFETY: data, weight and bias are device memory of `dev` of the shapes the plan
@@ -137,7 +142,7 @@ pub(super) fn convolution(
         go()?;
         Ok(t.elapsed().as_secs_f64())
     })?;
-    if let Some(t) = temp {
+    if let Some(t) = &temp {
         // SAFETY: the temporary holds the output's elements, apart from the output.
         unsafe { dnn::add_tensor(dev, real, &prob.y, t.ptr() as u64, &prob.y, outs[0].device_ptr())? };
         cuda::sync(dev)?;
@@ -267,34 +272,49 @@ pub(super) fn batch_norm(
         return Ok(());
     }
     let training = cx.is_train && !spec.use_global_stats;
-    // fix_gamma: a scale of ones.
-    let ones = if spec.fix_gamma {
-        let b = Block::alloc(c * x.dtype.size(), Context::gpu(dev))?;
-        let ones = ones_blob(b.ptr(), c, x.dtype);
-        map(op, dev, Req::Write, Form::Fill, "x", &[], &ones, 1.0, none)?;
-        Some(b)
-    } else {
-        None
+    let gpu = Context::gpu(dev);
+    let esize = x.dtype.size();
+    // Where cuDNN writes: the outputs themselves when they are overwritten, else temporaries
+    // whose values then go to the outputs by their requests (cuDNN writes all three in
+    // training, whatever is asked; the statistics are computed even for a Null output).
+    let direct = |r: Req| matches!(r, Req::Write | Req::Inplace);
+    let temp = |r: Req, n: usize| -> Result<Option<Block>> {
+        if direct(r) {
+            Ok(None)
+        } else {
+            Block::alloc(n * esize, gpu).map(Some)
+        }
     };
+    let y_temp = if req(0) == Req::Null { Some(Block::alloc(x.size() * esize, gpu)?) } else { None };
+    let (mean_temp, inv_temp) = if training { (temp(req(1), c)?, temp(req(2), c)?) } else { (None, None) };
+    let ones = if spec.fix_gamma { Some(Block::alloc(c * esize, gpu)?) } else { None };
+    // Declared after the blocks, so dropped before them: nothing queued still uses a block
+    // that goes back to the pool, on an error path too.
+    let _sync = SyncOnDrop(dev);
+    // fix_gamma: a scale of ones.
+    if let Some(b) = &ones {
+        map(op, dev, Req::Write, Form::Fill, "x", &[], &device_view(b.ptr(), c, x.dtype), 1.0, none)?;
+    }
     let gamma = ones.as_ref().map_or(ins[1].device_ptr(), |b| b.ptr() as u64);
+    let at = |t: &Option<Block>, o: &OutBlob| t.as_ref().map_or(o.device_ptr(), |b| b.ptr() as u64);
     let p = dnn::BnProblem { real, outer, c, inner };
     let stats = if training {
-        dnn::BnStats::Batch { save_mean: outs[1].device_ptr(), save_inv_std: outs[2].device_ptr() }
+        dnn::BnStats::Batch { save_mean: at(&mean_temp, &outs[1]), save_inv_std: at(&inv_temp, &outs[2]) }
     } else {
         dnn::BnStats::Running { mean: ins[3].device_ptr(), var: ins[4].device_ptr() }
     };
-    let main = req(0);
-    if main != Req::Null {
-        let beta = if main == Req::Add { 1.0 } else { 0.0 };
-        // SAFETY: data and output are device memory of `dev` of the data's shape (distinct
-        // arrays), the parameters and statistics `c` elements of the data's dtype (checked
-        // above; the ones block has `c`); the saved statistics are the outputs 1 and 2.
+    if training || req(0) != Req::Null {
+        let beta = if req(0) == Req::Add { 1.0 } else { 0.0 };
+        // SAFETY: data and output (or its temporary) are device memory of `dev` of the data's
+        // size (distinct arrays), the parameters and statistics `c` elements of the data's
+        // dtype (checked above; the ones block and the statistics' temporaries hold `c`);
+        // the blocks outlive the queued work (`_sync` is dropped first).
         unsafe {
             dnn::batch_norm_forward(
                 dev,
                 &p,
                 x.device_ptr(),
-                outs[0].device_ptr(),
+                at(&y_temp, &outs[0]),
                 gamma,
                 ins[2].device_ptr(),
                 stats,
@@ -303,18 +323,37 @@ pub(super) fn batch_norm(
             )?
         };
     }
-    if !training {
+    if training {
+        // The statistics cuDNN wrote to temporaries go to their outputs by their requests.
+        for (k, t) in [(1, &mean_temp), (2, &inv_temp)] {
+            if let Some(b) = t {
+                // SAFETY: the block holds `c` elements of the data's dtype, written above.
+                let v = unsafe { TBlob::new(b.ptr(), &[c], x.dtype) };
+                map(op, dev, req(k), Form::Unary, "x", std::slice::from_ref(&v), &outs[k], 0.0, none)?;
+            }
+        }
+    } else {
         // The mean and inverse standard deviation outputs, from the running statistics.
         map(op, dev, req(1), Form::Unary, "x", &ins[3..4], &outs[1], 0.0, none)?;
         map(op, dev, req(2), Form::Scalar, "T(1) / sqrt(x + s)", &ins[4..5], &outs[2], spec.eps, none)?;
     }
-    cuda::sync(dev)?;
-    drop(ones);
     Ok(())
 }
 
+/// Waits for the device's queued work when dropped: declared after the temporary blocks of a
+/// call, it keeps them from going back to the pool while a kernel may still use them, also
+/// when the call returns early with an error.
+struct SyncOnDrop(i32);
+
+impl Drop for SyncOnDrop {
+    fn drop(&mut self) {
+        // A failure here was (or will be) reported by the call's own synchronisation.
+        let _ = cuda::sync(self.0);
+    }
+}
+
 /// An output view of `n` elements at device address `ptr` (a temporary block).
-fn ones_blob(ptr: *mut u8, n: usize, dtype: crate::ndarray::DType) -> OutBlob {
+fn device_view(ptr: *mut u8, n: usize, dtype: crate::ndarray::DType) -> OutBlob {
     // SAFETY: the block holds `n` elements of `dtype` and outlives the view (the caller keeps
     // it until the stream is synchronised); it is only written by a kernel through the view.
     unsafe { OutBlob::new(ptr, &[n], dtype) }
