@@ -262,7 +262,7 @@ impl ConvProblem {
     }
 
     fn descs(&self, dev: i32) -> Result<ConvDescs> {
-        const W: &str = "Convolution";
+        const W: &str = "a convolution";
         let (x, w, y) = (dims_i32(dev, W, &self.x)?, dims_i32(dev, W, &self.w)?, dims_i32(dev, W, &self.y)?);
         let (pad, stride, dilate) =
             (dims_i32(dev, W, &self.pad)?, dims_i32(dev, W, &self.stride)?, dims_i32(dev, W, &self.dilate)?);
@@ -537,7 +537,7 @@ fn pool_plan(dev: i32, p: &PoolProblem) -> Result<Rc<PoolPlan>> {
     if let Some(plan) = POOL_PLANS.with(|m| m.borrow().get(&(dev, p.clone())).cloned()) {
         return Ok(plan);
     }
-    const W: &str = "Pooling";
+    const W: &str = "a pooling";
     let (window, pad, stride) = (dims_i32(dev, W, &p.window)?, dims_i32(dev, W, &p.pad)?, dims_i32(dev, W, &p.stride)?);
     let mode = match p.mode {
         PoolMode::Max => sys::cudnnPoolingMode_t::CUDNN_POOLING_MAX,
@@ -634,7 +634,7 @@ fn bn_descs(dev: i32, p: &BnProblem) -> Result<BnDescs> {
     if let Some(d) = BN_DESCS.with(|m| m.borrow().get(&(dev, *p)).cloned()) {
         return Ok(d);
     }
-    let xd = dims_i32(dev, "BatchNorm", &[p.outer, p.c, p.inner, 1])?;
+    let xd = dims_i32(dev, "a batch normalisation", &[p.outer, p.c, p.inner, 1])?;
     let d = Rc::new((Tensor::new(dev, p.real, &xd)?, Tensor::new(dev, p.real, &[1, xd[1], 1, 1])?));
     BN_DESCS.with(|m| {
         let mut m = m.borrow_mut();
