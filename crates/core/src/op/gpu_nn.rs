@@ -337,7 +337,8 @@ pub(super) fn batch_norm(
         map(op, dev, req(1), Form::Unary, "x", &ins[3..4], &outs[1], 0.0, none)?;
         map(op, dev, req(2), Form::Scalar, "T(1) / sqrt(x + s)", &ins[4..5], &outs[2], spec.eps, none)?;
     }
-    Ok(())
+    // Reported here (the guard's wait ignores failures, which a second wait may not see).
+    cuda::sync(dev)
 }
 
 /// Waits for the device's queued work when dropped: declared after the temporary blocks of a
