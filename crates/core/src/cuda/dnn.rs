@@ -25,6 +25,31 @@ use cudarc::driver::CudaStream;
 /// shapes keep changing must not grow it without end).
 const CACHE_LIMIT: usize = 512;
 
+/// A per-thread cache of what is made once per (device, problem).
+type Cache<K, V> = RefCell<HashMap<(i32, K), Rc<V>>>;
+
+/// The entry of `(dev, key)` in this thread's `cache`, made by `make` at its first use.
+fn cached<K: Clone + Eq + std::hash::Hash, V>(
+    cache: &'static std::thread::LocalKey<Cache<K, V>>,
+    dev: i32,
+    key: &K,
+    make: impl FnOnce() -> Result<V>,
+) -> Result<Rc<V>> {
+    let k = (dev, key.clone());
+    if let Some(v) = cache.with(|m| m.borrow().get(&k).cloned()) {
+        return Ok(v);
+    }
+    let v = Rc::new(make()?);
+    cache.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() >= CACHE_LIMIT {
+            m.clear();
+        }
+        m.insert(k, v.clone())
+    });
+    Ok(v)
+}
+
 fn err(what: &str, dev: i32, e: impl std::fmt::Debug) -> Error {
     Error::mxnet(format!("cuDNN error on gpu({dev}) in {what}: {e:?}"))
 }
@@ -367,17 +392,18 @@ impl ConvPlan {
 
 thread_local! {
     /// This thread's plans by (device, problem): descriptors are made once, not per call.
-    static CONV_PLANS: RefCell<HashMap<(i32, ConvProblem), Rc<ConvPlan>>> = RefCell::new(HashMap::new());
+    static CONV_PLANS: Cache<ConvProblem, ConvPlan> = RefCell::new(HashMap::new());
 }
 
 /// The plan of `p` on `dev` for this thread (made at its first use here).
 pub fn conv_plan(dev: i32, p: &ConvProblem) -> Result<Rc<ConvPlan>> {
-    if let Some(plan) = CONV_PLANS.with(|m| m.borrow().get(&(dev, p.clone())).cloned()) {
-        return Ok(plan);
-    }
+    cached(&CONV_PLANS, dev, p, || make_conv_plan(dev, p))
+}
+
+fn make_conv_plan(dev: i32, p: &ConvProblem) -> Result<ConvPlan> {
     let h = handle(dev)?;
     let (free, _) = super::memory_info(dev)?;
-    let plan = guarded("cudnnGetConvolutionForwardAlgorithm_v7", || {
+    guarded("cudnnGetConvolutionForwardAlgorithm_v7", || {
         let d = p.descs(dev)?;
         let mut perf = vec![RawPerf::default(); FWD_ALGOS.len()];
         let mut n = 0i32;
@@ -415,16 +441,7 @@ pub fn conv_plan(dev: i32, p: &ConvProblem) -> Result<Rc<ConvPlan>> {
         }
         let warm = RefCell::new(vec![false; out.len()]);
         Ok(ConvPlan { descs: d, algos: out, warm })
-    })?;
-    let plan = Rc::new(plan);
-    CONV_PLANS.with(|m| {
-        let mut m = m.borrow_mut();
-        if m.len() >= CACHE_LIMIT {
-            m.clear();
-        }
-        m.insert((dev, p.clone()), plan.clone())
-    });
-    Ok(plan)
+    })
 }
 
 /// Where a forward convolution reads and writes (device addresses of `dev`).
@@ -530,13 +547,14 @@ struct PoolPlan {
 }
 
 thread_local! {
-    static POOL_PLANS: RefCell<HashMap<(i32, PoolProblem), Rc<PoolPlan>>> = RefCell::new(HashMap::new());
+    static POOL_PLANS: Cache<PoolProblem, PoolPlan> = RefCell::new(HashMap::new());
 }
 
 fn pool_plan(dev: i32, p: &PoolProblem) -> Result<Rc<PoolPlan>> {
-    if let Some(plan) = POOL_PLANS.with(|m| m.borrow().get(&(dev, p.clone())).cloned()) {
-        return Ok(plan);
-    }
+    cached(&POOL_PLANS, dev, p, || make_pool_plan(dev, p))
+}
+
+fn make_pool_plan(dev: i32, p: &PoolProblem) -> Result<PoolPlan> {
     const W: &str = "a pooling";
     let (window, pad, stride) = (dims_i32(dev, W, &p.window)?, dims_i32(dev, W, &p.pad)?, dims_i32(dev, W, &p.stride)?);
     let mode = match p.mode {
@@ -544,7 +562,7 @@ fn pool_plan(dev: i32, p: &PoolProblem) -> Result<Rc<PoolPlan>> {
         PoolMode::AvgIncludePad => sys::cudnnPoolingMode_t::CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING,
         PoolMode::AvgExcludePad => sys::cudnnPoolingMode_t::CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING,
     };
-    let plan = guarded("cudnnSetPoolingNdDescriptor", || {
+    guarded("cudnnSetPoolingNdDescriptor", || {
         let desc = PoolDesc::create(dev)?;
         // SAFETY: the three arrays hold `window.len()` entries each.
         unsafe {
@@ -563,16 +581,7 @@ fn pool_plan(dev: i32, p: &PoolProblem) -> Result<Rc<PoolPlan>> {
         let x = Tensor::new(dev, p.real, &dims_i32(dev, W, &p.x)?)?;
         let y = Tensor::new(dev, p.real, &dims_i32(dev, W, &p.y)?)?;
         Ok(PoolPlan { desc, x, y })
-    })?;
-    let plan = Rc::new(plan);
-    POOL_PLANS.with(|m| {
-        let mut m = m.borrow_mut();
-        if m.len() >= CACHE_LIMIT {
-            m.clear();
-        }
-        m.insert((dev, p.clone()), plan.clone())
-    });
-    Ok(plan)
+    })
 }
 
 /// `y = alpha * pool(x) + beta * y` on this thread's stream (the caller synchronises).
@@ -622,28 +631,17 @@ pub enum BnStats {
     Batch { save_mean: u64, save_inv_std: u64 },
 }
 
-/// A batch normalisation's descriptors: the data's and the parameters'.
-type BnDescs = Rc<(Tensor, Tensor)>;
-
 thread_local! {
-    /// This thread's descriptors of each batch normalisation problem.
-    static BN_DESCS: RefCell<HashMap<(i32, BnProblem), BnDescs>> = RefCell::new(HashMap::new());
+    /// This thread's descriptors of each batch normalisation problem: the data's and the
+    /// parameters'.
+    static BN_DESCS: Cache<BnProblem, (Tensor, Tensor)> = RefCell::new(HashMap::new());
 }
 
-fn bn_descs(dev: i32, p: &BnProblem) -> Result<BnDescs> {
-    if let Some(d) = BN_DESCS.with(|m| m.borrow().get(&(dev, *p)).cloned()) {
-        return Ok(d);
-    }
-    let xd = dims_i32(dev, "a batch normalisation", &[p.outer, p.c, p.inner, 1])?;
-    let d = Rc::new((Tensor::new(dev, p.real, &xd)?, Tensor::new(dev, p.real, &[1, xd[1], 1, 1])?));
-    BN_DESCS.with(|m| {
-        let mut m = m.borrow_mut();
-        if m.len() >= CACHE_LIMIT {
-            m.clear();
-        }
-        m.insert((dev, *p), d.clone())
-    });
-    Ok(d)
+fn bn_descs(dev: i32, p: &BnProblem) -> Result<Rc<(Tensor, Tensor)>> {
+    cached(&BN_DESCS, dev, p, || {
+        let xd = dims_i32(dev, "a batch normalisation", &[p.outer, p.c, p.inner, 1])?;
+        Ok((Tensor::new(dev, p.real, &xd)?, Tensor::new(dev, p.real, &[1, xd[1], 1, 1])?))
+    })
 }
 
 /// `y = gamma * (x - mean) / sqrt(var + eps) + beta_p` (plus `beta * y`), on this thread's
