@@ -177,7 +177,8 @@ unsafe fn backward_c(
 /// variables' arrays per their request; otherwise the gradients of `var_handles` are returned
 /// as new handles in `*grad_handles` (storage types in `*grad_stypes`, all dense). Without
 /// `retain_graph` the graph is released, and a second backward through it is an error.
-/// `create_graph` is not supported yet.
+/// With `create_graph` the backward pass is recorded, so the gradients can be differentiated
+/// again (higher-order gradients, for the operators whose backward has a gradient).
 ///
 /// # Safety
 /// Arrays must hold the counts given; out-params valid for writes when variables are given.
@@ -274,11 +275,12 @@ pub unsafe extern "C" fn MXAutogradComputeGradient(num_output: u32, output_handl
 /// `out` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXAutogradGetSymbol(handle: NDArrayHandle, out: *mut SymbolHandle) -> c_int {
-    ffi::call("MXAutogradGetSymbol", || {
-        arrays().get(handle)?;
-        let _ = out;
-        Err(Error::not_supported("MXAutogradGetSymbol (the recorded history as a Symbol)"))
-    })
+    // SAFETY: per this function's contract.
+    unsafe {
+        ffi::call_out("MXAutogradGetSymbol", out, "out", || {
+            Ok(super::symbol::new_handle(autograd::get_symbol(&*arrays().get(handle)?)?))
+        })
+    }
 }
 
 /// A new handle to the gradient array of a marked variable; `*out` is NULL when the array

@@ -9,12 +9,16 @@
 //! a reverse topological walk that pushes each call's backward operator (`op::grad`) through
 //! the engine, sums gradient contributions with `add_n`, writes or accumulates into the
 //! variables' gradient arrays per their request, and releases the graph unless asked to
-//! retain it. Views taken while recording are recorded as `Reshape` / `slice` calls.
+//! retain it; the record as a symbol ([`get_symbol`]). With `create_graph` the backward pass is itself recorded (its calls read the
+//! forward tensors as graph entries), so gradients can be differentiated again; backward
+//! operators differentiate through their composed gradients (`Grad::Composed`). Views
+//! taken while recording are recorded as `Reshape` / `slice` calls.
 //!
 //! The training flag kernels see lives with imperative invocation (`op::invoke`).
 
 use crate::error::{Error, Result};
 use crate::ndarray::{GraphLink, NDArray};
+use crate::op::grad::Calls;
 use crate::op::param::Attrs;
 use crate::op::{self, grad, invoke, CustomBackward, Grad, Meta, OpDef};
 use crate::sync::Mutex;
@@ -384,7 +388,10 @@ fn record_call(
         return outs;
     }
     let entries: Vec<Option<Entry>> = inputs.iter().map(|x| entry_of(x).filter(|e| e.node.need_grad)).collect();
-    let need_grad = entries.iter().any(|e| e.is_some()) && (op.grad != Grad::None || custom.is_some());
+    // A backward operator recorded by a backward pass that records (`create_graph`) stays in
+    // the graph even without a gradient of its own, so that differentiating through it fails
+    // as stock's does instead of giving zeros.
+    let need_grad = entries.iter().any(|e| e.is_some()) && (!op.grad.is_none() || custom.is_some() || op.is_backward);
     let (need_in, need_out) = if custom.is_some() { (false, false) } else { grad::needs(op) };
     let saved = if need_grad && custom.is_none() && mirrored(op, attrs, mirror) {
         let sources = inputs
@@ -467,6 +474,65 @@ fn sum_into(parts: &[NDArray], out: Option<&NDArray>) -> Result<NDArray> {
         .map(|mut v| v.remove(0))
 }
 
+/// The gradients of a recorded call's inputs (one per input, `None` where not wanted), from
+/// its backward operator or its composed gradient; `into` as [`grad::backward`] takes it
+/// (ignored when `recorded`). While the backward pass records, the calls are recorded.
+fn node_gradients(
+    call: &Call,
+    ograds: &[NDArray],
+    inputs: &[NDArray],
+    outputs: &[NDArray],
+    want: &[bool],
+    into: &[Option<NDArray>],
+    recorded: bool,
+) -> Result<Vec<Option<NDArray>>> {
+    if let Grad::Composed { f, .. } = call.op.grad {
+        let grads =
+            f(&grad::Composed { op: call.op, attrs: &call.attrs, ograds, inputs, outputs, want, calls: &Recorder })?;
+        if grads.len() != inputs.len() {
+            return Err(Error::internal(format!(
+                "the composed gradient of {} gave {} gradients for {} inputs",
+                call.op.name,
+                grads.len(),
+                inputs.len()
+            )));
+        }
+        return Ok(grads.into_iter().zip(want).map(|(g, &w)| g.filter(|_| w)).collect());
+    }
+    let og: Vec<&NDArray> = ograds.iter().collect();
+    let ins: Vec<&NDArray> = inputs.iter().collect();
+    let outs: Vec<&NDArray> = outputs.iter().collect();
+    if !recorded {
+        return grad::backward(call.op, &call.attrs, &og, &ins, &outs, want, into);
+    }
+    let (bop, bargs) = grad::args(call.op, &og, &ins, &outs)?;
+    let outs = Recorder.backward(bop, &call.attrs, &bargs, &call.in_meta, want)?;
+    Ok(outs.into_iter().zip(want.iter().chain(std::iter::repeat(&false))).map(|(o, &w)| w.then_some(o)).collect())
+}
+
+/// Operator calls for composed gradients and recorded backward passes: each is recorded
+/// while this thread records.
+struct Recorder;
+
+impl grad::Calls for Recorder {
+    fn call(&self, op: &str, inputs: &[&NDArray], kv: &[(&str, &str)]) -> Result<Vec<NDArray>> {
+        self::invoke(op::lookup(op)?, inputs, None, kv.iter().copied())
+    }
+
+    fn backward(
+        &self,
+        bop: &'static OpDef,
+        attrs: &Attrs,
+        args: &[&NDArray],
+        like: &[Meta],
+        want: &[bool],
+    ) -> Result<Vec<NDArray>> {
+        let outs = grad::launch(bop, attrs, args, like, want, &[])?;
+        let n = outs.len();
+        Ok(record_call(bop, attrs, args, outs, n, None, false))
+    }
+}
+
 type Key = (*const Node, usize);
 
 fn key(e: &Entry) -> Key {
@@ -516,9 +582,6 @@ pub struct BackwardArgs<'a> {
 
 /// Run backward; returns the gradients of `variables` (empty when none were given).
 pub fn backward(args: BackwardArgs) -> Result<Vec<NDArray>> {
-    if args.create_graph {
-        return Err(Error::not_supported("create_graph=True (recording the backward pass for higher-order gradients)"));
-    }
     let not_in_graph = || {
         Error::mxnet(
             "Cannot differentiate node because it is not in a computational graph. You need to set is_recording to \
@@ -542,10 +605,13 @@ pub fn backward(args: BackwardArgs) -> Result<Vec<NDArray>> {
     }
     let bulk = crate::engine::ExecBulk::from_config(crate::config::global())?.backward_size();
     let prev_train = set_training(args.is_train);
+    // As stock: the backward pass is recorded exactly when it is to create a graph.
+    let prev_recording = set_recording(args.create_graph);
     let result = crate::engine::global().and_then(|e| {
         let _bulk = e.bulk_scope(bulk);
         run_backward(&args, &heads, &order)
     });
+    set_recording(prev_recording);
     set_training(prev_train);
     let grads = result?;
     if !args.retain_graph {
@@ -584,16 +650,28 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
         };
         grads.entry(key(e)).or_default().push(plain(&g));
     }
-    // Gradients asked for explicitly (autograd.grad) are returned, not written.
+    // Gradients asked for explicitly (autograd.grad) are returned, not written. As stock's,
+    // each must be reachable from the heads (through any recorded call, differentiable or
+    // not).
+    let reached: std::collections::HashSet<*const Node> = order.iter().map(Arc::as_ptr).collect();
     let wanted: Vec<Key> = args
         .variables
         .iter()
-        .map(|v| {
-            entry_of(v).as_ref().map(key).ok_or_else(|| {
+        .enumerate()
+        .map(|(i, v)| {
+            let k = entry_of(v).as_ref().map(key).ok_or_else(|| {
                 Error::value(
                     "a variable of autograd.grad is not in the graph (call attach_grad or record its computation)",
                 )
-            })
+            })?;
+            if !reached.contains(&k.0) {
+                return Err(Error::mxnet(format!(
+                    "Cannot differentiate with respect to the {}-th variable because it is unreachable from the \
+                     outputs.",
+                    i + 1
+                )));
+            }
+            Ok(k)
         })
         .collect::<Result<_>>()?;
     // Consumers per entry, to write a lone contribution straight into a variable's gradient.
@@ -611,7 +689,7 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
     let direct = |e: &Entry| -> Option<NDArray> {
         match &e.node.kind {
             Kind::Variable { grad: Some(g), req: GradReq::Write, .. }
-                if args.variables.is_empty() && consumers.get(&key(e)) == Some(&1) =>
+                if args.variables.is_empty() && !args.create_graph && consumers.get(&key(e)) == Some(&1) =>
             {
                 Some(g.clone())
             }
@@ -636,13 +714,13 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
             };
             ograds.push(g);
         }
-        if !any || call.op.grad == Grad::Zero && call.custom.is_none() {
+        if !any || call.op.grad.is_zero() && call.custom.is_none() {
             continue;
         }
         if let Some((i, given, want)) = (0..call.out_meta.len()).find_map(|i| misshapen.get(&(nk, i))) {
             return Err(Error::value(format!("head gradient {i} has shape {given:?}, the head has {want:?}")));
         }
-        if call.op.grad == Grad::None && call.custom.is_none() {
+        if call.op.grad.is_none() && call.custom.is_none() {
             return Err(Error::mxnet(format!(
                 "Operator {} is non-differentiable because it didn't register FGradient attribute.",
                 call.op.name
@@ -658,7 +736,7 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
             .collect::<Result<_>>()?;
         let want: Vec<bool> = call.inputs.iter().map(|e| e.is_some()).collect();
         // A custom backward allocates its own gradients; operators may write a variable's.
-        let into: Vec<Option<NDArray>> = if call.custom.is_some() {
+        let into: Vec<Option<NDArray>> = if call.custom.is_some() || matches!(call.op.grad, Grad::Composed { .. }) {
             vec![None; call.inputs.len()]
         } else {
             call.inputs.iter().map(|e| e.as_ref().and_then(direct)).collect()
@@ -690,17 +768,26 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
             drop(saved);
             custom.backward(&ograds, &want)?
         } else {
-            let saved = saved;
-            let placeholders: Vec<NDArray>;
-            let inputs: Vec<&NDArray> = if saved.inputs.is_empty() {
-                placeholders = call.in_meta.iter().map(NDArray::none_like_meta).collect();
-                placeholders.iter().collect()
+            let mut inputs: Vec<NDArray> = if saved.inputs.is_empty() {
+                call.in_meta.iter().map(NDArray::none_like_meta).collect()
             } else {
-                saved.inputs.iter().collect()
+                saved.inputs.clone()
             };
-            let outputs: Vec<&NDArray> = saved.outputs.iter().collect();
-            let og: Vec<&NDArray> = ograds.iter().collect();
-            grad::backward(call.op, &call.attrs, &og, &inputs, &outputs, &want, &into)?
+            let mut outputs = saved.outputs.clone();
+            drop(saved);
+            if args.create_graph {
+                // What the gradient reads is part of the graph being differentiated: the
+                // recorded backward calls link to the forward entries, as stock's do.
+                for (x, e) in inputs.iter_mut().zip(&call.inputs) {
+                    if let Some(e) = e {
+                        *x = x.with_link(e.link());
+                    }
+                }
+                for (i, y) in outputs.iter_mut().enumerate().take(call.out_meta.len()) {
+                    *y = y.with_link(Entry { node: n.clone(), index: i }.link());
+                }
+            }
+            node_gradients(call, &ograds, &inputs, &outputs, &want, &into, args.create_graph)?
         };
         if !args.retain_graph {
             // The backward operation holds what it reads; the graph need not.
@@ -758,6 +845,71 @@ fn shape_str(shape: &[usize]) -> String {
     format!("({})", shape.iter().map(|d| format!("{d},")).collect::<String>())
 }
 
+/// The recorded history of `x` as a symbol (`autograd.get_symbol`, `MXAutogradGetSymbol`), named
+/// as stock names it: marked variables `var<i>`, inputs that were in no graph when recorded
+/// `null<i>`, recorded calls `node_<i>` with their parameters (those not at their defaults).
+pub fn get_symbol(x: &NDArray) -> Result<crate::symbol::Symbol> {
+    use crate::symbol::{GNode, Graph};
+    let head = entry_of(x).ok_or_else(|| {
+        Error::mxnet("NDArray is not part of a computation graph. Did you forget to turn on recording?")
+    })?;
+    let variable = |name: String| GNode {
+        op: None,
+        name,
+        attrs: None,
+        raw: Default::default(),
+        inputs: Vec::new(),
+        input_versions: Vec::new(),
+    };
+    let mut index: HashMap<*const Node, usize> = HashMap::new();
+    let mut nodes: Vec<GNode> = Vec::new();
+    let (mut vars, mut nulls, mut calls) = (0usize, 0usize, 0usize);
+    // Post-order depth-first walk with an explicit stack (recorded graphs can be deep).
+    let mut stack: Vec<(Arc<Node>, usize)> = vec![(head.node.clone(), 0)];
+    while let Some((n, from)) = stack.pop() {
+        if index.contains_key(&Arc::as_ptr(&n)) {
+            continue;
+        }
+        let Some(call) = n.call() else {
+            index.insert(Arc::as_ptr(&n), nodes.len());
+            nodes.push(variable(format!("var{vars}")));
+            vars += 1;
+            continue;
+        };
+        let input = |k: usize| call.inputs.get(k).and_then(|e| e.as_ref());
+        let slots = call.in_meta.len();
+        if let Some(k) = (from..slots).find(|&k| input(k).is_some_and(|e| !index.contains_key(&Arc::as_ptr(&e.node)))) {
+            let child = input(k).expect("found above").node.clone();
+            stack.push((n, k + 1));
+            stack.push((child, 0));
+            continue;
+        }
+        let mut inputs = Vec::with_capacity(slots);
+        for k in 0..slots {
+            match input(k) {
+                Some(e) => inputs.push((index[&Arc::as_ptr(&e.node)], e.index)),
+                None => {
+                    inputs.push((nodes.len(), 0));
+                    nodes.push(variable(format!("null{nulls}")));
+                    nulls += 1;
+                }
+            }
+        }
+        index.insert(Arc::as_ptr(&n), nodes.len());
+        nodes.push(GNode {
+            op: Some(call.op),
+            name: format!("node_{calls}"),
+            attrs: Some(call.attrs.clone()),
+            raw: call.attrs.to_kv().into_iter().collect(),
+            input_versions: vec![0; inputs.len()],
+            inputs,
+        });
+        calls += 1;
+    }
+    let heads = vec![(index[&Arc::as_ptr(&head.node)], head.index)];
+    Ok(Graph { nodes, heads }.to_symbol())
+}
+
 /// `src.slice(begin, end)`, recorded as `slice` while recording.
 pub fn slice_view(src: &NDArray, begin: usize, end: usize) -> Result<NDArray> {
     let v = src.slice(begin, end)?;
@@ -797,7 +949,51 @@ pub fn at_view(src: &NDArray, idx: usize) -> Result<NDArray> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ndarray::testing::array_f32;
+    use crate::ndarray::testing::{array_f32, values};
+
+    /// `autograd.grad(sin(x), x, create_graph=True)` three times: cos, -sin, -cos (each times
+    /// the head gradients), through `_backward_sin`'s composed gradient and the calls it
+    /// records; a variable the heads do not reach is refused.
+    #[test]
+    fn create_graph_differentiates_again() {
+        let xs = [0.3f32, -1.2, 2.0];
+        let var = || mark_variable(&array_f32(&[3], &xs), GradReq::Write, Some(array_f32(&[3], &[0.0; 3]))).unwrap();
+        let x = var();
+        let was = set_recording(true);
+        let mut y = invoke(op::lookup("sin").unwrap(), &[&x], None, std::iter::empty()).unwrap().remove(0);
+        let mut orders = Vec::new();
+        for _ in 0..3 {
+            let head = [Some(array_f32(&[3], &[2.0; 3]))];
+            let args = BackwardArgs {
+                heads: &[y],
+                head_grads: &head,
+                variables: std::slice::from_ref(&x),
+                retain_graph: true,
+                create_graph: true,
+                is_train: true,
+            };
+            y = backward(args).unwrap().remove(0);
+            orders.push(values(&y));
+        }
+        let other = var();
+        let refused = backward(BackwardArgs {
+            heads: std::slice::from_ref(&y),
+            head_grads: &[None],
+            variables: &[other],
+            retain_graph: true,
+            create_graph: false,
+            is_train: true,
+        });
+        set_recording(was);
+        let want: [fn(f32) -> f32; 3] = [|x| 2.0 * x.cos(), |x| -4.0 * x.sin(), |x| -8.0 * x.cos()];
+        for (order, (got, f)) in orders.iter().zip(want).enumerate() {
+            for (g, &x) in got.iter().zip(&xs) {
+                assert!((g - f(x)).abs() < 1e-5, "order {}: {g} vs {}", order + 1, f(x));
+            }
+        }
+        let err = refused.unwrap_err().to_string();
+        assert!(err.contains("unreachable from the outputs"), "{err}");
+    }
 
     /// The last array of a recorded chain of 100k calls is freed without overflowing the
     /// stack (the graph goes with it).

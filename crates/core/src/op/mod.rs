@@ -61,7 +61,7 @@ pub enum Resource {
 }
 
 /// What an operator's gradient is, declared for autograd.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub enum Grad {
     /// Not differentiable and not part of gradient graphs (creation, random, updates).
     None,
@@ -75,6 +75,22 @@ pub enum Grad {
     /// frontend's operator object); which forward tensors it reads is decided by that state
     /// (see `custom::backward`).
     Stateful { op: &'static str },
+    /// Composed of other operators' calls ([`grad::Composed`]), as stock's FGradient graphs
+    /// are: autograd records those calls when it records the backward pass (`create_graph`),
+    /// so the gradient can be differentiated again. Backward operators declare it for
+    /// higher-order gradients; it reads the call's inputs (`inputs`) and/or outputs (`outputs`).
+    Composed { f: grad::ComposedFn, inputs: bool, outputs: bool },
+}
+
+impl Grad {
+    /// Whether the declaration is [`Grad::None`].
+    pub fn is_none(&self) -> bool {
+        matches!(self, Grad::None)
+    }
+    /// Whether the declaration is [`Grad::Zero`].
+    pub fn is_zero(&self) -> bool {
+        matches!(self, Grad::Zero)
+    }
 }
 
 /// Which tensor inputs an operator takes.

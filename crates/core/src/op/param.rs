@@ -241,6 +241,42 @@ pub enum Value {
     Ctx(Context),
 }
 
+impl Value {
+    /// The value as a parameter string that parses back to it (Python's spelling: `True`,
+    /// `(2, 3)`, `(1,)`, `None`).
+    pub fn to_param(&self) -> String {
+        fn tuple<T>(items: &[T], f: impl Fn(&T) -> String) -> String {
+            match items {
+                [one] => format!("({},)", f(one)),
+                _ => format!("({})", items.iter().map(f).collect::<Vec<_>>().join(", ")),
+            }
+        }
+        match self {
+            Value::None => "None".to_string(),
+            Value::Bool(b) => if *b { "True" } else { "False" }.to_string(),
+            Value::Int(i) => i.to_string(),
+            Value::Float(f) => float_param(*f),
+            Value::Shape(v) => tuple(v, |d| d.to_string()),
+            Value::OptShape(v) => tuple(v, |d| d.map_or("None".to_string(), |d| d.to_string())),
+            Value::FloatTuple(v) => tuple(v, |f| float_param(*f)),
+            Value::Str(s) => s.clone(),
+            Value::DType(d) => d.name().to_string(),
+            Value::Ctx(c) => c.to_string(),
+        }
+    }
+}
+
+/// A float as Python prints it (`inf`, `nan`; otherwise the shortest string that reads back).
+fn float_param(f: f64) -> String {
+    if f.is_nan() {
+        "nan".to_string()
+    } else if f.is_infinite() {
+        if f > 0.0 { "inf" } else { "-inf" }.to_string()
+    } else {
+        format!("{f:?}")
+    }
+}
+
 /// The parsed parameters of one operator call: one value per declared parameter, in
 /// declaration order. Accessors panic on a name the operator did not declare or a mismatched
 /// type; both are programming errors inside an operator, caught at the C boundary.
@@ -335,6 +371,21 @@ impl Attrs {
     /// other operator).
     pub fn extra(&self) -> &[(String, String)] {
         &self.extra
+    }
+
+    /// The parameters as strings that parse back to them: those that differ from their
+    /// defaults (required ones always), in declaration order, then the undeclared ones of an
+    /// open operator. For a graph rebuilt from a record (`autograd.get_symbol`).
+    pub fn to_kv(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (spec, v) in self.specs.iter().zip(&self.values) {
+            let default = spec.default.and_then(|d| spec.parse(d).ok());
+            if default.as_ref() != Some(v) {
+                out.push((spec.name.to_string(), v.to_param()));
+            }
+        }
+        out.extend(self.extra.iter().cloned());
+        out
     }
 
     /// Whether these attributes were parsed against `specs` (the table itself, not a copy):

@@ -9,15 +9,18 @@
 //! broadcast add/sub/mul in training. It collapses dimensions into alternating runs of kept and
 //! summed ones, sums contiguous rows with vectorisable loops (no index arithmetic per element)
 //! and splits the work over the target elements, or, for small targets, over the outermost
-//! summed dimension with per-task partial sums.
+//! summed dimension with per-task partial sums. Also owns the gradients of the add, sub,
+//! mul and div backward operators (second order: [`binary_composed`]).
 
 use super::broadcast::{for_runs, BPlan};
 use super::elemwise::{dispatch_arith, Arith, Bin, Calc, BINS};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
+use crate::ndarray::NDArray;
+use crate::op::grad::Composed;
 use crate::op::kernel::{par_for_mut, par_tasks_mut, pool_threads, Cost};
 use crate::op::tensor::{OutBlob, TBlob};
-use crate::op::{OpCtx, OpDef, Req};
+use crate::op::{Grad, Meta, OpCtx, OpDef, Req};
 use std::ops::Range;
 
 /// `out[p] = f(g[p], l[.], r[.])` over the output of `plan` (g has the output's layout).
@@ -332,6 +335,87 @@ fn compute(op: Bin, name: &'static str) -> crate::op::ComputeFn {
     })
 }
 
+/// The gradient of a binary backward operator, same-shape or broadcast (`_backward_add(g) ->
+/// (g, g)`, `_backward_broadcast_mul(g, a, b) -> (Σ g·b, Σ g·a)`, ...; Σ sums onto the
+/// input's shape), with incoming gradients (ga, gb) of the inputs' shapes, composed of
+/// element-wise or broadcast calls (stock's FGradient of these operators). Only add, sub, mul
+/// and div have one, as in stock.
+fn binary_composed(cx: &Composed) -> Result<Vec<Option<NDArray>>> {
+    let (bin, broadcast) = BINS
+        .iter()
+        .find_map(|b| {
+            (b.elemwise_grad == Some(cx.op.name))
+                .then_some((b.op, false))
+                .or_else(|| (b.broadcast_grad == Some(cx.op.name)).then_some((b.op, true)))
+        })
+        .ok_or_else(|| Error::internal(format!("{} is not a binary gradient", cx.op.name)))?;
+    let pick = |same: &'static str, wide: &'static str| if broadcast { wide } else { same };
+    let (add, sub) = (pick("elemwise_add", "broadcast_add"), pick("elemwise_sub", "broadcast_sub"));
+    let (mul, div) = (pick("elemwise_mul", "broadcast_mul"), pick("elemwise_div", "broadcast_div"));
+    let op2 = |op: &str, x: &NDArray, y: &NDArray| cx.call(op, &[x, y], &[]);
+    // An output-shaped gradient summed onto input `i`'s shape (the reduction broadcast_add's
+    // backward does, differentiable in turn).
+    let onto = |h: NDArray, i: usize| -> Result<NDArray> {
+        if !broadcast {
+            return Ok(h);
+        }
+        let like: Vec<Meta> = cx.inputs[1..3].iter().map(|x| Meta::new(x.shape.clone(), x.dtype)).collect();
+        let mut want = [false; 2];
+        want[i] = true;
+        let reduce = crate::op::lookup(BINS[0].broadcast_grad.expect("add has a broadcast gradient"))?;
+        let mut outs = cx.calls.backward(reduce, cx.attrs, &[&h], &like, &want)?;
+        Ok(outs.swap_remove(i))
+    };
+    let (ga, gb) = (&cx.ograds[0], &cx.ograds[1]);
+    let mut out = vec![None; cx.inputs.len()];
+    match bin {
+        Bin::Add | Bin::Sub if !cx.wants(0) => {}
+        Bin::Add => out[0] = Some(op2(add, ga, gb)?),
+        Bin::Sub => out[0] = Some(op2(sub, ga, gb)?),
+        // (g·b, g·a)
+        Bin::Mul => {
+            let (g, a, b) = (&cx.inputs[0], &cx.inputs[1], &cx.inputs[2]);
+            if cx.wants(0) {
+                out[0] = Some(cx.add(&op2(mul, ga, b)?, &op2(mul, gb, a)?)?);
+            }
+            if cx.wants(1) {
+                out[1] = Some(onto(op2(mul, g, gb)?, 0)?);
+            }
+            if cx.wants(2) {
+                out[2] = Some(onto(op2(mul, g, ga)?, 1)?);
+            }
+        }
+        // (g/b, -g·a/b²)
+        Bin::Div => {
+            let (g, a, b) = (&cx.inputs[0], &cx.inputs[1], &cx.inputs[2]);
+            let b2 = cx.call("square", &[b], &[])?;
+            if cx.wants(0) {
+                let ta = op2(div, ga, b)?;
+                let tb = op2(mul, gb, &op2(div, a, &b2)?)?;
+                out[0] = Some(cx.sub(&ta, &tb)?);
+            }
+            if cx.wants(1) {
+                let t = op2(div, &op2(mul, g, gb)?, &b2)?;
+                out[1] = Some(onto(cx.scalar("_mul_scalar", &t, -1.0)?, 0)?);
+            }
+            if cx.wants(2) {
+                // -g·ga/b² + 2·g·gb·a/b³
+                let ta = op2(div, &op2(mul, g, ga)?, &b2)?;
+                let b3 = cx.mul(&b2, b)?;
+                let tb = op2(div, &op2(mul, &op2(mul, g, gb)?, a)?, &b3)?;
+                out[2] = Some(onto(cx.sub(&cx.scalar("_mul_scalar", &tb, 2.0)?, &ta)?, 1)?);
+            }
+        }
+        _ => {
+            return Err(Error::mxnet(format!(
+                "Operator {} is non-differentiable because it didn't register FGradient attribute.",
+                cx.op.name
+            )))
+        }
+    }
+    Ok(out)
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     for b in BINS {
         // GPU forms: each side's derivative in the output gradient `x` and one backward
@@ -346,6 +430,9 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             let mut def = OpDef::backward(name, &[], compute(b.op, name));
             if let Some(sides) = gpu {
                 def = def.gpu(crate::op::gpu::GpuKernel::BinaryGrad(sides));
+            }
+            if matches!(b.op, Bin::Add | Bin::Sub | Bin::Mul | Bin::Div) {
+                def = def.grad(Grad::Composed { f: binary_composed, inputs: b.grad_inputs, outputs: false });
             }
             ops.push(def);
         }

@@ -1153,7 +1153,7 @@ const UNARY: &[UnDef] = &[
         "radians",
         &["_sparse_radians"],
         Un::Radians,
-        Some(("_backward_radians", false, false)),
+        Some(("_backward_radians", true, false)),
         "Converts each element of the input array from degrees to radians.",
     ),
     (

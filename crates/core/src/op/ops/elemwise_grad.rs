@@ -8,15 +8,18 @@
 //! declaration says) to `g * f'(.)`, computed as the forward computes (float16 in f32).
 //! Piecewise-constant functions (sign, round, comparisons, ...) declare a zero gradient in
 //! `elemwise` and have no kernel here; the binary same-shape and broadcast backward operators
-//! are in `broadcast_grad`.
+//! are in `broadcast_grad`. Also owns these operators' own gradients (second derivatives,
+//! composed of differentiable calls for `create_graph`: [`composed`]).
 
 use super::elemwise::{Arith, Calc, ClipParams, ScalarParams, CLIP_PARAMS, SCALAR_PARAMS};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::ndarray::NDArray;
 use crate::op::gpu::GpuKernel;
+use crate::op::grad::Composed;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::param::{Attrs, ParamSpec};
 use crate::op::tensor::{Elem, OutBlob, TBlob};
-use crate::op::{OpCtx, OpDef, Req};
+use crate::op::{Grad, Meta, OpCtx, OpDef, Req};
 
 /// A derivative: `g * f'`, with `v` the saved forward input `x` or output `y`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -299,6 +302,123 @@ impl D {
     }
 }
 
+/// The gradient of a unary backward operator `_backward_f(g[, v]) = g * d(v)`, composed of
+/// differentiable calls (stock's FGradient of these operators): by `g` it is the operator
+/// itself applied to the incoming gradient `gg` (it is linear in `g`); by `v` it is
+/// `gg * g * d'(v)` ([`second`]).
+fn composed(cx: &Composed) -> Result<Vec<Option<NDArray>>> {
+    let d = TABLE
+        .iter()
+        .find(|t| t.0 == cx.op.name)
+        .map(|t| t.1)
+        .ok_or_else(|| Error::internal(format!("{} has no derivative in the table", cx.op.name)))?;
+    let (gg, g) = (&cx.ograds[0], &cx.inputs[0]);
+    let v = cx.inputs.get(1);
+    let mut out = vec![None; cx.inputs.len()];
+    if cx.wants(0) {
+        let mut args = vec![gg];
+        args.extend(v);
+        let like = [Meta::new(g.shape.clone(), g.dtype)];
+        out[0] = cx.again(&args, &like, &[true])?.into_iter().next();
+    }
+    if let (Some(v), true) = (v, cx.wants(1)) {
+        let p = cx.mul(gg, g)?;
+        out[1] = second(d, cx, &p, v)?;
+    }
+    Ok(out)
+}
+
+/// `p * d'(v)`, where `d` is the derivative a backward operator multiplies by (`v`: the
+/// saved input `x` or output `y`), as differentiable calls; `None` where `d'` is 0.
+fn second(d: D, cx: &Composed, p: &NDArray, v: &NDArray) -> Result<Option<NDArray>> {
+    // k * a^e
+    let pow = |a: &NDArray, e: f64, k: f64| -> Result<NDArray> {
+        let t = cx.scalar("_power_scalar", a, e)?;
+        cx.scalar("_mul_scalar", &t, k)
+    };
+    let scale = |a: &NDArray, k: f64| cx.scalar("_mul_scalar", a, k);
+    let s = || ScalarParams::of(cx.attrs).scalar;
+    let f = match d {
+        // Constant derivatives (radians reads its input only to keep it in the graph, as
+        // stock's does, so that a third derivative is 0, not unreachable).
+        D::Neg | D::Degrees | D::Radians | D::MulScalar | D::DivScalar | D::ModScalar => return Ok(None),
+        D::Abs | D::MaximumScalar | D::MinimumScalar | D::Clip | D::Relu | D::RmodScalar => return Ok(None),
+        // 2, times ones shaped like x, which keeps x in the graph (as stock's does): the third
+        // derivative is 0, not unreachable.
+        D::Square => cx.scalar("_mul_scalar", &cx.call("ones_like", &[v], &[])?, 2.0)?,
+        D::Exp => return Ok(Some(p.clone())),
+        D::RpowerScalar => return scale(p, s().ln()).map(Some),
+        D::Rsqrt => pow(v, -2.5, 0.75)?,
+        D::Rcbrt => pow(v, -7.0 / 3.0, 4.0 / 9.0)?,
+        D::Expm1 => cx.call("exp", &[v], &[])?,
+        D::Log => pow(v, -2.0, -1.0)?,
+        D::Log10 => pow(v, -2.0, -1.0 / std::f64::consts::LN_10)?,
+        D::Log2 => pow(v, -2.0, -1.0 / std::f64::consts::LN_2)?,
+        D::Log1p => pow(&cx.scalar("_plus_scalar", v, 1.0)?, -2.0, -1.0)?,
+        D::Sin => scale(&cx.call("sin", &[v], &[])?, -1.0)?,
+        D::Cos => scale(&cx.call("cos", &[v], &[])?, -1.0)?,
+        D::Sinh => cx.call("sinh", &[v], &[])?,
+        D::Cosh => cx.call("cosh", &[v], &[])?,
+        // x (1 - x²)^-3/2, negated for arccos.
+        D::Asin | D::Acos => {
+            let t = cx.scalar("_rminus_scalar", &cx.call("square", &[v], &[])?, 1.0)?;
+            let k = if d == D::Asin { 1.0 } else { -1.0 };
+            cx.mul(v, &pow(&t, -1.5, k)?)?
+        }
+        // -2x (1 + x²)^-2
+        D::Atan => {
+            let t = cx.scalar("_plus_scalar", &cx.call("square", &[v], &[])?, 1.0)?;
+            cx.mul(v, &pow(&t, -2.0, -2.0)?)?
+        }
+        // -x (x² ± 1)^-3/2
+        D::Asinh | D::Acosh => {
+            let one = if d == D::Asinh { 1.0 } else { -1.0 };
+            let t = cx.scalar("_plus_scalar", &cx.call("square", &[v], &[])?, one)?;
+            cx.mul(v, &pow(&t, -1.5, -1.0)?)?
+        }
+        // 2x (1 - x²)^-2
+        D::Atanh => {
+            let t = cx.scalar("_rminus_scalar", &cx.call("square", &[v], &[])?, 1.0)?;
+            cx.mul(v, &pow(&t, -2.0, 2.0)?)?
+        }
+        D::Recip => pow(v, -3.0, 2.0)?,
+        // -2 sign(x) (1 + |x|)^-3
+        D::Softsign => {
+            let t = cx.scalar("_plus_scalar", &cx.call("abs", &[v], &[])?, 1.0)?;
+            cx.mul(&cx.call("sign", &[v], &[])?, &pow(&t, -3.0, -2.0)?)?
+        }
+        D::RdivScalar => pow(v, -3.0, 2.0 * s())?,
+        D::PowerScalar => {
+            let s = s();
+            pow(v, s - 2.0, s * (s - 1.0))?
+        }
+        // s² (x² + s²)^-3/2
+        D::HypotScalar => {
+            let s = s();
+            let t = cx.scalar("_plus_scalar", &cx.call("square", &[v], &[])?, s * s)?;
+            pow(&t, -1.5, s * s)?
+        }
+        D::Sqrt => pow(v, -2.0, -0.5)?,
+        D::Cbrt => pow(v, -3.0, -2.0 / 3.0)?,
+        D::Tan => scale(v, 2.0)?,
+        D::Tanh => scale(v, -2.0)?,
+        // 1 - 2y
+        D::Sigmoid => cx.scalar("_rminus_scalar", &scale(v, 2.0)?, 1.0)?,
+    };
+    cx.mul(p, &f).map(Some)
+}
+
+/// The gradient of `_backward_copy(g)`, which is linear: itself on the incoming gradient,
+/// back to `g`'s shape and dtype (only those of `g` are read).
+fn copy_composed(cx: &Composed) -> Result<Vec<Option<NDArray>>> {
+    if !cx.wants(0) {
+        return Ok(vec![None]);
+    }
+    let g = &cx.inputs[0];
+    let like = [Meta::new(g.shape.clone(), g.dtype)];
+    Ok(vec![cx.again(&[&cx.ograds[0]], &like, &[true])?.into_iter().next()])
+}
+
 fn compute(name: &'static str, d: D) -> crate::op::ComputeFn {
     Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
         if cx.req[0] == Req::Null {
@@ -322,7 +442,11 @@ fn copy_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     for &(name, d, params) in TABLE {
-        let mut def = OpDef::backward(name, params, compute(name, d));
+        let mut def = OpDef::backward(name, params, compute(name, d)).grad(Grad::Composed {
+            f: composed,
+            inputs: true,
+            outputs: false,
+        });
         if let Some(e) = d.cuda() {
             // The derivatives of the scalar forms read the forward's `scalar`.
             let scalar: Option<fn(&Attrs) -> f64> = if params.first().is_some_and(|p| p.name == "scalar") {
@@ -334,7 +458,13 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         }
         ops.push(def);
     }
-    ops.push(OpDef::backward("_backward_copy", &[], Box::new(copy_back)).gpu(GpuKernel::CopyGrad));
+    ops.push(
+        OpDef::backward("_backward_copy", &[], Box::new(copy_back)).gpu(GpuKernel::CopyGrad).grad(Grad::Composed {
+            f: copy_composed,
+            inputs: false,
+            outputs: false,
+        }),
+    );
 }
 
 #[cfg(test)]

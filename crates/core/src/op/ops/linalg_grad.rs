@@ -2,18 +2,21 @@
 //!
 //! Owns `_backward_dot`, `_backward_batch_dot` and `_backward_FullyConnected`: each gradient
 //! is one GEMM through the shared helper (transposes as strides, never copies), plus the
-//! column sums of the output gradient for FullyConnected's bias.
+//! column sums of the output gradient for FullyConnected's bias. Also owns the gradient of
+//! `_backward_FullyConnected` (second order, composed of `dot` calls: [`fc_composed`]).
 
 use super::linalg::{batch_plan, batched_gemm, dot_plan, fc_plan, gemm, DOT_PARAMS, FC_PARAMS};
 use super::nn::{dispatch_real, Real};
 use crate::dispatch_float;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
+use crate::ndarray::NDArray;
+use crate::op::grad::Composed;
 use crate::op::kernel::{par_for_mut, Cost};
 use crate::op::ops::linalg::DotParams;
 use crate::op::ops::linalg::FcParams;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
-use crate::op::{OpCtx, OpDef, Req};
+use crate::op::{Grad, OpCtx, OpDef, Req};
 
 /// `_backward_dot(dC, A, B) -> (dA, dB)` for `C = op(A)·op(B)`.
 fn dot_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
@@ -109,12 +112,52 @@ fn fc_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     Ok(())
 }
 
+/// The gradient of `_backward_FullyConnected(dY, X, W[, b]) -> (dX, dW[, db])`, with
+/// incoming gradients (gX, gW[, gb]), composed of `dot` calls (stock's
+/// `_backward_backward_FullyConnected`): by dY `gX·Wᵀ + X·gWᵀ + gb` (gb on every row), by X
+/// `dY·gW`, by W `dYᵀ·gX`; b does not enter the gradient. Matrices are the 2-D views the
+/// forward uses (rows × inputs).
+fn fc_composed(cx: &Composed) -> Result<Vec<Option<NDArray>>> {
+    let (dy, x, w) = (&cx.inputs[0], &cx.inputs[1], &cx.inputs[2]);
+    let (rows, k, _) = fc_plan(cx.attrs, &x.shape)?;
+    let hidden = FcParams::of(cx.attrs).num_hidden as usize;
+    let reshape = |a: &NDArray, shape: &[usize]| -> Result<NDArray> {
+        let s = format!("({})", shape.iter().map(|d| format!("{d},")).collect::<String>());
+        cx.call("Reshape", &[a], &[("shape", &s)])
+    };
+    let dot = |a: &NDArray, b: &NDArray, ta: bool, tb: bool| -> Result<NDArray> {
+        let flag = |t: bool| if t { "True" } else { "False" };
+        cx.call("dot", &[a, b], &[("transpose_a", flag(ta)), ("transpose_b", flag(tb))])
+    };
+    let dy2 = reshape(dy, &[rows, hidden])?;
+    let x2 = reshape(x, &[rows, k])?;
+    let gx2 = reshape(&cx.ograds[0], &[rows, k])?;
+    let gw = &cx.ograds[1];
+    let mut out = vec![None; cx.inputs.len()];
+    if cx.wants(0) {
+        let mut d = cx.add(&dot(&gx2, w, false, true)?, &dot(&x2, gw, false, true)?)?;
+        if let Some(gb) = cx.ograds.get(2) {
+            let gb = reshape(gb, &[1, hidden])?;
+            d = cx.add(&d, &cx.call("broadcast_like", &[&gb, &d], &[])?)?;
+        }
+        out[0] = Some(reshape(&d, &dy.shape)?);
+    }
+    if cx.wants(1) {
+        out[1] = Some(reshape(&dot(&dy2, gw, false, false)?, &x.shape)?);
+    }
+    if cx.wants(2) {
+        out[2] = Some(dot(&dy2, &gx2, true, false)?);
+    }
+    Ok(out)
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(OpDef::backward("_backward_dot", DOT_PARAMS, Box::new(dot_backward)));
     ops.push(OpDef::backward("_backward_batch_dot", DOT_PARAMS, Box::new(batch_dot_backward)));
     ops.push(
         OpDef::backward("_backward_FullyConnected", FC_PARAMS, Box::new(fc_backward))
-            .gpu(crate::op::gpu::GpuKernel::FullyConnectedGrad(|a| FcParams::of(a).no_bias)),
+            .gpu(crate::op::gpu::GpuKernel::FullyConnectedGrad(|a| FcParams::of(a).no_bias))
+            .grad(Grad::Composed { f: fc_composed, inputs: true, outputs: false }),
     );
 }
 

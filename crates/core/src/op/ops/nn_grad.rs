@@ -13,7 +13,8 @@ use super::nn::{
     POOL_PARAMS, SELU_ALPHA, SELU_LAMBDA, SOFTMAX_OUTPUT_PARAMS, SOFTMAX_PARAMS,
 };
 use crate::error::{Error, Result};
-use crate::ndarray::DType;
+use crate::ndarray::{DType, NDArray};
+use crate::op::grad::Composed;
 use crate::op::kernel::{par_for_mut, par_for_zip, Cost};
 use crate::op::ops::nn::ActParams;
 use crate::op::ops::nn::BnParams;
@@ -22,7 +23,7 @@ use crate::op::ops::nn::LnParams;
 use crate::op::ops::nn::SoftmaxOutputParams;
 use crate::op::ops::nn::SoftmaxParams;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
-use crate::op::{ComputeFn, OpCtx, OpDef, Req};
+use crate::op::{ComputeFn, Grad, Meta, OpCtx, OpDef, Req};
 
 /// Write zeros into output `i` when it is requested (gradients of labels, lengths, aux states).
 fn zero_if_requested(cx: &OpCtx, outs: &mut [OutBlob], i: usize) {
@@ -325,6 +326,21 @@ fn dropout_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<(
         map3::<T, R>(ins[0].as_slice::<T>(), ins[2].as_slice::<T>(), &[], &mut outs[0], Cost::CHEAP, |g, m, _| g * m)
     });
     Ok(())
+}
+
+/// The gradient of `_backward_Dropout(dy, y, mask)`: linear in `dy` (the same call on the
+/// incoming gradient); the output and the mask get none. Stock declares zero gradients for
+/// every input, `dy` included (a known difference: a second derivative through an output
+/// gradient that depends on the variables is not lost here).
+fn dropout_composed(cx: &Composed) -> Result<Vec<Option<NDArray>>> {
+    let mut out = vec![None; cx.inputs.len()];
+    if cx.wants(0) {
+        let dy = &cx.inputs[0];
+        let like = [Meta::new(dy.shape.clone(), dy.dtype)];
+        let args: Vec<&NDArray> = std::iter::once(&cx.ograds[0]).chain(&cx.inputs[1..]).collect();
+        out[0] = cx.again(&args, &like, &[true])?.into_iter().next();
+    }
+    Ok(out)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -822,7 +838,11 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(OpDef::backward("_backward_log_softmax", SOFTMAX_PARAMS, softmax_backward(true, false)));
     ops.push(OpDef::backward("_backward_softmin", SOFTMAX_PARAMS, softmax_backward(false, true)));
     ops.push(OpDef::backward("_backward_SoftmaxOutput", SOFTMAX_OUTPUT_PARAMS, Box::new(softmax_output_backward)));
-    ops.push(OpDef::backward("_backward_Dropout", DROPOUT_PARAMS, Box::new(dropout_backward)));
+    ops.push(OpDef::backward("_backward_Dropout", DROPOUT_PARAMS, Box::new(dropout_backward)).grad(Grad::Composed {
+        f: dropout_composed,
+        inputs: true,
+        outputs: false,
+    }));
     ops.push(
         OpDef::backward("_backward_BatchNorm", BN_PARAMS, Box::new(batch_norm_backward)).mutates_from_end(&[5, 4]),
     );
