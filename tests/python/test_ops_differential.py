@@ -755,6 +755,22 @@ CASES += [
     case("roi_pooling-bad-scale", "nd.ROIPooling", r(2, 2, 4, 4), ROIS, pooled_size=(2, 2), spatial_scale=-0.5, error=True),
 ]
 
+# Correlation (FlowNet): by product and by absolute difference, padding, strides, a 3x3 kernel,
+# float64 and float16; bad input: an even kernel, a neighbourhood that does not fit, 3-D data.
+CASES += [
+    case("correlation", "nd.Correlation", r(2, 3, 6, 6), r(2, 3, 6, 6), grad=True, max_displacement=2, pad_size=2),
+    case("correlation-diff", "nd.Correlation", r(1, 2, 7, 5), r(1, 2, 7, 5), grad=True, max_displacement=2, stride2=2,
+         pad_size=1, is_multiply=False),
+    case("correlation-k3-stride1", "nd.Correlation", r(2, 2, 6, 5), r(2, 2, 6, 5), grad=True, kernel_size=3,
+         max_displacement=1, stride1=2, pad_size=2),
+    case("correlation-f64", "nd.Correlation", r(1, 4, 5, 5, dtype="float64"), r(1, 4, 5, 5, dtype="float64"), grad=True,
+         kernel_size=3, max_displacement=2, pad_size=3),
+    case("correlation-f16", "nd.Correlation", r(1, 2, 5, 5, dtype="float16"), r(1, 2, 5, 5, dtype="float16"), grad=True,
+         max_displacement=1, pad_size=1),
+    case("correlation-even-kernel", "nd.Correlation", r(1, 1, 8, 8), r(1, 1, 8, 8), kernel_size=2, error=True),
+    case("correlation-does-not-fit", "nd.Correlation", r(1, 1, 6, 6), r(1, 1, 6, 6), kernel_size=7, error=True),
+]
+
 # Cases for implemented operators where our library differs from stock: strict xfails that
 # say what differs. Fix the library (or decide that stock's behaviour is a bug not to copy and
 # drop the case), then delete the entry.

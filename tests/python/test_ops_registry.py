@@ -114,12 +114,14 @@ def test_stubs_have_stock_signatures():
 @pytest.mark.skipif("MXNET_LIBRARY_PATH" not in os.environ, reason="needs an operator this library lacks")
 def test_a_stub_called_with_stock_arguments_is_not_implemented():
     stubs = {n for n in all_names() if info(n)[2] == f"{n}: not supported by mxnet-rt yet."}
-    assert "Correlation" in stubs, "implemented now: pick another stub"
-    # Stock's signature: data1 and data2, then the parameters.
-    with pytest.raises(NotImplementedError, match="operator Correlation is not supported yet"):
-        mx.nd.Correlation(mx.nd.ones((1, 1, 4, 4)), mx.nd.ones((1, 1, 4, 4)), kernel_size=1)
+    assert "_contrib_DeformableConvolution" in stubs, "implemented now: pick another stub"
+    # Stock's signature: data, offset, weight and bias, then the parameters.
+    x = mx.nd.ones((1, 1, 4, 4))
+    with pytest.raises(NotImplementedError, match="operator _contrib_DeformableConvolution is not supported yet"):
+        mx.nd.contrib.DeformableConvolution(x, mx.nd.ones((1, 18, 2, 2)), mx.nd.ones((1, 1, 3, 3)), mx.nd.ones((1,)),
+                                            kernel=(3, 3), num_filter=1)
     with pytest.raises(NotImplementedError, match="is not supported yet"):
-        mx.sym.Correlation(mx.sym.var("x"), mx.sym.var("y"), kernel_size=1)
+        mx.sym.contrib.DeformableConvolution(mx.sym.var("x"), mx.sym.var("o"), kernel=(3, 3), num_filter=1)
 
 
 def test_sparse_cast_storage_is_not_implemented():

@@ -11,6 +11,7 @@ mod common;
 mod contrib;
 mod conv;
 mod conv_grad;
+mod correlation;
 mod ctc;
 mod cv;
 mod deconv;
@@ -59,6 +60,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     pdf::register(ops);
     moments::register(ops);
     im2col::register(ops);
+    correlation::register(ops);
     optim::register(ops);
     optim_adamw_lamb::register(ops);
     optim_fused::register(ops);
