@@ -653,7 +653,8 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
     // Gradients asked for explicitly (autograd.grad) are returned, not written. As stock's,
     // each must be reachable from the heads (through any recorded call, differentiable or
     // not).
-    let reached: std::collections::HashSet<*const Node> = order.iter().map(Arc::as_ptr).collect();
+    let reached: std::collections::HashSet<*const Node> =
+        if args.variables.is_empty() { Default::default() } else { order.iter().map(Arc::as_ptr).collect() };
     let wanted: Vec<Key> = args
         .variables
         .iter()
