@@ -85,6 +85,8 @@ SCALAR = [
 ]
 for name, f, lo, hi in SCALAR:
     unary(name, f, lo, hi, (2,))
+# rcbrt is real for negative x, and so are its derivatives.
+unary("rcbrt-negative", nd.rcbrt, -3, -.5, (2,))
 
 # Same-shape binary operators: d/da then d/db (and d/da again).
 for name, f in (("mul", lambda a, b: a * b), ("div", lambda a, b: a / b),

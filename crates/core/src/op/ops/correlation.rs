@@ -54,9 +54,13 @@ impl Geometry {
     fn of(a: &Attrs, data: &[usize]) -> Result<Geometry> {
         let p = CorrParams::of(a);
         let op = a.op;
+        // Stock's parameters are 32-bit unsigned.
         let nonneg = |name: &str, v: i64, min: i64| -> Result<usize> {
-            if v < min {
-                return Err(Error::value(format!("operator {op}: {name} must be at least {min}, got {v}")));
+            if v < min || v > i64::from(u32::MAX) {
+                return Err(Error::value(format!(
+                    "operator {op}: {name} must be between {min} and {}, got {v}",
+                    u32::MAX
+                )));
             }
             Ok(v as usize)
         };
@@ -82,6 +86,8 @@ impl Geometry {
         };
         let radius = max_d / stride2;
         let grid = 2 * radius + 1;
+        // The output's channels: one per displacement.
+        grid.checked_mul(grid).ok_or_else(too_big)?;
         Ok(Geometry {
             n,
             c,
@@ -123,7 +129,7 @@ impl Geometry {
     }
 
     fn sum_elems(&self) -> f64 {
-        (self.k * self.k * self.c) as f64
+        self.k as f64 * self.k as f64 * self.c as f64
     }
 }
 
@@ -141,7 +147,7 @@ fn pad_nhwc<T: Elem>(g: &Geometry, x: &[T], out: &mut [T]) {
     if img == 0 {
         return;
     }
-    par_for_mut(out, img, Cost((2 * img) as f64), T::DTYPE, |r, o| {
+    par_for_mut(out, img, Cost(2.0 * img as f64), T::DTYPE, |r, o| {
         for (k, dst) in o.chunks_mut(img).enumerate() {
             let src = &x[(r.start + k) * g.c * g.h * g.w..][..g.c * g.h * g.w];
             dst.fill(T::from_f64(0.0));
@@ -164,7 +170,7 @@ fn forward<T: Elem, R: Real>(g: &Geometry, t1: &[T], t2: &[T], out: &mut [T]) {
     }
     let img = g.hp * g.wp * g.c;
     let scale = R::of(1.0 / g.sum_elems());
-    let cost = Cost((plane * g.k * g.k * g.c * 2) as f64);
+    let cost = Cost(plane as f64 * g.sum_elems() * 2.0);
     par_for_mut(out, plane, cost, T::DTYPE, |r, o| {
         for (k, dst) in o.chunks_mut(plane).enumerate() {
             let (n, tc) = ((r.start + k) / channels, (r.start + k) % channels);
@@ -200,7 +206,7 @@ fn backward<T: Elem, R: Real>(g: &Geometry, og: &[T], t1: &[T], t2: &[T], first:
     }
     let (pimg, plane, channels) = (g.hp * g.wp * g.c, g.th * g.tw, g.grid * g.grid);
     let scale = R::of(1.0 / g.sum_elems());
-    let cost = Cost((channels * plane * g.k * g.k * g.c * 2) as f64);
+    let cost = Cost(channels as f64 * plane as f64 * g.sum_elems() * 2.0);
     par_for_mut(dx, img, cost, T::DTYPE, |r, o| {
         for (k, dst) in o.chunks_mut(img).enumerate() {
             let n = r.start + k;

@@ -349,7 +349,8 @@ fn second(d: D, cx: &Composed, p: &NDArray, v: &NDArray) -> Result<Option<NDArra
         D::Exp => return Ok(Some(p.clone())),
         D::RpowerScalar => return scale(p, s().ln()).map(Some),
         D::Rsqrt => pow(v, -2.5, 0.75)?,
-        D::Rcbrt => pow(v, -7.0 / 3.0, 4.0 / 9.0)?,
+        // (4/9) x^-7/3 as rcbrt(x) x^-2, real for negative x too.
+        D::Rcbrt => cx.mul(&cx.call("rcbrt", &[v], &[])?, &pow(v, -2.0, 4.0 / 9.0)?)?,
         D::Expm1 => cx.call("exp", &[v], &[])?,
         D::Log => pow(v, -2.0, -1.0)?,
         D::Log10 => pow(v, -2.0, -1.0 / std::f64::consts::LN_10)?,
@@ -388,8 +389,12 @@ fn second(d: D, cx: &Composed, p: &NDArray, v: &NDArray) -> Result<Option<NDArra
             cx.mul(&cx.call("sign", &[v], &[])?, &pow(&t, -3.0, -2.0)?)?
         }
         D::RdivScalar => pow(v, -3.0, 2.0 * s())?,
+        // s (s - 1) x^(s-2); 0 for s of 0 or 1 (not 0 · x^-2, NaN at 0).
         D::PowerScalar => {
             let s = s();
+            if s * (s - 1.0) == 0.0 {
+                return Ok(None);
+            }
             pow(v, s - 2.0, s * (s - 1.0))?
         }
         // s² (x² + s²)^-3/2

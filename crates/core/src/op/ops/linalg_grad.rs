@@ -121,6 +121,12 @@ fn fc_composed(cx: &Composed) -> Result<Vec<Option<NDArray>>> {
     let (dy, x, w) = (&cx.inputs[0], &cx.inputs[1], &cx.inputs[2]);
     let (rows, k, _) = fc_plan(cx.attrs, &x.shape)?;
     let hidden = FcParams::of(cx.attrs).num_hidden as usize;
+    if rows == 0 || k == 0 {
+        // Empty products: zero gradients (and no `Reshape` to a literal 0, which keeps a dimension).
+        return (0..cx.inputs.len())
+            .map(|i| if cx.wants(i) { cx.call("zeros_like", &[&cx.inputs[i]], &[]).map(Some) } else { Ok(None) })
+            .collect();
+    }
     let reshape = |a: &NDArray, shape: &[usize]| -> Result<NDArray> {
         let s = format!("({})", shape.iter().map(|d| format!("{d},")).collect::<String>());
         cx.call("Reshape", &[a], &[("shape", &s)])
