@@ -278,7 +278,8 @@ pub unsafe extern "C" fn MXAutogradGetSymbol(handle: NDArrayHandle, out: *mut Sy
     // SAFETY: per this function's contract.
     unsafe {
         ffi::call_out("MXAutogradGetSymbol", out, "out", || {
-            Ok(super::symbol::new_handle(autograd::get_symbol(&*arrays().get(handle)?)?))
+            let history = autograd::history(&*arrays().get(handle)?)?;
+            Ok(super::symbol::new_handle(mxnet_core::symbol::Symbol::from_history(&history)))
         })
     }
 }

@@ -9,7 +9,7 @@
 //! a reverse topological walk that pushes each call's backward operator (`op::grad`) through
 //! the engine, sums gradient contributions with `add_n`, writes or accumulates into the
 //! variables' gradient arrays per their request, and releases the graph unless asked to
-//! retain it; the record as a symbol ([`get_symbol`]). With `create_graph` the backward pass is itself recorded (its calls read the
+//! retain it; a record's history ([`history`], for `autograd.get_symbol`). With `create_graph` the backward pass is itself recorded (its calls read the
 //! forward tensors as graph entries), so gradients can be differentiated again; backward
 //! operators differentiate through their composed gradients (`Grad::Composed`). Views
 //! taken while recording are recorded as `Reshape` / `slice` calls.
@@ -846,25 +846,28 @@ fn shape_str(shape: &[usize]) -> String {
     format!("({})", shape.iter().map(|d| format!("{d},")).collect::<String>())
 }
 
-/// The recorded history of `x` as a symbol (`autograd.get_symbol`, `MXAutogradGetSymbol`), named
-/// as stock names it: marked variables `var<i>`, inputs that were in no graph when recorded
-/// `null<i>`, recorded calls `node_<i>` with their parameters (those not at their defaults).
-pub fn get_symbol(x: &NDArray) -> Result<crate::symbol::Symbol> {
-    use crate::symbol::{GNode, Graph};
+/// A node of a recorded history ([`history`]).
+pub enum HistoryNode {
+    /// A marked variable (`marked`), or an input that was in no graph when it was recorded.
+    Variable { marked: bool },
+    /// A recorded call; its inputs as (node index, output index), earlier nodes.
+    Call { op: &'static OpDef, attrs: Attrs, inputs: Vec<(usize, usize)> },
+}
+
+/// The recorded history of an array, flat and in topological order (inputs first), with the
+/// array's entry as `head`: what `autograd.get_symbol` turns into a symbol.
+pub struct History {
+    pub nodes: Vec<HistoryNode>,
+    pub head: (usize, usize),
+}
+
+/// The recorded history of `x` (`autograd.get_symbol`, `MXAutogradGetSymbol`).
+pub fn history(x: &NDArray) -> Result<History> {
     let head = entry_of(x).ok_or_else(|| {
         Error::mxnet("NDArray is not part of a computation graph. Did you forget to turn on recording?")
     })?;
-    let variable = |name: String| GNode {
-        op: None,
-        name,
-        attrs: None,
-        raw: Default::default(),
-        inputs: Vec::new(),
-        input_versions: Vec::new(),
-    };
     let mut index: HashMap<*const Node, usize> = HashMap::new();
-    let mut nodes: Vec<GNode> = Vec::new();
-    let (mut vars, mut nulls, mut calls) = (0usize, 0usize, 0usize);
+    let mut nodes: Vec<HistoryNode> = Vec::new();
     // Post-order depth-first walk with an explicit stack (recorded graphs can be deep).
     let mut stack: Vec<(Arc<Node>, usize)> = vec![(head.node.clone(), 0)];
     while let Some((n, from)) = stack.pop() {
@@ -873,8 +876,7 @@ pub fn get_symbol(x: &NDArray) -> Result<crate::symbol::Symbol> {
         }
         let Some(call) = n.call() else {
             index.insert(Arc::as_ptr(&n), nodes.len());
-            nodes.push(variable(format!("var{vars}")));
-            vars += 1;
+            nodes.push(HistoryNode::Variable { marked: true });
             continue;
         };
         let input = |k: usize| call.inputs.get(k).and_then(|e| e.as_ref());
@@ -891,24 +893,14 @@ pub fn get_symbol(x: &NDArray) -> Result<crate::symbol::Symbol> {
                 Some(e) => inputs.push((index[&Arc::as_ptr(&e.node)], e.index)),
                 None => {
                     inputs.push((nodes.len(), 0));
-                    nodes.push(variable(format!("null{nulls}")));
-                    nulls += 1;
+                    nodes.push(HistoryNode::Variable { marked: false });
                 }
             }
         }
         index.insert(Arc::as_ptr(&n), nodes.len());
-        nodes.push(GNode {
-            op: Some(call.op),
-            name: format!("node_{calls}"),
-            attrs: Some(call.attrs.clone()),
-            raw: call.attrs.to_kv().into_iter().collect(),
-            input_versions: vec![0; inputs.len()],
-            inputs,
-        });
-        calls += 1;
+        nodes.push(HistoryNode::Call { op: call.op, attrs: call.attrs.clone(), inputs });
     }
-    let heads = vec![(index[&Arc::as_ptr(&head.node)], head.index)];
-    Ok(Graph { nodes, heads }.to_symbol())
+    Ok(History { head: (index[&Arc::as_ptr(&head.node)], head.index), nodes })
 }
 
 /// `src.slice(begin, end)`, recorded as `slice` while recording.

@@ -752,6 +752,51 @@ fn update_versions(d: &mut NodeData) -> Result<()> {
     Ok(())
 }
 
+impl Symbol {
+    /// A recorded history as a symbol (`autograd.get_symbol`), named as stock names it: marked
+    /// variables `var<i>`, inputs that were in no graph `null<i>`, calls `node_<i>` with their
+    /// parameters (those not at their defaults).
+    pub fn from_history(h: &crate::autograd::History) -> Symbol {
+        use crate::autograd::HistoryNode;
+        let (mut vars, mut nulls, mut calls) = (0usize, 0usize, 0usize);
+        let nodes = h
+            .nodes
+            .iter()
+            .map(|n| match n {
+                HistoryNode::Variable { marked } => {
+                    let name = if *marked {
+                        vars += 1;
+                        format!("var{}", vars - 1)
+                    } else {
+                        nulls += 1;
+                        format!("null{}", nulls - 1)
+                    };
+                    GNode {
+                        op: None,
+                        name,
+                        attrs: None,
+                        raw: BTreeMap::new(),
+                        inputs: Vec::new(),
+                        input_versions: Vec::new(),
+                    }
+                }
+                HistoryNode::Call { op, attrs, inputs } => {
+                    calls += 1;
+                    GNode {
+                        op: Some(op),
+                        name: format!("node_{}", calls - 1),
+                        attrs: Some(attrs.clone()),
+                        raw: attrs.to_kv().into_iter().collect(),
+                        inputs: inputs.clone(),
+                        input_versions: vec![0; inputs.len()],
+                    }
+                }
+            })
+            .collect();
+        Graph { nodes, heads: vec![h.head] }.to_symbol()
+    }
+}
+
 /// A node of a [`Graph`].
 #[derive(Clone)]
 pub struct GNode {
