@@ -157,7 +157,8 @@ int MXAutogradMarkVariables(uint32_t num_var,
 // variables' arrays per their request; otherwise the gradients of `var_handles` are returned
 // as new handles in `*grad_handles` (storage types in `*grad_stypes`, all dense). Without
 // `retain_graph` the graph is released, and a second backward through it is an error.
-// `create_graph` is not supported yet.
+// With `create_graph` the backward pass is recorded, so the gradients can be differentiated
+// again (higher-order gradients, for the operators whose backward has a gradient).
 //
 // # Safety
 // Arrays must hold the counts given; out-params valid for writes when variables are given.
