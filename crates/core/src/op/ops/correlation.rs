@@ -8,6 +8,7 @@
 //! inputs in (N, H, W, C) layout as its hidden outputs `tmp1` and `tmp2`, which the backward
 //! reads; the gradient reaches only the unpadded positions. float16 accumulates in float32.
 
+use super::im2col::float;
 use super::nn::{dispatch_real, Real};
 use crate::error::{Error, Result};
 use crate::ndarray::{DType, Meta};
@@ -130,14 +131,6 @@ impl Geometry {
 
     fn sum_elems(&self) -> f64 {
         self.k as f64 * self.k as f64 * self.c as f64
-    }
-}
-
-fn float(op: &str, m: &Meta) -> Result<()> {
-    if matches!(m.dtype, DType::F16 | DType::F32 | DType::F64) {
-        Ok(())
-    } else {
-        Err(Error::type_error(format!("operator {op}: data must be a float type, got {}", m.dtype.name())))
     }
 }
 

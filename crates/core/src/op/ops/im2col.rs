@@ -110,7 +110,8 @@ fn image_shape(p: &Plan, spatial: usize) -> Vec<usize> {
     s
 }
 
-fn float(op: &str, m: &Meta) -> Result<()> {
+/// Refuses data that is not float16, float32 or float64.
+pub(super) fn float(op: &str, m: &Meta) -> Result<()> {
     if matches!(m.dtype, DType::F16 | DType::F32 | DType::F64) {
         Ok(())
     } else {
