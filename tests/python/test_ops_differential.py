@@ -771,6 +771,91 @@ CASES += [
     case("correlation-does-not-fit", "nd.Correlation", r(1, 1, 6, 6), r(1, 1, 6, 6), kernel_size=7, error=True),
 ]
 
+# Deformable convolution (DCNv1) with its gradient, and the modulated one (DCNv2) forward: offsets
+# of a few pixels either way (samples outside the map and on its last row and column), groups,
+# deformable groups, strides, dilation; bad input: offsets of the wrong size, a 3-D kernel,
+# channels that deformable groups do not divide, a batch that im2col_step does not divide.
+CASES += [
+    case("deformable_conv", "nd.contrib.DeformableConvolution", r(2, 4, 5, 5), r(2, 18, 5, 5, lo=-1.5, hi=1.5),
+         r(4, 4, 3, 3), r(4), grad=True, kernel=(3, 3), pad=(1, 1), num_filter=4),
+    case("deformable_conv-groups", "nd.contrib.DeformableConvolution", r(1, 4, 6, 5), r(1, 24, 3, 3, lo=-2, hi=2),
+         r(4, 2, 2, 3), grad=True, kernel=(2, 3), stride=(2, 1), dilate=(2, 1), pad=(1, 0), num_filter=4,
+         num_group=2, num_deformable_group=2, no_bias=True),
+    case("deformable_conv-far-f64", "nd.contrib.DeformableConvolution", r(2, 2, 4, 6, dtype="float64"),
+         r(2, 8, 3, 5, lo=-4, hi=4, dtype="float64"), r(3, 2, 2, 2, dtype="float64"), r(3, dtype="float64"), grad=True,
+         kernel=(2, 2), num_filter=3),
+    case("deformable_conv-f16", "nd.contrib.DeformableConvolution", r(1, 2, 5, 5, dtype="float16"),
+         r(1, 18, 5, 5, lo=-1, hi=1, dtype="float16"), r(2, 2, 3, 3, dtype="float16"), r(2, dtype="float16"),
+         kernel=(3, 3), pad=(1, 1), num_filter=2, rtol=2e-2, atol=2e-2),
+    case("modulated_deformable_conv", "nd.contrib.ModulatedDeformableConvolution", r(2, 4, 5, 5),
+         r(2, 36, 5, 5, lo=-1.5, hi=1.5), r(2, 18, 5, 5, lo=0, hi=1), r(6, 2, 3, 3), r(6), kernel=(3, 3), pad=(1, 1),
+         num_filter=6, num_group=2, num_deformable_group=2),
+    case("modulated_deformable_conv-stride-f64", "nd.contrib.ModulatedDeformableConvolution",
+         r(4, 2, 6, 6, dtype="float64"), r(4, 8, 3, 3, lo=-3, hi=3, dtype="float64"), r(4, 4, 3, 3, dtype="float64"),
+         r(2, 2, 2, 2, dtype="float64"), kernel=(2, 2), stride=(2, 2), num_filter=2, no_bias=True, im2col_step=2),
+    case("modulated_deformable_conv-grad", "nd.contrib.ModulatedDeformableConvolution", r(1, 2, 4, 4),
+         r(1, 18, 4, 4, lo=-1.5, hi=1.5), r(1, 9, 4, 4, lo=0, hi=1), r(2, 2, 3, 3), r(2), grad=True, kernel=(3, 3),
+         pad=(1, 1), num_filter=2),
+    case("deformable_conv-bad-offset", "nd.contrib.DeformableConvolution", r(1, 2, 5, 5), r(1, 16, 5, 5),
+         r(2, 2, 3, 3), r(2), kernel=(3, 3), pad=(1, 1), num_filter=2, error=True),
+    case("deformable_conv-3d-kernel", "nd.contrib.DeformableConvolution", r(1, 2, 4, 4, 4), r(1, 54, 2, 2, 2),
+         r(2, 2, 3, 3, 3), r(2), kernel=(3, 3, 3), num_filter=2, error=True),
+    case("deformable_conv-bad-groups", "nd.contrib.DeformableConvolution", r(1, 3, 5, 5), r(1, 36, 5, 5),
+         r(2, 3, 3, 3), r(2), kernel=(3, 3), pad=(1, 1), num_filter=2, num_deformable_group=2, error=True),
+    case("modulated_deformable_conv-bad-step", "nd.contrib.ModulatedDeformableConvolution", r(3, 2, 4, 4),
+         r(3, 8, 3, 3), r(3, 4, 3, 3), r(2, 2, 2, 2), r(2), kernel=(2, 2), num_filter=2, im2col_step=2, error=True),
+]
+
+# Rotated ROIAlign: rows (batch_index, x_center, y_center, width, height, theta in degrees):
+# rotated, partly off the map, smaller than a pixel, both images; adaptive and fixed grids.
+RROIS = a([[0, 4.0, 4.0, 6.0, 3.0, 30.0], [1, 2.5, 6.0, 5.0, 7.0, -75.0], [0, 7.5, 1.0, 9.0, 4.0, 180.0],
+           [1, 3.0, 3.0, 0.4, 0.2, 45.0], [0, -2.0, 9.0, 8.0, 8.0, 10.0]])
+CASES += [
+    case("rroi_align", "nd.contrib.RROIAlign", r(2, 3, 8, 8), RROIS, pooled_size=(2, 3), spatial_scale=1.0),
+    case("rroi_align-ratio-scale", "nd.contrib.RROIAlign", r(2, 2, 8, 10), RROIS * a([1, 2, 2, 2, 2, 1]),
+         pooled_size=(3, 2), spatial_scale=0.5, sampling_ratio=2),
+    case("rroi_align-f64", "nd.contrib.RROIAlign", r(2, 2, 6, 7, dtype="float64"), RROIS.astype("float64"),
+         pooled_size=(1, 4), spatial_scale=0.75),
+    case("rroi_align-bad-rois", "nd.contrib.RROIAlign", r(2, 2, 6, 6), RROIS[:, :5], pooled_size=(2, 2),
+         spatial_scale=1.0, error=True),
+    case("rroi_align-bad-pooled", "nd.contrib.RROIAlign", r(2, 2, 6, 6), RROIS, pooled_size=(0, 2), spatial_scale=1.0,
+         error=True),
+    case("rroi_align-bad-scale", "nd.contrib.RROIAlign", r(2, 2, 6, 6), RROIS, pooled_size=(2, 2), spatial_scale=2.0,
+         error=True),
+]
+
+# Pooling_v1 (deprecated): zero padding inside the maximum, avg over the whole kernel, full
+# windows cut at the edge, global pooling, ties (the maximum's gradient goes to each).
+CASES += [
+    case("pooling_v1-max-pad", "nd.Pooling_v1", r(2, 3, 5, 6), grad=True, kernel=(2, 2), pad=(1, 1)),
+    case("pooling_v1-max-ties", "nd.Pooling_v1", a([[[[1, 3, 3], [2, 3, 0], [-1, -1, -1]]]]), grad=True,
+         kernel=(2, 2), stride=(1, 1)),
+    case("pooling_v1-avg-full", "nd.Pooling_v1", r(1, 2, 7, 5), grad=True, kernel=(3, 2), stride=(2, 2),
+         pool_type="avg", pooling_convention="full"),
+    case("pooling_v1-sum-pad-f64", "nd.Pooling_v1", r(2, 2, 4, 5, dtype="float64"), grad=True, kernel=(2, 3),
+         stride=(1, 2), pad=(1, 1), pool_type="sum"),
+    case("pooling_v1-global-avg", "nd.Pooling_v1", r(2, 3, 4, 5), grad=True, global_pool=True, pool_type="avg"),
+    case("pooling_v1-f16", "nd.Pooling_v1", r(1, 2, 6, 6, dtype="float16"), grad=True, kernel=(3, 3), stride=(2, 2),
+         pool_type="avg"),
+    case("pooling_v1-too-big", "nd.Pooling_v1", r(1, 1, 3, 3), kernel=(4, 4), error=True),
+    case("pooling_v1-3d-data", "nd.Pooling_v1", r(1, 1, 3, 3, 3), kernel=(2, 2, 2), error=True),
+]
+
+# Deformable position-sensitive ROI pooling: offsets per part (two classes), rois partly off
+# the map and degenerate, several samples per part, group_size below pooled_size, no_trans.
+DROIS = a([[0, 1.2, 2.0, 6.7, 5.0], [1, 2.0, 1.0, 7.0, 8.4], [0, -3.0, 4.0, 3.0, 12.0], [1, 5.0, 5.0, 4.0, 4.0]])
+CASES += [
+    case("deformable_psroi", "nd.contrib.DeformablePSROIPooling", r(2, 8, 9, 9), DROIS, r(4, 4, 2, 2, lo=-0.5, hi=0.5),
+         grad=[0, 2], spatial_scale=0.9, output_dim=2, group_size=2, pooled_size=2, sample_per_part=2, trans_std=0.3),
+    case("deformable_psroi-parts-f64", "nd.contrib.DeformablePSROIPooling", r(2, 9, 7, 8, dtype="float64"),
+         (DROIS * 0.8).astype("float64"), r(4, 2, 2, 2, lo=-1, hi=1, dtype="float64"), grad=[0, 2],
+         spatial_scale=1.0, output_dim=1, group_size=3, pooled_size=3, part_size=2, sample_per_part=3, trans_std=0.1),
+    case("deformable_psroi-no-trans", "nd.contrib.DeformablePSROIPooling", r(2, 8, 6, 6), DROIS, grad=[0],
+         spatial_scale=0.5, output_dim=2, group_size=2, pooled_size=4, no_trans=True),
+    case("deformable_psroi-bad-trans", "nd.contrib.DeformablePSROIPooling", r(2, 8, 6, 6), DROIS, r(4, 4, 3),
+         spatial_scale=0.5, output_dim=2, group_size=2, pooled_size=2, error=True),
+]
+
 # Cases for implemented operators where our library differs from stock: strict xfails that
 # say what differs. Fix the library (or decide that stock's behaviour is a bug not to copy and
 # drop the case), then delete the entry.
@@ -788,6 +873,9 @@ KNOWN_DIFFERENCES = {
     "softmax_activation-instance-3d-grad": "stock's instance-mode forward is a softmax over the last axis but its "
                                            "backward differentiates over axis 1 (the same axis only for 2-D data); "
                                            "ours is the gradient of the forward",
+    "deformable_conv-f16": "stock rejects float16 DeformableConvolution on CPU (no float16 GEMM); ours computes it",
+    "modulated_deformable_conv-grad": "stock's CPU build has no ModulatedDeformableConvolution backward (its GPU build "
+                                      "has); ours computes it (checked against finite differences in the Rust tests)",
     "rnn-sequence-length": "stock's CPU build ignores sequence_length (every sequence runs its full length); ours refuses "
                            "use_sequence_length rather than give that answer",
 }

@@ -114,14 +114,14 @@ def test_stubs_have_stock_signatures():
 @pytest.mark.skipif("MXNET_LIBRARY_PATH" not in os.environ, reason="needs an operator this library lacks")
 def test_a_stub_called_with_stock_arguments_is_not_implemented():
     stubs = {n for n in all_names() if info(n)[2] == f"{n}: not supported by mxnet-rt yet."}
-    assert "_contrib_DeformableConvolution" in stubs, "implemented now: pick another stub"
-    # Stock's signature: data, offset, weight and bias, then the parameters.
-    x = mx.nd.ones((1, 1, 4, 4))
-    with pytest.raises(NotImplementedError, match="operator _contrib_DeformableConvolution is not supported yet"):
-        mx.nd.contrib.DeformableConvolution(x, mx.nd.ones((1, 18, 2, 2)), mx.nd.ones((1, 1, 3, 3)), mx.nd.ones((1,)),
-                                            kernel=(3, 3), num_filter=1)
+    # count_sketch is GPU-only in stock too.
+    assert "_contrib_count_sketch" in stubs, "implemented now: pick another stub"
+    # Stock's signature: data, h and s, then the parameters.
+    x = mx.nd.ones((2, 3))
+    with pytest.raises(NotImplementedError, match="operator _contrib_count_sketch is not supported yet"):
+        mx.nd.contrib.count_sketch(x, mx.nd.ones((1, 3)), mx.nd.ones((1, 3)), out_dim=4)
     with pytest.raises(NotImplementedError, match="is not supported yet"):
-        mx.sym.contrib.DeformableConvolution(mx.sym.var("x"), mx.sym.var("o"), kernel=(3, 3), num_filter=1)
+        mx.sym.contrib.count_sketch(mx.sym.var("x"), mx.sym.var("h"), mx.sym.var("s"), out_dim=4)
 
 
 def test_sparse_cast_storage_is_not_implemented():

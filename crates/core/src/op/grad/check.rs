@@ -54,6 +54,18 @@ fn lcg(seed: &mut u64) -> f64 {
     ((*seed >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
 }
 
+/// `op`'s forward outputs at `inputs` (shape, values), all float64.
+pub fn run(op_name: &str, params: &[(&str, &str)], inputs: &[(&[usize], Vec<f64>)]) -> Vec<Vec<f64>> {
+    let op = lookup(op_name).unwrap();
+    let attrs = op.parse_attrs(params.iter().copied(), inputs.len()).unwrap_or_else(|e| panic!("{op_name}: {e}"));
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|(s, _)| s.to_vec()).collect();
+    let xs: Vec<Vec<f64>> = inputs.iter().map(|(_, v)| v.clone()).collect();
+    let metas: Vec<Meta> = shapes.iter().map(|s| Meta::new(s.clone(), DType::F64)).collect();
+    let outs = (op.infer)(&attrs, &metas).unwrap_or_else(|e| panic!("{op_name} infer: {e}"));
+    let rng = op.resources.contains(&Resource::Random).then(|| random::take(crate::context::Context::CPU, 1 << 20));
+    forward(op, &attrs, &xs, &shapes, &outs, rng)
+}
+
 /// Check `op`'s gradient at `inputs` (shape, values). `no_grad`: inputs without a gradient
 /// (indices, labels), which must get zeros. Panics with the first mismatch.
 pub fn check(op_name: &str, params: &[(&str, &str)], inputs: &[(&[usize], Vec<f64>)], no_grad: &[usize]) {

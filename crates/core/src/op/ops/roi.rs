@@ -48,7 +48,7 @@ op_params! {
 /// Samples one ROIAlign roi may take along an axis (bins × samples per bin). A roi needing
 /// more spans millions of feature-map pixels: its coordinates or `spatial_scale` are wrong,
 /// and stock would run out of memory or time on it.
-const MAX_AXIS_SAMPLES: usize = 1 << 22;
+pub(super) const MAX_AXIS_SAMPLES: usize = 1 << 22;
 
 /// The element types the kernels compute in, with stock's arithmetic: `f32`, `f64`, and
 /// `f16` (whose operators round to float16 after each operation, as `half_t`'s do).
@@ -87,7 +87,7 @@ fn c_int(v: f64) -> i64 {
 }
 
 /// The image a roi row names: its first value truncated; `None` unless in `[0, n)`.
-fn batch_of<T: Elem>(v: T, n: usize) -> Option<usize> {
+pub(super) fn batch_of<T: Elem>(v: T, n: usize) -> Option<usize> {
     usize::try_from(c_int(v.to_f64())).ok().filter(|&b| b < n)
 }
 
