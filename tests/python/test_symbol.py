@@ -180,6 +180,15 @@ def test_infer_shape_partial_and_errors():
     a, b = mx.sym.var("a"), mx.sym.var("b")
     arg, out, _ = (a * 2 + b).infer_shape(a=(3, 2))
     assert arg == [(3, 2), (3, 2)] and out == [(3, 2)]
+    # Convolution fills its data's batch (and, at stride 1, its size) from its output, as
+    # stock's does: a recurrent cell's begin state zeros((0, C, W)) is complete (the
+    # convolutional RNN cells of gluon.contrib).
+    x, h0 = mx.sym.var("x"), mx.sym.zeros((0, 4, 0))
+    i2h = mx.sym.Convolution(x, kernel=(3,), num_filter=4, name="i2h")
+    h2h = mx.sym.Convolution(h0, kernel=(3,), pad=(1,), num_filter=4, name="h2h")
+    arg, out, _ = (i2h + h2h).get_internals().infer_shape(x=(2, 3, 10))
+    internals = (i2h + h2h).get_internals().list_outputs()
+    assert out[internals.index(h0.list_outputs()[0])] == (2, 4, 8) and arg[0] == (2, 3, 10)
     # Inconsistent shapes and unknown names are MXNetError.
     with pytest.raises(mx.base.MXNetError, match="fc0_weight|inconsistent"):
         net.infer_shape(data=(2, 3, 8, 8), fc0_weight=(10, 3))
@@ -187,6 +196,20 @@ def test_infer_shape_partial_and_errors():
         net.infer_shape(nosuch=(1, 2))
     with pytest.raises(mx.base.MXNetError):
         net.infer_shape(data=(2, 5))  # Convolution needs 3-5 dims
+
+
+def test_arange_infer_range_takes_its_length_from_the_graph():
+    # Upstream test_init's test_arange_inferstop: the consumer gives the length, start and
+    # step the values.
+    s = mx.sym.elemwise_add(mx.sym.arange(start=2, stop=None, step=0.5, infer_range=True), mx.sym.zeros(shape=[5]))
+    assert s.infer_shape()[1] == [(5,)]
+    exe = s.bind(ctx=mx.cpu(), args={})
+    exe.forward()
+    assert exe.outputs[0].asnumpy().tolist() == [2.0, 2.5, 3.0, 3.5, 4.0]
+    # Without a consumer the length is unknown; imperatively there is none.
+    assert mx.sym.arange(start=0, infer_range=True).infer_shape_partial()[1] == [()]
+    with pytest.raises(mx.base.MXNetError):
+        mx.nd.arange(start=0, stop=None, infer_range=True)
 
 
 def test_infer_type():

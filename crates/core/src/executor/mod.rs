@@ -51,8 +51,9 @@ pub struct Runner {
     /// whether a recorded run may (none of them keeps it for a gradient).
     inplace: Vec<Option<(usize, Vec<usize>)>>,
     /// Creation nodes whose `shape` is empty or has a 0 dimension, "unknown" in the legacy shape semantics
-    /// (a hybridized RNN's begin state, `F.zeros((L, 0, H))`): each run gives them the shape
-    /// graph inference finds from the inputs (stock runs them with the inferred shape).
+    /// (a hybridized RNN's begin state, `F.zeros((L, 0, H))`), and source nodes sized by the
+    /// graph (`_arange` with `infer_range`): each run gives them the shape graph inference
+    /// finds from the inputs (stock runs them with the inferred shape).
     open_shapes: Vec<usize>,
     /// The parameters those nodes ran with for the last input shapes seen.
     resolved: std::sync::Mutex<Option<(Vec<Vec<usize>>, Resolved)>>,
@@ -89,6 +90,9 @@ impl MemoryPlan {
 fn has_open_shape(graph: &Graph, i: usize) -> bool {
     let n = &graph.nodes[i];
     let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { return false };
+    if op.sized_by_graph.is_some() && n.inputs.is_empty() {
+        return op.partial_shapes.is_some_and(|rule| rule(attrs, &[]).is_some());
+    }
     if !op.creates_from_shape() {
         return false;
     }
@@ -217,6 +221,21 @@ impl Runner {
                 Some(s) if s.iter().all(|&d| d >= 0) => s,
                 _ => continue,
             };
+            if let Some(sized) = op.sized_by_graph {
+                let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+                let Some(set) = sized(n.attrs.as_ref().expect("an operator node's parameters"), &dims) else {
+                    continue;
+                };
+                let mut kv: Vec<(&str, &str)> = n
+                    .raw
+                    .iter()
+                    .filter(|(k, _)| !set.iter().any(|(s, _)| s == k))
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                kv.extend(set.iter().map(|(k, v)| (*k, v.as_str())));
+                out.push((i, op.parse_attrs(kv, 0)?));
+                continue;
+            }
             let text = format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "));
             let mut kv: Vec<(&str, &str)> = n
                 .raw

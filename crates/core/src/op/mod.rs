@@ -196,6 +196,10 @@ pub type ParamShapesFn = fn(&Attrs, &[i64], usize) -> Result<Vec<(usize, Vec<i64
 /// The input names a call's parameters give a variadic operator (see [`OpDef::input_names_of`]).
 pub type InputNamesFn = fn(&Attrs) -> Result<Vec<String>>;
 
+/// The parameters that give a source operator the output shape a graph found (see
+/// [`OpDef::sized_by_graph`]); None when its own parameters decide its shape.
+pub type SizedByGraphFn = fn(&Attrs, &[usize]) -> Option<Vec<(&'static str, String)>>;
+
 /// Graph inference of outputs from partially known inputs (every rank known, some
 /// dimensions -1): the output shapes, or None to leave them to the generic rule.
 pub type PartialShapesFn = fn(&Attrs, &[Option<Vec<i64>>]) -> Option<Vec<Option<Vec<i64>>>>;
@@ -285,6 +289,11 @@ pub struct OpDef {
     /// where stock's rule differs from what the generic probing finds (see
     /// `symbol::infer`): None leaves it to the probing.
     pub partial_shapes: Option<PartialShapesFn>,
+    /// For an operator without inputs whose output shape a graph decides (`_arange` with
+    /// `infer_range`, which [`OpDef::partial_shapes`] leaves partial): the parameters, as
+    /// (name, value), that give it the shape graph inference found. Executors run such a
+    /// node with them.
+    pub sized_by_graph: Option<SizedByGraphFn>,
     /// Stock declares no input names for it (no FListInputNames: `Activation`,
     /// `SoftmaxActivation`), so an executor monitor labels its inputs `<node>_input<i>`.
     pub unnamed_inputs: bool,
@@ -365,6 +374,7 @@ impl OpDef {
             listed_inputs: None,
             input_names_of: None,
             partial_shapes: None,
+            sized_by_graph: None,
             unnamed_inputs: false,
             same_shape: false,
             elementwise_shape: 0,
@@ -400,6 +410,11 @@ impl OpDef {
     }
     pub fn partial_shapes(mut self, f: PartialShapesFn) -> Self {
         self.partial_shapes = Some(f);
+        self
+    }
+    /// See [`OpDef::sized_by_graph`].
+    pub fn sized_by_graph(mut self, f: SizedByGraphFn) -> Self {
+        self.sized_by_graph = Some(f);
         self
     }
     pub fn input_names_of(mut self, f: InputNamesFn) -> Self {

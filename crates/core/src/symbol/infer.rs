@@ -339,7 +339,14 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: boo
     // `sym.random.randn(...) + x` is x's shape.
     let unknown_zeros = !np_shape && op.creates_from_shape();
     let partial_creation = unknown_zeros && op.shape_of(attrs).is_some_and(|s| s.iter().any(|&d| d < 0));
-    if partial_creation {
+    // An operator without inputs whose own rule leaves its shape partial (`_arange` with
+    // `infer_range`): its consumers fill the rest.
+    let partial_source = if ish.is_empty() { op.partial_shapes.and_then(|rule| rule(attrs, &ish)) } else { None };
+    if let Some(partial) = partial_source {
+        for (k, shape) in partial.into_iter().enumerate().take(osh.len()) {
+            merge(&mut osh[k], &shape, &out_what(k))?;
+        }
+    } else if partial_creation {
         let dims = op.shape_of(attrs).unwrap_or_default().iter().map(|&d| if d <= 0 { -1 } else { d }).collect();
         merge(&mut osh[0], &Some(dims), &out_what(0))?;
     } else if ish.iter().all(is_complete) {

@@ -512,6 +512,32 @@ fn conv_param_shapes(a: &Attrs, data: &[i64], _: usize) -> Result<Vec<(usize, Ve
     Ok(vec![(1, w), (2, vec![nf])])
 }
 
+/// Graph inference of the data from the output (stock's incomplete inference): the batch
+/// size always, and a spatial size where the stride is 1 (`in = out + dilate·(kernel-1) -
+/// 2·pad`). A recurrent cell's begin state `zeros((0, C, W))` gets its batch this way.
+fn conv_input_shapes(a: &Attrs, ins: &[Option<Vec<i64>>], outs: &[Option<Vec<i64>>]) -> Result<Vec<(usize, Vec<i64>)>> {
+    let (Some(Some(data)), Some(Some(out))) = (ins.first(), outs.first()) else { return Ok(vec![]) };
+    let p = ConvParams::of(a);
+    let nsp = p.kernel.len();
+    if data.len() != nsp + 2 || out.len() != nsp + 2 || p.layout.is_some_and(|l| !l.starts_with("NC")) {
+        return Ok(vec![]);
+    }
+    let mut shape = data.clone();
+    if shape[0] < 0 {
+        shape[0] = out[0];
+    }
+    for i in 0..nsp {
+        let at = |v: &[i64], default: i64| v.get(i).copied().unwrap_or(default);
+        if shape[2 + i] < 0 && out[2 + i] >= 0 && at(p.stride, 1) == 1 {
+            let size = out[2 + i] + at(p.dilate, 1).saturating_mul(p.kernel[i] - 1) - 2 * at(p.pad, 0);
+            if size > 0 {
+                shape[2 + i] = size;
+            }
+        }
+    }
+    Ok(if shape == *data { vec![] } else { vec![(0, shape)] })
+}
+
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("Convolution", Inputs::Leading(&["data", "weight", "bias"], conv_inputs), Box::new(conv_infer), Box::new(convolution))
@@ -519,6 +545,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .alias(&["_npx_convolution", "Convolution_v1"])
             .params(CONV_PARAMS)
             .param_shapes(conv_param_shapes)
+            .input_shapes(conv_input_shapes)
             .gpu(crate::op::gpu::GpuKernel::Convolution(gpu_plan))
             .never_mirrored()
             .grad(Grad::Backward { op: "_backward_Convolution", inputs: true, outputs: false })

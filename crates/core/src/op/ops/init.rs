@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::ndarray::{DType, NDArray};
 use crate::op::gpu::GpuKernel;
 use crate::op::kernel::{par_for_mut, Cost};
-use crate::op::param::op_params;
+use crate::op::param::{op_params, Attrs};
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Inputs, Meta, OpCtx, OpDef};
 
@@ -334,6 +334,28 @@ fn fill_index<T: Elem>(out: &mut OutBlob, f: impl Fn(usize) -> T + Sync + Send) 
     });
 }
 
+/// With `infer_range` and no stop, a graph's inference gives the length (stock's rule: the
+/// output's size from its consumers, `start` the first value): unknown, as in stock.
+fn arange_partial(a: &Attrs, _: &[Option<Vec<i64>>]) -> Option<Vec<Option<Vec<i64>>>> {
+    let p = ArangeParams::of(a);
+    (p.infer_range && p.stop.is_none()).then(|| vec![None])
+}
+
+/// The stop that gives `infer_range`'s output the length `shape` a graph found: half a step
+/// before the last value's successor, so rounding cannot change the count.
+fn arange_sized(a: &Attrs, shape: &[usize]) -> Option<Vec<(&'static str, String)>> {
+    let p = ArangeParams::of(a);
+    let (&[len], true, None) = (shape, p.infer_range, p.stop) else { return None };
+    let repeat = p.repeat.max(1) as usize;
+    // A length that is not whole repeats has no such stop (the node then fails as unsized).
+    if len % repeat != 0 {
+        return None;
+    }
+    let values = len / repeat;
+    let stop = p.start + (values as f64 - 0.5) * p.step;
+    Some(vec![("stop", format!("{stop:?}")), ("infer_range", "False".into())])
+}
+
 fn arange(cx: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (start, _, step, repeat) = range_of(&ArangeParams::of(cx.attrs))?;
     let out = &mut outs[0];
@@ -406,6 +428,8 @@ fn register_ranges(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("_arange", Inputs::Fixed(&[]), arange_infer(), Box::new(arange))
             .params(ARANGE_PARAMS)
+            .partial_shapes(arange_partial)
+            .sized_by_graph(arange_sized)
             .doc("Return evenly spaced values within a given interval. Similar to Numpy"),
     );
     ops.push(
