@@ -88,6 +88,31 @@ def test_the_last_array_of_a_long_recorded_chain_is_freed_on_a_small_stack():
     assert done == [True]
 
 
+def test_windows_larger_than_the_data_cost_what_the_data_costs():
+    # Pooling_v1's windows of 2^62 rows over 4 rows (padding 2^61): the padding is not
+    # visited, so the call returns at once (stock would allocate the padded input).
+    x = mx.nd.ones((1, 1, 4, 4))
+    y = mx.nd.Pooling_v1(x, kernel=(1 << 62, 2), pad=(1 << 61, 1))
+    assert y.shape == (1, 1, 5, 5) and y.asnumpy().max() == 1.0
+    y = mx.nd.Pooling_v1(x, kernel=(2, 2), stride=(1 << 62, 1), pool_type="avg")
+    assert y.shape == (1, 1, 1, 3)
+    # Kernels and sample counts whose sizes overflow are refused before any work.
+    with pytest.raises(mx.base.MXNetError, match="too large|overflow"):
+        mx.nd.contrib.DeformableConvolution(x, mx.nd.ones((1, 2, 1, 1)), mx.nd.ones((1, 1, 1, 1)), mx.nd.ones((1,)),
+                                            kernel=(1 << 40, 1 << 40), pad=(1 << 40, 1 << 40), num_filter=1)
+    with pytest.raises(mx.base.MXNetError, match="too large"):
+        mx.nd.contrib.RROIAlign(x, mx.nd.array([[0, 1, 1, 2, 2, 0]]), pooled_size=(2, 2), spatial_scale=1.0,
+                                sampling_ratio=1 << 40)
+    with pytest.raises(mx.base.MXNetError, match="needs inf samples"):
+        # A roi's own size is data: the error comes with the result.
+        mx.nd.contrib.RROIAlign(x, mx.nd.array([[0, 1, 1, float("inf"), 2, 0]]), pooled_size=(2, 2),
+                                spatial_scale=1.0).asnumpy()
+    with pytest.raises(mx.base.MXNetError, match="sample_per_part"):
+        mx.nd.contrib.DeformablePSROIPooling(mx.nd.ones((1, 4, 4, 4)), mx.nd.array([[0, 0, 0, 2, 2]]),
+                                             spatial_scale=1.0, output_dim=1, group_size=2, pooled_size=2,
+                                             no_trans=True, sample_per_part=1 << 40)
+
+
 def test_a_count_that_would_exhaust_memory_is_refused_not_allocated():
     rc, out = run_child("""
         import mxnet as mx

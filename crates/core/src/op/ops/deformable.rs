@@ -182,6 +182,7 @@ impl Deform {
             }
         }
         let too_big = || Error::value(format!("operator {op}: sizes overflow for data {data:?}"));
+        kernel[0].checked_mul(kernel[1]).ok_or_else(too_big)?;
         let mut out = [0; 2];
         for (d, size) in [h, w].into_iter().enumerate() {
             let span = dilate[d].checked_mul(kernel[d] - 1).and_then(|s| s.checked_add(1)).ok_or_else(too_big)?;

@@ -57,7 +57,7 @@ impl Dps {
         let p = DpsParams::of(a);
         let positive = |name: &str, v: i64| -> Result<usize> {
             if v < 1 || v > i64::from(u32::MAX) {
-                return Err(Error::value(format!("operator {op}: {name} must be positive, got {v}")));
+                return Err(Error::value(format!("operator {op}: {name} must be between 1 and {}, got {v}", u32::MAX)));
             }
             Ok(v as usize)
         };

@@ -102,21 +102,21 @@ impl Pool {
     fn wp(&self) -> usize {
         self.w + 2 * self.pad[1]
     }
-    /// The value at padded position (y, x) of `plane`: 0 in the padding.
-    #[inline(always)]
-    fn at<T: Elem>(&self, plane: &[T], y: usize, x: usize) -> Option<T> {
-        let (y, x) = (y.checked_sub(self.pad[0])?, x.checked_sub(self.pad[1])?);
-        (y < self.h && x < self.w).then(|| plane[y * self.w + x])
+    /// The data rows (columns) of padded range `r` along axis `d`, in data coordinates.
+    fn inside(&self, d: usize, r: &std::ops::Range<usize>) -> std::ops::Range<usize> {
+        let (pad, size) = (self.pad[d], [self.h, self.w][d]);
+        let start = r.start.max(pad).min(pad + size) - pad;
+        start..(r.end.min(pad + size).max(pad) - pad).max(start)
     }
     /// Rows (columns) of output position `o` along axis `d`: cut at the padded edge.
     fn window(&self, d: usize, o: usize) -> std::ops::Range<usize> {
         let start = o * self.stride[d];
-        let end = (start + self.k[d]).min([self.hp(), self.wp()][d]);
+        let end = start.saturating_add(self.k[d]).min([self.hp(), self.wp()][d]);
         start..end.max(start)
     }
     /// avg's factor: one over the kernel's size.
     fn scale<R: Real>(&self) -> R {
-        R::of(f64::from(1.0f32 / (self.k[0] * self.k[1]) as f32))
+        R::of(f64::from(1.0f32 / (self.k[0] as f64 * self.k[1] as f64) as f32))
     }
 }
 
@@ -134,15 +134,28 @@ fn forward<T: Elem, R: Real>(p: &Pool, x: &[T], out: &mut [T]) {
     if osz == 0 {
         return;
     }
-    par_for_mut(out, osz, Cost((osz * p.k[0] * p.k[1]) as f64), T::DTYPE, |r, o| {
+    let cells = (p.k[0].min(p.h) * p.k[1].min(p.w)) as f64;
+    par_for_mut(out, osz, Cost(osz as f64 * cells), T::DTYPE, |r, o| {
         for (plane_i, dst) in r.zip(o.chunks_mut(osz)) {
             let plane = &x[plane_i * hw..][..hw];
             for (i, v) in dst.iter_mut().enumerate() {
                 let (ys, xs) = (p.window(0, i / p.out[1]), p.window(1, i % p.out[1]));
-                let cells = ys.flat_map(|y| xs.clone().map(move |x| (y, x)));
-                let vals = cells.map(|(y, x)| p.at(plane, y, x).map_or(R::of(0.0), R::load));
+                // Only the window's cells inside the data are read; the padding's are zeros,
+                // which add nothing to a sum and one 0 to a maximum.
+                let (ry, rx) = (p.inside(0, &ys), p.inside(1, &xs));
+                let area = |a: usize, b: usize| a as u128 * b as u128;
+                let padded = area(ry.len(), rx.len()) < area(ys.len(), xs.len());
+                let cells = ry.flat_map(|y| rx.clone().map(move |x| (y, x)));
+                let vals = cells.map(|(y, x)| R::load(plane[y * p.w + x]));
                 *v = match p.kind {
-                    Kind::Max => vals.fold(R::of(lowest::<T>()), |m, v| if v > m { v } else { m }),
+                    Kind::Max => {
+                        let m = vals.fold(R::of(lowest::<T>()), |m, v| if v > m { v } else { m });
+                        if padded && R::of(0.0) > m {
+                            R::of(0.0)
+                        } else {
+                            m
+                        }
+                    }
                     Kind::Sum => vals.fold(R::of(0.0), |s, v| s + v),
                     Kind::Avg => vals.fold(R::of(0.0), |s, v| s + v) * p.scale::<R>(),
                 }
@@ -158,7 +171,8 @@ fn backward<T: Elem, R: Real>(p: &Pool, dy: &[T], x: &[T], y: &[T], dx: &mut [T]
     if hw == 0 {
         return;
     }
-    par_for_mut(dx, hw, Cost((hw * p.k[0] * p.k[1]) as f64), T::DTYPE, |r, o| {
+    let windows = (p.k[0].div_ceil(p.stride[0]).min(p.out[0]) * p.k[1].div_ceil(p.stride[1]).min(p.out[1])) as f64;
+    par_for_mut(dx, hw, Cost(hw as f64 * windows), T::DTYPE, |r, o| {
         for (plane_i, dst) in r.zip(o.chunks_mut(hw)) {
             let (g, yo) = (&dy[plane_i * osz..][..osz], &y[plane_i * osz..][..osz]);
             let plane = &x[plane_i * hw..][..hw];
@@ -166,8 +180,11 @@ fn backward<T: Elem, R: Real>(p: &Pool, dy: &[T], x: &[T], y: &[T], dx: &mut [T]
                 // Padded position (py, px) is covered by outputs o with o·s <= py < o·s + k.
                 let (py, px) = (i / p.w + p.pad[0], i % p.w + p.pad[1]);
                 let span = |d: usize, q: usize| {
-                    let lo = if q < p.k[d] { 0 } else { (q - p.k[d] + p.stride[d]) / p.stride[d] };
-                    lo..((q + p.stride[d]) / p.stride[d]).min(p.out[d])
+                    // In u128: near usize::MAX the sums below must not wrap.
+                    let (q, k, s) = (q as u128, p.k[d] as u128, p.stride[d] as u128);
+                    let lo = if q < k { 0 } else { (q - k + s) / s };
+                    let hi = ((q + s) / s).min(p.out[d] as u128);
+                    lo as usize..hi as usize
                 };
                 let xv = plane[i];
                 let mut acc = R::of(0.0);
