@@ -107,6 +107,16 @@ def test_windows_larger_than_the_data_cost_what_the_data_costs():
         # A roi's own size is data: the error comes with the result.
         mx.nd.contrib.RROIAlign(x, mx.nd.array([[0, 1, 1, float("inf"), 2, 0]]), pooled_size=(2, 2),
                                 spatial_scale=1.0).asnumpy()
+    # Samples of an empty map (padding around 0 rows) read nothing.
+    empty = mx.nd.array(np.zeros((1, 1, 0, 4), dtype="float32"))
+    y = mx.nd.contrib.ModulatedDeformableConvolution(empty, mx.nd.ones((1, 2, 2, 4)) * 0.5, mx.nd.ones((1, 1, 2, 4)),
+                                                     mx.nd.ones((1, 1, 1, 1)), mx.nd.ones((1,)), kernel=(1, 1),
+                                                     pad=(1, 0), num_filter=1)
+    assert y.asnumpy().tolist() == [[[[1.0] * 4] * 2]]
+    y = mx.nd.contrib.DeformablePSROIPooling(mx.nd.array(np.zeros((1, 4, 0, 4), dtype="float32")),
+                                             mx.nd.array([[0, 0, 0, 2, 2]]), spatial_scale=0.0, output_dim=1,
+                                             group_size=2, pooled_size=2, no_trans=True)
+    assert y.asnumpy().tolist() == [[[[0.0, 0.0], [0.0, 0.0]]]]
     with pytest.raises(mx.base.MXNetError, match="sample_per_part"):
         mx.nd.contrib.DeformablePSROIPooling(mx.nd.ones((1, 4, 4, 4)), mx.nd.array([[0, 0, 0, 2, 2]]),
                                              spatial_scale=1.0, output_dim=1, group_size=2, pooled_size=2,

@@ -345,6 +345,7 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: boo
     if let Some(partial) = partial_source {
         for (k, shape) in partial.into_iter().enumerate().take(osh.len()) {
             merge(&mut osh[k], &shape, &out_what(k))?;
+            merge_dtype(&mut odt[k], op.dtype_of(attrs), &out_what(k))?;
         }
     } else if partial_creation {
         let dims = op.shape_of(attrs).unwrap_or_default().iter().map(|&d| if d <= 0 { -1 } else { d }).collect();

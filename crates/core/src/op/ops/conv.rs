@@ -529,8 +529,13 @@ fn conv_input_shapes(a: &Attrs, ins: &[Option<Vec<i64>>], outs: &[Option<Vec<i64
     for i in 0..nsp {
         let at = |v: &[i64], default: i64| v.get(i).copied().unwrap_or(default);
         if shape[2 + i] < 0 && out[2 + i] >= 0 && at(p.stride, 1) == 1 {
-            let size = out[2 + i] + at(p.dilate, 1).saturating_mul(p.kernel[i] - 1) - 2 * at(p.pad, 0);
-            if size > 0 {
+            // Parameters not validated yet: a sum that overflows fills nothing.
+            let size = p.kernel[i]
+                .checked_sub(1)
+                .and_then(|k| at(p.dilate, 1).checked_mul(k))
+                .and_then(|span| out[2 + i].checked_add(span))
+                .and_then(|v| at(p.pad, 0).checked_mul(2).and_then(|pp| v.checked_sub(pp)));
+            if let Some(size) = size.filter(|&s| s > 0) {
                 shape[2 + i] = size;
             }
         }

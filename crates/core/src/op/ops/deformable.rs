@@ -196,9 +196,11 @@ impl Deform {
             out[d] = (padded - span) / stride[d] + 1;
         }
         let d = Deform { modulated: p.im2col_step.is_some(), n, c, h, w, f, g, dg, kernel, stride, dilate, pad, out };
-        // The column matrix of one image, and the offsets of one image.
+        // The output plane, the column matrix of one image, and the offsets of one image.
+        let osz = out[0].checked_mul(out[1]).ok_or_else(too_big)?;
         d.c.checked_mul(d.taps())
-            .and_then(|r| r.checked_mul(d.osz()))
+            .and_then(|r| r.checked_mul(osz))
+            .and_then(|r| r.checked_mul(16))
             .and_then(|_| (2 * dg).checked_mul(d.taps()).and_then(|r| r.checked_mul(d.osz())))
             .ok_or_else(too_big)?;
         Ok(d)
@@ -283,6 +285,9 @@ impl<R: Real> Tap<R> {
 /// outside `[0, h) × [0, w)`; DCNv2: outside `(-1, h) × (-1, w)`; either: a NaN position).
 #[inline(always)]
 fn tap<R: Real>(modulated: bool, h: usize, w: usize, y: R, x: R) -> Option<Tap<R>> {
+    if h == 0 || w == 0 {
+        return None;
+    }
     let (yf, xf, hf, wf) = (y.f64(), x.f64(), h as f64, w as f64);
     let lo = if modulated { -1.0 } else { 0.0 };
     let inside = |v: f64, end: f64| if modulated { v > lo && v < end } else { v >= lo && v < end };

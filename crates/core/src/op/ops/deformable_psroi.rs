@@ -9,7 +9,8 @@
 //! skipped and one nearer is clamped onto it, each bin's hidden `top_count` output counts its
 //! samples, and the offsets' gradient is the samples' bilinear slope. The arithmetic runs in
 //! the data's type (float16 in float32). A roi whose batch index is outside the batch is an
-//! error (stock reads outside the data); so are offsets and channels that do not fit.
+//! error (stock reads outside the data); so are offsets and channels that do not fit, sizes
+//! above 2^32 - 1 and more than 4096 samples per part (stock would run for hours).
 
 use super::nn::{dispatch_real, Real};
 use crate::error::{Error, Result};
@@ -183,6 +184,9 @@ fn bin<T: Elem, R: Real>(d: &Dps, rois: &[T], trans: Option<&[T]>, index: usize)
 /// The bin's samples inside the map: clamped position (x, y), the corners x0, x1, y0, y1 and
 /// the fractions.
 fn samples<R: Real>(d: &Dps, b: &Bin<R>, mut f: impl FnMut([usize; 4], R, R)) {
+    if d.h == 0 || d.w == 0 {
+        return;
+    }
     let (wl, hl) = (R::of(d.w as f64 - 0.5), R::of(d.h as f64 - 0.5));
     for ih in 0..d.samples {
         for iw in 0..d.samples {

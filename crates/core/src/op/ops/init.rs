@@ -338,7 +338,8 @@ fn fill_index<T: Elem>(out: &mut OutBlob, f: impl Fn(usize) -> T + Sync + Send) 
 /// output's size from its consumers, `start` the first value): unknown, as in stock.
 fn arange_partial(a: &Attrs, _: &[Option<Vec<i64>>]) -> Option<Vec<Option<Vec<i64>>>> {
     let p = ArangeParams::of(a);
-    (p.infer_range && p.stop.is_none()).then(|| vec![None])
+    // A zero step or repeat is left to the operator's own inference, which refuses it.
+    (p.infer_range && p.stop.is_none() && p.step != 0.0 && p.repeat > 0).then(|| vec![None])
 }
 
 /// The stop that gives `infer_range`'s output the length `shape` a graph found: half a step
@@ -353,7 +354,11 @@ fn arange_sized(a: &Attrs, shape: &[usize]) -> Option<Vec<(&'static str, String)
     }
     let values = len / repeat;
     let stop = p.start + (values as f64 - 0.5) * p.step;
-    Some(vec![("stop", format!("{stop:?}")), ("infer_range", "False".into())])
+    // Where start dwarfs the steps no such stop is representable: the node stays unsized.
+    let given = ArangeParams { stop: Some(stop), infer_range: false, ..p };
+    let (start, stop_, step, repeat_) = range_of(&given).ok()?;
+    (arange_len(start, stop_, step, repeat_) == len)
+        .then(|| vec![("stop", format!("{stop:?}")), ("infer_range", "False".into())])
 }
 
 fn arange(cx: &OpCtx, _: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {

@@ -110,7 +110,7 @@ impl Pool {
     }
     /// Rows (columns) of output position `o` along axis `d`: cut at the padded edge.
     fn window(&self, d: usize, o: usize) -> std::ops::Range<usize> {
-        let start = o * self.stride[d];
+        let start = o.saturating_mul(self.stride[d]);
         let end = start.saturating_add(self.k[d]).min([self.hp(), self.wp()][d]);
         start..end.max(start)
     }
