@@ -15,7 +15,7 @@
 use super::nn::{dispatch_real, Real};
 use crate::error::{Error, Result};
 use crate::ndarray::{DType, Meta};
-use crate::op::kernel::{par_for_mut, Cost};
+use crate::op::kernel::par_items;
 use crate::op::param::{op_params, Attrs};
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, OpCtx, OpDef, Req};
@@ -217,10 +217,15 @@ fn forward<T: Elem, R: Real>(d: &Dps, ins: &[TBlob], out: &mut [T], count: &mut 
     let (x, rois) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>());
     let trans = (!d.no_trans).then(|| ins[2].as_slice::<T>());
     let bins = (0..out.len()).map(|i| bin::<T, R>(d, rois, trans, i)).collect::<Result<Vec<_>>>()?;
-    let hw = d.h * d.w;
-    let mut counts = vec![0usize; out.len()];
-    par_for_mut(out, 1, Cost((d.samples * d.samples) as f64 * 10.0), T::DTYPE, |r, o| {
-        for (b, v) in bins[r].iter().zip(o) {
+    let (hw, per_roi) = (d.h * d.w, d.od * d.ps * d.ps);
+    if per_roi == 0 {
+        return Ok(());
+    }
+    // One item per roi: its output bins and their sample counts side by side.
+    let items: Vec<_> = out.chunks_mut(per_roi).zip(count.chunks_mut(per_roi)).zip(bins.chunks(per_roi)).collect();
+    let cost = (bins.len() * d.samples * d.samples) as f64 * 10.0;
+    par_items(items, cost, T::DTYPE, |_, ((o, cnt), bins)| {
+        for ((b, v), c) in bins.iter().zip(o).zip(cnt) {
             let plane = &x[(b.image * d.c + b.channel) * hw..][..hw];
             let (mut sum, mut k) = (R::of(0.0), 0usize);
             samples(d, b, |[x0, x1, y0, y1], dx, dy| {
@@ -234,16 +239,9 @@ fn forward<T: Elem, R: Real>(d: &Dps, ins: &[TBlob], out: &mut [T], count: &mut 
                 k += 1;
             });
             *v = if k == 0 { R::of(0.0) } else { sum / R::of(k as f64) }.store();
+            *c = T::from_f64(k as f64);
         }
     });
-    for (i, b) in bins.iter().enumerate() {
-        let mut k = 0;
-        samples(d, b, |_, _, _| k += 1);
-        counts[i] = k;
-    }
-    for (c, k) in count.iter_mut().zip(counts) {
-        *c = T::from_f64(k as f64);
-    }
     Ok(())
 }
 

@@ -10,6 +10,7 @@
 //! index is not in `[0, N)` gives zeros (stock reads outside the data). Computed in float64,
 //! rounded once. Stock has no gradient for it, and neither has this one.
 
+use super::nn::dispatch_real;
 use super::roi::{batch_of, MAX_AXIS_SAMPLES};
 use crate::error::{Error, Result};
 use crate::ndarray::{DType, Meta};
@@ -187,25 +188,11 @@ fn forward<T: Elem>(d: &Dims, rois: &[Roi], x: &[T], out: &mut [T]) {
 
 fn rroi_forward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let d = dims(cx.attrs, &ins[0].shape, &ins[1].shape)?;
-    macro_rules! go {
-        ($T:ty) => {{
-            let rows = ins[1].as_slice::<$T>();
-            let rois = (0..d.r).map(|i| roi(cx.attrs.op, &d, i, &rows[i * 6..][..6])).collect::<Result<Vec<_>>>()?;
-            forward::<$T>(&d, &rois, ins[0].as_slice::<$T>(), outs[0].as_mut::<$T>());
-        }};
-    }
-    match ins[0].dtype {
-        DType::F32 => go!(f32),
-        DType::F64 => go!(f64),
-        DType::F16 => go!(half::f16),
-        other => {
-            return Err(Error::type_error(format!(
-                "operator {} supports float32, float64 and float16, not {}",
-                cx.attrs.op,
-                other.name()
-            )))
-        }
-    }
+    dispatch_real!(ins[0].dtype, cx.attrs.op, T, _R => {
+        let rows = ins[1].as_slice::<T>();
+        let rois = (0..d.r).map(|i| roi(cx.attrs.op, &d, i, &rows[i * 6..][..6])).collect::<Result<Vec<_>>>()?;
+        forward::<T>(&d, &rois, ins[0].as_slice::<T>(), outs[0].as_mut::<T>());
+    });
     Ok(())
 }
 
