@@ -914,9 +914,10 @@ pub(crate) fn variable_handles(sym: &Symbol, kind: InputKind) -> (*mut SymbolHan
     })
 }
 
-/// Stock's cut of a control-flow subgraph (the nodes marked `__subgraph_name__`): a symbol
-/// whose output carries no such mark has no subgraph inputs (size 0, as stock); cutting a
-/// marked one is not supported yet.
+/// Stock's cut of a control-flow subgraph ([`Symbol::cut_subgraph`]): the graph's inputs
+/// from outside it become variables, in place; the outputs cut off come back as new handles
+/// (the caller frees each) in this thread's handle list, valid until the next such call on
+/// the thread. A symbol whose output carries no `__subgraph_name__` has none (size 0).
 ///
 /// # Safety
 /// Out-params must be NULL or valid for writes.
@@ -927,15 +928,16 @@ pub unsafe extern "C" fn MXSymbolCutSubgraph(
     input_size: *mut c_int,
 ) -> c_int {
     ffi::call("MXSymbolCutSubgraph", || {
-        let s = symbol(sym)?;
-        let marked = s.outputs.first().is_some_and(|e| e.node.data().dict.contains_key("__subgraph_name__"));
-        if marked {
-            return Err(Error::not_supported("MXSymbolCutSubgraph on a marked control-flow subgraph"));
-        }
+        let cut = symbol(sym)?.cut_subgraph();
+        let (ptr, len) = INPUT_SYMS.with(|slot| {
+            let mut hs = slot.borrow_mut();
+            *hs = cut.into_iter().map(new_handle).collect();
+            (hs.as_mut_ptr(), hs.len())
+        });
         // SAFETY: per this function's contract.
         unsafe {
-            *out(input_size, "input_size")? = 0;
-            *out(inputs, "inputs")? = std::ptr::null_mut();
+            *out(input_size, "input_size")? = len as c_int;
+            *out(inputs, "inputs")? = ptr;
         }
         Ok(())
     })

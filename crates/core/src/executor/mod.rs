@@ -11,6 +11,7 @@
 
 pub mod bind;
 pub mod cached_op;
+mod control_flow;
 pub mod predict;
 
 use crate::config;
@@ -60,6 +61,8 @@ pub struct Runner {
     /// Per node, the state slot of an operator that keeps one per node
     /// ([`crate::op::OpDef::node_state`]), once [`Runner::keep_node_states`] is called.
     states: Vec<Option<Arc<crate::op::invoke::StateSlot>>>,
+    /// Per node, a control-flow node's graphs ready to run.
+    flows: Vec<Option<control_flow::Flow>>,
 }
 
 /// Nodes and the parameters a run gives them (see [`Runner::open_shapes`]).
@@ -146,7 +149,11 @@ fn kept_for_gradient(graph: &Graph, entry: (usize, usize), readers: &[usize], mi
 
 impl Runner {
     pub fn new(sym: &Symbol) -> Result<Runner> {
-        let graph = sym.graph();
+        Runner::from_graph(sym.graph())
+    }
+
+    /// A runner of a graph.
+    pub fn from_graph(graph: Graph) -> Result<Runner> {
         let inputs = graph.input_nodes();
         let mut last_use = vec![0usize; graph.nodes.len()];
         for (i, n) in graph.nodes.iter().enumerate() {
@@ -172,6 +179,7 @@ impl Runner {
         let inplace =
             (0..graph.nodes.len()).map(|i| inplace_candidate(&graph, i, &last_use, &heads, &readers)).collect();
         let open_shapes = (0..graph.nodes.len()).filter(|&i| has_open_shape(&graph, i)).collect();
+        let flows = graph.nodes.iter().map(control_flow::Flow::of).collect::<Result<_>>()?;
         Ok(Runner {
             graph,
             inputs,
@@ -180,6 +188,7 @@ impl Runner {
             open_shapes,
             resolved: std::sync::Mutex::new(None),
             states: Vec::new(),
+            flows,
         })
     }
 
@@ -375,9 +384,10 @@ impl Runner {
             let target: Vec<&NDArray> = target.iter().collect();
             let call =
                 || crate::autograd::invoke_attrs(op, &ins, (!target.is_empty()).then_some(&target[..]), attrs.clone());
-            match self.states.get(i).and_then(|s| s.as_ref()) {
-                Some(slot) => crate::op::invoke::with_state_slot(slot, call),
-                None => call(),
+            match (self.states.get(i).and_then(|s| s.as_ref()), &self.flows[i]) {
+                (_, Some(flow)) => flow.run(&ins),
+                (Some(slot), None) => crate::op::invoke::with_state_slot(slot, call),
+                (None, None) => call(),
             }
             .map_err(|e| Error::new(e.kind(), format!("{} (node {})", e.message(), n.name)))?
         };

@@ -32,6 +32,7 @@ pub mod tune;
 use crate::error::{Error, Result};
 use crate::ndarray;
 pub use crate::ndarray::Meta;
+pub use ops::control_flow::{truth, Call as LoopCall, ControlFlow, LoopCalls};
 use param::{Attrs, ParamSpec};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CString};
@@ -336,6 +337,13 @@ pub struct OpDef {
     /// Keeps a state per node of a bound executor ([`invoke::StateSlot`]): a stateful
     /// extension operator, whose state stock makes once per node at bind time.
     pub node_state: bool,
+    /// A control-flow operator's graph arguments (stock's FInputGraph): the names of its
+    /// leading arguments that are graphs, not tensors (`_foreach`'s `fn`). A symbol keeps them
+    /// with the node, outside its inputs; the count parameter counts them too.
+    pub graph_inputs: &'static [&'static str],
+    /// A control-flow operator's parameters, checked ([`ControlFlow`]); executors run its
+    /// graphs.
+    pub control_flow: Option<fn(&Attrs) -> Result<ControlFlow>>,
     /// Name interned for the engine and profiler.
     engine_name: OnceLock<Arc<str>>,
     c_info: OnceLock<CInfo>,
@@ -389,6 +397,8 @@ impl OpDef {
             stub_schema: None,
             gpu: None,
             node_state: false,
+            graph_inputs: &[],
+            control_flow: None,
             engine_name: OnceLock::new(),
             c_info: OnceLock::new(),
         }
@@ -586,6 +596,12 @@ impl OpDef {
         self.open_params = true;
         self
     }
+    /// See [`OpDef::graph_inputs`] and [`OpDef::control_flow`].
+    pub fn graph_inputs(mut self, names: &'static [&'static str], of: fn(&Attrs) -> Result<ControlFlow>) -> Self {
+        self.graph_inputs = names;
+        self.control_flow = Some(of);
+        self
+    }
     pub fn invoke_with(mut self, f: InvokeFn) -> Self {
         self.invoke_with = Some(f);
         self
@@ -600,7 +616,7 @@ impl OpDef {
             Inputs::Selected(names, mask) => (mask(attrs) & ((1u32 << names.len()) - 1)).count_ones() as usize,
             Inputs::Variadic(_) if self.key_var_num_args.is_empty() => given,
             Inputs::Variadic(_) => {
-                let n = self.num_args(attrs);
+                let n = self.num_args(attrs) - self.graph_inputs.len() as i64;
                 if n < 0 {
                     return Err(Error::value(format!(
                         "operator {}: {} must be >= 0, got {n}",
@@ -634,7 +650,7 @@ impl OpDef {
             return Attrs::parse(self.name, self.params, kv);
         }
         let mut pairs: Vec<(&str, &str)> = kv.into_iter().collect();
-        let n = num_inputs.to_string();
+        let n = (num_inputs + self.graph_inputs.len()).to_string();
         if !pairs.iter().any(|(k, _)| *k == self.key_var_num_args) {
             pairs.push((self.key_var_num_args, &n));
         }
@@ -679,6 +695,9 @@ impl OpDef {
             return stock.iter().map(|(n, t)| (n.to_string(), t.to_string(), String::new())).collect();
         }
         let mut args = Vec::new();
+        for n in self.graph_inputs {
+            args.push((n.to_string(), "Symbol".to_string(), format!("Input graph {n}.")));
+        }
         match (self.listed_inputs, self.inputs) {
             (Some(names), _) => {
                 for n in names {

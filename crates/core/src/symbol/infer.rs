@@ -18,7 +18,7 @@
 use super::{GNode, Graph};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::{param::Attrs, Meta, OpDef};
+use crate::op::{param::Attrs, ControlFlow, Meta, OpDef};
 
 /// A partial shape: `None` = unknown rank; `-1` = unknown dimension.
 pub type PShape = Option<Vec<i64>>;
@@ -329,6 +329,21 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: boo
     };
     let out_what = |k: usize| move || format!("output {k} of {} ({})", node.name, op.name);
 
+    if let Some(of) = op.control_flow.filter(|_| !node.subgraphs.is_empty()) {
+        let cf = of(attrs).map_err(|e| Error::new(e.kind(), format!("{} ({}): {}", node.name, op.name, e.message())))?;
+        flow(&cf, node, np_shape, &mut ish, &mut osh, &mut idt, &mut odt)
+            .map_err(|e| Error::new(e.kind(), format!("{} ({}): {}", node.name, op.name, e.message())))?;
+        let mut changed = false;
+        for (k, &e) in in_e.iter().enumerate() {
+            changed |= merge(&mut st.shapes[e], &ish[k], &in_what(k))?;
+            changed |= merge_dtype(&mut st.dtypes[e], idt[k], &in_what(k))?;
+        }
+        for (k, &e) in out_e.iter().enumerate() {
+            changed |= merge(&mut st.shapes[e], &osh[k], &out_what(k))?;
+            changed |= merge_dtype(&mut st.dtypes[e], odt[k], &out_what(k))?;
+        }
+        return Ok(changed);
+    }
     let names: Vec<String> = node.inputs.iter().map(|&(src, _)| g.nodes[src].name.clone()).collect();
     param_shapes(op, attrs, node, &names, &mut ish)?;
     input_shapes(op, attrs, node, &names, &mut ish, &osh)?;
@@ -386,6 +401,159 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: boo
         changed |= merge_dtype(&mut st.dtypes[e], odt[k], &out_what(k))?;
     }
     Ok(changed)
+}
+
+/// What inference finds in one graph of a control-flow node: its inputs' and outputs'
+/// shapes and dtypes (in its `list_inputs` and heads order).
+struct SubInferred {
+    in_sh: Vec<PShape>,
+    in_dt: Vec<Option<DType>>,
+    out_sh: Vec<PShape>,
+    out_dt: Vec<Option<DType>>,
+}
+
+fn infer_sub(g: &Graph, shapes: &[PShape], dtypes: &[Option<DType>], np_shape: bool) -> Result<SubInferred> {
+    let r = infer(g, shapes, dtypes, np_shape)?;
+    let inputs = g.input_nodes();
+    Ok(SubInferred {
+        in_sh: inputs.iter().map(|&n| r.node_shape(n).clone()).collect(),
+        in_dt: inputs.iter().map(|&n| r.node_dtype(n)).collect(),
+        out_sh: g.heads.iter().map(|&(n, i)| r.shapes[r.offsets[n] + i].clone()).collect(),
+        out_dt: g.heads.iter().map(|&(n, i)| r.dtypes[r.offsets[n] + i]).collect(),
+    })
+}
+
+/// The node inputs at `locs`, in that order.
+fn pick<T: Clone>(v: &[T], locs: &[usize]) -> Vec<T> {
+    locs.iter().map(|&l| v[l].clone()).collect()
+}
+
+/// What a control-flow node's graphs say about its inputs and outputs (stock's ForeachShape,
+/// WhileLoopType, ...), both ways: the node's inputs feed its graphs' inputs, whose inferred
+/// shapes come back to the node's inputs, and the graphs' outputs give the node's. A loop
+/// state (variable) has one shape and dtype in and out. Unlike stock, `_while_loop` and
+/// `_cond` have static shapes: a while loop's stacked outputs have `max_iterations` rows,
+/// and both branches of a condition give the outputs' shapes.
+fn flow(
+    cf: &ControlFlow,
+    node: &GNode,
+    np_shape: bool,
+    ish: &mut [PShape],
+    osh: &mut [PShape],
+    idt: &mut [Option<DType>],
+    odt: &mut [Option<DType>],
+) -> Result<()> {
+    let in_what = |k: usize| move || format!("input {k}");
+    let out_what = |k: usize| move || format!("output {k}");
+    let sub_what = |g: usize, k: usize| move || format!("input {k} of graph {g}");
+    match cf {
+        ControlFlow::Foreach { num_out_data: nod, data_locs, state_locs, remain_locs, .. } => {
+            let (nd, ns) = (data_locs.len(), state_locs.len());
+            for j in 0..ns {
+                merge(&mut ish[nd + j], &osh[nod + j].clone(), &in_what(nd + j))?;
+                merge(&mut osh[nod + j], &ish[nd + j].clone(), &out_what(nod + j))?;
+                merge_dtype(&mut idt[nd + j], odt[nod + j], &in_what(nd + j))?;
+                merge_dtype(&mut odt[nod + j], idt[nd + j], &out_what(nod + j))?;
+            }
+            // The sequence length: the first known length of the data (every one must have it).
+            let mut len = -1;
+            for j in 0..nd {
+                if let Some(&l) = ish[j].as_ref().and_then(|s| s.first()).filter(|&&l| l >= 0) {
+                    if len >= 0 && l != len {
+                        return Err(Error::mxnet(format!(
+                            "the data of a foreach have different lengths: {len} and {l} (input {j})"
+                        )));
+                    }
+                    len = l;
+                }
+            }
+            let n = ish.len();
+            let (mut sin, mut sdt) = (vec![None; n], vec![None; n]);
+            for (j, &l) in data_locs.iter().enumerate() {
+                sin[l] = ish[j].as_ref().map(|s| if s.len() > 1 { s[1..].to_vec() } else { vec![1] });
+                sdt[l] = idt[j];
+            }
+            for (j, &l) in state_locs.iter().chain(remain_locs).enumerate() {
+                sin[l] = ish[nd + j].clone();
+                sdt[l] = idt[nd + j];
+            }
+            let r = infer_sub(&node.subgraphs[0], &sin, &sdt, np_shape)?;
+            for k in 0..osh.len() {
+                let shape = match &r.out_sh[k] {
+                    Some(h) if k < *nod => Some(std::iter::once(len).chain(h.iter().copied()).collect()),
+                    other => other.clone(),
+                };
+                merge(&mut osh[k], &shape, &out_what(k))?;
+                merge_dtype(&mut odt[k], r.out_dt[k], &out_what(k))?;
+            }
+            for (j, &l) in data_locs.iter().enumerate() {
+                if let Some(s) = &r.in_sh[l] {
+                    // A 1-D sequence's steps are (1,): its own rank decides how a step's
+                    // shape maps back.
+                    let full = match &ish[j] {
+                        Some(known) if known.len() == 1 => None,
+                        _ => Some(std::iter::once(len).chain(s.iter().copied()).collect()),
+                    };
+                    merge(&mut ish[j], &full, &in_what(j))?;
+                }
+                merge_dtype(&mut idt[j], r.in_dt[l], &in_what(j))?;
+            }
+            for (j, &l) in state_locs.iter().chain(remain_locs).enumerate() {
+                merge(&mut ish[nd + j], &r.in_sh[l], &in_what(nd + j))?;
+                merge_dtype(&mut idt[nd + j], r.in_dt[l], &in_what(nd + j))?;
+            }
+        }
+        ControlFlow::WhileLoop { num_out_data: nod, max_iterations, cond_locs, func_locs, var_locs, .. } => {
+            let vars: Vec<usize> = var_locs.iter().map(|&v| func_locs[v]).collect();
+            let sync = |ish: &mut [PShape], osh: &mut [PShape], idt: &mut [Option<DType>], odt: &mut [Option<DType>]| {
+                for (k, &p) in vars.iter().enumerate() {
+                    merge(&mut ish[p], &osh[nod + k].clone(), &in_what(p))?;
+                    merge(&mut osh[nod + k], &ish[p].clone(), &out_what(nod + k))?;
+                    merge_dtype(&mut idt[p], odt[nod + k], &in_what(p))?;
+                    merge_dtype(&mut odt[nod + k], idt[p], &out_what(nod + k))?;
+                }
+                Ok::<(), Error>(())
+            };
+            sync(ish, osh, idt, odt)?;
+            let c = infer_sub(&node.subgraphs[0], &pick(ish, cond_locs), &pick(idt, cond_locs), np_shape)?;
+            for (j, &l) in cond_locs.iter().enumerate() {
+                merge(&mut ish[l], &c.in_sh[j], &sub_what(0, j))?;
+                merge_dtype(&mut idt[l], c.in_dt[j], &sub_what(0, j))?;
+            }
+            let f = infer_sub(&node.subgraphs[1], &pick(ish, func_locs), &pick(idt, func_locs), np_shape)?;
+            for (j, &l) in func_locs.iter().enumerate() {
+                merge(&mut ish[l], &f.in_sh[j], &sub_what(1, j))?;
+                merge_dtype(&mut idt[l], f.in_dt[j], &sub_what(1, j))?;
+            }
+            for k in 0..osh.len() {
+                let shape = match &f.out_sh[k] {
+                    Some(h) if k < *nod => {
+                        Some(std::iter::once(*max_iterations as i64).chain(h.iter().copied()).collect())
+                    }
+                    other => other.clone(),
+                };
+                merge(&mut osh[k], &shape, &out_what(k))?;
+                merge_dtype(&mut odt[k], f.out_dt[k], &out_what(k))?;
+            }
+            sync(ish, osh, idt, odt)?;
+        }
+        ControlFlow::Cond { cond_locs, then_locs, else_locs, .. } => {
+            for (g, locs) in [cond_locs, then_locs, else_locs].into_iter().enumerate() {
+                let r = infer_sub(&node.subgraphs[g], &pick(ish, locs), &pick(idt, locs), np_shape)?;
+                for (j, &l) in locs.iter().enumerate() {
+                    merge(&mut ish[l], &r.in_sh[j], &sub_what(g, j))?;
+                    merge_dtype(&mut idt[l], r.in_dt[j], &sub_what(g, j))?;
+                }
+                if g > 0 {
+                    for k in 0..osh.len() {
+                        merge(&mut osh[k], &r.out_sh[k], &out_what(k))?;
+                        merge_dtype(&mut odt[k], r.out_dt[k], &out_what(k))?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Fill input `k` with `shape` (checked against what is known).

@@ -102,6 +102,13 @@ impl Writer {
 /// The JSON text of a graph.
 pub fn save(g: &Graph, np_shape: bool) -> String {
     let mut w = Writer { out: String::new(), multi: Vec::new(), count: Vec::new() };
+    write_graph(&mut w, g, Some(np_shape));
+    w.out
+}
+
+/// One graph object; `top`: the top-level graph (with the graph attributes, numpy-shape mode
+/// given), not a control-flow node's graph (without them, as nnvm writes those).
+fn write_graph(w: &mut Writer, g: &Graph, top: Option<bool>) {
     w.begin('{', true);
     w.key("nodes");
     w.begin('[', true);
@@ -124,6 +131,15 @@ pub fn save(g: &Graph, np_shape: bool) -> String {
             .map(|(k, &(src, i))| (src, i, n.input_versions.get(k).copied().unwrap_or(0)))
             .collect();
         w.entries(&ins);
+        if !n.subgraphs.is_empty() {
+            w.key("subgraphs");
+            w.begin('[', true);
+            for sub in &n.subgraphs {
+                w.next();
+                write_graph(w, sub, None);
+            }
+            w.end(']');
+        }
         w.end('}');
     }
     w.end(']');
@@ -134,17 +150,18 @@ pub fn save(g: &Graph, np_shape: bool) -> String {
     w.key("heads");
     let heads: Vec<(usize, usize, u32)> = g.heads.iter().map(|&(n, i)| (n, i, 0)).collect();
     w.entries(&heads);
-    w.key("attrs");
-    w.begin('{', np_shape);
-    if np_shape {
-        w.key("is_np_shape");
-        w.out.push_str("[\"int\", 1]");
+    if let Some(np_shape) = top {
+        w.key("attrs");
+        w.begin('{', np_shape);
+        if np_shape {
+            w.key("is_np_shape");
+            w.out.push_str("[\"int\", 1]");
+        }
+        w.key("mxnet_version");
+        w.out.push_str(&format!("[\"int\", {}]", crate::runtime::MXNET_VERSION));
+        w.end('}');
     }
-    w.key("mxnet_version");
-    w.out.push_str(&format!("[\"int\", {}]", crate::runtime::MXNET_VERSION));
     w.end('}');
-    w.end('}');
-    w.out
 }
 
 fn bad(msg: impl std::fmt::Display) -> Error {
@@ -175,17 +192,31 @@ fn text(v: &Value) -> String {
     }
 }
 
+/// How deeply control-flow graphs may nest in a file: a hostile file nesting them without
+/// end must not exhaust the stack.
+const MAX_NESTING: usize = 64;
+
 /// A graph from JSON text (stock's and older formats).
 pub fn load_graph(json: &str) -> Result<Graph> {
     let root: Value = serde_json::from_str(json).map_err(bad)?;
-    let obj = root.as_object().ok_or_else(|| bad("the top level must be an object"))?;
-    let version = obj
-        .get("attrs")
+    graph_of(&root, None, 0)
+}
+
+/// The graph of a JSON object; `version`: the file's, for a control-flow node's graph (which
+/// has no attributes of its own).
+fn graph_of(root: &Value, version: Option<i64>, depth: usize) -> Result<Graph> {
+    if depth > MAX_NESTING {
+        return Err(bad(format!("control-flow graphs nest more than {MAX_NESTING} deep")));
+    }
+    let obj = root.as_object().ok_or_else(|| bad("a graph must be an object"))?;
+    let version = version.unwrap_or_else(|| {
+        obj.get("attrs")
         .and_then(|a| a.get("mxnet_version"))
         .and_then(|v| v.as_array())
         .and_then(|a| a.get(1))
         .and_then(Value::as_i64)
-        .unwrap_or(0);
+        .unwrap_or(0)
+    });
     let nodes_v = obj.get("nodes").and_then(Value::as_array).ok_or_else(|| bad("missing \"nodes\" array"))?;
     let mut g = Graph { nodes: Vec::with_capacity(nodes_v.len()), heads: Vec::new() };
     for (i, nv) in nodes_v.iter().enumerate() {
@@ -223,7 +254,18 @@ pub fn load_graph(json: &str) -> Result<Graph> {
             inputs.push((src, idx));
             versions.push(ver);
         }
+        let subgraphs = no
+            .get("subgraphs")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+            .iter()
+            .map(|sg| graph_of(sg, Some(version), depth + 1).map(std::sync::Arc::new))
+            .collect::<Result<Vec<_>>>()?;
         let (op, attrs) = if op_name == "null" {
+            if !subgraphs.is_empty() {
+                return Err(bad(format!("variable {name} has subgraphs")));
+            }
             (None, None)
         } else {
             let op = op::lookup(op_name).map_err(|_| {
@@ -238,9 +280,11 @@ pub fn load_graph(json: &str) -> Result<Graph> {
                     inputs.len()
                 )));
             }
+            let graphs: Vec<&Graph> = subgraphs.iter().map(|g| &**g).collect();
+            super::check_subgraphs(op, &attrs, &name, &graphs)?;
             (Some(op), Some(attrs))
         };
-        g.nodes.push(GNode { op, name, attrs, raw, inputs, input_versions: versions });
+        g.nodes.push(GNode { op, name, attrs, raw, inputs, input_versions: versions, subgraphs });
     }
     for h in obj.get("heads").and_then(Value::as_array).ok_or_else(|| bad("missing \"heads\" array"))? {
         let (n, i, _) = entry(h, "head")?;

@@ -62,6 +62,8 @@ pub struct NodeData {
     pub inputs: Vec<Entry>,
     /// Variables: how many times an operator mutating it was composed onto it.
     pub version: u32,
+    /// A control-flow operator's graphs ([`OpDef::graph_inputs`]), in its order.
+    pub subgraphs: Vec<Symbol>,
 }
 
 impl Node {
@@ -251,6 +253,41 @@ fn parse_dict(op: &'static OpDef, dict: &BTreeMap<String, String>, num_inputs: u
         .map_err(crate::op::invoke::stock_class)
 }
 
+/// A control-flow node's graphs must be the ones its parameters describe: as many as the
+/// operator takes, each with the inputs its locations place and the outputs it must give.
+pub(crate) fn check_subgraphs(op: &OpDef, attrs: &Attrs, node: &str, graphs: &[&Graph]) -> Result<()> {
+    let Some(of) = op.control_flow else {
+        if graphs.is_empty() {
+            return Ok(());
+        }
+        return Err(Error::mxnet(format!("node {node}: operator {} takes no graphs", op.name)));
+    };
+    let cf = of(attrs).map_err(|e| Error::new(e.kind(), format!("node {node}: {}", e.message())))?;
+    if graphs.len() != cf.num_graphs() {
+        return Err(Error::mxnet(format!(
+            "node {node}: operator {} takes {} graphs ({}), got {}",
+            op.name,
+            cf.num_graphs(),
+            op.graph_inputs.join(", "),
+            graphs.len()
+        )));
+    }
+    for (((g, locs), nout), what) in graphs.iter().zip(cf.graph_input_locs()).zip(cf.graph_outputs()).zip(op.graph_inputs)
+    {
+        let nin = g.input_nodes().len();
+        if nin != locs.len() || g.heads.len() != nout {
+            return Err(Error::mxnet(format!(
+                "node {node}: operator {}'s graph {what} has {nin} inputs and {} outputs; its parameters give it {} \
+                 inputs and {nout} outputs",
+                op.name,
+                g.heads.len(),
+                locs.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Attributes an operator sets on its variable inputs at composition (stock's
 /// FSetInputVarAttrOnCompose, [`OpDef::input_inits`]): BatchNorm's moving statistics get their
 /// initialisers.
@@ -286,6 +323,7 @@ impl Symbol {
             attrs: None,
             inputs: Vec::new(),
             version: 0,
+            subgraphs: Vec::new(),
         });
         Symbol { outputs: vec![Entry { node: n, index: 0, version: 0 }] }
     }
@@ -305,6 +343,7 @@ impl Symbol {
             attrs: Some(attrs),
             inputs: Vec::new(),
             version: 0,
+            subgraphs: Vec::new(),
         });
         let nout = n.num_visible_outputs();
         Ok(Symbol { outputs: (0..nout).map(|i| Entry { node: n.clone(), index: i, version: 0 }).collect() })
@@ -336,6 +375,15 @@ impl Symbol {
         if self.outputs.is_empty() {
             return Err(Error::mxnet("Symbol.Compose: cannot compose an empty symbol"));
         }
+        let graph_op = self.single_node().and_then(|n| n.op()).filter(|op| !op.graph_inputs.is_empty());
+        if let Some(op) = graph_op.filter(|_| self.is_atomic()) {
+            return self.compose_with_graphs(op, args, kwargs, name);
+        }
+        self.compose_tensors(args, kwargs, name)
+    }
+
+    /// [`Symbol::compose`] with tensor arguments only.
+    fn compose_tensors(&mut self, args: &[&Symbol], kwargs: &[(&str, &Symbol)], name: Option<&str>) -> Result<()> {
         for (i, a) in args.iter().enumerate() {
             if a.outputs.len() != 1 {
                 return Err(Error::mxnet(format!(
@@ -363,6 +411,43 @@ impl Symbol {
         } else {
             self.compose_general(args, kwargs)
         }
+    }
+
+    /// Atomic composition of a control-flow operator: its leading arguments (positional, or by
+    /// their names) are graphs, which the node keeps apart from its inputs (stock's
+    /// FInputGraph); the rest compose as usual. The graphs must match the parameters.
+    fn compose_with_graphs(
+        &mut self,
+        op: &'static OpDef,
+        args: &[&Symbol],
+        kwargs: &[(&str, &Symbol)],
+        name: Option<&str>,
+    ) -> Result<()> {
+        let k = op.graph_inputs.len();
+        let mut graphs: Vec<Symbol> = args.iter().take(k).map(|s| (*s).clone()).collect();
+        for want in &op.graph_inputs[graphs.len()..] {
+            let (_, s) = kwargs.iter().find(|(key, _)| key == want).ok_or_else(|| {
+                Error::mxnet(format!(
+                    "operator {}: its graph argument {want} is missing (arguments {} are graphs)",
+                    op.name,
+                    op.graph_inputs.join(", ")
+                ))
+            })?;
+            graphs.push((*s).clone());
+        }
+        let rest: Vec<(&str, &Symbol)> =
+            kwargs.iter().filter(|(key, _)| !op.graph_inputs.contains(key)).map(|(key, s)| (*key, *s)).collect();
+        let node = self.outputs[0].node.clone();
+        let flat: Vec<Graph> = graphs.iter().map(Symbol::graph).collect();
+        {
+            let d = node.inner.read();
+            let attrs = d.attrs.as_ref().expect("operator nodes have parsed attributes");
+            let refs: Vec<&Graph> = flat.iter().collect();
+            check_subgraphs(op, attrs, if d.name.is_empty() { op.name } else { &d.name }, &refs)?;
+        }
+        self.compose_tensors(&args[k.min(args.len())..], &rest, name)?;
+        node.inner.write().subgraphs = graphs;
+        Ok(())
     }
 
     /// A composition must not make the graph cyclic: no argument may reach one of this
@@ -631,6 +716,46 @@ impl Symbol {
         Ok(Symbol { outputs: vec![e.clone()] })
     }
 
+    /// Stock's `MXSymbolCutSubgraph`, how the frontend makes a control-flow graph: the nodes
+    /// marked with the output node's `__subgraph_name__` are the graph; each of their inputs
+    /// produced by an unmarked node is replaced, in place, by a new variable named as that
+    /// output (one variable per distinct output). Returns the outputs cut off, one per input
+    /// replaced, in the order found (empty when the output node is unmarked).
+    pub fn cut_subgraph(&self) -> Vec<Symbol> {
+        const KEY: &str = "__subgraph_name__";
+        let Some(mark) = self.outputs.first().and_then(|e| e.node.inner.read().dict.get(KEY).cloned()) else {
+            return Vec::new();
+        };
+        let marked = |n: &Node| n.inner.read().dict.get(KEY) == Some(&mark);
+        let mut cut: Vec<Symbol> = Vec::new();
+        let mut made: HashMap<(usize, usize), Arc<Node>> = HashMap::new();
+        for n in self.topo_nodes() {
+            if !marked(&n) {
+                continue;
+            }
+            let inputs = n.inputs();
+            let mut replaced = inputs.clone();
+            for (j, e) in inputs.iter().enumerate() {
+                if marked(&e.node) {
+                    continue;
+                }
+                let orig = Symbol { outputs: vec![e.clone()] };
+                let var = made
+                    .entry((ptr(&e.node), e.index))
+                    .or_insert_with(|| {
+                        let name = orig.list_outputs().pop().unwrap_or_default();
+                        Symbol::variable(&name).outputs[0].node.clone()
+                    })
+                    .clone();
+                var.used();
+                replaced[j] = Entry { node: var, index: 0, version: 0 };
+                cut.push(orig);
+            }
+            n.inner.write().inputs = replaced;
+        }
+        cut
+    }
+
     /// A deep copy: new nodes, same structure and attributes.
     pub fn deep_copy(&self) -> Symbol {
         self.graph().to_symbol()
@@ -669,6 +794,7 @@ impl Symbol {
                     raw: d.dict.clone(),
                     inputs: d.inputs.iter().map(|e| (index[&ptr(&e.node)], e.index)).collect(),
                     input_versions: d.inputs.iter().map(|e| e.version).collect(),
+                    subgraphs: d.subgraphs.iter().map(|s| Arc::new(s.graph())).collect(),
                 }
             })
             .collect();
@@ -778,6 +904,7 @@ impl Symbol {
                         raw: BTreeMap::new(),
                         inputs: Vec::new(),
                         input_versions: Vec::new(),
+                        subgraphs: Vec::new(),
                     }
                 }
                 HistoryNode::Call { op, attrs, inputs } => {
@@ -789,6 +916,7 @@ impl Symbol {
                         raw: attrs.to_kv().into_iter().collect(),
                         inputs: inputs.clone(),
                         input_versions: vec![0; inputs.len()],
+                        subgraphs: Vec::new(),
                     }
                 }
             })
@@ -811,6 +939,8 @@ pub struct GNode {
     pub inputs: Vec<(usize, usize)>,
     /// nnvm's entry versions (saved in JSON).
     pub input_versions: Vec<u32>,
+    /// A control-flow operator's graphs ([`NodeData::subgraphs`]).
+    pub subgraphs: Vec<Arc<Graph>>,
 }
 
 impl GNode {
@@ -909,6 +1039,7 @@ impl Graph {
                 attrs: n.attrs.clone(),
                 inputs,
                 version: if n.op.is_none() { var_versions[i] } else { 0 },
+                subgraphs: n.subgraphs.iter().map(|g| g.to_symbol()).collect(),
             }));
         }
         Symbol {

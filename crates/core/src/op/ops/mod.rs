@@ -9,6 +9,7 @@ mod broadcast;
 mod broadcast_grad;
 mod common;
 mod contrib;
+pub mod control_flow;
 mod conv;
 mod conv_grad;
 mod correlation;
@@ -104,6 +105,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     loss::register(ops);
     ctc::register(ops);
     contrib::register(ops);
+    control_flow::register(ops);
     special::register(ops);
     scan::register(ops);
     sync_batch_norm::register(ops);

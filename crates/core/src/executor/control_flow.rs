@@ -1,0 +1,226 @@
+//! Running control-flow nodes (`_foreach`, `_while_loop`, `_cond`) in a graph run.
+//!
+//! Owns [`Flow`]: a control-flow node's graphs, each ready to run as a [`Runner`], and the
+//! loop that runs them. A step is a run of the graph's own operators, through the same
+//! imperative calls as any node, and so are the calls that slice the sequence into steps and
+//! stack the steps' outputs ([`crate::op::LoopCalls`]): recording a loop records its steps,
+//! and its gradient is theirs, taken by autograd (stock writes a backward operator per loop
+//! that replays the steps backwards; the result is the same).
+
+use super::Runner;
+use crate::error::{Error, Result};
+use crate::ndarray::{DType, NDArray};
+use crate::op::{ControlFlow, LoopCalls};
+use crate::symbol::GNode;
+
+/// A control-flow node ready to run.
+pub(super) struct Flow {
+    cf: ControlFlow,
+    graphs: Vec<Runner>,
+}
+
+/// One call, recorded when the thread records.
+fn call(c: crate::op::LoopCall, ins: &[&NDArray]) -> Result<Vec<NDArray>> {
+    crate::autograd::invoke_attrs(c.0, ins, None, c.1)
+}
+
+fn one(c: crate::op::LoopCall, x: &NDArray) -> Result<NDArray> {
+    call(c, &[x])?.pop().ok_or_else(|| Error::internal("a loop call gave no output"))
+}
+
+impl Flow {
+    /// The node's flow (`None`: not a control-flow node).
+    pub(super) fn of(node: &GNode) -> Result<Option<Flow>> {
+        let (Some(op), Some(attrs)) = (node.op, &node.attrs) else { return Ok(None) };
+        let Some(of) = op.control_flow else { return Ok(None) };
+        let graphs: Vec<&crate::symbol::Graph> = node.subgraphs.iter().map(|g| &**g).collect();
+        crate::symbol::check_subgraphs(op, attrs, &node.name, &graphs)?;
+        let graphs = node.subgraphs.iter().map(|g| Runner::from_graph((**g).clone())).collect::<Result<_>>()?;
+        Ok(Some(Flow { cf: of(attrs)?, graphs }))
+    }
+
+    /// Run graph `g` on `ins`.
+    fn run_graph(&self, g: usize, ins: Vec<NDArray>) -> Result<Vec<NDArray>> {
+        let r = &self.graphs[g];
+        let bulk = r.configured_bulk(crate::autograd::is_training())?;
+        r.run(&ins, bulk)
+    }
+
+    /// The value of condition graph `g` on `ins`.
+    fn holds(&self, g: usize, ins: Vec<NDArray>) -> Result<bool> {
+        let out = self.run_graph(g, ins)?;
+        crate::op::truth(out.first().ok_or_else(|| Error::internal("a condition graph gave no output"))?)
+    }
+
+    /// The outputs of graph `g` for inputs of these shapes and dtypes, from graph inference
+    /// (for a loop that runs no step).
+    fn output_metas(&self, g: usize, ins: &[(&[usize], DType)]) -> Result<Vec<(Vec<usize>, DType)>> {
+        let graph = &self.graphs[g].graph;
+        let shapes: Vec<_> = ins.iter().map(|(s, _)| Some(s.iter().map(|&d| d as i64).collect())).collect();
+        let dtypes: Vec<_> = ins.iter().map(|&(_, d)| Some(d)).collect();
+        let r = crate::symbol::infer::infer(graph, &shapes, &dtypes, crate::ndarray::np_shape::get() != 0)?;
+        graph
+            .heads
+            .iter()
+            .map(|&(n, i)| {
+                let e = r.offsets[n] + i;
+                match (&r.shapes[e], r.dtypes[e]) {
+                    (Some(s), Some(d)) if s.iter().all(|&x| x >= 0) => Ok((s.iter().map(|&x| x as usize).collect(), d)),
+                    _ => Err(Error::mxnet(
+                        "a loop that runs no step needs its outputs' shapes, and graph inference cannot find them",
+                    )),
+                }
+            })
+            .collect()
+    }
+
+    /// Run the node on its inputs; returns its outputs.
+    pub(super) fn run(&self, ins: &[&NDArray]) -> Result<Vec<NDArray>> {
+        match &self.cf {
+            ControlFlow::Foreach { num_outputs, num_out_data, data_locs, state_locs, remain_locs } => {
+                self.foreach(ins, *num_outputs, *num_out_data, data_locs, state_locs, remain_locs)
+            }
+            ControlFlow::WhileLoop { num_out_data, max_iterations, cond_locs, func_locs, var_locs, .. } => {
+                self.while_loop(ins, *num_out_data, *max_iterations, cond_locs, func_locs, var_locs)
+            }
+            ControlFlow::Cond { cond_locs, then_locs, else_locs, .. } => {
+                let pick = |locs: &[usize]| locs.iter().map(|&l| ins[l].clone()).collect::<Vec<_>>();
+                let branch = if self.holds(0, pick(cond_locs))? { 1 } else { 2 };
+                self.run_graph(branch, pick(if branch == 1 { then_locs } else { else_locs }))
+            }
+        }
+    }
+
+    fn foreach(
+        &self,
+        ins: &[&NDArray],
+        num_outputs: usize,
+        nod: usize,
+        data_locs: &[usize],
+        state_locs: &[usize],
+        remain_locs: &[usize],
+    ) -> Result<Vec<NDArray>> {
+        let (nd, ns) = (data_locs.len(), state_locs.len());
+        let len = *ins[0].shape.first().ok_or_else(|| Error::value("foreach cannot iterate over a scalar (0-d data)"))?;
+        for (j, x) in ins[..nd].iter().enumerate() {
+            if x.shape.first() != Some(&len) {
+                return Err(Error::value(format!(
+                    "the data of a foreach must have one length: input 0 has {len} steps, input {j} has shape {:?}",
+                    x.shape
+                )));
+            }
+        }
+        let mut graph_ins = vec![NDArray::none(); ins.len()];
+        for (&l, x) in remain_locs.iter().zip(&ins[nd + ns..]) {
+            graph_ins[l] = (*x).clone();
+        }
+        let mut states: Vec<NDArray> = ins[nd..nd + ns].iter().map(|x| (*x).clone()).collect();
+        if len == 0 {
+            // No step: the stacked outputs are empty and the states are the initial ones.
+            let mut metas: Vec<(&[usize], DType)> = graph_ins.iter().map(|a| (&a.shape[..], a.dtype)).collect();
+            for (&l, x) in data_locs.iter().zip(ins) {
+                metas[l] = (if x.shape.len() > 1 { &x.shape[1..] } else { &[1] }, x.dtype);
+            }
+            for (&l, s) in state_locs.iter().zip(&states) {
+                metas[l] = (&s.shape[..], s.dtype);
+            }
+            let metas = self.output_metas(0, &metas)?;
+            let mut outs = Vec::with_capacity(num_outputs);
+            for (shape, dtype) in &metas[..nod] {
+                let mut s = vec![0];
+                s.extend_from_slice(shape);
+                outs.push(call(LoopCalls::zeros(&s, *dtype)?, &[])?.remove(0));
+            }
+            for s in &states {
+                outs.push(one(LoopCalls::copy()?, s)?);
+            }
+            return Ok(outs);
+        }
+        let steps: Vec<Vec<NDArray>> =
+            ins[..nd].iter().map(|x| call(LoopCalls::steps(len, x.shape.len())?, &[x])).collect::<Result<_>>()?;
+        let mut stepped: Vec<Vec<NDArray>> = vec![Vec::with_capacity(len); nod];
+        for i in 0..len {
+            for (&l, s) in data_locs.iter().zip(&steps) {
+                graph_ins[l] = s[i].clone();
+            }
+            for (&l, s) in state_locs.iter().zip(&states) {
+                graph_ins[l] = s.clone();
+            }
+            let mut outs = self.run_graph(0, graph_ins.clone())?;
+            if outs.len() != num_outputs {
+                return Err(Error::internal(format!("a foreach step gave {} outputs, not {num_outputs}", outs.len())));
+            }
+            states = outs.split_off(nod);
+            for (k, o) in outs.into_iter().enumerate() {
+                stepped[k].push(o);
+            }
+        }
+        let mut outs = Vec::with_capacity(num_outputs);
+        for k in stepped {
+            let refs: Vec<&NDArray> = k.iter().collect();
+            outs.push(call(LoopCalls::stack(refs.len())?, &refs)?.remove(0));
+        }
+        outs.extend(states);
+        Ok(outs)
+    }
+
+    fn while_loop(
+        &self,
+        ins: &[&NDArray],
+        nod: usize,
+        max_iterations: usize,
+        cond_locs: &[usize],
+        func_locs: &[usize],
+        var_locs: &[usize],
+    ) -> Result<Vec<NDArray>> {
+        // The current value of each input: loop variable k is the input at vars[k].
+        let mut cur: Vec<NDArray> = ins.iter().map(|x| (*x).clone()).collect();
+        let vars: Vec<usize> = var_locs.iter().map(|&v| func_locs[v]).collect();
+        let pick = |cur: &[NDArray], locs: &[usize]| locs.iter().map(|&l| cur[l].clone()).collect::<Vec<_>>();
+        let mut stepped: Vec<Vec<NDArray>> = vec![Vec::new(); nod];
+        let mut steps = 0;
+        while steps < max_iterations && self.holds(0, pick(&cur, cond_locs))? {
+            let mut outs = self.run_graph(1, pick(&cur, func_locs))?;
+            if outs.len() != nod + vars.len() {
+                return Err(Error::internal(format!(
+                    "a while_loop step gave {} outputs, not {}",
+                    outs.len(),
+                    nod + vars.len()
+                )));
+            }
+            for (&p, v) in vars.iter().zip(outs.split_off(nod)) {
+                cur[p] = v;
+            }
+            for (k, o) in outs.into_iter().enumerate() {
+                stepped[k].push(o);
+            }
+            steps += 1;
+        }
+        let mut result = Vec::with_capacity(nod + vars.len());
+        if steps == 0 {
+            let metas: Vec<(&[usize], DType)> = func_locs.iter().map(|&l| (&cur[l].shape[..], cur[l].dtype)).collect();
+            let metas = self.output_metas(1, &metas)?;
+            for (shape, dtype) in &metas[..nod] {
+                let mut s = vec![max_iterations];
+                s.extend_from_slice(shape);
+                result.push(call(LoopCalls::zeros(&s, *dtype)?, &[])?.remove(0));
+            }
+        } else {
+            // The steps' outputs, then zeros up to max_iterations rows (stock leaves them
+            // unwritten).
+            for k in stepped {
+                let pad = if k.len() < max_iterations { Some(one(LoopCalls::zeros_like()?, &k[0])?) } else { None };
+                let mut refs: Vec<&NDArray> = k.iter().collect();
+                if let Some(z) = &pad {
+                    refs.resize(max_iterations, z);
+                }
+                result.push(call(LoopCalls::stack(refs.len())?, &refs)?.remove(0));
+            }
+        }
+        for &p in &vars {
+            // A variable no step changed is still the caller's array: the output is a copy.
+            result.push(if steps == 0 { one(LoopCalls::copy()?, &cur[p])? } else { cur[p].clone() });
+        }
+        Ok(result)
+    }
+}
