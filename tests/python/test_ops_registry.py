@@ -43,7 +43,10 @@ def test_every_name_resolves_and_documents():
         handles.setdefault(real, set()).add(h)
         if desc.endswith("not supported by mxnet-rt yet."):
             continue  # a stub lists stock's arguments (test_stubs_have_stock_signatures)
-        # Tensor inputs come first; at most one variadic input; the count key is declared.
+        # A control-flow operator's graph arguments (type Symbol) come first, as stock lists
+        # them; then tensor inputs; at most one variadic input; the count key is declared.
+        while args and args[0][1] == "Symbol":
+            args = args[1:]
         kinds = [t.startswith("NDArray") for _, t, _ in args]
         assert kinds == sorted(kinds, reverse=True), (name, args)
         assert sum(t.endswith("[]") for _, t, _ in args) <= 1
@@ -109,6 +112,24 @@ def test_stubs_have_stock_signatures():
     for name in stubs:
         _, _, _, args, key = info(name)
         assert ([[a, t] for a, t, _ in args], key) == tuple(stock[name]), name
+
+
+@pytest.mark.skipif("MXNET_LIBRARY_PATH" not in os.environ, reason="compares this library with stock")
+def test_control_flow_signatures_match_stock():
+    """The control-flow operators list stock's arguments (their graphs first, typed Symbol)
+    and count parameter: the frontend's `mx.sym.contrib.foreach` passes its graph
+    positionally and counts it in num_args."""
+    names = ["_foreach", "_while_loop", "_cond"]
+    env = {k: v for k, v in os.environ.items() if k != "MXNET_LIBRARY_PATH"}
+    res = run_stock_process([sys.executable, "-W", "ignore", STOCK_SCHEMAS, "--json", *names], env=env,
+                            capture_output=True, text=True, timeout=300, check=True)
+    stock = json.loads(res.stdout.strip().splitlines()[-1])
+    for name in names:
+        _, _, _, args, key = info(name)
+        ours = [a for a, _, _ in args]
+        assert (ours, key) == ([a for a, _ in stock[name][0]], stock[name][1]), name
+        graphs = [a for a, t, _ in args if t == "Symbol"]
+        assert graphs == [a for a, t in stock[name][0] if t == "Symbol"] and graphs, name
 
 
 @pytest.mark.skipif("MXNET_LIBRARY_PATH" not in os.environ, reason="needs an operator this library lacks")

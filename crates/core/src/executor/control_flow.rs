@@ -101,7 +101,8 @@ impl Flow {
         remain_locs: &[usize],
     ) -> Result<Vec<NDArray>> {
         let (nd, ns) = (data_locs.len(), state_locs.len());
-        let len = *ins[0].shape.first().ok_or_else(|| Error::value("foreach cannot iterate over a scalar (0-d data)"))?;
+        let len =
+            *ins[0].shape.first().ok_or_else(|| Error::value("foreach cannot iterate over a scalar (0-d data)"))?;
         for (j, x) in ins[..nd].iter().enumerate() {
             if x.shape.first() != Some(&len) {
                 return Err(Error::value(format!(
@@ -222,5 +223,159 @@ impl Flow {
             result.push(if steps == 0 { one(LoopCalls::copy()?, &cur[p])? } else { cur[p].clone() });
         }
         Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::autograd::GradReq;
+    use crate::executor::bind::Executor;
+    use crate::ndarray::testing::{array_f32, values};
+    use crate::op::lookup;
+    use crate::symbol::Symbol;
+
+    /// A symbol marked as part of control-flow graph `mark`.
+    fn marked(s: Symbol, mark: &str) -> Symbol {
+        s.set_attr("__subgraph_name__", mark).unwrap();
+        s
+    }
+
+    fn apply(op: &str, kv: &[(&str, &str)], args: &[&Symbol], mark: &str) -> Symbol {
+        let mut s = Symbol::atomic(lookup(op).unwrap(), kv.iter().copied()).unwrap();
+        s.compose(args, &[], None).unwrap();
+        marked(s, mark)
+    }
+
+    /// `foreach(data, [init], free w)`: out_t = x_t * w + s_t, s_{t+1} = out_t, with `w` cut
+    /// from the outer graph as the frontend does.
+    fn running_sum() -> Symbol {
+        let w = Symbol::variable("w");
+        let x = marked(Symbol::variable("x"), "fe0");
+        let s = marked(Symbol::variable("s"), "fe0");
+        let xw = apply("elemwise_mul", &[], &[&x, &w], "fe0");
+        let out = apply("elemwise_add", &[], &[&xw, &s], "fe0");
+        let body = Symbol::group(&[&out, &out]);
+        let cut = body.cut_subgraph();
+        assert_eq!(cut.len(), 1);
+        assert_eq!(cut[0].list_outputs(), ["w"]);
+        // The body's inputs, in list_inputs order: x, w (the new variable), s.
+        assert_eq!(body.list_input_names(crate::symbol::InputKind::All), ["x", "w", "s"]);
+        let mut fe = Symbol::atomic(
+            lookup("_foreach").unwrap(),
+            [
+                ("num_args", "4"),
+                ("num_outputs", "2"),
+                ("num_out_data", "1"),
+                ("in_data_locs", "(0,)"),
+                ("in_state_locs", "(2,)"),
+                ("remain_locs", "(1,)"),
+            ],
+        )
+        .unwrap();
+        let (data, init) = (Symbol::variable("data"), Symbol::variable("init"));
+        fe.compose(&[&body, &data, &init, &cut[0]], &[], Some("loop")).unwrap();
+        fe
+    }
+
+    #[test]
+    fn foreach_runs_its_steps_and_their_gradient() {
+        let fe = running_sum();
+        assert_eq!(fe.list_input_names(crate::symbol::InputKind::All), ["data", "init", "w"]);
+        let shapes = crate::symbol::infer::infer_shapes(
+            &fe,
+            crate::symbol::infer::Given::Keyword(vec![("data".into(), Some(vec![3, 2])), ("init".into(), None)]),
+            false,
+        )
+        .unwrap();
+        assert_eq!(shapes.args, [Some(vec![3, 2]), Some(vec![2]), Some(vec![2])]);
+        assert_eq!(shapes.outs, [Some(vec![3, 2]), Some(vec![2])]);
+        let data = array_f32(&[3, 2], &[1., 2., 3., 4., 5., 6.]);
+        let init = array_f32(&[2], &[10., 20.]);
+        let w = array_f32(&[2], &[2., 1.]);
+        let gd = array_f32(&[3, 2], &[0.; 6]);
+        let gw = array_f32(&[2], &[0.; 2]);
+        let e = Executor::bind(
+            &fe,
+            vec![data, init, w],
+            vec![Some(gd.clone()), None, Some(gw.clone())],
+            vec![GradReq::Write, GradReq::Null, GradReq::Write],
+            vec![],
+        )
+        .unwrap();
+        e.forward(true).unwrap();
+        let outs = e.outputs();
+        // Running sums of x * w from (10, 20).
+        assert_eq!(values(&outs[0]), [12., 22., 18., 26., 28., 32.]);
+        assert_eq!(values(&outs[1]), [28., 32.]);
+        // d(sum of the outputs)/dx_t = w * (number of outputs x_t reaches: 3 - t, plus the state).
+        let ones = |shape: &[usize]| array_f32(shape, &vec![1.; shape.iter().product()]);
+        e.backward(&[Some(ones(&[3, 2])), Some(ones(&[2]))], true).unwrap();
+        assert_eq!(values(&gd), [8., 4., 6., 3., 4., 2.]);
+        // d/dw = sum_t x_t * (4 - t).
+        assert_eq!(values(&gw), [1. * 4. + 3. * 3. + 5. * 2., 2. * 4. + 4. * 3. + 6. * 2.]);
+    }
+
+    #[test]
+    fn a_graph_that_does_not_fit_the_parameters_is_refused() {
+        let x = marked(Symbol::variable("x"), "g");
+        let body = apply("negative", &[], &[&x], "g");
+        let mut fe = Symbol::atomic(
+            lookup("_foreach").unwrap(),
+            [
+                ("num_args", "3"),
+                ("num_outputs", "2"),
+                ("num_out_data", "1"),
+                ("in_data_locs", "(0,)"),
+                ("in_state_locs", "(1,)"),
+                ("remain_locs", "()"),
+            ],
+        )
+        .unwrap();
+        let (d, s) = (Symbol::variable("d"), Symbol::variable("s"));
+        let err = fe.compose(&[&body, &d, &s], &[], None).unwrap_err().to_string();
+        assert!(err.starts_with("MXNetError") && err.contains("graph fn has 1 inputs and 1 outputs"), "{err}");
+    }
+
+    #[test]
+    fn json_keeps_the_graphs() {
+        let fe = running_sum();
+        let text = crate::symbol::json::save(&fe.graph(), false);
+        assert!(text.contains("\"subgraphs\""));
+        let back = crate::symbol::json::load(&text).unwrap();
+        assert_eq!(crate::symbol::json::save(&back.graph(), false), text);
+        // An operator whose graphs do not fit its parameters is refused.
+        let wrong = text.replace("\"num_outputs\": \"2\"", "\"num_outputs\": \"3\"");
+        assert!(crate::symbol::json::load(&wrong).is_err());
+    }
+
+    #[test]
+    fn nesting_is_bounded() {
+        // Each level wraps the last in a foreach; a graph nesting MAX_NESTING levels is refused.
+        let mut inner = marked(Symbol::variable("x0"), "n0");
+        inner = apply("negative", &[], &[&inner], "n0");
+        for level in 1..=crate::symbol::MAX_NESTING + 1 {
+            let mark = format!("n{level}");
+            let x = marked(Symbol::variable(&format!("x{level}")), &mark);
+            let mut fe = Symbol::atomic(
+                lookup("_foreach").unwrap(),
+                [
+                    ("num_args", "2"),
+                    ("num_outputs", "1"),
+                    ("num_out_data", "1"),
+                    ("in_data_locs", "(0,)"),
+                    ("in_state_locs", "()"),
+                    ("remain_locs", "()"),
+                ],
+            )
+            .unwrap();
+            let r = fe.compose(&[&inner, &x], &[], None);
+            if level == crate::symbol::MAX_NESTING + 1 {
+                assert!(r.unwrap_err().to_string().contains("nest control flow"));
+                return;
+            }
+            r.unwrap();
+            inner = marked(fe, &mark);
+        }
+        unreachable!();
     }
 }

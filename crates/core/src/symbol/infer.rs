@@ -330,7 +330,8 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: boo
     let out_what = |k: usize| move || format!("output {k} of {} ({})", node.name, op.name);
 
     if let Some(of) = op.control_flow.filter(|_| !node.subgraphs.is_empty()) {
-        let cf = of(attrs).map_err(|e| Error::new(e.kind(), format!("{} ({}): {}", node.name, op.name, e.message())))?;
+        let cf =
+            of(attrs).map_err(|e| Error::new(e.kind(), format!("{} ({}): {}", node.name, op.name, e.message())))?;
         flow(&cf, node, np_shape, &mut ish, &mut osh, &mut idt, &mut odt)
             .map_err(|e| Error::new(e.kind(), format!("{} ({}): {}", node.name, op.name, e.message())))?;
         let mut changed = false;
@@ -505,15 +506,16 @@ fn flow(
         }
         ControlFlow::WhileLoop { num_out_data: nod, max_iterations, cond_locs, func_locs, var_locs, .. } => {
             let vars: Vec<usize> = var_locs.iter().map(|&v| func_locs[v]).collect();
-            let sync = |ish: &mut [PShape], osh: &mut [PShape], idt: &mut [Option<DType>], odt: &mut [Option<DType>]| {
-                for (k, &p) in vars.iter().enumerate() {
-                    merge(&mut ish[p], &osh[nod + k].clone(), &in_what(p))?;
-                    merge(&mut osh[nod + k], &ish[p].clone(), &out_what(nod + k))?;
-                    merge_dtype(&mut idt[p], odt[nod + k], &in_what(p))?;
-                    merge_dtype(&mut odt[nod + k], idt[p], &out_what(nod + k))?;
-                }
-                Ok::<(), Error>(())
-            };
+            let sync =
+                |ish: &mut [PShape], osh: &mut [PShape], idt: &mut [Option<DType>], odt: &mut [Option<DType>]| {
+                    for (k, &p) in vars.iter().enumerate() {
+                        merge(&mut ish[p], &osh[nod + k].clone(), &in_what(p))?;
+                        merge(&mut osh[nod + k], &ish[p].clone(), &out_what(nod + k))?;
+                        merge_dtype(&mut idt[p], odt[nod + k], &in_what(p))?;
+                        merge_dtype(&mut odt[nod + k], idt[p], &out_what(nod + k))?;
+                    }
+                    Ok::<(), Error>(())
+                };
             sync(ish, osh, idt, odt)?;
             let c = infer_sub(&node.subgraphs[0], &pick(ish, cond_locs), &pick(idt, cond_locs), np_shape)?;
             for (j, &l) in cond_locs.iter().enumerate() {

@@ -8,7 +8,7 @@
 //! [`load`], which also reads older files: `param`/`attr` instead of `attrs`, two-element
 //! input entries, and (before 0.9) hidden attribute keys without their underscores.
 
-use super::{GNode, Graph, Symbol, HIDDEN_KEYS};
+use super::{GNode, Graph, Symbol, HIDDEN_KEYS, MAX_NESTING};
 use crate::error::{Error, Result};
 use crate::op;
 use serde_json::Value;
@@ -192,10 +192,6 @@ fn text(v: &Value) -> String {
     }
 }
 
-/// How deeply control-flow graphs may nest in a file: a hostile file nesting them without
-/// end must not exhaust the stack.
-const MAX_NESTING: usize = 64;
-
 /// A graph from JSON text (stock's and older formats).
 pub fn load_graph(json: &str) -> Result<Graph> {
     let root: Value = serde_json::from_str(json).map_err(bad)?;
@@ -205,17 +201,18 @@ pub fn load_graph(json: &str) -> Result<Graph> {
 /// The graph of a JSON object; `version`: the file's, for a control-flow node's graph (which
 /// has no attributes of its own).
 fn graph_of(root: &Value, version: Option<i64>, depth: usize) -> Result<Graph> {
-    if depth > MAX_NESTING {
+    // A hostile file nesting graphs without end must not exhaust the stack.
+    if depth >= MAX_NESTING {
         return Err(bad(format!("control-flow graphs nest more than {MAX_NESTING} deep")));
     }
     let obj = root.as_object().ok_or_else(|| bad("a graph must be an object"))?;
     let version = version.unwrap_or_else(|| {
         obj.get("attrs")
-        .and_then(|a| a.get("mxnet_version"))
-        .and_then(|v| v.as_array())
-        .and_then(|a| a.get(1))
-        .and_then(Value::as_i64)
-        .unwrap_or(0)
+            .and_then(|a| a.get("mxnet_version"))
+            .and_then(|v| v.as_array())
+            .and_then(|a| a.get(1))
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
     });
     let nodes_v = obj.get("nodes").and_then(Value::as_array).ok_or_else(|| bad("missing \"nodes\" array"))?;
     let mut g = Graph { nodes: Vec::with_capacity(nodes_v.len()), heads: Vec::new() };

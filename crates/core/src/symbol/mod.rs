@@ -253,6 +253,10 @@ fn parse_dict(op: &'static OpDef, dict: &BTreeMap<String, String>, num_inputs: u
         .map_err(crate::op::invoke::stock_class)
 }
 
+/// How many levels of control flow may nest (a loop in a loop ...): graphs are built, inferred
+/// and run recursively, level by level.
+pub const MAX_NESTING: usize = 64;
+
 /// A control-flow node's graphs must be the ones its parameters describe: as many as the
 /// operator takes, each with the inputs its locations place and the outputs it must give.
 pub(crate) fn check_subgraphs(op: &OpDef, attrs: &Attrs, node: &str, graphs: &[&Graph]) -> Result<()> {
@@ -272,7 +276,8 @@ pub(crate) fn check_subgraphs(op: &OpDef, attrs: &Attrs, node: &str, graphs: &[&
             graphs.len()
         )));
     }
-    for (((g, locs), nout), what) in graphs.iter().zip(cf.graph_input_locs()).zip(cf.graph_outputs()).zip(op.graph_inputs)
+    for (((g, locs), nout), what) in
+        graphs.iter().zip(cf.graph_input_locs()).zip(cf.graph_outputs()).zip(op.graph_inputs)
     {
         let nin = g.input_nodes().len();
         if nin != locs.len() || g.heads.len() != nout {
@@ -439,6 +444,16 @@ impl Symbol {
             kwargs.iter().filter(|(key, _)| !op.graph_inputs.contains(key)).map(|(key, s)| (*key, *s)).collect();
         let node = self.outputs[0].node.clone();
         let flat: Vec<Graph> = graphs.iter().map(Symbol::graph).collect();
+        if let Some(deep) = flat.iter().map(Graph::nesting).max().filter(|&d| d >= MAX_NESTING) {
+            return Err(Error::mxnet(format!(
+                "operator {}: its graphs nest control flow {deep} deep; at most {} levels are supported",
+                op.name,
+                MAX_NESTING - 1
+            )));
+        }
+        // The node keeps its own copies: nothing the caller holds can later compose one of
+        // its nodes onto the node itself (a cycle through a graph).
+        let graphs: Vec<Symbol> = flat.iter().map(Graph::to_symbol).collect();
         {
             let d = node.inner.read();
             let attrs = d.attrs.as_ref().expect("operator nodes have parsed attributes");
@@ -976,6 +991,12 @@ impl Graph {
             v.push(acc);
         }
         v
+    }
+
+    /// How deeply control flow nests in this graph: 0 without control-flow nodes, else one
+    /// more than the deepest of their graphs.
+    pub fn nesting(&self) -> usize {
+        self.nodes.iter().flat_map(|n| &n.subgraphs).map(|g| 1 + g.nesting()).max().unwrap_or(0)
     }
 
     /// Variable nodes in `list_inputs` order.

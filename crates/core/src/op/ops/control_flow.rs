@@ -60,7 +60,13 @@ pub enum ControlFlow {
     /// the node's inputs placed at `data_locs` (sliced), `state_locs` (the loop states,
     /// replaced by its last outputs after each step) and `remain_locs`; its first
     /// `num_out_data` outputs are stacked, the rest are the new states.
-    Foreach { num_outputs: usize, num_out_data: usize, data_locs: Vec<usize>, state_locs: Vec<usize>, remain_locs: Vec<usize> },
+    Foreach {
+        num_outputs: usize,
+        num_out_data: usize,
+        data_locs: Vec<usize>,
+        state_locs: Vec<usize>,
+        remain_locs: Vec<usize>,
+    },
     /// `_while_loop`: while graph `cond` (inputs: the node's inputs at `cond_locs`) is true and
     /// fewer than `max_iterations` steps ran, graph `func` (inputs: the node's inputs at
     /// `func_locs`) runs; loop variable `k` is `func`'s input `var_locs[k]` and becomes its
@@ -122,7 +128,9 @@ fn foreach_of(a: &Attrs) -> Result<ControlFlow> {
     let remain_locs = locs(op, "remain_locs", p.remain_locs, n)?;
     distinct(op, &[("in_data_locs", &data_locs), ("in_state_locs", &state_locs), ("remain_locs", &remain_locs)])?;
     if data_locs.is_empty() {
-        return Err(Error::value(format!("operator {op}: the loop needs data to iterate over (in_data_locs is empty)")));
+        return Err(Error::value(format!(
+            "operator {op}: the loop needs data to iterate over (in_data_locs is empty)"
+        )));
     }
     if data_locs.len() + state_locs.len() + remain_locs.len() != n {
         return Err(Error::value(format!(
@@ -169,7 +177,8 @@ fn cond_of(a: &Attrs) -> Result<ControlFlow> {
     let cond_locs = locs(op, "cond_input_locs", p.cond_input_locs, n)?;
     let then_locs = locs(op, "then_input_locs", p.then_input_locs, n)?;
     let else_locs = locs(op, "else_input_locs", p.else_input_locs, n)?;
-    for (name, l) in [("cond_input_locs", &cond_locs), ("then_input_locs", &then_locs), ("else_input_locs", &else_locs)] {
+    for (name, l) in [("cond_input_locs", &cond_locs), ("then_input_locs", &then_locs), ("else_input_locs", &else_locs)]
+    {
         distinct(op, &[(name, l)])?;
     }
     Ok(ControlFlow::Cond { num_outputs, cond_locs, then_locs, else_locs })
