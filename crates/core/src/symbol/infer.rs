@@ -458,8 +458,8 @@ fn flow(
             }
             // The sequence length: the first known length of the data (every one must have it).
             let mut len = -1;
-            for j in 0..nd {
-                if let Some(&l) = ish[j].as_ref().and_then(|s| s.first()).filter(|&&l| l >= 0) {
+            for (j, data) in ish[..nd].iter().enumerate() {
+                if let Some(&l) = data.as_ref().and_then(|s| s.first()).filter(|&&l| l >= 0) {
                     if len >= 0 && l != len {
                         return Err(Error::mxnet(format!(
                             "the data of a foreach have different lengths: {len} and {l} (input {j})"
