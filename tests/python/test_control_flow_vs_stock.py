@@ -50,6 +50,10 @@ def body(xs, states):
 outs, states = mx.sym.contrib.foreach(body, [x1, x2], [s1, s2])
 run("foreach", mx.sym.Group(outs + states),
     {"x1": arr(5, 3), "x2": arr(5, 3), "s1": arr(3), "s2": arr(3), "w": arr(3)})
+# Operators after the loop that could overwrite its outputs (or its free input) in place: the
+# steps' gradients still read them.
+post = mx.sym.Group([mx.sym.relu(outs[0] * 2 + 1), mx.sym.tanh(states[1]) + states[0], mx.sym.sigmoid(w) * 3])
+run("foreach-then-more", post, {"x1": arr(4, 3), "x2": arr(4, 3), "s1": arr(3), "s2": arr(3), "w": arr(3)})
 run("foreach-infer", mx.sym.Group(outs + states),
     {"x1": arr(4, 3), "x2": arr(4, 3), "s1": arr(3), "s2": arr(3), "w": arr(3)}, train=False)
 

@@ -856,6 +856,36 @@ CASES += [
          spatial_scale=0.5, output_dim=2, group_size=2, pooled_size=2, error=True),
 ]
 
+# Hawkes process log likelihood: one and three marks, a starting memory, ragged lengths (a
+# fractional valid_length runs ceil(valid) points, as stock's loop does), float64; the
+# gradients of lda, alpha and beta (the others are not differentiated).
+def hawkes(n, t, k, dtype="float32", valid=None, seed=0):
+    rs = np.random.RandomState(seed)
+    lda = rs.uniform(0.5, 2.0, (n, k)).astype(dtype)
+    alpha = rs.uniform(0.1, 0.6, (k,)).astype(dtype)
+    beta = rs.uniform(0.5, 3.0, (k,)).astype(dtype)
+    state = rs.uniform(0.0, 1.0, (n, k)).astype(dtype)
+    lags = rs.uniform(0.1, 2.0, (n, t)).astype(dtype)
+    marks = rs.randint(0, k, (n, t)).astype("int32")
+    valid = np.array(valid if valid is not None else [t] * n, dtype=dtype)
+    max_time = (lags.sum(axis=1) + 1.0).astype(dtype)
+    return [lda, alpha, beta, state, lags, marks, valid, max_time]
+
+
+CASES += [
+    case("hawkesll", "nd.contrib.hawkesll", *hawkes(3, 6, 3, valid=[6, 2, 4]), grad=[0, 1, 2], rtol=1e-4, atol=1e-5),
+    case("hawkesll-one-mark", "nd.contrib.hawkesll", *hawkes(2, 5, 1, seed=1), grad=[0, 1, 2], rtol=1e-4, atol=1e-5),
+    case("hawkesll-fractional-length", "nd.contrib.hawkesll", *hawkes(2, 4, 2, valid=[2.5, 0], seed=2),
+         grad=[0, 1, 2], rtol=1e-4, atol=1e-5),
+    # Stock computes float64 with float32 exponentials and logarithms; this one in float64.
+    case("hawkesll-f64", "nd.contrib.hawkesll", *hawkes(2, 5, 2, dtype="float64", seed=3), grad=[0, 1, 2],
+         rtol=1e-5, atol=1e-6),
+    case("hawkesll-bad-alpha", "nd.contrib.hawkesll", *(lambda h: h[:1] + [h[1][:1]] + h[2:])(hawkes(2, 3, 2)),
+         error=True),
+    case("hawkesll-bad-lags", "nd.contrib.hawkesll", *(lambda h: h[:4] + [h[4][:, :2]] + h[5:])(hawkes(2, 3, 2)),
+         error=True),
+]
+
 # Cases for implemented operators where our library differs from stock: strict xfails that
 # say what differs. Fix the library (or decide that stock's behaviour is a bug not to copy and
 # drop the case), then delete the entry.

@@ -324,3 +324,49 @@ def test_fork_while_the_profiler_dumps():
         print("hung", hung)
         """)
     assert rc == 0 and "hung 0" in out, out
+
+
+def test_hawkes_marks_and_lengths_outside_the_data_are_errors():
+    # Stock reads outside its buffers for both; here each is an error on read.
+    args = [mx.nd.ones((1, 2)), mx.nd.ones((2,)) * 0.5, mx.nd.ones((2,)), mx.nd.zeros((1, 2)),
+            mx.nd.ones((1, 3))]
+    for marks, valid, what in [([[0, 7, 1]], 3, "marks\\[0, 1\\] is 7"), ([[0, 1, 1]], 9, "more points")]:
+        ll, _ = mx.nd.contrib.hawkesll(*args, mx.nd.array(marks, dtype="int32"), mx.nd.array([valid]),
+                                       mx.nd.array([10.0]))
+        with pytest.raises(mx.base.MXNetError, match=what):
+            ll.asnumpy()
+
+
+def _foreach_symbol():
+    return mx.sym.contrib.foreach(lambda d, s: (d + s[0], [s[0] * 2]), mx.sym.var("data"), [mx.sym.var("s")])
+
+
+def test_control_flow_parameters_that_do_not_fit_the_graphs_are_errors():
+    out, states = _foreach_symbol()
+    # The body has 2 inputs and 2 outputs: other locations or counts are refused, not run.
+    for key, value in [("in_state_locs", "(5,)"), ("num_outputs", "3"), ("num_args", "7")]:
+        with pytest.raises((mx.base.MXNetError, ValueError)):
+            out._set_attr(**{key: value})
+    assert out.infer_shape(data=(3, 2), s=(2,))[1] == [(3, 2)]
+    # A file whose loop body does not fit the loop's parameters is refused at load.
+    js = mx.sym.Group([out, states[0]]).tojson().replace('"num_out_data": "1"', '"num_out_data": "2"')
+    with pytest.raises((mx.base.MXNetError, ValueError)):
+        mx.sym.load_json(js)
+
+
+def test_nested_control_flow_is_bounded_and_infers_quickly():
+    # Each level runs the last one in a loop; graph inference visits each body once per new
+    # input, not once per pass (which multiplied with every level), and nesting is bounded.
+    def nest(levels):
+        x = mx.sym.var("x")
+        body = lambda d, s: (d * 2, [s[0] + 1])
+        for _ in range(levels):
+            inner = body
+            body = lambda d, s, inner=inner: (mx.sym.contrib.foreach(inner, d, [s[0]])[0], [s[0] + 1])
+        return mx.sym.contrib.foreach(body, x, [mx.sym.var("s")])[0]
+
+    out = nest(8)
+    shape = (2,) * 9 + (3,)
+    assert out.infer_shape(x=shape, s=(1,))[1] == [shape]
+    with pytest.raises(mx.base.MXNetError, match="nest control flow"):
+        nest(16)

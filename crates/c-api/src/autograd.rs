@@ -150,6 +150,7 @@ unsafe fn backward_c(
         retain_graph: retain_graph != 0,
         create_graph: create_graph != 0,
         is_train: is_train != 0,
+        larger_head_grads: true,
     })?;
     if variables.is_empty() {
         return Ok(());

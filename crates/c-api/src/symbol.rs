@@ -928,6 +928,9 @@ pub unsafe extern "C" fn MXSymbolCutSubgraph(
     input_size: *mut c_int,
 ) -> c_int {
     ffi::call("MXSymbolCutSubgraph", || {
+        if inputs.is_null() || input_size.is_null() {
+            return Err(Error::value("MXSymbolCutSubgraph: inputs and input_size must not be NULL"));
+        }
         let cut = symbol(sym)?.cut_subgraph();
         let (ptr, len) = INPUT_SYMS.with(|slot| {
             let mut hs = slot.borrow_mut();

@@ -578,6 +578,10 @@ pub struct BackwardArgs<'a> {
     pub retain_graph: bool,
     pub create_graph: bool,
     pub is_train: bool,
+    /// A head gradient larger than its head (same dtype) is read by its leading elements, as
+    /// stock's imperative backward reads it (it does not check the shape; upstream
+    /// test_contrib_control_flow passes one row too many). Stock's executor refuses it.
+    pub larger_head_grads: bool,
 }
 
 /// Run backward; returns the gradients of `variables` (empty when none were given).
@@ -632,10 +636,10 @@ fn run_backward(args: &BackwardArgs, heads: &[Entry], order: &[Arc<Node>]) -> Re
     let mut misshapen: HashMap<Key, (usize, Vec<usize>, Vec<usize>)> = HashMap::new();
     for (i, (h, e)) in args.heads.iter().zip(heads).enumerate() {
         let g = match args.head_grads.get(i).and_then(|g| g.clone()) {
-            // A larger head gradient of the head's dtype is read by its leading elements, as
-            // stock's kernels read it (stock does not check its shape; upstream
-            // test_contrib_control_flow passes one row too many).
-            Some(g) if g.shape != h.shape && g.dtype == h.dtype && g.size() > h.size() => g.prefix_view(&h.shape)?,
+            // See BackwardArgs::larger_head_grads.
+            Some(g) if args.larger_head_grads && g.shape != h.shape && g.dtype == h.dtype && g.size() > h.size() => {
+                g.prefix_view(&h.shape)?
+            }
             // A head gradient of another shape is refused only where a backward operation
             // would read it (below): stock ignores head gradients the gradient does not use
             // (`shape_array`, `argsort`: zero gradients).
@@ -968,6 +972,7 @@ mod tests {
                 retain_graph: true,
                 create_graph: true,
                 is_train: true,
+                larger_head_grads: false,
             };
             y = backward(args).unwrap().remove(0);
             orders.push(values(&y));
@@ -980,6 +985,7 @@ mod tests {
             retain_graph: true,
             create_graph: false,
             is_train: true,
+            larger_head_grads: false,
         });
         set_recording(was);
         let want: [fn(f32) -> f32; 3] = [|x| 2.0 * x.cos(), |x| -4.0 * x.sin(), |x| -8.0 * x.cos()];

@@ -490,6 +490,7 @@ impl Executor {
             retain_graph: true,
             create_graph: false,
             is_train,
+            larger_head_grads: false,
         })?;
         Ok(())
     }

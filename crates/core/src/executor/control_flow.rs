@@ -17,6 +17,9 @@ use crate::symbol::GNode;
 pub(super) struct Flow {
     cf: ControlFlow,
     graphs: Vec<Runner>,
+    /// Per graph, which of its outputs are its own inputs (a head that is a variable): a
+    /// run copies those, so that no output is a caller's array.
+    passed: Vec<Vec<bool>>,
 }
 
 /// One call, recorded when the thread records.
@@ -35,15 +38,30 @@ impl Flow {
         let Some(of) = op.control_flow else { return Ok(None) };
         let graphs: Vec<&crate::symbol::Graph> = node.subgraphs.iter().map(|g| &**g).collect();
         crate::symbol::check_subgraphs(op, attrs, &node.name, &graphs)?;
+        let want = op.num_inputs(attrs, node.inputs.len())?;
+        if want != node.inputs.len() {
+            return Err(Error::mxnet(format!(
+                "node {}: its parameters give it {want} inputs, it has {}",
+                node.name,
+                node.inputs.len()
+            )));
+        }
+        let passed = graphs.iter().map(|g| g.heads.iter().map(|&(n, _)| g.nodes[n].is_variable()).collect()).collect();
         let graphs = node.subgraphs.iter().map(|g| Runner::from_graph((**g).clone())).collect::<Result<_>>()?;
-        Ok(Some(Flow { cf: of(attrs)?, graphs }))
+        Ok(Some(Flow { cf: of(attrs)?, graphs, passed }))
     }
 
     /// Run graph `g` on `ins`.
     fn run_graph(&self, g: usize, ins: Vec<NDArray>) -> Result<Vec<NDArray>> {
         let r = &self.graphs[g];
         let bulk = r.configured_bulk(crate::autograd::is_training())?;
-        r.run(&ins, bulk)
+        let mut outs = r.run(&ins, bulk)?;
+        for (o, &passed) in outs.iter_mut().zip(&self.passed[g]) {
+            if passed {
+                *o = one(LoopCalls::copy()?, o)?;
+            }
+        }
+        Ok(outs)
     }
 
     /// The value of condition graph `g` on `ins`.
@@ -126,11 +144,12 @@ impl Flow {
                 metas[l] = (&s.shape[..], s.dtype);
             }
             let metas = self.output_metas(0, &metas)?;
+            let ctx = ins[0].ctx().unwrap_or(crate::context::Context::CPU);
             let mut outs = Vec::with_capacity(num_outputs);
             for (shape, dtype) in &metas[..nod] {
                 let mut s = vec![0];
                 s.extend_from_slice(shape);
-                outs.push(call(LoopCalls::zeros(&s, *dtype)?, &[])?.remove(0));
+                outs.push(call(LoopCalls::zeros(&s, *dtype, ctx)?, &[])?.remove(0));
             }
             for s in &states {
                 outs.push(one(LoopCalls::copy()?, s)?);
@@ -198,24 +217,29 @@ impl Flow {
             steps += 1;
         }
         let mut result = Vec::with_capacity(nod + vars.len());
+        let ctx = ins.first().and_then(|x| x.ctx()).unwrap_or(crate::context::Context::CPU);
         if steps == 0 {
             let metas: Vec<(&[usize], DType)> = func_locs.iter().map(|&l| (&cur[l].shape[..], cur[l].dtype)).collect();
             let metas = self.output_metas(1, &metas)?;
             for (shape, dtype) in &metas[..nod] {
                 let mut s = vec![max_iterations];
                 s.extend_from_slice(shape);
-                result.push(call(LoopCalls::zeros(&s, *dtype)?, &[])?.remove(0));
+                result.push(call(LoopCalls::zeros(&s, *dtype, ctx)?, &[])?.remove(0));
             }
         } else {
             // The steps' outputs, then zeros up to max_iterations rows (stock leaves them
             // unwritten).
             for k in stepped {
-                let pad = if k.len() < max_iterations { Some(one(LoopCalls::zeros_like()?, &k[0])?) } else { None };
-                let mut refs: Vec<&NDArray> = k.iter().collect();
-                if let Some(z) = &pad {
-                    refs.resize(max_iterations, z);
+                let refs: Vec<&NDArray> = k.iter().collect();
+                let stacked = call(LoopCalls::stack(refs.len())?, &refs)?.remove(0);
+                if steps == max_iterations {
+                    result.push(stacked);
+                    continue;
                 }
-                result.push(call(LoopCalls::stack(refs.len())?, &refs)?.remove(0));
+                let mut s = stacked.shape.clone();
+                s[0] = max_iterations - steps;
+                let pad = call(LoopCalls::zeros(&s, stacked.dtype, ctx)?, &[])?.remove(0);
+                result.push(call(LoopCalls::concat()?, &[&stacked, &pad])?.remove(0));
             }
         }
         for &p in &vars {

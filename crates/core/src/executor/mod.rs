@@ -141,6 +141,9 @@ fn inplace_candidate(
 /// or as an input of one of its `readers`.
 fn kept_for_gradient(graph: &Graph, entry: (usize, usize), readers: &[usize], mirror: bool) -> bool {
     let keeps = |n: usize| match (graph.nodes[n].op, &graph.nodes[n].attrs) {
+        // A control-flow node's inputs and outputs are its steps' operators' inputs and
+        // outputs, which their gradients may read.
+        (Some(op), Some(_)) if op.control_flow.is_some() => (true, true),
         (Some(op), Some(attrs)) => crate::autograd::keeps(op, attrs, mirror),
         _ => (true, true),
     };

@@ -132,6 +132,7 @@ impl Inferred {
 /// Infer from the given shapes and dtypes of the input nodes (`g.input_nodes()` order;
 /// `None` = unknown, then the variable's attributes are used).
 pub fn infer(g: &Graph, in_shapes: &[PShape], in_dtypes: &[Option<DType>], np_shape: bool) -> Result<Inferred> {
+    let _call = InferCall::enter();
     let offsets = g.entry_offsets();
     let n_entries = *offsets.last().unwrap_or(&0);
     let mut st = Inferred { offsets, shapes: vec![None; n_entries], dtypes: vec![None; n_entries] };
@@ -329,7 +330,20 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: boo
     };
     let out_what = |k: usize| move || format!("output {k} of {} ({})", node.name, op.name);
 
-    if let Some(of) = op.control_flow.filter(|_| !node.subgraphs.is_empty()) {
+    if let Some(of) = op.control_flow {
+        // The graphs and the inputs must still fit the parameters (set_attr may have changed
+        // them since composition).
+        let graphs: Vec<&Graph> = node.subgraphs.iter().map(|g| &**g).collect();
+        super::check_subgraphs(op, attrs, &node.name, &graphs)?;
+        let want = op.num_inputs(attrs, node.inputs.len())?;
+        if want != node.inputs.len() {
+            return Err(Error::mxnet(format!(
+                "{} ({}): its parameters give it {want} inputs, it has {}",
+                node.name,
+                op.name,
+                node.inputs.len()
+            )));
+        }
         let cf =
             of(attrs).map_err(|e| Error::new(e.kind(), format!("{} ({}): {}", node.name, op.name, e.message())))?;
         flow(&cf, node, np_shape, &mut ish, &mut osh, &mut idt, &mut odt)
@@ -406,6 +420,7 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: boo
 
 /// What inference finds in one graph of a control-flow node: its inputs' and outputs'
 /// shapes and dtypes (in its `list_inputs` and heads order).
+#[derive(Clone)]
 struct SubInferred {
     in_sh: Vec<PShape>,
     in_dt: Vec<Option<DType>>,
@@ -413,15 +428,61 @@ struct SubInferred {
     out_dt: Vec<Option<DType>>,
 }
 
-fn infer_sub(g: &Graph, shapes: &[PShape], dtypes: &[Option<DType>], np_shape: bool) -> Result<SubInferred> {
+/// What a graph was given: the graph (its address, stable for the whole inference), its
+/// inputs' shapes and dtypes, and the shape semantics.
+type SubKey = (usize, Vec<PShape>, Vec<Option<DType>>, bool);
+
+thread_local! {
+    /// Within one outermost [`infer`] call: each control-flow graph's inference by what it
+    /// was given. The passes visit a control-flow node many times, and nested graphs would
+    /// multiply that by every level; each graph is inferred again only when it is given
+    /// something new. Cleared when the outermost call returns.
+    static SUB_INFERRED: std::cell::RefCell<(usize, std::collections::HashMap<SubKey, SubInferred>)> =
+        std::cell::RefCell::new((0, std::collections::HashMap::new()));
+}
+
+/// Marks an [`infer`] call in progress on this thread (see [`SUB_INFERRED`]).
+struct InferCall;
+
+impl InferCall {
+    fn enter() -> InferCall {
+        SUB_INFERRED.with(|c| c.borrow_mut().0 += 1);
+        InferCall
+    }
+}
+
+impl Drop for InferCall {
+    fn drop(&mut self) {
+        SUB_INFERRED.with(|c| {
+            let mut c = c.borrow_mut();
+            c.0 -= 1;
+            if c.0 == 0 {
+                c.1.clear();
+            }
+        });
+    }
+}
+
+fn infer_sub(
+    g: &std::sync::Arc<Graph>,
+    shapes: &[PShape],
+    dtypes: &[Option<DType>],
+    np_shape: bool,
+) -> Result<SubInferred> {
+    let key: SubKey = (std::sync::Arc::as_ptr(g) as usize, shapes.to_vec(), dtypes.to_vec(), np_shape);
+    if let Some(hit) = SUB_INFERRED.with(|c| c.borrow().1.get(&key).cloned()) {
+        return Ok(hit);
+    }
     let r = infer(g, shapes, dtypes, np_shape)?;
     let inputs = g.input_nodes();
-    Ok(SubInferred {
+    let out = SubInferred {
         in_sh: inputs.iter().map(|&n| r.node_shape(n).clone()).collect(),
         in_dt: inputs.iter().map(|&n| r.node_dtype(n)).collect(),
         out_sh: g.heads.iter().map(|&(n, i)| r.shapes[r.offsets[n] + i].clone()).collect(),
         out_dt: g.heads.iter().map(|&(n, i)| r.dtypes[r.offsets[n] + i]).collect(),
-    })
+    };
+    SUB_INFERRED.with(|c| c.borrow_mut().1.insert(key, out.clone()));
+    Ok(out)
 }
 
 /// The node inputs at `locs`, in that order.

@@ -257,7 +257,8 @@ fn graph_of(root: &Value, version: Option<i64>, depth: usize) -> Result<Graph> {
             .map(Vec::as_slice)
             .unwrap_or(&[])
             .iter()
-            .map(|sg| graph_of(sg, Some(version), depth + 1).map(std::sync::Arc::new))
+            // As a symbol would have it: only the nodes its outputs reach.
+            .map(|sg| graph_of(sg, Some(version), depth + 1).map(|g| std::sync::Arc::new(g.to_symbol().graph())))
             .collect::<Result<Vec<_>>>()?;
         let (op, attrs) = if op_name == "null" {
             if !subgraphs.is_empty() {

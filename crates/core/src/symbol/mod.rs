@@ -255,7 +255,7 @@ fn parse_dict(op: &'static OpDef, dict: &BTreeMap<String, String>, num_inputs: u
 
 /// How many levels of control flow may nest (a loop in a loop ...): graphs are built, inferred
 /// and run recursively, level by level.
-pub const MAX_NESTING: usize = 64;
+pub const MAX_NESTING: usize = 16;
 
 /// A control-flow node's graphs must be the ones its parameters describe: as many as the
 /// operator takes, each with the inputs its locations place and the outputs it must give.
@@ -665,7 +665,22 @@ impl Symbol {
         let mut dict = d.dict.clone();
         dict.insert(key, value.to_string());
         if let Some(op) = d.op {
-            d.attrs = Some(parse_dict(op, &dict, d.inputs.len())?);
+            let attrs = parse_dict(op, &dict, d.inputs.len())?;
+            if op.control_flow.is_some() && !d.subgraphs.is_empty() {
+                // A control-flow node's parameters must still fit its graphs and inputs.
+                let flat: Vec<Graph> = d.subgraphs.iter().map(Symbol::graph).collect();
+                let refs: Vec<&Graph> = flat.iter().collect();
+                check_subgraphs(op, &attrs, &d.name, &refs)?;
+                let want = op.num_inputs(&attrs, d.inputs.len())?;
+                if want != d.inputs.len() {
+                    return Err(Error::mxnet(format!(
+                        "node {}: its parameters would give it {want} inputs, it has {}",
+                        d.name,
+                        d.inputs.len()
+                    )));
+                }
+            }
+            d.attrs = Some(attrs);
         }
         d.dict = dict;
         Ok(())

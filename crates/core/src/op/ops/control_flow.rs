@@ -154,6 +154,12 @@ fn while_loop_of(a: &Attrs) -> Result<ControlFlow> {
     let num_outputs = count(op, "num_outputs", p.num_outputs, 1)?;
     let num_out_data = count(op, "num_out_data", p.num_out_data, 0)?;
     let max_iterations = count(op, "max_iterations", p.max_iterations, 1)?;
+    if p.max_iterations > i64::from(i32::MAX) {
+        return Err(Error::value(format!(
+            "operator {op}: max_iterations {} is out of range (stock's is a 32-bit int)",
+            p.max_iterations
+        )));
+    }
     let cond_locs = locs(op, "cond_input_locs", p.cond_input_locs, n)?;
     let func_locs = locs(op, "func_input_locs", p.func_input_locs, n)?;
     let var_locs = locs(op, "func_var_locs", p.func_var_locs, func_locs.len())?;
@@ -340,22 +346,26 @@ impl LoopCalls {
         call("_copy", &[], 1)
     }
 
-    /// Zeros of the input's shape and dtype.
-    pub fn zeros_like() -> Result<Call> {
-        call("zeros_like", &[], 1)
+    /// Zeros of a shape and dtype on a device.
+    pub fn zeros(shape: &[usize], dtype: DType, ctx: crate::context::Context) -> Result<Call> {
+        let s = format!("({})", shape.iter().map(|d| format!("{d},")).collect::<String>());
+        call("_zeros", &[("shape", &s), ("dtype", dtype.name()), ("ctx", &ctx.to_string())], 0)
     }
 
-    /// Zeros of a shape and dtype (on the CPU).
-    pub fn zeros(shape: &[usize], dtype: DType) -> Result<Call> {
-        let s = format!("({})", shape.iter().map(|d| format!("{d},")).collect::<String>());
-        call("_zeros", &[("shape", &s), ("dtype", dtype.name())], 0)
+    /// Joins two arrays along axis 0.
+    pub fn concat() -> Result<Call> {
+        call("Concat", &[("num_args", "2"), ("dim", "0")], 2)
     }
 }
 
-/// Whether a condition's value (its first element) is non-zero, once it is computed.
+/// Whether a condition's value (one element, as stock's `asscalar` requires) is non-zero,
+/// once it is computed.
 pub fn truth(a: &NDArray) -> Result<bool> {
-    if a.size() == 0 {
-        return Err(Error::value("the condition of a control-flow operator is an empty array"));
+    if a.size() != 1 {
+        return Err(Error::value(format!(
+            "the condition of a control-flow operator must have one element, got shape {:?}",
+            a.shape
+        )));
     }
     let bytes = a.to_host_bytes()?;
     let v = crate::dispatch_all!(a.dtype, T => {

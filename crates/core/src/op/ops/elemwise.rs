@@ -535,7 +535,9 @@ pub(crate) const BINS: &[BinDef] = &[
         op: Bin::Mul,
         doc: "product",
         elemwise: ("elemwise_mul", &["_mul", "_Mul", "_sparse_elemwise_mul"]),
-        scalar: ("_mul_scalar", &["_MulScalar"]),
+        // `_contrib_backward_gradientmultiplier` is stock's name for the gradient multiplier's
+        // backward, the gradient times `scalar`, which the frontend lists as a function too.
+        scalar: ("_mul_scalar", &["_MulScalar", "_contrib_backward_gradientmultiplier"]),
         rscalar: None,
         broadcast: Some("broadcast_mul"),
         broadcast_aliases: &["_sparse_broadcast_mul"],

@@ -21,6 +21,7 @@ mod deformable_psroi;
 mod detection;
 mod elemwise;
 mod elemwise_grad;
+mod hawkes;
 mod im2col;
 mod image;
 mod index;
@@ -106,6 +107,7 @@ pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     ctc::register(ops);
     contrib::register(ops);
     control_flow::register(ops);
+    hawkes::register(ops);
     special::register(ops);
     scan::register(ops);
     sync_batch_norm::register(ops);
