@@ -152,8 +152,8 @@ pub static VARS: &[VarSpec] = &[
         "Minimum number of elements for a multi-threaded CPU-to-CPU copy."),
     var("MXNET_STORAGE_FALLBACK_LOG_VERBOSE", VarType::Bool, Some("1"), Dynamic, Reserved, OTHER,
         "Log when an operator falls back from sparse to dense storage."),
-    var("MXNET_SAFE_ACCUMULATION", VarType::Bool, Some("0"), Dynamic, Reserved, OTHER,
-        "Accumulate reductions of low-precision types in a wider type."),
+    var("MXNET_SAFE_ACCUMULATION", VarType::Bool, Some("0"), Dynamic, Active, OTHER,
+        "Accumulate float32 reductions (sum, mean, prod, norm, ...) and the softmax family in float64; float16 always accumulates in float32 here."),
     // --- Operator tuning ---
     VarSpec {
         fallback: Some("MXNET_ENABLE_OPERATOR_TUNING"),

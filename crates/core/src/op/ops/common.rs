@@ -71,6 +71,13 @@ pub fn float32_only(op: &str, ins: &[Meta]) -> Result<()> {
     }
 }
 
+/// Whether float32 reductions and the softmax family accumulate in float64
+/// (`MXNET_SAFE_ACCUMULATION`, read at each call as stock reads it; float16 accumulates in
+/// float32 whatever it says).
+pub fn safe_accumulation() -> Result<bool> {
+    Ok(crate::config::global().get_bool("MXNET_SAFE_ACCUMULATION", "reductions and softmax")?.unwrap_or(false))
+}
+
 pub fn norm_axis(op: &str, axis: i64, ndim: usize) -> Result<usize> {
     let n = ndim as i64;
     if axis < -n || axis >= n {

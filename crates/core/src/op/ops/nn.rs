@@ -508,7 +508,10 @@ fn softmax_into(
     k: SoftmaxKind,
     lengths: Option<&[f64]>,
 ) -> Result<()> {
-    if x.dtype == out.dtype {
+    if x.dtype == DType::F32 && out.dtype == DType::F32 && super::common::safe_accumulation()? {
+        // MXNET_SAFE_ACCUMULATION: float32 accumulates in float64.
+        softmax_kernel::<f32, f64>(x.as_slice::<f32>(), out.as_mut::<f32>(), dims, k, lengths);
+    } else if x.dtype == out.dtype {
         dispatch_real!(x.dtype, op, T, R => softmax_kernel::<T, R>(x.as_slice::<T>(), out.as_mut::<T>(), dims, k, lengths));
     } else {
         let xv = read_f64(op, x)?;

@@ -538,26 +538,40 @@ fn infer_reduce(op: &'static str) -> crate::op::InferFn {
     })
 }
 
+/// Reduction `kind` of `x` into `o` as `plan` says.
+fn reduce_kind<T: Arith>(kind: u8, plan: &RPlan, x: &[T], o: &mut [T]) {
+    match kind {
+        SUM => reduce_typed(R::<SUM>, plan, x, o),
+        MEAN => reduce_typed(R::<MEAN>, plan, x, o),
+        PROD => reduce_typed(R::<PROD>, plan, x, o),
+        MAX => reduce_typed(R::<MAX>, plan, x, o),
+        MIN => reduce_typed(R::<MIN>, plan, x, o),
+        NANSUM => reduce_typed(R::<NANSUM>, plan, x, o),
+        NANPROD => reduce_typed(R::<NANPROD>, plan, x, o),
+        NORM1 => reduce_typed(R::<NORM1>, plan, x, o),
+        _ => reduce_typed(R::<NORM2>, plan, x, o),
+    }
+}
+
 fn reduce_compute(kind: u8) -> crate::op::ComputeFn {
     Box::new(move |cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]| -> Result<()> {
         let x = &ins[0];
         let flags = flags_of(cx.attrs.op, cx.attrs, x.ndim())?;
         let plan = RPlan::new(&x.shape, &flags);
         let kind = if kind == NORM2 && NormParams::of(cx.attrs).ord == 1 { NORM1 } else { kind };
+        if outs[0].dtype == DType::F32 && super::common::safe_accumulation()? {
+            // MXNET_SAFE_ACCUMULATION: float32 accumulates in float64, rounded once.
+            let x = elems_as::<f64>(cx.attrs.op, x)?;
+            let mut wide = vec![0f64; outs[0].size()];
+            reduce_kind(kind, &plan, &x, &mut wide);
+            for (o, w) in outs[0].as_mut::<f32>().iter_mut().zip(wide) {
+                *o = w as f32;
+            }
+            return Ok(());
+        }
         dispatch_arith!(outs[0].dtype, cx.attrs.op, T => {
             let x = elems_as::<T>(cx.attrs.op, x)?;
-            let (x, o) = (&x[..], outs[0].as_mut::<T>());
-            match kind {
-                SUM => reduce_typed(R::<SUM>, &plan, x, o),
-                MEAN => reduce_typed(R::<MEAN>, &plan, x, o),
-                PROD => reduce_typed(R::<PROD>, &plan, x, o),
-                MAX => reduce_typed(R::<MAX>, &plan, x, o),
-                MIN => reduce_typed(R::<MIN>, &plan, x, o),
-                NANSUM => reduce_typed(R::<NANSUM>, &plan, x, o),
-                NANPROD => reduce_typed(R::<NANPROD>, &plan, x, o),
-                NORM1 => reduce_typed(R::<NORM1>, &plan, x, o),
-                _ => reduce_typed(R::<NORM2>, &plan, x, o),
-            }
+            reduce_kind(kind, &plan, &x, outs[0].as_mut::<T>());
         });
         Ok(())
     })
