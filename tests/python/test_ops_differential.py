@@ -969,3 +969,23 @@ def test_graph_inference_of_embedding_and_dtype_parameters():
     assert emb(dtype="float16").infer_type(data="int32") == ([np.int32, np.float16], [np.float16], [])
     assert emb().infer_shape(data=(2, 3)) == ([(2, 3), (10, 4)], [(2, 3, 4)], [])
     assert mx.sym.one_hot(mx.sym.var("x"), depth=3).infer_type(x="int32") == ([np.int32], [np.float32], [])
+
+
+def test_hawkesll_in_graphs_and_with_every_input_recorded():
+    # Shapes alone infer a hawkesll graph (stock's shape pass ignores dtypes); marks of a
+    # float dtype are process ids too, and inputs without a gradient get zeros.
+    names = ["lda", "alpha", "beta", "state", "lags", "marks", "valid_length", "max_time"]
+    sym = mx.sym.contrib.hawkesll(*[mx.sym.var(n) for n in names])
+    h = hawkes(2, 4, 3, valid=[4, 3])
+    args, outs, _ = sym.infer_shape(**{n: x.shape for n, x in zip(names, h)})
+    assert outs == [(2,), (2, 3)] and args[5] == (2, 4)
+    arrays = [mx.nd.array(x, dtype="float32") for x in h]
+    for x in arrays:
+        x.attach_grad()
+    with mx.autograd.record():
+        ll, _ = mx.nd.contrib.hawkesll(*arrays)
+    ll.backward()
+    ref = [mx.nd.array(x, dtype=x.dtype) for x in h]
+    assert np.allclose(ll.asnumpy(), mx.nd.contrib.hawkesll(*ref)[0].asnumpy())
+    assert all(not x.grad.asnumpy().any() for x in arrays[3:])
+    assert arrays[0].grad.asnumpy().any()

@@ -432,12 +432,16 @@ struct SubInferred {
 /// inputs' shapes and dtypes, and the shape semantics.
 type SubKey = (usize, Vec<PShape>, Vec<Option<DType>>, bool);
 
+/// The calls in progress, and the graphs inferred so far with their results.
+type SubCache = (usize, std::collections::HashMap<SubKey, (std::sync::Arc<Graph>, SubInferred)>);
+
 thread_local! {
     /// Within one outermost [`infer`] call: each control-flow graph's inference by what it
     /// was given. The passes visit a control-flow node many times, and nested graphs would
     /// multiply that by every level; each graph is inferred again only when it is given
     /// something new. Cleared when the outermost call returns.
-    static SUB_INFERRED: std::cell::RefCell<(usize, std::collections::HashMap<SubKey, SubInferred>)> =
+    /// Each entry keeps its graph alive, so no other graph can take its address meanwhile.
+    static SUB_INFERRED: std::cell::RefCell<SubCache> =
         std::cell::RefCell::new((0, std::collections::HashMap::new()));
 }
 
@@ -470,7 +474,7 @@ fn infer_sub(
     np_shape: bool,
 ) -> Result<SubInferred> {
     let key: SubKey = (std::sync::Arc::as_ptr(g) as usize, shapes.to_vec(), dtypes.to_vec(), np_shape);
-    if let Some(hit) = SUB_INFERRED.with(|c| c.borrow().1.get(&key).cloned()) {
+    if let Some(hit) = SUB_INFERRED.with(|c| c.borrow().1.get(&key).map(|(_, r)| r.clone())) {
         return Ok(hit);
     }
     let r = infer(g, shapes, dtypes, np_shape)?;
@@ -481,7 +485,7 @@ fn infer_sub(
         out_sh: g.heads.iter().map(|&(n, i)| r.shapes[r.offsets[n] + i].clone()).collect(),
         out_dt: g.heads.iter().map(|&(n, i)| r.dtypes[r.offsets[n] + i]).collect(),
     };
-    SUB_INFERRED.with(|c| c.borrow_mut().1.insert(key, out.clone()));
+    SUB_INFERRED.with(|c| c.borrow_mut().1.insert(key, (g.clone(), out.clone())));
     Ok(out)
 }
 

@@ -4,7 +4,8 @@
 //! Owns the shape and dtype rules, the per-sample recursions and their gradients. Sample `i`
 //! of a batch has `K` processes with background intensities `lda[i]`, shared branching ratios
 //! `alpha` and decays `beta`, a starting memory `state[i]`, and `valid_length[i]` points given
-//! as inter-arrival times `lags[i]` and process ids `marks[i]` (int32). The intensity of
+//! as inter-arrival times `lags[i]` and process ids `marks[i]` (int32 in stock; any numeric
+//! dtype here). The intensity of
 //! process `k` at a point after a gap `d` since its last point is
 //! `lda + alpha * beta * s * exp(-beta * d)`, its compensator `lda * d + alpha * s * (1 -
 //! exp(-beta * d))`, and the memory `s` becomes `1 + s * exp(-beta * d)` at the point. The
@@ -63,8 +64,10 @@ fn infer(a: &crate::op::param::Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
             dt.name()
         )));
     }
-    for (i, m) in ins.iter().enumerate() {
-        let want = if i == 5 { DType::I32 } else { dt };
+    // Marks are process ids of any numeric dtype (stock's type inference makes them int32;
+    // a graph whose marks' dtype is not known yet infers them as the data's).
+    for (i, m) in ins.iter().enumerate().filter(|&(i, _)| i != 5) {
+        let want = dt;
         if m.dtype != want {
             return Err(Error::type_error(format!(
                 "operator {op}: {} has dtype {}, expected {}",
@@ -78,7 +81,7 @@ fn infer(a: &crate::op::param::Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
 }
 
 /// One sample's points: (gap since the start, process) for each valid point.
-fn points<R: Real>(op: &str, i: usize, d: Dims, lags: &[R], marks: &[i32], valid: R) -> Result<Vec<(R, usize)>> {
+fn points<R: Real>(op: &str, i: usize, d: Dims, lags: &[R], marks: &[f64], valid: R) -> Result<Vec<(R, usize)>> {
     // Stock loops while j < valid_length[i]: ceil(valid) points (none for NaN or <= 0).
     let runs = |j: usize| R::of(j as f64) < valid;
     let count = (0..=d.t).find(|&j| !runs(j)).unwrap_or(d.t + 1);
@@ -92,10 +95,13 @@ fn points<R: Real>(op: &str, i: usize, d: Dims, lags: &[R], marks: &[i32], valid
     let mut out = Vec::with_capacity(count);
     for j in 0..count {
         let m = marks[i * d.t + j];
-        let m = usize::try_from(m).ok().filter(|&m| m < d.k).ok_or_else(|| {
-            Error::value(format!("operator {op}: marks[{i}, {j}] is {m}, not a process id in [0, {})", d.k))
-        })?;
-        out.push((lags[i * d.t + j], m));
+        if !(m >= 0.0 && m < d.k as f64) {
+            return Err(Error::value(format!(
+                "operator {op}: marks[{i}, {j}] is {m}, not a process id in [0, {})",
+                d.k
+            )));
+        }
+        out.push((lags[i * d.t + j], m as usize));
     }
     Ok(out)
 }
@@ -171,7 +177,7 @@ struct Args<R> {
     beta: Vec<R>,
     state: Vec<R>,
     lags: Vec<R>,
-    marks: Vec<i32>,
+    marks: Vec<f64>,
     valid: Vec<R>,
     max_time: Vec<R>,
 }
@@ -184,7 +190,7 @@ fn args<T: Elem, R: Real>(ins: &[TBlob]) -> Args<R> {
         beta: f(&ins[2]),
         state: f(&ins[3]),
         lags: f(&ins[4]),
-        marks: ins[5].as_slice::<i32>().to_vec(),
+        marks: crate::dispatch_all!(ins[5].dtype, M => ins[5].as_slice::<M>().iter().map(|v| v.to_f64()).collect()),
         valid: f(&ins[6]),
         max_time: f(&ins[7]),
     }
@@ -229,24 +235,23 @@ fn backward<T: Elem, R: Real>(op: &str, d: Dims, req: &[Req], ins: &[TBlob], out
         if req[i] == Req::Null {
             continue;
         }
-        let v = o.as_mut::<T>();
         match i {
             0 => {
-                for (row, g) in v.chunks_mut(d.k.max(1)).zip(&per) {
+                for (row, g) in o.as_mut::<T>().chunks_mut(d.k.max(1)).zip(&per) {
                     for (x, &y) in row.iter_mut().zip(&g[0]) {
                         *x = y.store();
                     }
                 }
             }
             1 | 2 => {
-                for (m, x) in v.iter_mut().enumerate() {
+                for (m, x) in o.as_mut::<T>().iter_mut().enumerate() {
                     let s = per.iter().fold(R::of(0.0), |acc, g| acc + g[i][m]);
                     *x = s.store();
                 }
             }
-            // The memory, the observations and the observation period get no gradient.
-            5 => o.as_mut::<i32>().fill(0),
-            _ => v.fill(T::zero()),
+            // The memory, the observations and the observation period get no gradient:
+            // zeros, whatever their dtype (all-zero bytes are zero in each).
+            _ => o.as_bytes_mut().fill(0),
         }
     }
     Ok(())
@@ -309,10 +314,11 @@ mod tests {
     fn points_are_checked() {
         let d = Dims { n: 1, t: 3, k: 2 };
         let lags = [1.0f32, 1.0, 1.0];
-        assert_eq!(points("h", 0, d, &lags, &[0, 1, 5], 2.0f32).unwrap().len(), 2);
+        assert_eq!(points("h", 0, d, &lags, &[0., 1., 5.], 2.0f32).unwrap().len(), 2);
         // 2.5 valid points run three, as stock's `j < valid_length`; NaN runs none.
-        assert!(points("h", 0, d, &lags, &[0, 1, 5], 2.5f32).unwrap_err().to_string().contains("marks[0, 2] is 5"));
-        assert!(points("h", 0, d, &lags, &[0, 1, 1], f32::NAN).unwrap().is_empty());
-        assert!(points("h", 0, d, &lags, &[0, 1, 1], 4.0f32).unwrap_err().to_string().contains("more points"));
+        assert!(points("h", 0, d, &lags, &[0., 1., 5.], 2.5f32).unwrap_err().to_string().contains("marks[0, 2] is 5"));
+        assert!(points("h", 0, d, &lags, &[0., 1., 1.], f32::NAN).unwrap().is_empty());
+        assert!(points("h", 0, d, &lags, &[0., 1., 1.], 4.0f32).unwrap_err().to_string().contains("more points"));
+        assert!(points("h", 0, d, &lags, &[0., f64::NAN, 1.], 2.0f32).is_err());
     }
 }
