@@ -264,3 +264,44 @@ def test_stock_format_fixture():
     assert out == [(1, 10)]
     assert sym.tojson() == text
     assert conv_bn_relu_fc().tojson() == text
+
+
+def test_inference_through_casts_and_fixed_input_dtypes():
+    # Stock 1.9.1's answers (upstream test_symbol): a weight cast to float16 gets the
+    # convolution's weight shape; a cast's input dtype is not its output's; batch_take's
+    # indices are int32 whatever else is known.
+    data = mx.sym.var("data", shape=(1, 0, 0, 0))
+    w = mx.sym.var("weight")
+    conv = mx.sym.Convolution(mx.sym.cast(data, dtype="float16"), mx.sym.cast(w, dtype="float16"), pad=(3, 3),
+                              num_filter=64, stride=(2, 2), no_bias=True, kernel=(7, 7))
+    args, _, _ = conv.infer_shape_partial()
+    assert dict(zip(conv.list_arguments(), args))["weight"] == (64, 0, 7, 7)
+    fc = mx.sym.FullyConnected(mx.sym.Cast(mx.sym.var("x"), dtype="float32"), num_hidden=4)
+    assert fc.infer_type_partial()[0] == [None, np.float32, np.float32]
+    bt = mx.sym.batch_take(mx.sym.var("a"), mx.sym.var("idx"))
+    assert bt.infer_type(a=np.float32)[0] == [np.float32, np.int32]
+    exe = bt.simple_bind(mx.cpu(), a=(3, 4), idx=(3,), grad_req="null")
+    exe.forward(a=mx.nd.arange(12).reshape((3, 4)), idx=mx.nd.array([0, 3, 1], dtype="int32"))
+    assert exe.outputs[0].asnumpy().tolist() == [0, 7, 9]
+
+
+def test_atomic_symbol_from_symbol():
+    s = mx.sym.RNN(mx.sym.var("data"), mx.sym.var("param"), mx.sym.var("h0"), mx.sym.var("h1"), state_size=10,
+                   num_layers=2, bidirectional=True, state_outputs=True, mode="lstm", name="rnn")
+    atomic = s._gen_atomic_symbol()
+    assert atomic.list_outputs() == ["rnn_output", "rnn_state_output", "rnn_statecell_output"]
+    assert atomic.list_arguments() == [] and atomic.attr("state_size") == "10"
+    with pytest.raises(mx.base.MXNetError):
+        mx.sym.var("v")._gen_atomic_symbol()
+
+
+def test_a_legacy_file_loaded_with_numpy_shapes_keeps_unknown_dimensions(tmp_path):
+    # Written without NumPy shape semantics, a `__shape__` 0 means unknown, also when the file
+    # is loaded with them (stock converts it to -1).
+    net = mx.sym.FullyConnected(mx.sym.var("data"), mx.sym.var("weight", shape=(128, 0)), num_hidden=128)
+    path = str(tmp_path / "net.json")
+    net.save(path)
+    with mx.util.np_shape(True):
+        loaded = mx.sym.load(path)
+        args, outs, _ = loaded.infer_shape(data=(10, 784))
+    assert args[1] == (128, 784) and outs[0] == (10, 128)

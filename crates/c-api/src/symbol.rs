@@ -946,6 +946,25 @@ pub unsafe extern "C" fn MXSymbolCutSubgraph(
     })
 }
 
+/// A new operator symbol with the operator, name and attributes of `sym`'s node and no inputs
+/// (stock's `Symbol::CreateFunctor` of the node's attributes; every output of `sym` must be
+/// that node's).
+///
+/// # Safety
+/// `ret_sym_handle` must be NULL or valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn MXGenAtomicSymbolFromSymbol(
+    sym_handle: SymbolHandle,
+    ret_sym_handle: *mut SymbolHandle,
+) -> c_int {
+    ffi::call("MXGenAtomicSymbolFromSymbol", || {
+        let s = symbol(sym_handle)?.atomic_copy()?;
+        // SAFETY: per this function's contract.
+        unsafe { *out(ret_sym_handle, "ret_sym_handle")? = new_handle(s) };
+        Ok(())
+    })
+}
+
 /// Symbolic gradients: stock 1.9.1 does not implement this function either (it fails with
 /// "not implemented"); here it says so with NotImplementedError.
 ///

@@ -41,12 +41,6 @@ pub extern "C" fn MXBuildSubgraphByOpNames(
 
 /// Not supported yet: -1 with NotImplementedError.
 #[no_mangle]
-pub extern "C" fn MXGenAtomicSymbolFromSymbol(_sym_handle: SymbolHandle, _ret_sym_handle: *mut SymbolHandle) -> c_int {
-    refuse("MXGenAtomicSymbolFromSymbol", SUBGRAPH)
-}
-
-/// Not supported yet: -1 with NotImplementedError.
-#[no_mangle]
 pub extern "C" fn MXGenBackendSubgraph(
     _sym_handle: SymbolHandle,
     _backend: *const c_char,

@@ -325,6 +325,12 @@ pub struct OpDef {
     /// An AMP cast: output `i` is input `i` in another dtype (`MXSymbolRemoveAmpCast` takes
     /// such nodes out of a graph).
     pub amp_cast: bool,
+    /// The output's dtype is the `dtype` parameter whatever the input's (`Cast`): graph
+    /// inference does not give an unknown input the output's dtype.
+    pub converts_dtype: bool,
+    /// Inputs whose dtype is fixed (stock's type inference assigns it: `batch_take`'s int32
+    /// indices): graph inference gives them that dtype when nothing else says.
+    pub input_dtypes: &'static [(usize, ndarray::DType)],
     /// For a stub ([`OpDef::not_supported`]): the count parameter and the arguments (name,
     /// type) stock lists, which `MXSymbolGetAtomicSymbolInfo` reports in place of the
     /// declaration's own, so the frontend generates stock's signature.
@@ -394,6 +400,8 @@ impl OpDef {
             float32_params: false,
             params_take_dtype: false,
             amp_cast: false,
+            converts_dtype: false,
+            input_dtypes: &[],
             stub_schema: None,
             gpu: None,
             node_state: false,
@@ -504,6 +512,16 @@ impl OpDef {
     /// See [`OpDef::amp_cast`].
     pub fn amp_cast(mut self) -> Self {
         self.amp_cast = true;
+        self
+    }
+    /// See [`OpDef::input_dtypes`].
+    pub fn input_dtypes(mut self, fixed: &'static [(usize, ndarray::DType)]) -> Self {
+        self.input_dtypes = fixed;
+        self
+    }
+    /// See [`OpDef::converts_dtype`].
+    pub fn converts_dtype(mut self) -> Self {
+        self.converts_dtype = true;
         self
     }
     /// See [`OpDef::float32_params`].

@@ -268,11 +268,16 @@ pub fn infer_types(sym: &super::Symbol, given: Given<Option<DType>>) -> Result<R
 /// deferred shape inference) is no conflict. Output dtypes are only learned (by the caller)
 /// when every input's is known.
 fn infer_complete(op: &OpDef, attrs: &Attrs, ish: &[PShape], idt: &[Option<DType>]) -> Result<Vec<Meta>> {
-    let fill = idt.iter().flatten().next().copied().unwrap_or(DType::F32);
+    let fixed = |k: usize| op.input_dtypes.iter().find(|(i, _)| *i == k).map(|&(_, d)| d);
+    let fill = idt.iter().enumerate().filter(|&(k, _)| fixed(k).is_none()).find_map(|(_, d)| *d).unwrap_or(DType::F32);
     let metas: Vec<Meta> = ish
         .iter()
         .zip(idt)
-        .map(|(s, d)| Meta::new(s.as_ref().expect("complete").iter().map(|&x| x as usize).collect(), d.unwrap_or(fill)))
+        .enumerate()
+        .map(|(k, (s, d))| {
+            let shape = s.as_ref().expect("complete").iter().map(|&x| x as usize).collect();
+            Meta::new(shape, d.or_else(|| fixed(k)).unwrap_or(fill))
+        })
         .collect();
     (op.infer)(attrs, &metas)
 }
@@ -693,12 +698,21 @@ fn elementwise_shapes(op: &OpDef, ins: &mut [PShape], outs: &mut [PShape]) -> Re
 
 /// Stock's default type rule for nodes whose shapes are not all known.
 fn default_dtypes(op: &OpDef, a: &Attrs, ins: &mut [Option<DType>], outs: &mut [Option<DType>]) {
+    let fixed = |k: usize| op.input_dtypes.iter().any(|&(i, _)| i == k);
+    for &(k, d) in op.input_dtypes {
+        if let Some(slot @ None) = ins.get_mut(k) {
+            *slot = Some(d);
+        }
+    }
+    // The data's dtype: input 0's, else another input's (inputs of a fixed dtype say nothing
+    // of the others').
     let data = ins
-        .first()
-        .copied()
-        .flatten()
-        .or_else(|| ins.iter().flatten().next().copied())
-        .or_else(|| outs.first().copied().flatten());
+        .iter()
+        .enumerate()
+        .filter(|&(k, _)| !fixed(k))
+        .find_map(|(_, d)| *d)
+        // A cast's output dtype says nothing of its input's (stock leaves it unknown).
+        .or_else(|| if op.converts_dtype { None } else { outs.first().copied().flatten() });
     let Some(d) = data else {
         if let Some(t) = op.dtype_of(a) {
             for o in outs.iter_mut().filter(|o| o.is_none()) {

@@ -201,6 +201,12 @@ pub fn load_graph(json: &str) -> Result<Graph> {
 /// The graph of a JSON object; `version`: the file's, for a control-flow node's graph (which
 /// has no attributes of its own).
 fn graph_of(root: &Value, version: Option<i64>, depth: usize) -> Result<Graph> {
+    graph_in(root, version, None, depth)
+}
+
+/// [`graph_of`]; `top_np`: for a control-flow node's graph, whether the file it is in was
+/// written with NumPy shape semantics.
+fn graph_in(root: &Value, version: Option<i64>, top_np: Option<bool>, depth: usize) -> Result<Graph> {
     // A hostile file nesting graphs without end must not exhaust the stack.
     if depth >= MAX_NESTING {
         return Err(bad(format!("control-flow graphs nest more than {MAX_NESTING} deep")));
@@ -214,6 +220,17 @@ fn graph_of(root: &Value, version: Option<i64>, depth: usize) -> Result<Graph> {
             .and_then(Value::as_i64)
             .unwrap_or(0)
     });
+    // A file written without NumPy shape semantics, loaded with them: its `__shape__` zeros
+    // mean "unknown", so they become -1 (stock's ConvertShapeAttrToNumPyCompatible).
+    let np_file = |o: &serde_json::Map<String, Value>| {
+        o.get("attrs")
+            .and_then(|a| a.get("is_np_shape"))
+            .and_then(|v| v.as_array())
+            .and_then(|a| a.get(1))
+            .and_then(Value::as_i64)
+            == Some(1)
+    };
+    let legacy_zeros = crate::ndarray::np_shape::get() != 0 && !np_file(obj) && top_np.is_none_or(|np| !np);
     let nodes_v = obj.get("nodes").and_then(Value::as_array).ok_or_else(|| bad("missing \"nodes\" array"))?;
     let mut g = Graph { nodes: Vec::with_capacity(nodes_v.len()), heads: Vec::new() };
     for (i, nv) in nodes_v.iter().enumerate() {
@@ -226,6 +243,11 @@ fn graph_of(root: &Value, version: Option<i64>, depth: usize) -> Result<Graph> {
                 for (k, v) in m {
                     raw.insert(k.clone(), text(v));
                 }
+            }
+        }
+        if legacy_zeros {
+            if let Some(v) = raw.get_mut("__shape__") {
+                *v = zeros_unknown(v);
             }
         }
         if version < 900 {
@@ -258,7 +280,10 @@ fn graph_of(root: &Value, version: Option<i64>, depth: usize) -> Result<Graph> {
             .unwrap_or(&[])
             .iter()
             // As a symbol would have it: only the nodes its outputs reach.
-            .map(|sg| graph_of(sg, Some(version), depth + 1).map(|g| std::sync::Arc::new(g.to_symbol().graph())))
+            .map(|sg| {
+                graph_in(sg, Some(version), Some(!legacy_zeros), depth + 1)
+                    .map(|g| std::sync::Arc::new(g.to_symbol().graph()))
+            })
             .collect::<Result<Vec<_>>>()?;
         let (op, attrs) = if op_name == "null" {
             if !subgraphs.is_empty() {
@@ -292,6 +317,21 @@ fn graph_of(root: &Value, version: Option<i64>, depth: usize) -> Result<Graph> {
         g.heads.push((n, i));
     }
     Ok(g)
+}
+
+/// A shape text with its 0 dimensions written as -1 (`(128, 0)` is `(128, -1)`); other text
+/// is kept.
+fn zeros_unknown(text: &str) -> String {
+    let t = text.trim();
+    let (open, close, inner) = match (t.strip_prefix('('), t.strip_prefix('[')) {
+        (Some(r), _) => ('(', ')', r.strip_suffix(')')),
+        (_, Some(r)) => ('[', ']', r.strip_suffix(']')),
+        _ => return text.to_string(),
+    };
+    let Some(inner) = inner else { return text.to_string() };
+    let dims: Vec<&str> = inner.split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
+    let dims: Vec<&str> = dims.iter().map(|&d| if d.trim_end_matches('L') == "0" { "-1" } else { d }).collect();
+    format!("{open}{}{close}", dims.join(", "))
 }
 
 /// A symbol from JSON text.

@@ -786,6 +786,22 @@ impl Symbol {
         cut
     }
 
+    /// An operator symbol without inputs with the operator, name and attributes of this
+    /// symbol's node (every output must be that node's), as stock's
+    /// `MXGenAtomicSymbolFromSymbol`.
+    pub fn atomic_copy(&self) -> Result<Symbol> {
+        let node = self
+            .single_node()
+            .ok_or_else(|| Error::mxnet("Generating atomic symbol with other node is not supported."))?;
+        let d = node.data();
+        if d.op.is_none() {
+            return Err(Error::mxnet(format!("{} is a variable, not an operator", d.name)));
+        }
+        let n = Node::new(NodeData { inputs: Vec::new(), version: 0, ..d });
+        let nout = n.num_visible_outputs();
+        Ok(Symbol { outputs: (0..nout).map(|i| Entry { node: n.clone(), index: i, version: 0 }).collect() })
+    }
+
     /// A deep copy: new nodes, same structure and attributes.
     pub fn deep_copy(&self) -> Symbol {
         self.graph().to_symbol()

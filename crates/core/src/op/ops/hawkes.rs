@@ -276,6 +276,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         OpDef::new("_contrib_hawkesll", Inputs::Fixed(INPUTS), Box::new(infer), Box::new(hawkes_forward))
             .outputs(|_| 2, |_| 2)
             .output_names(&["output", "out_state"])
+            .input_dtypes(&[(5, DType::I32)])
             .grad(Grad::Backward { op: "_contrib_backward_hawkesll", inputs: true, outputs: false })
             .doc("Computes the log likelihood of a univariate Hawkes process (one per mark, K marks) on point process observations given as ragged matrices: lags (N, T) interarrival times and marks (N, T) int32 process ids, valid_length (N,) points per sample, max_time (N,) the observation period. lda (N, K) background intensities, alpha (K,) branching ratios, beta (K,) decays, state (N, K) the memory at time 0. Returns the log likelihood (N,) and the memory at max_time (N, K)."),
     );

@@ -1121,6 +1121,7 @@ fn register_ravel(ops: &mut Vec<OpDef>) {
     );
     ops.push(
         OpDef::new("batch_take", Inputs::Fixed(&["a", "indices"]), Box::new(batch_take_infer), Box::new(batch_take))
+            .input_dtypes(&[(1, DType::I32)])
             .doc("Takes elements from a data batch: output[i] = input[i, indices[i]] (deprecated in stock; use pick)."),
     );
 }

@@ -1324,6 +1324,10 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .gpu(crate::op::gpu::GpuKernel::Map1("x"))
             .alias(&["cast"])
             .params(CAST_PARAMS)
+            // Stock's ElemwiseShape: graph inference fills the input from the output too (a
+            // weight cast to float16 before a Convolution gets the convolution's shape).
+            .elementwise_shape()
+            .converts_dtype()
             .grad(bwd("_backward_cast"))
             .doc("Casts all elements of the input to a new type."),
     );
