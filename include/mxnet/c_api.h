@@ -2284,13 +2284,22 @@ int MXShallowCopySymbol(SymbolHandle src, SymbolHandle *out);
 // Out-params must be NULL or valid for writes.
 int MXSymbolGetInputSymbols(SymbolHandle sym, SymbolHandle **inputs, int *input_size);
 
-// Stock's cut of a control-flow subgraph (the nodes marked `__subgraph_name__`): a symbol
-// whose output carries no such mark has no subgraph inputs (size 0, as stock); cutting a
-// marked one is not supported yet.
+// Stock's cut of a control-flow subgraph ([`Symbol::cut_subgraph`]): the graph's inputs
+// from outside it become variables, in place; the outputs cut off come back as new handles
+// (the caller frees each) in this thread's handle list, valid until the next such call on
+// the thread. A symbol whose output carries no `__subgraph_name__` has none (size 0).
 //
 // # Safety
 // Out-params must be NULL or valid for writes.
 int MXSymbolCutSubgraph(SymbolHandle sym, SymbolHandle **inputs, int *input_size);
+
+// A new operator symbol with the operator, name and attributes of `sym`'s node and no inputs
+// (stock's `Symbol::CreateFunctor` of the node's attributes; every output of `sym` must be
+// that node's).
+//
+// # Safety
+// `ret_sym_handle` must be NULL or valid for writes.
+int MXGenAtomicSymbolFromSymbol(SymbolHandle sym_handle, SymbolHandle *ret_sym_handle);
 
 // Symbolic gradients: stock 1.9.1 does not implement this function either (it fails with
 // "not implemented"); here it says so with NotImplementedError.
@@ -2379,9 +2388,6 @@ int MXBuildSubgraphByOpNames(SymbolHandle _sym_handle,
                              uint32_t _num_ops,
                              const char **_op_names,
                              SymbolHandle *_ret_sym_handle);
-
-// Not supported yet: -1 with NotImplementedError.
-int MXGenAtomicSymbolFromSymbol(SymbolHandle _sym_handle, SymbolHandle *_ret_sym_handle);
 
 // Not supported yet: -1 with NotImplementedError.
 int MXGenBackendSubgraph(SymbolHandle _sym_handle,
