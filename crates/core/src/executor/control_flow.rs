@@ -37,15 +37,7 @@ impl Flow {
         let (Some(op), Some(attrs)) = (node.op, &node.attrs) else { return Ok(None) };
         let Some(of) = op.control_flow else { return Ok(None) };
         let graphs: Vec<&crate::symbol::Graph> = node.subgraphs.iter().map(|g| &**g).collect();
-        crate::symbol::check_subgraphs(op, attrs, &node.name, &graphs)?;
-        let want = op.num_inputs(attrs, node.inputs.len())?;
-        if want != node.inputs.len() {
-            return Err(Error::mxnet(format!(
-                "node {}: its parameters give it {want} inputs, it has {}",
-                node.name,
-                node.inputs.len()
-            )));
-        }
+        crate::symbol::check_control_flow(op, attrs, &node.name, &graphs, node.inputs.len())?;
         let passed = graphs.iter().map(|g| g.heads.iter().map(|&(n, _)| g.nodes[n].is_variable()).collect()).collect();
         let graphs = node.subgraphs.iter().map(|g| Runner::from_graph((**g).clone())).collect::<Result<_>>()?;
         Ok(Some(Flow { cf: of(attrs)?, graphs, passed }))
@@ -70,9 +62,17 @@ impl Flow {
         crate::op::truth(out.first().ok_or_else(|| Error::internal("a condition graph gave no output"))?)
     }
 
-    /// The outputs of graph `g` for inputs of these shapes and dtypes, from graph inference
-    /// (for a loop that runs no step).
-    fn output_metas(&self, g: usize, ins: &[(&[usize], DType)]) -> Result<Vec<(Vec<usize>, DType)>> {
+    /// The stacked outputs of a loop that runs no step: for each of graph `g`'s first `nod`
+    /// outputs (for inputs of these shapes and dtypes, from graph inference), zeros of `rows`
+    /// rows of it on `ctx`.
+    fn no_step_outputs(
+        &self,
+        g: usize,
+        ins: &[(&[usize], DType)],
+        nod: usize,
+        rows: usize,
+        ctx: crate::context::Context,
+    ) -> Result<Vec<NDArray>> {
         let graph = &self.graphs[g].graph;
         let shapes: Vec<_> = ins.iter().map(|(s, _)| Some(s.iter().map(|&d| d as i64).collect())).collect();
         let dtypes: Vec<_> = ins.iter().map(|&(_, d)| Some(d)).collect();
@@ -80,10 +80,14 @@ impl Flow {
         graph
             .heads
             .iter()
+            .take(nod)
             .map(|&(n, i)| {
                 let e = r.offsets[n] + i;
                 match (&r.shapes[e], r.dtypes[e]) {
-                    (Some(s), Some(d)) if s.iter().all(|&x| x >= 0) => Ok((s.iter().map(|&x| x as usize).collect(), d)),
+                    (Some(s), Some(d)) if s.iter().all(|&x| x >= 0) => {
+                        let shape: Vec<usize> = std::iter::once(rows).chain(s.iter().map(|&x| x as usize)).collect();
+                        Ok(call(LoopCalls::zeros(&shape, d, ctx)?, &[])?.remove(0))
+                    }
                     _ => Err(Error::mxnet(
                         "a loop that runs no step needs its outputs' shapes, and graph inference cannot find them",
                     )),
@@ -143,14 +147,9 @@ impl Flow {
             for (&l, s) in state_locs.iter().zip(&states) {
                 metas[l] = (&s.shape[..], s.dtype);
             }
-            let metas = self.output_metas(0, &metas)?;
             let ctx = ins[0].ctx().unwrap_or(crate::context::Context::CPU);
-            let mut outs = Vec::with_capacity(num_outputs);
-            for (shape, dtype) in &metas[..nod] {
-                let mut s = vec![0];
-                s.extend_from_slice(shape);
-                outs.push(call(LoopCalls::zeros(&s, *dtype, ctx)?, &[])?.remove(0));
-            }
+            let mut outs = self.no_step_outputs(0, &metas, nod, 0, ctx)?;
+            outs.reserve(num_outputs - nod);
             for s in &states {
                 outs.push(one(LoopCalls::copy()?, s)?);
             }
@@ -220,12 +219,7 @@ impl Flow {
         let ctx = ins.first().and_then(|x| x.ctx()).unwrap_or(crate::context::Context::CPU);
         if steps == 0 {
             let metas: Vec<(&[usize], DType)> = func_locs.iter().map(|&l| (&cur[l].shape[..], cur[l].dtype)).collect();
-            let metas = self.output_metas(1, &metas)?;
-            for (shape, dtype) in &metas[..nod] {
-                let mut s = vec![max_iterations];
-                s.extend_from_slice(shape);
-                result.push(call(LoopCalls::zeros(&s, *dtype, ctx)?, &[])?.remove(0));
-            }
+            result = self.no_step_outputs(1, &metas, nod, max_iterations, ctx)?;
         } else {
             // The steps' outputs, then zeros up to max_iterations rows (stock leaves them
             // unwritten).

@@ -339,77 +339,59 @@ fn visit(g: &Graph, i: usize, st: &mut Inferred, heuristics: bool, np_shape: boo
         // The graphs and the inputs must still fit the parameters (set_attr may have changed
         // them since composition).
         let graphs: Vec<&Graph> = node.subgraphs.iter().map(|g| &**g).collect();
-        super::check_subgraphs(op, attrs, &node.name, &graphs)?;
-        let want = op.num_inputs(attrs, node.inputs.len())?;
-        if want != node.inputs.len() {
-            return Err(Error::mxnet(format!(
-                "{} ({}): its parameters give it {want} inputs, it has {}",
-                node.name,
-                op.name,
-                node.inputs.len()
-            )));
-        }
+        super::check_control_flow(op, attrs, &node.name, &graphs, node.inputs.len())?;
         let cf =
             of(attrs).map_err(|e| Error::new(e.kind(), format!("{} ({}): {}", node.name, op.name, e.message())))?;
         flow(&cf, node, np_shape, &mut ish, &mut osh, &mut idt, &mut odt)
             .map_err(|e| Error::new(e.kind(), format!("{} ({}): {}", node.name, op.name, e.message())))?;
-        let mut changed = false;
-        for (k, &e) in in_e.iter().enumerate() {
-            changed |= merge(&mut st.shapes[e], &ish[k], &in_what(k))?;
-            changed |= merge_dtype(&mut st.dtypes[e], idt[k], &in_what(k))?;
-        }
-        for (k, &e) in out_e.iter().enumerate() {
-            changed |= merge(&mut st.shapes[e], &osh[k], &out_what(k))?;
-            changed |= merge_dtype(&mut st.dtypes[e], odt[k], &out_what(k))?;
-        }
-        return Ok(changed);
-    }
-    let names: Vec<String> = node.inputs.iter().map(|&(src, _)| g.nodes[src].name.clone()).collect();
-    param_shapes(op, attrs, node, &names, &mut ish)?;
-    input_shapes(op, attrs, node, &names, &mut ish, &osh)?;
-    // A creation operator's `shape` parameter (no inputs) with a 0 or negative dimension means
-    // "unknown" in the legacy shape semantics (stock's InitShape): `F.zeros((0, H))` as a begin
-    // state takes its batch size from the operator that reads it, `sym.ones(shape=(-1, -1))`
-    // its shape from its consumers. So does an empty shape (`shape=()`, unknown rank):
-    // `sym.random.randn(...) + x` is x's shape.
-    let unknown_zeros = !np_shape && op.creates_from_shape();
-    let partial_creation = unknown_zeros && op.shape_of(attrs).is_some_and(|s| s.iter().any(|&d| d < 0));
-    // An operator without inputs whose own rule leaves its shape partial (`_arange` with
-    // `infer_range`): its consumers fill the rest.
-    let partial_source = if ish.is_empty() { op.partial_shapes.and_then(|rule| rule(attrs, &ish)) } else { None };
-    if let Some(partial) = partial_source {
-        for (k, shape) in partial.into_iter().enumerate().take(osh.len()) {
-            merge(&mut osh[k], &shape, &out_what(k))?;
-            merge_dtype(&mut odt[k], op.dtype_of(attrs), &out_what(k))?;
-        }
-    } else if partial_creation {
-        let dims = op.shape_of(attrs).unwrap_or_default().iter().map(|&d| if d <= 0 { -1 } else { d }).collect();
-        merge(&mut osh[0], &Some(dims), &out_what(0))?;
-    } else if ish.iter().all(is_complete) {
-        let outs = infer_complete(op, attrs, &ish, &idt)
-            .map_err(|e| Error::mxnet(format!("{} ({}): {}", node.name, op.name, e.message())))?;
-        let dtypes_known = idt.iter().all(Option::is_some);
-        for (k, m) in outs.iter().enumerate().take(osh.len()) {
-            if unknown_zeros && m.shape.is_empty() {
-                continue;
+    } else {
+        let names: Vec<String> = node.inputs.iter().map(|&(src, _)| g.nodes[src].name.clone()).collect();
+        param_shapes(op, attrs, node, &names, &mut ish)?;
+        input_shapes(op, attrs, node, &names, &mut ish, &osh)?;
+        // A creation operator's `shape` parameter (no inputs) with a 0 or negative dimension means
+        // "unknown" in the legacy shape semantics (stock's InitShape): `F.zeros((0, H))` as a begin
+        // state takes its batch size from the operator that reads it, `sym.ones(shape=(-1, -1))`
+        // its shape from its consumers. So does an empty shape (`shape=()`, unknown rank):
+        // `sym.random.randn(...) + x` is x's shape.
+        let unknown_zeros = !np_shape && op.creates_from_shape();
+        let partial_creation = unknown_zeros && op.shape_of(attrs).is_some_and(|s| s.iter().any(|&d| d < 0));
+        // An operator without inputs whose own rule leaves its shape partial (`_arange` with
+        // `infer_range`): its consumers fill the rest.
+        let partial_source = if ish.is_empty() { op.partial_shapes.and_then(|rule| rule(attrs, &ish)) } else { None };
+        if let Some(partial) = partial_source {
+            for (k, shape) in partial.into_iter().enumerate().take(osh.len()) {
+                merge(&mut osh[k], &shape, &out_what(k))?;
+                merge_dtype(&mut odt[k], op.dtype_of(attrs), &out_what(k))?;
             }
-            let shape = m.shape.iter().map(|&x| if x == 0 && unknown_zeros { -1 } else { x as i64 }).collect();
-            merge(&mut osh[k], &Some(shape), &out_what(k))?;
-            if dtypes_known {
-                merge_dtype(&mut odt[k], Some(m.dtype), &out_what(k))?;
+        } else if partial_creation {
+            let dims = op.shape_of(attrs).unwrap_or_default().iter().map(|&d| if d <= 0 { -1 } else { d }).collect();
+            merge(&mut osh[0], &Some(dims), &out_what(0))?;
+        } else if ish.iter().all(is_complete) {
+            let outs = infer_complete(op, attrs, &ish, &idt)
+                .map_err(|e| Error::mxnet(format!("{} ({}): {}", node.name, op.name, e.message())))?;
+            let dtypes_known = idt.iter().all(Option::is_some);
+            for (k, m) in outs.iter().enumerate().take(osh.len()) {
+                if unknown_zeros && m.shape.is_empty() {
+                    continue;
+                }
+                let shape = m.shape.iter().map(|&x| if x == 0 && unknown_zeros { -1 } else { x as i64 }).collect();
+                merge(&mut osh[k], &Some(shape), &out_what(k))?;
+                if dtypes_known {
+                    merge_dtype(&mut odt[k], Some(m.dtype), &out_what(k))?;
+                }
+            }
+        } else if ish.iter().all(Option::is_some) {
+            let partial = op.partial_shapes.and_then(|rule| rule(attrs, &ish));
+            let partial = partial.unwrap_or_else(|| infer_partial(op, attrs, &ish, &idt));
+            for (k, shape) in partial.into_iter().enumerate().take(osh.len()) {
+                merge(&mut osh[k], &shape, &out_what(k))?;
             }
         }
-    } else if ish.iter().all(Option::is_some) {
-        let partial = op.partial_shapes.and_then(|rule| rule(attrs, &ish));
-        let partial = partial.unwrap_or_else(|| infer_partial(op, attrs, &ish, &idt));
-        for (k, shape) in partial.into_iter().enumerate().take(osh.len()) {
-            merge(&mut osh[k], &shape, &out_what(k))?;
+        if heuristics {
+            default_dtypes(op, attrs, &mut idt, &mut odt);
         }
+        elementwise_shapes(op, &mut ish, &mut osh)?;
     }
-    if heuristics {
-        default_dtypes(op, attrs, &mut idt, &mut odt);
-    }
-    elementwise_shapes(op, &mut ish, &mut osh)?;
 
     let mut changed = false;
     for (k, &e) in in_e.iter().enumerate() {

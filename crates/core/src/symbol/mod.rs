@@ -293,6 +293,26 @@ pub(crate) fn check_subgraphs(op: &OpDef, attrs: &Attrs, node: &str, graphs: &[&
     Ok(())
 }
 
+/// [`check_subgraphs`], and the node's `n_inputs` tensor inputs are the ones its parameters
+/// give it (a composed node whose parameters `set_attr` may change).
+pub(crate) fn check_control_flow(
+    op: &OpDef,
+    attrs: &Attrs,
+    node: &str,
+    graphs: &[&Graph],
+    n_inputs: usize,
+) -> Result<()> {
+    check_subgraphs(op, attrs, node, graphs)?;
+    let want = op.num_inputs(attrs, n_inputs)?;
+    if want != n_inputs {
+        return Err(Error::mxnet(format!(
+            "node {node} ({}): its parameters give it {want} inputs, it has {n_inputs}",
+            op.name
+        )));
+    }
+    Ok(())
+}
+
 /// Attributes an operator sets on its variable inputs at composition (stock's
 /// FSetInputVarAttrOnCompose, [`OpDef::input_inits`]): BatchNorm's moving statistics get their
 /// initialisers.
@@ -670,15 +690,7 @@ impl Symbol {
                 // A control-flow node's parameters must still fit its graphs and inputs.
                 let flat: Vec<Graph> = d.subgraphs.iter().map(Symbol::graph).collect();
                 let refs: Vec<&Graph> = flat.iter().collect();
-                check_subgraphs(op, &attrs, &d.name, &refs)?;
-                let want = op.num_inputs(&attrs, d.inputs.len())?;
-                if want != d.inputs.len() {
-                    return Err(Error::mxnet(format!(
-                        "node {}: its parameters would give it {want} inputs, it has {}",
-                        d.name,
-                        d.inputs.len()
-                    )));
-                }
+                check_control_flow(op, &attrs, &d.name, &refs, d.inputs.len())?;
             }
             d.attrs = Some(attrs);
         }
