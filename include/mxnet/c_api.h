@@ -830,19 +830,21 @@ int MXExecutorPrint(ExecutorHandle handle, const char **out_str);
 // Free an executor (a second free is an error).
 int MXExecutorFree(ExecutorHandle handle);
 
-// This process is a worker (no parameter server): the frontend must not start a server.
+// Whether this process is a worker: `DMLC_ROLE` unset or `worker` (as stock's ps-lite reads
+// it; `MXInitPSEnv` settings first). The frontend runs a server (which returns at once here:
+// the workers reduce among themselves over MPI) and exits when it is not.
 //
 // # Safety
 // `ret` must be NULL or valid for writes.
 int MXKVStoreIsWorkerNode(int *ret);
 
-// This process is no parameter server (0).
+// Whether this process is a parameter server: `DMLC_ROLE` is `server`.
 //
 // # Safety
 // `ret` must be NULL or valid for writes.
 int MXKVStoreIsServerNode(int *ret);
 
-// This process is no parameter-server scheduler (0).
+// Whether this process is the parameter servers' scheduler: `DMLC_ROLE` is `scheduler`.
 //
 // # Safety
 // `ret` must be NULL or valid for writes.
@@ -883,8 +885,9 @@ int MXNetFuncListGlobalNames(int *out_size, const char ***out_array);
 // `name` must be NULL or a string.
 int MXNetFuncGetGlobal(const char *name, void **_out);
 
-// Create a store: `local`, `device` (any name containing it); `dist*` and `nccl` stores are
-// refused with NotImplementedError.
+// Create a store: `local`, `device` (any name containing it), `dist_sync` and
+// `dist_device_sync` (over MPI: a worker loads and initialises it here); `dist_async` and
+// `nccl` stores are refused with NotImplementedError.
 //
 // # Safety
 // `type_` must be a NUL-terminated string; `out` NULL or valid for writes.
@@ -1069,40 +1072,57 @@ int MXKVStoreSetGradientCompression(KVStoreHandle handle,
 // `type_` must be NULL or valid for writes.
 int MXKVStoreGetType(KVStoreHandle handle, const char **type_);
 
-// This process's rank: 0 (one machine).
+// This worker's rank: its MPI rank for a distributed store, else 0.
 //
 // # Safety
 // `ret` must be NULL or valid for writes.
 int MXKVStoreGetRank(KVStoreHandle handle, int *ret);
 
-// The number of workers: 1 (one machine).
+// The number of workers: the MPI world's size for a distributed store, else 1.
 //
 // # Safety
 // `ret` must be NULL or valid for writes.
 int MXKVStoreGetGroupSize(KVStoreHandle handle, int *ret);
 
-// Dead nodes: none (one machine).
+// Dead nodes: none (MPI ends the whole job when a rank dies).
 //
 // # Safety
 // `number` must be NULL or valid for writes.
 int MXKVStoreGetNumDeadNode(KVStoreHandle handle, int _node_id, int *number, int _timeout_sec);
 
-// A barrier among workers: nothing to wait for on one machine.
+// A barrier among the workers of a distributed store (after this worker's earlier pushes
+// and inits); nothing to wait for on one machine.
 int MXKVStoreBarrier(KVStoreHandle handle);
 
-// A command to the servers: a one-machine store has none, so it does nothing (as stock's).
-int MXKVStoreSendCommmandToServers(KVStoreHandle handle, int _cmd_id, const char *_cmd_body);
+// A command to the servers. One-machine stores have none and do nothing (as stock's). A
+// distributed store's workers are its servers: the controller command (`set_optimizer`'s
+// pickled optimizer) installs that optimizer as this store's updater, as stock's server
+// process does with it (see [`install_pickled_optimizer`]); the other commands (multi-
+// precision, sync mode, compression and profiler settings for servers) change nothing here,
+// where the workers' own settings already apply.
+//
+// # Safety
+// `cmd_body` must be NULL or a NUL-terminated string.
+int MXKVStoreSendCommmandToServers(KVStoreHandle handle, int cmd_id, const char *cmd_body);
 
-// Run a server: a one-machine store has no server role, so it returns at once (as stock's).
+// Run a server: the workers reduce among themselves, so a server has nothing to serve and
+// returns at once (the frontend's server process then exits, as when stock's stops).
 int MXKVStoreRunServer(KVStoreHandle handle,
                        void (*_controller)(int, const char*, void*),
                        void *_controller_handle);
 
-// Refused: a barrier before exit exists only for distributed stores.
-int MXKVStoreSetBarrierBeforeExit(KVStoreHandle _handle, int _barrier_before_exit);
+// Whether a worker's distributed store waits for the others before it exits (stock's
+// default: yes). Accepted on workers, as stock accepts it; it changes nothing here, where
+// every rank's MPI finalisation at exit waits for all ranks. Refused on servers and
+// schedulers, as stock refuses it.
+int MXKVStoreSetBarrierBeforeExit(KVStoreHandle handle, int _barrier_before_exit);
 
-// Refused: the parameter server's environment exists only for distributed stores.
-int MXInitPSEnv(uint32_t _num_vars, const char **_keys, const char **_vals);
+// The parameter servers' environment (`DMLC_ROLE`, ...): settings that take precedence over
+// the process environment where this library reads them (the role).
+//
+// # Safety
+// `keys` and `vals` must point to `num_vars` NUL-terminated strings each.
+int MXInitPSEnv(uint32_t num_vars, const char **keys, const char **vals);
 
 // Create an empty NDArray handle (no shape, no storage).
 //

@@ -139,8 +139,28 @@ int main(void) {
 
   {
     KVStoreHandle dist = NULL;
-    CHECK(MXKVStoreCreate("dist_sync", &dist) == -1 && starts_with(MXGetLastError(), "NotImplementedError: "));
+    CHECK(MXKVStoreCreate("dist_async", &dist) == -1 && starts_with(MXGetLastError(), "NotImplementedError: "));
     CHECK(dist == NULL);
+    /* The role (DMLC_ROLE, or MXInitPSEnv's settings first): a server's distributed store
+     * starts no MPI and has nothing to serve. */
+    int is_worker = -1, is_server = -1, is_scheduler = -1;
+    CHECK(MXKVStoreIsWorkerNode(&is_worker) == 0 && is_worker == 1);
+    const char* keys[1] = {"DMLC_ROLE"};
+    const char* server[1] = {"server"};
+    CHECK(MXInitPSEnv(1, keys, server) == 0);
+    CHECK(MXKVStoreIsWorkerNode(&is_worker) == 0 && is_worker == 0);
+    CHECK(MXKVStoreIsServerNode(&is_server) == 0 && is_server == 1);
+    CHECK(MXKVStoreIsSchedulerNode(&is_scheduler) == 0 && is_scheduler == 0);
+    CHECK(MXKVStoreCreate("dist_sync", &dist) == 0 && dist != NULL);
+    const char* type = NULL;
+    CHECK(MXKVStoreGetType(dist, &type) == 0 && strcmp(type, "dist_sync") == 0);
+    CHECK(MXKVStoreRunServer(dist, NULL, NULL) == 0);
+    CHECK(MXKVStoreSetBarrierBeforeExit(dist, 1) == -1 &&
+          starts_with(MXGetLastError(), "MXNetError: barrier_before_exit takes effect only on worker nodes"));
+    CHECK(MXKVStoreFree(dist) == 0);
+    const char* worker[1] = {"worker"};
+    CHECK(MXInitPSEnv(1, keys, worker) == 0);
+    CHECK(MXKVStoreIsWorkerNode(&is_worker) == 0 && is_worker == 1);
   }
   CHECK(MXNDArrayWaitAll() == 0);
   if (failures == 0) printf("kvstore: all checks passed\n");

@@ -251,7 +251,7 @@ res["uninit"] = first_line(lambda: kv.pull(4, out=mx.nd.zeros((1,))))
 res["push-shape"] = first_line(lambda: kv.push(1, mx.nd.ones((3,))))
 res["pull-shape"] = first_line(lambda: kv.pull(2, out=mx.nd.zeros((2,))))
 res["push-dtypes"] = first_line(lambda: kv.push(1, [mx.nd.ones((2,)), mx.nd.ones((2,), dtype="float64")]))  # summed in float32
-res["dist"] = first_line(lambda: mx.kv.create("dist_sync"))
+res["dist"] = first_line(lambda: mx.kv.create("dist_async"))
 res["nccl"] = first_line(lambda: mx.kv.create("nccl"))
 res["barrier"] = first_line(lambda: kv._barrier())
 o1, o2 = mx.nd.zeros((2,)), mx.nd.zeros((3,))
@@ -265,14 +265,15 @@ with open(sys.argv[-1], "wb") as f:
 def test_bad_input_is_refused_and_loses_nothing(tmp_path):
     # Stock accepts some of these silently (a push of another shape replaces the value; a
     # duplicate inside one init list initialises the keys before it) or needs a cluster
-    # (dist_sync), so this is checked on this library alone.
+    # (dist_async), so this is checked on this library alone. Distributed stores:
+    # test_kvstore_dist.py.
     r = run_script(BAD, "ours", tmp_path)
     assert r["dup-in-list"].startswith("MXNetError: duplicate init of key 1"), r
     assert r["uninit"] == "MXNetError: key 4 has not been initialized", r
     assert r["push-shape"] == "MXNetError: shape mismatch for key 1: it was initialized with shape (2), pushed (3)", r
     assert r["pull-shape"] == "MXNetError: shape mismatch for key 2: its value has shape (3), the output (2)", r
     assert r["push-dtypes"] == "ok", r
-    assert r["dist"].startswith("NotImplementedError: the distributed KVStore 'dist_sync'"), r
+    assert r["dist"].startswith("NotImplementedError: the asynchronous distributed KVStore 'dist_async'"), r
     assert r["nccl"].startswith("NotImplementedError: the NCCL KVStore"), r
     assert r["barrier"] == "ok", r  # a barrier on one machine returns at once
     assert r["kept"] == ([2.0, 2.0], [3.0, 4.0, 5.0]), r  # the refused calls changed nothing

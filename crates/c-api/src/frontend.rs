@@ -1,5 +1,5 @@
 //! C API: what `import mxnet` asks of the library besides operators — MXKVStoreIsWorkerNode
-//! (and the server and scheduler questions),
+//! (and the server and scheduler questions: the process's distributed role),
 //! the (empty) legacy function list and the (empty) PackedFunc registry
 //! (MXCustomOpRegister is in `custom_op`, the data iterators in `data_iter`).
 //!
@@ -9,36 +9,39 @@
 use super::ffi::{self, cstr, out};
 use super::types::FunctionHandle;
 use mxnet_core::error::Error;
+use mxnet_core::kvstore::{role, Role};
 use std::ffi::{c_char, c_int, c_void};
 
-/// This process is a worker (no parameter server): the frontend must not start a server.
+/// Whether this process is a worker: `DMLC_ROLE` unset or `worker` (as stock's ps-lite reads
+/// it; `MXInitPSEnv` settings first). The frontend runs a server (which returns at once here:
+/// the workers reduce among themselves over MPI) and exits when it is not.
 ///
 /// # Safety
 /// `ret` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXKVStoreIsWorkerNode(ret: *mut c_int) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXKVStoreIsWorkerNode", ret, "ret", || Ok(1)) }
+    unsafe { ffi::call_out("MXKVStoreIsWorkerNode", ret, "ret", || Ok((role() == Role::Worker) as c_int)) }
 }
 
-/// This process is no parameter server (0).
+/// Whether this process is a parameter server: `DMLC_ROLE` is `server`.
 ///
 /// # Safety
 /// `ret` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXKVStoreIsServerNode(ret: *mut c_int) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXKVStoreIsServerNode", ret, "ret", || Ok(0)) }
+    unsafe { ffi::call_out("MXKVStoreIsServerNode", ret, "ret", || Ok((role() == Role::Server) as c_int)) }
 }
 
-/// This process is no parameter-server scheduler (0).
+/// Whether this process is the parameter servers' scheduler: `DMLC_ROLE` is `scheduler`.
 ///
 /// # Safety
 /// `ret` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXKVStoreIsSchedulerNode(ret: *mut c_int) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXKVStoreIsSchedulerNode", ret, "ret", || Ok(0)) }
+    unsafe { ffi::call_out("MXKVStoreIsSchedulerNode", ret, "ret", || Ok((role() == Role::Scheduler) as c_int)) }
 }
 
 /// # Safety

@@ -6,7 +6,9 @@
 //! the caller's function on the pushing thread with two new NDArray handles (the summed
 //! gradient and the stored value), which the callee owns and frees, as stock's do.
 //! One-machine stores answer the distributed queries as stock's non-distributed build does:
-//! rank 0, one worker, barriers and server commands that do nothing.
+//! rank 0, one worker, barriers and server commands that do nothing; distributed stores with
+//! their MPI rank and world size, and a worker installs the optimizer the frontend sends its
+//! "servers" itself (`install_pickled_optimizer`).
 
 use super::ffi::{self, cstr, list};
 use super::ndarray::arrays;
@@ -170,8 +172,9 @@ unsafe fn keyed2(
     })
 }
 
-/// Create a store: `local`, `device` (any name containing it); `dist*` and `nccl` stores are
-/// refused with NotImplementedError.
+/// Create a store: `local`, `device` (any name containing it), `dist_sync` and
+/// `dist_device_sync` (over MPI: a worker loads and initialises it here); `dist_async` and
+/// `nccl` stores are refused with NotImplementedError.
 ///
 /// # Safety
 /// `type_` must be a NUL-terminated string; `out` NULL or valid for writes.
@@ -502,27 +505,27 @@ pub unsafe extern "C" fn MXKVStoreGetType(handle: KVStoreHandle, type_: *mut *co
     unsafe { ffi::call_out("MXKVStoreGetType", type_, "type", || ffi::return_str(stores().get(handle)?.type_name())) }
 }
 
-/// This process's rank: 0 (one machine).
+/// This worker's rank: its MPI rank for a distributed store, else 0.
 ///
 /// # Safety
 /// `ret` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXKVStoreGetRank(handle: KVStoreHandle, ret: *mut c_int) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXKVStoreGetRank", ret, "ret", || stores().get(handle).map(|_| 0)) }
+    unsafe { ffi::call_out("MXKVStoreGetRank", ret, "ret", || stores().get(handle).map(|s| s.rank())) }
 }
 
-/// The number of workers: 1 (one machine).
+/// The number of workers: the MPI world's size for a distributed store, else 1.
 ///
 /// # Safety
 /// `ret` must be NULL or valid for writes.
 #[no_mangle]
 pub unsafe extern "C" fn MXKVStoreGetGroupSize(handle: KVStoreHandle, ret: *mut c_int) -> c_int {
     // SAFETY: per this function's contract.
-    unsafe { ffi::call_out("MXKVStoreGetGroupSize", ret, "ret", || stores().get(handle).map(|_| 1)) }
+    unsafe { ffi::call_out("MXKVStoreGetGroupSize", ret, "ret", || stores().get(handle).map(|s| s.num_workers())) }
 }
 
-/// Dead nodes: none (one machine).
+/// Dead nodes: none (MPI ends the whole job when a rank dies).
 ///
 /// # Safety
 /// `number` must be NULL or valid for writes.
@@ -537,23 +540,146 @@ pub unsafe extern "C" fn MXKVStoreGetNumDeadNode(
     unsafe { ffi::call_out("MXKVStoreGetNumDeadNode", number, "number", || stores().get(handle).map(|_| 0)) }
 }
 
-/// A barrier among workers: nothing to wait for on one machine.
+/// A barrier among the workers of a distributed store (after this worker's earlier pushes
+/// and inits); nothing to wait for on one machine.
 #[no_mangle]
 pub extern "C" fn MXKVStoreBarrier(handle: KVStoreHandle) -> c_int {
-    ffi::call("MXKVStoreBarrier", || stores().get(handle).map(drop))
+    ffi::call("MXKVStoreBarrier", || stores().get(handle)?.barrier())
 }
 
-/// A command to the servers: a one-machine store has none, so it does nothing (as stock's).
+/// Stock's server command ids (the frontend's `_get_kvstore_server_command_type`).
+const CMD_CONTROLLER: c_int = 0;
+
+/// A command to the servers. One-machine stores have none and do nothing (as stock's). A
+/// distributed store's workers are its servers: the controller command (`set_optimizer`'s
+/// pickled optimizer) installs that optimizer as this store's updater, as stock's server
+/// process does with it (see [`install_pickled_optimizer`]); the other commands (multi-
+/// precision, sync mode, compression and profiler settings for servers) change nothing here,
+/// where the workers' own settings already apply.
+///
+/// # Safety
+/// `cmd_body` must be NULL or a NUL-terminated string.
 #[no_mangle]
-pub extern "C" fn MXKVStoreSendCommmandToServers(
+pub unsafe extern "C" fn MXKVStoreSendCommmandToServers(
     handle: KVStoreHandle,
-    _cmd_id: c_int,
-    _cmd_body: *const c_char,
+    cmd_id: c_int,
+    cmd_body: *const c_char,
 ) -> c_int {
-    ffi::call("MXKVStoreSendCommmandToServers", || stores().get(handle).map(drop))
+    ffi::call("MXKVStoreSendCommmandToServers", || {
+        let store = stores().get(handle)?;
+        if !store.is_distributed() || cmd_id != CMD_CONTROLLER {
+            return Ok(());
+        }
+        if cmd_body.is_null() {
+            return Err(Error::mxnet("the controller command has no body (the pickled optimizer)"));
+        }
+        // SAFETY: per this function's contract.
+        let body = unsafe { std::ffi::CStr::from_ptr(cmd_body) }.to_bytes();
+        install_pickled_optimizer(handle, body)
+    })
 }
 
-/// Run a server: a one-machine store has no server role, so it returns at once (as stock's).
+/// The Python C API functions [`install_pickled_optimizer`] calls.
+struct Python {
+    is_initialized: unsafe extern "C" fn() -> c_int,
+    gil_ensure: unsafe extern "C" fn() -> c_int,
+    gil_release: unsafe extern "C" fn(c_int),
+    run_simple_string: unsafe extern "C" fn(*const c_char) -> c_int,
+}
+
+/// The Python interpreter this process runs, if any (its symbols are global: the `python`
+/// executable exports them for extension modules).
+fn python() -> Option<Python> {
+    fn sym(name: &std::ffi::CStr) -> Option<*mut c_void> {
+        // SAFETY: dlsym with RTLD_DEFAULT only looks the name up.
+        let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        (!p.is_null()).then_some(p)
+    }
+    let (a, b, c, d) = (
+        sym(c"Py_IsInitialized")?,
+        sym(c"PyGILState_Ensure")?,
+        sym(c"PyGILState_Release")?,
+        sym(c"PyRun_SimpleString")?,
+    );
+    // SAFETY: these are the Python C API's functions of these names, with these signatures
+    // (PyGILState_STATE is a C enum, an int).
+    unsafe {
+        Some(Python {
+            is_initialized: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(a),
+            gil_ensure: std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> c_int>(b),
+            gil_release: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(c_int)>(c),
+            run_simple_string: std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char) -> c_int>(d),
+        })
+    }
+}
+
+/// `kv.set_optimizer(opt)` on a distributed store sends the pickled optimizer to the servers;
+/// stock's server process unpickles it and installs `mx.optimizer.get_updater(opt)` as its
+/// store's updater. Here every worker is its own server, so the worker does that, by running
+/// the same frontend code in the interpreter that called (ctypes released the GIL for this
+/// call; it is taken back for the run). Outside Python there is nothing to unpickle with: a
+/// C program sets an updater itself (`MXKVStoreSetUpdater`).
+fn install_pickled_optimizer(handle: KVStoreHandle, body: &[u8]) -> Result<()> {
+    let py = python().ok_or_else(|| {
+        Error::not_supported(
+            "a pickled optimizer outside a Python process (set the updater with MXKVStoreSetUpdater instead)",
+        )
+    })?;
+    // SAFETY: Py_IsInitialized may be called at any time.
+    if unsafe { (py.is_initialized)() } == 0 {
+        return Err(Error::not_supported("a pickled optimizer before the Python interpreter is initialised"));
+    }
+    const CAP: usize = 4096;
+    let mut message = vec![0u8; CAP];
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let code = format!(
+        "import ctypes, pickle\n\
+         try:\n\
+         \x20   from mxnet import optimizer as _opt\n\
+         \x20   from mxnet.base import _LIB, check_call\n\
+         \x20   from mxnet.kvstore import kvstore as _kvs\n\
+         \x20   upd = _opt.get_updater(pickle.loads(bytes.fromhex('{body}')))\n\
+         \x20   f = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(_kvs._updater_wrapper(upd))\n\
+         \x20   g = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(_kvs._updater_wrapper(upd))\n\
+         \x20   check_call(_LIB.MXKVStoreSetUpdaterEx(ctypes.c_void_p({handle}), f, g, None))\n\
+         \x20   _kvs.__dict__.setdefault('_mxrt_dist_updaters', {{}})[{handle}] = (upd, f, g)\n\
+         except BaseException as e:\n\
+         \x20   m = ('%s: %s' % (type(e).__name__, e)).encode('utf-8', 'replace')[:{cap}]\n\
+         \x20   ctypes.memmove({buf}, m, len(m))\n",
+        body = hex(body),
+        handle = handle as usize,
+        cap = CAP - 1,
+        buf = message.as_mut_ptr() as usize,
+    );
+    // Run in a fresh namespace, not the caller's __main__.
+    let outer = CString::new(format!("exec(bytes.fromhex('{}').decode(), {{}})", hex(code.as_bytes())))
+        .map_err(|_| Error::internal("a NUL in generated Python code"))?;
+    // SAFETY: the interpreter is initialised (checked) and this thread holds no GIL (ctypes
+    // released it for this call): Ensure takes it and Release gives it back. The code writes at
+    // most CAP - 1 bytes into `message`, which outlives the run.
+    let rc = unsafe {
+        let gil = (py.gil_ensure)();
+        let rc = (py.run_simple_string)(outer.as_ptr());
+        (py.gil_release)(gil);
+        rc
+    };
+    let len = message.iter().position(|&b| b == 0).unwrap_or(CAP);
+    if len > 0 {
+        let text = String::from_utf8_lossy(&message[..len]);
+        return Err(Error::mxnet(format!(
+            "the optimizer sent to the distributed store could not be installed: {text}"
+        )));
+    }
+    if rc != 0 {
+        return Err(Error::mxnet(
+            "the optimizer sent to the distributed store could not be installed (see Python's message above)",
+        ));
+    }
+    Ok(())
+}
+
+/// Run a server: the workers reduce among themselves, so a server has nothing to serve and
+/// returns at once (the frontend's server process then exits, as when stock's stops).
 #[no_mangle]
 pub extern "C" fn MXKVStoreRunServer(
     handle: KVStoreHandle,
@@ -563,18 +689,33 @@ pub extern "C" fn MXKVStoreRunServer(
     ffi::call("MXKVStoreRunServer", || stores().get(handle).map(drop))
 }
 
-/// Refused: a barrier before exit exists only for distributed stores.
+/// Whether a worker's distributed store waits for the others before it exits (stock's
+/// default: yes). Accepted on workers, as stock accepts it; it changes nothing here, where
+/// every rank's MPI finalisation at exit waits for all ranks. Refused on servers and
+/// schedulers, as stock refuses it.
 #[no_mangle]
-pub extern "C" fn MXKVStoreSetBarrierBeforeExit(_handle: KVStoreHandle, _barrier_before_exit: c_int) -> c_int {
+pub extern "C" fn MXKVStoreSetBarrierBeforeExit(handle: KVStoreHandle, _barrier_before_exit: c_int) -> c_int {
     ffi::call("MXKVStoreSetBarrierBeforeExit", || {
-        Err(Error::not_supported("a barrier before exit (distributed KVStore; MXKVStoreSetBarrierBeforeExit)"))
+        stores().get(handle)?;
+        if mxnet_core::kvstore::role() != mxnet_core::kvstore::Role::Worker {
+            return Err(Error::mxnet("barrier_before_exit takes effect only on worker nodes"));
+        }
+        Ok(())
     })
 }
 
-/// Refused: the parameter server's environment exists only for distributed stores.
+/// The parameter servers' environment (`DMLC_ROLE`, ...): settings that take precedence over
+/// the process environment where this library reads them (the role).
+///
+/// # Safety
+/// `keys` and `vals` must point to `num_vars` NUL-terminated strings each.
 #[no_mangle]
-pub extern "C" fn MXInitPSEnv(_num_vars: u32, _keys: *mut *const c_char, _vals: *mut *const c_char) -> c_int {
+pub unsafe extern "C" fn MXInitPSEnv(num_vars: u32, keys: *mut *const c_char, vals: *mut *const c_char) -> c_int {
     ffi::call("MXInitPSEnv", || {
-        Err(Error::not_supported("the parameter server's environment (distributed KVStore; MXInitPSEnv)"))
+        // SAFETY: per this function's contract.
+        let (k, v) = unsafe { (read_strs(keys, num_vars, "keys")?, read_strs(vals, num_vars, "vals")?) };
+        let pairs: Vec<(&str, &str)> = k.into_iter().zip(v).collect();
+        mxnet_core::kvstore::set_ps_env(&pairs);
+        Ok(())
     })
 }

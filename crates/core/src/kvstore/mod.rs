@@ -22,8 +22,17 @@
 //!
 //! Sums of big arrays (at least `MXNET_KVSTORE_BIGARRAY_BOUND` elements) run on
 //! `MXNET_KVSTORE_REDUCTION_NTHREADS` threads; both are read at each push.
+//!
+//! Distributed stores (`dist_sync`, `dist_device_sync`) are these stores plus one step across
+//! the worker processes, over MPI ([`mpi`]) instead of stock's parameter servers: `init`
+//! broadcasts rank 0's values, `push` sums each key's local sum over the ranks (an allreduce;
+//! with 2-bit compression an allgather of the packed pushes, summed in rank order) and every
+//! rank then runs the same update, so the stored values stay equal on every rank, as stock's
+//! servers keep one copy. Processes whose `DMLC_ROLE` is `server` or `scheduler` (MXNet's
+//! launcher starts them) get a store that only answers that it has nothing to serve.
 
 mod kernels;
+pub mod mpi;
 
 use crate::context::{Context, DevType};
 use crate::engine::{self, FnProperty, Push, Var, VarList};
@@ -112,6 +121,8 @@ struct Entry {
     merge: Option<Merge>,
     /// `device`: the context this key's sums run on, once placed.
     place: Option<Context>,
+    /// Distributed stores: the buffers of the step across the ranks.
+    cross: Option<Cross>,
 }
 
 #[derive(Default)]
@@ -133,7 +144,64 @@ struct State {
 pub struct KVStore {
     name: String,
     comm: Comm,
+    span: Span,
     state: Mutex<State>,
+}
+
+/// Which processes a store spans.
+#[derive(Clone, Copy)]
+enum Span {
+    /// This process alone (`local`, `device`).
+    Local,
+    /// A distributed store's worker: the MPI world's ranks.
+    Workers(&'static mpi::World),
+    /// A distributed store in a server or scheduler process: nothing to serve (the workers
+    /// reduce among themselves).
+    ServerRole,
+}
+
+/// The role of this process in distributed training, as stock's ps-lite reads it from
+/// `DMLC_ROLE` (or from [`set_ps_env`]): a worker when unset or `worker`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Worker,
+    Server,
+    Scheduler,
+    /// Another value: neither (stock's answers for it).
+    Other,
+}
+
+/// `MXInitPSEnv`'s settings, which take precedence over the environment.
+fn ps_env() -> &'static Mutex<HashMap<String, String>> {
+    static ENV: std::sync::OnceLock<Mutex<HashMap<String, String>>> = std::sync::OnceLock::new();
+    ENV.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// `MXInitPSEnv`: settings of the distributed environment (`DMLC_ROLE`, ...) that take
+/// precedence over the process environment.
+pub fn set_ps_env(pairs: &[(&str, &str)]) {
+    let mut env = ps_env().lock();
+    for (k, v) in pairs {
+        env.insert(k.to_string(), v.to_string());
+    }
+}
+
+/// This process's role (see [`Role`]).
+pub fn role() -> Role {
+    let set = ps_env().lock().get("DMLC_ROLE").cloned();
+    match set.or_else(|| std::env::var("DMLC_ROLE").ok()).as_deref() {
+        None | Some("worker") => Role::Worker,
+        Some("server") => Role::Server,
+        Some("scheduler") => Role::Scheduler,
+        Some(_) => Role::Other,
+    }
+}
+
+/// A distributed store's buffers for one key: the sum over the ranks, and with compression
+/// (residual, this rank's packed push, every rank's packed pushes).
+struct Cross {
+    reduced: NDArray,
+    compressed: Option<(NDArray, NDArray, NDArray)>,
 }
 
 /// Where stored values live (stock's pinned context).
@@ -174,12 +242,7 @@ fn push_op(
     priority: i32,
     f: impl FnOnce(&[TBlob], &mut [OutBlob]) -> Result<()> + Send + 'static,
 ) -> Result<()> {
-    for (i, w) in writes.iter().enumerate() {
-        let clash = reads.iter().any(|r| same_block(r, w)) || writes[..i].iter().any(|o| same_block(o, w));
-        if clash {
-            return Err(Error::mxnet(format!("{name}: an array it writes shares memory with another of its arrays")));
-        }
-    }
+    check_distinct(name, reads, writes)?;
     let mut const_vars: VarList = VarList::new();
     let mut ins = Vec::with_capacity(reads.len());
     for r in reads {
@@ -209,6 +272,62 @@ fn push_op(
         move |_| {
             let _keep = &keep;
             f(&ins, &mut outs)
+        },
+        const_vars,
+        mutable_vars,
+    );
+    submit(p, &crate::intern::intern(name), priority)
+}
+
+/// Refuse an operation whose written array shares a memory block with another of its arrays.
+fn check_distinct(name: &str, reads: &[&NDArray], writes: &[&NDArray]) -> Result<()> {
+    for (i, w) in writes.iter().enumerate() {
+        let clash = reads.iter().any(|r| same_block(r, w)) || writes[..i].iter().any(|o| same_block(o, w));
+        if clash {
+            return Err(Error::mxnet(format!("{name}: an array it writes shares memory with another of its arrays")));
+        }
+    }
+    Ok(())
+}
+
+/// Push the collective `call` makes of the arrays' memory (`reads` then `writes`, as
+/// regions) as an asynchronous engine operation: it hands `ticket` to the MPI thread once the
+/// arrays are ready and finishes when the collective has run. Checked as [`push_op`].
+fn push_collective(
+    name: &str,
+    reads: &[&NDArray],
+    writes: &[&NDArray],
+    priority: i32,
+    ticket: mpi::Ticket,
+    call: impl FnOnce(&[mpi::Region]) -> mpi::Call + Send + 'static,
+) -> Result<()> {
+    check_distinct(name, reads, writes)?;
+    let mut const_vars: VarList = VarList::new();
+    let mut mutable_vars: VarList = VarList::new();
+    let mut regions = Vec::with_capacity(reads.len() + writes.len());
+    for (k, a) in reads.iter().chain(writes).enumerate() {
+        host_only(a, if k < reads.len() { "an input" } else { "an output" })?;
+        let v: &Arc<Var> = a.chunk()?;
+        if k >= reads.len() {
+            mutable_vars.push(v.clone());
+        } else if !const_vars.iter().any(|c| Arc::ptr_eq(c, v)) {
+            const_vars.push(v.clone());
+        }
+        // SAFETY: the address is the view's start inside its chunk, holding `size()`
+        // elements of its dtype. The operation holds the arrays' variables (for reading or
+        // writing) until its completion, which the MPI thread calls after the collective has
+        // run, so nothing else writes them (or, for written ones, reads them) meanwhile; no
+        // written array shares a block with another (checked above); `keep` holds the chunks.
+        regions.push(unsafe { mpi::Region::new(a.data()?, a.size()) });
+    }
+    let keep: Vec<NDArray> = reads.iter().chain(writes).map(|a| (*a).clone()).collect();
+    let p = Push::asynchronous(
+        move |_, completion| {
+            let c = call(&regions);
+            ticket.run(c, move |r| {
+                drop(keep);
+                completion.complete(r);
+            });
         },
         const_vars,
         mutable_vars,
@@ -319,6 +438,24 @@ impl Reduction {
     }
 }
 
+/// Push the 2-bit quantization of `src` (with its `residual`) into `packed`.
+fn push_quantize(src: &NDArray, residual: &NDArray, packed: &NDArray, threshold: f32, priority: i32) -> Result<()> {
+    push_op("QuantizeCPU", &[src], &[residual, packed], priority, move |ins, outs| {
+        let (r, p) = outs.split_at_mut(1);
+        kernels::quantize_2bit(ins[0].as_slice::<f32>(), r[0].as_mut::<f32>(), p[0].as_mut::<u8>(), threshold);
+        Ok(())
+    })
+}
+
+/// A float32 array of zeros (a compression residual).
+fn zeros_f32(shape: Vec<usize>, ctx: Context) -> Result<NDArray> {
+    let a = NDArray::new(shape, ctx, DType::F32, false)?;
+    let zeros = vec![0f32; a.size()];
+    // SAFETY: `zeros` holds the array's elements and outlives the (waited-for) copy.
+    unsafe { a.copy_from_host(zeros.as_ptr() as *const u8, zeros.len())? };
+    Ok(a)
+}
+
 /// Push the sum of `srcs` into `dst` (`first`: whether `dst` already holds the first source,
 /// which `srcs` then lacks).
 fn push_sum(srcs: &[&NDArray], dst: &NDArray, order: Order, first: bool, threads: usize, priority: i32) -> Result<()> {
@@ -339,20 +476,71 @@ fn push_sum(srcs: &[&NDArray], dst: &NDArray, order: Order, first: bool, threads
 
 impl KVStore {
     /// `mx.kv.create(name)`: `local` (or any name without `device`/`dist`/`nccl`) sums on
-    /// the host, a name containing `device` on the arrays' devices. Distributed and NCCL
+    /// the host, a name containing `device` on the arrays' devices. A name containing `dist`
+    /// makes a distributed store (MPI, started here in a worker); `dist_async` and NCCL
     /// stores are refused.
     pub fn create(name: &str) -> Result<Self> {
         let lower = name.to_lowercase();
-        if lower.contains("dist") {
-            return Err(Error::not_supported(format!(
-                "the distributed KVStore '{name}' (this build has no distributed training; use 'local' or 'device' on one machine)"
-            )));
-        }
         if lower.contains("nccl") {
             return Err(Error::not_supported(format!("the NCCL KVStore '{name}' (no GPU support in this build)")));
         }
+        let span = if !lower.contains("dist") {
+            Span::Local
+        } else if lower.contains("async") {
+            return Err(Error::not_supported(format!(
+                "the asynchronous distributed KVStore '{name}' (use 'dist_sync' or 'dist_device_sync': synchronous training over MPI)"
+            )));
+        } else if role() == Role::Worker {
+            Span::Workers(mpi::world()?)
+        } else {
+            Span::ServerRole
+        };
         let comm = if lower.contains("device") { Comm::Device } else { Comm::Host };
-        Ok(KVStore { name: lower, comm, state: Mutex::new(State::default()) })
+        Ok(KVStore { name: lower, comm, span, state: Mutex::new(State::default()) })
+    }
+
+    /// This worker's rank (0 unless distributed).
+    pub fn rank(&self) -> i32 {
+        match self.span {
+            Span::Workers(w) => w.rank(),
+            _ => 0,
+        }
+    }
+
+    /// The number of workers (1 unless distributed).
+    pub fn num_workers(&self) -> i32 {
+        match self.span {
+            Span::Workers(w) => w.size(),
+            _ => 1,
+        }
+    }
+
+    /// Whether this is a distributed store (of a worker or a server process).
+    pub fn is_distributed(&self) -> bool {
+        !matches!(self.span, Span::Local)
+    }
+
+    /// `Barrier`: wait until every worker has reached it (after this worker's earlier
+    /// pushes and inits have run). Nothing to wait for unless distributed.
+    pub fn barrier(&self) -> Result<()> {
+        match self.span {
+            Span::Workers(w) => {
+                // Taken under the lock, as pushes take theirs: one order of collectives.
+                let ticket = {
+                    let _st = self.state.lock();
+                    w.ticket()
+                };
+                w.run_blocking(ticket, mpi::Call::Barrier)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn workers(&self) -> Option<&'static mpi::World> {
+        match self.span {
+            Span::Workers(w) => Some(w),
+            _ => None,
+        }
     }
 
     /// The type name (lower case), as `kv.type` shows it.
@@ -431,16 +619,23 @@ impl KVStore {
     /// `Init`: store a copy of each value under its key.
     pub fn init(&self, keys: Keys, values: &[NDArray]) -> Result<()> {
         let mut st = self.state.lock();
-        Self::init_locked(&mut st, keys, values)
+        Self::init_locked(&mut st, keys, values, self.workers())
     }
 
-    fn init_locked(st: &mut State, keys: Keys, values: &[NDArray]) -> Result<()> {
+    /// `workers`: a distributed store's world, whose rank 0's values every rank takes.
+    fn init_locked(st: &mut State, keys: Keys, values: &[NDArray], workers: Option<&'static mpi::World>) -> Result<()> {
         if keys.len() != values.len() {
             return Err(Error::mxnet(format!("{} keys but {} values", keys.len(), values.len())));
         }
         Self::check_key_type(st, &keys)?;
         for (i, v) in values.iter().enumerate() {
             host_only(v, "a value")?;
+            if workers.is_some() && v.dtype == DType::Bool {
+                return Err(Error::not_supported(format!(
+                    "a distributed KVStore key of bool values (key {}; MPI has no sum of them)",
+                    keys.describe(i)
+                )));
+            }
             let dup = match keys {
                 Keys::Int(k) => st.entries.contains_key(&k[i]) || k[..i].contains(&k[i]),
                 Keys::Str(k) => st.str_ids.contains_key(k[i]) || k[..i].contains(&k[i]),
@@ -468,7 +663,18 @@ impl KVStore {
                     id
                 }
             };
-            st.entries.insert(id, Entry { shape: v.shape.clone(), dtype: v.dtype, value: s, merge: None, place: None });
+            if let Some(w) = workers {
+                let dtype = s.dtype;
+                push_collective("MPIBroadcast", &[], &[&s], 0, w.ticket(), move |r| mpi::Call::Bcast {
+                    key: id,
+                    dtype,
+                    buf: r[0],
+                })?;
+            }
+            st.entries.insert(
+                id,
+                Entry { shape: v.shape.clone(), dtype: v.dtype, value: s, merge: None, place: None, cross: None },
+            );
         }
         Ok(())
     }
@@ -510,6 +716,10 @@ impl KVStore {
         let ids = Self::ids(st, &keys)?;
         let groups = Self::group(&ids);
         let compress = if self.comm == Comm::Device { st.threshold } else { None };
+        // Distributed stores compress what crosses between ranks (as stock's workers compress
+        // what they send their servers), whatever sums the ranks' devices.
+        let workers = self.workers();
+        let cross_compress = workers.and(st.threshold);
         for (id, members) in &groups {
             let e = st.entries.get(id).ok_or_else(|| Error::internal("a checked KVStore key vanished"))?;
             for &i in members {
@@ -523,7 +733,8 @@ impl KVStore {
                         shape_text(&v.shape)
                     )));
                 }
-                if compress.is_some() && (v.dtype != DType::F32 || e.dtype != DType::F32) {
+                if (compress.is_some() || cross_compress.is_some()) && (v.dtype != DType::F32 || e.dtype != DType::F32)
+                {
                     return Err(Error::not_supported(format!(
                         "gradient compression of {} arrays (key {}; it compresses float32)",
                         if v.dtype != DType::F32 { v.dtype } else { e.dtype }.name(),
@@ -538,10 +749,16 @@ impl KVStore {
         let srcs_of = |members: &[usize]| members.iter().map(|&i| &values[i]).collect::<Vec<&NDArray>>();
         for (id, members) in &groups {
             self.prepare(st, *id, &srcs_of(members), compress)?;
+            if let Some(w) = workers {
+                Self::prepare_cross(st, *id, w, cross_compress.is_some())?;
+            }
         }
         let mut calls = Vec::new();
         for (id, members) in &groups {
-            let merged = Self::reduce(st, *id, &srcs_of(members), compress, self.comm, reduction, priority)?;
+            let mut merged = Self::reduce(st, *id, &srcs_of(members), compress, self.comm, reduction, priority)?;
+            if let Some(w) = workers {
+                merged = Self::across(st, *id, w, &merged, cross_compress, priority)?;
+            }
             // As stock: an update needs the int-key updater; string keys go to the string
             // one when there is one, else to the int one with the key's internal number.
             let call = match (&st.updater, &st.str_updater, keys) {
@@ -555,6 +772,9 @@ impl KVStore {
             let entry = st.entries.get_mut(id).ok_or_else(|| Error::internal("a checked KVStore key vanished"))?;
             match call {
                 Some((u, key)) => calls.push((u, key, merged, entry.value.clone())),
+                // A distributed store keeps its value apart from the sum's buffer, as stock's
+                // server copies the sum into its stored value.
+                None if workers.is_some() => copy(&merged, &entry.value, priority)?,
                 None => entry.value = merged,
             }
         }
@@ -590,10 +810,7 @@ impl KVStore {
             let bytes = kernels::two_bit_words(m.merged.size()) * 4;
             while m.compressed.len() < srcs.len() {
                 let sctx = srcs[m.compressed.len()].ctx().unwrap_or(ctx);
-                let residual = NDArray::new(shape.clone(), sctx, DType::F32, false)?;
-                let zeros = vec![0f32; residual.size()];
-                // SAFETY: `zeros` holds the array's elements and outlives the (waited-for) copy.
-                unsafe { residual.copy_from_host(zeros.as_ptr() as *const u8, zeros.len())? };
+                let residual = zeros_f32(shape.clone(), sctx)?;
                 let send = NDArray::new(vec![bytes], sctx, DType::U8, false)?;
                 let recv = if sctx != ctx { Some(NDArray::new(vec![bytes], ctx, DType::U8, false)?) } else { None };
                 m.compressed.push((residual, send, recv));
@@ -635,16 +852,7 @@ impl KVStore {
             Some(threshold) => {
                 for (k, &s) in srcs.iter().enumerate() {
                     let (residual, send, recv) = &m.compressed[k];
-                    push_op("QuantizeCPU", &[s], &[residual, send], priority, move |ins, outs| {
-                        let (r, p) = outs.split_at_mut(1);
-                        kernels::quantize_2bit(
-                            ins[0].as_slice::<f32>(),
-                            r[0].as_mut::<f32>(),
-                            p[0].as_mut::<u8>(),
-                            threshold,
-                        );
-                        Ok(())
-                    })?;
+                    push_quantize(s, residual, send, threshold, priority)?;
                     let packed = match recv {
                         Some(r) => {
                             copy(send, r, priority)?;
@@ -662,6 +870,78 @@ impl KVStore {
             }
         }
         Ok(m.merged.clone())
+    }
+
+    /// A distributed store's buffers for key `id` (see [`Cross`]), allocated before anything
+    /// is pushed.
+    fn prepare_cross(st: &mut State, id: i32, world: &mpi::World, compress: bool) -> Result<()> {
+        let entry = st.entries.get_mut(&id).ok_or_else(|| Error::internal("a checked KVStore key vanished"))?;
+        let (shape, dtype) = (entry.shape.clone(), entry.dtype);
+        let cross = match &mut entry.cross {
+            Some(c) => c,
+            slot => {
+                slot.insert(Cross { reduced: NDArray::new(shape.clone(), pinned(), dtype, false)?, compressed: None })
+            }
+        };
+        if compress && cross.compressed.is_none() {
+            let bytes = kernels::two_bit_words(cross.reduced.size()) * 4;
+            let residual = zeros_f32(shape, pinned())?;
+            let packed = NDArray::new(vec![bytes], pinned(), DType::U8, false)?;
+            let ranks = usize::try_from(world.size()).map_err(|_| Error::internal("a negative MPI world size"))?;
+            let gathered = NDArray::new(vec![bytes * ranks], pinned(), DType::U8, false)?;
+            cross.compressed = Some((residual, packed, gathered));
+        }
+        Ok(())
+    }
+
+    /// Push the step across the ranks for key `id`: its local sum `merged` summed over the
+    /// ranks (with compression: each rank's 2-bit quantized sum, gathered and summed in rank
+    /// order, as stock's server sums its workers' pushes). Returns the sum.
+    fn across(
+        st: &State,
+        id: i32,
+        world: &'static mpi::World,
+        merged: &NDArray,
+        compress: Option<f32>,
+        priority: i32,
+    ) -> Result<NDArray> {
+        let cross = st
+            .entries
+            .get(&id)
+            .and_then(|e| e.cross.as_ref())
+            .ok_or_else(|| Error::internal("a KVStore's cross-rank buffers were not prepared"))?;
+        let reduced = &cross.reduced;
+        match (compress, &cross.compressed) {
+            (None, _) => {
+                let dtype = reduced.dtype;
+                push_collective("MPIAllreduce", &[merged], &[reduced], priority, world.ticket(), move |r| {
+                    mpi::Call::Allreduce { key: id, dtype, send: r[0], recv: r[1] }
+                })?;
+            }
+            (Some(threshold), Some((residual, packed, gathered))) => {
+                push_quantize(merged, residual, packed, threshold, priority)?;
+                push_collective("MPIAllgather", &[packed], &[gathered], priority, world.ticket(), move |r| {
+                    mpi::Call::Allgather { key: id, send: r[0], recv: r[1] }
+                })?;
+                let per = packed.size();
+                push_op("DequantizeCPU", &[gathered], &[reduced], priority, move |ins, outs| {
+                    let all = ins[0].as_slice::<u8>();
+                    let out = outs[0].as_mut::<f32>();
+                    let mut one = vec![0f32; out.len()];
+                    for (r, packed) in all.chunks_exact(per).enumerate() {
+                        if r == 0 {
+                            kernels::dequantize_2bit(packed, out, threshold);
+                        } else {
+                            kernels::dequantize_2bit(packed, &mut one, threshold);
+                            out.iter_mut().zip(&one).for_each(|(o, v)| *o += *v);
+                        }
+                    }
+                    Ok(())
+                })?;
+            }
+            (Some(_), None) => return Err(Error::internal("a KVStore's compression buffers were not prepared")),
+        }
+        Ok(reduced.clone())
     }
 
     /// `device`: the context key `id` sums on. Keys not placed yet are placed together, the
@@ -776,7 +1056,7 @@ impl KVStore {
             }
         }
         Self::check_outs(&st, &okeys, &ids, outs, &pending)?;
-        Self::init_locked(&mut st, vkeys, values)?;
+        Self::init_locked(&mut st, vkeys, values, self.workers())?;
         Self::pull_locked(&st, okeys, outs, priority)
     }
 
@@ -791,6 +1071,10 @@ impl KVStore {
     ) -> Result<()> {
         {
             let st = self.state.lock();
+            if self.workers().is_some() && st.threshold.is_some() {
+                // As stock's distributed stores (its servers have no compressed pushpull).
+                return Err(Error::mxnet("Compression not supported with PushPull"));
+            }
             let ids = Self::ids(&st, &okeys)?;
             Self::check_outs(&st, &okeys, &ids, outs, &[])?;
             // The value pulled may be one of those pushed (one value, no update): the pull must

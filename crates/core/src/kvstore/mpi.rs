@@ -1,0 +1,680 @@
+//! MPI for the distributed stores (`dist_sync`, `dist_device_sync`), loaded at run time.
+//!
+//! Owns: the MPI library (Open MPI's `libmpi.so.40`, opened with `dlopen` when the first
+//! distributed store of a worker is created, so neither the build nor a machine without MPI
+//! needs it), the one thread that makes every MPI call of the process, the order of the
+//! collectives, and MPI's finalisation at exit.
+//!
+//! MPI requires every rank to call the same collectives in the same order. The stores take a
+//! [`Ticket`] for each collective in program order (on the calling thread, under the store's
+//! lock); the engine operation that runs it hands its ticket to the MPI thread when its
+//! inputs are ready, and the MPI thread runs the collectives strictly by ticket, whatever
+//! order the engine readies them in. Each collective is preceded by one small allreduce of its
+//! description (kind, key, element count, dtype): when the ranks disagree (a program that
+//! pushes other keys on another rank, or a rank whose input failed and whose ticket was
+//! abandoned), every rank fails that call with an error and none moves data, so the stream of
+//! calls stays aligned. An operation waiting for a lower ticket holds no engine thread: it is
+//! an asynchronous engine operation that the MPI thread completes.
+//!
+//! At exit (`on_exit`, which sees the exit status) a process that initialised MPI finalises it
+//! after its issued collectives have run when it exits with status 0; with another status it
+//! leaves MPI unfinalised, so `mpirun` ends the other ranks instead of letting them wait for
+//! this one forever.
+
+use crate::error::{Error, Result};
+use crate::ndarray::DType;
+use crate::sync::Mutex;
+use half::f16;
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::OnceLock;
+
+/// Open MPI's handles: addresses of the library's predefined objects.
+type Handle = *mut c_void;
+
+type IntOut = unsafe extern "C" fn(*mut c_int) -> c_int;
+type InitThread = unsafe extern "C" fn(*mut c_int, *mut *mut *mut c_char, c_int, *mut c_int) -> c_int;
+type CommInt = unsafe extern "C" fn(Handle, *mut c_int) -> c_int;
+type SetErrhandler = unsafe extern "C" fn(Handle, Handle) -> c_int;
+type Allreduce = unsafe extern "C" fn(*const c_void, *mut c_void, c_int, Handle, Handle, Handle) -> c_int;
+type Allgather = unsafe extern "C" fn(*const c_void, c_int, Handle, *mut c_void, c_int, Handle, Handle) -> c_int;
+type Bcast = unsafe extern "C" fn(*mut c_void, c_int, Handle, c_int, Handle) -> c_int;
+type Barrier = unsafe extern "C" fn(Handle) -> c_int;
+type Finalize = unsafe extern "C" fn() -> c_int;
+type ErrorString = unsafe extern "C" fn(c_int, *mut c_char, *mut c_int) -> c_int;
+
+/// `MPI_THREAD_FUNNELED` and `MPI_THREAD_MULTIPLE` (the standard's order, Open MPI's values).
+const THREAD_FUNNELED: c_int = 1;
+const THREAD_MULTIPLE: c_int = 3;
+
+/// The library names tried, in order.
+const LIBRARIES: [&str; 2] = ["libmpi.so.40", "libmpi.so"];
+
+/// The MPI functions and handles this module uses.
+struct Api {
+    initialized: IntOut,
+    query_thread: IntOut,
+    init_thread: InitThread,
+    comm_rank: CommInt,
+    comm_size: CommInt,
+    set_errhandler: SetErrhandler,
+    allreduce: Allreduce,
+    allgather: Allgather,
+    bcast: Bcast,
+    barrier: Barrier,
+    finalize: Finalize,
+    error_string: ErrorString,
+    world: Handle,
+    sum: Handle,
+    max: Handle,
+    errors_return: Handle,
+    /// float, double, uint8_t, int32_t, int8_t, int64_t.
+    types: [Handle; 6],
+}
+
+// SAFETY: the handles are addresses of objects inside the MPI library, which is never
+// unloaded (see `load`); the functions and handles are used only on the MPI thread, which
+// owns the `Api` after `start` moves it there.
+unsafe impl Send for Api {}
+
+fn load() -> Result<Api> {
+    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+    let mut tried = Vec::new();
+    let mut found = None;
+    for name in LIBRARIES {
+        // SAFETY: loading runs the MPI library's initialisers, which is what using MPI asks
+        // for. RTLD_GLOBAL: Open MPI's components, which it loads itself, link against its
+        // symbols. The library is leaked below, so it is never unloaded.
+        match unsafe { Library::open(Some(name), RTLD_NOW | RTLD_GLOBAL) } {
+            Ok(l) => {
+                found = Some((name, l));
+                break;
+            }
+            Err(e) => tried.push(e.to_string()),
+        }
+    }
+    let Some((name, lib)) = found else {
+        return Err(Error::not_supported(format!(
+            "the distributed KVStore without MPI: it needs Open MPI's libmpi.so.40 (e.g. `apt-get install openmpi-bin`) \
+             and a launch with `mpirun -np N python ...` ({})",
+            tried.join("; ")
+        )));
+    };
+    let lib: &'static Library = Box::leak(Box::new(lib));
+    fn get<T: Copy>(lib: &Library, lib_name: &str, name: &str) -> Result<T> {
+        // SAFETY: each call below names the type the MPI standard (and Open MPI's mpi.h)
+        // gives the symbol; data symbols are read as their addresses. The library is never
+        // unloaded.
+        unsafe { lib.get::<T>(name.as_bytes()) }.map(|s| *s).map_err(|_| {
+            Error::not_supported(format!(
+                "MPI library {lib_name} without {name}: the distributed KVStore supports Open MPI (MPICH-ABI libraries are not supported yet)"
+            ))
+        })
+    }
+    let h = |n: &str| get::<Handle>(lib, name, n);
+    Ok(Api {
+        initialized: get(lib, name, "MPI_Initialized")?,
+        query_thread: get(lib, name, "MPI_Query_thread")?,
+        init_thread: get(lib, name, "MPI_Init_thread")?,
+        comm_rank: get(lib, name, "MPI_Comm_rank")?,
+        comm_size: get(lib, name, "MPI_Comm_size")?,
+        set_errhandler: get(lib, name, "MPI_Comm_set_errhandler")?,
+        allreduce: get(lib, name, "MPI_Allreduce")?,
+        allgather: get(lib, name, "MPI_Allgather")?,
+        bcast: get(lib, name, "MPI_Bcast")?,
+        barrier: get(lib, name, "MPI_Barrier")?,
+        finalize: get(lib, name, "MPI_Finalize")?,
+        error_string: get(lib, name, "MPI_Error_string")?,
+        world: h("ompi_mpi_comm_world")?,
+        sum: h("ompi_mpi_op_sum")?,
+        max: h("ompi_mpi_op_max")?,
+        errors_return: h("ompi_mpi_errors_return")?,
+        types: [
+            h("ompi_mpi_float")?,
+            h("ompi_mpi_double")?,
+            h("ompi_mpi_uint8_t")?,
+            h("ompi_mpi_int32_t")?,
+            h("ompi_mpi_int8_t")?,
+            h("ompi_mpi_int64_t")?,
+        ],
+    })
+}
+
+impl Api {
+    /// An error for return code `code` of `what`.
+    fn check(&self, code: c_int, what: &str) -> Result<()> {
+        if code == 0 {
+            return Ok(());
+        }
+        let mut buf = [0 as c_char; 512];
+        let mut len: c_int = 0;
+        // SAFETY: MPI_Error_string writes at most MPI_MAX_ERROR_STRING (256 in Open MPI)
+        // characters, and `len`.
+        unsafe { (self.error_string)(code, buf.as_mut_ptr(), &mut len) };
+        let len = (len.max(0) as usize).min(buf.len());
+        let text: String = buf[..len].iter().map(|&c| c as u8 as char).collect();
+        Err(Error::mxnet(format!("{what} failed (MPI error {code}: {text})")))
+    }
+
+    /// The MPI type of a dtype MPI sums natively (float16 goes through float32).
+    fn mpi_type(&self, dtype: DType) -> Result<Handle> {
+        Ok(match dtype {
+            DType::F32 | DType::F16 => self.types[0],
+            DType::F64 => self.types[1],
+            DType::U8 => self.types[2],
+            DType::I32 => self.types[3],
+            DType::I8 => self.types[4],
+            DType::I64 => self.types[5],
+            DType::Bool => return Err(Error::not_supported("a distributed KVStore of bool arrays")),
+        })
+    }
+}
+
+/// Memory a collective reads or writes: `elems` elements of the call's dtype at `ptr`.
+#[derive(Clone, Copy)]
+pub struct Region {
+    ptr: *mut u8,
+    elems: usize,
+}
+
+// SAFETY: only the address moves to the MPI thread, which accesses the memory during the
+// collective alone; `Region::new`'s contract keeps it valid and unshared until then.
+unsafe impl Send for Region {}
+
+impl Region {
+    /// # Safety
+    /// `ptr` must address `elems` elements of the collective's dtype that stay valid, and
+    /// that nothing else writes (nor, for a region the collective writes, reads), until the
+    /// collective's `done` callback has been called.
+    pub unsafe fn new(ptr: *mut u8, elems: usize) -> Self {
+        Region { ptr, elems }
+    }
+}
+
+/// One collective.
+pub enum Call {
+    /// Sum `send` over the ranks into `recv` (same length; distinct memory).
+    Allreduce {
+        key: i32,
+        dtype: DType,
+        send: Region,
+        recv: Region,
+    },
+    /// Every rank's `send` (bytes), in rank order, into `recv` (`size` times as long).
+    Allgather {
+        key: i32,
+        send: Region,
+        recv: Region,
+    },
+    /// Rank 0's `buf` into every other rank's.
+    Bcast {
+        key: i32,
+        dtype: DType,
+        buf: Region,
+    },
+    Barrier,
+    /// This rank's call whose inputs failed: every rank fails it.
+    Abandoned,
+}
+
+impl Call {
+    /// What the ranks must agree on: kind, key, elements, dtype.
+    fn describe(&self) -> [i64; 4] {
+        match self {
+            Call::Allreduce { key, dtype, send, .. } => [1, *key as i64, send.elems as i64, *dtype as i64],
+            Call::Allgather { key, send, .. } => [2, *key as i64, send.elems as i64, DType::U8 as i64],
+            Call::Bcast { key, dtype, buf } => [3, *key as i64, buf.elems as i64, *dtype as i64],
+            Call::Barrier => [4, 0, 0, 0],
+            Call::Abandoned => [-1, 0, 0, 0],
+        }
+    }
+}
+
+/// Words for an error about a description.
+fn describe_text(d: &[i64; 4]) -> String {
+    let dtype = DType::from_code(d[3] as i32).map(|t| t.name()).unwrap_or("?");
+    match d[0] {
+        1 => format!("a push of key {} ({} {dtype} values)", d[1], d[2]),
+        2 => format!("a compressed push of key {} ({} bytes)", d[1], d[2]),
+        3 => format!("an init of key {} ({} {dtype} values)", d[1], d[2]),
+        4 => "a barrier".to_string(),
+        _ => "a call whose inputs failed".to_string(),
+    }
+}
+
+/// Whether the ranks' descriptions agree, from the maximum of `[d, -d]` over the ranks.
+fn agreed(max_of_both: &[i64; 8]) -> bool {
+    (0..4).all(|i| max_of_both[i] == -max_of_both[i + 4])
+}
+
+/// Collectives by ticket: delivered in any order, taken strictly in ticket order.
+struct Sequencer<T> {
+    pending: BTreeMap<u64, T>,
+    next: u64,
+}
+
+impl<T> Sequencer<T> {
+    fn new() -> Self {
+        Sequencer { pending: BTreeMap::new(), next: 0 }
+    }
+    fn deliver(&mut self, ticket: u64, item: T) {
+        self.pending.insert(ticket, item);
+    }
+    /// The next item in ticket order, if it has been delivered.
+    fn take(&mut self) -> Option<T> {
+        let item = self.pending.remove(&self.next)?;
+        self.next += 1;
+        Some(item)
+    }
+}
+
+type Done = Box<dyn FnOnce(Result<()>) + Send>;
+
+enum Msg {
+    Call {
+        ticket: u64,
+        call: Call,
+        done: Done,
+    },
+    /// Finalise once tickets below `issued` have run; then answer.
+    Finalize {
+        issued: u64,
+        reply: Sender<()>,
+    },
+}
+
+/// This process's place among the ranks, and the way to its MPI thread.
+pub struct World {
+    rank: i32,
+    size: i32,
+    tx: Mutex<Sender<Msg>>,
+    issued: AtomicU64,
+    /// The process that started MPI (a forked child has no MPI thread).
+    pid: u32,
+    /// Whether this library initialised MPI (and so finalises it).
+    owns_init: bool,
+}
+
+static WORLD: OnceLock<std::result::Result<World, Error>> = OnceLock::new();
+
+/// The world, started on first use (loading MPI and initialising it on the MPI thread).
+pub fn world() -> Result<&'static World> {
+    // Waits for the MPI thread outside the call gate: a singleton MPI_Init (a process not
+    // started by mpirun) forks Open MPI's daemon from that thread, and the fork protocol
+    // waits for calls in progress.
+    let w = crate::runtime::outside_call(|| WORLD.get_or_init(start)).as_ref().map_err(Clone::clone)?;
+    if std::process::id() != w.pid {
+        return Err(Error::not_supported("the distributed KVStore in a forked child process"));
+    }
+    Ok(w)
+}
+
+fn start() -> Result<World> {
+    let api = load()?;
+    let (tx, rx) = channel::<Msg>();
+    let (ready_tx, ready_rx) = channel::<Result<(i32, i32, bool)>>();
+    std::thread::Builder::new()
+        .name("mxrt-mpi".into())
+        .spawn(move || {
+            // The library's own thread: its fork (see `world`) must not wait for the call gate.
+            crate::runtime::mark_library_thread();
+            match init(&api) {
+                Ok(info) => {
+                    let _ = ready_tx.send(Ok(info));
+                    serve(&api, rx);
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        })
+        .map_err(|e| Error::mxnet(format!("cannot start the MPI thread: {e}")))?;
+    let (rank, size, owns_init) =
+        ready_rx.recv().map_err(|_| Error::internal("the MPI thread ended during initialisation"))??;
+    if owns_init {
+        register_exit_hook();
+    }
+    Ok(World { rank, size, tx: Mutex::new(tx), issued: AtomicU64::new(0), pid: std::process::id(), owns_init })
+}
+
+/// Initialise MPI on this (the MPI) thread, unless another library has; returns (rank, size,
+/// whether this library initialised it).
+fn init(api: &Api) -> Result<(i32, i32, bool)> {
+    let mut flag: c_int = 0;
+    // SAFETY: MPI_Initialized may be called at any time; it writes `flag`.
+    api.check(unsafe { (api.initialized)(&mut flag) }, "MPI_Initialized")?;
+    let owns = flag == 0;
+    if owns {
+        let mut provided: c_int = 0;
+        // SAFETY: NULL argc/argv are allowed (MPI-2); MPI was not initialised (checked).
+        // This thread is MPI's main thread from now on: every later call is made here.
+        let code =
+            unsafe { (api.init_thread)(std::ptr::null_mut(), std::ptr::null_mut(), THREAD_FUNNELED, &mut provided) };
+        api.check(code, "MPI_Init_thread")?;
+        if provided < THREAD_FUNNELED {
+            return Err(Error::not_supported("an MPI library without MPI_THREAD_FUNNELED"));
+        }
+    } else {
+        let mut provided: c_int = 0;
+        // SAFETY: MPI is initialised (checked); the call writes `provided`.
+        api.check(unsafe { (api.query_thread)(&mut provided) }, "MPI_Query_thread")?;
+        if provided < THREAD_MULTIPLE {
+            return Err(Error::not_supported(
+                "MPI initialised by another library below MPI_THREAD_MULTIPLE (the distributed KVStore calls MPI from its own thread)",
+            ));
+        }
+    }
+    // SAFETY: both handles are Open MPI's predefined objects (see `load`); errors now come
+    // back as return codes instead of aborting the job.
+    api.check(unsafe { (api.set_errhandler)(api.world, api.errors_return) }, "MPI_Comm_set_errhandler")?;
+    let (mut rank, mut size) = (0, 0);
+    // SAFETY: MPI is initialised; the calls write `rank` and `size`.
+    api.check(unsafe { (api.comm_rank)(api.world, &mut rank) }, "MPI_Comm_rank")?;
+    // SAFETY: as above.
+    api.check(unsafe { (api.comm_size)(api.world, &mut size) }, "MPI_Comm_size")?;
+    Ok((rank, size, owns))
+}
+
+/// The MPI thread's loop: collectives by ticket, then finalisation when asked.
+fn serve(api: &Api, rx: Receiver<Msg>) {
+    let mut seq: Sequencer<(Call, Done)> = Sequencer::new();
+    let mut finalize: Option<(u64, Sender<()>)> = None;
+    loop {
+        while let Some((call, done)) = seq.take() {
+            done(run(api, &call));
+        }
+        if let Some((issued, reply)) = &finalize {
+            if seq.next >= *issued {
+                // SAFETY: this thread initialised MPI (only then is Finalize sent) and has no
+                // collective in flight.
+                unsafe { (api.finalize)() };
+                let _ = reply.send(());
+                return;
+            }
+        }
+        match rx.recv() {
+            Ok(Msg::Call { ticket, call, done }) => seq.deliver(ticket, (call, done)),
+            Ok(Msg::Finalize { issued, reply }) => finalize = Some((issued, reply)),
+            Err(_) => return,
+        }
+    }
+}
+
+/// Elements per MPI call (its counts are C ints).
+const CHUNK: usize = 1 << 30;
+
+/// Run one collective (after checking that every rank runs the same one).
+fn run(api: &Api, call: &Call) -> Result<()> {
+    let d = call.describe();
+    let mine: [i64; 8] = [d[0], d[1], d[2], d[3], -d[0], -d[1], -d[2], -d[3]];
+    let mut all = [0i64; 8];
+    // SAFETY: both buffers hold 8 int64 values; MPI is initialised (the world exists).
+    let code =
+        unsafe { (api.allreduce)(mine.as_ptr().cast(), all.as_mut_ptr().cast(), 8, api.types[5], api.max, api.world) };
+    api.check(code, "MPI_Allreduce (the call's description)")?;
+    if !agreed(&all) {
+        return Err(Error::mxnet(format!(
+            "the workers' KVStore calls disagree: this worker made {}, another rank something else \
+             (every rank must push, pull and init the same keys in the same order, and each rank's pushed values must be computable)",
+            describe_text(&d)
+        )));
+    }
+    match *call {
+        Call::Abandoned => Err(Error::mxnet("the KVStore call's inputs failed on every rank")),
+        Call::Barrier => {
+            // SAFETY: MPI is initialised.
+            api.check(unsafe { (api.barrier)(api.world) }, "MPI_Barrier")
+        }
+        Call::Allreduce { dtype, send, recv, .. } => {
+            if dtype == DType::F16 {
+                return allreduce_f16(api, send, recv);
+            }
+            let (ty, width) = (api.mpi_type(dtype)?, dtype.size());
+            for start in (0..send.elems).step_by(CHUNK) {
+                let n = CHUNK.min(send.elems - start);
+                // SAFETY: `Region::new`'s contract: `send` and `recv` address `elems`
+                // elements of `dtype`, and the collective has them to itself; the chunk lies
+                // inside both.
+                let code = unsafe {
+                    (api.allreduce)(
+                        send.ptr.add(start * width).cast(),
+                        recv.ptr.add(start * width).cast(),
+                        n as c_int,
+                        ty,
+                        api.sum,
+                        api.world,
+                    )
+                };
+                api.check(code, "MPI_Allreduce")?;
+            }
+            Ok(())
+        }
+        Call::Allgather { send, recv, .. } => {
+            if send.elems > CHUNK {
+                return Err(Error::not_supported("a compressed push of more than 2^30 bytes per rank"));
+            }
+            // SAFETY: `Region::new`'s contract: `send` holds `elems` bytes and `recv`
+            // `size * elems` (the store allocates it so).
+            let code = unsafe {
+                (api.allgather)(
+                    send.ptr.cast(),
+                    send.elems as c_int,
+                    api.types[2],
+                    recv.ptr.cast(),
+                    send.elems as c_int,
+                    api.types[2],
+                    api.world,
+                )
+            };
+            api.check(code, "MPI_Allgather")
+        }
+        Call::Bcast { dtype, buf, .. } => {
+            let (ty, width) = (api.mpi_type(dtype)?, dtype.size());
+            if dtype == DType::F16 {
+                // Bytes are bytes: broadcast float16 as pairs of uint8.
+                return bcast_bytes(api, buf.ptr, buf.elems * 2);
+            }
+            for start in (0..buf.elems).step_by(CHUNK) {
+                let n = CHUNK.min(buf.elems - start);
+                // SAFETY: as for the allreduce, for the one buffer.
+                let code = unsafe { (api.bcast)(buf.ptr.add(start * width).cast(), n as c_int, ty, 0, api.world) };
+                api.check(code, "MPI_Bcast")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn bcast_bytes(api: &Api, ptr: *mut u8, bytes: usize) -> Result<()> {
+    for start in (0..bytes).step_by(CHUNK) {
+        let n = CHUNK.min(bytes - start);
+        // SAFETY: the caller's region holds `bytes` bytes (see `run`).
+        let code = unsafe { (api.bcast)(ptr.add(start).cast(), n as c_int, api.types[2], 0, api.world) };
+        api.check(code, "MPI_Bcast")?;
+    }
+    Ok(())
+}
+
+/// float16 sums: widened to float32 for MPI (which has no float16 sum), rounded once after.
+fn allreduce_f16(api: &Api, send: Region, recv: Region) -> Result<()> {
+    // SAFETY: `Region::new`'s contract: `send` holds `elems` float16 values nothing writes.
+    let src = unsafe { std::slice::from_raw_parts(send.ptr as *const f16, send.elems) };
+    let wide: Vec<f32> = src.iter().map(|v| v.to_f32()).collect();
+    let mut sum = vec![0f32; wide.len()];
+    for start in (0..wide.len()).step_by(CHUNK) {
+        let n = CHUNK.min(wide.len() - start);
+        // SAFETY: both vectors hold the chunk.
+        let code = unsafe {
+            (api.allreduce)(
+                wide[start..].as_ptr().cast(),
+                sum[start..].as_mut_ptr().cast(),
+                n as c_int,
+                api.types[0],
+                api.sum,
+                api.world,
+            )
+        };
+        api.check(code, "MPI_Allreduce")?;
+    }
+    // SAFETY: `recv` holds `elems` float16 values that this collective alone accesses, in
+    // memory distinct from `send`.
+    let dst = unsafe { std::slice::from_raw_parts_mut(recv.ptr as *mut f16, recv.elems) };
+    for (d, s) in dst.iter_mut().zip(&sum) {
+        *d = f16::from_f32(*s);
+    }
+    Ok(())
+}
+
+/// A place in the order of collectives, taken in program order. Dropped unused (its engine
+/// operation skipped because an input failed), it tells the other ranks so.
+pub struct Ticket {
+    n: u64,
+    world: &'static World,
+    used: bool,
+}
+
+impl Ticket {
+    /// Run `call` in this ticket's turn; `done` gets its outcome on the MPI thread.
+    pub fn run(mut self, call: Call, done: impl FnOnce(Result<()>) + Send + 'static) {
+        self.used = true;
+        self.world.send(self.n, call, Box::new(done));
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.used {
+            self.world.send(self.n, Call::Abandoned, Box::new(|_| {}));
+        }
+    }
+}
+
+impl World {
+    pub fn rank(&self) -> i32 {
+        self.rank
+    }
+    pub fn size(&self) -> i32 {
+        self.size
+    }
+
+    /// The next place in the order of collectives. Every rank must take its tickets in the
+    /// same order (the stores take them in their callers' program order).
+    pub fn ticket(&'static self) -> Ticket {
+        Ticket { n: self.issued.fetch_add(1, Ordering::SeqCst), world: self, used: false }
+    }
+
+    fn send(&self, ticket: u64, call: Call, done: Done) {
+        let msg = Msg::Call { ticket, call, done };
+        if let Err(std::sync::mpsc::SendError(Msg::Call { done, .. })) = self.tx.lock().send(msg) {
+            done(Err(Error::mxnet("the MPI thread has ended (MPI was finalised)")));
+        }
+    }
+
+    /// Run `call` in `ticket`'s turn and wait for it (a barrier), outside the call gate (the
+    /// wait is for other processes; a fork meanwhile need not wait for it). The caller holds
+    /// no lock of the library.
+    pub fn run_blocking(&self, ticket: Ticket, call: Call) -> Result<()> {
+        let (tx, rx) = channel();
+        ticket.run(call, move |r| {
+            let _ = tx.send(r);
+        });
+        crate::runtime::outside_call(|| rx.recv()).map_err(|_| Error::internal("the MPI thread dropped a call"))?
+    }
+
+    /// Finalise MPI after the issued collectives (at exit).
+    fn finalize(&self) {
+        if !self.owns_init || std::process::id() != self.pid {
+            return;
+        }
+        let (reply, done) = channel();
+        let issued = self.issued.load(Ordering::SeqCst);
+        if self.tx.lock().send(Msg::Finalize { issued, reply }).is_ok() {
+            let _ = done.recv();
+        }
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+extern "C" {
+    /// glibc's `on_exit`: like `atexit`, with the exit status.
+    fn on_exit(f: extern "C" fn(c_int, *mut c_void), arg: *mut c_void) -> c_int;
+}
+
+extern "C" fn finalize_at_exit(status: c_int, _arg: *mut c_void) {
+    if status != 0 {
+        return; // see the module doc: mpirun ends the other ranks
+    }
+    if let Some(Ok(w)) = WORLD.get() {
+        w.finalize();
+    }
+}
+
+fn register_exit_hook() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: a plain extern "C" function that captures nothing and does not unwind.
+    unsafe {
+        on_exit(finalize_at_exit, std::ptr::null_mut());
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        extern "C" fn at_exit() {
+            finalize_at_exit(0, std::ptr::null_mut());
+        }
+        // SAFETY: as above.
+        unsafe {
+            libc::atexit(at_exit);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sequencer_takes_in_ticket_order_whatever_the_delivery_order() {
+        let mut s = Sequencer::new();
+        s.deliver(2, "c");
+        assert_eq!(s.take(), None, "ticket 0 is not there yet");
+        s.deliver(0, "a");
+        assert_eq!(s.take(), Some("a"));
+        assert_eq!(s.take(), None, "ticket 1 is missing");
+        s.deliver(1, "b");
+        assert_eq!(s.take(), Some("b"));
+        assert_eq!(s.take(), Some("c"));
+        assert_eq!(s.take(), None);
+        assert_eq!(s.next, 3);
+    }
+
+    fn both(d: [i64; 4]) -> [i64; 8] {
+        [d[0], d[1], d[2], d[3], -d[0], -d[1], -d[2], -d[3]]
+    }
+
+    /// The element-wise maximum over ranks, as MPI_MAX computes it.
+    fn max_over(ranks: &[[i64; 8]]) -> [i64; 8] {
+        let mut m = [i64::MIN; 8];
+        for r in ranks {
+            for i in 0..8 {
+                m[i] = m[i].max(r[i]);
+            }
+        }
+        m
+    }
+
+    #[test]
+    fn descriptions_agree_only_when_every_rank_makes_the_same_call() {
+        let region = Region { ptr: std::ptr::null_mut(), elems: 12 };
+        let push = |key| Call::Allreduce { key, dtype: DType::F32, send: region, recv: region }.describe();
+        assert!(agreed(&max_over(&[both(push(3)), both(push(3)), both(push(3))])));
+        assert!(!agreed(&max_over(&[both(push(3)), both(push(4))])), "another key");
+        assert!(!agreed(&max_over(&[both(push(3)), both(Call::Abandoned.describe())])), "a failed input");
+        let f64_push = Call::Allreduce { key: 3, dtype: DType::F64, send: region, recv: region }.describe();
+        assert!(!agreed(&max_over(&[both(push(3)), both(f64_push)])), "another dtype");
+        let init = Call::Bcast { key: 3, dtype: DType::F32, buf: region }.describe();
+        assert!(!agreed(&max_over(&[both(push(3)), both(init)])), "another kind");
+        assert!(agreed(&max_over(&[both(Call::Abandoned.describe()), both(Call::Abandoned.describe())])));
+        assert_eq!(describe_text(&push(3)), "a push of key 3 (12 float32 values)");
+    }
+}
