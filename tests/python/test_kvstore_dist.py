@@ -233,12 +233,16 @@ else:
 ])
 def test_gluon_training_matches_stock_and_one_process(kvtype, update_on_kvstore, nctx, tmp_path):
     ours = run_ours(TRAIN, tmp_path, kvtype, update_on_kvstore, str(nctx), "dist")
-    stock = run_stock(TRAIN, tmp_path, kvtype, update_on_kvstore, str(nctx), "dist")
-    assert ours[0]["update_on_kvstore"] == stock[0]["update_on_kvstore"]
     assert_same_results(ours[0], ours[1])   # identical weights on both ranks
     tol = lambda dtype: (1e-4, 1e-5)
-    for r in range(2):
-        assert_close_results(ours[r], stock[r], tol)
+    if update_on_kvstore != "False":
+        # Stock with update_on_kvstore=False (pushpull of the gradients, local updates) is not
+        # deterministic: the same run gave other weights each time (seen in 2 of 3 runs, off
+        # by up to 2.2), so only the one-process reference below checks that mode.
+        stock = run_stock(TRAIN, tmp_path, kvtype, update_on_kvstore, str(nctx), "dist")
+        assert ours[0]["update_on_kvstore"] == stock[0]["update_on_kvstore"]
+        for r in range(2):
+            assert_close_results(ours[r], stock[r], tol)
     env = dict(os.environ)
     one = tmp_path / "one"
     r = subprocess.run([sys.executable, "-c", TRAIN, str(one), kvtype, update_on_kvstore, str(nctx), "single"],
@@ -324,6 +328,11 @@ res["dup"] = first_line(lambda: kv.init(3, mx.nd.ones((2, 2))))
 res["bool"] = first_line(lambda: kv.init(6, mx.nd.ones((2,), dtype="bool")))
 # Nothing was lost: the store still works, on every rank.
 res["after"] = push_ranks_and_pull(kv, (2, 2))
+# A value of another dtype is summed in the key's (float16 into float32 here).
+kv.push(3, mx.nd.ones((2, 2), dtype="float16") * (kv.rank + 1))
+out = mx.nd.zeros((2, 2))
+kv.pull(3, out=out)
+res["float16"] = out.asnumpy()
 save(kv, res)
 """
 
@@ -337,6 +346,7 @@ def test_bad_input_is_refused_and_loses_nothing(tmp_path):
             assert res[k] is not None and res[k].startswith("MXNetError: "), (k, res[k])
         assert res["bool"] is not None, res["bool"]
         np.testing.assert_array_equal(res["after"], np.full((2, 2), 3.0, np.float32))
+        np.testing.assert_array_equal(res["float16"], np.full((2, 2), 3.0, np.float32))
 
 
 def test_one_process_without_mpirun_is_rank_0_of_1(tmp_path):
@@ -358,3 +368,14 @@ save(kv, {"rank": kv.rank, "workers": kv.num_workers, "out": out.asnumpy()})
     res = pickle.load(open(f"{prefix}.0.pkl", "rb"))
     assert (res["rank"], res["workers"]) == (0, 1)
     np.testing.assert_array_equal(res["out"], np.full(2, 5.0, np.float32))
+
+
+def test_workers_the_launcher_counted_must_all_be_in_the_mpi_world():
+    """Workers started without mpirun (MXNet's launcher with its local or ssh launchers) would
+    each train alone: refused when DMLC_NUM_WORKER says there are more."""
+    env = dict(os.environ, DMLC_NUM_WORKER="2", **MPI_ENV)
+    code = ("import mxnet as mx\n"
+            "try:\n    mx.kv.create('dist_sync')\nexcept mx.base.MXNetError as e:\n    print(str(e).splitlines()[0])\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("MXNetError: DMLC_NUM_WORKER is 2 but MPI started 1 worker(s)"), r.stdout

@@ -654,15 +654,19 @@ fn install_pickled_optimizer(handle: KVStoreHandle, body: &[u8]) -> Result<()> {
     // Run in a fresh namespace, not the caller's __main__.
     let outer = CString::new(format!("exec(bytes.fromhex('{}').decode(), {{}})", hex(code.as_bytes())))
         .map_err(|_| Error::internal("a NUL in generated Python code"))?;
-    // SAFETY: the interpreter is initialised (checked) and this thread holds no GIL (ctypes
-    // released it for this call): Ensure takes it and Release gives it back. The code writes at
-    // most CAP - 1 bytes into `message`, which outlives the run.
-    let rc = unsafe {
-        let gil = (py.gil_ensure)();
-        let rc = (py.run_simple_string)(outer.as_ptr());
-        (py.gil_release)(gil);
-        rc
-    };
+    // Outside the call gate: a Python thread forking holds the GIL while the fork waits for
+    // calls in progress (see `runtime::outside_call`).
+    let rc = mxnet_core::runtime::outside_call(|| {
+        // SAFETY: the interpreter is initialised (checked); Ensure takes the GIL whether or not
+        // this thread holds it (ctypes released it for this call) and Release restores that
+        // state. The code writes at most CAP - 1 bytes into `message`, which outlives the run.
+        unsafe {
+            let gil = (py.gil_ensure)();
+            let rc = (py.run_simple_string)(outer.as_ptr());
+            (py.gil_release)(gil);
+            rc
+        }
+    });
     let len = message.iter().position(|&b| b == 0).unwrap_or(CAP);
     if len > 0 {
         let text = String::from_utf8_lossy(&message[..len]);

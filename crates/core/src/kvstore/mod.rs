@@ -138,6 +138,8 @@ struct State {
     threshold: Option<f32>,
     /// `device`: elements placed on each context so far.
     loads: Vec<(Context, usize)>,
+    /// Distributed stores: collectives issued so far.
+    rounds: u64,
 }
 
 /// A `local` or `device` store.
@@ -153,8 +155,9 @@ pub struct KVStore {
 enum Span {
     /// This process alone (`local`, `device`).
     Local,
-    /// A distributed store's worker: the MPI world's ranks.
-    Workers(&'static mpi::World),
+    /// A distributed store's worker: the MPI world's ranks; `store` numbers the process's
+    /// distributed stores in creation order.
+    Workers { world: &'static mpi::World, store: u32 },
     /// A distributed store in a server or scheduler process: nothing to serve (the workers
     /// reduce among themselves).
     ServerRole,
@@ -181,6 +184,7 @@ fn ps_env() -> &'static Mutex<HashMap<String, String>> {
 /// precedence over the process environment.
 pub fn set_ps_env(pairs: &[(&str, &str)]) {
     let mut env = ps_env().lock();
+    env.clear(); // replaced, as ps-lite's Environment::Init replaces its settings
     for (k, v) in pairs {
         env.insert(k.to_string(), v.to_string());
     }
@@ -197,11 +201,30 @@ pub fn role() -> Role {
     }
 }
 
-/// A distributed store's buffers for one key: the sum over the ranks, and with compression
-/// (residual, this rank's packed push, every rank's packed pushes).
+/// A distributed store's buffers for one key: the sum over the ranks, the key's dtype's copy
+/// of a pushed value of another dtype, and with compression (residual, this rank's packed
+/// push, every rank's packed pushes).
 struct Cross {
     reduced: NDArray,
+    cast: Option<NDArray>,
     compressed: Option<(NDArray, NDArray, NDArray)>,
+}
+
+/// A distributed worker's right to issue collectives: the world's order (held while they are
+/// taken and pushed) and this store's number.
+struct Issue {
+    order: mpi::Order<'static>,
+    world: &'static mpi::World,
+    store: u32,
+}
+
+impl Issue {
+    /// The next collective's ticket and tag (key `key`; -1 for a barrier).
+    fn next(&self, st: &mut State, key: i32) -> (mpi::Ticket, mpi::Tag) {
+        let tag = mpi::Tag { store: self.store, key, round: st.rounds };
+        st.rounds += 1;
+        (self.order.ticket(), tag)
+    }
 }
 
 /// Where stored values live (stock's pinned context).
@@ -291,17 +314,21 @@ fn check_distinct(name: &str, reads: &[&NDArray], writes: &[&NDArray]) -> Result
 }
 
 /// Push the collective `call` makes of the arrays' memory (`reads` then `writes`, as
-/// regions) as an asynchronous engine operation: it hands `ticket` to the MPI thread once the
-/// arrays are ready and finishes when the collective has run. Checked as [`push_op`].
+/// regions, all of `dtype`) as an asynchronous engine operation: it hands `ticket` to the MPI
+/// thread once the arrays are ready and finishes when the collective has run. Checked as
+/// [`push_op`].
 fn push_collective(
     name: &str,
-    reads: &[&NDArray],
-    writes: &[&NDArray],
+    (reads, writes): (&[&NDArray], &[&NDArray]),
+    dtype: DType,
     priority: i32,
     ticket: mpi::Ticket,
     call: impl FnOnce(&[mpi::Region]) -> mpi::Call + Send + 'static,
 ) -> Result<()> {
     check_distinct(name, reads, writes)?;
+    if let Some(a) = reads.iter().chain(writes).find(|a| a.dtype != dtype) {
+        return Err(Error::internal(format!("{name}: a {} array in a {} collective", a.dtype.name(), dtype.name())));
+    }
     let mut const_vars: VarList = VarList::new();
     let mut mutable_vars: VarList = VarList::new();
     let mut regions = Vec::with_capacity(reads.len() + writes.len());
@@ -314,7 +341,7 @@ fn push_collective(
             const_vars.push(v.clone());
         }
         // SAFETY: the address is the view's start inside its chunk, holding `size()`
-        // elements of its dtype. The operation holds the arrays' variables (for reading or
+        // elements of its dtype, which is the collective's (checked above). The operation holds the arrays' variables (for reading or
         // writing) until its completion, which the MPI thread calls after the collective has
         // run, so nothing else writes them (or, for written ones, reads them) meanwhile; no
         // written array shares a block with another (checked above); `keep` holds the chunks.
@@ -491,7 +518,8 @@ impl KVStore {
                 "the asynchronous distributed KVStore '{name}' (use 'dist_sync' or 'dist_device_sync': synchronous training over MPI)"
             )));
         } else if role() == Role::Worker {
-            Span::Workers(mpi::world()?)
+            let world = mpi::world()?;
+            Span::Workers { world, store: world.new_store() }
         } else {
             Span::ServerRole
         };
@@ -502,7 +530,7 @@ impl KVStore {
     /// This worker's rank (0 unless distributed).
     pub fn rank(&self) -> i32 {
         match self.span {
-            Span::Workers(w) => w.rank(),
+            Span::Workers { world, .. } => world.rank(),
             _ => 0,
         }
     }
@@ -510,7 +538,7 @@ impl KVStore {
     /// The number of workers (1 unless distributed).
     pub fn num_workers(&self) -> i32 {
         match self.span {
-            Span::Workers(w) => w.size(),
+            Span::Workers { world, .. } => world.size(),
             _ => 1,
         }
     }
@@ -523,23 +551,22 @@ impl KVStore {
     /// `Barrier`: wait until every worker has reached it (after this worker's earlier
     /// pushes and inits have run). Nothing to wait for unless distributed.
     pub fn barrier(&self) -> Result<()> {
-        match self.span {
-            Span::Workers(w) => {
-                // Taken under the lock, as pushes take theirs: one order of collectives.
-                let ticket = {
-                    let _st = self.state.lock();
-                    w.ticket()
-                };
-                w.run_blocking(ticket, mpi::Call::Barrier)
-            }
-            _ => Ok(()),
-        }
+        let (ticket, tag, world) = {
+            let mut st = self.state.lock();
+            let Some(issue) = self.issue()? else { return Ok(()) };
+            let (ticket, tag) = issue.next(&mut st, -1);
+            (ticket, tag, issue.world)
+        };
+        world.run_blocking(ticket, mpi::Call::Barrier { tag })
     }
 
-    fn workers(&self) -> Option<&'static mpi::World> {
+    /// A distributed worker's right to issue collectives, held while they are pushed (see
+    /// [`Issue`]); `None` unless this is a distributed worker's store. Refused in a forked
+    /// child.
+    fn issue(&self) -> Result<Option<Issue>> {
         match self.span {
-            Span::Workers(w) => Some(w),
-            _ => None,
+            Span::Workers { world, store } => Ok(Some(Issue { order: world.order()?, world, store })),
+            _ => Ok(None),
         }
     }
 
@@ -619,18 +646,19 @@ impl KVStore {
     /// `Init`: store a copy of each value under its key.
     pub fn init(&self, keys: Keys, values: &[NDArray]) -> Result<()> {
         let mut st = self.state.lock();
-        Self::init_locked(&mut st, keys, values, self.workers())
+        let issue = self.issue()?;
+        Self::init_locked(&mut st, keys, values, issue.as_ref())
     }
 
-    /// `workers`: a distributed store's world, whose rank 0's values every rank takes.
-    fn init_locked(st: &mut State, keys: Keys, values: &[NDArray], workers: Option<&'static mpi::World>) -> Result<()> {
+    /// `issue`: a distributed store's, whose rank 0's values every rank takes.
+    fn init_locked(st: &mut State, keys: Keys, values: &[NDArray], issue: Option<&Issue>) -> Result<()> {
         if keys.len() != values.len() {
             return Err(Error::mxnet(format!("{} keys but {} values", keys.len(), values.len())));
         }
         Self::check_key_type(st, &keys)?;
         for (i, v) in values.iter().enumerate() {
             host_only(v, "a value")?;
-            if workers.is_some() && v.dtype == DType::Bool {
+            if issue.is_some() && v.dtype == DType::Bool {
                 return Err(Error::not_supported(format!(
                     "a distributed KVStore key of bool values (key {}; MPI has no sum of them)",
                     keys.describe(i)
@@ -663,10 +691,11 @@ impl KVStore {
                     id
                 }
             };
-            if let Some(w) = workers {
+            if let Some(issue) = issue {
+                let (ticket, tag) = issue.next(st, id);
                 let dtype = s.dtype;
-                push_collective("MPIBroadcast", &[], &[&s], 0, w.ticket(), move |r| mpi::Call::Bcast {
-                    key: id,
+                push_collective("MPIBroadcast", (&[], &[&s]), dtype, 0, ticket, move |r| mpi::Call::Bcast {
+                    tag,
                     dtype,
                     buf: r[0],
                 })?;
@@ -715,11 +744,12 @@ impl KVStore {
         }
         let ids = Self::ids(st, &keys)?;
         let groups = Self::group(&ids);
-        let compress = if self.comm == Comm::Device { st.threshold } else { None };
+        let issue = self.issue()?;
         // Distributed stores compress what crosses between ranks (as stock's workers compress
-        // what they send their servers), whatever sums the ranks' devices.
-        let workers = self.workers();
-        let cross_compress = workers.and(st.threshold);
+        // what they send their servers), and not the sums over a rank's devices (stock's
+        // `dist_device_sync` does not compress twice).
+        let compress = if self.comm == Comm::Device && issue.is_none() { st.threshold } else { None };
+        let cross_compress = issue.as_ref().and(st.threshold);
         for (id, members) in &groups {
             let e = st.entries.get(id).ok_or_else(|| Error::internal("a checked KVStore key vanished"))?;
             for &i in members {
@@ -749,15 +779,15 @@ impl KVStore {
         let srcs_of = |members: &[usize]| members.iter().map(|&i| &values[i]).collect::<Vec<&NDArray>>();
         for (id, members) in &groups {
             self.prepare(st, *id, &srcs_of(members), compress)?;
-            if let Some(w) = workers {
-                Self::prepare_cross(st, *id, w, cross_compress.is_some())?;
+            if let Some(issue) = &issue {
+                Self::prepare_cross(st, *id, &srcs_of(members), issue.world, cross_compress.is_some())?;
             }
         }
         let mut calls = Vec::new();
         for (id, members) in &groups {
             let mut merged = Self::reduce(st, *id, &srcs_of(members), compress, self.comm, reduction, priority)?;
-            if let Some(w) = workers {
-                merged = Self::across(st, *id, w, &merged, cross_compress, priority)?;
+            if let Some(issue) = &issue {
+                merged = Self::across(st, *id, issue, &merged, cross_compress, priority)?;
             }
             // As stock: an update needs the int-key updater; string keys go to the string
             // one when there is one, else to the int one with the key's internal number.
@@ -774,7 +804,7 @@ impl KVStore {
                 Some((u, key)) => calls.push((u, key, merged, entry.value.clone())),
                 // A distributed store keeps its value apart from the sum's buffer, as stock's
                 // server copies the sum into its stored value.
-                None if workers.is_some() => copy(&merged, &entry.value, priority)?,
+                None if issue.is_some() => copy(&merged, &entry.value, priority)?,
                 None => entry.value = merged,
             }
         }
@@ -874,15 +904,20 @@ impl KVStore {
 
     /// A distributed store's buffers for key `id` (see [`Cross`]), allocated before anything
     /// is pushed.
-    fn prepare_cross(st: &mut State, id: i32, world: &mpi::World, compress: bool) -> Result<()> {
+    fn prepare_cross(st: &mut State, id: i32, srcs: &[&NDArray], world: &mpi::World, compress: bool) -> Result<()> {
         let entry = st.entries.get_mut(&id).ok_or_else(|| Error::internal("a checked KVStore key vanished"))?;
         let (shape, dtype) = (entry.shape.clone(), entry.dtype);
         let cross = match &mut entry.cross {
             Some(c) => c,
-            slot => {
-                slot.insert(Cross { reduced: NDArray::new(shape.clone(), pinned(), dtype, false)?, compressed: None })
-            }
+            slot => slot.insert(Cross {
+                reduced: NDArray::new(shape.clone(), pinned(), dtype, false)?,
+                cast: None,
+                compressed: None,
+            }),
         };
+        if cross.cast.is_none() && srcs.iter().any(|s| s.dtype != dtype) {
+            cross.cast = Some(NDArray::new(shape.clone(), pinned(), dtype, false)?);
+        }
         if compress && cross.compressed.is_none() {
             let bytes = kernels::two_bit_words(cross.reduced.size()) * 4;
             let residual = zeros_f32(shape, pinned())?;
@@ -898,35 +933,47 @@ impl KVStore {
     /// ranks (with compression: each rank's 2-bit quantized sum, gathered and summed in rank
     /// order, as stock's server sums its workers' pushes). Returns the sum.
     fn across(
-        st: &State,
+        st: &mut State,
         id: i32,
-        world: &'static mpi::World,
+        issue: &Issue,
         merged: &NDArray,
         compress: Option<f32>,
         priority: i32,
     ) -> Result<NDArray> {
+        let (ticket, tag) = issue.next(st, id);
         let cross = st
             .entries
             .get(&id)
             .and_then(|e| e.cross.as_ref())
             .ok_or_else(|| Error::internal("a KVStore's cross-rank buffers were not prepared"))?;
         let reduced = &cross.reduced;
+        let dtype = reduced.dtype;
+        // A single pushed value is its own local sum, in its own dtype: the ranks sum the key's.
+        let merged = match &cross.cast {
+            Some(cast) if merged.dtype != dtype => {
+                copy(merged, cast, priority)?;
+                cast
+            }
+            _ => merged,
+        };
         match (compress, &cross.compressed) {
             (None, _) => {
-                let dtype = reduced.dtype;
-                push_collective("MPIAllreduce", &[merged], &[reduced], priority, world.ticket(), move |r| {
-                    mpi::Call::Allreduce { key: id, dtype, send: r[0], recv: r[1] }
+                push_collective("MPIAllreduce", (&[merged], &[reduced]), dtype, priority, ticket, move |r| {
+                    mpi::Call::Allreduce { tag, dtype, send: r[0], recv: r[1] }
                 })?;
             }
             (Some(threshold), Some((residual, packed, gathered))) => {
                 push_quantize(merged, residual, packed, threshold, priority)?;
-                push_collective("MPIAllgather", &[packed], &[gathered], priority, world.ticket(), move |r| {
-                    mpi::Call::Allgather { key: id, send: r[0], recv: r[1] }
+                push_collective("MPIAllgather", (&[packed], &[gathered]), DType::U8, priority, ticket, move |r| {
+                    mpi::Call::Allgather { tag, send: r[0], recv: r[1] }
                 })?;
                 let per = packed.size();
                 push_op("DequantizeCPU", &[gathered], &[reduced], priority, move |ins, outs| {
                     let all = ins[0].as_slice::<u8>();
                     let out = outs[0].as_mut::<f32>();
+                    if per == 0 {
+                        return Ok(()); // an empty key
+                    }
                     let mut one = vec![0f32; out.len()];
                     for (r, packed) in all.chunks_exact(per).enumerate() {
                         if r == 0 {
@@ -1056,7 +1103,8 @@ impl KVStore {
             }
         }
         Self::check_outs(&st, &okeys, &ids, outs, &pending)?;
-        Self::init_locked(&mut st, vkeys, values, self.workers())?;
+        let issue = self.issue()?;
+        Self::init_locked(&mut st, vkeys, values, issue.as_ref())?;
         Self::pull_locked(&st, okeys, outs, priority)
     }
 
@@ -1071,7 +1119,7 @@ impl KVStore {
     ) -> Result<()> {
         {
             let st = self.state.lock();
-            if self.workers().is_some() && st.threshold.is_some() {
+            if self.is_distributed() && st.threshold.is_some() {
                 // As stock's distributed stores (its servers have no compressed pushpull).
                 return Err(Error::mxnet("Compression not supported with PushPull"));
             }
@@ -1160,7 +1208,7 @@ mod tests {
         let out = arr(&[0.0, 0.0]);
         kv.pull(Keys::Int(&[1]), std::slice::from_ref(&out), 0).unwrap();
         assert_eq!(values(&out), vec![1.0, 2.0]);
-        assert!(KVStore::create("dist_sync").is_err());
+        assert!(KVStore::create("dist_async").is_err());
     }
 
     #[test]

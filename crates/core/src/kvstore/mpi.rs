@@ -193,60 +193,89 @@ impl Region {
     }
 }
 
+/// What identifies a collective among a process's: its store (numbered in creation order),
+/// its key, and the store's count of collectives before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tag {
+    pub store: u32,
+    pub key: i32,
+    pub round: u64,
+}
+
 /// One collective.
 pub enum Call {
     /// Sum `send` over the ranks into `recv` (same length; distinct memory).
     Allreduce {
-        key: i32,
+        tag: Tag,
         dtype: DType,
         send: Region,
         recv: Region,
     },
     /// Every rank's `send` (bytes), in rank order, into `recv` (`size` times as long).
     Allgather {
-        key: i32,
+        tag: Tag,
         send: Region,
         recv: Region,
     },
     /// Rank 0's `buf` into every other rank's.
     Bcast {
-        key: i32,
+        tag: Tag,
         dtype: DType,
         buf: Region,
     },
-    Barrier,
+    Barrier {
+        tag: Tag,
+    },
     /// This rank's call whose inputs failed: every rank fails it.
     Abandoned,
 }
 
+/// The length of a description.
+const D: usize = 6;
+
 impl Call {
-    /// What the ranks must agree on: kind, key, elements, dtype.
-    fn describe(&self) -> [i64; 4] {
+    /// What the ranks must agree on: kind, store, key, round, elements, dtype.
+    fn describe(&self) -> [i64; D] {
+        let t = |kind: i64, tag: &Tag, elems: usize, dtype: DType| {
+            [kind, tag.store as i64, tag.key as i64, tag.round as i64, elems as i64, dtype as i64]
+        };
         match self {
-            Call::Allreduce { key, dtype, send, .. } => [1, *key as i64, send.elems as i64, *dtype as i64],
-            Call::Allgather { key, send, .. } => [2, *key as i64, send.elems as i64, DType::U8 as i64],
-            Call::Bcast { key, dtype, buf } => [3, *key as i64, buf.elems as i64, *dtype as i64],
-            Call::Barrier => [4, 0, 0, 0],
-            Call::Abandoned => [-1, 0, 0, 0],
+            Call::Allreduce { tag, dtype, send, .. } => t(1, tag, send.elems, *dtype),
+            Call::Allgather { tag, send, .. } => t(2, tag, send.elems, DType::U8),
+            Call::Bcast { tag, dtype, buf } => t(3, tag, buf.elems, *dtype),
+            Call::Barrier { tag } => t(4, tag, 0, DType::U8),
+            Call::Abandoned => [-1, 0, 0, 0, 0, 0],
         }
     }
 }
 
 /// Words for an error about a description.
-fn describe_text(d: &[i64; 4]) -> String {
-    let dtype = DType::from_code(d[3] as i32).map(|t| t.name()).unwrap_or("?");
+fn describe_text(d: &[i64; D]) -> String {
+    let dtype = DType::from_code(d[5] as i32).map(|t| t.name()).unwrap_or("?");
+    let (store, key, round, elems) = (d[1], d[2], d[3], d[4]);
+    let at = format!("store #{store}'s call #{round}");
     match d[0] {
-        1 => format!("a push of key {} ({} {dtype} values)", d[1], d[2]),
-        2 => format!("a compressed push of key {} ({} bytes)", d[1], d[2]),
-        3 => format!("an init of key {} ({} {dtype} values)", d[1], d[2]),
-        4 => "a barrier".to_string(),
+        1 => format!("a push of key {key} ({elems} {dtype} values) as {at}"),
+        2 => format!("a compressed push of key {key} ({elems} bytes) as {at}"),
+        3 => format!("an init of key {key} ({elems} {dtype} values) as {at}"),
+        4 => format!("a barrier as {at}"),
         _ => "a call whose inputs failed".to_string(),
     }
 }
 
+/// `[d, -d]`: their maximum over the ranks gives each field's maximum and minimum.
+fn both(d: [i64; D]) -> [i64; 2 * D] {
+    let mut b = [0; 2 * D];
+    for i in 0..D {
+        b[i] = d[i];
+        b[i + D] = -d[i];
+    }
+    b
+}
+
 /// Whether the ranks' descriptions agree, from the maximum of `[d, -d]` over the ranks.
-fn agreed(max_of_both: &[i64; 8]) -> bool {
-    (0..4).all(|i| max_of_both[i] == -max_of_both[i + 4])
+fn agreed(max_of_both: &[i64; 2 * D]) -> bool {
+    (0..D).all(|i| max_of_both[i] == -max_of_both[i + D])
 }
 
 /// Collectives by ticket: delivered in any order, taken strictly in ticket order.
@@ -291,6 +320,12 @@ pub struct World {
     size: i32,
     tx: Mutex<Sender<Msg>>,
     issued: AtomicU64,
+    /// Held from taking a ticket until its operation is submitted ([`Order`]).
+    order: Mutex<()>,
+    /// The next store's number.
+    stores: std::sync::atomic::AtomicU32,
+    /// The MPI thread.
+    thread: std::thread::ThreadId,
     /// The process that started MPI (a forked child has no MPI thread).
     pid: u32,
     /// Whether this library initialised MPI (and so finalises it).
@@ -305,8 +340,17 @@ pub fn world() -> Result<&'static World> {
     // started by mpirun) forks Open MPI's daemon from that thread, and the fork protocol
     // waits for calls in progress.
     let w = crate::runtime::outside_call(|| WORLD.get_or_init(start)).as_ref().map_err(Clone::clone)?;
-    if std::process::id() != w.pid {
-        return Err(Error::not_supported("the distributed KVStore in a forked child process"));
+    w.check_process()?;
+    // MXNet's launcher says how many workers it started: all of them must be in this world
+    // (workers started without mpirun would each train alone).
+    if let Ok(n) = std::env::var("DMLC_NUM_WORKER") {
+        if n.trim().parse::<i32>().ok() != Some(w.size) {
+            return Err(Error::mxnet(format!(
+                "DMLC_NUM_WORKER is {n} but MPI started {} worker(s): launch the workers with `mpirun -np {n}` \
+                 (or MXNet's tools/launch.py --launcher mpi)",
+                w.size
+            )));
+        }
     }
     Ok(w)
 }
@@ -315,7 +359,7 @@ fn start() -> Result<World> {
     let api = load()?;
     let (tx, rx) = channel::<Msg>();
     let (ready_tx, ready_rx) = channel::<Result<(i32, i32, bool)>>();
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("mxrt-mpi".into())
         .spawn(move || {
             // The library's own thread: its fork (see `world`) must not wait for the call gate.
@@ -330,13 +374,25 @@ fn start() -> Result<World> {
                 }
             }
         })
-        .map_err(|e| Error::mxnet(format!("cannot start the MPI thread: {e}")))?;
+        .map_err(|e| Error::mxnet(format!("cannot start the MPI thread: {e}")))?
+        .thread()
+        .id();
     let (rank, size, owns_init) =
         ready_rx.recv().map_err(|_| Error::internal("the MPI thread ended during initialisation"))??;
     if owns_init {
         register_exit_hook();
     }
-    Ok(World { rank, size, tx: Mutex::new(tx), issued: AtomicU64::new(0), pid: std::process::id(), owns_init })
+    Ok(World {
+        rank,
+        size,
+        tx: Mutex::new(tx),
+        issued: AtomicU64::new(0),
+        order: Mutex::new(()),
+        stores: std::sync::atomic::AtomicU32::new(0),
+        thread,
+        pid: std::process::id(),
+        owns_init,
+    })
 }
 
 /// Initialise MPI on this (the MPI) thread, unless another library has; returns (rank, size,
@@ -383,7 +439,9 @@ fn serve(api: &Api, rx: Receiver<Msg>) {
     let mut finalize: Option<(u64, Sender<()>)> = None;
     loop {
         while let Some((call, done)) = seq.take() {
-            done(run(api, &call));
+            let result = run(api, &call);
+            // A panic in a completion must not end this thread: the other ranks wait for it.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(result)));
         }
         if let Some((issued, reply)) = &finalize {
             if seq.next >= *issued {
@@ -408,11 +466,19 @@ const CHUNK: usize = 1 << 30;
 /// Run one collective (after checking that every rank runs the same one).
 fn run(api: &Api, call: &Call) -> Result<()> {
     let d = call.describe();
-    let mine: [i64; 8] = [d[0], d[1], d[2], d[3], -d[0], -d[1], -d[2], -d[3]];
-    let mut all = [0i64; 8];
-    // SAFETY: both buffers hold 8 int64 values; MPI is initialised (the world exists).
-    let code =
-        unsafe { (api.allreduce)(mine.as_ptr().cast(), all.as_mut_ptr().cast(), 8, api.types[5], api.max, api.world) };
+    let mine = both(d);
+    let mut all = [0i64; 2 * D];
+    // SAFETY: both buffers hold 2 * D int64 values; MPI is initialised (the world exists).
+    let code = unsafe {
+        (api.allreduce)(
+            mine.as_ptr().cast(),
+            all.as_mut_ptr().cast(),
+            (2 * D) as c_int,
+            api.types[5],
+            api.max,
+            api.world,
+        )
+    };
     api.check(code, "MPI_Allreduce (the call's description)")?;
     if !agreed(&all) {
         return Err(Error::mxnet(format!(
@@ -423,7 +489,7 @@ fn run(api: &Api, call: &Call) -> Result<()> {
     }
     match *call {
         Call::Abandoned => Err(Error::mxnet("the KVStore call's inputs failed on every rank")),
-        Call::Barrier => {
+        Call::Barrier { .. } => {
             // SAFETY: MPI is initialised.
             api.check(unsafe { (api.barrier)(api.world) }, "MPI_Barrier")
         }
@@ -527,6 +593,22 @@ fn allreduce_f16(api: &Api, send: Region, recv: Region) -> Result<()> {
     Ok(())
 }
 
+/// The right to take tickets: held from taking a ticket until its operation is submitted, so
+/// that stores used from several threads take their tickets in one order, and no operation
+/// pushed between a ticket and its own operation can depend on that operation.
+pub struct Order<'a> {
+    world: &'static World,
+    _held: crate::sync::MutexGuard<'a, ()>,
+}
+
+impl Order<'_> {
+    /// The next place in the order of collectives. Every rank must take its tickets in the
+    /// same order (the stores take them in their callers' program order).
+    pub fn ticket(&self) -> Ticket {
+        Ticket { n: self.world.issued.fetch_add(1, Ordering::SeqCst), world: self.world, used: false }
+    }
+}
+
 /// A place in the order of collectives, taken in program order. Dropped unused (its engine
 /// operation skipped because an input failed), it tells the other ranks so.
 pub struct Ticket {
@@ -559,13 +641,29 @@ impl World {
         self.size
     }
 
-    /// The next place in the order of collectives. Every rank must take its tickets in the
-    /// same order (the stores take them in their callers' program order).
-    pub fn ticket(&'static self) -> Ticket {
-        Ticket { n: self.issued.fetch_add(1, Ordering::SeqCst), world: self, used: false }
+    /// Refused in a forked child: it has no MPI thread (its calls would wait forever).
+    pub fn check_process(&self) -> Result<()> {
+        if std::process::id() != self.pid {
+            return Err(Error::not_supported("the distributed KVStore in a forked child process"));
+        }
+        Ok(())
+    }
+
+    /// The number of a new store (stores are numbered in creation order on every rank).
+    pub fn new_store(&self) -> u32 {
+        self.stores.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// The right to take tickets (see [`Order`]); refused in a forked child.
+    pub fn order(&'static self) -> Result<Order<'static>> {
+        self.check_process()?;
+        Ok(Order { world: self, _held: self.order.lock() })
     }
 
     fn send(&self, ticket: u64, call: Call, done: Done) {
+        if self.check_process().is_err() {
+            return done(Err(Error::not_supported("the distributed KVStore in a forked child process")));
+        }
         let msg = Msg::Call { ticket, call, done };
         if let Err(std::sync::mpsc::SendError(Msg::Call { done, .. })) = self.tx.lock().send(msg) {
             done(Err(Error::mxnet("the MPI thread has ended (MPI was finalised)")));
@@ -585,7 +683,8 @@ impl World {
 
     /// Finalise MPI after the issued collectives (at exit).
     fn finalize(&self) {
-        if !self.owns_init || std::process::id() != self.pid {
+        // Not from the MPI thread itself (an exit there would wait for itself).
+        if !self.owns_init || std::process::id() != self.pid || std::thread::current().id() == self.thread {
             return;
         }
         let (reply, done) = channel();
@@ -648,15 +747,11 @@ mod tests {
         assert_eq!(s.next, 3);
     }
 
-    fn both(d: [i64; 4]) -> [i64; 8] {
-        [d[0], d[1], d[2], d[3], -d[0], -d[1], -d[2], -d[3]]
-    }
-
     /// The element-wise maximum over ranks, as MPI_MAX computes it.
-    fn max_over(ranks: &[[i64; 8]]) -> [i64; 8] {
-        let mut m = [i64::MIN; 8];
+    fn max_over(ranks: &[[i64; 2 * D]]) -> [i64; 2 * D] {
+        let mut m = [i64::MIN; 2 * D];
         for r in ranks {
-            for i in 0..8 {
+            for i in 0..2 * D {
                 m[i] = m[i].max(r[i]);
             }
         }
@@ -666,15 +761,20 @@ mod tests {
     #[test]
     fn descriptions_agree_only_when_every_rank_makes_the_same_call() {
         let region = Region { ptr: std::ptr::null_mut(), elems: 12 };
-        let push = |key| Call::Allreduce { key, dtype: DType::F32, send: region, recv: region }.describe();
-        assert!(agreed(&max_over(&[both(push(3)), both(push(3)), both(push(3))])));
-        assert!(!agreed(&max_over(&[both(push(3)), both(push(4))])), "another key");
-        assert!(!agreed(&max_over(&[both(push(3)), both(Call::Abandoned.describe())])), "a failed input");
-        let f64_push = Call::Allreduce { key: 3, dtype: DType::F64, send: region, recv: region }.describe();
-        assert!(!agreed(&max_over(&[both(push(3)), both(f64_push)])), "another dtype");
-        let init = Call::Bcast { key: 3, dtype: DType::F32, buf: region }.describe();
-        assert!(!agreed(&max_over(&[both(push(3)), both(init)])), "another kind");
-        assert!(agreed(&max_over(&[both(Call::Abandoned.describe()), both(Call::Abandoned.describe())])));
-        assert_eq!(describe_text(&push(3)), "a push of key 3 (12 float32 values)");
+        let tag = |store, key, round| Tag { store, key, round };
+        let push = |t| Call::Allreduce { tag: t, dtype: DType::F32, send: region, recv: region }.describe();
+        let agree = |calls: &[[i64; D]]| agreed(&max_over(&calls.iter().map(|d| both(*d)).collect::<Vec<_>>()));
+        let p = push(tag(0, 3, 7));
+        assert!(agree(&[p, p, p]));
+        assert!(!agree(&[p, push(tag(0, 4, 7))]), "another key");
+        assert!(!agree(&[p, push(tag(1, 3, 7))]), "another store");
+        assert!(!agree(&[p, push(tag(0, 3, 8))]), "another round: a rank skipped a call");
+        assert!(!agree(&[p, Call::Abandoned.describe()]), "a failed input");
+        let f64_push = Call::Allreduce { tag: tag(0, 3, 7), dtype: DType::F64, send: region, recv: region }.describe();
+        assert!(!agree(&[p, f64_push]), "another dtype");
+        let init = Call::Bcast { tag: tag(0, 3, 7), dtype: DType::F32, buf: region }.describe();
+        assert!(!agree(&[p, init]), "another kind");
+        assert!(agree(&[Call::Abandoned.describe(), Call::Abandoned.describe()]));
+        assert_eq!(describe_text(&p), "a push of key 3 (12 float32 values) as store #0's call #7");
     }
 }
