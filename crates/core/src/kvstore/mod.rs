@@ -33,6 +33,7 @@
 
 mod kernels;
 pub mod mpi;
+pub mod tree;
 
 use crate::context::{Context, DevType};
 use crate::engine::{self, FnProperty, Push, Var, VarList};
