@@ -379,3 +379,30 @@ def test_workers_the_launcher_counted_must_all_be_in_the_mpi_world():
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("MXNetError: DMLC_NUM_WORKER is 2 but MPI started 1 worker(s)"), r.stdout
+
+
+SKIPS = COMMON + r"""
+kv = mx.kv.create("dist_sync")
+kv.init(3, mx.nd.ones((4,)))
+res = {}
+if kv.rank == 1:   # a call only rank 1 makes (refused there): the ranks' programs diverge
+    try:
+        kv.push(3, mx.nd.ones((5,)))
+    except mx.base.MXNetError:
+        pass
+kv.push(3, mx.nd.ones((4,)))
+try:
+    mx.nd.waitall()
+    res["next"] = None
+except mx.base.MXNetError as e:
+    res["next"] = str(e).splitlines()[0]
+save(kv, res)
+"""
+
+
+def test_a_call_one_rank_skips_is_caught_not_paired_with_another(tmp_path):
+    """Same key, same shape, but rank 1 made one call more: the push is refused on both ranks
+    instead of summing values from different steps."""
+    ours = run_ours(SKIPS, tmp_path)
+    for r in range(2):
+        assert ours[r]["next"] is not None and "disagree" in ours[r]["next"], ours[r]

@@ -139,8 +139,9 @@ struct State {
     threshold: Option<f32>,
     /// `device`: elements placed on each context so far.
     loads: Vec<(Context, usize)>,
-    /// Distributed stores: collectives issued so far.
-    rounds: u64,
+    /// Distributed stores: calls that may issue collectives (push, init, broadcast, barrier)
+    /// made so far, refused ones included, so that a call one rank skips shows.
+    calls: u64,
 }
 
 /// A `local` or `device` store.
@@ -148,6 +149,10 @@ pub struct KVStore {
     name: String,
     comm: Comm,
     span: Span,
+    /// A distributed store's number among the process's, given at its first collective (in
+    /// program order under the world's order; a store only some ranks create then shifts
+    /// nothing).
+    number: std::sync::OnceLock<u32>,
     state: Mutex<State>,
 }
 
@@ -156,9 +161,8 @@ pub struct KVStore {
 enum Span {
     /// This process alone (`local`, `device`).
     Local,
-    /// A distributed store's worker: the MPI world's ranks; `store` numbers the process's
-    /// distributed stores in creation order.
-    Workers { world: &'static mpi::World, store: u32 },
+    /// A distributed store's worker: the MPI world's ranks.
+    Workers(&'static mpi::World),
     /// A distributed store in a server or scheduler process: nothing to serve (the workers
     /// reduce among themselves).
     ServerRole,
@@ -212,19 +216,19 @@ struct Cross {
 }
 
 /// A distributed worker's right to issue collectives: the world's order (held while they are
-/// taken and pushed) and this store's number.
+/// taken and pushed), this store's number, and the number of the call (push, init,
+/// broadcast, barrier) that holds it.
 struct Issue {
     order: mpi::Order<'static>,
     world: &'static mpi::World,
     store: u32,
+    round: u64,
 }
 
 impl Issue {
     /// The next collective's ticket and tag (key `key`; -1 for a barrier).
-    fn next(&self, st: &mut State, key: i32) -> (mpi::Ticket, mpi::Tag) {
-        let tag = mpi::Tag { store: self.store, key, round: st.rounds };
-        st.rounds += 1;
-        (self.order.ticket(), tag)
+    fn next(&self, key: i32) -> (mpi::Ticket, mpi::Tag) {
+        (self.order.ticket(), mpi::Tag { store: self.store, key, round: self.round })
     }
 }
 
@@ -520,18 +524,31 @@ impl KVStore {
             )));
         } else if role() == Role::Worker {
             let world = mpi::world()?;
-            Span::Workers { world, store: world.new_store() }
+            // MXNet's launcher says how many workers it started: all of them must be in this
+            // world (workers started without mpirun would each train alone).
+            let said =
+                ps_env().lock().get("DMLC_NUM_WORKER").cloned().or_else(|| std::env::var("DMLC_NUM_WORKER").ok());
+            if let Some(n) = said {
+                if n.trim().parse::<i32>().ok() != Some(world.size()) {
+                    return Err(Error::mxnet(format!(
+                        "DMLC_NUM_WORKER is {n} but MPI started {} worker(s): launch the workers with `mpirun -np {n}` \
+                         (or MXNet's tools/launch.py --launcher mpi)",
+                        world.size()
+                    )));
+                }
+            }
+            Span::Workers(world)
         } else {
             Span::ServerRole
         };
         let comm = if lower.contains("device") { Comm::Device } else { Comm::Host };
-        Ok(KVStore { name: lower, comm, span, state: Mutex::new(State::default()) })
+        Ok(KVStore { name: lower, comm, span, number: std::sync::OnceLock::new(), state: Mutex::new(State::default()) })
     }
 
     /// This worker's rank (0 unless distributed).
     pub fn rank(&self) -> i32 {
         match self.span {
-            Span::Workers { world, .. } => world.rank(),
+            Span::Workers(world) => world.rank(),
             _ => 0,
         }
     }
@@ -539,7 +556,7 @@ impl KVStore {
     /// The number of workers (1 unless distributed).
     pub fn num_workers(&self) -> i32 {
         match self.span {
-            Span::Workers { world, .. } => world.size(),
+            Span::Workers(world) => world.size(),
             _ => 1,
         }
     }
@@ -554,19 +571,26 @@ impl KVStore {
     pub fn barrier(&self) -> Result<()> {
         let (ticket, tag, world) = {
             let mut st = self.state.lock();
-            let Some(issue) = self.issue()? else { return Ok(()) };
-            let (ticket, tag) = issue.next(&mut st, -1);
+            let Some(issue) = self.issue(&mut st)? else { return Ok(()) };
+            let (ticket, tag) = issue.next(-1);
             (ticket, tag, issue.world)
         };
         world.run_blocking(ticket, mpi::Call::Barrier { tag })
     }
 
     /// A distributed worker's right to issue collectives, held while they are pushed (see
-    /// [`Issue`]); `None` unless this is a distributed worker's store. Refused in a forked
-    /// child.
-    fn issue(&self) -> Result<Option<Issue>> {
+    /// [`Issue`]); `None` unless this is a distributed worker's store. Taken first thing by
+    /// every call that may issue collectives, and counted there, before any check can refuse
+    /// the call. Refused in a forked child.
+    fn issue(&self, st: &mut State) -> Result<Option<Issue>> {
         match self.span {
-            Span::Workers { world, store } => Ok(Some(Issue { order: world.order()?, world, store })),
+            Span::Workers(world) => {
+                let order = world.order()?;
+                let store = *self.number.get_or_init(|| world.new_store());
+                let round = st.calls;
+                st.calls += 1;
+                Ok(Some(Issue { order, world, store, round }))
+            }
             _ => Ok(None),
         }
     }
@@ -647,7 +671,7 @@ impl KVStore {
     /// `Init`: store a copy of each value under its key.
     pub fn init(&self, keys: Keys, values: &[NDArray]) -> Result<()> {
         let mut st = self.state.lock();
-        let issue = self.issue()?;
+        let issue = self.issue(&mut st)?;
         Self::init_locked(&mut st, keys, values, issue.as_ref())
     }
 
@@ -679,30 +703,36 @@ impl KVStore {
         // Allocate everything before changing anything.
         let stored: Vec<NDArray> =
             values.iter().map(|v| NDArray::new(v.shape.clone(), pinned(), v.dtype, false)).collect::<Result<_>>()?;
-        st.key_type = Some(keys.kind());
-        for (i, (v, s)) in values.iter().zip(stored).enumerate() {
-            copy(v, &s, 0)?;
-            let id = match keys {
-                Keys::Int(k) => k[i],
-                Keys::Str(k) => {
-                    let id = st.next_str;
-                    st.next_str += 1;
-                    st.str_ids.insert(k[i].to_string(), id);
-                    st.str_names.insert(id, k[i].to_string());
-                    id
-                }
-            };
-            if let Some(issue) = issue {
-                let (ticket, tag) = issue.next(st, id);
+        // String keys get the next ids, in order.
+        let ids: Vec<i32> = match keys {
+            Keys::Int(k) => k.to_vec(),
+            Keys::Str(_) => (0..values.len()).map(|i| st.next_str + i as i32).collect(),
+        };
+        // Every ticket up front: one the loop below does not use (it failed) tells the other
+        // ranks, so that every rank takes as many.
+        let mut tickets: std::collections::VecDeque<_> =
+            issue.map(|iss| ids.iter().map(|&id| iss.next(id)).collect()).unwrap_or_default();
+        for (v, s) in values.iter().zip(&stored) {
+            copy(v, s, 0)?;
+            if let Some((ticket, tag)) = tickets.pop_front() {
                 let dtype = s.dtype;
-                push_collective("MPIBroadcast", (&[], &[&s]), dtype, 0, ticket, move |r| mpi::Call::Bcast {
+                push_collective("MPIBroadcast", (&[], &[s]), dtype, 0, ticket, move |r| mpi::Call::Bcast {
                     tag,
                     dtype,
                     buf: r[0],
                 })?;
             }
+        }
+        // The keys exist once everything was pushed.
+        st.key_type = Some(keys.kind());
+        for (i, (v, s)) in values.iter().zip(stored).enumerate() {
+            if let Keys::Str(k) = keys {
+                st.next_str += 1;
+                st.str_ids.insert(k[i].to_string(), ids[i]);
+                st.str_names.insert(ids[i], k[i].to_string());
+            }
             st.entries.insert(
-                id,
+                ids[i],
                 Entry { shape: v.shape.clone(), dtype: v.dtype, value: s, merge: None, place: None, cross: None },
             );
         }
@@ -740,12 +770,12 @@ impl KVStore {
     }
 
     fn push_locked(&self, st: &mut State, keys: Keys, values: &[NDArray], priority: i32) -> Result<Vec<UpdaterCall>> {
+        let issue = self.issue(st)?;
         if keys.len() != values.len() {
             return Err(Error::mxnet(format!("{} keys but {} values", keys.len(), values.len())));
         }
         let ids = Self::ids(st, &keys)?;
         let groups = Self::group(&ids);
-        let issue = self.issue()?;
         // Distributed stores compress what crosses between ranks (as stock's workers compress
         // what they send their servers), and not the sums over a rank's devices (stock's
         // `dist_device_sync` does not compress twice).
@@ -784,11 +814,14 @@ impl KVStore {
                 Self::prepare_cross(st, *id, &srcs_of(members), issue.world, cross_compress.is_some())?;
             }
         }
+        // Every ticket up front (see `init_locked`).
+        let mut tickets: std::collections::VecDeque<_> =
+            issue.as_ref().map(|iss| groups.iter().map(|(id, _)| iss.next(*id)).collect()).unwrap_or_default();
         let mut calls = Vec::new();
         for (id, members) in &groups {
             let mut merged = Self::reduce(st, *id, &srcs_of(members), compress, self.comm, reduction, priority)?;
-            if let Some(issue) = &issue {
-                merged = Self::across(st, *id, issue, &merged, cross_compress, priority)?;
+            if let Some(ticket) = tickets.pop_front() {
+                merged = Self::across(st, *id, ticket, &merged, cross_compress, priority)?;
             }
             // As stock: an update needs the int-key updater; string keys go to the string
             // one when there is one, else to the int one with the key's internal number.
@@ -934,14 +967,13 @@ impl KVStore {
     /// ranks (with compression: each rank's 2-bit quantized sum, gathered and summed in rank
     /// order, as stock's server sums its workers' pushes). Returns the sum.
     fn across(
-        st: &mut State,
+        st: &State,
         id: i32,
-        issue: &Issue,
+        (ticket, tag): (mpi::Ticket, mpi::Tag),
         merged: &NDArray,
         compress: Option<f32>,
         priority: i32,
     ) -> Result<NDArray> {
-        let (ticket, tag) = issue.next(st, id);
         let cross = st
             .entries
             .get(&id)
@@ -1076,6 +1108,7 @@ impl KVStore {
         priority: i32,
     ) -> Result<()> {
         let mut st = self.state.lock();
+        let issue = self.issue(&mut st)?;
         Self::check_key_type(&st, &vkeys)?;
         if vkeys.kind() != okeys.kind() {
             return Err(Error::mxnet("Mixed key types are not allowed"));
@@ -1104,7 +1137,6 @@ impl KVStore {
             }
         }
         Self::check_outs(&st, &okeys, &ids, outs, &pending)?;
-        let issue = self.issue()?;
         Self::init_locked(&mut st, vkeys, values, issue.as_ref())?;
         Self::pull_locked(&st, okeys, outs, priority)
     }

@@ -6,15 +6,19 @@
 //! collectives, and MPI's finalisation at exit.
 //!
 //! MPI requires every rank to call the same collectives in the same order. The stores take a
-//! [`Ticket`] for each collective in program order (on the calling thread, under the store's
-//! lock); the engine operation that runs it hands its ticket to the MPI thread when its
+//! [`Ticket`] for each collective in program order (on the calling thread, under the world's
+//! [`Order`], held until the collective's operation is submitted; a call takes all its
+//! tickets before it can fail, and an unused one is sent as abandoned, so every rank takes as
+//! many); the engine operation that runs it hands its ticket to the MPI thread when its
 //! inputs are ready, and the MPI thread runs the collectives strictly by ticket, whatever
 //! order the engine readies them in. Each collective is preceded by one small allreduce of its
-//! description (kind, key, element count, dtype): when the ranks disagree (a program that
-//! pushes other keys on another rank, or a rank whose input failed and whose ticket was
-//! abandoned), every rank fails that call with an error and none moves data, so the stream of
-//! calls stays aligned. An operation waiting for a lower ticket holds no engine thread: it is
-//! an asynchronous engine operation that the MPI thread completes.
+//! description (kind, store, key, the store's call count, element count, dtype): when the
+//! ranks disagree (a program that pushes other keys, or skips a call, on another rank, or a
+//! rank whose input failed and whose ticket was abandoned), every rank fails that call with an
+//! error and none moves data, so the stream of tickets stays aligned. An operation waiting for
+//! a lower ticket holds no engine thread: it is an asynchronous engine operation that the MPI
+//! thread completes. Collectives are nonblocking ones polled with `MPI_Test`; one that fails
+//! in flight leaves its buffers allocated for good and ends all later calls with an error.
 //!
 //! At exit (`on_exit`, which sees the exit status) a process that initialised MPI finalises it
 //! after its issued collectives have run when it exits with status 0; with another status it
@@ -77,6 +81,10 @@ struct Api {
     errors_return: Handle,
     /// float, double, uint8_t, int32_t, int8_t, int64_t.
     types: [Handle; 6],
+    /// Set when a started collective failed while in flight (`MPI_Test` returned an error):
+    /// MPI may still use that collective's buffers, so they are never freed (see `serve`),
+    /// and no collective runs afterwards.
+    broken: std::cell::RefCell<Option<String>>,
 }
 
 // SAFETY: the handles are addresses of objects inside the MPI library, which is never
@@ -145,6 +153,7 @@ fn load() -> Result<Api> {
             h("ompi_mpi_int8_t")?,
             h("ompi_mpi_int64_t")?,
         ],
+        broken: std::cell::RefCell::new(None),
     })
 }
 
@@ -157,6 +166,9 @@ impl Api {
     /// 2 ranks of 2 cores (bench/kvstore_dist_bench.py): an MLP training step at 110-167
     /// steps/s with blocking calls, 172-197 with sleeps alone, 266-332 this way (stock: 175).
     fn complete(&self, what: &str, start: impl FnOnce(*mut Handle) -> c_int) -> Result<()> {
+        if let Some(why) = self.broken.borrow().as_ref() {
+            return Err(Error::mxnet(format!("MPI failed earlier ({why}); no KVStore call can run")));
+        }
         let mut req: Handle = std::ptr::null_mut();
         self.check(start(&mut req), what)?;
         let mut flag: c_int = 0;
@@ -165,7 +177,12 @@ impl Api {
         loop {
             // SAFETY: `req` is the request the collective just started; MPI_STATUS_IGNORE is
             // NULL in Open MPI. MPI frees the request when the test finds it complete.
-            self.check(unsafe { (self.test)(&mut req, &mut flag, std::ptr::null_mut()) }, "MPI_Test")?;
+            let tested = self.check(unsafe { (self.test)(&mut req, &mut flag, std::ptr::null_mut()) }, "MPI_Test");
+            if let Err(e) = tested {
+                // The request may still be in flight: the caller must not free its buffers.
+                *self.broken.borrow_mut() = Some(e.message().to_string());
+                return Err(e);
+            }
             if flag != 0 {
                 return Ok(());
             }
@@ -374,19 +391,13 @@ pub fn world() -> Result<&'static World> {
     // Waits for the MPI thread outside the call gate: a singleton MPI_Init (a process not
     // started by mpirun) forks Open MPI's daemon from that thread, and the fork protocol
     // waits for calls in progress.
+    if WORLD.get().is_none() && crate::runtime::runtime().is_forked_child() {
+        // A child of a process that loaded the library (a DataLoader worker): MPI is the
+        // parent's business.
+        return Err(Error::not_supported("the distributed KVStore in a forked child process"));
+    }
     let w = crate::runtime::outside_call(|| WORLD.get_or_init(start)).as_ref().map_err(Clone::clone)?;
     w.check_process()?;
-    // MXNet's launcher says how many workers it started: all of them must be in this world
-    // (workers started without mpirun would each train alone).
-    if let Ok(n) = std::env::var("DMLC_NUM_WORKER") {
-        if n.trim().parse::<i32>().ok() != Some(w.size) {
-            return Err(Error::mxnet(format!(
-                "DMLC_NUM_WORKER is {n} but MPI started {} worker(s): launch the workers with `mpirun -np {n}` \
-                 (or MXNet's tools/launch.py --launcher mpi)",
-                w.size
-            )));
-        }
-    }
     Ok(w)
 }
 
@@ -474,7 +485,15 @@ fn serve(api: &Api, rx: Receiver<Msg>) {
     let mut finalize: Option<(u64, Sender<()>)> = None;
     loop {
         while let Some((call, done)) = seq.take() {
+            let was_broken = api.broken.borrow().is_some();
             let result = run(api, &call);
+            if !was_broken && api.broken.borrow().is_some() {
+                // This call's collective failed in flight: MPI may still write its buffers, so
+                // its operation never completes and they stay held and allocated (waits on
+                // them do not return; later calls fail at once, see `Api::complete`).
+                std::mem::forget(done);
+                continue;
+            }
             // A panic in a completion must not end this thread: the other ranks wait for it.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(result)));
         }
@@ -525,10 +544,19 @@ impl Api {
 /// Run one collective (after checking that every rank runs the same one).
 fn run(api: &Api, call: &Call) -> Result<()> {
     let d = call.describe();
-    let mine = both(d);
-    let mut all = [0i64; 2 * D];
-    // SAFETY: both buffers hold 2 * D int64 values and live until the call returns.
-    unsafe { api.allreduce(mine.as_ptr().cast(), all.as_mut_ptr().cast(), 2 * D, api.types[5], api.max) }?;
+    let mine = Box::new(both(d));
+    let mut all = Box::new([0i64; 2 * D]);
+    // SAFETY: both buffers hold 2 * D int64 values and live until the call returns, or for
+    // ever when it fails in flight (leaked below).
+    let described =
+        unsafe { api.allreduce(mine.as_ptr().cast(), all.as_mut_ptr().cast(), 2 * D, api.types[5], api.max) };
+    if let Err(e) = described {
+        if api.broken.borrow().is_some() {
+            Box::leak(mine);
+            Box::leak(all);
+        }
+        return Err(e);
+    }
     if !agreed(&all) {
         return Err(Error::mxnet(format!(
             "the workers' KVStore calls disagree: this worker made {}, another rank something else \
@@ -588,10 +616,17 @@ fn allreduce_f16(api: &Api, send: Region, recv: Region) -> Result<()> {
     let mut sum = vec![0f32; wide.len()];
     for start in (0..wide.len()).step_by(CHUNK) {
         let n = CHUNK.min(wide.len() - start);
-        // SAFETY: both vectors hold the chunk and outlive the call.
-        unsafe {
+        // SAFETY: both vectors hold the chunk and outlive the call (leaked when it fails in
+        // flight).
+        let r = unsafe {
             api.allreduce(wide[start..].as_ptr().cast(), sum[start..].as_mut_ptr().cast(), n, api.types[0], api.sum)
-        }?;
+        };
+        if r.is_err() && api.broken.borrow().is_some() {
+            std::mem::forget(wide);
+            std::mem::forget(sum);
+            return r;
+        }
+        r?;
     }
     // SAFETY: `recv` holds `elems` float16 values that this collective alone accesses, in
     // memory distinct from `send`.

@@ -26,6 +26,10 @@ use crate::error::{Error, Result};
 /// Sets up to this size try every split.
 pub const EXHAUSTIVE: usize = 12;
 
+/// Sets above this size never try every split (with backtracking, or when the swap heuristic
+/// fails): the number of splits grows exponentially.
+pub const MAX_EXHAUSTIVE: usize = 16;
+
 /// One tree: its levels (see the module doc).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tree {
@@ -91,6 +95,13 @@ impl Links {
 /// One tree per root device, in root order; the links each tree uses are penalised before
 /// the next is built.
 pub fn trees(links: &Links, penalty: f64, backtrack: bool) -> Result<Vec<Tree>> {
+    if !(penalty.is_finite() && penalty > 0.0) {
+        return Err(Error::value(format!("the link usage penalty must be a positive number (got {penalty})")));
+    }
+    // A device without links has no tree: say so before searching.
+    if let Some(d) = (0..links.n).find(|&d| links.n > 1 && (0..links.n).all(|o| o == d || links.at(d, o) <= 0.0)) {
+        return Err(Error::mxnet(format!("no binary reduction tree: device {d} has no link to another device")));
+    }
     let mut w = links.clone();
     let mut out = Vec::with_capacity(links.n);
     for root in 0..links.n {
@@ -112,11 +123,8 @@ fn build(w: &Links, set: &[usize], root: usize, backtrack: bool) -> Option<Vec<V
     if set.len() == 1 {
         return Some(vec![vec![root]]);
     }
-    let splits = if backtrack || set.len() <= EXHAUSTIVE {
-        every_split(w, set, root)
-    } else {
-        vec![swapped_split(w, set, root)]
-    };
+    let exhaustive = set.len() <= EXHAUSTIVE || (backtrack && set.len() <= MAX_EXHAUSTIVE);
+    let splits = if exhaustive { every_split(w, set, root) } else { vec![swapped_split(w, set, root)] };
     for (half, rest) in splits {
         // The other half's root: the device best linked to the root (lowest id on ties).
         let Some(other) = rest.iter().copied().filter(|&d| w.at(root, d) > 0.0).max_by(|&a, &b| {
@@ -124,14 +132,13 @@ fn build(w: &Links, set: &[usize], root: usize, backtrack: bool) -> Option<Vec<V
         }) else {
             continue;
         };
-        let (Some(a), Some(b)) = (build(w, &half, root, backtrack), build(w, &rest, other, backtrack)) else {
-            continue;
-        };
+        let Some(a) = build(w, &half, root, backtrack) else { continue };
+        let Some(b) = build(w, &rest, other, backtrack) else { continue };
         return Some(merge(root, other, a, b));
     }
-    // A heuristic split that fails falls back to trying every split, as stock falls back to
-    // backtracking.
-    if !backtrack && set.len() > EXHAUSTIVE {
+    // A heuristic split that fails falls back to trying every split (as stock falls back to
+    // backtracking), where that is affordable.
+    if !exhaustive && set.len() <= MAX_EXHAUSTIVE {
         return build(w, set, root, true);
     }
     None
@@ -332,7 +339,16 @@ mod tests {
         // Two devices with no link between them: no tree.
         let none = Links::new(2, vec![0.0; 4]).unwrap();
         let err = trees(&none, 0.7, false).unwrap_err();
+        assert!(err.to_string().contains("device 0 has no link to another device"), "{err}");
+        // Links, but none that makes a tree from device 0: 0 - 1 and 2 - 3 only.
+        let mut w = vec![0.0; 16];
+        for (a, b) in [(0, 1), (2, 3)] {
+            w[a * 4 + b] = 1.0;
+            w[b * 4 + a] = 1.0;
+        }
+        let err = trees(&Links::new(4, w).unwrap(), 0.7, false).unwrap_err();
         assert!(err.to_string().contains("no binary reduction tree from device 0"), "{err}");
+        assert!(trees(&links, 0.0, false).is_err(), "a penalty of 0 would remove every used link");
         assert!(Links::new(2, vec![1.0; 3]).is_err());
         assert!(Links::new(2, vec![0.0, f64::NAN, 1.0, 0.0]).is_err());
     }
