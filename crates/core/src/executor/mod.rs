@@ -63,6 +63,76 @@ pub struct Runner {
     states: Vec<Option<Arc<crate::op::invoke::StateSlot>>>,
     /// Per node, a control-flow node's graphs ready to run.
     flows: Vec<Option<control_flow::Flow>>,
+    /// Per node, which of its outputs are heads.
+    head_outputs: Vec<Vec<usize>>,
+    /// The memory slots of inference runs, kept between runs (stock's `static_alloc`); a
+    /// run takes them and gives them back, so two runs at once never share one.
+    slots: std::sync::Mutex<Option<Slots>>,
+}
+
+/// Memory slots for the intermediate results of a run that records nothing: each result goes
+/// into a free slot (the smallest that holds it; a new one, or the largest free one grown, when
+/// none does), and its slot is free again once the nodes that read it are pushed. The engine
+/// orders the pushed operations through the slot's variable, so a later result never
+/// overwrites one before its readers have run. Stock plans the same before the run (its
+/// static memory plan); here it is done as the run pushes, which needs no second pass and
+/// sees in-place results as they are made. Peak memory is then the largest set of results
+/// alive at one point of the graph, not the sum of all of them.
+#[derive(Default)]
+struct Slots {
+    /// Each slot's storage (bytes, as `uint8`), with how many live results use it.
+    arrays: Vec<(NDArray, usize)>,
+}
+
+impl Slots {
+    /// A free slot for `bytes` on `ctx`, marked used.
+    fn take(&mut self, bytes: usize, ctx: crate::context::Context) -> Result<usize> {
+        let bytes = bytes.max(1).next_multiple_of(64);
+        let free = |(_, (a, users)): &(usize, &(NDArray, usize))| *users == 0 && a.ctx() == Some(ctx);
+        let fit = self
+            .arrays
+            .iter()
+            .enumerate()
+            .filter(free)
+            .filter(|(_, (a, _))| a.size() >= bytes)
+            .min_by_key(|(_, (a, _))| a.size());
+        let j = match fit.map(|(j, _)| j) {
+            Some(j) => j,
+            None => {
+                let array = NDArray::new(vec![bytes], ctx, crate::ndarray::DType::U8, false)?;
+                // Grow the largest free slot rather than keep both.
+                match self.arrays.iter().enumerate().filter(free).max_by_key(|(_, (a, _))| a.size()).map(|(j, _)| j) {
+                    Some(j) => {
+                        self.arrays[j].0 = array;
+                        j
+                    }
+                    None => {
+                        self.arrays.push((array, 0));
+                        self.arrays.len() - 1
+                    }
+                }
+            }
+        };
+        self.arrays[j].1 += 1;
+        Ok(j)
+    }
+
+    /// The slot whose storage `a` is in, if any.
+    fn of(&self, a: &NDArray) -> Option<usize> {
+        self.arrays.iter().position(|(s, _)| s.same_chunk(a))
+    }
+
+    fn release(&mut self, j: usize) {
+        self.arrays[j].1 = self.arrays[j].1.saturating_sub(1);
+    }
+
+    /// A head in a slot (an in-place result) leaves with the caller: the slot is dropped here.
+    fn give_away(&mut self, heads: &[NDArray]) {
+        self.arrays.retain(|(s, _)| !heads.iter().any(|h| h.same_chunk(s)));
+        for (_, users) in &mut self.arrays {
+            *users = 0;
+        }
+    }
 }
 
 /// Nodes and the parameters a run gives them (see [`Runner::open_shapes`]).
@@ -183,6 +253,10 @@ impl Runner {
             (0..graph.nodes.len()).map(|i| inplace_candidate(&graph, i, &last_use, &heads, &readers)).collect();
         let open_shapes = (0..graph.nodes.len()).filter(|&i| has_open_shape(&graph, i)).collect();
         let flows = graph.nodes.iter().map(control_flow::Flow::of).collect::<Result<_>>()?;
+        let mut head_outputs = vec![Vec::new(); graph.nodes.len()];
+        for &(h, k) in &graph.heads {
+            head_outputs[h].push(k);
+        }
         Ok(Runner {
             graph,
             inputs,
@@ -192,6 +266,8 @@ impl Runner {
             resolved: std::sync::Mutex::new(None),
             states: Vec::new(),
             flows,
+            head_outputs,
+            slots: std::sync::Mutex::new(None),
         })
     }
 
@@ -292,10 +368,20 @@ impl Runner {
         let bulk = if monitor.is_some() { 1 } else { bulk };
         let _bulk = engine::global()?.bulk_scope(bulk);
         let mut run = self.start(inputs, true)?;
+        if monitor.is_none() && run.plan.share && !run.recording {
+            let kept = self.slots.lock().unwrap_or_else(|e| e.into_inner()).take();
+            run.slots = Some(kept.unwrap_or_default());
+            run.val_slots = vec![Vec::new(); self.graph.nodes.len()];
+        }
         for i in 0..self.graph.nodes.len() {
             self.run_node(&mut run, i, monitor)?;
         }
-        self.heads(&run)
+        let heads = self.heads(&run)?;
+        if let Some(mut slots) = run.slots.take() {
+            slots.give_away(&heads);
+            *self.slots.lock().unwrap_or_else(|e| e.into_inner()) = Some(slots);
+        }
+        Ok(heads)
     }
 
     /// A run with `inputs` (`list_inputs` order) whose nodes the caller runs one by one
@@ -320,7 +406,7 @@ impl Runner {
         for (&ni, x) in self.inputs.iter().zip(inputs) {
             vals[ni] = vec![x.clone()];
         }
-        Ok(Run { vals, resolved, plan, recording, mirror })
+        Ok(Run { vals, resolved, plan, recording, mirror, slots: None, val_slots: Vec::new() })
     }
 
     /// Run node `i` of `run` (nothing for a variable), after the nodes it reads.
@@ -384,7 +470,13 @@ impl Runner {
                 }
                 _ => None,
             };
-            let target: Vec<&NDArray> = target.iter().collect();
+            let planned = match (&target, run.slots.as_mut()) {
+                (None, Some(slots)) if self.flows[i].is_none() => {
+                    plan_outputs(op, attrs, &ins, &self.head_outputs[i], slots, &mut run.val_slots[i])?
+                }
+                _ => Vec::new(),
+            };
+            let target: Vec<&NDArray> = target.iter().chain(&planned).collect();
             let call =
                 || crate::autograd::invoke_attrs(op, &ins, (!target.is_empty()).then_some(&target[..]), attrs.clone());
             match (self.states.get(i).and_then(|s| s.as_ref()), &self.flows[i]) {
@@ -399,11 +491,33 @@ impl Runner {
                 (m.callback)(&crate::symbol::output_name(op, Some(attrs), &n.name, k), op.name, o);
             }
         }
+        if let Some(slots) = run.slots.as_mut() {
+            if run.val_slots[i].is_empty() {
+                // An in-place result is in its input's slot: one more user of it.
+                for o in &outs {
+                    if let Some(j) = slots.of(o) {
+                        slots.arrays[j].1 += 1;
+                        run.val_slots[i].push(j);
+                    }
+                }
+            }
+            if self.last_use[i] <= i {
+                // Read by no later node and not a head: free at once.
+                for j in std::mem::take(&mut run.val_slots[i]) {
+                    slots.release(j);
+                }
+            }
+        }
         vals[i] = outs;
         if run.plan.share {
             for &(src, _) in &n.inputs {
-                if self.last_use[src] == i && self.graph.nodes[src].op.is_some() {
+                if self.last_use[src] == i && self.graph.nodes[src].op.is_some() && !vals[src].is_empty() {
                     vals[src] = Vec::new();
+                    if let Some(slots) = run.slots.as_mut() {
+                        for j in std::mem::take(&mut run.val_slots[src]) {
+                            slots.release(j);
+                        }
+                    }
                 }
             }
         }
@@ -419,6 +533,49 @@ pub struct Run {
     plan: MemoryPlan,
     recording: bool,
     mirror: bool,
+    /// The memory slots of a run that plans its intermediate results ([`Slots`]).
+    slots: Option<Slots>,
+    /// Per node, the slots its outputs are in.
+    val_slots: Vec<Vec<usize>>,
+}
+
+/// The outputs a planned run gives a node: each visible output in a slot of `slots` (recorded
+/// in `val_slots`), a head in an array of its own; none (the call allocates) for an operator
+/// whose outputs inference does not fix (its own invocation, an output dtype chosen by the
+/// output) or a call off the CPU.
+fn plan_outputs(
+    op: &'static crate::op::OpDef,
+    attrs: &crate::op::param::Attrs,
+    ins: &[&NDArray],
+    heads: &[usize],
+    slots: &mut Slots,
+    val_slots: &mut Vec<usize>,
+) -> Result<Vec<NDArray>> {
+    let ctx = match ins.first().and_then(|x| x.ctx()) {
+        Some(c) if c.dev_type == crate::context::DevType::Cpu => c,
+        _ => return Ok(Vec::new()),
+    };
+    if op.invoke_with.is_some() || op.any_out_dtype || op.dtype_from_out || op.has_ctx() {
+        return Ok(Vec::new());
+    }
+    let metas: Vec<crate::op::Meta> = ins.iter().map(|a| crate::op::Meta::new(a.shape.clone(), a.dtype)).collect();
+    let Ok(outs) = (op.infer)(attrs, &metas) else { return Ok(Vec::new()) };
+    let visible = (op.num_visible_outputs)(attrs);
+    if outs.len() < visible {
+        return Ok(Vec::new());
+    }
+    let mut planned = Vec::with_capacity(visible);
+    for (k, m) in outs.into_iter().take(visible).enumerate() {
+        if heads.contains(&k) {
+            planned.push(NDArray::new(m.shape, ctx, m.dtype, false)?);
+            continue;
+        }
+        let (_, bytes) = crate::ndarray::byte_size(&m.shape, m.dtype)?;
+        let j = slots.take(bytes, ctx)?;
+        val_slots.push(j);
+        planned.push(slots.arrays[j].0.typed_prefix_view(&m.shape, m.dtype)?);
+    }
+    Ok(planned)
 }
 
 /// The output array of an in-place call: input `ii`'s memory with the output's shape, when the

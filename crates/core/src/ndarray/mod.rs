@@ -406,6 +406,27 @@ impl NDArray {
         self.view(shape.to_vec(), self.offset)
     }
 
+    /// The first bytes of this array's storage as an array of `shape` and `dtype`: what a
+    /// graph run's memory plan places an intermediate result in (a slot of bytes that several
+    /// results use in turn). It must fit the storage after this view's offset.
+    pub fn typed_prefix_view(&self, shape: &[usize], dtype: DType) -> Result<NDArray> {
+        self.chunk()?;
+        let (_, bytes) = byte_size(shape, dtype)?;
+        if self.offset.checked_add(bytes).is_none_or(|end| end > self.chunk_bytes) {
+            return Err(Error::value(format!(
+                "a view of shape {shape:?} {} does not fit the array's {} bytes",
+                dtype.name(),
+                self.chunk_bytes
+            )));
+        }
+        Ok(NDArray { shape: shape.to_vec(), dtype, ag: None, ..self.clone() })
+    }
+
+    /// Whether `other` uses this array's storage (the same chunk and engine variable).
+    pub fn same_chunk(&self, other: &NDArray) -> bool {
+        matches!((&self.chunk, &other.chunk), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
+    }
+
     /// Copy `src` (same shape and dtype) into this array, ordered after pending work on both;
     /// returns when done.
     pub fn copy_from(&self, src: &NDArray) -> Result<()> {

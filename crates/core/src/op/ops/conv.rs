@@ -12,7 +12,7 @@ use super::linalg::{gemm, GemmElem};
 use super::nn::Real;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_items, par_tasks_mut, parts};
+use crate::op::kernel::{par_for_mut, par_items, par_tasks_mut, parts, Cost};
 use crate::op::param::op_params;
 use crate::op::param::Attrs;
 use crate::op::resource::Scratch;
@@ -365,6 +365,9 @@ fn im2col_gemm<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[
     // Item t = (image, group) writes the fg output planes at t·fg·osz, so slot s owns the
     // output run of its items and the s-th column matrix of the workspace.
     let col_len = if pointwise { 0 } else { kdim * osz };
+    if items == 1 && !pointwise && crate::op::kernel::pool_threads() > 1 {
+        return single_item::<T, R>(p, x, w, bias, out, &mut cols[..col_len]);
+    }
     let work: Vec<_> = parts(out, per * fg * osz, slots).into_iter().zip(parts(cols, col_len, slots)).collect();
     par_items(work, p.flops() * 0.1, T::DTYPE, |s, (run, col)| {
         for (t, ob) in (s * per..((s + 1) * per).min(items)).zip(run.chunks_mut((fg * osz).max(1))) {
@@ -388,6 +391,33 @@ fn im2col_gemm<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[
             }
         }
     });
+}
+
+/// im2col + GEMM of a single (image, group) item (a batch of one) on several threads: the
+/// unfolding split by input channels, the GEMM by its own plan and the bias by filters, so
+/// that no step runs on one thread while the others wait.
+fn single_item<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T], col: &mut [T]) {
+    let (cg, osz, kdim, isz, ksize) = (p.cg(), p.osz(), p.kdim(), p.isz(), p.ksize());
+    let src = &x[..cg * isz];
+    // Channel c's rows of the column matrix are rows c·ksize.. (channel-major, then taps).
+    par_for_mut(col, ksize * osz, Cost(0.5 * ksize as f64 * osz as f64), T::DTYPE, |chans, part| {
+        let mut sub = p.clone();
+        sub.c = chans.len();
+        sub.g = 1;
+        im2col(&sub, &src[chans.start * isz..][..chans.len() * isz], part, osz);
+    });
+    let out = &mut out[..p.f * osz];
+    gemm(p.f, osz, kdim, &w[..p.f * kdim], false, col, false, out, false);
+    if let Some(b) = bias {
+        par_for_mut(out, osz, Cost(0.25 * osz as f64), T::DTYPE, |filters, part| {
+            for (f, plane) in filters.zip(part.chunks_exact_mut(osz)) {
+                let bv = R::load(b[f]);
+                for v in plane {
+                    *v = (R::load(*v) + bv).store();
+                }
+            }
+        });
+    }
 }
 
 /// The algorithms, in the order [`tune`] indexes them.
