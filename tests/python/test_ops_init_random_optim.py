@@ -360,7 +360,10 @@ def test_update_matches_numpy_and_mutates_states(name, ref, nstates, positive, k
     w, g = mx.nd.array(w0, dtype=dtype), mx.nd.array(g0, dtype=dtype)
     states = [mx.nd.array(s, dtype=dtype) for s in s0]
     getattr(mx.nd, name)(w, g, *states, out=w, **kw)
-    want_w, want_s = ref(w0.astype(np.float64), g0.astype(np.float64), *[s.astype(np.float64) for s in s0], **kw)
+    # Stock declares these scalars `float`: a float64 update uses their float32 values.
+    scalars = {"lr", "wd", "rescale_grad", "clip_gradient", "clip_grad", "momentum", "wd_lh"}
+    ref_kw = {k: float(np.float32(v)) if k in scalars and v is not None else v for k, v in kw.items()}
+    want_w, want_s = ref(w0.astype(np.float64), g0.astype(np.float64), *[s.astype(np.float64) for s in s0], **ref_kw)
     tol = dict(rtol=1e-4, atol=1e-5) if dtype == "float32" else dict(rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(w.asnumpy(), want_w, **tol)
     for got, want in zip(states, want_s):

@@ -378,12 +378,13 @@ fn bn_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], relu: bool) -> R
     let training = cx.is_train && !params.use_global_stats;
     if training {
         // The moving statistics are the mutated inputs: writable blobs 5 and 6.
-        let (eps, momentum) = (params.eps, params.momentum);
+        // Stock's momentum is a float, and so is its `1 - momentum`.
+        let (eps, momentum) = (params.eps, super::optim::f32r(params.momentum));
+        let keep = (1.0f32 - momentum as f32) as f64;
         let mm = read_out_f64(op, &outs[5])?;
         let mv = read_out_f64(op, &outs[6])?;
-        let new_mm: Vec<f64> = mm.iter().zip(&mean).map(|(o, m)| o * momentum + m * (1.0 - momentum)).collect();
-        let new_mv: Vec<f64> =
-            mv.iter().zip(&inv).map(|(o, i)| o * momentum + (1.0 / (i * i) - eps) * (1.0 - momentum)).collect();
+        let new_mm: Vec<f64> = mm.iter().zip(&mean).map(|(o, m)| o * momentum + m * keep).collect();
+        let new_mv: Vec<f64> = mv.iter().zip(&inv).map(|(o, i)| o * momentum + (1.0 / (i * i) - eps) * keep).collect();
         write_f64(op, &mut outs[5], &new_mm)?;
         write_f64(op, &mut outs[6], &new_mv)?;
     }

@@ -177,6 +177,13 @@ pub(super) fn update_one<T: Elem, R: Real, const N: usize>(
 }
 
 /// The common scalars: learning rate, weight decay, gradient rescale and clip.
+/// `x` rounded to float32: stock declares the optimizers' scalars (`lr`, `wd`, `momentum`,
+/// `rescale_grad`, `clip_gradient`, ...) as `float`, so a float64 weight is updated with the
+/// float32 value of a learning rate such as 0.1.
+pub(super) fn f32r(x: f64) -> f64 {
+    x as f32 as f64
+}
+
 struct Common {
     lr: f64,
     wd: f64,
@@ -192,7 +199,7 @@ macro_rules! common {
     };
     ($p:expr, $clip:ident) => {{
         let p = &$p;
-        Common { lr: p.lr, wd: p.wd, rescale: p.rescale_grad, clip: p.$clip }
+        Common { lr: f32r(p.lr), wd: f32r(p.wd), rescale: f32r(p.rescale_grad), clip: f32r(p.$clip) }
     }};
 }
 
@@ -385,7 +392,7 @@ fn sgd_core(
                 }
             }
             Some(m) => {
-                let m = R::of(m);
+                let m = R::of(f32r(m));
                 update_one::<T, R, 1>(views(ins, outs, nout, (w, g, i), [nout + i]), |w, g, s| {
                     let g = if clipping { clip(rs * g, cl) } else { rs * g };
                     s[0] = m * s[0] - lr * wd * w - lr * g;
@@ -514,7 +521,7 @@ fn multi_sgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], momentum: bool, mp
     let p = Multi::of(a, momentum);
     let (m, nout) = (p.momentum, p.outputs());
     for i in 0..nout {
-        let c = Common { lr: p.lrs[i], wd: p.wds[i], rescale: p.rescale, clip: p.clip };
+        let c = Common { lr: f32r(p.lrs[i]), wd: f32r(p.wds[i]), rescale: f32r(p.rescale), clip: f32r(p.clip) };
         if mp {
             mp_sgd_core(a.op, ins, outs, (nout, i), &c, m, false)?;
         } else {
@@ -526,7 +533,7 @@ fn multi_sgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], momentum: bool, mp
 
 fn nag_mom(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let p = NagParams::of(cx.attrs);
-    let (c, m) = (common!(p), p.momentum);
+    let (c, m) = (common!(p), f32r(p.momentum));
     dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl, m) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip), R::of(m));
         let clipping = c.clip >= 0.0;
@@ -611,7 +618,7 @@ fn signsgd(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 fn signum(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let p = SignumParams::of(cx.attrs);
-    let (c, m, wd_lh) = (common!(p), p.momentum, p.wd_lh);
+    let (c, m, wd_lh) = (common!(p), f32r(p.momentum), f32r(p.wd_lh));
     dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (m, one) = (R::of(m), R::of(1.0));
