@@ -90,7 +90,7 @@ pub(super) fn convolution(
     let algos = &plan.algos;
     let infos: Vec<AlgoInfo> = algos
         .iter()
-        .map(|a| AlgoInfo { name: a.name(), deterministic: a.deterministic, workspace: a.workspace })
+        .map(|a| AlgoInfo { name: a.name(), deterministic: a.deterministic, workspace: a.workspace, estimate: 0.0 })
         .collect();
     let key = format!(
         "Convolution;gpu({dev});{};x={:?};w={:?};pad={:?};stride={:?};dilate={:?};group={};tf32={}",

@@ -86,21 +86,31 @@ pub fn resolve_mode(reg: &Registry, per_op: Option<&str>) -> Result<(Mode, Sourc
 }
 
 /// What the selector knows about one algorithm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AlgoInfo {
     pub name: &'static str,
     /// Same inputs give bit-identical outputs on every run.
     pub deterministic: bool,
     /// Workspace bytes the algorithm needs for this problem.
     pub workspace: usize,
+    /// Estimated seconds for this problem (0: no estimate). A timing mode does not time an
+    /// algorithm estimated at more than [`PRUNE`] times the best estimate: the first call of
+    /// a network then times only the close calls, instead of running every layer with an
+    /// algorithm that cannot win (a direct convolution of a 3×3 layer with 64 filters is ten
+    /// times slower than im2col + GEMM).
+    pub estimate: f64,
 }
+
+/// See [`AlgoInfo::estimate`].
+pub const PRUNE: f64 = 4.0;
 
 /// A selection, as [`Tuner::last_choice`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Choice {
     pub algo: &'static str,
     pub mode: Mode,
-    /// How it was made: "heuristic", "timed", "cached" or "cache file".
+    /// How it was made: "heuristic", "estimated" (the one algorithm left after
+    /// [`AlgoInfo::estimate`]s), "timed", "cached" or "cache file".
     pub how: &'static str,
 }
 
@@ -186,7 +196,18 @@ impl Tuner {
                 fits
             };
         }
-        let (chosen, how) = if mode == Mode::Off || eligible.len() == 1 {
+        let mut pruned = false;
+        if mode != Mode::Off {
+            let est = |i: usize| req.algos[i].estimate;
+            let best = eligible.iter().map(|&i| est(i)).filter(|&e| e > 0.0).fold(f64::INFINITY, f64::min);
+            let before = eligible.len();
+            eligible.retain(|&i| est(i) <= 0.0 || est(i) <= PRUNE * best);
+            pruned = eligible.len() < before;
+        }
+        let (chosen, how) = if eligible.len() == 1 && pruned {
+            run(eligible[0])?;
+            (eligible[0], "estimated")
+        } else if mode == Mode::Off || eligible.len() == 1 {
             let i = if eligible.contains(&req.heuristic) { req.heuristic } else { eligible[0] };
             run(i)?;
             (i, "heuristic")
@@ -320,9 +341,9 @@ mod tests {
     }
 
     const ALGOS: &[AlgoInfo] = &[
-        AlgoInfo { name: "direct", deterministic: true, workspace: 0 },
-        AlgoInfo { name: "im2col_gemm", deterministic: true, workspace: 1 << 20 },
-        AlgoInfo { name: "racy", deterministic: false, workspace: 0 },
+        AlgoInfo { name: "direct", deterministic: true, workspace: 0, estimate: 0.0 },
+        AlgoInfo { name: "im2col_gemm", deterministic: true, workspace: 1 << 20, estimate: 0.0 },
+        AlgoInfo { name: "racy", deterministic: false, workspace: 0, estimate: 0.0 },
     ];
 
     fn req(key: &str, per_op: Option<&'static str>, limit: usize) -> Request<'static> {
@@ -355,6 +376,42 @@ mod tests {
             .unwrap();
         assert_eq!((i, ran, t.timings()), (1, vec![1], 0));
         assert_eq!(t.last_choice("k").unwrap().how, "heuristic");
+    }
+
+    #[test]
+    fn estimates_keep_hopeless_algorithms_from_being_timed() {
+        let t = Tuner::default();
+        let r = reg(&[]);
+        let mut algos = [ALGOS[0], ALGOS[1]];
+        algos[0].estimate = 10.0;
+        algos[1].estimate = 1.0;
+        let rq = |key: &str, algos: &'static [AlgoInfo]| Request {
+            key: key.to_string(),
+            per_op: Some("fastest"),
+            workspace_limit: 0,
+            algos,
+            heuristic: 0,
+        };
+        let leaked: &'static [AlgoInfo] = Box::leak(Box::new(algos));
+        let mut ran = Vec::new();
+        let i = t
+            .select(&r, &rq("far", leaked), |i| {
+                ran.push(i);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!((i, ran, t.timings()), (1, vec![1], 0));
+        assert_eq!(t.last_choice("far").unwrap().how, "estimated");
+        // Within PRUNE of each other: both are timed.
+        algos[0].estimate = 3.0;
+        let close: &'static [AlgoInfo] = Box::leak(Box::new(algos));
+        t.select(&r, &rq("close", close), |_| Ok(())).unwrap();
+        assert_eq!(t.timings(), 2);
+        assert_eq!(t.last_choice("close").unwrap().how, "timed");
+        // `off` still takes the heuristic, whatever the estimates say.
+        let off = reg(&[("MXNET_CUDNN_AUTOTUNE_DEFAULT", "0")]);
+        let i = t.select(&off, &Request { per_op: None, ..rq("off", leaked) }, |_| Ok(())).unwrap();
+        assert_eq!((i, t.last_choice("off").unwrap().how), (0, "heuristic"));
     }
 
     #[test]
