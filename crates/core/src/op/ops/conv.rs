@@ -355,6 +355,95 @@ fn im2col_slots(p: &Plan) -> usize {
     crate::op::kernel::pool_threads().min(p.n * p.g).max(1)
 }
 
+/// A product with fewer columns than this runs the GEMM below its speed (its packed weight
+/// panels are reused over too few columns), so small images are unfolded several at a time.
+const MIN_GEMM_COLS: usize = 1024;
+
+/// Images one GEMM multiplies at once (1: one image per product, written in place): for
+/// ungrouped convolutions with small outputs, enough images for [`MIN_GEMM_COLS`] columns,
+/// in a number of chunks that is a multiple of the threads.
+fn images_per_gemm(p: &Plan, threads: usize) -> usize {
+    let osz = p.osz().max(1);
+    if p.g != 1 || p.n < 2 || 2 * osz >= MIN_GEMM_COLS {
+        return 1;
+    }
+    let want = MIN_GEMM_COLS.div_ceil(osz);
+    let chunks = p.n.div_ceil(want).next_multiple_of(threads.max(1));
+    p.n.div_ceil(chunks).max(1)
+}
+
+/// Workspace elements of im2col + GEMM: per slot, the column matrix (and, for several images
+/// per GEMM, the product before it is laid out as images).
+fn im2col_workspace(p: &Plan, threads: usize) -> usize {
+    let nb = images_per_gemm(p, threads);
+    if nb > 1 {
+        let slots = threads.min(p.n.div_ceil(nb)).max(1);
+        (p.kdim() + p.f) * nb * p.osz() * slots
+    } else if p.is_pointwise() {
+        0
+    } else {
+        p.kdim() * p.osz() * im2col_slots(p)
+    }
+}
+
+/// im2col + GEMM with `nb` images per product (ungrouped): the images' column matrices side
+/// by side (`kdim × nb·osz`), one GEMM into a product of `f × nb·osz`, then each image's
+/// planes copied out with the bias added. Chunks of `nb` images own consecutive output runs.
+fn batched_gemm<T: GemmElem, R: Real>(
+    p: &Plan,
+    nb: usize,
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    out: &mut [T],
+    ws: &mut [T],
+) {
+    let (osz, kdim, isz, f) = (p.osz(), p.kdim(), p.isz(), p.f);
+    let chunks = p.n.div_ceil(nb);
+    let slots = crate::op::kernel::pool_threads().min(chunks).max(1);
+    let per = chunks.div_ceil(slots);
+    let slot_len = (kdim + f) * nb * osz;
+    let work: Vec<_> = parts(&mut out[..p.n * f * osz], per * nb * f * osz, slots)
+        .into_iter()
+        .zip(parts(ws, slot_len, slots))
+        .collect();
+    par_items(work, p.flops() * 0.1, T::DTYPE, |s, (run, buf)| {
+        let (col, prod) = buf.split_at_mut(kdim * nb * osz);
+        for (ci, ob) in (s * per..((s + 1) * per).min(chunks)).zip(run.chunks_mut(nb * f * osz)) {
+            let (i0, i1) = (ci * nb, ((ci + 1) * nb).min(p.n));
+            let cols = (i1 - i0) * osz;
+            let col = &mut col[..kdim * cols];
+            for b in 0..i1 - i0 {
+                let src = &x[(i0 + b) * p.c * isz..][..p.c * isz];
+                if p.is_pointwise() {
+                    for (row, plane) in src.chunks_exact(isz).enumerate() {
+                        col[row * cols + b * osz..][..osz].copy_from_slice(plane);
+                    }
+                } else {
+                    // Every entry of this image's columns is written before the GEMM reads it.
+                    im2col(p, src, &mut col[b * osz..], cols);
+                }
+            }
+            let prod = &mut prod[..f * cols];
+            gemm(f, cols, kdim, &w[..f * kdim], false, col, false, prod, false);
+            for (b, planes) in ob.chunks_exact_mut(f * osz).enumerate() {
+                for (fi, plane) in planes.chunks_exact_mut(osz).enumerate() {
+                    let from = &prod[fi * cols + b * osz..][..osz];
+                    match bias {
+                        Some(bs) => {
+                            let bv = R::load(bs[fi]);
+                            for (o, &v) in plane.iter_mut().zip(from) {
+                                *o = (R::load(v) + bv).store();
+                            }
+                        }
+                        None => plane.copy_from_slice(from),
+                    }
+                }
+            }
+        }
+    });
+}
+
 /// im2col + GEMM over (image, group) items, split into [`im2col_slots`] contiguous runs;
 /// `cols` holds one `kdim × osz` column matrix per slot (unused for pointwise kernels).
 fn im2col_gemm<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T], cols: &mut [T]) {
@@ -365,6 +454,10 @@ fn im2col_gemm<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[
     // Item t = (image, group) writes the fg output planes at t·fg·osz, so slot s owns the
     // output run of its items and the s-th column matrix of the workspace.
     let col_len = if pointwise { 0 } else { kdim * osz };
+    let nb = images_per_gemm(p, crate::op::kernel::pool_threads());
+    if nb > 1 {
+        return batched_gemm::<T, R>(p, nb, x, w, bias, out, cols);
+    }
     if items == 1 && !pointwise && crate::op::kernel::pool_threads() > 1 {
         return single_item::<T, R>(p, x, w, bias, out, &mut cols[..col_len]);
     }
@@ -441,7 +534,7 @@ fn im2col_estimate(p: &Plan) -> f64 {
 }
 
 fn algos(p: &Plan, elem: usize) -> [AlgoInfo; 2] {
-    let col = if p.is_pointwise() { 0 } else { p.kdim() * p.osz() * elem * im2col_slots(p) };
+    let col = im2col_workspace(p, crate::op::kernel::pool_threads()) * elem;
     [
         AlgoInfo { name: "direct", deterministic: true, workspace: 0, estimate: direct_estimate(p) },
         AlgoInfo { name: "im2col_gemm", deterministic: true, workspace: col, estimate: im2col_estimate(p) },
@@ -690,13 +783,85 @@ mod tests {
                 if algo == DIRECT {
                     direct::<f64, f64>(&p, &x, &w, None, &mut out);
                 } else {
-                    let mut cols = vec![0.0f64; p.kdim() * p.osz() * im2col_slots(&p)];
+                    let mut cols = vec![0.0f64; im2col_workspace(&p, crate::op::kernel::pool_threads())];
                     im2col_gemm::<f64, f64>(&p, &x, &w, None, &mut out, &mut cols);
                 }
                 for (a, b) in out.iter().zip(&want) {
                     assert!((a - b).abs() < 1e-9, "algo {algo} c={c} f={f} g={g} k={k} s={s} d={d} p={pd}");
                 }
             }
+        }
+    }
+
+    /// Several images per GEMM (uneven last chunk, pointwise and padded, strided kernels),
+    /// with and without a bias, against the naive convolution.
+    #[test]
+    fn batched_images_match_naive() {
+        for &(c, f, h, k, s, pd) in
+            &[(3usize, 4usize, 6usize, 3usize, 1usize, 1usize), (4, 5, 5, 1, 1, 0), (2, 3, 7, 3, 2, 0)]
+        {
+            let input = [1, h, h];
+            let o = (h + 2 * pd - k) / s + 1;
+            let p = Plan {
+                n: 5,
+                c,
+                f,
+                g: 1,
+                input,
+                kernel: [1, k, k],
+                stride: [1, s, s],
+                dilate: [1; 3],
+                pad: [0, pd, pd],
+                output: [1, o, o],
+                out_shape: vec![],
+                weight_shape: vec![],
+            };
+            let x: Vec<f64> = (0..5 * c * h * h).map(|i| ((i * 7 % 13) as f64) - 6.0).collect();
+            let w: Vec<f64> = (0..f * c * k * k).map(|i| ((i * 5 % 11) as f64) * 0.25 - 1.0).collect();
+            let bias: Vec<f64> = (0..f).map(|i| i as f64 * 0.5 - 1.0).collect();
+            let want = naive(&p, &x, &w);
+            for nb in [2, 3, 5] {
+                for with_bias in [false, true] {
+                    let mut out = vec![f64::NAN; want.len()];
+                    let mut ws = vec![f64::NAN; (p.kdim() + f) * nb * p.osz() * crate::op::kernel::pool_threads()];
+                    let b = with_bias.then_some(&bias[..]);
+                    batched_gemm::<f64, f64>(&p, nb, &x, &w, b, &mut out, &mut ws);
+                    for (i, (a, e)) in out.iter().zip(&want).enumerate() {
+                        let e = e + if with_bias { bias[(i / p.osz()) % f] } else { 0.0 };
+                        assert!((a - e).abs() < 1e-9, "nb={nb} bias={with_bias} c={c} k={k} s={s}: {a} vs {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn images_per_gemm_fills_the_columns_in_whole_rounds() {
+        let mut p = plan2d_for_test(16, 512, 7);
+        assert_eq!(images_per_gemm(&p, 2), 8);
+        assert_eq!(images_per_gemm(&p, 1), 16);
+        p.n = 1;
+        assert_eq!(images_per_gemm(&p, 2), 1);
+        let p = plan2d_for_test(32, 64, 8);
+        assert_eq!(images_per_gemm(&p, 2), 16);
+        // Large images: one per product.
+        assert_eq!(images_per_gemm(&plan2d_for_test(16, 64, 56), 2), 1);
+    }
+
+    fn plan2d_for_test(n: usize, c: usize, hw: usize) -> Plan {
+        Plan {
+            n,
+            c,
+            f: c,
+            g: 1,
+            input: [1, hw, hw],
+            kernel: [1, 3, 3],
+            stride: [1; 3],
+            dilate: [1; 3],
+            pad: [0, 1, 1],
+            output: [1, hw, hw],
+            out_shape: vec![],
+            weight_shape: vec![],
         }
     }
 
@@ -724,7 +889,7 @@ mod tests {
             let w = vec![0.25f32; f * c * 25];
             let b = vec![0.1f32; f];
             let mut out = vec![0.0f32; n * f * o * o];
-            let mut cols = vec![0.0f32; p.kdim() * p.osz() * im2col_slots(&p)];
+            let mut cols = vec![0.0f32; im2col_workspace(&p, crate::op::kernel::pool_threads())];
             for algo in [DIRECT, IM2COL] {
                 let mut run = || {
                     if algo == DIRECT {
