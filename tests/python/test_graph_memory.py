@@ -240,3 +240,30 @@ def test_inference_runs_reuse_memory_slots():
     for o in planned["outs"][1:] + kept["outs"]:
         np.testing.assert_array_equal(np.array(o), np.array(planned["outs"][0]))
     assert planned["peak"] + 12 * 2**20 < kept["peak"], (planned["peak"], kept["peak"])
+
+
+def test_planned_runs_keep_earlier_outputs_and_shared_values():
+    # A head that later nodes also read, a value with several readers, an in-place chain: the
+    # outputs of one run must survive the next run, which reuses the memory slots.
+    class Net(gluon.HybridBlock):
+        def hybrid_forward(self, F, x):
+            a = F.relu(x * 2)
+            b = a + F.sigmoid(a)
+            c = F.tanh(a) * b
+            return a, F.relu(c) + b
+
+    net = Net()
+    net.hybridize(static_alloc=True, static_shape=True)
+    rng = np.random.RandomState(4)
+    xs = [rng.uniform(-1, 1, (16, 64)) for _ in range(3)]
+    outs = [net(mx.nd.array(x)) for x in xs]
+
+    def want(x):
+        a = np.maximum(x * 2, 0)
+        b = a + 1 / (1 + np.exp(-a))
+        return a, np.maximum(np.tanh(a) * b, 0) + b
+
+    for x, (a, c) in zip(xs, outs):
+        wa, wc = want(x)
+        np.testing.assert_allclose(a.asnumpy(), wa, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(c.asnumpy(), wc, rtol=1e-5, atol=1e-6)

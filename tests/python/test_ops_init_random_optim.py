@@ -361,8 +361,13 @@ def test_update_matches_numpy_and_mutates_states(name, ref, nstates, positive, k
     states = [mx.nd.array(s, dtype=dtype) for s in s0]
     getattr(mx.nd, name)(w, g, *states, out=w, **kw)
     # Stock declares these scalars `float`: a float64 update uses their float32 values.
-    scalars = {"lr", "wd", "rescale_grad", "clip_gradient", "clip_grad", "momentum", "wd_lh"}
-    ref_kw = {k: float(np.float32(v)) if k in scalars and v is not None else v for k, v in kw.items()}
+    scalars = {"lr", "wd", "rescale_grad", "clip_gradient", "clip_grad", "momentum", "wd_lh", "beta1", "beta2",
+               "gamma1", "gamma2", "clip_weights", "lamda1", "beta"}
+    if name != "ftml_update":  # FTML's epsilon is a double in stock
+        scalars.add("epsilon")
+    import inspect
+    defaults = {k: v.default for k, v in inspect.signature(ref).parameters.items() if v.default is not v.empty}
+    ref_kw = {k: float(np.float32(v)) if k in scalars and v is not None else v for k, v in {**defaults, **kw}.items()}
     want_w, want_s = ref(w0.astype(np.float64), g0.astype(np.float64), *[s.astype(np.float64) for s in s0], **ref_kw)
     tol = dict(rtol=1e-4, atol=1e-5) if dtype == "float32" else dict(rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(w.asnumpy(), want_w, **tol)

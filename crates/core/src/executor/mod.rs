@@ -378,6 +378,11 @@ impl Runner {
         }
         let heads = self.heads(&run)?;
         if let Some(mut slots) = run.slots.take() {
+            // The run's operations may still sit in this thread's bulk (a control-flow body
+            // inside the outer run's bulk, a caller's `engine.bulk`): the engine orders uses
+            // of a slot by when they reach it, so they go to the engine before another run
+            // can take the slots.
+            engine::global()?.flush_bulk();
             slots.give_away(&heads);
             *self.slots.lock().unwrap_or_else(|e| e.into_inner()) = Some(slots);
         }

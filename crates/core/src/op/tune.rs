@@ -147,6 +147,17 @@ fn warn(msg: String) {
     eprintln!("[mxnet-rt] warning: {msg}");
 }
 
+/// Drop from `eligible` the algorithms estimated at more than [`PRUNE`] times the best
+/// estimate (after the cache was consulted: a cached or measured choice stands); whether any
+/// was dropped.
+fn prune(req: &Request, eligible: &mut Vec<usize>) -> bool {
+    let est = |i: usize| req.algos[i].estimate;
+    let best = eligible.iter().map(|&i| est(i)).filter(|&e| e > 0.0).fold(f64::INFINITY, f64::min);
+    let before = eligible.len();
+    eligible.retain(|&i| est(i) <= 0.0 || est(i) <= PRUNE * best);
+    eligible.len() < before
+}
+
 impl Tuner {
     /// How many algorithm runs were timed so far.
     pub fn timings(&self) -> usize {
@@ -196,18 +207,7 @@ impl Tuner {
                 fits
             };
         }
-        let mut pruned = false;
-        if mode != Mode::Off {
-            let est = |i: usize| req.algos[i].estimate;
-            let best = eligible.iter().map(|&i| est(i)).filter(|&e| e > 0.0).fold(f64::INFINITY, f64::min);
-            let before = eligible.len();
-            eligible.retain(|&i| est(i) <= 0.0 || est(i) <= PRUNE * best);
-            pruned = eligible.len() < before;
-        }
-        let (chosen, how) = if eligible.len() == 1 && pruned {
-            run(eligible[0])?;
-            (eligible[0], "estimated")
-        } else if mode == Mode::Off || eligible.len() == 1 {
+        let (chosen, how) = if mode == Mode::Off || eligible.len() == 1 {
             let i = if eligible.contains(&req.heuristic) { req.heuristic } else { eligible[0] };
             run(i)?;
             (i, "heuristic")
@@ -232,6 +232,11 @@ impl Tuner {
                 Some((i, from_file)) => {
                     run(i)?;
                     (i, if from_file { "cache file" } else { "cached" })
+                }
+                None if prune(req, &mut eligible) && eligible.len() == 1 => {
+                    // Not measured, so not cached: the estimate is cheap to make again.
+                    run(eligible[0])?;
+                    (eligible[0], "estimated")
                 }
                 None => {
                     let mut best = (eligible[0], f64::INFINITY);

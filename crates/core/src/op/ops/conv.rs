@@ -351,13 +351,16 @@ pub(super) fn im2col<T: Elem>(p: &Plan, plane0: &[T], col: &mut [T], ld: usize) 
 }
 
 /// Parallel slots of im2col + GEMM: one per kernel thread, each with its own column matrix.
-fn im2col_slots(p: &Plan) -> usize {
-    crate::op::kernel::pool_threads().min(p.n * p.g).max(1)
+fn im2col_slots(p: &Plan, threads: usize) -> usize {
+    threads.min(p.n * p.g).max(1)
 }
 
 /// A product with fewer columns than this runs the GEMM below its speed (its packed weight
 /// panels are reused over too few columns), so small images are unfolded several at a time.
 const MIN_GEMM_COLS: usize = 1024;
+
+/// Workspace elements of one slot of [`batched_gemm`] (16 MiB of float32).
+const SLOT_BUDGET_ELEMS: usize = 4 << 20;
 
 /// Images one GEMM multiplies at once (1: one image per product, written in place): for
 /// ungrouped convolutions with small outputs, enough images for [`MIN_GEMM_COLS`] columns,
@@ -367,7 +370,13 @@ fn images_per_gemm(p: &Plan, threads: usize) -> usize {
     if p.g != 1 || p.n < 2 || 2 * osz >= MIN_GEMM_COLS {
         return 1;
     }
-    let want = MIN_GEMM_COLS.div_ceil(osz);
+    // Each slot holds the column matrix and the product of its images: at most
+    // SLOT_BUDGET_ELEMS, so that a wide layer on many threads does not take hundreds of MB.
+    let per_image = (p.kdim() + p.f) * osz;
+    let want = MIN_GEMM_COLS.div_ceil(osz).min(SLOT_BUDGET_ELEMS / per_image.max(1));
+    if want < 2 {
+        return 1;
+    }
     let chunks = p.n.div_ceil(want).next_multiple_of(threads.max(1));
     p.n.div_ceil(chunks).max(1)
 }
@@ -382,15 +391,17 @@ fn im2col_workspace(p: &Plan, threads: usize) -> usize {
     } else if p.is_pointwise() {
         0
     } else {
-        p.kdim() * p.osz() * im2col_slots(p)
+        p.kdim() * p.osz() * im2col_slots(p, threads)
     }
 }
 
 /// im2col + GEMM with `nb` images per product (ungrouped): the images' column matrices side
 /// by side (`kdim × nb·osz`), one GEMM into a product of `f × nb·osz`, then each image's
 /// planes copied out with the bias added. Chunks of `nb` images own consecutive output runs.
+#[allow(clippy::too_many_arguments)]
 fn batched_gemm<T: GemmElem, R: Real>(
     p: &Plan,
+    threads: usize,
     nb: usize,
     x: &[T],
     w: &[T],
@@ -400,7 +411,7 @@ fn batched_gemm<T: GemmElem, R: Real>(
 ) {
     let (osz, kdim, isz, f) = (p.osz(), p.kdim(), p.isz(), p.f);
     let chunks = p.n.div_ceil(nb);
-    let slots = crate::op::kernel::pool_threads().min(chunks).max(1);
+    let slots = threads.min(chunks).max(1);
     let per = chunks.div_ceil(slots);
     let slot_len = (kdim + f) * nb * osz;
     let work: Vec<_> = parts(&mut out[..p.n * f * osz], per * nb * f * osz, slots)
@@ -446,19 +457,29 @@ fn batched_gemm<T: GemmElem, R: Real>(
 
 /// im2col + GEMM over (image, group) items, split into [`im2col_slots`] contiguous runs;
 /// `cols` holds one `kdim × osz` column matrix per slot (unused for pointwise kernels).
-fn im2col_gemm<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T], cols: &mut [T]) {
+/// `threads`: the thread count the workspace was sized with ([`im2col_workspace`]).
+#[allow(clippy::too_many_arguments)]
+fn im2col_gemm<T: GemmElem, R: Real>(
+    p: &Plan,
+    threads: usize,
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    out: &mut [T],
+    cols: &mut [T],
+) {
     let (cg, fg, osz, kdim, isz) = (p.cg(), p.fg(), p.osz(), p.kdim(), p.isz());
     let pointwise = p.is_pointwise();
-    let (items, slots) = (p.n * p.g, im2col_slots(p));
+    let (items, slots) = (p.n * p.g, im2col_slots(p, threads));
     let per = items.div_ceil(slots);
     // Item t = (image, group) writes the fg output planes at t·fg·osz, so slot s owns the
     // output run of its items and the s-th column matrix of the workspace.
     let col_len = if pointwise { 0 } else { kdim * osz };
-    let nb = images_per_gemm(p, crate::op::kernel::pool_threads());
+    let nb = images_per_gemm(p, threads);
     if nb > 1 {
-        return batched_gemm::<T, R>(p, nb, x, w, bias, out, cols);
+        return batched_gemm::<T, R>(p, threads, nb, x, w, bias, out, cols);
     }
-    if items == 1 && !pointwise && crate::op::kernel::pool_threads() > 1 {
+    if items == 1 && !pointwise && threads > 1 {
         return single_item::<T, R>(p, x, w, bias, out, &mut cols[..col_len]);
     }
     let work: Vec<_> = parts(out, per * fg * osz, slots).into_iter().zip(parts(cols, col_len, slots)).collect();
@@ -533,8 +554,8 @@ fn im2col_estimate(p: &Plan) -> f64 {
     p.flops() / (60e9 * eff.max(1e-3)) + unfold
 }
 
-fn algos(p: &Plan, elem: usize) -> [AlgoInfo; 2] {
-    let col = im2col_workspace(p, crate::op::kernel::pool_threads()) * elem;
+fn algos(p: &Plan, elem: usize, threads: usize) -> [AlgoInfo; 2] {
+    let col = im2col_workspace(p, threads) * elem;
     [
         AlgoInfo { name: "direct", deterministic: true, workspace: 0, estimate: direct_estimate(p) },
         AlgoInfo { name: "im2col_gemm", deterministic: true, workspace: col, estimate: im2col_estimate(p) },
@@ -542,7 +563,16 @@ fn algos(p: &Plan, elem: usize) -> [AlgoInfo; 2] {
 }
 
 /// Run algorithm `algo`; `ws` is at least the algorithm's declared workspace.
-fn run_algo(op: &str, algo: usize, p: &Plan, ins: &[TBlob], out: &mut OutBlob, ws: &mut Scratch) -> Result<()> {
+/// `threads`: the thread count `ws` was sized with.
+fn run_algo(
+    op: &str,
+    algo: usize,
+    p: &Plan,
+    threads: usize,
+    ins: &[TBlob],
+    out: &mut OutBlob,
+    ws: &mut Scratch,
+) -> Result<()> {
     macro_rules! go {
         ($T:ty, $R:ty) => {{
             let (x, w) = (ins[0].as_slice::<$T>(), ins[1].as_slice::<$T>());
@@ -551,7 +581,7 @@ fn run_algo(op: &str, algo: usize, p: &Plan, ins: &[TBlob], out: &mut OutBlob, w
             if algo == DIRECT {
                 direct::<$T, $R>(p, x, w, b, o)
             } else {
-                im2col_gemm::<$T, $R>(p, x, w, b, o, ws.as_mut::<$T>())
+                im2col_gemm::<$T, $R>(p, threads, x, w, b, o, ws.as_mut::<$T>())
             }
         }};
     }
@@ -586,7 +616,10 @@ fn convolution(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     if outs[0].size() == 0 {
         return Ok(());
     }
-    let list = algos(&p, ins[0].dtype.size());
+    // One thread count for the workspace and the run: the pool may change size meanwhile
+    // (MXSetNumOMPThreads from another thread, a pool being built).
+    let threads = crate::op::kernel::pool_threads();
+    let list = algos(&p, ins[0].dtype.size(), threads);
     // Heuristic: GEMM unless the reduced dimension is tiny.
     let heuristic = if p.kdim() >= 8 { IM2COL } else { DIRECT };
     let params = ConvParams::of(a);
@@ -599,7 +632,8 @@ fn convolution(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     };
     // One workspace serves every candidate: the largest declared (the column matrices).
     let mut ws = cx.workspace(list.iter().map(|al| al.workspace).max().unwrap_or(0))?;
-    tune::global().select(crate::config::global(), &req, |i| run_algo(a.op, i, &p, ins, &mut outs[0], &mut ws))?;
+    tune::global()
+        .select(crate::config::global(), &req, |i| run_algo(a.op, i, &p, threads, ins, &mut outs[0], &mut ws))?;
     Ok(())
 }
 
@@ -783,8 +817,16 @@ mod tests {
                 if algo == DIRECT {
                     direct::<f64, f64>(&p, &x, &w, None, &mut out);
                 } else {
-                    let mut cols = vec![0.0f64; im2col_workspace(&p, crate::op::kernel::pool_threads())];
-                    im2col_gemm::<f64, f64>(&p, &x, &w, None, &mut out, &mut cols);
+                    for threads in [1, 2, 3] {
+                        let mut cols = vec![0.0f64; im2col_workspace(&p, threads)];
+                        im2col_gemm::<f64, f64>(&p, threads, &x, &w, None, &mut out, &mut cols);
+                        for (a, b) in out.iter().zip(&want) {
+                            assert!(
+                                (a - b).abs() < 1e-9,
+                                "threads {threads} c={c} f={f} g={g} k={k} s={s} d={d} p={pd}"
+                            );
+                        }
+                    }
                 }
                 for (a, b) in out.iter().zip(&want) {
                     assert!((a - b).abs() < 1e-9, "algo {algo} c={c} f={f} g={g} k={k} s={s} d={d} p={pd}");
@@ -823,9 +865,9 @@ mod tests {
             for nb in [2, 3, 5] {
                 for with_bias in [false, true] {
                     let mut out = vec![f64::NAN; want.len()];
-                    let mut ws = vec![f64::NAN; (p.kdim() + f) * nb * p.osz() * crate::op::kernel::pool_threads()];
+                    let mut ws = vec![f64::NAN; (p.kdim() + f) * nb * p.osz() * 2];
                     let b = with_bias.then_some(&bias[..]);
-                    batched_gemm::<f64, f64>(&p, nb, &x, &w, b, &mut out, &mut ws);
+                    batched_gemm::<f64, f64>(&p, 2, nb, &x, &w, b, &mut out, &mut ws);
                     for (i, (a, e)) in out.iter().zip(&want).enumerate() {
                         let e = e + if with_bias { bias[(i / p.osz()) % f] } else { 0.0 };
                         assert!((a - e).abs() < 1e-9, "nb={nb} bias={with_bias} c={c} k={k} s={s}: {a} vs {e}");
@@ -889,13 +931,14 @@ mod tests {
             let w = vec![0.25f32; f * c * 25];
             let b = vec![0.1f32; f];
             let mut out = vec![0.0f32; n * f * o * o];
-            let mut cols = vec![0.0f32; im2col_workspace(&p, crate::op::kernel::pool_threads())];
+            let threads = crate::op::kernel::pool_threads();
+            let mut cols = vec![0.0f32; im2col_workspace(&p, threads)];
             for algo in [DIRECT, IM2COL] {
                 let mut run = || {
                     if algo == DIRECT {
                         direct::<f32, f32>(&p, &x, &w, Some(&b), &mut out)
                     } else {
-                        im2col_gemm::<f32, f32>(&p, &x, &w, Some(&b), &mut out, &mut cols)
+                        im2col_gemm::<f32, f32>(&p, threads, &x, &w, Some(&b), &mut out, &mut cols)
                     }
                 };
                 run();

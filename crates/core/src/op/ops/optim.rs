@@ -551,7 +551,7 @@ fn nag_mom(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 fn adam(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let p = AdamParams::of(cx.attrs);
-    let (c, b1, b2, eps) = (common!(p), p.beta1, p.beta2, p.epsilon);
+    let (c, b1, b2, eps) = (common!(p), f32r(p.beta1), f32r(p.beta2), f32r(p.epsilon));
     dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (b1, b2, eps, one) = (R::of(b1), R::of(b2), R::of(eps), R::of(1.0));
@@ -569,7 +569,7 @@ fn adam(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 fn rmsprop(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let p = RmspropParams::of(cx.attrs);
-    let (c, g1, eps, cw) = (common!(p), p.gamma1, p.epsilon, p.clip_weights);
+    let (c, g1, eps, cw) = (common!(p), f32r(p.gamma1), f32r(p.epsilon), f32r(p.clip_weights));
     dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (g1, eps, cwr, one) = (R::of(g1), R::of(eps), R::of(cw), R::of(1.0));
@@ -587,7 +587,7 @@ fn rmsprop(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 fn rmspropalex(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let p = RmspropalexParams::of(cx.attrs);
-    let (c, g1, g2, eps, cw) = (common!(p), p.gamma1, p.gamma2, p.epsilon, p.clip_weights);
+    let (c, g1, g2, eps, cw) = (common!(p), f32r(p.gamma1), f32r(p.gamma2), f32r(p.epsilon), f32r(p.clip_weights));
     dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (g1, g2, eps, cwr, one) = (R::of(g1), R::of(g2), R::of(eps), R::of(cw), R::of(1.0));
@@ -635,7 +635,8 @@ fn signum(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 fn ftml(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let p = FtmlParams::of(cx.attrs);
-    let (c, b1, b2, eps, t) = (common!(p, clip_grad), p.beta1, p.beta2, p.epsilon, p.t as f64);
+    // FTML's epsilon is stock's one `double` optimizer scalar.
+    let (c, b1, b2, eps, t) = (common!(p, clip_grad), f32r(p.beta1), f32r(p.beta2), p.epsilon, p.t as f64);
     dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (b1, b2, eps, t, one) = (R::of(b1), R::of(b2), R::of(eps), R::of(t), R::of(1.0));
@@ -657,7 +658,7 @@ fn ftml(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 
 fn ftrl(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let p = FtrlParams::of(cx.attrs);
-    let (c, l1, beta) = (common!(p), p.lamda1, p.beta);
+    let (c, l1, beta) = (common!(p), f32r(p.lamda1), f32r(p.beta));
     dispatch_real!(ins[0].dtype, cx.attrs.op, T, R => {
         let (lr, wd, rs, cl) = (R::of(c.lr), R::of(c.wd), R::of(c.rescale), R::of(c.clip));
         let (l1, beta, zero) = (R::of(l1), R::of(beta), R::of(0.0));

@@ -188,9 +188,11 @@ fn backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (mean, var) = if training {
         let (mean, var) = (read_f64(cx.attrs.op, &ins[nv + 6])?, read_f64(cx.attrs.op, &ins[nv + 7])?);
         let (mm, mv) = (read_out_f64(cx.attrs.op, &outs[5])?, read_out_f64(cx.attrs.op, &outs[6])?);
-        let m = p.momentum;
-        let new_mm: Vec<f64> = mm.iter().zip(&mean).map(|(o, b)| o * m + b * (1.0 - m)).collect();
-        let new_mv: Vec<f64> = mv.iter().zip(&var).map(|(o, b)| o * m + b * (1.0 - m)).collect();
+        // Stock's momentum is a float, and so is its `1 - momentum`.
+        let m = super::optim::f32r(p.momentum);
+        let keep = (1.0f32 - m as f32) as f64;
+        let new_mm: Vec<f64> = mm.iter().zip(&mean).map(|(o, b)| o * m + b * keep).collect();
+        let new_mv: Vec<f64> = mv.iter().zip(&var).map(|(o, b)| o * m + b * keep).collect();
         write_f64(cx.attrs.op, &mut outs[5], &new_mm)?;
         write_f64(cx.attrs.op, &mut outs[6], &new_mv)?;
         (mean, var)
