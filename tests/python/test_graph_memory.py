@@ -130,12 +130,13 @@ print(json.dumps({"peak": json.loads(s.value.decode())["cpu(0)"]["peak_bytes_in_
 """
 
 
-def child(mode, **env):
+def child(mode, script=CHILD, **env):
     e = dict(os.environ)
     for k in ["MXNET_EXEC_ENABLE_INPLACE", "NNVM_EXEC_MATCH_RANGE", "MXNET_BACKWARD_DO_MIRROR"]:
         e.pop(k, None)
     e.update(env)
-    r = subprocess.run([sys.executable, "-W", "ignore", "-c", CHILD, mode], env=e, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", script, mode], env=e, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -228,15 +229,7 @@ def test_inference_runs_reuse_memory_slots():
     # 24 results of 1 MiB each (8×32×32×32 float32). Planned, a run holds a few at a time and
     # the next run reuses them; with NNVM_EXEC_MATCH_RANGE=0 every result is kept to the end
     # of its run. The outputs are the same, run after run.
-    def run(**env):
-        e = dict(os.environ)
-        e.pop("NNVM_EXEC_MATCH_RANGE", None)
-        e.update(env)
-        r = subprocess.run([sys.executable, "-W", "ignore", "-c", PLANNED], env=e, capture_output=True, text=True,
-                           timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-        return json.loads(r.stdout.strip().splitlines()[-1])
-    planned, kept = run(), run(NNVM_EXEC_MATCH_RANGE="0")
+    planned, kept = child("planned", PLANNED), child("planned", PLANNED, NNVM_EXEC_MATCH_RANGE="0")
     for o in planned["outs"][1:] + kept["outs"]:
         np.testing.assert_array_equal(np.array(o), np.array(planned["outs"][0]))
     assert planned["peak"] + 12 * 2**20 < kept["peak"], (planned["peak"], kept["peak"])

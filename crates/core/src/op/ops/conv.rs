@@ -395,6 +395,14 @@ fn im2col_workspace(p: &Plan, threads: usize) -> usize {
     }
 }
 
+/// `plane += b`, element by element in `R` (each filter's output plane and its bias).
+fn add_bias<T: Elem, R: Real>(plane: &mut [T], b: T) {
+    let bv = R::load(b);
+    for v in plane {
+        *v = (R::load(*v) + bv).store();
+    }
+}
+
 /// im2col + GEMM with `nb` images per product (ungrouped): the images' column matrices side
 /// by side (`kdim × nb·osz`), one GEMM into a product of `f × nb·osz`, then each image's
 /// planes copied out with the bias added. Chunks of `nb` images own consecutive output runs.
@@ -439,15 +447,9 @@ fn batched_gemm<T: GemmElem, R: Real>(
             gemm(f, cols, kdim, &w[..f * kdim], false, col, false, prod, false);
             for (b, planes) in ob.chunks_exact_mut(f * osz).enumerate() {
                 for (fi, plane) in planes.chunks_exact_mut(osz).enumerate() {
-                    let from = &prod[fi * cols + b * osz..][..osz];
-                    match bias {
-                        Some(bs) => {
-                            let bv = R::load(bs[fi]);
-                            for (o, &v) in plane.iter_mut().zip(from) {
-                                *o = (R::load(v) + bv).store();
-                            }
-                        }
-                        None => plane.copy_from_slice(from),
+                    plane.copy_from_slice(&prod[fi * cols + b * osz..][..osz]);
+                    if let Some(bs) = bias {
+                        add_bias::<T, R>(plane, bs[fi]);
                     }
                 }
             }
@@ -497,10 +499,7 @@ fn im2col_gemm<T: GemmElem, R: Real>(
             }
             if let Some(b) = bias {
                 for (fi, plane) in ob.chunks_exact_mut(osz).enumerate() {
-                    let bv = R::load(b[gi * fg + fi]);
-                    for v in plane {
-                        *v = (R::load(*v) + bv).store();
-                    }
+                    add_bias::<T, R>(plane, b[gi * fg + fi]);
                 }
             }
         }
@@ -525,10 +524,7 @@ fn single_item<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[
     if let Some(b) = bias {
         par_for_mut(out, osz, Cost(0.25 * osz as f64), T::DTYPE, |filters, part| {
             for (f, plane) in filters.zip(part.chunks_exact_mut(osz)) {
-                let bv = R::load(b[f]);
-                for v in plane {
-                    *v = (R::load(*v) + bv).store();
-                }
+                add_bias::<T, R>(plane, b[f]);
             }
         });
     }
