@@ -472,6 +472,15 @@ pub fn pool_threads() -> usize {
     pool().map_or(1, |p| p.threads)
 }
 
+/// How many parts a kernel splits work into where the split decides the order of a sum
+/// (partial sums merged afterwards): the configured thread count, so that a result depends on
+/// the configuration alone, not on whether the pool happens to be up when the kernel runs
+/// (being built by another thread, or the caller already on a kernel thread, run the parts
+/// serially in the same order).
+pub fn sum_parts() -> usize {
+    requested_threads().max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::ndarray::NDArray;
 use crate::op::grad::Composed;
-use crate::op::kernel::{par_for_mut, par_tasks_mut, pool_threads, Cost};
+use crate::op::kernel::{par_for_mut, par_tasks_mut, sum_parts, Cost};
 use crate::op::tensor::{OutBlob, TBlob};
 use crate::op::{Grad, Meta, OpCtx, OpDef, Req};
 use std::ops::Range;
@@ -221,7 +221,7 @@ fn reduce_to<S: Copy + Sync, C: Calc, D: Copy + Send + Sync>(
     let plan = RPlan::new(out_shape, target_shape);
     let nt = plan.targets();
     debug_assert_eq!(nt, dst.len());
-    let threads = pool_threads();
+    let threads = sum_parts();
     let est_ns = src.len() as f64 * 0.3;
     if plan.summed[0] && nt <= PARTIAL_TARGETS && plan.dims[0] >= 2 && threads > 1 {
         // Split the outermost summed dimension; each task sums all targets over its part.

@@ -14,7 +14,7 @@ use super::linalg::{gemm, GemmElem};
 use super::nn::Real;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_for_mut, par_items, parts, pool_threads, Cost};
+use crate::op::kernel::{par_for_mut, par_items, parts, sum_parts, Cost};
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{OpCtx, OpDef, Req, Resource};
 use half::f16;
@@ -82,7 +82,7 @@ fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &mu
     let (cg, fg, osz, kdim, isz) = (p.cg(), p.fg(), p.osz(), p.kdim(), p.isz());
     let wsize = p.f * kdim;
     // Partial sums per chunk: the weight gradient, then the bias gradient.
-    let chunks = pool_threads().min(p.n).max(1);
+    let chunks = sum_parts().min(p.n).max(1);
     let per = p.n.div_ceil(chunks);
     let psize = if want_dw { wsize } else { 0 } + if want_db { p.f } else { 0 };
     let mut partial = vec![T::zero(); chunks * psize];

@@ -16,7 +16,7 @@ use super::elemwise::{dispatch_arith, Arith, Calc};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::gpu::{self, GpuKernel};
-use crate::op::kernel::{par_tasks, par_tasks_mut, pool_threads};
+use crate::op::kernel::{par_tasks, par_tasks_mut, sum_parts};
 use crate::op::param::op_params;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef};
@@ -332,7 +332,7 @@ fn reduce_typed<T: Arith, Rd: Reducer<T>>(rd: Rd, plan: &RPlan, x: &[T], out: &m
     }
     let st = strides(&plan.dims);
     let k = plan.dims.len();
-    let threads = pool_threads();
+    let threads = sum_parts();
     let est_ns = x.len() as f64 * 0.3;
     if plan.red[k - 1] {
         // Innermost reduced: each output reduces runs; kept dims are all outer.
