@@ -282,6 +282,14 @@ def test_clip():
     np.testing.assert_array_equal(mx.nd.clip(mx.nd.array(xi, dtype=np.int32), -2, 3).asnumpy(), np.clip(xi, -2, 3))
     with pytest.raises(mx.base.MXNetError, match="a_max"):
         mx.nd.clip(mx.nd.array(x), a_min=0)
+    # Stock tests the upper bound first (so a_min > a_max gives a_max above it, a_min below),
+    # and NaN passes through; a large mixed array takes the vectorised path.
+    big = np.random.RandomState(3).uniform(-3, 3, 1 << 16).astype(np.float32)
+    big[::97] = np.nan
+    got = mx.nd.clip(mx.nd.array(big), 2, 1).asnumpy()
+    np.testing.assert_array_equal(got, np.where(big > 1, 1, np.where(big < 2, 2, big)))
+    got = mx.nd.clip(mx.nd.array(big), -1, 1).asnumpy()
+    np.testing.assert_array_equal(got, np.where(big > 1, 1, np.where(big < -1, -1, big)))
 
 
 def test_large_parallel_arrays():
