@@ -12,6 +12,7 @@
 pub mod bind;
 pub mod cached_op;
 mod control_flow;
+mod fuse;
 pub mod predict;
 
 use crate::config;
@@ -65,6 +66,8 @@ pub struct Runner {
     flows: Vec<Option<control_flow::Flow>>,
     /// Per node, which of its outputs are heads.
     head_outputs: Vec<Vec<usize>>,
+    /// Per convolution node, the chain an inference run computes with it ([`fuse`]).
+    chains: Vec<Option<fuse::Chain>>,
     /// The memory slots of inference runs, kept between runs (stock's `static_alloc`); a
     /// run takes them and gives them back, so two runs at once never share one.
     slots: std::sync::Mutex<Option<Slots>>,
@@ -145,6 +148,8 @@ struct MemoryPlan {
     /// `NNVM_EXEC_MATCH_RANGE` > 0: an intermediate result's memory goes back to the pool
     /// after its last reader, for later nodes to reuse.
     share: bool,
+    /// `MXNET_MKLDNN_ENABLED`: runs that record nothing compute fused chains ([`fuse`]).
+    fuse: bool,
 }
 
 impl MemoryPlan {
@@ -154,6 +159,7 @@ impl MemoryPlan {
         Ok(MemoryPlan {
             inplace: reg.get_bool("MXNET_EXEC_ENABLE_INPLACE", BY)?.unwrap_or(true),
             share: reg.get_int("NNVM_EXEC_MATCH_RANGE", BY)?.unwrap_or(16) > 0,
+            fuse: reg.get_bool("MXNET_MKLDNN_ENABLED", BY)?.unwrap_or(true),
         })
     }
 }
@@ -257,6 +263,7 @@ impl Runner {
         for &(h, k) in &graph.heads {
             head_outputs[h].push(k);
         }
+        let chains = fuse::chains(&graph, &readers, &heads);
         Ok(Runner {
             graph,
             inputs,
@@ -267,6 +274,7 @@ impl Runner {
             states: Vec::new(),
             flows,
             head_outputs,
+            chains,
             slots: std::sync::Mutex::new(None),
         })
     }
@@ -368,6 +376,14 @@ impl Runner {
         let bulk = if monitor.is_some() { 1 } else { bulk };
         let _bulk = engine::global()?.bulk_scope(bulk);
         let mut run = self.start(inputs, true)?;
+        if monitor.is_none()
+            && run.plan.share
+            && !run.recording
+            && run.plan.fuse
+            && self.chains.iter().any(Option::is_some)
+        {
+            run.skip = vec![false; self.graph.nodes.len()];
+        }
         if monitor.is_none() && run.plan.share && !run.recording {
             let kept = self.slots.lock().unwrap_or_else(|e| e.into_inner()).take();
             run.slots = Some(kept.unwrap_or_default());
@@ -411,7 +427,7 @@ impl Runner {
         for (&ni, x) in self.inputs.iter().zip(inputs) {
             vals[ni] = vec![x.clone()];
         }
-        Ok(Run { vals, resolved, plan, recording, mirror, slots: None, val_slots: Vec::new() })
+        Ok(Run { vals, resolved, plan, recording, mirror, slots: None, val_slots: Vec::new(), skip: Vec::new() })
     }
 
     /// Run node `i` of `run` (nothing for a variable), after the nodes it reads.
@@ -434,6 +450,27 @@ impl Runner {
     fn run_node(&self, run: &mut Run, i: usize, monitor: Option<&Monitor>) -> Result<()> {
         let n = &self.graph.nodes[i];
         let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { return Ok(()) };
+        if !run.skip.is_empty() {
+            if run.skip[i] {
+                // Computed with its chain's convolution.
+                if let (Some(slots), true) = (run.slots.as_mut(), self.last_use[i] <= i) {
+                    for j in std::mem::take(&mut run.val_slots[i]) {
+                        slots.release(j);
+                    }
+                }
+                self.release_inputs(run, i);
+                return Ok(());
+            }
+            if let Some(chain) = &self.chains[i] {
+                if self.run_chain(run, i, chain)? {
+                    for k in chain.nodes() {
+                        run.skip[k] = true;
+                    }
+                    self.release_inputs(run, i);
+                    return Ok(());
+                }
+            }
+        }
         let attrs = run.resolved.iter().find(|(k, _)| *k == i).map_or(attrs, |(_, a)| a);
         let vals = &mut run.vals;
         let outs = {
@@ -514,19 +551,87 @@ impl Runner {
             }
         }
         vals[i] = outs;
-        if run.plan.share {
-            for &(src, _) in &n.inputs {
-                if self.last_use[src] == i && self.graph.nodes[src].op.is_some() && !vals[src].is_empty() {
-                    vals[src] = Vec::new();
-                    if let Some(slots) = run.slots.as_mut() {
-                        for j in std::mem::take(&mut run.val_slots[src]) {
-                            slots.release(j);
-                        }
+        self.release_inputs(run, i);
+        Ok(())
+    }
+
+    /// Release the intermediate results node `i` was the last to read (their slots too).
+    fn release_inputs(&self, run: &mut Run, i: usize) {
+        if !run.plan.share {
+            return;
+        }
+        for &(src, _) in &self.graph.nodes[i].inputs {
+            if self.last_use[src] == i && self.graph.nodes[src].op.is_some() && !run.vals[src].is_empty() {
+                run.vals[src] = Vec::new();
+                if let Some(slots) = run.slots.as_mut() {
+                    for j in std::mem::take(&mut run.val_slots[src]) {
+                        slots.release(j);
                     }
                 }
             }
         }
-        Ok(())
+    }
+
+    /// Push node `i`'s convolution with its `chain` as one operation, its result the chain's
+    /// last node's; false (nothing pushed) when the call does not qualify: a BatchNorm step in
+    /// training mode, data off the CPU or not float32, shapes the steps do not fit (the
+    /// unfused run then reports what is wrong).
+    fn run_chain(&self, run: &mut Run, i: usize, chain: &fuse::Chain) -> Result<bool> {
+        use crate::ndarray::DType;
+        let n = &self.graph.nodes[i];
+        let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { return Ok(false) };
+        if !chain.applies(crate::op::invoke::is_training()) {
+            return Ok(false);
+        }
+        let mut ins: Vec<&NDArray> = Vec::new();
+        for &(src, idx) in n.inputs.iter().chain(chain.steps.iter().flat_map(|(_, _, e)| e)) {
+            match run.vals[src].get(idx) {
+                Some(a) => ins.push(a),
+                None => return Ok(false),
+            }
+        }
+        let ctx = match ins.first().and_then(|x| x.ctx()) {
+            Some(c) if c.dev_type == crate::context::DevType::Cpu => c,
+            _ => return Ok(false),
+        };
+        if ins.iter().any(|a| a.dtype != DType::F32 || a.ctx() != Some(ctx)) {
+            return Ok(false);
+        }
+        let metas: Vec<crate::op::Meta> =
+            ins[..n.inputs.len()].iter().map(|a| crate::op::Meta::new(a.shape.clone(), a.dtype)).collect();
+        let Ok(Some(out)) = (op.infer)(attrs, &metas).map(|o| o.into_iter().next()) else { return Ok(false) };
+        let (mut at, channels) = (n.inputs.len(), out.shape.get(1).copied().unwrap_or(0));
+        for (_, step, others) in &chain.steps {
+            let fits = match step {
+                crate::op::FuseStep::Scale { .. } => ins[at..at + 4].iter().all(|a| a.shape[..] == [channels]),
+                crate::op::FuseStep::Add { .. } => ins[at].shape == out.shape,
+                _ => true,
+            };
+            if !fits || out.dtype != DType::F32 {
+                return Ok(false);
+            }
+            at += others.len();
+        }
+        let last = chain.last;
+        let array = match run.slots.as_mut() {
+            Some(slots) if !self.head_outputs[last].contains(&0) => {
+                let (_, bytes) = crate::ndarray::byte_size(&out.shape, out.dtype)?;
+                let j = slots.take(bytes, ctx)?;
+                run.val_slots[last].push(j);
+                slots.arrays[j].0.typed_prefix_view(&out.shape, out.dtype)?
+            }
+            _ => NDArray::new(out.shape, ctx, out.dtype, false)?,
+        };
+        let steps: Vec<crate::op::FuseStep> = chain.steps.iter().map(|(_, s, _)| *s).collect();
+        let kernel: crate::op::invoke::CallKernel =
+            Arc::new(move |cx, ins, outs| crate::op::fused_convolution(cx, ins, outs, &steps));
+        let req = crate::op::invoke::ReqList::from_elem(crate::op::Req::Write, 1);
+        // A variable of the call's own: calls of one chain from concurrent runs need no order.
+        let var = crate::engine::Var::new();
+        crate::op::invoke::launch_kernel(op, attrs.clone(), &ins, std::slice::from_ref(&array), req, ctx, kernel, &var)
+            .map_err(|e| Error::new(e.kind(), format!("{} (node {})", e.message(), n.name)))?;
+        run.vals[last] = vec![array];
+        Ok(true)
     }
 }
 
@@ -542,6 +647,8 @@ pub struct Run {
     slots: Option<Slots>,
     /// Per node, the slots its outputs are in.
     val_slots: Vec<Vec<usize>>,
+    /// Per node, whether a fused chain computed it (empty: the run fuses nothing).
+    skip: Vec<bool>,
 }
 
 /// The outputs a planned run gives a node: each visible output in a slot of `slots` (recorded

@@ -350,6 +350,9 @@ pub struct OpDef {
     /// A control-flow operator's parameters, checked ([`ControlFlow`]); executors run its
     /// graphs.
     pub control_flow: Option<fn(&Attrs) -> Result<ControlFlow>>,
+    /// The operator's part in the inference fusion of graph runs (`executor/fuse.rs`), for
+    /// the call's parameters: `None` takes no part.
+    pub fusion: Option<fn(&Attrs) -> Option<Fusion>>,
     /// Name interned for the engine and profiler.
     engine_name: OnceLock<Arc<str>>,
     c_info: OnceLock<CInfo>,
@@ -357,6 +360,43 @@ pub struct OpDef {
 
 fn one(_: &Attrs) -> usize {
     1
+}
+
+/// An operator's part in the inference fusion of a graph run (`MXNET_MKLDNN_ENABLED`, the
+/// executor's `fuse` module): a convolution followed by steps that each read the chain's value
+/// once and nothing else reads runs as one operation, the steps applied to each output plane
+/// as the convolution writes it, with the same arithmetic as the operators they replace (so
+/// the outputs are identical).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fusion {
+    /// Starts a chain: a convolution whose kernel applies [`FuseStep`]s
+    /// ([`fused_convolution`]).
+    Head,
+    /// A step applied to the chain's value.
+    Step(FuseStep),
+}
+
+/// One step of a fused chain (see [`Fusion`]); the value is input 0 unless said otherwise.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FuseStep {
+    /// BatchNorm with its moving statistics (inputs 1-4: gamma, beta, moving_mean,
+    /// moving_var; its hidden outputs unread): `x · scale + shift` per channel. `global`:
+    /// `use_global_stats`, so the step also applies in training mode.
+    Scale { eps: f64, fix_gamma: bool, global: bool },
+    /// `Activation(act_type='relu')`: `max(x, 0)`.
+    Relu,
+    /// `clip(x, lo, hi)` (stock's rule: above `hi` first).
+    Clip { lo: f64, hi: f64 },
+    /// The element-wise sum of the value and the other input, in the graph's operand order:
+    /// `value_first` when the value is input 0 (the operator declares `true`; the chain
+    /// search sets it).
+    Add { value_first: bool },
+}
+
+/// Run a convolution (`cx.attrs` its parameters; `ins` its inputs, then each step's extra
+/// inputs in order) with `steps` applied to its output (float32 only).
+pub(crate) fn fused_convolution(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], steps: &[FuseStep]) -> Result<()> {
+    ops::conv::fused(cx, ins, outs, steps)
 }
 
 impl OpDef {
@@ -407,6 +447,7 @@ impl OpDef {
             node_state: false,
             graph_inputs: &[],
             control_flow: None,
+            fusion: None,
             engine_name: OnceLock::new(),
             c_info: OnceLock::new(),
         }
@@ -441,6 +482,11 @@ impl OpDef {
     }
     pub fn listed_inputs(mut self, names: &'static [&'static str]) -> Self {
         self.listed_inputs = Some(names);
+        self
+    }
+    /// The operator's part in inference fusion ([`Fusion`]).
+    pub fn fusion(mut self, f: fn(&Attrs) -> Option<Fusion>) -> Self {
+        self.fusion = Some(f);
         self
     }
     pub fn alias(mut self, names: &[&'static str]) -> Self {

@@ -9,7 +9,7 @@
 //! filter) tasks on the kernel pool; a single task lets the GEMM use the pool instead.
 
 use super::linalg::{gemm, GemmElem};
-use super::nn::Real;
+use super::nn::{bn_scale_shift, read_f64, Real};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, par_items, par_tasks_mut, parts, Cost};
@@ -18,7 +18,7 @@ use crate::op::param::Attrs;
 use crate::op::resource::Scratch;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::tune::{self, AlgoInfo, Request};
-use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef, Resource};
+use crate::op::{FuseStep, Fusion, Grad, Inputs, Meta, OpCtx, OpDef, Resource};
 use half::f16;
 
 op_params! {
@@ -270,7 +270,7 @@ pub(super) fn taps(p: &Plan) -> impl Iterator<Item = (usize, usize, usize)> + '_
 }
 
 /// Direct algorithm: one task per (image, filter).
-fn direct<T: Elem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T]) {
+fn direct<T: Elem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, post: &Post<T>, out: &mut [T]) {
     let (cg, fg, ksize, isz, osz) = (p.cg(), p.fg(), p.ksize(), p.isz(), p.osz());
     let sw = p.stride[2];
     par_tasks_mut(&mut out[..p.n * p.f * osz], osz, p.flops() * 0.3, T::DTYPE, |t, ob| {
@@ -300,6 +300,7 @@ fn direct<T: Elem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, out:
         for (ov, a) in ob.iter_mut().zip(acc) {
             *ov = a.store();
         }
+        post.apply::<R>(ob, img, fi);
     });
 }
 
@@ -403,6 +404,112 @@ fn add_bias<T: Elem, R: Real>(plane: &mut [T], b: T) {
     }
 }
 
+/// One fused step ([`FuseStep`]) resolved for a call: its per-filter values or its array.
+enum PostStep<'a, T> {
+    /// BatchNorm's `scale`, `shift` per filter, as its kernel computes them.
+    Scale(Vec<f64>, Vec<f64>),
+    Relu,
+    Clip(T, T),
+    /// The other addend, laid out as the output, and whether the value is the first operand.
+    Add(&'a [T], bool),
+}
+
+/// The steps a fused convolution applies to each output plane after its bias, each with the
+/// arithmetic of the operator it replaces (BatchNorm's `x · scale + shift` in `R`,
+/// Activation's `max(x, 0)`, clip's two selects, elemwise_add's sum), so the outputs are
+/// those of the unfused graph. Empty for a plain convolution.
+struct Post<'a, T> {
+    steps: Vec<PostStep<'a, T>>,
+    /// Filters and positions per output plane (the residual's layout).
+    f: usize,
+    osz: usize,
+}
+
+impl<'a, T: Elem> Post<'a, T> {
+    fn none() -> Self {
+        Post { steps: Vec::new(), f: 0, osz: 0 }
+    }
+
+    /// `steps` resolved with their inputs `extra` (in order: BatchNorm's four, an addend).
+    fn new(op: &str, p: &Plan, steps: &[FuseStep], extra: &'a [TBlob]) -> Result<Self> {
+        let mut at = 0;
+        let mut take = |k: usize| -> Result<&'a [TBlob]> {
+            let got = extra.get(at..at + k).ok_or_else(|| Error::internal(format!("fused {op}: too few inputs")))?;
+            at += k;
+            Ok(got)
+        };
+        let mut out = Vec::with_capacity(steps.len());
+        for step in steps {
+            out.push(match *step {
+                FuseStep::Scale { eps, fix_gamma, .. } => {
+                    let b = take(4)?;
+                    if b.iter().any(|x| x.shape[..] != [p.f]) {
+                        return Err(Error::value(format!("fused {op}: BatchNorm parameters are not ({},)", p.f)));
+                    }
+                    let gamma = if fix_gamma { vec![1.0; p.f] } else { read_f64(op, &b[0])? };
+                    let (beta, mean, var) = (read_f64(op, &b[1])?, read_f64(op, &b[2])?, read_f64(op, &b[3])?);
+                    let (scale, shift) = bn_scale_shift(&gamma, &beta, &mean, &var, eps);
+                    PostStep::Scale(scale, shift)
+                }
+                FuseStep::Relu => PostStep::Relu,
+                FuseStep::Clip { lo, hi } => PostStep::Clip(T::from_f64(lo), T::from_f64(hi)),
+                FuseStep::Add { value_first } => {
+                    let r = &take(1)?[0];
+                    if r.shape.iter().product::<usize>() != p.n * p.f * p.osz() || r.dtype != T::DTYPE {
+                        return Err(Error::value(format!("fused {op}: the addend is not shaped as the output")));
+                    }
+                    PostStep::Add(r.as_slice::<T>(), value_first)
+                }
+            });
+        }
+        Ok(Post { steps: out, f: p.f, osz: p.osz() })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    /// Apply the steps to the output plane of (`image`, `filter`).
+    fn apply<R: Real>(&self, plane: &mut [T], image: usize, filter: usize) {
+        for step in &self.steps {
+            match step {
+                PostStep::Scale(scale, shift) => {
+                    let (sc, sh) = (R::of(scale[filter]), R::of(shift[filter]));
+                    for v in plane.iter_mut() {
+                        *v = (R::load(*v) * sc + sh).store();
+                    }
+                }
+                PostStep::Relu => {
+                    for v in plane.iter_mut() {
+                        *v = R::load(*v).max(R::of(0.0)).store();
+                    }
+                }
+                PostStep::Clip(lo, hi) => {
+                    let (lo, hi) = (R::load(*lo), R::load(*hi));
+                    for v in plane.iter_mut() {
+                        let x = R::load(*v);
+                        let low = if x < lo { lo } else { x };
+                        *v = (if x > hi { hi } else { low }).store();
+                    }
+                }
+                PostStep::Add(r, value_first) => {
+                    // In the graph's order: the sums differ only in which NaN payload wins.
+                    let src = &r[(image * self.f + filter) * self.osz..][..plane.len()];
+                    if *value_first {
+                        for (v, &a) in plane.iter_mut().zip(src) {
+                            *v = (R::load(*v) + R::load(a)).store();
+                        }
+                    } else {
+                        for (v, &a) in plane.iter_mut().zip(src) {
+                            *v = (R::load(a) + R::load(*v)).store();
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// im2col + GEMM with `nb` images per product (ungrouped): the images' column matrices side
 /// by side (`kdim × nb·osz`), one GEMM into a product of `f × nb·osz`, then each image's
 /// planes copied out with the bias added. Chunks of `nb` images own consecutive output runs.
@@ -414,6 +521,7 @@ fn batched_gemm<T: GemmElem, R: Real>(
     x: &[T],
     w: &[T],
     bias: Option<&[T]>,
+    post: &Post<T>,
     out: &mut [T],
     ws: &mut [T],
 ) {
@@ -451,6 +559,7 @@ fn batched_gemm<T: GemmElem, R: Real>(
                     if let Some(bs) = bias {
                         add_bias::<T, R>(plane, bs[fi]);
                     }
+                    post.apply::<R>(plane, i0 + b, fi);
                 }
             }
         }
@@ -467,6 +576,7 @@ fn im2col_gemm<T: GemmElem, R: Real>(
     x: &[T],
     w: &[T],
     bias: Option<&[T]>,
+    post: &Post<T>,
     out: &mut [T],
     cols: &mut [T],
 ) {
@@ -479,10 +589,10 @@ fn im2col_gemm<T: GemmElem, R: Real>(
     let col_len = if pointwise { 0 } else { kdim * osz };
     let nb = images_per_gemm(p, threads);
     if nb > 1 {
-        return batched_gemm::<T, R>(p, threads, nb, x, w, bias, out, cols);
+        return batched_gemm::<T, R>(p, threads, nb, x, w, bias, post, out, cols);
     }
     if items == 1 && !pointwise && threads > 1 {
-        return single_item::<T, R>(p, x, w, bias, out, &mut cols[..col_len]);
+        return single_item::<T, R>(p, x, w, bias, post, out, &mut cols[..col_len]);
     }
     let work: Vec<_> = parts(out, per * fg * osz, slots).into_iter().zip(parts(cols, col_len, slots)).collect();
     par_items(work, p.flops() * 0.1, T::DTYPE, |s, (run, col)| {
@@ -497,9 +607,12 @@ fn im2col_gemm<T: GemmElem, R: Real>(
                 im2col(p, src, col, osz);
                 gemm(fg, osz, kdim, wg, false, col, false, ob, false);
             }
-            if let Some(b) = bias {
+            if bias.is_some() || !post.is_empty() {
                 for (fi, plane) in ob.chunks_exact_mut(osz).enumerate() {
-                    add_bias::<T, R>(plane, b[gi * fg + fi]);
+                    if let Some(b) = bias {
+                        add_bias::<T, R>(plane, b[gi * fg + fi]);
+                    }
+                    post.apply::<R>(plane, img, gi * fg + fi);
                 }
             }
         }
@@ -509,7 +622,15 @@ fn im2col_gemm<T: GemmElem, R: Real>(
 /// im2col + GEMM of a single (image, group) item (a batch of one) on several threads: the
 /// unfolding split by input channels, the GEMM by its own plan and the bias by filters, so
 /// that no step runs on one thread while the others wait.
-fn single_item<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T], col: &mut [T]) {
+fn single_item<T: GemmElem, R: Real>(
+    p: &Plan,
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    post: &Post<T>,
+    out: &mut [T],
+    col: &mut [T],
+) {
     let (cg, osz, kdim, isz, ksize) = (p.cg(), p.osz(), p.kdim(), p.isz(), p.ksize());
     let src = &x[..cg * isz];
     // Channel c's rows of the column matrix are rows c·ksize.. (channel-major, then taps).
@@ -521,10 +642,14 @@ fn single_item<T: GemmElem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[
     });
     let out = &mut out[..p.f * osz];
     gemm(p.f, osz, kdim, &w[..p.f * kdim], false, col, false, out, false);
-    if let Some(b) = bias {
-        par_for_mut(out, osz, Cost(0.25 * osz as f64), T::DTYPE, |filters, part| {
+    if bias.is_some() || !post.is_empty() {
+        let cost = 0.25 * (1 + post.steps.len()) as f64 * osz as f64;
+        par_for_mut(out, osz, Cost(cost), T::DTYPE, |filters, part| {
             for (f, plane) in filters.zip(part.chunks_exact_mut(osz)) {
-                add_bias::<T, R>(plane, b[f]);
+                if let Some(b) = bias {
+                    add_bias::<T, R>(plane, b[f]);
+                }
+                post.apply::<R>(plane, 0, f);
             }
         });
     }
@@ -560,24 +685,30 @@ fn algos(p: &Plan, elem: usize, threads: usize) -> [AlgoInfo; 2] {
 
 /// Run algorithm `algo`; `ws` is at least the algorithm's declared workspace.
 /// `threads`: the thread count `ws` was sized with.
+#[allow(clippy::too_many_arguments)]
 fn run_algo(
     op: &str,
     algo: usize,
     p: &Plan,
     threads: usize,
     ins: &[TBlob],
+    steps: &[FuseStep],
     out: &mut OutBlob,
     ws: &mut Scratch,
 ) -> Result<()> {
+    // The convolution's own inputs, then the fused steps' (a plain call has none).
+    let nconv = if steps.is_empty() { ins.len() } else { conv_inputs_of(ins.len(), steps) };
+    let (ins, extra) = ins.split_at(nconv);
     macro_rules! go {
         ($T:ty, $R:ty) => {{
             let (x, w) = (ins[0].as_slice::<$T>(), ins[1].as_slice::<$T>());
             let b = ins.get(2).map(|b| b.as_slice::<$T>());
+            let post = if steps.is_empty() { Post::none() } else { Post::<$T>::new(op, p, steps, extra)? };
             let o = out.as_mut::<$T>();
             if algo == DIRECT {
-                direct::<$T, $R>(p, x, w, b, o)
+                direct::<$T, $R>(p, x, w, b, &post, o)
             } else {
-                im2col_gemm::<$T, $R>(p, threads, x, w, b, o, ws.as_mut::<$T>())
+                im2col_gemm::<$T, $R>(p, threads, x, w, b, &post, o, ws.as_mut::<$T>())
             }
         }};
     }
@@ -602,11 +733,41 @@ fn key(a: &Attrs, ins: &[TBlob]) -> String {
         params.dilate,
         params.pad,
         params.num_group,
-        ins.len() > 2
+        conv_inputs(a) > 2
     )
 }
 
 fn convolution(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    convolve(cx, ins, &[], outs)
+}
+
+/// How many of a fused call's `total` inputs are the convolution's: the rest are the steps'.
+fn conv_inputs_of(total: usize, steps: &[FuseStep]) -> usize {
+    let extra: usize = steps
+        .iter()
+        .map(|s| match s {
+            FuseStep::Scale { .. } => 4,
+            FuseStep::Add { .. } => 1,
+            FuseStep::Relu | FuseStep::Clip { .. } => 0,
+        })
+        .sum();
+    total.saturating_sub(extra)
+}
+
+/// A convolution followed by fused steps (see [`crate::op::Fusion`]): `ins` are the
+/// convolution's inputs, then the steps' in order. Float32 only: the executor fuses nothing
+/// else.
+pub(in crate::op) fn fused(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], steps: &[FuseStep]) -> Result<()> {
+    if ins.first().map(|x| x.dtype) != Some(DType::F32) {
+        return Err(Error::internal("a fused convolution runs on float32 data only"));
+    }
+    if conv_inputs_of(ins.len(), steps) != conv_inputs(cx.attrs) {
+        return Err(Error::internal(format!("a fused convolution got {} inputs", ins.len())));
+    }
+    convolve(cx, ins, steps, outs)
+}
+
+fn convolve(cx: &OpCtx, ins: &[TBlob], steps: &[FuseStep], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let p = plan(a, &ins[0].shape)?;
     if outs[0].size() == 0 {
@@ -629,7 +790,7 @@ fn convolution(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     // One workspace serves every candidate: the largest declared (the column matrices).
     let mut ws = cx.workspace(list.iter().map(|al| al.workspace).max().unwrap_or(0))?;
     tune::global()
-        .select(crate::config::global(), &req, |i| run_algo(a.op, i, &p, threads, ins, &mut outs[0], &mut ws))?;
+        .select(crate::config::global(), &req, |i| run_algo(a.op, i, &p, threads, ins, steps, &mut outs[0], &mut ws))?;
     Ok(())
 }
 
@@ -724,6 +885,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .never_mirrored()
             .grad(Grad::Backward { op: "_backward_Convolution", inputs: true, outputs: false })
             .resources(&[Resource::TempSpace])
+            .fusion(|_| Some(Fusion::Head))
             .doc("Compute N-D convolution on (N+2)-D input (channel-first layouts; algorithms chosen by cudnn_tune / MXNET_CUDNN_AUTOTUNE_DEFAULT)."),
     );
 }
@@ -811,11 +973,11 @@ mod tests {
             for algo in [DIRECT, IM2COL] {
                 let mut out = vec![0.0; want.len()];
                 if algo == DIRECT {
-                    direct::<f64, f64>(&p, &x, &w, None, &mut out);
+                    direct::<f64, f64>(&p, &x, &w, None, &Post::none(), &mut out);
                 } else {
                     for threads in [1, 2, 3] {
                         let mut cols = vec![0.0f64; im2col_workspace(&p, threads)];
-                        im2col_gemm::<f64, f64>(&p, threads, &x, &w, None, &mut out, &mut cols);
+                        im2col_gemm::<f64, f64>(&p, threads, &x, &w, None, &Post::none(), &mut out, &mut cols);
                         for (a, b) in out.iter().zip(&want) {
                             assert!(
                                 (a - b).abs() < 1e-9,
@@ -863,7 +1025,7 @@ mod tests {
                     let mut out = vec![f64::NAN; want.len()];
                     let mut ws = vec![f64::NAN; (p.kdim() + f) * nb * p.osz() * 2];
                     let b = with_bias.then_some(&bias[..]);
-                    batched_gemm::<f64, f64>(&p, 2, nb, &x, &w, b, &mut out, &mut ws);
+                    batched_gemm::<f64, f64>(&p, 2, nb, &x, &w, b, &Post::none(), &mut out, &mut ws);
                     for (i, (a, e)) in out.iter().zip(&want).enumerate() {
                         let e = e + if with_bias { bias[(i / p.osz()) % f] } else { 0.0 };
                         assert!((a - e).abs() < 1e-9, "nb={nb} bias={with_bias} c={c} k={k} s={s}: {a} vs {e}");
@@ -932,9 +1094,9 @@ mod tests {
             for algo in [DIRECT, IM2COL] {
                 let mut run = || {
                     if algo == DIRECT {
-                        direct::<f32, f32>(&p, &x, &w, Some(&b), &mut out)
+                        direct::<f32, f32>(&p, &x, &w, Some(&b), &Post::none(), &mut out)
                     } else {
-                        im2col_gemm::<f32, f32>(&p, threads, &x, &w, Some(&b), &mut out, &mut cols)
+                        im2col_gemm::<f32, f32>(&p, threads, &x, &w, Some(&b), &Post::none(), &mut out, &mut cols)
                     }
                 };
                 run();

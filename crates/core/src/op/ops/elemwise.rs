@@ -1238,8 +1238,14 @@ fn clip(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
 pub(super) fn register(ops: &mut Vec<OpDef>) {
     for b in BINS {
         let (name, aliases) = b.elemwise;
+        // The sum takes part in inference fusion: a convolution's output plus another array.
+        let fusion: fn(&crate::op::param::Attrs) -> Option<crate::op::Fusion> = match b.op {
+            Bin::Add => |_| Some(crate::op::Fusion::Step(crate::op::FuseStep::Add { value_first: true })),
+            _ => |_| None,
+        };
         ops.push(
             OpDef::new(name, Inputs::Fixed(&["lhs", "rhs"]), all_same(name), elemwise_compute(b.op))
+                .fusion(fusion)
                 .alias(aliases)
                 .gpu(GpuKernel::Map2(b.op.cuda()))
                 .same_shape()
@@ -1309,6 +1315,10 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     ops.push(
         OpDef::new("clip", Inputs::Fixed(&["data"]), same_as_first(), Box::new(clip))
             .alias(&["_sparse_clip"])
+            .fusion(|a| {
+                let p = ClipParams::of(a);
+                Some(crate::op::Fusion::Step(crate::op::FuseStep::Clip { lo: p.a_min, hi: p.a_max }))
+            })
             .same_shape()
             .elementwise_shape()
             .params(CLIP_PARAMS)

@@ -10,7 +10,7 @@ mod broadcast_grad;
 mod common;
 mod contrib;
 pub mod control_flow;
-mod conv;
+pub(super) mod conv;
 mod conv_grad;
 mod correlation;
 mod ctc;

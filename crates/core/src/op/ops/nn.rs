@@ -776,6 +776,26 @@ fn batch_norm_relu(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()
     Ok(())
 }
 
+/// BatchNorm's per-channel `(scale, shift)`: `out = x · scale + shift` with
+/// `scale = gamma / sqrt(var + eps)`, `shift = beta - mean · scale` (in float64; the
+/// kernel and a convolution's fused step apply them in the data's compute type).
+pub(super) fn bn_scale_shift(gamma: &[f64], beta: &[f64], mean: &[f64], var: &[f64], eps: f64) -> (Vec<f64>, Vec<f64>) {
+    let scale: Vec<f64> = gamma.iter().zip(var).map(|(g, v)| g * (1.0 / (v + eps).sqrt())).collect();
+    let shift = beta.iter().zip(mean).zip(&scale).map(|((b, m), s)| b - m * s).collect();
+    (scale, shift)
+}
+
+/// BatchNorm's part in inference fusion: a scale step on the channel axis 1, without
+/// visible statistics.
+fn bn_fusion(a: &Attrs) -> Option<crate::op::Fusion> {
+    let p = BnParams::of(a);
+    (p.axis == 1 && !p.output_mean_var).then_some(crate::op::Fusion::Step(crate::op::FuseStep::Scale {
+        eps: p.eps,
+        fix_gamma: p.fix_gamma,
+        global: p.use_global_stats,
+    }))
+}
+
 fn batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let op = a.op;
@@ -820,8 +840,7 @@ fn batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     write_f64(op, &mut outs[1], &mean)?;
     write_f64(op, &mut outs[2], &invstd)?;
     // out = x * scale + shift per channel.
-    let scale: Vec<f64> = (0..c).map(|i| gamma[i] * invstd[i]).collect();
-    let shift: Vec<f64> = (0..c).map(|i| beta[i] - mean[i] * scale[i]).collect();
+    let (scale, shift) = bn_scale_shift(&gamma, &beta, &mean, &var, eps);
     dispatch_real!(x.dtype, op, T, R => {
         let xs = x.as_slice::<T>();
         par_for_mut(outs[0].as_mut::<T>(), inner, Cost(inner as f64 * 0.3), T::DTYPE, |r, o| {
@@ -1474,6 +1493,9 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .unnamed_inputs()
             .alias(&["_npx_activation"])
             .params(ACT_PARAMS)
+            .fusion(|a| {
+                (ActParams::of(a).act_type == "relu").then_some(crate::op::Fusion::Step(crate::op::FuseStep::Relu))
+            })
             .gpu(GpuKernel::MapBy(|a| {
                 let e = match ActParams::of(a).act_type {
                     "relu" => "x > T(0) ? x : T(0)",
@@ -1609,7 +1631,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
         .doc(doc);
         // The fused ReLU form has no GPU form yet.
         if name == "BatchNorm" {
-            def = def.gpu(GpuKernel::BatchNorm(|a| {
+            def = def.fusion(bn_fusion).gpu(GpuKernel::BatchNorm(|a| {
                 let p = BnParams::of(a);
                 crate::op::gpu_nn::BnGpu {
                     axis: p.axis,

@@ -1,0 +1,99 @@
+//! Inference fusion of graph runs: the accelerated CPU path that `MXNET_MKLDNN_ENABLED`
+//! switches (on by default, as stock's oneDNN path).
+//!
+//! Owns [`Chain`]: a convolution followed by operators that each take the previous one's
+//! result as their only reader (BatchNorm with its moving statistics, a ReLU, a clip, an
+//! addition of another array; see [`crate::op::Fusion`]), as stock's MKLDNN subgraph backend
+//! fuses them (`_sg_mkldnn_conv` with BatchNorm folded, a post-op activation and a sum).
+//! A run that records nothing pushes the chain as one operation whose kernel applies the steps
+//! to each output plane while it is in cache, with the same arithmetic as the operators it
+//! replaces, so the outputs are bit for bit those of the unfused graph. The graph itself is
+//! unchanged: symbols, exports and monitored runs see every node.
+
+use crate::op::{FuseStep, Fusion};
+use crate::symbol::Graph;
+use std::collections::HashSet;
+
+/// One step of a chain: its node, the step, and the entries (node, output) of its other
+/// inputs (BatchNorm's four parameters, the addend), all computed before the convolution.
+pub(super) type Step = (usize, FuseStep, Vec<(usize, usize)>);
+
+/// A convolution node and the nodes it computes in one operation.
+pub(super) struct Chain {
+    pub steps: Vec<Step>,
+    /// The node whose output the chain computes (the last step's).
+    pub last: usize,
+}
+
+impl Chain {
+    /// Whether the chain applies in the current mode: a BatchNorm without
+    /// `use_global_stats` uses batch statistics in training mode, which no step computes.
+    pub fn applies(&self, training: bool) -> bool {
+        !training || !self.steps.iter().any(|(_, s, _)| matches!(s, FuseStep::Scale { global: false, .. }))
+    }
+
+    /// The nodes the chain computes besides the convolution, in order.
+    pub fn nodes(&self) -> impl Iterator<Item = usize> + '_ {
+        self.steps.iter().map(|(n, _, _)| *n)
+    }
+}
+
+/// Every chain of `graph`, at its convolution's index. `readers[n]`: the nodes reading an
+/// output of node `n` (each once, in order); `heads`: the graph's heads.
+pub(super) fn chains(graph: &Graph, readers: &[Vec<usize>], heads: &HashSet<(usize, usize)>) -> Vec<Option<Chain>> {
+    (0..graph.nodes.len()).map(|i| chain_at(graph, i, readers, heads)).collect()
+}
+
+fn chain_at(graph: &Graph, i: usize, readers: &[Vec<usize>], heads: &HashSet<(usize, usize)>) -> Option<Chain> {
+    let role = |n: usize| {
+        let node = &graph.nodes[n];
+        node.op.zip(node.attrs.as_ref()).and_then(|(op, attrs)| op.fusion.and_then(|f| f(attrs)))
+    };
+    if role(i) != Some(Fusion::Head) {
+        return None;
+    }
+    let mut steps = Vec::new();
+    let mut cur = i;
+    loop {
+        // The value must go nowhere else: not a head (no output of it), one reader that
+        // reads it once and reads no other output of its node.
+        if heads.iter().any(|&(h, _)| h == cur) || readers[cur].len() != 1 {
+            break;
+        }
+        let r = readers[cur][0];
+        let inputs = &graph.nodes[r].inputs;
+        if inputs.iter().filter(|e| e.0 == cur).count() != 1 {
+            break;
+        }
+        let Some(pos) = inputs.iter().position(|&e| e == (cur, 0)) else { break };
+        let Some(Fusion::Step(step)) = role(r) else { break };
+        let (step, others): (FuseStep, Vec<(usize, usize)>) = match step {
+            FuseStep::Add { .. } if inputs.len() == 2 => {
+                (FuseStep::Add { value_first: pos == 0 }, vec![inputs[1 - pos]])
+            }
+            FuseStep::Scale { .. } if pos == 0 && inputs.len() == 5 => (step, inputs[1..].to_vec()),
+            FuseStep::Relu | FuseStep::Clip { .. } if pos == 0 && inputs.len() == 1 => (step, Vec::new()),
+            _ => break,
+        };
+        // The chain reads the step's other inputs when the convolution runs: they must be
+        // there by then, and no node in between may write them (an optimizer update's state,
+        // BatchNorm's moving statistics).
+        if others.iter().any(|&(s, _)| s >= i && !graph.nodes[s].is_variable()) {
+            break;
+        }
+        let written_between = (i + 1..r).any(|m| {
+            let node = &graph.nodes[m];
+            node.op.is_some_and(|op| {
+                op.mutated_inputs_of(node.attrs.as_ref(), node.inputs.len())
+                    .iter()
+                    .any(|&k| others.iter().any(|o| o.0 == node.inputs[k].0))
+            })
+        });
+        if written_between {
+            break;
+        }
+        steps.push((r, step, others));
+        cur = r;
+    }
+    (!steps.is_empty()).then_some(Chain { steps, last: cur })
+}
