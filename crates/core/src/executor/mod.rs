@@ -14,12 +14,14 @@ pub mod cached_op;
 mod control_flow;
 mod fuse;
 pub mod predict;
+mod slots;
 
 use crate::config;
 use crate::engine::{self, ExecBulk};
 use crate::error::{Error, Result};
 use crate::ndarray::NDArray;
 use crate::symbol::{Graph, Symbol};
+use slots::Slots;
 use std::sync::Arc;
 
 /// Stock's executor monitor (`MXExecutorSetMonitorCallbackEX`, and a CachedOp's operator hook
@@ -71,71 +73,6 @@ pub struct Runner {
     /// The memory slots of inference runs, kept between runs (stock's `static_alloc`); a
     /// run takes them and gives them back, so two runs at once never share one.
     slots: std::sync::Mutex<Option<Slots>>,
-}
-
-/// Memory slots for the intermediate results of a run that records nothing: each result goes
-/// into a free slot (the smallest that holds it; a new one, or the largest free one grown, when
-/// none does), and its slot is free again once the nodes that read it are pushed. The engine
-/// orders the pushed operations through the slot's variable, so a later result never
-/// overwrites one before its readers have run. Stock plans the same before the run (its
-/// static memory plan); here it is done as the run pushes, which needs no second pass and
-/// sees in-place results as they are made. Peak memory is then the largest set of results
-/// alive at one point of the graph, not the sum of all of them.
-#[derive(Default)]
-struct Slots {
-    /// Each slot's storage (bytes, as `uint8`), with how many live results use it.
-    arrays: Vec<(NDArray, usize)>,
-}
-
-impl Slots {
-    /// A free slot for `bytes` on `ctx`, marked used.
-    fn take(&mut self, bytes: usize, ctx: crate::context::Context) -> Result<usize> {
-        let bytes = bytes.max(1).next_multiple_of(64);
-        let free = |(_, (a, users)): &(usize, &(NDArray, usize))| *users == 0 && a.ctx() == Some(ctx);
-        let fit = self
-            .arrays
-            .iter()
-            .enumerate()
-            .filter(free)
-            .filter(|(_, (a, _))| a.size() >= bytes)
-            .min_by_key(|(_, (a, _))| a.size());
-        let j = match fit.map(|(j, _)| j) {
-            Some(j) => j,
-            None => {
-                let array = NDArray::new(vec![bytes], ctx, crate::ndarray::DType::U8, false)?;
-                // Grow the largest free slot rather than keep both.
-                match self.arrays.iter().enumerate().filter(free).max_by_key(|(_, (a, _))| a.size()).map(|(j, _)| j) {
-                    Some(j) => {
-                        self.arrays[j].0 = array;
-                        j
-                    }
-                    None => {
-                        self.arrays.push((array, 0));
-                        self.arrays.len() - 1
-                    }
-                }
-            }
-        };
-        self.arrays[j].1 += 1;
-        Ok(j)
-    }
-
-    /// The slot whose storage `a` is in, if any.
-    fn of(&self, a: &NDArray) -> Option<usize> {
-        self.arrays.iter().position(|(s, _)| s.same_chunk(a))
-    }
-
-    fn release(&mut self, j: usize) {
-        self.arrays[j].1 = self.arrays[j].1.saturating_sub(1);
-    }
-
-    /// A head in a slot (an in-place result) leaves with the caller: the slot is dropped here.
-    fn give_away(&mut self, heads: &[NDArray]) {
-        self.arrays.retain(|(s, _)| !heads.iter().any(|h| h.same_chunk(s)));
-        for (_, users) in &mut self.arrays {
-            *users = 0;
-        }
-    }
 }
 
 /// Nodes and the parameters a run gives them (see [`Runner::open_shapes`]).
@@ -386,7 +323,9 @@ impl Runner {
         }
         if monitor.is_none() && run.plan.share && !run.recording {
             let kept = self.slots.lock().unwrap_or_else(|e| e.into_inner()).take();
-            run.slots = Some(kept.unwrap_or_default());
+            let mut slots = kept.unwrap_or_default();
+            slots.prepare(self, inputs, &run.resolved, &run.plan)?;
+            run.slots = Some(slots);
             run.val_slots = vec![Vec::new(); self.graph.nodes.len()];
         }
         for i in 0..self.graph.nodes.len() {
@@ -508,7 +447,14 @@ impl Runner {
                         && plan.share
                         && !(run.recording && kept_for_gradient(&self.graph, n.inputs[*ii], readers, run.mirror)) =>
                 {
-                    inplace_target(op, attrs, &ins, *ii)
+                    // A head leaves with the caller: written over a slot, it would take the
+                    // slot with it and the next run would allocate it again.
+                    let in_slot = |x: &NDArray| run.slots.as_ref().is_some_and(|s| s.of(x).is_some());
+                    if !self.head_outputs[i].is_empty() && in_slot(ins[*ii]) {
+                        None
+                    } else {
+                        inplace_target(op, attrs, &ins, *ii)
+                    }
                 }
                 _ => None,
             };
@@ -572,12 +518,37 @@ impl Runner {
         }
     }
 
+    /// The output of node `i`'s convolution with its `chain` on inputs of `metas` (the
+    /// convolution's, then each step's others), if the chain can compute it: float32
+    /// throughout, and shapes the steps fit (otherwise the unfused run reports what is wrong).
+    fn chain_output(&self, i: usize, chain: &fuse::Chain, metas: &[crate::op::Meta]) -> Option<crate::op::Meta> {
+        use crate::ndarray::DType;
+        let n = &self.graph.nodes[i];
+        let (op, attrs) = n.op.zip(n.attrs.as_ref())?;
+        if metas.iter().any(|m| m.dtype != DType::F32) {
+            return None;
+        }
+        let out = (op.infer)(attrs, metas.get(..n.inputs.len())?).ok()?.into_iter().next()?;
+        let (mut at, channels) = (n.inputs.len(), out.shape.get(1).copied().unwrap_or(0));
+        for (_, step, others) in &chain.steps {
+            let fits = match step {
+                crate::op::FuseStep::Scale { .. } => metas.get(at..at + 4)?.iter().all(|m| m.shape[..] == [channels]),
+                crate::op::FuseStep::Add { .. } => metas.get(at)?.shape == out.shape,
+                _ => true,
+            };
+            if !fits || out.dtype != DType::F32 {
+                return None;
+            }
+            at += others.len();
+        }
+        Some(out)
+    }
+
     /// Push node `i`'s convolution with its `chain` as one operation, its result the chain's
     /// last node's; false (nothing pushed) when the call does not qualify: a BatchNorm step in
     /// training mode, data off the CPU or not float32, shapes the steps do not fit (the
     /// unfused run then reports what is wrong).
     fn run_chain(&self, run: &mut Run, i: usize, chain: &fuse::Chain) -> Result<bool> {
-        use crate::ndarray::DType;
         let n = &self.graph.nodes[i];
         let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { return Ok(false) };
         if !chain.applies(crate::op::invoke::is_training()) {
@@ -594,24 +565,11 @@ impl Runner {
             Some(c) if c.dev_type == crate::context::DevType::Cpu => c,
             _ => return Ok(false),
         };
-        if ins.iter().any(|a| a.dtype != DType::F32 || a.ctx() != Some(ctx)) {
+        if ins.iter().any(|a| a.ctx() != Some(ctx)) {
             return Ok(false);
         }
-        let metas: Vec<crate::op::Meta> =
-            ins[..n.inputs.len()].iter().map(|a| crate::op::Meta::new(a.shape.clone(), a.dtype)).collect();
-        let Ok(Some(out)) = (op.infer)(attrs, &metas).map(|o| o.into_iter().next()) else { return Ok(false) };
-        let (mut at, channels) = (n.inputs.len(), out.shape.get(1).copied().unwrap_or(0));
-        for (_, step, others) in &chain.steps {
-            let fits = match step {
-                crate::op::FuseStep::Scale { .. } => ins[at..at + 4].iter().all(|a| a.shape[..] == [channels]),
-                crate::op::FuseStep::Add { .. } => ins[at].shape == out.shape,
-                _ => true,
-            };
-            if !fits || out.dtype != DType::F32 {
-                return Ok(false);
-            }
-            at += others.len();
-        }
+        let metas: Vec<crate::op::Meta> = ins.iter().map(|a| crate::op::Meta::new(a.shape.clone(), a.dtype)).collect();
+        let Some(out) = self.chain_output(i, chain, &metas) else { return Ok(false) };
         let last = chain.last;
         let array = match run.slots.as_mut() {
             Some(slots) if !self.head_outputs[last].contains(&0) => {
@@ -667,17 +625,11 @@ fn plan_outputs(
         Some(c) if c.dev_type == crate::context::DevType::Cpu => c,
         _ => return Ok(Vec::new()),
     };
-    if op.invoke_with.is_some() || op.any_out_dtype || op.dtype_from_out || op.has_ctx() {
-        return Ok(Vec::new());
-    }
     let metas: Vec<crate::op::Meta> = ins.iter().map(|a| crate::op::Meta::new(a.shape.clone(), a.dtype)).collect();
-    let Ok(outs) = (op.infer)(attrs, &metas) else { return Ok(Vec::new()) };
-    let visible = (op.num_visible_outputs)(attrs);
-    if outs.len() < visible {
-        return Ok(Vec::new());
-    }
+    let Some(outs) = planned_metas(op, attrs, &metas) else { return Ok(Vec::new()) };
+    let visible = outs.len();
     let mut planned = Vec::with_capacity(visible);
-    for (k, m) in outs.into_iter().take(visible).enumerate() {
+    for (k, m) in outs.into_iter().enumerate() {
         if heads.contains(&k) {
             planned.push(NDArray::new(m.shape, ctx, m.dtype, false)?);
             continue;
@@ -688,6 +640,26 @@ fn plan_outputs(
         planned.push(slots.arrays[j].0.typed_prefix_view(&m.shape, m.dtype)?);
     }
     Ok(planned)
+}
+
+/// The visible outputs of a call of `op` on inputs of `metas` when a run plans them: none for
+/// an operator whose outputs inference does not fix (its own invocation, an output dtype
+/// chosen by the output, a context of its own).
+fn planned_metas(
+    op: &'static crate::op::OpDef,
+    attrs: &crate::op::param::Attrs,
+    metas: &[crate::op::Meta],
+) -> Option<Vec<crate::op::Meta>> {
+    if op.invoke_with.is_some() || op.any_out_dtype || op.dtype_from_out || op.has_ctx() {
+        return None;
+    }
+    let mut outs = (op.infer)(attrs, metas).ok()?;
+    let visible = (op.num_visible_outputs)(attrs);
+    if outs.len() < visible {
+        return None;
+    }
+    outs.truncate(visible);
+    Some(outs)
 }
 
 /// The output array of an in-place call: input `ii`'s memory with the output's shape, when the
