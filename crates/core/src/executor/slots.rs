@@ -27,8 +27,18 @@ use crate::ndarray::{byte_size, DType, Meta, NDArray};
 pub(super) struct Slots {
     /// Each slot's storage (bytes, as `uint8`), with how many live results use it.
     pub arrays: Vec<(NDArray, usize)>,
-    /// The input shapes the slots were planned for.
-    planned_for: Option<Vec<Vec<usize>>>,
+    /// What the slots were last planned for.
+    planned_for: Option<PlanKey>,
+}
+
+/// What a dry run's choices depend on besides the graph: the inputs' shapes and dtypes, the
+/// training mode (which fused chains apply) and the plan's switches.
+#[derive(PartialEq)]
+struct PlanKey {
+    inputs: Vec<(Vec<usize>, DType)>,
+    training: bool,
+    fuse: bool,
+    inplace: bool,
 }
 
 /// Where a result of some size goes, given the free slots.
@@ -88,6 +98,7 @@ impl Slots {
         self.arrays.iter().position(|(s, _)| s.same_chunk(a))
     }
 
+    /// Slot `j` has a user fewer.
     pub fn release(&mut self, j: usize) {
         self.arrays[j].1 = self.arrays[j].1.saturating_sub(1);
     }
@@ -95,14 +106,20 @@ impl Slots {
     /// A head in a slot (a result some operator made in place of its input) leaves with the
     /// caller: the slot is dropped here.
     pub fn give_away(&mut self, heads: &[NDArray]) {
+        let before = self.arrays.len();
         self.arrays.retain(|(s, _)| !heads.iter().any(|h| h.same_chunk(s)));
+        if self.arrays.len() != before {
+            // The next run plans again, for the slot it lost.
+            self.planned_for = None;
+        }
         for (_, users) in &mut self.arrays {
             *users = 0;
         }
     }
 
-    /// Before a run with `inputs`: when they have new shapes, size the slots as `runner`'s
-    /// dry run says the run will leave them (every slot on the inputs' context).
+    /// Before a run with `inputs`: when they (or the mode, or the plan) differ from the last
+    /// planned run's, size the slots as `runner`'s dry run says the run will leave them
+    /// (every slot on the inputs' context).
     pub fn prepare(
         &mut self,
         runner: &Runner,
@@ -110,8 +127,13 @@ impl Slots {
         resolved: &Resolved,
         plan: &MemoryPlan,
     ) -> Result<()> {
-        let shapes: Vec<Vec<usize>> = inputs.iter().map(|a| a.shape.clone()).collect();
-        if self.planned_for.as_ref() == Some(&shapes) {
+        let key = PlanKey {
+            inputs: inputs.iter().map(|a| (a.shape.clone(), a.dtype)).collect(),
+            training: crate::op::invoke::is_training(),
+            fuse: plan.fuse,
+            inplace: plan.inplace,
+        };
+        if self.planned_for.as_ref() == Some(&key) {
             return Ok(());
         }
         let Some(ctx) = inputs.first().and_then(|x| x.ctx()) else { return Ok(()) };
@@ -138,18 +160,41 @@ impl Slots {
                 None => self.arrays.push((NDArray::new(vec![bytes], ctx, DType::U8, false)?, 0)),
             }
         }
-        self.planned_for = Some(shapes);
+        self.planned_for = Some(key);
         Ok(())
     }
 }
 
 /// The slots of a dry run: sizes only.
 struct DrySlots {
+    /// Each slot's size in bytes.
     sizes: Vec<usize>,
+    /// How many live results use each slot.
     users: Vec<usize>,
 }
 
+/// A dry run in progress ([`Runner::plan_slots`]), per node: its output metas (empty: not
+/// known), the slots its results hold (the run's `val_slots`) and each output's slot, and
+/// whether a chain computes it.
+struct DryRun {
+    slots: DrySlots,
+    metas: Vec<Vec<Meta>>,
+    val_slots: Vec<Vec<usize>>,
+    out_slot: Vec<Vec<Option<usize>>>,
+    skip: Vec<bool>,
+}
+
+impl DryRun {
+    /// Node `i`'s results are released: their slots have a user fewer.
+    fn release(&mut self, i: usize) {
+        for j in std::mem::take(&mut self.val_slots[i]) {
+            self.slots.release(j);
+        }
+    }
+}
+
 impl DrySlots {
+    /// A free slot for `bytes` ([`Slots::take`]'s choice), marked used.
     fn take(&mut self, bytes: usize) -> usize {
         let bytes = slot_bytes(bytes);
         let free = self.sizes.iter().copied().enumerate().filter(|&(j, _)| self.users[j] == 0);
@@ -169,6 +214,7 @@ impl DrySlots {
         j
     }
 
+    /// Slot `j` has a user fewer.
     fn release(&mut self, j: usize) {
         self.users[j] = self.users[j].saturating_sub(1);
     }
@@ -177,8 +223,10 @@ impl DrySlots {
 impl Runner {
     /// The slot sizes a run with `inputs` leaves when it starts from slots of `sizes`: the
     /// run's choices made on shapes alone (fused chains, in-place results, planned outputs,
-    /// releases after the last reader), as [`Runner::run_monitored`] makes them. It stops at
-    /// a node whose outputs inference cannot give; the run grows slots from there as it goes.
+    /// releases after the last reader), as [`Runner::run_monitored`] makes them. A node whose
+    /// inputs or outputs it cannot tell without running (an operator with its own
+    /// invocation, a failed inference) plans nothing, nor do the nodes that read it; the run
+    /// grows slots for those as it goes.
     pub(super) fn plan_slots(
         &self,
         inputs: &[NDArray],
@@ -187,104 +235,112 @@ impl Runner {
         sizes: Vec<usize>,
     ) -> Vec<usize> {
         let nodes = &self.graph.nodes;
-        let mut slots = DrySlots { users: vec![0; sizes.len()], sizes };
-        let mut metas: Vec<Vec<Meta>> = vec![Vec::new(); nodes.len()];
-        for (&ni, x) in self.inputs.iter().zip(inputs) {
-            metas[ni] = vec![Meta::new(x.shape.clone(), x.dtype)];
-        }
-        let mut val_slots: Vec<Vec<usize>> = vec![Vec::new(); nodes.len()];
-        let mut skip = vec![false; nodes.len()];
-        let training = crate::op::invoke::is_training();
-        let release_inputs = |i: usize, slots: &mut DrySlots, val_slots: &mut Vec<Vec<usize>>| {
-            for &(src, _) in &nodes[i].inputs {
-                if self.last_use[src] == i && nodes[src].op.is_some() {
-                    for j in std::mem::take(&mut val_slots[src]) {
-                        slots.release(j);
-                    }
-                }
-            }
+        let mut d = DryRun {
+            slots: DrySlots { users: vec![0; sizes.len()], sizes },
+            metas: vec![Vec::new(); nodes.len()],
+            val_slots: vec![Vec::new(); nodes.len()],
+            out_slot: vec![Vec::new(); nodes.len()],
+            skip: vec![false; nodes.len()],
         };
+        for (&ni, x) in self.inputs.iter().zip(inputs) {
+            d.metas[ni] = vec![Meta::new(x.shape.clone(), x.dtype)];
+        }
+        let training = crate::op::invoke::is_training();
         for (i, n) in nodes.iter().enumerate() {
-            let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { continue };
-            if skip[i] {
-                if self.last_use[i] <= i {
-                    for j in std::mem::take(&mut val_slots[i]) {
-                        slots.release(j);
-                    }
-                }
-                release_inputs(i, &mut slots, &mut val_slots);
+            if n.op.is_none() {
                 continue;
             }
-            let Some(ins) = n.inputs.iter().map(|&(src, k)| metas[src].get(k).cloned()).collect::<Option<Vec<_>>>()
-            else {
-                break;
-            };
-            if let Some(chain) = self.chains[i].as_ref().filter(|c| plan.fuse && c.applies(training)) {
-                let others: Option<Vec<Meta>> =
-                    chain.steps.iter().flat_map(|(_, _, e)| e).map(|&(src, k)| metas[src].get(k).cloned()).collect();
-                let all: Vec<Meta> = ins.iter().cloned().chain(others.into_iter().flatten()).collect();
+            if !d.skip[i] {
+                self.plan_node(i, resolved, plan, training, &mut d);
+            }
+            // Released as the run releases them: a result nothing reads at once, the inputs
+            // this node reads last (`release_inputs`).
+            if self.last_use[i] <= i {
+                d.release(i);
+            }
+            for &(src, _) in &n.inputs {
+                if self.last_use[src] == i && nodes[src].op.is_some() {
+                    d.release(src);
+                }
+            }
+        }
+        d.slots.sizes
+    }
+
+    /// Plan operator node `i` (not computed by a chain) in dry run `d`: its outputs' slots and
+    /// metas, or those of the chain it heads.
+    fn plan_node(&self, i: usize, resolved: &Resolved, plan: &MemoryPlan, training: bool, d: &mut DryRun) {
+        let n = &self.graph.nodes[i];
+        let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { return };
+        let DryRun { slots, metas, val_slots, out_slot, skip } = d;
+        let Some(ins) = n.inputs.iter().map(|&(src, k)| metas[src].get(k).cloned()).collect::<Option<Vec<_>>>() else {
+            return;
+        };
+        if let Some(chain) = self.chains[i].as_ref().filter(|c| plan.fuse && c.applies(training)) {
+            let others: Option<Vec<Meta>> =
+                chain.steps.iter().flat_map(|(_, _, e)| e).map(|&(src, k)| metas[src].get(k).cloned()).collect();
+            if let Some(others) = others {
+                let all: Vec<Meta> = ins.iter().cloned().chain(others).collect();
                 if let Some(out) = self.chain_output(i, chain, &all) {
-                    if !self.head_outputs[chain.last].contains(&0) {
-                        let Ok((_, bytes)) = byte_size(&out.shape, out.dtype) else { break };
-                        val_slots[chain.last].push(slots.take(bytes));
+                    let last = chain.last;
+                    if !self.head_outputs[last].contains(&0) {
+                        let Ok((_, bytes)) = byte_size(&out.shape, out.dtype) else { return };
+                        let j = slots.take(bytes);
+                        val_slots[last].push(j);
+                        out_slot[last] = vec![Some(j)];
                     }
-                    metas[chain.last] = vec![out];
+                    metas[last] = vec![out];
                     for k in chain.nodes() {
                         skip[k] = true;
                     }
-                    release_inputs(i, &mut slots, &mut val_slots);
-                    continue;
+                    return;
                 }
             }
-            let attrs = resolved.iter().find(|(k, _)| *k == i).map_or(attrs, |(_, a)| a);
-            let Ok(outs) = (op.infer)(attrs, &ins) else { break };
-            let inplace = match &self.inplace[i] {
-                Some((ii, _)) if plan.inplace => {
-                    let (src, k) = n.inputs[*ii];
-                    // The slot of the input entry (a planned node's slots are its visible
-                    // outputs', in order).
-                    let slot = val_slots[src].get(k).copied();
-                    let fits = outs.first().is_some_and(|o| {
-                        o.dtype == ins[*ii].dtype
-                            && o.shape.iter().product::<usize>() == ins[*ii].shape.iter().product::<usize>()
-                    });
-                    match slot {
-                        Some(_) if !self.head_outputs[i].is_empty() => None,
-                        _ if fits => Some(slot),
-                        _ => None,
-                    }
-                }
-                _ => None,
-            };
-            match inplace {
-                // The result is its input's memory: one more user of the input's slot.
-                Some(Some(j)) => {
-                    slots.users[j] += 1;
-                    val_slots[i].push(j);
-                }
-                Some(None) => {}
-                None if self.flows[i].is_none() => {
-                    if let Some(planned) = planned_metas(op, attrs, &ins) {
-                        for (k, m) in planned.iter().enumerate() {
-                            if self.head_outputs[i].contains(&k) {
-                                continue;
-                            }
-                            let Ok((_, bytes)) = byte_size(&m.shape, m.dtype) else { break };
-                            val_slots[i].push(slots.take(bytes));
-                        }
-                    }
-                }
-                None => {}
-            }
-            metas[i] = outs;
-            if self.last_use[i] <= i {
-                for j in std::mem::take(&mut val_slots[i]) {
-                    slots.release(j);
-                }
-            }
-            release_inputs(i, &mut slots, &mut val_slots);
         }
-        slots.sizes
+        if op.invoke_with.is_some() {
+            return;
+        }
+        let attrs = resolved.iter().find(|(k, _)| *k == i).map_or(attrs, |(_, a)| a);
+        let Ok(outs) = (op.infer)(attrs, &ins) else { return };
+        let inplace = match &self.inplace[i] {
+            Some((ii, _)) if plan.inplace => {
+                let (src, k) = n.inputs[*ii];
+                let slot = out_slot[src].get(k).copied().flatten();
+                let size = |m: &Meta| m.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+                let fits = outs.first().is_some_and(|o| o.dtype == ins[*ii].dtype && size(o) == size(&ins[*ii]));
+                match slot {
+                    // A head is not written over a slot (`run_node`).
+                    Some(_) if !self.head_outputs[i].is_empty() => None,
+                    _ if fits => Some(slot),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        out_slot[i] = vec![None; outs.len()];
+        match inplace {
+            // The result is its input's memory: one more user of the input's slot.
+            Some(Some(j)) => {
+                slots.users[j] += 1;
+                val_slots[i].push(j);
+                out_slot[i][0] = Some(j);
+            }
+            Some(None) => {}
+            // `plan_outputs`, which plans nothing for a call without inputs (no context).
+            None if self.flows[i].is_none() && !ins.is_empty() => {
+                for (k, m) in planned_metas(op, attrs, &ins).into_iter().flatten().enumerate() {
+                    if self.head_outputs[i].contains(&k) {
+                        continue;
+                    }
+                    let Ok((_, bytes)) = byte_size(&m.shape, m.dtype) else { break };
+                    let j = slots.take(bytes);
+                    val_slots[i].push(j);
+                    out_slot[i][k] = Some(j);
+                }
+            }
+            None => {}
+        }
+        metas[i] = outs;
     }
 }
 
