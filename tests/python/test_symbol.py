@@ -305,3 +305,70 @@ def test_a_legacy_file_loaded_with_numpy_shapes_keeps_unknown_dimensions(tmp_pat
         loaded = mx.sym.load(path)
         args, outs, _ = loaded.infer_shape(data=(10, 784))
     assert args[1] == (128, 784) and outs[0] == (10, 128)
+
+
+def optimized(sym, env, monkeypatch, **shapes):
+    monkeypatch.setenv("MXNET_ELIMINATE_COMMON_EXPR", env)
+    exe = sym.simple_bind(mx.cpu(), grad_req="write", **shapes)
+    return exe, exe.get_optimized_symbol()
+
+
+@pytest.mark.parametrize("case, saved", [
+    ("(a+1)+(a+2)", 0), ("(a+b)+(a+b)", 1), ("((a+b)+c)+((a+b)+c)", 2), ("group(a*d, a*d)", 0),
+    ("group(a*d+b, a*d+b)", 1), ("dropout(a)+dropout(a)", 0), ("bn(a)+bn(a)", 0),
+    ("relu(fc(a))+relu(fc(a))", 2), ("sin(a)*2 + sin(a)*3", 1)])
+def test_common_subexpressions_are_computed_once(monkeypatch, case, saved):
+    # MXNET_ELIMINATE_COMMON_EXPR (on by default): nodes with the same operator, attributes
+    # and inputs are computed once in a bound graph, not those that draw random numbers or
+    # write an input (BatchNorm's moving statistics); a repeated output gets a _copy node.
+    # The counts are stock's (this test passes on both libraries).
+    a, b, c = mx.sym.var("a"), mx.sym.var("b"), mx.sym.var("c")
+    d = a + 1
+    w = mx.sym.var("w")
+    params = [mx.sym.var(n) for n in ["gamma", "beta", "mean", "var"]]
+    bn = lambda x: mx.sym.BatchNorm(x, gamma=params[0], beta=params[1], moving_mean=params[2],  # noqa: E731
+                                    moving_var=params[3])
+    sym = {
+        "(a+1)+(a+2)": lambda: (a + 1) + (a + 2),
+        "(a+b)+(a+b)": lambda: (a + b) + (a + b),
+        "((a+b)+c)+((a+b)+c)": lambda: ((a + b) + c) + ((a + b) + c),
+        "group(a*d, a*d)": lambda: mx.sym.Group([a * d, a * d]),
+        "group(a*d+b, a*d+b)": lambda: mx.sym.Group([a * d + b, a * d + b]),
+        "dropout(a)+dropout(a)": lambda: mx.sym.Dropout(a) + mx.sym.Dropout(a),
+        "bn(a)+bn(a)": lambda: bn(a) + bn(a),
+        "relu(fc(a))+relu(fc(a))": lambda: (mx.sym.relu(mx.sym.FullyConnected(a, w, num_hidden=3, no_bias=True))
+                                            + mx.sym.relu(mx.sym.FullyConnected(a, w, num_hidden=3, no_bias=True))),
+        "sin(a)*2 + sin(a)*3": lambda: mx.sym.sin(a) * 2 + mx.sym.sin(a) * 3,
+    }[case]()
+    shapes = {k: v for k, v in {"a": (2, 3), "b": (2, 3), "c": (2, 3), "w": (3, 3), "gamma": (3,), "beta": (3,),
+                                "mean": (3,), "var": (3,)}.items() if k in sym.list_inputs()}
+    rng = np.random.RandomState(0)
+    data = {k: mx.nd.array(rng.uniform(0.5, 1.5, s)) for k, s in shapes.items()}
+    results = {}
+    for env in ["0", "1"]:
+        exe, opt = optimized(sym, env, monkeypatch, **shapes)
+        outs = exe.forward(is_train=True, **{k: v for k, v in data.items() if k in sym.list_arguments()})
+        exe.backward([mx.nd.ones_like(o) for o in outs])
+        results[env] = ([o.asnumpy() for o in outs], [g.asnumpy() for g in exe.grad_arrays if g is not None],
+                        len(opt.get_internals().list_outputs()), opt.list_inputs())
+    kept, merged = results["0"], results["1"]
+    assert kept[2] - merged[2] == saved, (kept[2], merged[2])
+    assert merged[3] == sym.list_inputs()
+    if not case.startswith("dropout"):
+        for x, y in zip(kept[0] + kept[1], merged[0] + merged[1]):
+            np.testing.assert_allclose(x, y, rtol=1e-6)
+
+
+def test_a_repeated_output_is_an_array_of_its_own(monkeypatch):
+    # Three equal nodes merged into one: the second and third outputs become copies of it
+    # (named <node>_<k>_copy), which are equal nodes in turn, so the next pass merges them
+    # and copies the third again: stock's names, pass by pass. A graph whose outputs repeat
+    # without a merge is left as it is, as stock's pass leaves it.
+    a = mx.sym.var("a")
+    exe, opt = optimized(mx.sym.Group([a * 2, a * 2, a * 2]), "1", monkeypatch, a=(2,))
+    first = opt.list_outputs()[0][:-len("_output")]
+    assert opt.list_outputs() == [first + "_output", first + "_0_copy_output", first + "_0_copy_0_copy_output"]
+    e = a * 2
+    _, same = optimized(mx.sym.Group([e, e]), "1", monkeypatch, a=(2,))
+    assert same.list_outputs() == [e.name + "_output"] * 2
+    assert [o.asnumpy().tolist() for o in exe.forward(a=mx.nd.array([1, 2]))] == [[2, 4]] * 3

@@ -98,6 +98,8 @@ pub static VARS: &[VarSpec] = &[
     // --- Execution ---
     var("MXNET_EXEC_BULK_EXEC_INFERENCE", VarType::Bool, Some("1"), Dynamic, Active, EXEC,
         "Run a graph's whole forward (CachedOp, executor) as one engine task during inference (profiles show ImperativeBulk); 0: operator by operator."),
+    var("MXNET_ELIMINATE_COMMON_EXPR", VarType::Bool, Some("1"), Dynamic, Active, EXEC,
+        "Read when an executor is bound or a CachedOp made: operator nodes with the same operator, attributes and inputs are computed once (not those that write an input, draw random numbers or keep a state); a repeated graph output gets a _copy. 0 runs the graph as written."),
     var("MXNET_EXEC_BULK_EXEC_TRAIN", VarType::Bool, Some("1"), Dynamic, Active, EXEC,
         "In training, run graph forwards and every backward pass in bulks of MAX_NODE_TRAIN operators; 0: operator by operator. No bulking while the profiler aggregates statistics."),
     var("MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN", VarType::Int { min: 0, max: 1 << 16 }, Some("15"), Dynamic, Active, EXEC,

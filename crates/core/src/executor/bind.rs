@@ -365,9 +365,10 @@ impl Executor {
     fn aux_state(&self, name: &str) -> Option<&NDArray> {
         self.aux.iter().find(|(n, _)| n == name).map(|(_, p)| &self.inputs[*p])
     }
-    /// The bound symbol (stock's "optimized" symbol: this runtime rewrites no graph).
+    /// The graph the executor runs, as a symbol (stock's "optimized" symbol: the bound one
+    /// with common subexpressions eliminated, [`Runner::new`]).
     pub fn symbol(&self) -> Symbol {
-        self.sym.deep_copy()
+        self.runner.graph.to_symbol()
     }
 
     /// Show each later forward's operator outputs (and inputs) to `monitor`; `None` stops.

@@ -164,8 +164,14 @@ fn kept_for_gradient(graph: &Graph, entry: (usize, usize), readers: &[usize], mi
 }
 
 impl Runner {
+    /// A runner of `sym`'s graph, with common subexpressions eliminated unless
+    /// `MXNET_ELIMINATE_COMMON_EXPR` is off (stock's executors and CachedOps do the same).
     pub fn new(sym: &Symbol) -> Result<Runner> {
-        Runner::from_graph(sym.graph())
+        let graph = sym.graph();
+        match config::global().get_bool("MXNET_ELIMINATE_COMMON_EXPR", "graph building")? {
+            Some(false) => Runner::from_graph(graph),
+            _ => Runner::from_graph(graph.eliminate_common_exprs()),
+        }
     }
 
     /// A runner of a graph.

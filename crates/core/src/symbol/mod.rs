@@ -25,6 +25,7 @@
 //!   [`Graph::entry_offsets`] (nnvm's `node_row_ptr`: entry id = offset[node] + output);
 //! - [`Graph::to_symbol`] turns a (possibly rewritten) graph back into a symbol.
 
+mod cse;
 pub mod infer;
 pub mod json;
 
