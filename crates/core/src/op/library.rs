@@ -709,6 +709,8 @@ fn declarations(op: &Arc<ExtOp>, mutated: Vec<usize>, path: &str) -> Vec<OpDef> 
         .outputs(num_outputs, num_outputs)
         .mutates(mutated)
         .doc(format!("Operator {} of the extension library {path}.", op.name));
+    // It may draw from the shared random states (stock gives it a random resource).
+    fwd.mergeable = false;
     let mut defs = Vec::new();
     if op.create_state.is_some() {
         fwd = fwd.invoke_with(invoke_stateful).grad(Grad::Stateful { op: bname });

@@ -353,6 +353,11 @@ pub struct OpDef {
     /// The operator's part in the inference fusion of graph runs (`executor/fuse.rs`), for
     /// the call's parameters: `None` takes no part.
     pub fusion: Option<fn(&Attrs) -> Option<Fusion>>,
+    /// Two calls with equal attributes and inputs may be computed once (the graph pass of
+    /// `symbol/cse.rs`, which also leaves out operators that write an input, draw random
+    /// numbers or keep a state); false for those stock runs with a state
+    /// ([`STOCK_STATEFUL`]), `Custom` and extension libraries' operators.
+    pub mergeable: bool,
     /// Name interned for the engine and profiler.
     engine_name: OnceLock<Arc<str>>,
     c_info: OnceLock<CInfo>,
@@ -448,6 +453,7 @@ impl OpDef {
             graph_inputs: &[],
             control_flow: None,
             fusion: None,
+            mergeable: true,
             engine_name: OnceLock::new(),
             c_info: OnceLock::new(),
         }
@@ -894,10 +900,58 @@ fn check_declaration(op: &OpDef) -> Result<()> {
     Ok(())
 }
 
+/// Operators stock 1.9.1 runs with a state (its `OperatorProperty` operators, and those it
+/// registers `FCreateOpState` for), which its common-subexpression pass never merges. Two of
+/// its legacy names are aliases here (`Convolution_v1` of Convolution, `_CrossDeviceCopy` of
+/// `_copy`), whose nodes merge as those operators' do.
+const STOCK_STATEFUL: &[&str] = &[
+    "BatchNorm_v1",
+    "BilinearSampler",
+    "Correlation",
+    "Crop",
+    "GridGenerator",
+    "IdentityAttachKLSparseReg",
+    "InstanceNorm",
+    "L2Normalization",
+    "MakeLoss",
+    "Pad",
+    "Pooling_v1",
+    "ROIPooling",
+    "SVMOutput",
+    "SequenceLast",
+    "SequenceMask",
+    "SequenceReverse",
+    "SliceChannel",
+    "SpatialTransformer",
+    "SwapAxis",
+    "_NDArray",
+    "_Native",
+    "_contrib_DeformableConvolution",
+    "_contrib_DeformablePSROIPooling",
+    "_contrib_ModulatedDeformableConvolution",
+    "_contrib_MultiBoxDetection",
+    "_contrib_MultiBoxPrior",
+    "_contrib_MultiBoxTarget",
+    "_contrib_MultiProposal",
+    "_contrib_PSROIPooling",
+    "_contrib_Proposal",
+    "_contrib_SyncBatchNorm",
+    "_contrib_count_sketch",
+    "_contrib_fft",
+    "_contrib_ifft",
+    "RNN",
+    "Dropout",
+    "Custom",
+    "_CachedOp",
+];
+
 impl Registry {
     fn build() -> Registry {
         let mut ops = Vec::new();
         ops::register_all(&mut ops);
+        for op in &mut ops {
+            op.mergeable &= !STOCK_STATEFUL.contains(&op.name);
+        }
         let mut by_name = HashMap::new();
         for (i, op) in ops.iter().enumerate() {
             for n in std::iter::once(&op.name).chain(op.aliases.iter()) {

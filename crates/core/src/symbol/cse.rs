@@ -6,7 +6,7 @@
 //! later one is dropped and its readers read the earlier one. Nodes whose result is not a
 //! function of their inputs alone stay: those that write an input, draw random numbers, keep
 //! a state, or are operators stock runs as stateful (its legacy operators, RNN, Custom,
-//! control flow), so the optimized graph has stock's node count. When nodes were merged, a
+//! control flow), so the optimized graph of built-in operators has stock's node count. When nodes were merged, a
 //! graph output that repeats an earlier one is given a `_copy` node (named `<node>_<k>_copy`),
 //! so the outputs stay separate arrays.
 
@@ -14,57 +14,16 @@ use super::{GNode, Graph};
 use crate::op::{OpDef, Resource};
 use std::collections::{BTreeMap, HashMap};
 
-/// Operators stock 1.9.1 runs with a state (its `OperatorProperty` operators, and those it
-/// registers `FCreateOpState` for), which its pass never merges.
-const STATEFUL: &[&str] = &[
-    "BatchNorm_v1",
-    "BilinearSampler",
-    "Convolution_v1",
-    "Correlation",
-    "Crop",
-    "GridGenerator",
-    "IdentityAttachKLSparseReg",
-    "InstanceNorm",
-    "L2Normalization",
-    "MakeLoss",
-    "Pad",
-    "Pooling_v1",
-    "ROIPooling",
-    "SVMOutput",
-    "SequenceLast",
-    "SequenceMask",
-    "SequenceReverse",
-    "SliceChannel",
-    "SpatialTransformer",
-    "SwapAxis",
-    "_CrossDeviceCopy",
-    "_NDArray",
-    "_Native",
-    "_contrib_DeformableConvolution",
-    "_contrib_DeformablePSROIPooling",
-    "_contrib_MultiBoxDetection",
-    "_contrib_MultiBoxPrior",
-    "_contrib_MultiBoxTarget",
-    "_contrib_MultiProposal",
-    "_contrib_PSROIPooling",
-    "_contrib_Proposal",
-    "_contrib_SyncBatchNorm",
-    "_contrib_count_sketch",
-    "_contrib_fft",
-    "_contrib_ifft",
-    "RNN",
-    "Dropout",
-    "Custom",
-    "_CachedOp",
-];
-
-/// Whether two nodes of `op` with equal attributes and inputs compute the same values.
+/// Whether two nodes of `op` with equal attributes and inputs compute the same values: not
+/// when the operator writes an input, draws random numbers, keeps a state, runs control flow,
+/// or declares itself not mergeable ([`OpDef::mergeable`]: the operators stock runs with a
+/// state, `Custom` and extension libraries' operators).
 fn mergeable(op: &OpDef) -> bool {
-    !op.mutates_any()
+    op.mergeable
+        && !op.mutates_any()
         && !op.resources.contains(&Resource::Random)
         && !op.node_state
         && op.control_flow.is_none()
-        && !STATEFUL.contains(&op.name)
 }
 
 impl Graph {
@@ -89,12 +48,16 @@ impl Graph {
         // Per old node, its node in the new graph.
         let mut new_index: Vec<usize> = Vec::with_capacity(nodes.len());
         let mut kept: Vec<GNode> = Vec::with_capacity(nodes.len());
-        type Key<'a> = (&'static str, &'a BTreeMap<String, String>, Vec<(usize, usize)>);
+        // The inputs' versions too: a read of a variable before an operator writes it and a
+        // read after it differ (stock's key leaves them out).
+        type Key<'a> = (&'static str, &'a BTreeMap<String, String>, Vec<(usize, usize)>, &'a [u32]);
         let mut seen: HashMap<Key, usize> = HashMap::new();
         for n in &nodes {
             let inputs: Vec<(usize, usize)> = n.inputs.iter().map(|&(s, k)| (new_index[s], k)).collect();
             let key = match n.op {
-                Some(op) if !inputs.is_empty() && mergeable(op) => Some((op.name, &n.raw, inputs.clone())),
+                Some(op) if !inputs.is_empty() && mergeable(op) => {
+                    Some((op.name, &n.raw, inputs.clone(), &n.input_versions[..]))
+                }
                 _ => None,
             };
             match key.as_ref().and_then(|k| seen.get(k)) {
@@ -117,9 +80,10 @@ impl Graph {
         // A repeated output gets a copy of its own, as stock's pass gives it.
         let copy = crate::op::lookup("_copy").ok();
         let mut copies: HashMap<(usize, usize), usize> = HashMap::new();
-        for i in 0..heads.len() {
-            let entry = heads[i];
-            if !heads[..i].contains(&entry) {
+        let mut seen_heads = std::collections::HashSet::new();
+        for head in heads.iter_mut() {
+            let entry = *head;
+            if seen_heads.insert(entry) {
                 continue;
             }
             let Some(copy) = copy else { break };
@@ -136,7 +100,7 @@ impl Graph {
                 input_versions: vec![0],
                 subgraphs: Vec::new(),
             });
-            heads[i] = (kept.len() - 1, 0);
+            *head = (kept.len() - 1, 0);
         }
         (Graph { nodes: kept, heads }, true)
     }
@@ -183,6 +147,18 @@ mod tests {
 
     #[test]
     fn attributes_random_draws_and_writes_keep_nodes_apart() {
+        // Two BatchNorms of one input write the same moving statistics: not merged.
+        let var = |name: &str| format!(r#"{{"op": "null", "name": "{name}", "inputs": []}}"#);
+        let bn = |name: &str| {
+            format!(
+                r#"{{"op": "BatchNorm", "name": "{name}", "inputs": [[0, 0, 0], [1, 0, 0], [2, 0, 0], [3, 0, 0], [4, 0, 0]]}}"#
+            )
+        };
+        let nodes = [var("beta"), var("mean"), var("var"), bn("bn1"), bn("bn2")];
+        let refs: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        let g = graph(&refs, "[[5, 0, 0], [6, 0, 0]]");
+        assert_eq!(g.nodes.iter().filter(|n| n.op.is_some()).count(), 2);
+        assert_eq!(g.clone().eliminate_common_exprs().nodes.len(), g.nodes.len());
         let g = graph(
             &[
                 r#"{"op": "_plus_scalar", "name": "s1", "attrs": {"scalar": "1"}, "inputs": [[0, 0, 0]]}"#,
