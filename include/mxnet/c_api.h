@@ -790,8 +790,8 @@ int MXExecutorSetMonitorCallbackEX(ExecutorHandle handle,
                                    void *callback_handle,
                                    bool monitor_all);
 
-// The executor's symbol (a copy; this runtime runs the bound graph as it is, with no graph
-// rewriting, so it is the symbol that was bound).
+// The graph the executor runs, as a new symbol: the bound one with common subexpressions
+// eliminated (`MXNET_ELIMINATE_COMMON_EXPR`), as stock's.
 //
 // # Safety
 // `out` must be NULL or valid for writes.
