@@ -154,6 +154,14 @@ CASES = [
     case("conv2d-dilate-nobias", "nd.Convolution", r(1, 1, 7, 7), r(2, 1, 3, 3), grad=True, kernel=(3, 3), num_filter=2, dilate=(2, 2), no_bias=True),
     case("conv2d-groups", "nd.Convolution", r(1, 4, 4, 4), r(2, 2, 2, 2), r(2), grad=True, kernel=(2, 2), num_filter=2, num_group=2),
     case("conv1d", "nd.Convolution", r(2, 3, 8), r(4, 3, 3), r(4), grad=True, kernel=(3,), num_filter=4),
+    # Taps that read only padding (run without them; their weight gradient is zero): ResNet's
+    # last stage on the 1x1 maps of 32x32 inputs, its strided first layer, one axis only.
+    case("conv2d-1x1-map-pad", "nd.Convolution", r(4, 8, 1, 1), r(6, 8, 3, 3), r(6), grad=True, kernel=(3, 3), num_filter=6, pad=(1, 1)),
+    case("conv2d-2x2-map-stride2", "nd.Convolution", r(3, 4, 2, 2), r(5, 4, 3, 3), grad=True, kernel=(3, 3), num_filter=5,
+         pad=(1, 1), stride=(2, 2), no_bias=True),
+    case("conv2d-1-row-pad", "nd.Convolution", r(2, 3, 1, 6), r(4, 3, 3, 3), r(4), grad=True, kernel=(3, 3), num_filter=4, pad=(1, 1)),
+    case("conv1d-dead-taps-groups", "nd.Convolution", r(2, 4, 2), r(4, 2, 5), r(4), grad=True, kernel=(5,), num_filter=4,
+         pad=(2,), stride=(2,), num_group=2),
     case("conv2d-bad-weight", "nd.Convolution", r(1, 2, 5, 5), r(3, 3, 3, 3), r(3), kernel=(3, 3), num_filter=3, error=True),
     case("conv2d-missing-kernel", "nd.Convolution", r(1, 2, 5, 5), r(3, 2, 3, 3), r(3), num_filter=3, error=True),
     # Pooling

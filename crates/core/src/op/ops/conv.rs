@@ -75,7 +75,7 @@ impl Plan {
         self.cg() * self.ksize()
     }
     pub(super) fn is_pointwise(&self) -> bool {
-        self.kernel == [1; 3] && self.stride == [1; 3] && self.pad == [0; 3]
+        self.kernel == [1; 3] && self.stride == [1; 3] && self.pad == [0; 3] && self.input == self.output
     }
     pub(super) fn flops(&self) -> f64 {
         2.0 * (self.n * self.f * self.osz() * self.kdim()) as f64
@@ -193,6 +193,101 @@ impl Plan {
         let mut weight_shape = vec![f, c / g];
         weight_shape.extend_from_slice(&kernel[3 - nsp..]);
         Ok(Plan { n, c, f, g, input, kernel, stride, dilate, pad, output, out_shape, weight_shape })
+    }
+}
+
+/// The taps of a plan that may read the input: per dimension the range `first..end` of
+/// kernel positions. The taps before it read only the padding before the input for every
+/// output, those after it only the padding after (ResNet's 3×3 layers on 1×1 maps at the
+/// end of a network fed small images: 8 of 9 taps), and a convolution without them has the
+/// same outputs (stock's oneDNN skips them too). Taps inside the range whose windows stride
+/// over the input are kept: they read zeros.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct LiveTaps {
+    first: [usize; 3],
+    end: [usize; 3],
+}
+
+impl Plan {
+    /// The live taps when some taps read only padding: `None` when no tap is found dead
+    /// or when every tap is. Dilated dimensions keep all their taps (cropped, they could
+    /// leave reads past the input's end with no padding before it, which
+    /// [`Plan::unpadded_2d`]'s kernels do not check).
+    pub(super) fn live_taps(&self) -> Option<LiveTaps> {
+        let (mut first, mut end) = ([0; 3], self.kernel);
+        for d in 0..3 {
+            if self.dilate[d] != 1 {
+                continue;
+            }
+            let (i, o, s, p, k) = (self.input[d], self.output[d], self.stride[d], self.pad[d], self.kernel[d]);
+            // Tap t reads t - p + y·s for y in 0..o: all before the input when
+            // (o - 1)·s + t < p, all after it when t ≥ i + p (o ≥ 1: `build` checks that
+            // the kernel fits).
+            let lo = p.saturating_sub((o - 1) * s).min(k);
+            let hi = (i + p).min(k);
+            if lo >= hi {
+                return None;
+            }
+            (first[d], end[d]) = (lo, hi);
+        }
+        (first != [0; 3] || end != self.kernel).then_some(LiveTaps { first, end })
+    }
+
+    /// This plan without the taps outside `live`: the kernel cut, the padding before the
+    /// first live tap removed, the same output.
+    pub(super) fn cropped(&self, live: &LiveTaps) -> Plan {
+        let mut p = self.clone();
+        for d in 0..3 {
+            p.kernel[d] = live.end[d] - live.first[d];
+            // live_taps keeps first ≤ pad: a tap before it read only padding.
+            p.pad[d] -= live.first[d];
+        }
+        let nsp = self.weight_shape.len() - 2;
+        p.weight_shape.truncate(2);
+        p.weight_shape.extend_from_slice(&p.kernel[3 - nsp..]);
+        p
+    }
+}
+
+impl LiveTaps {
+    /// Each (filter, channel) block's live taps, as `(offset in the full block, offset in
+    /// the cropped block, run length)` of contiguous rows along the last dimension.
+    fn runs(&self, kernel: [usize; 3]) -> Vec<(usize, usize, usize)> {
+        let (mut runs, mut at) = (Vec::new(), 0);
+        let len = self.end[2] - self.first[2];
+        for z in self.first[0]..self.end[0] {
+            for y in self.first[1]..self.end[1] {
+                runs.push(((z * kernel[1] + y) * kernel[2] + self.first[2], at, len));
+                at += len;
+            }
+        }
+        runs
+    }
+
+    /// The weight of the cropped plan (`full`: the weight of plan `p`).
+    pub(super) fn crop_weight<T: Elem>(&self, p: &Plan, full: &[T]) -> Vec<T> {
+        let (ksize, runs) = (p.ksize(), self.runs(p.kernel));
+        let csize: usize = runs.iter().map(|r| r.2).sum();
+        let mut out = vec![T::zero(); p.f * p.cg() * csize];
+        for (src, dst) in full.chunks_exact(ksize).zip(out.chunks_exact_mut(csize)) {
+            for &(from, to, len) in &runs {
+                dst[to..to + len].copy_from_slice(&src[from..from + len]);
+            }
+        }
+        out
+    }
+
+    /// Spread the cropped plan's weight gradient `cropped` back over the full kernel of `p`
+    /// (`full` is overwritten; the dead taps' gradient is zero).
+    pub(super) fn spread_weight<T: Elem>(&self, p: &Plan, cropped: &[T], full: &mut [T]) {
+        let (ksize, runs) = (p.ksize(), self.runs(p.kernel));
+        let csize: usize = runs.iter().map(|r| r.2).sum();
+        full.fill(T::zero());
+        for (dst, src) in full.chunks_exact_mut(ksize).zip(cropped.chunks_exact(csize)) {
+            for &(to, from, len) in &runs {
+                dst[to..to + len].copy_from_slice(&src[from..from + len]);
+            }
+        }
     }
 }
 
@@ -683,13 +778,15 @@ fn algos(p: &Plan, elem: usize, threads: usize) -> [AlgoInfo; 2] {
     ]
 }
 
-/// Run algorithm `algo`; `ws` is at least the algorithm's declared workspace.
-/// `threads`: the thread count `ws` was sized with.
+/// Run algorithm `algo` on plan `p`; `ws` is at least the algorithm's declared workspace.
+/// `threads`: the thread count `ws` was sized with. `crop`: when `p` is the call's plan
+/// without its dead taps, those taps and the call's plan (the weight is cut to fit).
 #[allow(clippy::too_many_arguments)]
 fn run_algo(
     op: &str,
     algo: usize,
     p: &Plan,
+    crop: Option<(&LiveTaps, &Plan)>,
     threads: usize,
     ins: &[TBlob],
     steps: &[FuseStep],
@@ -701,7 +798,15 @@ fn run_algo(
     let (ins, extra) = ins.split_at(nconv);
     macro_rules! go {
         ($T:ty, $R:ty) => {{
-            let (x, w) = (ins[0].as_slice::<$T>(), ins[1].as_slice::<$T>());
+            let (x, full_w) = (ins[0].as_slice::<$T>(), ins[1].as_slice::<$T>());
+            let cropped;
+            let w = match crop {
+                Some((live, full)) => {
+                    cropped = live.crop_weight(full, full_w);
+                    &cropped[..]
+                }
+                None => full_w,
+            };
             let b = ins.get(2).map(|b| b.as_slice::<$T>());
             let post = if steps.is_empty() { Post::none() } else { Post::<$T>::new(op, p, steps, extra)? };
             let o = out.as_mut::<$T>();
@@ -769,10 +874,13 @@ pub(in crate::op) fn fused(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], step
 
 fn convolve(cx: &OpCtx, ins: &[TBlob], steps: &[FuseStep], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
-    let p = plan(a, &ins[0].shape)?;
+    let full = plan(a, &ins[0].shape)?;
     if outs[0].size() == 0 {
         return Ok(());
     }
+    let live = full.live_taps();
+    let p = live.as_ref().map_or_else(|| full.clone(), |l| full.cropped(l));
+    let crop = live.as_ref().map(|l| (l, &full));
     // One thread count for the workspace and the run: the pool may change size meanwhile
     // (MXSetNumOMPThreads from another thread, a pool being built).
     let threads = crate::op::kernel::pool_threads();
@@ -789,8 +897,9 @@ fn convolve(cx: &OpCtx, ins: &[TBlob], steps: &[FuseStep], outs: &mut [OutBlob])
     };
     // One workspace serves every candidate: the largest declared (the column matrices).
     let mut ws = cx.workspace(list.iter().map(|al| al.workspace).max().unwrap_or(0))?;
-    tune::global()
-        .select(crate::config::global(), &req, |i| run_algo(a.op, i, &p, threads, ins, steps, &mut outs[0], &mut ws))?;
+    tune::global().select(crate::config::global(), &req, |i| {
+        run_algo(a.op, i, &p, crop, threads, ins, steps, &mut outs[0], &mut ws)
+    })?;
     Ok(())
 }
 
@@ -990,6 +1099,70 @@ mod tests {
                     assert!((a - b).abs() < 1e-9, "algo {algo} c={c} f={f} g={g} k={k} s={s} d={d} p={pd}");
                 }
             }
+        }
+    }
+
+    /// Plans with taps that read only padding: which taps live, and the cropped plan with
+    /// the cut weight computing the full plan's outputs through both algorithms.
+    #[test]
+    fn dead_taps_are_cropped_without_changing_outputs() {
+        // (input h, w; kernel; stride; pad; dilate; the live taps' first and end per dim).
+        type Case = ([usize; 2], [usize; 2], [usize; 2], [usize; 2], [usize; 2], Option<([usize; 3], [usize; 3])>);
+        let cases: [Case; 8] = [
+            // ResNet's last stage on 1x1 maps: only the centre tap reads the input.
+            ([1, 1], [3, 3], [1, 1], [1, 1], [1, 1], Some(([0, 1, 1], [1, 2, 2]))),
+            // Its first 3x3/2 layer on 2x2 maps: the first row and column read padding.
+            ([2, 2], [3, 3], [2, 2], [1, 1], [1, 1], Some(([0, 1, 1], [1, 3, 3]))),
+            // One dimension only; then dead taps at both ends.
+            ([1, 5], [3, 3], [1, 1], [1, 1], [1, 1], Some(([0, 1, 0], [1, 2, 3]))),
+            ([2, 2], [5, 5], [2, 2], [2, 2], [1, 1], Some(([0, 2, 2], [1, 4, 4]))),
+            // Every tap live: nothing to crop.
+            ([4, 4], [3, 3], [1, 1], [1, 1], [1, 1], None),
+            // A dilated dimension keeps its taps; the other is cropped.
+            ([1, 5], [3, 3], [1, 1], [1, 2], [1, 2], Some(([0, 1, 0], [1, 2, 3]))),
+            // No tap reads the input: left as it is.
+            ([1, 1], [1, 1], [3, 3], [1, 1], [1, 1], None),
+            // Windows that stride over the input: their taps read only padding but are
+            // neither first nor last of a range of such taps (kept; they read zeros).
+            ([1, 1], [2, 2], [3, 3], [2, 2], [1, 1], None),
+        ];
+        for (input, kernel, stride, pad, dilate, want_live) in cases {
+            let (c, f) = (3, 4);
+            let w3 = |v: [usize; 2], d: usize| [d, v[0], v[1]];
+            let p = Plan::build(
+                "Convolution",
+                2,
+                [2, c, f, 1],
+                w3(input, 1),
+                w3(kernel, 1),
+                w3(stride, 1),
+                w3(dilate, 1),
+                w3(pad, 0),
+            )
+            .unwrap();
+            let live = p.live_taps();
+            assert_eq!(live.map(|l| (l.first, l.end)), want_live, "{input:?} k{kernel:?} s{stride:?} p{pad:?}");
+            let Some(live) = live else { continue };
+            let x: Vec<f64> = (0..2 * c * p.isz()).map(|i| ((i * 7 % 13) as f64) - 6.0).collect();
+            let w: Vec<f64> = (0..f * c * p.ksize()).map(|i| ((i * 5 % 11) as f64) * 0.25 - 1.0).collect();
+            let want = naive(&p, &x, &w);
+            let pc = p.cropped(&live);
+            assert_eq!(pc.output, p.output);
+            let wc = live.crop_weight(&p, &w);
+            assert_eq!(wc.len(), f * c * pc.ksize());
+            // Spreading the cut weight back gives the weight with its dead taps zeroed, and
+            // that weight computes the same outputs on the full plan.
+            let mut spread = vec![f64::NAN; w.len()];
+            live.spread_weight(&p, &wc, &mut spread);
+            assert_eq!(naive(&p, &x, &spread), want);
+            assert_eq!(spread.iter().filter(|v| **v != 0.0).count(), wc.iter().filter(|v| **v != 0.0).count());
+            let mut out = vec![f64::NAN; want.len()];
+            direct::<f64, f64>(&pc, &x, &wc, None, &Post::none(), &mut out);
+            assert_eq!(out, want, "direct, {input:?} k{kernel:?}");
+            let mut out = vec![f64::NAN; want.len()];
+            let mut cols = vec![f64::NAN; im2col_workspace(&pc, 2)];
+            im2col_gemm::<f64, f64>(&pc, 2, &x, &wc, None, &Post::none(), &mut out, &mut cols);
+            assert_eq!(out, want, "im2col, {input:?} k{kernel:?}");
         }
     }
 

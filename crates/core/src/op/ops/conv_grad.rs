@@ -73,12 +73,38 @@ pub(super) fn col2im<T: Elem, R: Real>(p: &Plan, col: &[T], ld: usize, dx: &mut 
 /// matrix stays in a core's L2 cache between im2col, the GEMMs and col2im.
 const COL_BUDGET_BYTES: usize = 512 << 10;
 
-fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
-    let req = cx.req;
+/// The gradients of plan `p` that the call asks for: data, weight (of `p`'s kernel), bias.
+struct Grads<'a, T> {
+    dx: Option<&'a mut [T]>,
+    dw: Option<&'a mut [T]>,
+    db: Option<&'a mut [T]>,
+}
+
+/// The gradients of the call's plan `full`: the plan without its dead taps (see
+/// [`Plan::live_taps`]) where it has some, with the weight cut to fit and its gradient spread
+/// back (zero for the dead taps).
+fn backward_call<T: GemmElem, R: Real>(cx: &OpCtx, full: &Plan, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let (dy, x, w) = (ins[0].as_slice::<T>(), ins[1].as_slice::<T>(), ins[2].as_slice::<T>());
-    let want_dx = req[0] != Req::Null;
-    let want_dw = req[1] != Req::Null;
-    let want_db = outs.len() > 2 && req[2] != Req::Null;
+    let mut grads = outs.iter_mut().zip(cx.req).map(|(o, r)| (*r != Req::Null).then(|| o.as_mut::<T>()));
+    let (dx, dw, db) = (grads.next().flatten(), grads.next().flatten(), grads.next().flatten());
+    let Some(live) = full.live_taps() else {
+        return backward::<T, R>(cx, full, dy, x, w, Grads { dx, dw, db });
+    };
+    let p = full.cropped(&live);
+    let wc = live.crop_weight(full, w);
+    let mut dwc = dw.is_some().then(|| vec![T::zero(); wc.len()]);
+    backward::<T, R>(cx, &p, dy, x, &wc, Grads { dx, dw: dwc.as_deref_mut(), db })?;
+    if let (Some(dw), Some(dwc)) = (dw, dwc) {
+        live.spread_weight(full, &dwc, dw);
+    }
+    Ok(())
+}
+
+fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, dy: &[T], x: &[T], w: &[T], g: Grads<T>) -> Result<()> {
+    let Grads { dx: dx_out, dw: dw_out, db: db_out } = g;
+    let want_dx = dx_out.is_some();
+    let want_dw = dw_out.is_some();
+    let want_db = db_out.is_some();
     let (cg, fg, osz, kdim, isz) = (p.cg(), p.fg(), p.osz(), p.kdim(), p.isz());
     let wsize = p.f * kdim;
     // Partial sums per chunk: the weight gradient, then the bias gradient.
@@ -95,8 +121,8 @@ fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &mu
     let mut ws = cx.workspace(chunks * (dyc_len + col_len) * std::mem::size_of::<T>())?;
     // Chunk ch owns images ch·per.. of dx (each image's c·isz entries), its partial block
     // and its (dyc, col) pair of the workspace: all split off here.
-    let dx_parts: Vec<Option<&mut [T]>> = if want_dx {
-        parts(outs[0].as_mut::<T>(), per * p.c * isz, chunks).into_iter().map(Some).collect()
+    let dx_parts: Vec<Option<&mut [T]>> = if let Some(dx) = dx_out {
+        parts(dx, per * p.c * isz, chunks).into_iter().map(Some).collect()
     } else {
         (0..chunks).map(|_| None).collect()
     };
@@ -162,9 +188,9 @@ fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &mu
         }
     });
     // Reduce the partial sums in chunk order.
-    let reduce = |out: &mut OutBlob, offset: usize, len: usize| {
+    let reduce = |out: &mut [T], offset: usize, len: usize| {
         let partial = &partial;
-        par_for_mut(&mut out.as_mut::<T>()[..len], 1, Cost(0.3 * chunks as f64), T::DTYPE, |r, o| {
+        par_for_mut(&mut out[..len], 1, Cost(0.3 * chunks as f64), T::DTYPE, |r, o| {
             for (i, ov) in r.zip(o.iter_mut()) {
                 let mut acc = R::of(0.0);
                 for ch in 0..chunks {
@@ -174,11 +200,11 @@ fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, ins: &[TBlob], outs: &mu
             }
         });
     };
-    if want_dw {
-        reduce(&mut outs[1], 0, wsize);
+    if let Some(dw) = dw_out {
+        reduce(dw, 0, wsize);
     }
-    if want_db {
-        reduce(&mut outs[2], if want_dw { wsize } else { 0 }, p.f);
+    if let Some(db) = db_out {
+        reduce(db, if want_dw { wsize } else { 0 }, p.f);
     }
     Ok(())
 }
@@ -195,9 +221,9 @@ fn convolution_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Resu
         return Ok(());
     }
     match ins[1].dtype {
-        DType::F32 => backward::<f32, f32>(cx, &p, ins, outs),
-        DType::F64 => backward::<f64, f64>(cx, &p, ins, outs),
-        DType::F16 => backward::<f16, f32>(cx, &p, ins, outs),
+        DType::F32 => backward_call::<f32, f32>(cx, &p, ins, outs),
+        DType::F64 => backward_call::<f64, f64>(cx, &p, ins, outs),
+        DType::F16 => backward_call::<f16, f32>(cx, &p, ins, outs),
         other => Err(Error::type_error(format!("operator _backward_Convolution does not support {}", other.name()))),
     }
 }
@@ -255,6 +281,11 @@ mod tests {
         );
         // Pointwise (no unfolding).
         conv(&[("kernel", "(1, 1)"), ("num_filter", "3")], &[2, 4, 3, 3], &[3, 4, 1, 1], true);
+        // Taps that read only padding (run without them; their weight gradient is zero).
+        let k3p1 = [("kernel", "(3, 3)"), ("num_filter", "4"), ("pad", "(1, 1)")];
+        conv(&k3p1, &[2, 3, 1, 1], &[4, 3, 3, 3], true);
+        conv(&[k3p1[0], k3p1[1], k3p1[2], ("stride", "(2, 2)")], &[2, 3, 2, 2], &[4, 3, 3, 3], false);
+        conv(&[k3p1[0], k3p1[1], k3p1[2], ("num_group", "2")], &[2, 4, 1, 3], &[4, 2, 3, 3], true);
     }
 
     #[test]
@@ -269,6 +300,13 @@ mod tests {
             &[("kernel", "(2, 2, 2)"), ("num_filter", "2"), ("pad", "(1, 0, 1)")],
             &[1, 2, 3, 4, 3],
             &[2, 2, 2, 2, 2],
+            true,
+        );
+        conv(&[("kernel", "(3,)"), ("num_filter", "2"), ("pad", "(1,)")], &[2, 3, 1], &[2, 3, 3], true);
+        conv(
+            &[("kernel", "(3, 3, 3)"), ("num_filter", "2"), ("pad", "(1, 1, 1)")],
+            &[1, 2, 1, 2, 1],
+            &[2, 2, 3, 3, 3],
             true,
         );
     }
