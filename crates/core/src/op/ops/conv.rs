@@ -74,6 +74,9 @@ impl Plan {
     pub(super) fn kdim(&self) -> usize {
         self.cg() * self.ksize()
     }
+    /// 1×1 unit-stride unpadded: the input planes are the column matrix. (`input ==
+    /// output` follows from the rest, for cropped plans too; kept as the guard of the plane
+    /// copies that rely on it.)
     pub(super) fn is_pointwise(&self) -> bool {
         self.kernel == [1; 3] && self.stride == [1; 3] && self.pad == [0; 3] && self.input == self.output
     }
@@ -200,7 +203,8 @@ impl Plan {
 /// kernel positions. The taps before it read only the padding before the input for every
 /// output, those after it only the padding after (ResNet's 3×3 layers on 1×1 maps at the
 /// end of a network fed small images: 8 of 9 taps), and a convolution without them has the
-/// same outputs (stock's oneDNN skips them too). Taps inside the range whose windows stride
+/// same values for finite weights (a non-finite weight on a dead tap no longer makes NaNs of
+/// its zero products; stock's oneDNN skips such taps too), up to the GEMM's summation order. Taps inside the range whose windows stride
 /// over the input are kept: they read zeros.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct LiveTaps {

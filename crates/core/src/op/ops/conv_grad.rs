@@ -284,7 +284,12 @@ mod tests {
         // Taps that read only padding (run without them; their weight gradient is zero).
         let k3p1 = [("kernel", "(3, 3)"), ("num_filter", "4"), ("pad", "(1, 1)")];
         conv(&k3p1, &[2, 3, 1, 1], &[4, 3, 3, 3], true);
-        conv(&[k3p1[0], k3p1[1], k3p1[2], ("stride", "(2, 2)")], &[2, 3, 2, 2], &[4, 3, 3, 3], false);
+        conv(
+            &[k3p1[0], k3p1[1], k3p1[2], ("stride", "(2, 2)"), ("no_bias", "True")],
+            &[2, 3, 2, 2],
+            &[4, 3, 3, 3],
+            false,
+        );
         conv(&[k3p1[0], k3p1[1], k3p1[2], ("num_group", "2")], &[2, 4, 1, 3], &[4, 2, 3, 3], true);
     }
 

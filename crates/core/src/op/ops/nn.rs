@@ -1008,7 +1008,8 @@ pub(super) fn permuted<T: Copy>(src: &[T], shape: &[usize], perm: &[usize]) -> V
 
 impl PoolPlan {
     /// Whether this is 2-D pooling whose windows all lie inside the input (no padding, none
-    /// clipped): the case [`max_pool_2d`] and its gradient handle without bounds checks.
+    /// clipped): the case [`max_pool_2x2`] and the max-pooling gradient handle without
+    /// bounds checks.
     pub(super) fn unclipped_2d(&self) -> bool {
         let [id, ih, iw] = self.input;
         let [_, oh, ow] = self.output;
@@ -1051,7 +1052,9 @@ fn max_pool_separable<T: Elem, R: Real>(x: &[T], o: &mut [T], p: &PoolPlan, h: &
     // Columns xx in [xa, xb) have windows inside the row: xx·sw ≥ pw and xx·sw - pw + kw ≤ iw.
     let xa = pw.div_ceil(sw).min(ow);
     let xb = if iw + pw >= kw { ((iw + pw - kw) / sw + 1).min(ow) } else { 0 }.max(xa);
-    for (row, hrow) in x.chunks_exact(iw).take(ih).zip(h.chunks_exact_mut(ow)) {
+    // A zero-width input has no rows to read (`max(1)`: chunks must not be empty); every
+    // window is then empty and gives -inf, as in pool_plane.
+    for (row, hrow) in x.chunks_exact(iw.max(1)).take(ih).zip(h.chunks_exact_mut(ow)) {
         for xx in (0..xa).chain(xb..ow) {
             let xs = (xx * sw) as isize - pw as isize;
             let (x0, x1) = (xs.max(0) as usize, ((xs + kw as isize).min(iw as isize)).max(0) as usize);
@@ -1271,7 +1274,8 @@ fn pool_plane<T: Elem, R: Real>(x: &[T], o: &mut [T], p: &PoolPlan, kind: PoolKi
                 for zz in z0..z1 {
                     for yy in y0..y1 {
                         let row = &x[(zz * ih + yy) * iw..(zz * ih + yy) * iw + iw];
-                        for &v in &row[x0..x1] {
+                        // x0 > x1 where a window lies past the input (full convention).
+                        for &v in &row[x0.min(x1)..x1] {
                             let v = R::load(v);
                             acc = match kind {
                                 PoolKind::Max => acc.max(v),
@@ -1863,6 +1867,18 @@ pub(super) mod tests {
             }
         }
         assert_eq!(compared, 4 * 3 * 40);
+        // A zero-width input with padding: every window is empty and gives -inf.
+        let attrs =
+            Attrs::parse("Pooling", POOL_PARAMS, [("kernel", "(1, 2)"), ("pad", "(0, 1)"), ("pool_type", "max")])
+                .unwrap();
+        let p = pool_plan(&attrs, &[1, 1, 2, 0]).unwrap();
+        let osz = p.output.iter().product::<usize>();
+        assert_eq!(osz, 2);
+        let (mut fast, mut general) = (vec![0.0f32; osz], vec![0.0f32; osz]);
+        pool_planes::<f32, f32>(&[], &mut fast, &p, PoolKind::Max);
+        pool_plane::<f32, f32>(&[], &mut general, &p, PoolKind::Max);
+        assert_eq!(fast, [f32::NEG_INFINITY; 2]);
+        assert_eq!(general, fast);
     }
 
     #[test]

@@ -595,7 +595,7 @@ fn unpool_plane<T: Elem, R: Real>(g: &[T], x: &[T], y: &[T], dx: &mut [T], p: &P
 
 /// The max-pooling gradient of one plane when [`PoolPlan::unclipped_2d`]: each output's
 /// gradient goes to the first position of its window (row-major) equal to the output, as
-/// in [`unpool_plane`]. `KH`×`KW` as in `max_pool_2d` (0 = the plan's).
+/// in [`unpool_plane`]. `KH`×`KW`: the window, 0 = the plan's (at run time).
 fn max_unpool_2d<T: Elem, R: Real, const KH: usize, const KW: usize>(
     g: &[T],
     x: &[T],
