@@ -668,6 +668,13 @@ fn planned_metas(
     Some(outs)
 }
 
+/// Whether an operator's output `out` can be written over its input `x`: the same dtype and
+/// element count (the run's [`inplace_target`] and the dry run's plan both ask).
+pub(super) fn inplace_fits(out: &crate::op::Meta, x: &crate::op::Meta) -> bool {
+    let size = |m: &crate::op::Meta| m.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    out.dtype == x.dtype && size(out) == size(x)
+}
+
 /// The output array of an in-place call: input `ii`'s memory with the output's shape, when the
 /// output has the input's dtype and byte size (otherwise the call gets a new array).
 fn inplace_target(
@@ -679,7 +686,7 @@ fn inplace_target(
     let x = ins.get(ii)?;
     let metas: Vec<crate::op::Meta> = ins.iter().map(|a| crate::op::Meta::new(a.shape.clone(), a.dtype)).collect();
     let out = (op.infer)(attrs, &metas).ok()?.into_iter().next()?;
-    if out.dtype != x.dtype || out.shape.iter().product::<usize>() != x.size() {
+    if !inplace_fits(&out, &metas[ii]) {
         return None;
     }
     let spec: Vec<i64> = out.shape.iter().map(|&d| d as i64).collect();

@@ -306,8 +306,7 @@ impl Runner {
             Some((ii, _)) if plan.inplace => {
                 let (src, k) = n.inputs[*ii];
                 let slot = out_slot[src].get(k).copied().flatten();
-                let size = |m: &Meta| m.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-                let fits = outs.first().is_some_and(|o| o.dtype == ins[*ii].dtype && size(o) == size(&ins[*ii]));
+                let fits = outs.first().is_some_and(|o| super::inplace_fits(o, &ins[*ii]));
                 match slot {
                     // A head is not written over a slot (`run_node`).
                     Some(_) if !self.head_outputs[i].is_empty() => None,

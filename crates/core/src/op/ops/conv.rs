@@ -268,39 +268,38 @@ impl LiveTaps {
         runs
     }
 
-    /// The weight of the cropped plan (`full`: the weight of plan `p`), copied on the kernel
-    /// pool (a strided read of the whole weight: 9.4 MB for ResNet's 512-filter 3×3 layers).
+    /// The weight of the cropped plan (`full`: the weight of plan `p`).
     pub(super) fn crop_weight<T: Elem>(&self, p: &Plan, full: &[T]) -> Vec<T> {
-        let (ksize, runs) = (p.ksize(), self.runs(p.kernel));
-        let csize: usize = runs.iter().map(|r| r.2).sum();
-        let mut out = vec![T::zero(); p.f * p.cg() * csize];
-        par_for_mut(&mut out, csize, Cost(2.0 * ksize as f64), T::DTYPE, |blocks, part| {
-            let src = full[blocks.start * ksize..blocks.end * ksize].chunks_exact(ksize);
-            for (src, dst) in src.zip(part.chunks_exact_mut(csize)) {
-                for &(from, to, len) in &runs {
-                    // Element by element: runs are a kernel row or shorter, where a memcpy
-                    // call per run costs more than the copy.
-                    for (d, s) in dst[to..to + len].iter_mut().zip(&src[from..from + len]) {
-                        *d = *s;
-                    }
-                }
-            }
-        });
+        let mut out = vec![T::zero(); p.f * p.cg() * self.runs(p.kernel).iter().map(|r| r.2).sum::<usize>()];
+        self.copy_blocks(p, full, &mut out, true);
         out
     }
 
     /// Spread the cropped plan's weight gradient `cropped` back over the full kernel of `p`
     /// (`full` is overwritten; the dead taps' gradient is zero).
     pub(super) fn spread_weight<T: Elem>(&self, p: &Plan, cropped: &[T], full: &mut [T]) {
+        self.copy_blocks(p, cropped, full, false);
+    }
+
+    /// Copy each (filter, channel) block's live taps from `src` to `dst`, on the kernel pool
+    /// (a strided pass over the whole weight: 9.4 MB for ResNet's 512-filter 3×3 layers):
+    /// full blocks to cropped ones when `cut`, else back, with zeros for the dead taps.
+    fn copy_blocks<T: Elem>(&self, p: &Plan, src: &[T], dst: &mut [T], cut: bool) {
         let (ksize, runs) = (p.ksize(), self.runs(p.kernel));
         let csize: usize = runs.iter().map(|r| r.2).sum();
-        par_for_mut(full, ksize, Cost(2.0 * ksize as f64), T::DTYPE, |blocks, part| {
-            part.fill(T::zero());
-            let src = cropped[blocks.start * csize..blocks.end * csize].chunks_exact(csize);
-            for (dst, src) in part.chunks_exact_mut(ksize).zip(src) {
-                for &(to, from, len) in &runs {
-                    for (d, s) in dst[to..to + len].iter_mut().zip(&src[from..from + len]) {
-                        *d = *s;
+        let (sblock, dblock) = if cut { (ksize, csize) } else { (csize, ksize) };
+        par_for_mut(dst, dblock, Cost(2.0 * ksize as f64), T::DTYPE, |blocks, part| {
+            if !cut {
+                part.fill(T::zero());
+            }
+            let src = src[blocks.start * sblock..blocks.end * sblock].chunks_exact(sblock);
+            for (s, d) in src.zip(part.chunks_exact_mut(dblock)) {
+                for &(at_full, at_cut, len) in &runs {
+                    let (from, to) = if cut { (at_full, at_cut) } else { (at_cut, at_full) };
+                    // Element by element: runs are a kernel row or shorter, where a memcpy
+                    // call per run costs more than the copy.
+                    for (dv, sv) in d[to..to + len].iter_mut().zip(&s[from..from + len]) {
+                        *dv = *sv;
                     }
                 }
             }
