@@ -4,8 +4,8 @@
 //!
 //! Owns: the kernel pool (re-created when the thread count changes, and in a forked child,
 //! where the parent's pool has no threads), the image pool of a forked child (seed 001's
-//! `MXNET_MP_OPENCV_NUM_THREADS`: see [`PoolKind::Image`]), [`par_for`] and the
-//! tuning decision. Tuning: at pool creation the fork-join cost of the pool is measured; a
+//! `MXNET_MP_OPENCV_NUM_THREADS`: see [`PoolKind::Image`]), [`par_for`] and its siblings,
+//! the disjoint parts they hand out ([`parts`], [`column_blocks`]), and the tuning decision. Tuning: at pool creation the fork-join cost of the pool is measured; a
 //! loop runs on several threads only when its estimated serial time (elements × the
 //! operator's declared cost per element) exceeds a few times that cost. With tuning disabled
 //! for a dtype (`MXNET_USE_OPERATOR_TUNING=0`, or a list that leaves the dtype out) every loop
@@ -458,6 +458,82 @@ pub fn parts<T>(mut s: &mut [T], len: usize, n: usize) -> Vec<&mut [T]> {
         .collect()
 }
 
+/// A range of columns of every row of a row-major matrix: the part of it one task owns when
+/// tasks split the matrix by columns (the spatial tiles of a convolution's output planes,
+/// whose rows are the filters). Made only by [`column_blocks`], from the `&mut` borrow of
+/// the whole matrix, so that no other reference to it lives while its blocks do, and the
+/// blocks of one matrix never share an element.
+pub struct ColumnBlock<'a, T> {
+    /// Row 0's first element of the block.
+    ptr: *mut T,
+    rows: usize,
+    /// Elements from one row to the next (at least `cols`).
+    ld: usize,
+    cols: usize,
+    /// The block's first column in the matrix.
+    col0: usize,
+    _borrow: std::marker::PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: a block stands for `&mut` row segments no other block or reference reaches
+// (see `column_blocks`); sending it to another thread sends those exclusive borrows, which is
+// sound when `T` may be sent.
+unsafe impl<T: Send> Send for ColumnBlock<'_, T> {}
+
+impl<T> ColumnBlock<'_, T> {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// The distance between rows, in elements.
+    pub fn ld(&self) -> usize {
+        self.ld
+    }
+    /// The block's first column in the whole matrix.
+    pub fn col0(&self) -> usize {
+        self.col0
+    }
+    /// Row `i` of the block (its `cols` elements).
+    pub fn row(&mut self, i: usize) -> &mut [T] {
+        assert!(i < self.rows, "ColumnBlock::row: row {i} of {}", self.rows);
+        // SAFETY: `column_blocks` asserted that every row segment of every block lies inside
+        // the borrowed matrix and that blocks do not overlap; the segment is borrowed through
+        // `&mut self`, so it is the only live reference to these elements.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.ld), self.cols) }
+    }
+    /// The block's first element, for a writer of all its rows at once (the GEMM). The
+    /// `rows × cols` elements at stride [`Self::ld`] from it are this block's alone, and the
+    /// `&mut self` borrow keeps [`Self::row`] from handing out a segment meanwhile.
+    pub fn as_mut_ptr(&mut self) -> *mut T {
+        self.ptr
+    }
+}
+
+/// The row-major matrix `m` (`rows` rows, `ld` elements apart) split into column blocks at
+/// `bounds` (ascending, the last at most `ld`): block `i` holds columns
+/// `bounds[i]..bounds[i + 1]` of every row.
+pub fn column_blocks<'a, T>(m: &'a mut [T], rows: usize, ld: usize, bounds: &[usize]) -> Vec<ColumnBlock<'a, T>> {
+    assert!(bounds.windows(2).all(|w| w[0] <= w[1]), "column_blocks: bounds are not ascending");
+    let last = bounds.last().copied().unwrap_or(0);
+    assert!(last <= ld, "column_blocks: column {last} beyond the row length {ld}");
+    assert!(rows == 0 || (rows - 1) * ld + last <= m.len(), "column_blocks: {rows} rows of {ld} exceed the matrix");
+    let base = m.as_mut_ptr();
+    bounds
+        .windows(2)
+        .map(|w| ColumnBlock {
+            // In bounds of `m` (or one past its end for an empty block): asserted above.
+            ptr: base.wrapping_add(w[0]),
+            rows,
+            ld,
+            cols: w[1] - w[0],
+            col0: w[0],
+            _borrow: std::marker::PhantomData,
+        })
+        .collect()
+}
+
 /// Run `f` inside the kernel pool (so that a library that uses the current rayon pool, such
 /// as the GEMM crate, uses ours), or directly when there is no pool.
 pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> R {
@@ -484,6 +560,37 @@ pub fn sum_parts() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Column blocks cover each row's columns once, in place, and refuse bounds that would
+    /// reach outside the matrix or overlap.
+    #[test]
+    fn column_blocks_cover_each_row_once() {
+        let (rows, ld) = (3, 7);
+        let mut m = vec![0u32; (rows - 1) * ld + 6];
+        let blocks = column_blocks(&mut m, rows, ld, &[0, 2, 2, 5, 6]);
+        assert_eq!(blocks.iter().map(|b| (b.col0(), b.cols())).collect::<Vec<_>>(), [(0, 2), (2, 0), (2, 3), (5, 1)]);
+        par_items(blocks, 1e9, DType::F32, |i, mut b| {
+            for r in 0..b.rows() {
+                b.row(r).iter_mut().for_each(|v| *v += (i + 1) as u32);
+            }
+        });
+        for r in 0..rows {
+            assert_eq!(m[r * ld..][..6], [1, 1, 3, 3, 3, 4], "row {r}");
+        }
+        // Column 6 of rows 0 and 1 (the row gap) is untouched.
+        assert_eq!((m[6], m[13]), (0, 0));
+        let bad = |bounds: &'static [usize], len: usize| {
+            std::panic::catch_unwind(move || {
+                let mut m = vec![0u8; len];
+                column_blocks(&mut m, 2, 4, bounds).len()
+            })
+            .is_err()
+        };
+        assert!(bad(&[0, 3, 2], 8), "descending bounds");
+        assert!(bad(&[0, 5], 10), "beyond the row length");
+        assert!(bad(&[0, 4], 7), "beyond the matrix");
+        assert!(!bad(&[0, 4], 8));
+    }
 
     #[test]
     fn parts_split_exactly_n_and_par_helpers_cover_every_element() {

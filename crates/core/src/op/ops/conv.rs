@@ -4,9 +4,11 @@
 //! algorithms chosen per problem by [`crate::op::tune`]: `direct` (no workspace; per output
 //! plane, each filter tap adds a scaled input row) and `im2col_gemm` (unfolds one image/group
 //! into a column matrix and multiplies with the shared GEMM helper; 1×1 unit-stride
-//! convolutions multiply the input directly). Both are deterministic: each output element is
-//! summed in a fixed order on one thread. Work is split over (image, group) or (image,
-//! filter) tasks on the kernel pool; a single task lets the GEMM use the pool instead.
+//! convolutions multiply the input directly). Large images are unfolded in tiles of output
+//! rows whose column matrix stays in cache, each multiplied straight into its columns of
+//! the output planes. Both are deterministic: each output element is summed in a fixed order
+//! on one thread. Work is split over (image, group[, tile]) or (image, filter) tasks on the
+//! kernel pool; a single task too small to tile lets the GEMM use the pool instead.
 
 use super::linalg::{gemm, GemmElem};
 use super::nn::{bn_scale_shift, read_f64, Real};
@@ -353,24 +355,34 @@ pub(super) fn for_tap_rows(
     kz: usize,
     ky: usize,
     kx: usize,
+    f: impl FnMut(usize, usize, usize, usize, isize),
+) {
+    for_tap_rows_in(p, 0..p.output[0] * p.output[1], kz, ky, kx, f)
+}
+
+/// [`for_tap_rows`] over the output rows `rows` only (rows of `ow` positions, numbered
+/// through the depth: row `oz · oh + oy`).
+#[inline(always)]
+pub(super) fn for_tap_rows_in(
+    p: &Plan,
+    rows: std::ops::Range<usize>,
+    kz: usize,
+    ky: usize,
+    kx: usize,
     mut f: impl FnMut(usize, usize, usize, usize, isize),
 ) {
     let [id, ih, iw] = p.input;
-    let [od, oh, ow] = p.output;
+    let [_, oh, ow] = p.output;
     let xoff = (kx * p.dilate[2]) as isize - p.pad[2] as isize;
     let (lo, hi) = valid_cols(ow, iw, p.stride[2], xoff);
-    for oz in 0..od {
+    for r in rows {
+        let (oz, oy) = (r / oh, r % oh);
         let iz = (oz * p.stride[0] + kz * p.dilate[0]) as isize - p.pad[0] as isize;
-        if iz < 0 || iz >= id as isize {
+        let iy = (oy * p.stride[1] + ky * p.dilate[1]) as isize - p.pad[1] as isize;
+        if iz < 0 || iz >= id as isize || iy < 0 || iy >= ih as isize {
             continue;
         }
-        for oy in 0..oh {
-            let iy = (oy * p.stride[1] + ky * p.dilate[1]) as isize - p.pad[1] as isize;
-            if iy < 0 || iy >= ih as isize {
-                continue;
-            }
-            f((oz * oh + oy) * ow, (iz as usize * ih + iy as usize) * iw, lo, hi, xoff);
-        }
+        f(r * ow, (iz as usize * ih + iy as usize) * iw, lo, hi, xoff);
     }
 }
 
@@ -411,23 +423,30 @@ fn direct<T: Elem, R: Real>(p: &Plan, x: &[T], w: &[T], bias: Option<&[T]>, post
         for (ov, a) in ob.iter_mut().zip(acc) {
             *ov = a.store();
         }
-        post.apply::<R>(ob, img, fi);
+        post.apply::<R>(ob, img, fi, 0);
     });
 }
 
 /// Unfold one image/group into `col` (kdim rows of osz entries, `ld` apart).
 pub(super) fn im2col<T: Elem>(p: &Plan, plane0: &[T], col: &mut [T], ld: usize) {
-    let (isz, osz, sw) = (p.isz(), p.osz(), p.stride[2]);
+    im2col_rows(p, plane0, col, ld, 0..p.output[0] * p.output[1])
+}
+
+/// Unfold the output rows `rows` ([`for_tap_rows_in`]) of one image/group into `col`: kdim
+/// rows of `rows.len() · ow` entries, `ld` apart.
+pub(super) fn im2col_rows<T: Elem>(p: &Plan, plane0: &[T], col: &mut [T], ld: usize, rows: std::ops::Range<usize>) {
+    let (isz, sw, ow) = (p.isz(), p.stride[2], p.output[2]);
+    let (width, first) = (rows.len() * ow, rows.start * ow);
     if p.unpadded_2d() {
-        let ([_, _, iw], [_, oh, ow]) = (p.input, p.output);
+        let iw = p.input[2];
         let mut row = 0;
         for ci in 0..p.cg() {
             let plane = &plane0[ci * isz..][..isz];
             for ky in 0..p.kernel[1] {
                 for kx in 0..p.kernel[2] {
-                    let crow = &mut col[row * ld..][..osz];
+                    let crow = &mut col[row * ld..][..width];
                     let base = ky * p.dilate[1] * iw + kx * p.dilate[2];
-                    for (oy, dst) in crow.chunks_exact_mut(ow).take(oh).enumerate() {
+                    for (oy, dst) in rows.clone().zip(crow.chunks_exact_mut(ow)) {
                         copy_row(dst, &plane[base + oy * p.stride[1] * iw..]);
                     }
                     row += 1;
@@ -442,12 +461,13 @@ pub(super) fn im2col<T: Elem>(p: &Plan, plane0: &[T], col: &mut [T], ld: usize) 
     for ci in 0..p.cg() {
         let plane = &plane0[ci * isz..][..isz];
         for (kz, ky, kx) in taps(p) {
-            let crow = &mut col[row * ld..][..osz];
+            let crow = &mut col[row * ld..][..width];
             if padded {
                 crow.fill(T::zero());
             }
-            for_tap_rows(p, kz, ky, kx, |orow, irow, lo, hi, xoff| {
+            for_tap_rows_in(p, rows.clone(), kz, ky, kx, |orow, irow, lo, hi, xoff| {
                 let start = (irow as isize + (lo * sw) as isize + xoff) as usize;
+                let orow = orow - first;
                 let dst = &mut crow[orow + lo..orow + hi];
                 if sw == 1 {
                     dst.copy_from_slice(&plane[start..start + (hi - lo)]);
@@ -503,7 +523,12 @@ fn im2col_workspace(p: &Plan, threads: usize) -> usize {
     } else if p.is_pointwise() {
         0
     } else {
-        p.kdim() * p.osz() * im2col_slots(p, threads)
+        let t = tiling(p, threads, TILE_ELEMS);
+        if p.n * p.g == 1 && t.tiles < threads {
+            p.kdim() * p.osz()
+        } else {
+            p.kdim() * t.rows * p.output[2] * t.slots
+        }
     }
 }
 
@@ -580,8 +605,9 @@ impl<'a, T: Elem> Post<'a, T> {
         self.steps.is_empty()
     }
 
-    /// Apply the steps to the output plane of (`image`, `filter`).
-    fn apply<R: Real>(&self, plane: &mut [T], image: usize, filter: usize) {
+    /// Apply the steps to `plane`, the positions `start..` of the output plane of (`image`,
+    /// `filter`).
+    fn apply<R: Real>(&self, plane: &mut [T], image: usize, filter: usize, start: usize) {
         for step in &self.steps {
             match step {
                 PostStep::Scale(scale, shift) => {
@@ -605,7 +631,7 @@ impl<'a, T: Elem> Post<'a, T> {
                 }
                 PostStep::Add(r, value_first) => {
                     // In the graph's order: the sums differ only in which NaN payload wins.
-                    let src = &r[(image * self.f + filter) * self.osz..][..plane.len()];
+                    let src = &r[(image * self.f + filter) * self.osz + start..][..plane.len()];
                     if *value_first {
                         for (v, &a) in plane.iter_mut().zip(src) {
                             *v = (R::load(*v) + R::load(a)).store();
@@ -670,15 +696,16 @@ fn batched_gemm<T: GemmElem, R: Real>(
                     if let Some(bs) = bias {
                         add_bias::<T, R>(plane, bs[fi]);
                     }
-                    post.apply::<R>(plane, i0 + b, fi);
+                    post.apply::<R>(plane, i0 + b, fi, 0);
                 }
             }
         }
     });
 }
 
-/// im2col + GEMM over (image, group) items, split into [`im2col_slots`] contiguous runs;
-/// `cols` holds one `kdim × osz` column matrix per slot (unused for pointwise kernels).
+/// im2col + GEMM over (image, group) items: [`batched_gemm`] for small images, the input
+/// planes as the column matrix for pointwise kernels, else [`tiled_gemm`] (or
+/// [`single_item`] for one item too small to tile over the threads).
 /// `threads`: the thread count the workspace was sized with ([`im2col_workspace`]).
 #[allow(clippy::too_many_arguments)]
 fn im2col_gemm<T: GemmElem, R: Real>(
@@ -691,39 +718,140 @@ fn im2col_gemm<T: GemmElem, R: Real>(
     out: &mut [T],
     cols: &mut [T],
 ) {
-    let (cg, fg, osz, kdim, isz) = (p.cg(), p.fg(), p.osz(), p.kdim(), p.isz());
-    let pointwise = p.is_pointwise();
-    let (items, slots) = (p.n * p.g, im2col_slots(p, threads));
-    let per = items.div_ceil(slots);
-    // Item t = (image, group) writes the fg output planes at t·fg·osz, so slot s owns the
-    // output run of its items and the s-th column matrix of the workspace.
-    let col_len = if pointwise { 0 } else { kdim * osz };
     let nb = images_per_gemm(p, threads);
     if nb > 1 {
         return batched_gemm::<T, R>(p, threads, nb, x, w, bias, post, out, cols);
     }
-    if items == 1 && !pointwise && threads > 1 {
-        return single_item::<T, R>(p, x, w, bias, post, out, &mut cols[..col_len]);
+    if p.is_pointwise() {
+        return pointwise_gemm::<T, R>(p, threads, x, w, bias, post, out);
     }
-    let work: Vec<_> = parts(out, per * fg * osz, slots).into_iter().zip(parts(cols, col_len, slots)).collect();
-    par_items(work, p.flops() * 0.1, T::DTYPE, |s, (run, col)| {
+    let t = tiling(p, threads, TILE_ELEMS);
+    if p.n * p.g == 1 && t.tiles < threads {
+        return single_item::<T, R>(p, x, w, bias, post, out, &mut cols[..p.kdim() * p.osz()]);
+    }
+    tiled_gemm::<T, R>(p, t, x, w, bias, post, out, cols)
+}
+
+/// Pointwise kernels over (image, group) items, split into [`im2col_slots`] contiguous runs:
+/// each item's input planes are its column matrix.
+fn pointwise_gemm<T: GemmElem, R: Real>(
+    p: &Plan,
+    threads: usize,
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    post: &Post<T>,
+    out: &mut [T],
+) {
+    let (cg, fg, osz, kdim, isz) = (p.cg(), p.fg(), p.osz(), p.kdim(), p.isz());
+    let (items, slots) = (p.n * p.g, im2col_slots(p, threads));
+    let per = items.div_ceil(slots);
+    // Item t = (image, group) writes the fg output planes at t·fg·osz, so slot s owns the
+    // output run of its items.
+    par_items(parts(out, per * fg * osz, slots), p.flops() * 0.1, T::DTYPE, |s, run| {
         for (t, ob) in (s * per..((s + 1) * per).min(items)).zip(run.chunks_mut((fg * osz).max(1))) {
             let (img, gi) = (t / p.g, t % p.g);
             let src = &x[(img * p.c + gi * cg) * isz..][..cg * isz];
-            let wg = &w[gi * fg * kdim..][..fg * kdim];
-            if pointwise {
-                gemm(fg, osz, kdim, wg, false, src, false, ob, false);
-            } else {
-                // im2col writes every entry of the column matrix before the GEMM reads it.
-                im2col(p, src, col, osz);
-                gemm(fg, osz, kdim, wg, false, col, false, ob, false);
-            }
+            gemm(fg, osz, kdim, &w[gi * fg * kdim..][..fg * kdim], false, src, false, ob, false);
             if bias.is_some() || !post.is_empty() {
                 for (fi, plane) in ob.chunks_exact_mut(osz).enumerate() {
                     if let Some(b) = bias {
                         add_bias::<T, R>(plane, b[gi * fg + fi]);
                     }
-                    post.apply::<R>(plane, img, gi * fg + fi);
+                    post.apply::<R>(plane, img, gi * fg + fi, 0);
+                }
+            }
+        }
+    });
+}
+
+/// Elements of one tile's column matrix in [`tiled_gemm`] (384 KiB of float32): unfolded a
+/// tile at a time, the columns are still in the core's cache when the GEMM reads them (a
+/// whole 56×56 image unfolded for a 3×3 kernel over 128 channels is 14 MiB, written out to
+/// memory and read back).
+const TILE_ELEMS: usize = 96 << 10;
+
+/// A tile is at least this many output positions (or the whole image), so that the GEMM
+/// keeps its column panels full.
+const MIN_TILE_COLS: usize = 96;
+
+/// How [`tiled_gemm`] cuts its work: output rows per tile, tiles per item, parallel slots.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Tiling {
+    rows: usize,
+    tiles: usize,
+    slots: usize,
+}
+
+/// The tiling of `p` on `threads` threads for column matrices of about `tile_elems`.
+/// Fewer items than threads are cut into at least enough tiles for every thread.
+fn tiling(p: &Plan, threads: usize, tile_elems: usize) -> Tiling {
+    let ow = p.output[2].max(1);
+    let total = (p.output[0] * p.output[1]).max(1);
+    let items = (p.n * p.g).max(1);
+    let fit = tile_elems / (p.kdim() * ow).max(1);
+    let mut rows = fit.max(MIN_TILE_COLS.div_ceil(ow)).clamp(1, total);
+    if items < threads {
+        let tiles = total.div_ceil(rows).max(threads.div_ceil(items));
+        rows = rows.min(total.div_ceil(tiles)).max(MIN_TILE_COLS.div_ceil(ow).min(total));
+    }
+    let tiles = total.div_ceil(rows);
+    Tiling { rows, tiles, slots: threads.min(items * tiles).max(1) }
+}
+
+/// im2col + GEMM in tiles of `t.rows` output rows: each (image, group) item's output planes
+/// are cut into column blocks (a tile of positions across all its filters); a slot unfolds
+/// a tile into its own column matrix (`kdim × t.rows·ow` of `cols`) and multiplies it
+/// straight into the block, then adds the bias and the fused steps while the block is
+/// still in cache. Slots take consecutive runs of (item, tile) units.
+#[allow(clippy::too_many_arguments)]
+fn tiled_gemm<T: GemmElem, R: Real>(
+    p: &Plan,
+    t: Tiling,
+    x: &[T],
+    w: &[T],
+    bias: Option<&[T]>,
+    post: &Post<T>,
+    out: &mut [T],
+    cols: &mut [T],
+) {
+    let (cg, fg, osz, kdim, isz, ow) = (p.cg(), p.fg(), p.osz(), p.kdim(), p.isz(), p.output[2]);
+    let total = p.output[0] * p.output[1];
+    let items = p.n * p.g;
+    let bounds: Vec<usize> = (0..=t.tiles).map(|i| (i * t.rows).min(total) * ow).collect();
+    // Unit u = item · tiles + tile: item (image, group) owns the fg planes at u/tiles·fg·osz.
+    let mut units: Vec<_> = out[..items * fg * osz]
+        .chunks_mut((fg * osz).max(1))
+        .flat_map(|planes| crate::op::kernel::column_blocks(planes, fg, osz, &bounds))
+        .collect();
+    let per = units.len().div_ceil(t.slots);
+    let mut runs = Vec::with_capacity(t.slots);
+    for s in (0..t.slots).rev() {
+        runs.push(units.split_off((s * per).min(units.len())));
+    }
+    runs.reverse();
+    let col_len = kdim * t.rows * ow;
+    let work: Vec<_> = runs.into_iter().zip(parts(cols, col_len, t.slots)).collect();
+    par_items(work, p.flops() * 0.1, T::DTYPE, |s, (run, col)| {
+        for (u, mut block) in (s * per..).zip(run) {
+            let (item, tile) = (u / t.tiles, u % t.tiles);
+            let (img, gi) = (item / p.g, item % p.g);
+            let src = &x[(img * p.c + gi * cg) * isz..][..cg * isz];
+            let width = block.cols();
+            let r0 = tile * t.rows;
+            let col = &mut col[..kdim * width];
+            // Every entry of the tile's column matrix is written before the GEMM reads it.
+            im2col_rows(p, src, col, width, r0..r0 + width / ow.max(1));
+            let wg = &w[gi * fg * kdim..][..fg * kdim];
+            T::mm_block(kdim, (wg, kdim as isize, 1), (col, width as isize, 1), &mut block);
+            if bias.is_some() || !post.is_empty() {
+                let start = block.col0();
+                for fi in 0..fg {
+                    let seg = block.row(fi);
+                    if let Some(b) = bias {
+                        add_bias::<T, R>(seg, b[gi * fg + fi]);
+                    }
+                    post.apply::<R>(seg, img, gi * fg + fi, start);
                 }
             }
         }
@@ -760,7 +888,7 @@ fn single_item<T: GemmElem, R: Real>(
                 if let Some(b) = bias {
                     add_bias::<T, R>(plane, b[f]);
                 }
-                post.apply::<R>(plane, 0, f);
+                post.apply::<R>(plane, 0, f, 0);
             }
         });
     }
@@ -1030,36 +1158,106 @@ mod tests {
 
     /// Naive reference for a 2-D problem.
     fn naive(p: &Plan, x: &[f64], w: &[f64]) -> Vec<f64> {
-        let [_, ih, iw] = p.input;
-        let [_, oh, ow] = p.output;
-        let [_, kh, kw] = p.kernel;
+        let [id, ih, iw] = p.input;
+        let [od, oh, ow] = p.output;
+        let [kd, kh, kw] = p.kernel;
         let (cg, fg) = (p.cg(), p.fg());
-        let mut out = vec![0.0; p.n * p.f * oh * ow];
+        let mut out = vec![0.0; p.n * p.f * od * oh * ow];
+        let at = |o: usize, k: usize, d: usize| (o * p.stride[d] + k * p.dilate[d]) as isize - p.pad[d] as isize;
         for n in 0..p.n {
             for f in 0..p.f {
                 let g = f / fg;
-                for y in 0..oh {
-                    for xx in 0..ow {
-                        let mut s = 0.0;
-                        for c in 0..cg {
-                            for ky in 0..kh {
-                                for kx in 0..kw {
-                                    let iy = (y * p.stride[1] + ky * p.dilate[1]) as isize - p.pad[1] as isize;
-                                    let ix = (xx * p.stride[2] + kx * p.dilate[2]) as isize - p.pad[2] as isize;
-                                    if iy < 0 || ix < 0 || iy >= ih as isize || ix >= iw as isize {
-                                        continue;
-                                    }
-                                    s += x[((n * p.c + g * cg + c) * ih + iy as usize) * iw + ix as usize]
-                                        * w[((f * cg + c) * kh + ky) * kw + kx];
-                                }
+                for (z, y, xx) in (0..od).flat_map(|z| (0..oh).flat_map(move |y| (0..ow).map(move |xx| (z, y, xx)))) {
+                    let mut s = 0.0;
+                    for c in 0..cg {
+                        for (kz, ky, kx) in taps(p) {
+                            let (iz, iy, ix) = (at(z, kz, 0), at(y, ky, 1), at(xx, kx, 2));
+                            if iz < 0 || iy < 0 || ix < 0 || iz >= id as isize || iy >= ih as isize || ix >= iw as isize
+                            {
+                                continue;
                             }
+                            let xi =
+                                (((n * p.c + g * cg + c) * id + iz as usize) * ih + iy as usize) * iw + ix as usize;
+                            s += x[xi] * w[(((f * cg + c) * kd + kz) * kh + ky) * kw + kx];
                         }
-                        out[((n * p.f + f) * oh + y) * ow + xx] = s;
                     }
+                    out[(((n * p.f + f) * od + z) * oh + y) * ow + xx] = s;
                 }
             }
         }
         out
+    }
+
+    /// Tiles of every height (one output row up to the whole image) over 1-3 slots give the
+    /// naive convolution's outputs, with the bias and fused steps (a residual addend read
+    /// at each tile's offset, then ReLU) applied per tile; 2-D and 3-D, padded, strided,
+    /// dilated and grouped plans, one image and several.
+    #[test]
+    fn tiled_gemm_matches_naive() {
+        // (n, c, f, g, input, kernel, stride, pad, dilate)
+        type Case = (usize, usize, usize, usize, [usize; 3], [usize; 3], [usize; 3], [usize; 3], [usize; 3]);
+        let cases: [Case; 5] = [
+            (1, 3, 4, 1, [1, 7, 6], [1, 3, 3], [1, 1, 1], [0, 1, 1], [1, 1, 1]),
+            (2, 4, 6, 2, [1, 9, 8], [1, 3, 3], [1, 2, 2], [0, 2, 1], [1, 1, 1]),
+            (1, 3, 5, 1, [1, 11, 20], [1, 3, 3], [1, 1, 1], [0, 0, 0], [1, 1, 1]),
+            (1, 2, 3, 1, [4, 5, 5], [3, 3, 3], [1, 1, 1], [1, 1, 1], [1, 1, 1]),
+            (3, 2, 2, 1, [1, 8, 8], [1, 3, 2], [1, 1, 2], [0, 1, 0], [1, 2, 1]),
+        ];
+        for (n, c, f, g, input, kernel, stride, pad, dilate) in cases {
+            let p = Plan::build("test", 3, [n, c, f, g], input, kernel, stride, dilate, pad).unwrap();
+            let x: Vec<f64> = (0..n * c * p.isz()).map(|i| ((i * 7 % 13) as f64) - 6.0).collect();
+            let w: Vec<f64> = (0..f * p.kdim()).map(|i| ((i * 5 % 11) as f64) * 0.25 - 1.0).collect();
+            let bias: Vec<f64> = (0..f).map(|i| i as f64 * 0.5 - 1.0).collect();
+            let addend: Vec<f64> = (0..n * f * p.osz()).map(|i| ((i * 3 % 7) as f64) - 3.0).collect();
+            let want: Vec<f64> = naive(&p, &x, &w)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (v + bias[(i / p.osz()) % f] + addend[i]).max(0.0))
+                .collect();
+            let post = Post { steps: vec![PostStep::Add(&addend, true), PostStep::Relu], f, osz: p.osz() };
+            let (total, ow) = (p.output[0] * p.output[1], p.output[2]);
+            for rows in 1..=total {
+                for slots in 1..=3 {
+                    let t = Tiling { rows, tiles: total.div_ceil(rows), slots };
+                    let mut out = vec![f64::NAN; want.len()];
+                    let mut cols = vec![f64::NAN; p.kdim() * rows * ow * slots];
+                    tiled_gemm::<f64, f64>(&p, t, &x, &w, Some(&bias), &post, &mut out, &mut cols);
+                    for (i, (a, e)) in out.iter().zip(&want).enumerate() {
+                        assert!((a - e).abs() < 1e-9, "{p:?} rows={rows} slots={slots} at {i}: {a} vs {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The tiling covers every output row, keeps a tile's column matrix near the budget
+    /// (never under `MIN_TILE_COLS` positions unless the image is smaller), gives each thread
+    /// a tile when one image has enough rows, and sizes the workspace it runs in.
+    #[test]
+    fn tiling_covers_the_rows_within_the_budget() {
+        // DenseNet's 3×3 layer at 56×56, its stem, a small late layer, and a batch.
+        for (n, c, f, hw, k, s, pd) in
+            [(1, 128, 32, 56, 3, 1, 1), (1, 3, 64, 224, 7, 2, 3), (1, 128, 32, 7, 3, 1, 1), (16, 64, 64, 56, 3, 1, 1)]
+        {
+            let p =
+                Plan::build("test", 2, [n, c, f, 1], [1, hw, hw], [1, k, k], [1, s, s], [1; 3], [0, pd, pd]).unwrap();
+            let (total, ow) = (p.output[1], p.output[2]);
+            for threads in [1, 2, 4, 16] {
+                let t = tiling(&p, threads, TILE_ELEMS);
+                assert!(t.rows >= 1 && t.rows <= total && t.tiles == total.div_ceil(t.rows), "{t:?}");
+                assert!(t.slots >= 1 && t.slots <= threads.min(n * t.tiles), "{t:?}");
+                let width = t.rows * ow;
+                assert!(width >= MIN_TILE_COLS.min(total * ow), "{t:?}");
+                // Over the budget only by the minimum width (or by one row).
+                assert!(p.kdim() * width <= TILE_ELEMS.max(p.kdim() * ow * MIN_TILE_COLS.div_ceil(ow)), "{t:?}");
+                if n == 1 && total * ow >= threads * MIN_TILE_COLS.next_multiple_of(ow) {
+                    assert!(t.tiles >= threads, "threads {threads}: {t:?} for {p:?}");
+                }
+                if n == 1 && t.tiles >= threads || n > 1 {
+                    assert_eq!(im2col_workspace(&p, threads), p.kdim() * width * t.slots);
+                }
+            }
+        }
     }
 
     #[test]
@@ -1251,6 +1449,52 @@ mod tests {
             output: [1, hw, hw],
             out_shape: vec![],
             weight_shape: vec![],
+        }
+    }
+
+    /// Times of im2col + GEMM on DenseNet's and ResNet's layer shapes for several tile
+    /// budgets, and of the untiled single-image path (run with `--ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn tiled_throughput() {
+        let threads = crate::op::kernel::pool_threads();
+        for (n, c, f, hw, k, s, pd) in [
+            (1usize, 128usize, 32usize, 56usize, 3usize, 1usize, 1usize),
+            (1, 3, 64, 224, 7, 2, 3),
+            (1, 128, 32, 28, 3, 1, 1),
+            (1, 128, 32, 14, 3, 1, 1),
+            (1, 128, 32, 7, 3, 1, 1),
+            (1, 64, 64, 56, 3, 1, 1),
+            (1, 256, 256, 14, 3, 1, 1),
+            (1, 512, 512, 7, 3, 1, 1),
+            (16, 128, 32, 56, 3, 1, 1),
+        ] {
+            let p = Plan::build("t", 2, [n, c, f, 1], [1, hw, hw], [1, k, k], [1, s, s], [1; 3], [0, pd, pd]).unwrap();
+            let x = vec![0.5f32; n * c * hw * hw];
+            let w = vec![0.25f32; f * p.kdim()];
+            let mut out = vec![0.0f32; n * f * p.osz()];
+            let time = |run: &mut dyn FnMut()| {
+                run();
+                let reps = (2e9 / p.flops()).clamp(3.0, 200.0) as usize;
+                let t = std::time::Instant::now();
+                for _ in 0..reps {
+                    run();
+                }
+                t.elapsed().as_secs_f64() / reps as f64 * 1e3
+            };
+            let mut line = format!("n{n} c{c} f{f} hw{hw} k{k}/{s}:");
+            if n == 1 {
+                let mut col = vec![0.0f32; p.kdim() * p.osz()];
+                let ms = time(&mut || single_item::<f32, f32>(&p, &x, &w, None, &Post::none(), &mut out, &mut col));
+                line += &format!(" single {ms:.3}");
+            }
+            for te in [16usize << 10, 48 << 10, 96 << 10, 192 << 10, 384 << 10, usize::MAX / 2] {
+                let t = tiling(&p, threads, te);
+                let mut cols = vec![0.0f32; p.kdim() * t.rows * p.output[2] * t.slots];
+                let ms = time(&mut || tiled_gemm::<f32, f32>(&p, t, &x, &w, None, &Post::none(), &mut out, &mut cols));
+                line += &format!(" | {}K r{}x{} {ms:.3}", te >> 10, t.rows, t.tiles);
+            }
+            eprintln!("{line}");
         }
     }
 

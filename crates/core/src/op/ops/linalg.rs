@@ -11,7 +11,7 @@
 use crate::dispatch_float;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{self, par_for_mut, par_tasks_mut, Cost};
+use crate::op::kernel::{self, par_for_mut, par_tasks_mut, ColumnBlock, Cost};
 use crate::op::param::op_params;
 use crate::op::tensor::{Elem, OutBlob, SendPtr, TBlob};
 use crate::op::{Grad, Inputs, Meta, OpCtx, OpDef};
@@ -33,6 +33,11 @@ pub(crate) trait GemmElem: Elem {
         c: &mut [Self],
         accumulate: bool,
     );
+
+    /// `dst = a·b` on the calling thread, where `dst` is a block of columns of a larger
+    /// row-major matrix (`a`: `dst.rows() × k`, `b`: `k × dst.cols()`, strided as in
+    /// [`GemmElem::mm`]).
+    fn mm_block(k: usize, a: (&[Self], isize, isize), b: (&[Self], isize, isize), dst: &mut ColumnBlock<Self>);
 }
 
 /// How one product is spread over the kernel pool.
@@ -73,6 +78,13 @@ fn plan(m: usize, n: usize, k: usize) -> Plan {
     }
 }
 
+/// Elements a `rows × cols` operand (both at least 1) spans at row stride `rs` and column
+/// stride `cs`: what its slice must hold for the GEMM's reads to stay inside it.
+fn extent(rows: usize, cols: usize, rs: isize, cs: isize) -> usize {
+    assert!(rs >= 0 && cs >= 0, "gemm: negative strides");
+    (rows - 1) * rs as usize + (cols - 1) * cs as usize + 1
+}
+
 macro_rules! native_gemm {
     ($t:ty) => {
         impl GemmElem for $t {
@@ -95,10 +107,6 @@ macro_rules! native_gemm {
                     return;
                 }
                 // The extents the blocks below read and write (what makes their pointers valid).
-                let extent = |rows: usize, cols: usize, rs: isize, cs: isize| {
-                    assert!(rs >= 0 && cs >= 0, "gemm: negative strides");
-                    (rows - 1) * rs as usize + (cols - 1) * cs as usize + 1
-                };
                 assert!(
                     c.len() >= m * n && a.0.len() >= extent(m, k, a.1, a.2) && b.0.len() >= extent(k, n, b.1, b.2),
                     "gemm: an operand is shorter than its shape and strides"
@@ -157,6 +165,48 @@ macro_rules! native_gemm {
                     Plan::Crate(threads) => kernel::install(|| block(0, m, 0, n, gemm::Parallelism::Rayon(threads))),
                 }
             }
+
+            fn mm_block(k: usize, a: (&[$t], isize, isize), b: (&[$t], isize, isize), dst: &mut ColumnBlock<$t>) {
+                let (m, n) = (dst.rows(), dst.cols());
+                if m == 0 || n == 0 {
+                    return;
+                }
+                if k == 0 {
+                    (0..m).for_each(|i| dst.row(i).fill(0.0));
+                    return;
+                }
+                assert!(
+                    a.0.len() >= extent(m, k, a.1, a.2) && b.0.len() >= extent(k, n, b.1, b.2),
+                    "gemm: an operand is shorter than its shape and strides"
+                );
+                let ld = dst.ld() as isize;
+                // SAFETY: `a` and `b` are read within their asserted extents; `dst`'s
+                // `m × n` elements at row stride `ld` from its first are its own alone
+                // (`ColumnBlock::as_mut_ptr`), and the GEMM writes only those, on this thread.
+                unsafe {
+                    gemm::gemm(
+                        m,
+                        n,
+                        k,
+                        dst.as_mut_ptr(),
+                        1,
+                        ld,
+                        false,
+                        a.0.as_ptr(),
+                        a.2,
+                        a.1,
+                        b.0.as_ptr(),
+                        b.2,
+                        b.1,
+                        1.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    )
+                }
+            }
         }
     };
 }
@@ -180,6 +230,15 @@ impl GemmElem for f16 {
         f32::mm(m, n, k, (&a32, a.1, a.2), (&b32, b.1, b.2), &mut c32, accumulate);
         for (o, v) in c.iter_mut().zip(c32) {
             *o = f16::from_f32(v);
+        }
+    }
+
+    fn mm_block(k: usize, a: (&[f16], isize, isize), b: (&[f16], isize, isize), dst: &mut ColumnBlock<f16>) {
+        let (m, n) = (dst.rows(), dst.cols());
+        let mut c = vec![f16::ZERO; m * n];
+        f16::mm(m, n, k, a, b, &mut c, false);
+        for (i, row) in c.chunks_exact(n.max(1)).enumerate().take(m) {
+            dst.row(i).copy_from_slice(row);
         }
     }
 }
