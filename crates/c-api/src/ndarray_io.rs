@@ -121,7 +121,7 @@ pub unsafe extern "C" fn MXNDArrayLoad(
         // SAFETY: per this function's contract.
         let path = unsafe { cstr(fname, "fname") }?;
         let bytes = io::read_list_file(path)?;
-        let loaded = io::load_list(&bytes, np_shape::get() != 0)?;
+        let loaded = io::load_list(&bytes, io::Semantics::current())?;
         // SAFETY: per this function's contract.
         unsafe { hand_out(loaded, out_size, out_arr, out_name_size, out_names) }
     })
@@ -143,7 +143,7 @@ pub unsafe extern "C" fn MXNDArrayLoadFromBuffer(
     ffi::call("MXNDArrayLoadFromBuffer", || {
         // SAFETY: per this function's contract.
         let bytes = unsafe { bytes_in(ndarray_buffer, size)? };
-        let loaded = io::load_list(bytes, np_shape::get() != 0)?;
+        let loaded = io::load_list(bytes, io::Semantics::current())?;
         // SAFETY: per this function's contract.
         unsafe { hand_out(loaded, out_size, out_arr, out_name_size, out_names) }
     })
@@ -194,7 +194,7 @@ pub unsafe extern "C" fn MXNDArrayLoadFromRawBytes(buf: *const c_void, size: usi
     ffi::call("MXNDArrayLoadFromRawBytes", || {
         // SAFETY: per this function's contract.
         let (bytes, o) = unsafe { (bytes_in(buf, size)?, ffi::out(out, "out")?) };
-        *o = arrays().insert(Arc::new(io::load_array(bytes, np_shape::get() != 0)?));
+        *o = arrays().insert(Arc::new(io::load_array(bytes, io::Semantics::current())?));
         Ok(())
     })
 }

@@ -303,6 +303,9 @@ unsafe fn invoke_c(
     };
     let given = given_handles.map(|hs| hs.iter().map(|&h| arrays().get(h)).collect::<Result<Vec<_>>>()).transpose()?;
     let given_refs: Option<Vec<&NDArray>> = given.as_ref().map(|g| g.iter().map(|a| &**a).collect());
+    if let Some(g) = &given_refs {
+        mxnet_core::autograd::check_inplace(&in_refs, g)?;
+    }
     // An iterator of two pointers, not the list moved through three calls.
     let produced = mxnet_core::autograd::invoke(op, &in_refs, given_refs.as_deref(), kv.iter().copied())?;
     INVOKE_OUT.with(|slot| -> Result<()> {

@@ -295,6 +295,24 @@ pub fn grad_of(x: &NDArray) -> Option<NDArray> {
 }
 
 /// Refuse to write `outs` while recording when one of them is already in a graph.
+/// While recording, refuses a frontend call that is recorded (an input is in a graph) and
+/// whose output is one of its inputs (`x[i] = y` for a `y` with a gradient): stock links each
+/// input of a recorded call into the graph before it looks at the outputs, so such an output
+/// is already in the graph. (Executors run planned in-place steps through [`invoke`]; only
+/// calls from the frontend are checked.)
+pub fn check_inplace(inputs: &[&NDArray], outs: &[&NDArray]) -> Result<()> {
+    if !is_recording() || !inputs.iter().any(|i| entry_of(i).is_some_and(|e| e.node.need_grad && e.node.live())) {
+        return Ok(());
+    }
+    let same = |a: &NDArray, b: &NDArray| a.same_chunk(b) && a.offset == b.offset && a.shape == b.shape;
+    if outs.iter().any(|o| inputs.iter().any(|i| same(i, o))) {
+        return Err(Error::mxnet(
+            "Inplace operations (+=, -=, x[:]=, etc) are not supported when recording with autograd.",
+        ));
+    }
+    Ok(())
+}
+
 pub fn check_writable(outs: &[&NDArray]) -> Result<()> {
     if !is_recording() {
         return Ok(());
@@ -387,7 +405,10 @@ fn record_call(
         outs.truncate(visible);
         return outs;
     }
-    let entries: Vec<Option<Entry>> = inputs.iter().map(|x| entry_of(x).filter(|e| e.node.need_grad)).collect();
+    // An output of a graph a backward pass has freed (`retain_graph=False`) enters a new
+    // recording as a constant, as stock clears its autograd entry.
+    let entries: Vec<Option<Entry>> =
+        inputs.iter().map(|x| entry_of(x).filter(|e| e.node.need_grad && e.node.live())).collect();
     // A backward operator recorded by a backward pass that records (`create_graph`) stays in
     // the graph even without a gradient of its own, so that differentiating through it fails
     // as stock's does instead of giving zeros.
@@ -925,8 +946,16 @@ pub fn slice_view(src: &NDArray, begin: usize, end: usize) -> Result<NDArray> {
     record_view("slice", &[("begin", &b), ("end", &e)], src, v)
 }
 
-/// `src.reshape(spec, reverse)`, recorded as `Reshape` while recording.
+/// `src.reshape(spec, reverse)`, recorded as `Reshape` while recording. Outside
+/// numpy-shape mode and recording, a shape of fewer elements views the leading ones, as
+/// stock's `MXNDArrayReshape64` does (its frontend then raises `ValueError` for the size).
 pub fn reshape_view(src: &NDArray, spec: &[i64], reverse: bool) -> Result<NDArray> {
+    if !is_recording() && crate::ndarray::np_shape::get() == 0 {
+        let shape = crate::ndarray::reshape_dims(&src.shape, spec, reverse)?;
+        if shape.iter().product::<usize>() < src.size() {
+            return src.prefix_view(&shape);
+        }
+    }
     let v = src.reshape(spec, reverse)?;
     if !is_recording() {
         return Ok(v);
@@ -996,6 +1025,38 @@ mod tests {
         }
         let err = refused.unwrap_err().to_string();
         assert!(err.contains("unreachable from the outputs"), "{err}");
+    }
+
+    /// After a backward pass frees its graph, its outputs enter a new recording as constants
+    /// (stock's upstream `test_cached`): `z = y·w` with `y = w·w` from the freed graph has
+    /// the gradient `y` for `w`, and differentiating `y` itself again is refused.
+    #[test]
+    fn a_freed_graphs_outputs_are_constants_in_a_new_recording() {
+        let w = mark_variable(&array_f32(&[2], &[1.0, 3.0]), GradReq::Write, Some(array_f32(&[2], &[0.0; 2]))).unwrap();
+        let mul = |a: &NDArray, b: &NDArray| {
+            invoke(op::lookup("elemwise_mul").unwrap(), &[a, b], None, std::iter::empty()).unwrap().remove(0)
+        };
+        let grad = |head: &NDArray, retain_graph: bool| {
+            backward(BackwardArgs {
+                heads: std::slice::from_ref(head),
+                head_grads: &[None],
+                variables: std::slice::from_ref(&w),
+                retain_graph,
+                create_graph: false,
+                is_train: true,
+                larger_head_grads: false,
+            })
+            .map(|mut g| values(&g.remove(0)))
+        };
+        let was = set_recording(true);
+        let y = mul(&w, &w);
+        assert_eq!(grad(&y, false).unwrap(), vec![2.0, 6.0]);
+        let z = mul(&y, &w);
+        let got = grad(&z, true);
+        let again = grad(&y, true);
+        set_recording(was);
+        assert_eq!(got.unwrap(), vec![1.0, 9.0]);
+        assert!(again.unwrap_err().to_string().contains("not in a computational graph"));
     }
 
     /// The last array of a recorded chain of 100k calls is freed without overflowing the

@@ -801,7 +801,7 @@ fn process(cfg: &Config, bytes: &[u8], seed: u64, slot: &mut [u8]) -> Result<(Ve
 fn mean_image(cfg: &Config, offsets: &[u64], path: &str) -> Result<Vec<f32>> {
     let unit = cfg.unit();
     if let Ok(bytes) = std::fs::read(path) {
-        let (arrays, _) = crate::ndarray::io::load_list(&bytes, false)?;
+        let (arrays, _) = crate::ndarray::io::load_list(&bytes, crate::ndarray::io::Semantics::Legacy)?;
         let [a] = arrays.as_slice() else {
             return Err(Error::mxnet(format!("Invalid mean image file format: {path} holds {} arrays", arrays.len())));
         };

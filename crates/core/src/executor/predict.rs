@@ -106,7 +106,7 @@ impl Predictor {
         let arg_names = sym.list_input_names(InputKind::Args);
         let aux_names = sym.list_input_names(InputKind::Aux);
         let all_names = sym.list_input_names(InputKind::All);
-        let (arrays, names) = io::load_list(spec.params, np_shape::get() != 0)?;
+        let (arrays, names) = io::load_list(spec.params, io::Semantics::current())?;
         if names.len() != arrays.len() {
             return Err(Error::value(format!(
                 "Invalid param file format: {} arrays and {} names (parameters are saved by name)",
@@ -305,7 +305,7 @@ pub struct ListEntry {
 
 /// The arrays of a list file's bytes (`MXNDListCreate`).
 pub fn load_nd_list(bytes: &[u8]) -> Result<Vec<ListEntry>> {
-    let (arrays, mut names) = io::load_list(bytes, np_shape::get() != 0)?;
+    let (arrays, mut names) = io::load_list(bytes, io::Semantics::current())?;
     names.resize(arrays.len(), String::new());
     let cast = crate::op::lookup("Cast")?;
     arrays

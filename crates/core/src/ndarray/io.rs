@@ -21,6 +21,27 @@ const V1_MAGIC: u32 = 0xF993_FAC8;
 const V2_MAGIC: u32 = 0xF993_FAC9;
 const V3_MAGIC: u32 = 0xF993_FACA;
 
+/// The shape semantics a file is read in. Stock's rule: arrays saved in numpy-shape mode
+/// load only in it; older arrays load in numpy-shape mode only while it is on globally
+/// (`npx.set_np()`), not in a thread's scope (`mx.np_shape(True)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Semantics {
+    Legacy,
+    NumpyThread,
+    NumpyGlobal,
+}
+
+impl Semantics {
+    /// The calling thread's mode ([`super::np_shape::get`]).
+    pub fn current() -> Semantics {
+        match super::np_shape::get() {
+            2 => Semantics::NumpyGlobal,
+            1 => Semantics::NumpyThread,
+            _ => Semantics::Legacy,
+        }
+    }
+}
+
 fn corrupt(what: impl std::fmt::Display) -> Error {
     Error::mxnet(format!("invalid NDArray file: {what}"))
 }
@@ -100,10 +121,10 @@ pub fn save_array(a: &NDArray, np_shape: bool, out: &mut Vec<u8>) -> Result<()> 
         out.extend_from_slice(&(-1i32).to_le_bytes());
         return Ok(());
     }
-    if !np_shape && (a.shape.is_empty() || a.shape.contains(&0)) {
+    if !np_shape && a.shape.is_empty() {
         return Err(Error::value(format!(
             "an array of shape {:?} can only be saved in numpy-shape mode (legacy files read \
-             ndim 0 and zero dimensions as unknown)",
+             ndim 0 as an unknown shape)",
             a.shape
         )));
     }
@@ -140,7 +161,7 @@ pub fn read_list_file(path: &str) -> Result<Vec<u8>> {
 }
 
 /// Load a list file: the arrays and their names (empty for a list).
-pub fn load_list(buf: &[u8], np_shape: bool) -> Result<(Vec<NDArray>, Vec<String>)> {
+pub fn load_list(buf: &[u8], sem: Semantics) -> Result<(Vec<NDArray>, Vec<String>)> {
     let mut r = Reader { buf, pos: 0 };
     let magic = r.u64("header")?;
     if magic != LIST_MAGIC {
@@ -152,8 +173,7 @@ pub fn load_list(buf: &[u8], np_shape: bool) -> Result<(Vec<NDArray>, Vec<String
     let mut arrays = Vec::with_capacity(n);
     for i in 0..n {
         arrays.push(
-            load_array_from(&mut r, np_shape)
-                .map_err(|e| Error::new(e.kind(), format!("array {i}: {}", e.message())))?,
+            load_array_from(&mut r, sem).map_err(|e| Error::new(e.kind(), format!("array {i}: {}", e.message())))?,
         );
     }
     let m = r.count(8, "name count")?;
@@ -173,21 +193,27 @@ pub fn load_list(buf: &[u8], np_shape: bool) -> Result<(Vec<NDArray>, Vec<String
 }
 
 /// Load one array (the pickled form, `MXNDArrayLoadFromRawBytes`).
-pub fn load_array(buf: &[u8], np_shape: bool) -> Result<NDArray> {
+pub fn load_array(buf: &[u8], sem: Semantics) -> Result<NDArray> {
     let mut r = Reader { buf, pos: 0 };
-    load_array_from(&mut r, np_shape)
+    load_array_from(&mut r, sem)
 }
 
-fn load_array_from(r: &mut Reader, np_shape: bool) -> Result<NDArray> {
+fn load_array_from(r: &mut Reader, sem: Semantics) -> Result<NDArray> {
     let magic = r.u32("array magic")?;
+    if magic == V3_MAGIC && sem == Semantics::Legacy {
+        return Err(Error::mxnet(
+            "this array was saved in numpy-shape mode; turn numpy shape on \
+             (mx.npx.set_np() or MXSetIsNumpyShape) to load it",
+        ));
+    }
+    if magic != V3_MAGIC && sem == Semantics::NumpyThread {
+        return Err(Error::mxnet(
+            "this array was not saved in numpy-shape mode, and numpy shape is on in this \
+             scope: load it with numpy shape off (mx.np_shape(False)), or with it on globally",
+        ));
+    }
     let shape: Option<Vec<usize>> = match magic {
         V2_MAGIC | V3_MAGIC => {
-            if magic == V3_MAGIC && !np_shape {
-                return Err(Error::mxnet(
-                    "this array was saved in numpy-shape mode; turn numpy shape on \
-                     (mx.npx.set_np() or MXSetIsNumpyShape) to load it",
-                ));
-            }
             let stype = r.i32("storage type")?;
             if stype != 0 {
                 return Err(Error::not_supported(format!("loading sparse storage (type {stype})")));
@@ -219,9 +245,6 @@ fn load_array_from(r: &mut Reader, np_shape: bool) -> Result<NDArray> {
     let Some(shape) = shape else {
         return Ok(NDArray::none());
     };
-    if magic != V3_MAGIC && shape.contains(&0) {
-        return Ok(NDArray::none()); // legacy: a zero dimension means unknown
-    }
     let dev_type = r.i32("device type")?;
     let dev_id = r.i32("device id")?;
     let ctx = Context::from_codes(dev_type, dev_id).map_err(|e| corrupt(e.message()))?;
@@ -264,7 +287,7 @@ mod tests {
     #[test]
     fn reads_and_writes_the_stock_bytes() {
         let bytes = STOCK_LIST.to_vec();
-        let (arrays, names) = load_list(&bytes, false).unwrap();
+        let (arrays, names) = load_list(&bytes, Semantics::Legacy).unwrap();
         assert!(names.is_empty());
         assert_eq!(arrays[0].shape, vec![2, 3]);
         assert_eq!(values(&arrays[0]), vec![1., 2., 3., 4., 5., 6.]);
@@ -279,18 +302,26 @@ mod tests {
         let names = vec!["weight".to_string(), "bias".to_string()];
         let b = array_f32(&[1, 1], &[9.0]);
         let bytes = save_list(&[a.clone(), b], Some(&names), false).unwrap();
-        let (arrays, got) = load_list(&bytes, false).unwrap();
+        let (arrays, got) = load_list(&bytes, Semantics::Legacy).unwrap();
         assert_eq!(got, names);
         assert_eq!(values(&arrays[0]), vec![1.5, -2.0]);
         // numpy-shape files: scalars and zero-size arrays; refused without numpy shape.
         let scalar = array_f32(&[], &[4.0]);
         let empty = NDArray::new(vec![0, 3], Context::CPU, DType::F32, false).unwrap();
         let np = save_list(&[scalar, empty], None, true).unwrap();
-        assert!(load_list(&np, false).unwrap_err().to_string().contains("numpy-shape mode"));
-        let (arrays, _) = load_list(&np, true).unwrap();
+        assert!(load_list(&np, Semantics::Legacy).unwrap_err().to_string().contains("numpy-shape mode"));
+        let (arrays, _) = load_list(&np, Semantics::NumpyThread).unwrap();
         assert_eq!((arrays[0].shape.clone(), values(&arrays[0])), (vec![], vec![4.0]));
         assert_eq!(arrays[1].shape, vec![0, 3]);
         assert!(save_list(&[array_f32(&[], &[1.0])], None, false).is_err());
+        // Zero-size arrays keep their shapes in legacy files too (as stock's do), and such
+        // files load in numpy-shape mode only while it is on globally.
+        let zero = NDArray::new(vec![2, 0, 1], Context::CPU, DType::F32, false).unwrap();
+        let legacy = save_list(&[zero], None, false).unwrap();
+        assert_eq!(load_list(&legacy, Semantics::Legacy).unwrap().0[0].shape, vec![2, 0, 1]);
+        assert_eq!(load_list(&legacy, Semantics::NumpyGlobal).unwrap().0[0].shape, vec![2, 0, 1]);
+        let refused = load_list(&legacy, Semantics::NumpyThread).unwrap_err().to_string();
+        assert!(refused.contains("not saved in numpy-shape mode"), "{refused}");
         // The oldest format: ndim then u32 dims, context, dtype, data.
         let mut old = Vec::new();
         for w in [2u32, 1, 2, 1, 0, 0] {
@@ -298,13 +329,13 @@ mod tests {
         }
         old.extend_from_slice(&3.0f32.to_le_bytes());
         old.extend_from_slice(&4.0f32.to_le_bytes());
-        let legacy = load_array(&old, false).unwrap();
+        let legacy = load_array(&old, Semantics::Legacy).unwrap();
         assert_eq!((legacy.shape.clone(), values(&legacy)), (vec![1, 2], vec![3.0, 4.0]));
         // A GPU array loads on the CPU.
         let mut gpu = bytes.clone();
         let ctx_at = 8 * 3 + 4 + 4 + 4 + 8; // list header, magic, stype, ndim, one dim
         gpu[ctx_at..ctx_at + 4].copy_from_slice(&2i32.to_le_bytes());
-        let (arrays, _) = load_list(&gpu, false).unwrap();
+        let (arrays, _) = load_list(&gpu, Semantics::Legacy).unwrap();
         assert_eq!(arrays[0].ctx(), Some(Context::CPU));
     }
 
@@ -312,23 +343,23 @@ mod tests {
     fn truncated_and_corrupt_input_is_an_error() {
         let bytes = STOCK_LIST.to_vec();
         for n in 0..bytes.len() {
-            assert!(load_list(&bytes[..n], false).is_err(), "prefix of {n} bytes loaded");
+            assert!(load_list(&bytes[..n], Semantics::Legacy).is_err(), "prefix of {n} bytes loaded");
         }
         let mut huge = bytes.clone();
         huge[16..24].copy_from_slice(&u64::MAX.to_le_bytes()); // array count
-        assert!(load_list(&huge, false).unwrap_err().to_string().contains("array count"));
+        assert!(load_list(&huge, Semantics::Legacy).unwrap_err().to_string().contains("array count"));
         let mut dims = bytes.clone();
         dims[36..44].copy_from_slice(&(1i64 << 40).to_le_bytes()); // first dim
-        assert!(load_list(&dims, false).unwrap_err().to_string().contains("truncated"));
+        assert!(load_list(&dims, Semantics::Legacy).unwrap_err().to_string().contains("truncated"));
         let mut neg = bytes.clone();
         neg[36..44].copy_from_slice(&(-5i64).to_le_bytes());
-        assert!(load_list(&neg, false).unwrap_err().to_string().contains("negative"));
+        assert!(load_list(&neg, Semantics::Legacy).unwrap_err().to_string().contains("negative"));
         let mut dtype = bytes.clone();
         dtype[60..64].copy_from_slice(&99i32.to_le_bytes());
-        assert!(load_list(&dtype, false).unwrap_err().to_string().contains("dtype"));
+        assert!(load_list(&dtype, Semantics::Legacy).unwrap_err().to_string().contains("dtype"));
         let mut sparse = bytes;
         sparse[28..32].copy_from_slice(&1i32.to_le_bytes());
-        assert!(load_list(&sparse, false).unwrap_err().to_string().starts_with("NotImplementedError"));
+        assert!(load_list(&sparse, Semantics::Legacy).unwrap_err().to_string().starts_with("NotImplementedError"));
     }
 
     /// Random bytes and random mutations of valid files never panic and never allocate
@@ -352,8 +383,9 @@ mod tests {
                     buf[i] = next() as u8;
                 }
             }
-            let _ = load_list(&buf, round % 3 == 0);
-            let _ = load_array(&buf, round % 3 == 0);
+            let sem = [Semantics::Legacy, Semantics::NumpyThread, Semantics::NumpyGlobal][round % 3];
+            let _ = load_list(&buf, sem);
+            let _ = load_array(&buf, sem);
         }
     }
 
@@ -366,7 +398,8 @@ mod tests {
             let path = entry.unwrap().path();
             let bytes = std::fs::read(&path).unwrap();
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            let result = load_list(&bytes, name.contains("_np_"));
+            let sem = if name.contains("_np_") { Semantics::NumpyThread } else { Semantics::Legacy };
+            let result = load_list(&bytes, sem);
             assert_eq!(result.is_ok(), name.starts_with("ok_"), "{name}: {:?}", result.err());
             seen += 1;
         }

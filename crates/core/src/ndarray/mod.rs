@@ -630,6 +630,20 @@ unsafe fn copy_bytes(src: *const u8, dst: *mut u8, bytes: usize, threads: usize)
 /// Reshape inference with MXNet's special values: 0 keeps a dimension, -1 is inferred, -2
 /// keeps all remaining, -3 merges two, -4 splits one into the next two values.
 pub fn infer_reshape(src: &[usize], spec: &[i64], reverse: bool) -> Result<Vec<usize>> {
+    let out = reshape_dims(src, spec, reverse)?;
+    let total: usize = src.iter().product();
+    let got: usize = out.iter().product();
+    if got != total {
+        return Err(Error::value(format!("cannot reshape {src:?} to {spec:?}: {total} elements cannot become {got}")));
+    }
+    Ok(out)
+}
+
+/// The shape `spec` asks of an array of shape `src` ([`infer_reshape`]'s rules), without
+/// requiring the element count to stay (stock's `InferReshapeShape`: what
+/// `MXNDArrayReshape64` views the leading elements of an array with outside numpy-shape
+/// mode). Its element count fits in `usize`.
+pub fn reshape_dims(src: &[usize], spec: &[i64], reverse: bool) -> Result<Vec<usize>> {
     let bad = |why: String| Error::value(format!("cannot reshape {src:?} to {spec:?}: {why}"));
     let (src_v, spec_v): (Vec<usize>, Vec<i64>) = if reverse {
         (src.iter().rev().copied().collect(), spec.iter().rev().copied().collect())
@@ -710,10 +724,7 @@ pub fn infer_reshape(src: &[usize], spec: &[i64], reverse: bool) -> Result<Vec<u
         }
         out[k] = total / known;
     }
-    let got = product(out.iter().copied()).ok_or_else(too_large)?;
-    if got != total {
-        return Err(bad(format!("{total} elements cannot become {got}")));
-    }
+    product(out.iter().copied()).ok_or_else(too_large)?;
     if reverse {
         out.reverse();
     }

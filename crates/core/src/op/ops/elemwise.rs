@@ -406,8 +406,10 @@ fn bin_typed<T: Arith>(op: Bin, plan: &BPlan, a: Operand<T>, b: Operand<T>, o: &
         Bin::Div => go!(Cost::CHEAP, |x, y| x.div(y)),
         Bin::Mod => go!(Cost::MEDIUM, |x, y| x.rem(y)),
         Bin::Pow => go!(Cost::MATH, |x, y| x.pow(y)),
-        Bin::Max => go!(Cost::CHEAP, |x, y| x.max(y)),
-        Bin::Min => go!(Cost::CHEAP, |x, y| x.min(y)),
+        // Stock's `maximum`/`minimum`: a NaN on the left is kept, one on the right wins the
+        // comparison's false branch.
+        Bin::Max => go!(Cost::CHEAP, |x, y| if x.is_nan() { x } else { x.max(y) }),
+        Bin::Min => go!(Cost::CHEAP, |x, y| if x.is_nan() { x } else { x.min(y) }),
         Bin::Hypot => go!(Cost::MEDIUM, |x, y| x.hypot(y)),
         Bin::Eq => go!(Cost::CHEAP, |x, y| flag(x == y)),
         Bin::Ne => go!(Cost::CHEAP, |x, y| flag(x != y)),
@@ -841,7 +843,8 @@ fn un_typed<T: Arith>(op: Un, x: Operand<T>, o: &mut [T]) {
         Un::Degrees => go!(Cost::CHEAP, |v| v.to_degrees()),
         Un::Radians => go!(Cost::CHEAP, |v| v.to_radians()),
         Un::Recip => go!(Cost::CHEAP, |v| v.recip()),
-        Un::Relu => go!(Cost::CHEAP, |v| if v > zero { v } else { zero }),
+        // Stock keeps a NaN (`IsNan(a) || a > 0 ? a : 0`).
+        Un::Relu => go!(Cost::CHEAP, |v| if v > zero || v.is_nan() { v } else { zero }),
         Un::Sigmoid => go!(Cost::MATH, |v| v.sigmoid()),
         Un::Softsign => go!(Cost::MEDIUM, |v| v.softsign()),
         Un::Not => go!(Cost::CHEAP, |v| flag(v == zero)),
@@ -891,7 +894,7 @@ impl Un {
             Un::Degrees => "x * (T(180) / T(3.141592653589793))",
             Un::Radians => "x * (T(3.141592653589793) / T(180))",
             Un::Recip => "T(1) / x",
-            Un::Relu => "x > T(0) ? x : T(0)",
+            Un::Relu => "(x > T(0) || x != x) ? x : T(0)",
             Un::Sigmoid => "T(1) / (T(1) + exp(-x))",
             Un::Softsign => "x / (T(1) + fabs(x))",
             Un::Not => "x == T(0) ? T(1) : T(0)",

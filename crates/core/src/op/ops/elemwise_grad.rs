@@ -242,7 +242,14 @@ fn typed<T: Arith>(d: D, a: &Attrs, g: &[T], v: &[T], o: &mut [T]) {
         D::Exp => go!(Cost::CHEAP, |g, y| g.mul(y)),
         D::Tan => go!(Cost::CHEAP, |g, y| g.mul(one.add(y.mul(y)))),
         D::Tanh => go!(Cost::CHEAP, |g, y| g.mul(one.sub(y.mul(y)))),
-        D::Relu => go!(Cost::CHEAP, |g, y| if y > zero { g } else { zero }),
+        // Stock's `relu_grad` is NaN at a NaN.
+        D::Relu => go!(Cost::CHEAP, |g, y| if y.is_nan() {
+            y
+        } else if y > zero {
+            g
+        } else {
+            zero
+        }),
         D::Sigmoid => go!(Cost::CHEAP, |g, y| g.mul(y).mul(one.sub(y))),
         D::RpowerScalar => {
             let k = s().ln();
@@ -295,7 +302,7 @@ impl D {
             D::Exp => "x * y",
             D::Tan => "x * (T(1) + y * y)",
             D::Tanh => "x * (T(1) - y * y)",
-            D::Relu => "y > T(0) ? x : T(0)",
+            D::Relu => "y != y ? y : (y > T(0) ? x : T(0))",
             D::Sigmoid => "x * y * (T(1) - y)",
             D::RpowerScalar => "x * y * log(s)",
         })

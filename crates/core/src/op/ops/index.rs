@@ -575,6 +575,45 @@ fn infer_where(_: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
     Ok(vec![x.clone()])
 }
 
+fn known(s: &Option<Vec<i64>>) -> bool {
+    s.as_ref().is_some_and(|v| v.iter().all(|&d| d >= 0))
+}
+
+/// `where`'s partial rule (stock's `WhereOpShape`): nothing is learned until the
+/// condition's shape is known; then x, y and the output share one shape, which a condition
+/// of the same rank also has.
+fn where_partial(_: &Attrs, ins: &[Option<Vec<i64>>]) -> Option<Vec<Option<Vec<i64>>>> {
+    if !known(&ins[0]) {
+        return Some(vec![None]);
+    }
+    let mut t: Vec<i64> = ins[1].clone()?;
+    let others = if ins[0].as_ref().map(Vec::len) == Some(t.len()) { ins } else { &ins[2..] };
+    for s in others.iter().flatten() {
+        if s.len() != t.len() {
+            return None; // the generic rule names the mismatch
+        }
+        for (a, &b) in t.iter_mut().zip(s) {
+            if *a < 0 {
+                *a = b;
+            }
+        }
+    }
+    Some(vec![Some(t)])
+}
+
+/// `where`'s inputs from its output once the condition's shape is known: x and y have the
+/// output's shape.
+fn where_input_shapes(
+    _: &Attrs,
+    ins: &[Option<Vec<i64>>],
+    outs: &[Option<Vec<i64>>],
+) -> Result<Vec<(usize, Vec<i64>)>> {
+    match outs.first() {
+        Some(Some(out)) if known(&ins[0]) => Ok(vec![(1, out.clone()), (2, out.clone())]),
+        _ => Ok(vec![]),
+    }
+}
+
 fn where_typed<C: Elem, E: pod::Pod>(c: &TBlob, x: &TBlob, y: &TBlob, out: &mut OutBlob, dtype: DType) {
     let cond = c.as_slice::<C>();
     let (xs, ys) = (elems::<E>(x), elems::<E>(y));
@@ -1195,6 +1234,8 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
     );
     ops.push(
         op("where", Inputs::Fixed(&["condition", "x", "y"]), infer_where, run_where)
+            .partial_shapes(where_partial)
+            .input_shapes(where_input_shapes)
             .grad(bwd("_backward_where", true))
             .doc("Return the elements, either from x or y, depending on the condition."),
     );

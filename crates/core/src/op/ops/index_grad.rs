@@ -22,7 +22,7 @@ use crate::op::ops::index::PickParams;
 use crate::op::ops::index::TakeParams;
 use crate::op::tensor::{Elem, OutBlob, TBlob};
 use crate::op::{OpCtx, OpDef, Req};
-use crate::{dispatch_all, dispatch_float};
+use crate::{dispatch_all, dispatch_float, dispatch_num};
 
 type Compute = fn(&OpCtx, &[TBlob], &mut [OutBlob]) -> Result<()>;
 
@@ -198,7 +198,7 @@ fn gather_nd_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()>
     let offs = nd_offsets("gather_nd", &dx.shape, &ins[2])?;
     let inner = nd_geometry("gather_nd", &dx.shape, &ins[2].shape)?.2;
     fill(dx, 0.0);
-    dispatch_float!(dx.dtype, "_backward_gather_nd", T => {
+    dispatch_num!(dx.dtype, "_backward_gather_nd", T => {
         let (gs, d) = (g.as_slice::<T>(), dx.as_mut::<T>());
         add_blocks(d, gs, inner, offs.iter().enumerate().map(|(j, &o)| (o / inner.max(1), j)));
     });
@@ -270,7 +270,7 @@ fn topk_back(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     }
     let geom = sort_geom(a.op, args.axis, &x.shape, args.topk.map(|(k, _)| k))?;
     let g = &ins[0];
-    dispatch_float!(dx.dtype, "_backward_topk", T => {
+    dispatch_num!(dx.dtype, "_backward_topk", T => {
         let order = sort_order::<T>(x, &geom, args.is_ascend);
         let (n, inner, k) = (geom.n, geom.inner, geom.k);
         let (gs, d) = (g.as_slice::<T>(), dx.as_mut::<T>());

@@ -455,6 +455,34 @@ fn concat_unknown_input(
     Ok(unknown.into_iter().map(|k| (k, shape.clone())).collect())
 }
 
+/// Concat's inputs from its output (stock's `ConcatShape`): every dimension but the joined
+/// one is the output's. (Stock leaves an input's unknown length along the joined dimension
+/// unknown, even where the output's length and the other inputs' would give it.)
+fn concat_input_shapes(
+    a: &Attrs,
+    ins: &[Option<Vec<i64>>],
+    outs: &[Option<Vec<i64>>],
+) -> Result<Vec<(usize, Vec<i64>)>> {
+    let Some(Some(out)) = outs.first() else { return Ok(vec![]) };
+    let dim = norm_axis(a.op, ConcatParams::of(a).dim, out.len())?;
+    let mut learned = Vec::new();
+    for (k, s) in ins.iter().enumerate() {
+        let mut shape = s.clone().unwrap_or_else(|| vec![-1; out.len()]);
+        if shape.len() != out.len() {
+            continue; // a rank mismatch: forward inference names it
+        }
+        for (d, v) in shape.iter_mut().enumerate() {
+            if d != dim && *v < 0 {
+                *v = out[d];
+            }
+        }
+        if s.as_ref() != Some(&shape) {
+            learned.push((k, shape));
+        }
+    }
+    Ok(learned)
+}
+
 fn run_concat(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let out = &mut outs[0];
     let dim = norm_axis("Concat", ConcatParams::of(cx.attrs).dim, out.ndim())?;
@@ -560,6 +588,39 @@ pub(super) fn channel_bounds(a: &Attrs, shape: &[usize]) -> Result<(usize, Vec<(
     }
     let k = shape[axis] / n;
     Ok((axis, (0..n).map(|i| (i * k, (i + 1) * k)).collect()))
+}
+
+/// SliceChannel's input from its outputs (stock's backward shape rule): the outputs share
+/// every dimension but the split one, which the input has `num_outputs` times (once each
+/// when `squeeze_axis` removed it).
+fn slice_channel_input_shape(
+    a: &Attrs,
+    _: &[Option<Vec<i64>>],
+    outs: &[Option<Vec<i64>>],
+) -> Result<Vec<(usize, Vec<i64>)>> {
+    let params = SplitParams::of(a);
+    let n = params.num_outputs;
+    let Some(rank) = outs.iter().flatten().map(|s| s.len()).next() else { return Ok(vec![]) };
+    if n < 1 || outs.iter().flatten().any(|s| s.len() != rank) {
+        return Ok(vec![]);
+    }
+    let in_rank = rank + usize::from(params.squeeze_axis);
+    let axis = norm_axis(a.op, params.axis, in_rank)?;
+    let mut part = vec![-1i64; rank];
+    for s in outs.iter().flatten() {
+        for (p, &d) in part.iter_mut().zip(s) {
+            if *p < 0 {
+                *p = d;
+            }
+        }
+    }
+    let mut shape = part;
+    if params.squeeze_axis {
+        shape.insert(axis, n);
+    } else if shape[axis] >= 0 {
+        shape[axis] *= n;
+    }
+    Ok(vec![(0, shape)])
 }
 
 fn infer_slice_channel(a: &Attrs, ins: &[Meta]) -> Result<Vec<Meta>> {
@@ -1338,6 +1399,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .params(CONCAT_PARAMS)
             .gpu(crate::op::gpu::GpuKernel::Concat(|a| ConcatParams::of(a).dim))
             .num_args_key("num_args")
+            .input_shapes(concat_input_shapes)
             .grad(bwd("_backward_Concat"))
             .doc("Joins input arrays along a given axis."),
     );
@@ -1371,6 +1433,7 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
             .alias(&["split"])
             .params(SPLIT_PARAMS)
             .outputs(split_count, split_count)
+            .input_shapes(slice_channel_input_shape)
             .grad(bwd("_backward_SliceChannel"))
             .doc("Splits an array along a particular axis into multiple sub-arrays."),
     );
