@@ -1291,6 +1291,29 @@ pub(super) fn register(ops: &mut Vec<OpDef>) {
 mod tests {
     use super::*;
 
+    /// `where` learns nothing until its condition's shape is known (upstream
+    /// `test_where_partial_shape`), then x, y, the output and a condition of their rank
+    /// share one shape, and x and y take the output's.
+    #[test]
+    fn where_shapes_wait_for_the_condition() {
+        let a = Attrs::parse("where", &[], std::iter::empty()).unwrap();
+        assert_eq!(where_partial(&a, &[Some(vec![-1, 2]), Some(vec![-1, 2]), Some(vec![-1, 2])]), Some(vec![None]));
+        assert_eq!(
+            where_partial(&a, &[Some(vec![4, 3]), Some(vec![4, -1]), Some(vec![-1, -1])]),
+            Some(vec![Some(vec![4, 3])])
+        );
+        assert_eq!(
+            where_partial(&a, &[Some(vec![4]), Some(vec![4, -1]), Some(vec![-1, 6])]),
+            Some(vec![Some(vec![4, 6])])
+        );
+        let outs = [Some(vec![4, 3])];
+        assert_eq!(where_input_shapes(&a, &[Some(vec![-1, 3]), None, None], &outs).unwrap(), vec![]);
+        assert_eq!(
+            where_input_shapes(&a, &[Some(vec![4, 3]), None, Some(vec![-1, 3])], &outs).unwrap(),
+            vec![(1, vec![4, 3]), (2, vec![4, 3])]
+        );
+    }
+
     #[test]
     fn slice_ranges_follow_stock() {
         let r = slice_ranges("s", &[5, 4], &[Some(1), None], &[Some(4), None], &[Some(2), Some(-1)]).unwrap();

@@ -1561,6 +1561,26 @@ mod tests {
         Attrs::parse(op, specs, kv.iter().copied()).unwrap()
     }
 
+    /// Inputs from outputs, as stock's shape functions find them (upstream
+    /// `test_incomplete_infer_concat`, `test_incomplete_infer_slicechannel`).
+    #[test]
+    fn concat_and_slice_channel_inputs_from_outputs() {
+        let cat = attrs("Concat", CONCAT_PARAMS, &[("num_args", "2"), ("dim", "1")]);
+        let got = concat_input_shapes(&cat, &[Some(vec![-1, 10]), Some(vec![-1, 5])], &[Some(vec![2, 15])]).unwrap();
+        assert_eq!(got, vec![(0, vec![2, 10]), (1, vec![2, 5])]);
+        // The joined dimension of an input stays unknown (stock's rule); an input of unknown
+        // rank takes the rest.
+        let got = concat_input_shapes(&cat, &[None, Some(vec![2, 5])], &[Some(vec![2, 15])]).unwrap();
+        assert_eq!(got, vec![(0, vec![2, -1])]);
+        let split = attrs("SliceChannel", SPLIT_PARAMS, &[("num_outputs", "3"), ("axis", "1")]);
+        let outs = [None, Some(vec![3, 5, 2]), None];
+        assert_eq!(slice_channel_input_shape(&split, &[None], &outs).unwrap(), vec![(0, vec![3, 15, 2])]);
+        let squeeze =
+            attrs("SliceChannel", SPLIT_PARAMS, &[("num_outputs", "10"), ("axis", "1"), ("squeeze_axis", "1")]);
+        let outs: Vec<_> = (0..10).map(|i| if i == 1 { Some(vec![5]) } else { Some(vec![-1]) }).collect();
+        assert_eq!(slice_channel_input_shape(&squeeze, &[None], &outs).unwrap(), vec![(0, vec![5, 10])]);
+    }
+
     #[test]
     fn deprecated_target_shape() {
         assert_eq!(target_shape(&[2, 3, 5, 5], &[2, 0], false).unwrap(), [2, 75]);
