@@ -518,7 +518,8 @@ pub fn column_blocks<'a, T>(m: &'a mut [T], rows: usize, ld: usize, bounds: &[us
     assert!(bounds.windows(2).all(|w| w[0] <= w[1]), "column_blocks: bounds are not ascending");
     let last = bounds.last().copied().unwrap_or(0);
     assert!(last <= ld, "column_blocks: column {last} beyond the row length {ld}");
-    assert!(rows == 0 || (rows - 1) * ld + last <= m.len(), "column_blocks: {rows} rows of {ld} exceed the matrix");
+    let end = if rows == 0 { Some(0) } else { (rows - 1).checked_mul(ld).and_then(|x| x.checked_add(last)) };
+    assert!(end.is_some_and(|e| e <= m.len()), "column_blocks: {rows} rows of {ld} exceed the matrix");
     let base = m.as_mut_ptr();
     bounds
         .windows(2)
@@ -589,6 +590,11 @@ mod tests {
         assert!(bad(&[0, 3, 2], 8), "descending bounds");
         assert!(bad(&[0, 5], 10), "beyond the row length");
         assert!(bad(&[0, 4], 7), "beyond the matrix");
+        let wraps = std::panic::catch_unwind(|| {
+            let mut m = vec![0u8; 1];
+            column_blocks(&mut m, 3, 1 << (usize::BITS - 1), &[0, 1]).len()
+        });
+        assert!(wraps.is_err(), "a row stride whose extent overflows");
         assert!(!bad(&[0, 4], 8));
     }
 

@@ -767,7 +767,7 @@ fn pointwise_gemm<T: GemmElem, R: Real>(
 
 /// Elements of one tile's column matrix in [`tiled_gemm`] (384 KiB of float32): unfolded a
 /// tile at a time, the columns are still in the core's cache when the GEMM reads them (a
-/// whole 56×56 image unfolded for a 3×3 kernel over 128 channels is 14 MiB, written out to
+/// whole 56×56 image unfolded for a 3×3 kernel over 128 channels is 14 MB, written out to
 /// memory and read back).
 const TILE_ELEMS: usize = 96 << 10;
 
@@ -791,9 +791,11 @@ fn tiling(p: &Plan, threads: usize, tile_elems: usize) -> Tiling {
     let items = (p.n * p.g).max(1);
     let fit = tile_elems / (p.kdim() * ow).max(1);
     let mut rows = fit.max(MIN_TILE_COLS.div_ceil(ow)).clamp(1, total);
-    if items < threads {
-        let tiles = total.div_ceil(rows).max(threads.div_ceil(items));
-        rows = rows.min(total.div_ceil(tiles)).max(MIN_TILE_COLS.div_ceil(ow).min(total));
+    let want = threads.div_ceil(items);
+    if items < threads && total.div_ceil(rows) < want {
+        // Rounded down, so that the rows make at least `want` tiles (unless a tile would be
+        // narrower than the minimum).
+        rows = (total / want).max(1).max(MIN_TILE_COLS.div_ceil(ow).min(total));
     }
     let tiles = total.div_ceil(rows);
     Tiling { rows, tiles, slots: threads.min(items * tiles).max(1) }
@@ -1230,15 +1232,40 @@ mod tests {
         }
     }
 
+    /// One image large enough to tile, through `im2col_gemm` with exactly the workspace
+    /// `im2col_workspace` declares, on 1-4 threads: the naive convolution's outputs.
+    #[test]
+    fn one_large_image_runs_in_tiles_within_its_workspace() {
+        let p = Plan::build("test", 2, [1, 8, 4, 1], [1, 40, 40], [1, 3, 3], [1; 3], [1; 3], [0, 1, 1]).unwrap();
+        let x: Vec<f64> = (0..8 * 1600).map(|i| ((i * 7 % 13) as f64) - 6.0).collect();
+        let w: Vec<f64> = (0..4 * p.kdim()).map(|i| ((i * 5 % 11) as f64) * 0.25 - 1.0).collect();
+        let want = naive(&p, &x, &w);
+        for threads in 1..=4 {
+            let t = tiling(&p, threads, TILE_ELEMS);
+            assert!(t.tiles >= 2 && t.tiles >= threads, "threads {threads}: {t:?}");
+            let mut cols = vec![f64::NAN; im2col_workspace(&p, threads)];
+            let mut out = vec![f64::NAN; want.len()];
+            im2col_gemm::<f64, f64>(&p, threads, &x, &w, None, &Post::none(), &mut out, &mut cols);
+            for (i, (a, e)) in out.iter().zip(&want).enumerate() {
+                assert!((a - e).abs() < 1e-9, "threads {threads} at {i}: {a} vs {e}");
+            }
+        }
+    }
+
     /// The tiling covers every output row, keeps a tile's column matrix near the budget
     /// (never under `MIN_TILE_COLS` positions unless the image is smaller), gives each thread
     /// a tile when one image has enough rows, and sizes the workspace it runs in.
     #[test]
     fn tiling_covers_the_rows_within_the_budget() {
         // DenseNet's 3×3 layer at 56×56, its stem, a small late layer, and a batch.
-        for (n, c, f, hw, k, s, pd) in
-            [(1, 128, 32, 56, 3, 1, 1), (1, 3, 64, 224, 7, 2, 3), (1, 128, 32, 7, 3, 1, 1), (16, 64, 64, 56, 3, 1, 1)]
-        {
+        for (n, c, f, hw, k, s, pd) in [
+            (1, 128, 32, 56, 3, 1, 1),
+            (1, 3, 64, 224, 7, 2, 3),
+            (1, 128, 32, 7, 3, 1, 1),
+            (16, 64, 64, 56, 3, 1, 1),
+            // 60 rows on 16 threads: rounding the rows up would leave 15 tiles.
+            (1, 3, 16, 60, 3, 1, 1),
+        ] {
             let p =
                 Plan::build("test", 2, [n, c, f, 1], [1, hw, hw], [1, k, k], [1, s, s], [1; 3], [0, pd, pd]).unwrap();
             let (total, ow) = (p.output[1], p.output[2]);
@@ -1300,6 +1327,7 @@ mod tests {
                 } else {
                     for threads in [1, 2, 3] {
                         let mut cols = vec![0.0f64; im2col_workspace(&p, threads)];
+                        out.fill(f64::NAN);
                         im2col_gemm::<f64, f64>(&p, threads, &x, &w, None, &Post::none(), &mut out, &mut cols);
                         for (a, b) in out.iter().zip(&want) {
                             assert!(

@@ -82,7 +82,11 @@ fn plan(m: usize, n: usize, k: usize) -> Plan {
 /// stride `cs`: what its slice must hold for the GEMM's reads to stay inside it.
 fn extent(rows: usize, cols: usize, rs: isize, cs: isize) -> usize {
     assert!(rs >= 0 && cs >= 0, "gemm: negative strides");
-    (rows - 1) * rs as usize + (cols - 1) * cs as usize + 1
+    (rows - 1)
+        .checked_mul(rs as usize)
+        .and_then(|r| (cols - 1).checked_mul(cs as usize).and_then(|c| r.checked_add(c)))
+        .and_then(|x| x.checked_add(1))
+        .expect("gemm: an operand's extent overflows")
 }
 
 macro_rules! native_gemm {

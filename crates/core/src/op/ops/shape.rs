@@ -595,11 +595,13 @@ pub(super) fn channel_bounds(a: &Attrs, shape: &[usize]) -> Result<(usize, Vec<(
 /// when `squeeze_axis` removed it).
 fn slice_channel_input_shape(
     a: &Attrs,
-    _: &[Option<Vec<i64>>],
+    ins: &[Option<Vec<i64>>],
     outs: &[Option<Vec<i64>>],
 ) -> Result<Vec<(usize, Vec<i64>)>> {
     let params = SplitParams::of(a);
     let n = params.num_outputs;
+    // Stock infers nothing while the input's rank is unknown.
+    let Some(Some(_)) = ins.first() else { return Ok(vec![]) };
     let Some(rank) = outs.iter().flatten().map(|s| s.len()).next() else { return Ok(vec![]) };
     if n < 1 || outs.iter().flatten().any(|s| s.len() != rank) {
         return Ok(vec![]);
@@ -618,7 +620,9 @@ fn slice_channel_input_shape(
     if params.squeeze_axis {
         shape.insert(axis, n);
     } else if shape[axis] >= 0 {
-        shape[axis] *= n;
+        shape[axis] = shape[axis].checked_mul(n).ok_or_else(|| {
+            Error::value(format!("operator {}: {} outputs of length {} overflow", a.op, n, shape[axis]))
+        })?;
     }
     Ok(vec![(0, shape)])
 }
@@ -1574,11 +1578,16 @@ mod tests {
         assert_eq!(got, vec![(0, vec![2, -1])]);
         let split = attrs("SliceChannel", SPLIT_PARAMS, &[("num_outputs", "3"), ("axis", "1")]);
         let outs = [None, Some(vec![3, 5, 2]), None];
-        assert_eq!(slice_channel_input_shape(&split, &[None], &outs).unwrap(), vec![(0, vec![3, 15, 2])]);
+        assert_eq!(
+            slice_channel_input_shape(&split, &[Some(vec![-1, 15, -1])], &outs).unwrap(),
+            vec![(0, vec![3, 15, 2])]
+        );
+        // Nothing while the input's rank is unknown (stock's rule).
+        assert_eq!(slice_channel_input_shape(&split, &[None], &outs).unwrap(), vec![]);
         let squeeze =
             attrs("SliceChannel", SPLIT_PARAMS, &[("num_outputs", "10"), ("axis", "1"), ("squeeze_axis", "1")]);
         let outs: Vec<_> = (0..10).map(|i| if i == 1 { Some(vec![5]) } else { Some(vec![-1]) }).collect();
-        assert_eq!(slice_channel_input_shape(&squeeze, &[None], &outs).unwrap(), vec![(0, vec![5, 10])]);
+        assert_eq!(slice_channel_input_shape(&squeeze, &[Some(vec![-1, 10])], &outs).unwrap(), vec![(0, vec![5, 10])]);
     }
 
     #[test]
