@@ -524,7 +524,7 @@ fn im2col_workspace(p: &Plan, threads: usize) -> usize {
         0
     } else {
         let t = tiling(p, threads, TILE_ELEMS);
-        if p.n * p.g == 1 && t.tiles < threads {
+        if t.untiled_single(p, threads) {
             p.kdim() * p.osz()
         } else {
             p.kdim() * t.rows * p.output[2] * t.slots
@@ -726,7 +726,7 @@ fn im2col_gemm<T: GemmElem, R: Real>(
         return pointwise_gemm::<T, R>(p, threads, x, w, bias, post, out);
     }
     let t = tiling(p, threads, TILE_ELEMS);
-    if p.n * p.g == 1 && t.tiles < threads {
+    if t.untiled_single(p, threads) {
         return single_item::<T, R>(p, x, w, bias, post, out, &mut cols[..p.kdim() * p.osz()]);
     }
     tiled_gemm::<T, R>(p, t, x, w, bias, post, out, cols)
@@ -781,6 +781,14 @@ struct Tiling {
     rows: usize,
     tiles: usize,
     slots: usize,
+}
+
+impl Tiling {
+    /// Whether `p` is one item too small to give each of `threads` a tile: [`single_item`]
+    /// runs it whole (the one decision [`im2col_gemm`] and [`im2col_workspace`] share).
+    fn untiled_single(&self, p: &Plan, threads: usize) -> bool {
+        p.n * p.g == 1 && self.tiles < threads
+    }
 }
 
 /// The tiling of `p` on `threads` threads for column matrices of about `tile_elems`.
