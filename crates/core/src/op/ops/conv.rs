@@ -1,14 +1,16 @@
 //! `Convolution` (1-D, 2-D and 3-D, channel-first layouts) and its CPU algorithms.
 //!
-//! Owns: the parameter schema (stock names and defaults), shape inference, and two
+//! Owns: the parameter schema (stock names and defaults), shape inference, and the
 //! algorithms chosen per problem by [`crate::op::tune`]: `direct` (no workspace; per output
 //! plane, each filter tap adds a scaled input row) and `im2col_gemm` (unfolds one image/group
 //! into a column matrix and multiplies with the shared GEMM helper; 1×1 unit-stride
 //! convolutions multiply the input directly). Large images are unfolded in tiles of output
 //! rows whose column matrix stays in cache, each multiplied straight into its columns of
-//! the output planes. Both are deterministic: each output element is summed in a fixed order
-//! on one thread. Work is split over (image, group[, tile]) or (image, filter) tasks on the
-//! kernel pool; a single task too small to tile lets the GEMM use the pool instead.
+//! the output planes. Float32 3×3 stride-1 layers also have `winograd`
+//! ([`super::winograd`], on at most `MXNET_CPU_NNPACK_NTHREADS` threads). All are
+//! deterministic: each output element is summed in a fixed order on one thread. Work is
+//! split over (image, group[, tile]) or (image, filter) tasks on the kernel pool; a single
+//! task too small to tile lets the GEMM use the pool instead.
 
 use super::linalg::{gemm, GemmElem};
 use super::nn::{bn_scale_shift, read_f64, Real};
@@ -515,7 +517,7 @@ fn images_per_gemm(p: &Plan, threads: usize) -> usize {
 
 /// Workspace elements of im2col + GEMM: per slot, the column matrix (and, for several images
 /// per GEMM, the product before it is laid out as images).
-fn im2col_workspace(p: &Plan, threads: usize) -> usize {
+pub(super) fn im2col_workspace(p: &Plan, threads: usize) -> usize {
     let nb = images_per_gemm(p, threads);
     if nb > 1 {
         let slots = threads.min(p.n.div_ceil(nb)).max(1);
@@ -533,7 +535,7 @@ fn im2col_workspace(p: &Plan, threads: usize) -> usize {
 }
 
 /// `plane += b`, element by element in `R` (each filter's output plane and its bias).
-fn add_bias<T: Elem, R: Real>(plane: &mut [T], b: T) {
+pub(super) fn add_bias<T: Elem, R: Real>(plane: &mut [T], b: T) {
     let bv = R::load(b);
     for v in plane {
         *v = (R::load(*v) + bv).store();
@@ -541,7 +543,7 @@ fn add_bias<T: Elem, R: Real>(plane: &mut [T], b: T) {
 }
 
 /// One fused step ([`FuseStep`]) resolved for a call: its per-filter values or its array.
-enum PostStep<'a, T> {
+pub(super) enum PostStep<'a, T> {
     /// BatchNorm's `scale`, `shift` per filter, as its kernel computes them.
     Scale(Vec<f64>, Vec<f64>),
     Relu,
@@ -554,15 +556,15 @@ enum PostStep<'a, T> {
 /// arithmetic of the operator it replaces (BatchNorm's `x · scale + shift` in `R`,
 /// Activation's `max(x, 0)`, clip's two selects, elemwise_add's sum), so the outputs are
 /// those of the unfused graph. Empty for a plain convolution.
-struct Post<'a, T> {
-    steps: Vec<PostStep<'a, T>>,
+pub(super) struct Post<'a, T> {
+    pub(super) steps: Vec<PostStep<'a, T>>,
     /// Filters and positions per output plane (the residual's layout).
-    f: usize,
-    osz: usize,
+    pub(super) f: usize,
+    pub(super) osz: usize,
 }
 
 impl<'a, T: Elem> Post<'a, T> {
-    fn none() -> Self {
+    pub(super) fn none() -> Self {
         Post { steps: Vec::new(), f: 0, osz: 0 }
     }
 
@@ -607,7 +609,7 @@ impl<'a, T: Elem> Post<'a, T> {
 
     /// Apply the steps to `plane`, the positions `start..` of the output plane of (`image`,
     /// `filter`).
-    fn apply<R: Real>(&self, plane: &mut [T], image: usize, filter: usize, start: usize) {
+    pub(super) fn apply<R: Real>(&self, plane: &mut [T], image: usize, filter: usize, start: usize) {
         for step in &self.steps {
             match step {
                 PostStep::Scale(scale, shift) => {
@@ -708,7 +710,7 @@ fn batched_gemm<T: GemmElem, R: Real>(
 /// [`single_item`] for one item too small to tile over the threads).
 /// `threads`: the thread count the workspace was sized with ([`im2col_workspace`]).
 #[allow(clippy::too_many_arguments)]
-fn im2col_gemm<T: GemmElem, R: Real>(
+pub(super) fn im2col_gemm<T: GemmElem, R: Real>(
     p: &Plan,
     threads: usize,
     x: &[T],
@@ -904,9 +906,10 @@ fn single_item<T: GemmElem, R: Real>(
     }
 }
 
-/// The algorithms, in the order [`tune`] indexes them.
+/// The algorithms, in the order [`tune`] indexes them (Winograd's only where it applies).
 const DIRECT: usize = 0;
 const IM2COL: usize = 1;
+const WINOGRAD: usize = 2;
 
 /// Rough seconds of the direct algorithm (per core; only the ratio to [`im2col_estimate`]
 /// matters): about 8 GFLOP/s, measured on 3×3 layers.
@@ -924,24 +927,48 @@ fn im2col_estimate(p: &Plan) -> f64 {
     p.flops() / (60e9 * eff.max(1e-3)) + unfold
 }
 
-fn algos(p: &Plan, elem: usize, threads: usize) -> [AlgoInfo; 2] {
+/// Whether Winograd's algorithm is a candidate for `p` on `dtype` data: float32 only (its
+/// rounding differs from the direct sum; float64 is asked for precision).
+fn winograd_applies(p: &Plan, dtype: DType) -> bool {
+    dtype == DType::F32 && super::winograd::applies(p)
+}
+
+/// The threads of the Winograd path: `MXNET_CPU_NNPACK_NTHREADS` of the `threads` the
+/// other algorithms use, at most (this build's counterpart of NNPACK's fast convolutions).
+fn winograd_threads(threads: usize) -> Result<usize> {
+    let limit = crate::config::global().get_int("MXNET_CPU_NNPACK_NTHREADS", "Convolution (Winograd)")?;
+    Ok(limit.map_or(threads, |n| threads.min(n.max(1) as usize)))
+}
+
+fn algos(p: &Plan, dtype: DType, threads: usize, wthreads: usize) -> Vec<AlgoInfo> {
+    let elem = dtype.size();
     let col = im2col_workspace(p, threads) * elem;
-    [
+    let mut list = vec![
         AlgoInfo { name: "direct", deterministic: true, workspace: 0, estimate: direct_estimate(p) },
         AlgoInfo { name: "im2col_gemm", deterministic: true, workspace: col, estimate: im2col_estimate(p) },
-    ]
+    ];
+    if winograd_applies(p, dtype) {
+        list.push(AlgoInfo {
+            name: "winograd",
+            deterministic: true,
+            workspace: super::winograd::workspace(p, wthreads) * elem,
+            estimate: super::winograd::estimate(p),
+        });
+    }
+    list
 }
 
 /// Run algorithm `algo` on plan `p`; `ws` is at least the algorithm's declared workspace.
-/// `threads`: the thread count `ws` was sized with. `crop`: when `p` is the call's plan
-/// without its dead taps, those taps and the call's plan (the weight is cut to fit).
+/// `(threads, wthreads)`: the thread counts `ws` was sized with (the other algorithms',
+/// Winograd's). `crop`: when `p` is the call's plan without its dead taps, those taps and
+/// the call's plan (the weight is cut to fit).
 #[allow(clippy::too_many_arguments)]
 fn run_algo(
     op: &str,
     algo: usize,
     p: &Plan,
     crop: Option<(&LiveTaps, &Plan)>,
-    threads: usize,
+    (threads, wthreads): (usize, usize),
     ins: &[TBlob],
     steps: &[FuseStep],
     out: &mut OutBlob,
@@ -950,6 +977,17 @@ fn run_algo(
     // The convolution's own inputs, then the fused steps' (a plain call has none).
     let nconv = if steps.is_empty() { ins.len() } else { conv_inputs_of(ins.len(), steps) };
     let (ins, extra) = ins.split_at(nconv);
+    if algo == WINOGRAD {
+        // Offered for uncropped float32 3×3 plans only (`algos`; a cropped 3×3 kernel is smaller).
+        if ins[0].dtype != DType::F32 || crop.is_some() {
+            return Err(Error::internal(format!("operator {op}: Winograd's algorithm offered for this call")));
+        }
+        let post = if steps.is_empty() { Post::none() } else { Post::<f32>::new(op, p, steps, extra)? };
+        let bias = ins.get(2).map(|b| b.as_slice::<f32>());
+        let (x, w) = (ins[0].as_slice::<f32>(), ins[1].as_slice::<f32>());
+        super::winograd::winograd(p, wthreads, x, w, bias, &post, out.as_mut::<f32>(), ws.as_mut::<f32>());
+        return Ok(());
+    }
     macro_rules! go {
         ($T:ty, $R:ty) => {{
             let (x, full_w) = (ins[0].as_slice::<$T>(), ins[1].as_slice::<$T>());
@@ -1038,7 +1076,8 @@ fn convolve(cx: &OpCtx, ins: &[TBlob], steps: &[FuseStep], outs: &mut [OutBlob])
     // One thread count for the workspace and the run: the pool may change size meanwhile
     // (MXSetNumOMPThreads from another thread, a pool being built).
     let threads = crate::op::kernel::pool_threads();
-    let list = algos(&p, ins[0].dtype.size(), threads);
+    let wthreads = winograd_threads(threads)?;
+    let list = algos(&p, ins[0].dtype, threads, wthreads);
     // Heuristic: GEMM unless the reduced dimension is tiny.
     let heuristic = if p.kdim() >= 8 { IM2COL } else { DIRECT };
     let params = ConvParams::of(a);
@@ -1052,7 +1091,7 @@ fn convolve(cx: &OpCtx, ins: &[TBlob], steps: &[FuseStep], outs: &mut [OutBlob])
     // One workspace serves every candidate: the largest declared (the column matrices).
     let mut ws = cx.workspace(list.iter().map(|al| al.workspace).max().unwrap_or(0))?;
     tune::global().select(crate::config::global(), &req, |i| {
-        run_algo(a.op, i, &p, crop, threads, ins, steps, &mut outs[0], &mut ws)
+        run_algo(a.op, i, &p, crop, (threads, wthreads), ins, steps, &mut outs[0], &mut ws)
     })?;
     Ok(())
 }

@@ -59,6 +59,7 @@ mod special;
 mod strided;
 mod sync_batch_norm;
 mod unsupported;
+mod winograd;
 
 pub(super) fn register_all(ops: &mut Vec<OpDef>) {
     init::register(ops);
