@@ -10,11 +10,14 @@
 //! the bias and the fused steps applied while the unit's rows are in cache.
 //!
 //! A direct 3×3 convolution multiplies 144 times per 4×4 outputs and channel; this one 36
-//! times. The transforms are additions and small multiples, vectorised over whole rows of
-//! tiles (each row of a 6-row band is transformed once for all the tiles that share it). The
-//! rounding differs from the direct sum: on inputs and weights of order 1 the outputs agree
-//! to a few 1e-6 of the sum of the products' magnitudes (the unit test bounds it), which is
-//! why float64 (asked for precision) and float16 never take this path. Each output is summed
+//! times. The transforms are additions and small multiples with the unit's tiles as vector
+//! lanes (each band row is cut into its tiles' six columns, then combined down the rows and
+//! along the columns), compiled for AVX-512F or AVX2 when the CPU has them
+//! (`multiversion!`). One image too small to give every thread a unit runs as one unit
+//! whose phases are split over the threads instead ([`phased`]). The rounding differs from
+//! the direct sum: on inputs and weights of order 1 the outputs agree to a few 1e-6 of the
+//! sum of the products' magnitudes (the unit test bounds it), which is why float64 (asked
+//! for precision) and float16 never take this path. Each output is summed
 //! on one thread in an order fixed by the plan and the thread count: deterministic.
 
 use super::conv::{add_bias, copy_row, Plan, Post};
