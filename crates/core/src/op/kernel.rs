@@ -350,8 +350,38 @@ pub fn par_for_mut_on<T: Send>(
     f: impl Fn(Range<usize>, &mut [T]) + Sync + Send,
 ) {
     let n = out.len().checked_div(unit).unwrap_or(0);
+    split_mut(kind, out, unit, max_parts(n, cost), n as f64 * cost.0, dtype, f)
+}
+
+/// [`par_for_mut`] with the caller's own bounds: at most `max_parts` parts (a thread limit
+/// of its own, such as `MXNET_CPU_NNPACK_NTHREADS`), for work estimated at `serial_ns` on one
+/// thread.
+pub fn par_for_mut_n<T: Send>(
+    out: &mut [T],
+    unit: usize,
+    max_parts: usize,
+    serial_ns: f64,
+    dtype: DType,
+    f: impl Fn(Range<usize>, &mut [T]) + Sync + Send,
+) {
+    let n = out.len().checked_div(unit).unwrap_or(0);
+    split_mut(PoolKind::Kernels, out, unit, max_parts.min(n), serial_ns, dtype, f)
+}
+
+/// `out`'s `unit`-element units in contiguous runs, one per thread the pool of `kind` gives
+/// work of `serial_ns` split at most `max_parts` ways.
+fn split_mut<T: Send>(
+    kind: PoolKind,
+    out: &mut [T],
+    unit: usize,
+    max_parts: usize,
+    serial_ns: f64,
+    dtype: DType,
+    f: impl Fn(Range<usize>, &mut [T]) + Sync + Send,
+) {
+    let n = out.len().checked_div(unit).unwrap_or(0);
     debug_assert_eq!(n * unit, out.len(), "par_for_mut: the output is not whole units");
-    let split = decide(kind, max_parts(n, cost), n as f64 * cost.0, dtype);
+    let split = decide(kind, max_parts, serial_ns, dtype);
     let Some((p, threads)) = split else {
         if n > 0 {
             f(0..n, out);

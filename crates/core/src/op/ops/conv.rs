@@ -14,6 +14,7 @@
 
 use super::linalg::{gemm, GemmElem};
 use super::nn::{bn_scale_shift, read_f64, Real};
+use super::winograd::Units;
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
 use crate::op::kernel::{par_for_mut, par_items, par_tasks_mut, parts, Cost};
@@ -940,18 +941,20 @@ fn winograd_threads(threads: usize) -> Result<usize> {
     Ok(limit.map_or(threads, |n| threads.min(n.max(1) as usize)))
 }
 
-fn algos(p: &Plan, dtype: DType, threads: usize, wthreads: usize) -> Vec<AlgoInfo> {
+/// The candidates for `p` on `threads` threads; `wino`: Winograd's cut of `p` where it is one
+/// (`winograd_applies`).
+fn algos(p: &Plan, dtype: DType, threads: usize, wino: Option<&Units>) -> Vec<AlgoInfo> {
     let elem = dtype.size();
     let col = im2col_workspace(p, threads) * elem;
     let mut list = vec![
         AlgoInfo { name: "direct", deterministic: true, workspace: 0, estimate: direct_estimate(p) },
         AlgoInfo { name: "im2col_gemm", deterministic: true, workspace: col, estimate: im2col_estimate(p) },
     ];
-    if winograd_applies(p, dtype) {
+    if let Some(units) = wino {
         list.push(AlgoInfo {
             name: "winograd",
             deterministic: true,
-            workspace: super::winograd::workspace(p, wthreads) * elem,
+            workspace: units.workspace(p) * elem,
             estimate: super::winograd::estimate(p),
         });
     }
@@ -959,8 +962,8 @@ fn algos(p: &Plan, dtype: DType, threads: usize, wthreads: usize) -> Vec<AlgoInf
 }
 
 /// Run algorithm `algo` on plan `p`; `ws` is at least the algorithm's declared workspace.
-/// `(threads, wthreads)`: the thread counts `ws` was sized with (the other algorithms',
-/// Winograd's). `crop`: when `p` is the call's plan without its dead taps, those taps and
+/// `(threads, wino)`: the thread count `ws` was sized with for the other algorithms, and
+/// Winograd's cut of `p` where it is a candidate. `crop`: when `p` is the call's plan without its dead taps, those taps and
 /// the call's plan (the weight is cut to fit).
 #[allow(clippy::too_many_arguments)]
 fn run_algo(
@@ -968,7 +971,7 @@ fn run_algo(
     algo: usize,
     p: &Plan,
     crop: Option<(&LiveTaps, &Plan)>,
-    (threads, wthreads): (usize, usize),
+    (threads, wino): (usize, Option<&Units>),
     ins: &[TBlob],
     steps: &[FuseStep],
     out: &mut OutBlob,
@@ -979,13 +982,14 @@ fn run_algo(
     let (ins, extra) = ins.split_at(nconv);
     if algo == WINOGRAD {
         // Offered for uncropped float32 3×3 plans only (`algos`; a cropped 3×3 kernel is smaller).
-        if ins[0].dtype != DType::F32 || crop.is_some() {
-            return Err(Error::internal(format!("operator {op}: Winograd's algorithm offered for this call")));
-        }
+        let units = match wino {
+            Some(units) if ins[0].dtype == DType::F32 && crop.is_none() => units,
+            _ => return Err(Error::internal(format!("operator {op}: Winograd's algorithm offered for this call"))),
+        };
         let post = if steps.is_empty() { Post::none() } else { Post::<f32>::new(op, p, steps, extra)? };
         let bias = ins.get(2).map(|b| b.as_slice::<f32>());
         let (x, w) = (ins[0].as_slice::<f32>(), ins[1].as_slice::<f32>());
-        super::winograd::winograd(p, wthreads, x, w, bias, &post, out.as_mut::<f32>(), ws.as_mut::<f32>());
+        super::winograd::winograd(p, units, x, w, bias, &post, out.as_mut::<f32>(), ws.as_mut::<f32>());
         return Ok(());
     }
     macro_rules! go {
@@ -1076,8 +1080,10 @@ fn convolve(cx: &OpCtx, ins: &[TBlob], steps: &[FuseStep], outs: &mut [OutBlob])
     // One thread count for the workspace and the run: the pool may change size meanwhile
     // (MXSetNumOMPThreads from another thread, a pool being built).
     let threads = crate::op::kernel::pool_threads();
-    let wthreads = winograd_threads(threads)?;
-    let list = algos(&p, ins[0].dtype, threads, wthreads);
+    // Winograd's thread limit is read, and its cut made, once per call and only where it is
+    // a candidate.
+    let wino = if winograd_applies(&p, ins[0].dtype) { Some(Units::of(&p, winograd_threads(threads)?)) } else { None };
+    let list = algos(&p, ins[0].dtype, threads, wino.as_ref());
     // Heuristic: GEMM unless the reduced dimension is tiny.
     let heuristic = if p.kdim() >= 8 { IM2COL } else { DIRECT };
     let params = ConvParams::of(a);
@@ -1091,7 +1097,7 @@ fn convolve(cx: &OpCtx, ins: &[TBlob], steps: &[FuseStep], outs: &mut [OutBlob])
     // One workspace serves every candidate: the largest declared (the column matrices).
     let mut ws = cx.workspace(list.iter().map(|al| al.workspace).max().unwrap_or(0))?;
     tune::global().select(crate::config::global(), &req, |i| {
-        run_algo(a.op, i, &p, crop, (threads, wthreads), ins, steps, &mut outs[0], &mut ws)
+        run_algo(a.op, i, &p, crop, (threads, wino.as_ref()), ins, steps, &mut outs[0], &mut ws)
     })?;
     Ok(())
 }

@@ -23,7 +23,7 @@
 use super::conv::{add_bias, copy_row, Plan, Post};
 use super::linalg::GemmElem;
 use crate::ndarray::DType;
-use crate::op::kernel::{column_blocks, par_items, parts, ColumnBlock};
+use crate::op::kernel::{column_blocks, par_for_mut_n, par_items, parts, ColumnBlock};
 
 /// Output tile side.
 const TILE: usize = 4;
@@ -65,6 +65,8 @@ pub(super) struct Units {
     /// tiles, each phase (input transform, products, output transform) split over the
     /// threads instead ([`phased`]).
     phased: bool,
+    /// The threads the cut is for (the phases' split).
+    threads: usize,
 }
 
 impl Units {
@@ -72,7 +74,7 @@ impl Units {
         let (th, tw) = (p.output[1].div_ceil(TILE).max(1), p.output[2].div_ceil(TILE).max(1));
         let total = p.n * th;
         if p.n == 1 && threads > 1 && th * tw < PHASED_TILES * threads {
-            return Units { th, tw, rows: th, bounds: vec![0, th], first: vec![0, 1], phased: true };
+            return Units { th, tw, rows: th, bounds: vec![0, th], first: vec![0, 1], phased: true, threads };
         }
         let per_tile = XI * (p.c + p.f) * 4;
         let want_tiles = (UNIT_BYTES / per_tile.max(1)).max(MIN_UNIT_TILES);
@@ -88,7 +90,7 @@ impl Units {
             first.push(bounds.len() - 1);
             rows = rows.max((r1 - r0).div_ceil(cuts));
         }
-        Units { th, tw, rows, bounds, first, phased: false }
+        Units { th, tw, rows, bounds, first, phased: false, threads }
     }
 
     fn slots(&self) -> usize {
@@ -99,20 +101,18 @@ impl Units {
     fn slot_len(&self, p: &Plan) -> usize {
         XI * (p.c + p.f) * self.rows * self.tw
     }
-}
 
-/// Elements of workspace [`winograd`] needs on `threads` threads: the transformed weights and
-/// each slot's buffers.
-pub(super) fn workspace(p: &Plan, threads: usize) -> usize {
-    let u = Units::of(p, threads);
-    XI * p.f * p.c + u.slots() * u.slot_len(p)
+    /// Elements of workspace [`winograd`] needs for this cut of `p`: the transformed weights
+    /// and each slot's buffers.
+    pub(super) fn workspace(&self, p: &Plan) -> usize {
+        XI * p.f * p.c + self.slots() * self.slot_len(p)
+    }
 }
 
 /// Rough seconds on one core (the tuner compares it with the other algorithms' estimates):
 /// the 36 GEMMs at the im2col estimate's rate, plus the transforms.
 pub(super) fn estimate(p: &Plan) -> f64 {
-    let u = Units::of(p, 1);
-    let tiles = (p.n * u.th * u.tw) as f64;
+    let tiles = (p.n * p.output[1].div_ceil(TILE) * p.output[2].div_ceil(TILE)) as f64;
     let eff = (p.f as f64 / 32.0).min(1.0) * (p.c as f64 / 32.0).min(1.0) * (tiles / 64.0).min(1.0);
     let gemm = 2.0 * XI as f64 * (p.f * p.c) as f64 * tiles / (60e9 * eff.max(1e-3));
     // Weights: about 200 operations per (filter, channel); inputs and outputs about 20 per
@@ -252,25 +252,9 @@ const LANES: usize = 16;
 /// `threads` tasks.
 fn transform_weights(threads: usize, k: usize, c: usize, w: &[f32], u: &mut [f32]) {
     let w = &w[..k * c * 9];
-    split(&mut u[..k * XI * c], XI * c, threads, 2.0 * (k * c) as f64, |filters, part| {
+    par_for_mut_n(&mut u[..k * XI * c], XI * c, threads, 2.0 * (k * c) as f64, DType::F32, |filters, part| {
         weights_of_filters(c, &w[filters.start * c * 9..filters.end * c * 9], part)
     });
-}
-
-/// `f(items, part)` for `out`'s items of `unit` elements cut into `n` runs (fewer when there
-/// are fewer items), on the kernel pool; `serial_ns`: the estimated time of all of them on
-/// one thread.
-fn split<T: Send>(
-    out: &mut [T],
-    unit: usize,
-    n: usize,
-    serial_ns: f64,
-    f: impl Fn(std::ops::Range<usize>, &mut [T]) + Sync + Send,
-) {
-    let items = out.len() / unit.max(1);
-    let per = items.div_ceil(n.max(1)).max(1);
-    let runs = parts(&mut out[..items * unit], per * unit, items.div_ceil(per));
-    par_items(runs, serial_ns, DType::F32, |i, part| f(i * per..i * per + part.len() / unit.max(1), part));
 }
 
 /// [`transform_weights`] for the filters of `w` (`c` kernels each) into `u`, `LANES` channels
@@ -331,11 +315,12 @@ struct Segment<'a> {
 }
 
 /// The convolution `p` (see [`applies`]) of `x` by `w` with Winograd's F(4×4, 3×3), plus the
-/// bias and `post`, into `out`. `ws`: at least [`workspace`]`(p, threads)` elements.
+/// bias and `post`, into `out`, cut as `t` (`Units::of(p, threads)`) and on its threads.
+/// `ws`: at least `t.workspace(p)` elements.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn winograd(
     p: &Plan,
-    threads: usize,
+    t: &Units,
     x: &[f32],
     w: &[f32],
     bias: Option<&[f32]>,
@@ -343,7 +328,7 @@ pub(super) fn winograd(
     out: &mut [f32],
     ws: &mut [f32],
 ) {
-    let t = Units::of(p, threads);
+    let threads = t.threads;
     let (c, k, oh, ow) = (p.c, p.f, p.output[1], p.output[2]);
     let osz = oh * ow;
     if p.n * k * osz == 0 {
@@ -353,7 +338,7 @@ pub(super) fn winograd(
     transform_weights(threads, k, c, w, u);
     let u = &*u;
     if t.phased {
-        return phased(p, &t, threads, u, x, bias, post, &mut out[..k * osz], rest);
+        return phased(p, t, u, x, bias, post, &mut out[..k * osz], rest);
     }
     // Each image's planes cut at the unit boundaries inside it.
     let nunits = t.bounds.len() - 1;
@@ -377,7 +362,7 @@ pub(super) fn winograd(
     let work: Vec<_> = runs.into_iter().zip(parts(rest, t.slot_len(p), t.slots())).collect();
     par_items(work, p.flops() * 0.03, DType::F32, |_, (run, buf)| {
         for unit in run {
-            run_unit(p, &t, u, x, bias, post, unit, buf);
+            run_unit(p, t, u, x, bias, post, unit, buf);
         }
     });
 }
@@ -420,7 +405,6 @@ fn products(p: &Plan, nt: usize, u: &[f32], v: &[f32], m: &mut [f32], xis: std::
 fn phased(
     p: &Plan,
     t: &Units,
-    threads: usize,
     u: &[f32],
     x: &[f32],
     bias: Option<&[f32]>,
@@ -428,22 +412,23 @@ fn phased(
     out: &mut [f32],
     buf: &mut [f32],
 ) {
-    let (c, k, tw, osz) = (p.c, p.f, t.tw, p.osz());
+    let (c, k, tw, osz, threads) = (p.c, p.f, t.tw, p.osz(), t.threads);
     let trows: Vec<(usize, usize)> = (0..t.th).map(|ty| (0, ty)).collect();
     let nt = t.th * tw;
     let (v, m) = buf.split_at_mut(XI * c * nt);
     let m = &mut m[..XI * k * nt];
     let per = 8.0 * (XI * nt) as f64;
-    split(v, XI * nt, threads, per * c as f64, |chans, part| {
+    par_for_mut_n(v, XI * nt, threads, per * c as f64, DType::F32, |chans, part| {
         let mut sub = p.clone();
         sub.c = chans.len();
         let x = &x[chans.start * p.isz()..][..chans.len() * p.isz()];
         input_transform(&sub, tw, &trows, x, part);
     });
     let v = &*v;
-    split(m, k * nt, threads, 0.02 * (XI * k * c * nt) as f64, |xis, part| products(p, nt, u, v, part, xis));
+    let serial = 0.02 * (XI * k * c * nt) as f64;
+    par_for_mut_n(m, k * nt, threads, serial, DType::F32, |xis, part| products(p, nt, u, v, part, xis));
     let m = &*m;
-    split(out, osz, threads, per * k as f64, |filters, part| {
+    par_for_mut_n(out, osz, threads, per * k as f64, DType::F32, |filters, part| {
         let n = filters.len();
         let block = column_blocks(part, n, osz, &[0, osz]).pop().expect("one block");
         let mut segs = [Segment { img: 0, ty0: 0, ty1: t.th, block }];
@@ -675,9 +660,10 @@ mod tests {
             let (want, mag) = naive(&p, &x, &wt);
             let post = Post { steps: vec![PostStep::Add(&addend, true), PostStep::Relu], f, osz };
             for threads in 1..=4 {
-                let mut ws = vec![f32::NAN; workspace(&p, threads)];
+                let units = Units::of(&p, threads);
+                let mut ws = vec![f32::NAN; units.workspace(&p)];
                 let mut out = vec![f32::NAN; want.len()];
-                winograd(&p, threads, &x, &wt, Some(&bias), &post, &mut out, &mut ws);
+                winograd(&p, &units, &x, &wt, Some(&bias), &post, &mut out, &mut ws);
                 for (i, &got) in out.iter().enumerate() {
                     let e = (want[i] + bias[(i / osz) % f] as f64 + addend[i] as f64).max(0.0);
                     let tol = 1e-5 * (mag[i] + 1.0);
@@ -726,7 +712,8 @@ mod tests {
             let x: Vec<f32> = (0..n * c * hw * hw).map(|i| ((i * 7 % 13) as f32) * 0.3 - 1.8).collect();
             let wt: Vec<f32> = (0..f * c * 9).map(|i| ((i * 5 % 11) as f32) * 0.2 - 1.0).collect();
             let mut out = vec![0.0f32; n * f * p.osz()];
-            let mut ws = vec![0.0f32; workspace(&p, threads)];
+            let units = Units::of(&p, threads);
+            let mut ws = vec![0.0f32; units.workspace(&p)];
             let time = |run: &mut dyn FnMut()| {
                 run();
                 let t = std::time::Instant::now();
@@ -735,7 +722,7 @@ mod tests {
                 }
                 t.elapsed().as_secs_f64() * 100.0
             };
-            let wino = time(&mut || winograd(&p, threads, &x, &wt, None, &Post::none(), &mut out, &mut ws));
+            let wino = time(&mut || winograd(&p, &units, &x, &wt, None, &Post::none(), &mut out, &mut ws));
             let mut u = vec![0.0f32; XI * f * c];
             let weights = time(&mut || transform_weights(threads, f, c, &wt, &mut u));
             let mut cols = vec![0.0f32; super::super::conv::im2col_workspace(&p, threads)];
