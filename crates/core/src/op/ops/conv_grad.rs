@@ -7,7 +7,10 @@
 //! and accumulates `dY·colᵀ` into its own partial weight gradient, computes `Wᵀ·dY` and folds
 //! it back onto the data gradient (col2im), and sums `dY` over positions for the bias; the
 //! partial sums are then added in chunk order (deterministic for a given thread count).
-//! Gradients whose request is `Req::Null` (the data of a network's first layer) are skipped.
+//! Many filters on small planes (where a chunk's partial weight gradient would outweigh its
+//! column matrix) run instead as one product per gradient over the whole batch, each
+//! spread over the threads by the GEMM ([`backward_whole`]). Gradients whose request is
+//! `Req::Null` (the data of a network's first layer) are skipped.
 
 use super::conv::{for_tap_rows, im2col, plan, taps, Plan, CONV_PARAMS};
 use super::linalg::{gemm, GemmElem};
@@ -100,7 +103,29 @@ fn backward_call<T: GemmElem, R: Real>(cx: &OpCtx, full: &Plan, ins: &[TBlob], o
     Ok(())
 }
 
+/// [`backward_whole`]'s column matrix of the whole batch is at most this many bytes.
+const WHOLE_BATCH_BYTES: usize = 4 << 20;
+
 fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, dy: &[T], x: &[T], w: &[T], g: Grads<T>) -> Result<()> {
+    if (g.dx.is_some() || g.dw.is_some()) && whole_batch(p, std::mem::size_of::<T>()) {
+        backward_whole::<T, R>(cx, p, dy, x, w, g)
+    } else {
+        backward_chunked::<T, R>(cx, p, dy, x, w, g)
+    }
+}
+
+/// Whether `p`'s gradients run as whole-batch products ([`backward_whole`]): where each
+/// chunk's partial weight gradient of [`backward_chunked`] would hold more entries than the
+/// chunk's column matrix per reduced row (many filters on small planes: ResNet's last
+/// stages on 32×32 inputs), so that the partial sums and their reduction would cost more
+/// than the products, and the batch's column matrix is small.
+fn whole_batch(p: &Plan, elem: usize) -> bool {
+    let per = p.n.div_ceil(sum_parts().min(p.n).max(1));
+    p.n > 1 && p.fg() >= per * p.osz() && p.kdim() * p.n * p.osz() * elem <= WHOLE_BATCH_BYTES
+}
+
+/// The gradients by chunks of images, one per thread, with partial weight and bias sums.
+fn backward_chunked<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, dy: &[T], x: &[T], w: &[T], g: Grads<T>) -> Result<()> {
     let Grads { dx: dx_out, dw: dw_out, db: db_out } = g;
     let want_dx = dx_out.is_some();
     let want_dw = dw_out.is_some();
@@ -205,6 +230,68 @@ fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, dy: &[T], x: &[T], w: &[
     }
     if let Some(db) = db_out {
         reduce(db, if want_dw { wsize } else { 0 }, p.f);
+    }
+    Ok(())
+}
+
+/// The gradients of a batch of small planes, as one product per (group, gradient) over the
+/// whole batch: `dY` rearranged to `f × n·osz`, the batch unfolded side by side (split over
+/// the threads by channels), `dW = dY·colᵀ` written straight into the gradient (no partial
+/// sums), `col = Wᵀ·dY` folded back per image (split over the threads by images). Each
+/// product spreads itself over the pool; each weight-gradient entry is summed over the whole
+/// batch in the GEMM's order, whatever the thread count.
+fn backward_whole<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, dy: &[T], x: &[T], w: &[T], g: Grads<T>) -> Result<()> {
+    let Grads { mut dx, mut dw, db } = g;
+    let (cg, fg, osz, isz, kdim, ksize) = (p.cg(), p.fg(), p.osz(), p.isz(), p.kdim(), p.ksize());
+    let ld = p.n * osz;
+    let mut ws = cx.workspace((p.f + kdim) * ld * std::mem::size_of::<T>())?;
+    let (dyc, col) = ws.as_mut::<T>().split_at_mut(p.f * ld);
+    let col = &mut col[..kdim * ld];
+    // dyc[f][i·osz + s] = dY[i][f][s].
+    par_for_mut(dyc, ld, Cost(0.25 * ld as f64), T::DTYPE, |filters, rows| {
+        for (fi, row) in filters.zip(rows.chunks_exact_mut(ld)) {
+            for (i, dst) in row.chunks_exact_mut(osz).enumerate() {
+                dst.copy_from_slice(&dy[(i * p.f + fi) * osz..][..osz]);
+            }
+        }
+    });
+    let dyc = &*dyc;
+    for gi in 0..p.g {
+        let dyg = &dyc[gi * fg * ld..][..fg * ld];
+        if let Some(dw) = dw.as_deref_mut() {
+            // Split by channels: each task unfolds its channels' taps (a plan of those
+            // channels alone) for every image.
+            par_for_mut(col, ksize * ld, Cost(0.5 * (ksize * ld) as f64), T::DTYPE, |chans, rows| {
+                let mut sub = p.clone();
+                (sub.c, sub.g) = (chans.len(), 1);
+                for i in 0..p.n {
+                    let planes = &x[(i * p.c + gi * cg + chans.start) * isz..][..chans.len() * isz];
+                    im2col(&sub, planes, &mut rows[i * osz..], ld);
+                }
+            });
+            gemm(fg, kdim, ld, dyg, false, col, true, &mut dw[gi * fg * kdim..][..fg * kdim], false);
+        }
+        if let Some(dx) = dx.as_deref_mut() {
+            let wg = &w[gi * fg * kdim..][..fg * kdim];
+            gemm(kdim, ld, fg, wg, true, dyg, false, col, false);
+            let col = &*col;
+            par_for_mut(dx, p.c * isz, Cost(0.5 * (kdim * osz) as f64), T::DTYPE, |imgs, planes| {
+                for (i, img) in imgs.zip(planes.chunks_exact_mut(p.c * isz)) {
+                    col2im::<T, R>(p, &col[i * osz..], ld, &mut img[gi * cg * isz..][..cg * isz]);
+                }
+            });
+        }
+    }
+    if let Some(db) = db {
+        par_for_mut(db, 1, Cost(0.25 * ld as f64), T::DTYPE, |filters, out| {
+            for (fi, o) in filters.zip(out.iter_mut()) {
+                let mut acc = R::of(0.0);
+                for &v in &dyc[fi * ld..][..ld] {
+                    acc = acc + R::load(v);
+                }
+                *o = acc.store();
+            }
+        });
     }
     Ok(())
 }
@@ -314,6 +401,56 @@ mod tests {
             &[2, 2, 3, 3, 3],
             true,
         );
+    }
+
+    /// The whole-batch products give the chunked path's gradients, for every combination of
+    /// requested gradients, on plans with groups, strides, padding and 1-D/3-D kernels.
+    #[test]
+    fn whole_batch_matches_chunked() {
+        use super::super::conv::Plan;
+        use super::{backward_chunked, backward_whole, Grads};
+        use crate::op::OpCtx;
+        let attrs =
+            crate::op::lookup("Convolution").unwrap().parse_attrs([("kernel", "(1, 1)"), ("num_filter", "1")], 2);
+        let cx = OpCtx { attrs: &attrs.unwrap(), req: &[], rng: None, is_train: true, temp: None };
+        let plans = [
+            Plan::build("t", 2, [3, 4, 6, 1], [1, 2, 2], [1, 3, 3], [1; 3], [1; 3], [0, 1, 1]),
+            Plan::build("t", 2, [4, 4, 8, 2], [1, 3, 2], [1, 3, 3], [1, 2, 1], [1; 3], [0, 1, 1]),
+            Plan::build("t", 2, [2, 3, 5, 1], [1, 5, 4], [1, 2, 3], [1, 1, 2], [1, 2, 1], [0, 1, 0]),
+            Plan::build("t", 1, [5, 2, 4, 1], [1, 1, 6], [1, 1, 3], [1, 1, 2], [1; 3], [0, 0, 1]),
+            Plan::build("t", 3, [2, 2, 3, 1], [2, 2, 3], [2, 2, 2], [1; 3], [1; 3], [1, 0, 1]),
+        ];
+        for p in plans {
+            let p = p.unwrap();
+            let (xn, wn, yn) = (p.n * p.c * p.isz(), p.f * p.kdim(), p.n * p.f * p.osz());
+            let x = values(xn, -1.0, 1.0, 7);
+            let w = values(wn, -1.0, 1.0, 8);
+            let dy = values(yn, -1.0, 1.0, 9);
+            for mask in 1..8u8 {
+                let mut got = [vec![f64::NAN; xn], vec![f64::NAN; wn], vec![f64::NAN; p.f]];
+                let mut want = [vec![f64::NAN; xn], vec![f64::NAN; wn], vec![f64::NAN; p.f]];
+                for (out, whole) in [(&mut got, true), (&mut want, false)] {
+                    let [dx, dw, db] = out;
+                    let g = Grads {
+                        dx: (mask & 1 != 0).then_some(&mut dx[..]),
+                        dw: (mask & 2 != 0).then_some(&mut dw[..]),
+                        db: (mask & 4 != 0).then_some(&mut db[..]),
+                    };
+                    if whole {
+                        backward_whole::<f64, f64>(&cx, &p, &dy, &x, &w, g).unwrap();
+                    } else {
+                        backward_chunked::<f64, f64>(&cx, &p, &dy, &x, &w, g).unwrap();
+                    }
+                }
+                for k in 0..3 {
+                    for (i, (a, b)) in got[k].iter().zip(&want[k]).enumerate() {
+                        let same =
+                            if mask & (1 << k) != 0 { (a - b).abs() <= 1e-12 * (1.0 + b.abs()) } else { a.is_nan() };
+                        assert!(same, "{p:?} mask {mask} gradient {k} at {i}: {a} vs {b}");
+                    }
+                }
+            }
+        }
     }
 
     /// Time a backward operator on float32 data: `ins` shapes, `outs` shapes (None: Req::Null).
