@@ -2,7 +2,9 @@
 
 The algorithm selection normally times it against im2col + GEMM; here an algorithm cache
 file (`MXNET_RT_CONV_ALGO_CACHE`) names it for every layer, so that each case runs through
-it whatever the timings, and the selection log shows that it did. Its rounding differs from
+it whatever the timings, and the selection log shows that it did. The same goes for the
+data gradient of each case (dY convolved with the flipped, transposed weights), which
+training selects the same way. Its rounding differs from
 a direct sum (36 multiplications per 4x4 outputs and channel instead of 144, with the
 transforms' small multiples), so the outputs agree with stock's to a few 1e-6 of their
 scale, not to the bit."""
@@ -50,6 +52,12 @@ for name, n, c, f, h, w, pad, bias in cases:
         res[name] = mx.nd.Convolution(x, wt, b, **args).asnumpy()
     else:
         res[name] = mx.nd.Convolution(x, wt, no_bias=True, **args).asnumpy()
+    # The data gradient, for a random head gradient.
+    x.attach_grad()
+    with mx.autograd.record():
+        y = mx.nd.Convolution(x, wt, no_bias=True, **args)
+    y.backward(mx.nd.array(rs.uniform(-1, 1, y.shape), dtype="float32"))
+    res[name + "_dx"] = x.grad.asnumpy()
 n, c, f, h, w = block
 net = gluon.nn.HybridSequential()
 net.add(gluon.nn.Conv2D(f, 3, padding=1, in_channels=c), gluon.nn.BatchNorm(in_channels=f),
@@ -72,8 +80,14 @@ def key(n, c, f, h, w, pad, bias, unit=""):
             f"mode=limited_workspace;ws={1024 << 20};det=0")
 
 
+def grad_key(n, c, f, h, w, pad, _bias):
+    return (f"Convolution backward data;float32;data=[{n}, {c}, {h}, {w}];weight=[{f}, {c}, 3, 3];"
+            f"pad=[{pad}, {pad}];mode=limited_workspace;ws={1024 << 20};det=0")
+
+
 def test_winograd_matches_stock(tmp_path):
     keys = [key(*case[1:]) for case in CASES] + [key(*BLOCK, 1, True, "1, 1")]
+    keys += [grad_key(*case[1:]) for case in CASES]
     cache = tmp_path / "algos.txt"
     cache.write_text("# mxnet-rt convolution algorithm cache v1\n" + "".join(f"{k}\twinograd\n" for k in keys))
     env = dict(os.environ, MXNET_RT_CONV_ALGO_CACHE=str(cache), MXNET_RT_CONV_ALGO_LOG="1")

@@ -922,7 +922,7 @@ fn direct_estimate(p: &Plan) -> f64 {
 /// rows (filters per group) and reduced dimension are 32 or more, and proportionally slower
 /// below (a depthwise 3×3 layer is a 1×9 by 9×N product per channel, where direct wins);
 /// plus the unfolding at about 4 GB/s.
-fn im2col_estimate(p: &Plan) -> f64 {
+pub(super) fn im2col_estimate(p: &Plan) -> f64 {
     let eff = (p.fg() as f64 / 32.0).min(1.0) * (p.kdim() as f64 / 32.0).min(1.0);
     let unfold = if p.is_pointwise() { 0.0 } else { (p.n * p.g * p.kdim() * p.osz() * 4) as f64 / 4e9 };
     p.flops() / (60e9 * eff.max(1e-3)) + unfold
@@ -936,7 +936,7 @@ fn winograd_applies(p: &Plan, dtype: DType) -> bool {
 
 /// The threads of the Winograd path: `MXNET_CPU_NNPACK_NTHREADS` of the `threads` the
 /// other algorithms use, at most (this build's counterpart of NNPACK's fast convolutions).
-fn winograd_threads(threads: usize) -> Result<usize> {
+pub(super) fn winograd_threads(threads: usize) -> Result<usize> {
     let limit = crate::config::global().get_int("MXNET_CPU_NNPACK_NTHREADS", "Convolution (Winograd)")?;
     Ok(limit.map_or(threads, |n| threads.min(n.max(1) as usize)))
 }

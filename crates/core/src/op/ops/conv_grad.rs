@@ -9,16 +9,23 @@
 //! partial sums are then added in chunk order (deterministic for a given thread count).
 //! Many filters on small planes (where a chunk's partial weight gradient would outweigh its
 //! column matrix) run instead as one product per gradient over the whole batch, each
-//! spread over the threads by the GEMM ([`backward_whole`]). Gradients whose request is
-//! `Req::Null` (the data of a network's first layer) are skipped.
+//! spread over the threads by the GEMM ([`backward_whole`]). The float32 data gradient of
+//! a 3×3 stride-1 layer is a 3×3 convolution of `dY` (flipped, transposed weights), so the
+//! algorithm selection times Winograd's algorithm against the GEMM path for it
+//! ([`backward_f32`]). Gradients whose request is `Req::Null` (the data of a network's first
+//! layer) are skipped.
 
-use super::conv::{for_tap_rows, im2col, plan, taps, Plan, CONV_PARAMS};
+use super::conv::{
+    for_tap_rows, im2col, im2col_estimate, plan, taps, winograd_threads, ConvParams, Plan, Post, CONV_PARAMS,
+};
 use super::linalg::{gemm, GemmElem};
 use super::nn::Real;
+use super::winograd::{self, Units};
 use crate::error::{Error, Result};
 use crate::ndarray::DType;
-use crate::op::kernel::{par_for_mut, par_items, parts, sum_parts, Cost};
+use crate::op::kernel::{par_for_mut, par_items, parts, pool_threads, sum_parts, Cost};
 use crate::op::tensor::{Elem, OutBlob, TBlob};
+use crate::op::tune::{self, AlgoInfo, Request};
 use crate::op::{OpCtx, OpDef, Req, Resource};
 use half::f16;
 
@@ -120,8 +127,35 @@ fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, dy: &[T], x: &[T], w: &[
 /// stages on 32×32 inputs), so that the partial sums and their reduction would cost more
 /// than the products, and the batch's column matrix is small.
 fn whole_batch(p: &Plan, elem: usize) -> bool {
-    let per = p.n.div_ceil(sum_parts().min(p.n).max(1));
+    let per = Chunks::of(p, elem).per;
     p.n > 1 && p.fg() >= per * p.osz() && p.kdim() * p.n * p.osz() * elem <= WHOLE_BATCH_BYTES
+}
+
+/// How [`backward_chunked`] cuts the batch: `chunks` of `per` images (one per thread), each
+/// in sub-batches of `sub` images whose column matrix fits [`COL_BUDGET_BYTES`].
+struct Chunks {
+    chunks: usize,
+    per: usize,
+    sub: usize,
+}
+
+impl Chunks {
+    fn of(p: &Plan, elem: usize) -> Chunks {
+        let chunks = sum_parts().min(p.n).max(1);
+        let per = p.n.div_ceil(chunks);
+        let sub = (COL_BUDGET_BYTES / elem / (p.kdim() * p.osz()).max(1)).clamp(1, per.max(1));
+        Chunks { chunks, per, sub }
+    }
+}
+
+/// Workspace bytes [`backward`] takes for `p`'s gradients (elements of `elem` bytes).
+fn gemm_workspace(p: &Plan, elem: usize) -> usize {
+    if whole_batch(p, elem) {
+        (p.f + p.kdim()) * p.n * p.osz() * elem
+    } else {
+        let Chunks { chunks, sub, .. } = Chunks::of(p, elem);
+        chunks * (p.fg() + p.kdim()) * sub * p.osz() * elem
+    }
 }
 
 /// The gradients by chunks of images, one per thread, with partial weight and bias sums.
@@ -132,15 +166,13 @@ fn backward_chunked<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, dy: &[T], x: &[T
     let want_db = db_out.is_some();
     let (cg, fg, osz, kdim, isz) = (p.cg(), p.fg(), p.osz(), p.kdim(), p.isz());
     let wsize = p.f * kdim;
+    let Chunks { chunks, per, sub } = Chunks::of(p, std::mem::size_of::<T>());
     // Partial sums per chunk: the weight gradient, then the bias gradient.
-    let chunks = sum_parts().min(p.n).max(1);
-    let per = p.n.div_ceil(chunks);
     let psize = if want_dw { wsize } else { 0 } + if want_db { p.f } else { 0 };
     let mut partial = vec![T::zero(); chunks * psize];
     let work = p.flops() * (want_dx as u8 + want_dw as u8) as f64;
-    // Images per GEMM: the sub-batch's columns sit side by side (row length `ld`).
-    let sub = (COL_BUDGET_BYTES / std::mem::size_of::<T>() / (kdim * osz).max(1)).clamp(1, per.max(1));
-    // Per chunk, from the workspace: dY of a sub-batch (fg rows) and its column matrix.
+    // Per chunk, from the workspace: dY of a sub-batch (fg rows) and its column matrix, whose
+    // columns sit side by side (row length `ld`).
     let cols = sub * osz;
     let (dyc_len, col_len) = if want_dw || want_dx { (fg * cols, kdim * cols) } else { (0, 0) };
     let mut ws = cx.workspace(chunks * (dyc_len + col_len) * std::mem::size_of::<T>())?;
@@ -296,6 +328,89 @@ fn backward_whole<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, dy: &[T], x: &[T],
     Ok(())
 }
 
+/// The data gradient of `p` as a convolution Winograd's algorithm computes: for a 3×3
+/// stride-1 layer without dead taps and with padding up to 2, the gradient is `dY` convolved
+/// with the weights flipped and transposed (channels as filters), padded by `2 - pad`.
+fn data_grad_plan(p: &Plan) -> Option<Plan> {
+    if !winograd::applies(p) || p.pad[1] > 2 || p.pad[2] > 2 || p.live_taps().is_some() {
+        return None;
+    }
+    let pad = [0, 2 - p.pad[1], 2 - p.pad[2]];
+    let t =
+        Plan::build("_backward_Convolution", 2, [p.n, p.f, p.c, 1], p.output, p.kernel, [1; 3], [1; 3], pad).ok()?;
+    (t.output == p.input).then_some(t)
+}
+
+/// `wt[c][f]` = `w[f][c]` flipped in both spatial dimensions (3×3 kernels).
+fn flip_transpose(f: usize, c: usize, w: &[f32], wt: &mut [f32]) {
+    for fi in 0..f {
+        for ci in 0..c {
+            let (src, dst) = (&w[(fi * c + ci) * 9..][..9], &mut wt[(ci * f + fi) * 9..][..9]);
+            for (t, d) in dst.iter_mut().enumerate() {
+                *d = src[8 - t];
+            }
+        }
+    }
+}
+
+/// Float32 gradients. Where the data gradient is a convolution Winograd's algorithm computes
+/// ([`data_grad_plan`]), the weight and bias gradients run first, then the data gradient
+/// through the algorithm selection (`cudnn_tune`, as the forward's): the GEMM path or
+/// Winograd's.
+fn backward_f32(cx: &OpCtx, full: &Plan, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+    let tp = match data_grad_plan(full) {
+        Some(tp) if cx.req[0] != Req::Null => tp,
+        _ => return backward_call::<f32, f32>(cx, full, ins, outs),
+    };
+    let (dy, x, w) = (ins[0].as_slice::<f32>(), ins[1].as_slice::<f32>(), ins[2].as_slice::<f32>());
+    let (dx_out, rest) = outs.split_first_mut().expect("a data gradient");
+    let mut grads = rest.iter_mut().zip(&cx.req[1..]).map(|(o, r)| (*r != Req::Null).then(|| o.as_mut::<f32>()));
+    let (dw, db) = (grads.next().flatten(), grads.next().flatten());
+    if dw.is_some() || db.is_some() {
+        backward::<f32, f32>(cx, full, dy, x, w, Grads { dx: None, dw, db })?;
+    }
+    let dx = dx_out.as_mut::<f32>();
+    let threads = pool_threads();
+    let units = Units::of(&tp, winograd_threads(threads)?);
+    let flipped = tp.c * tp.f * 9;
+    let list = [
+        AlgoInfo {
+            name: "im2col_gemm",
+            deterministic: true,
+            workspace: gemm_workspace(full, 4),
+            estimate: im2col_estimate(&tp),
+        },
+        AlgoInfo {
+            name: "winograd",
+            deterministic: true,
+            workspace: (flipped + units.workspace(&tp)) * 4,
+            estimate: winograd::estimate(&tp),
+        },
+    ];
+    let params = ConvParams::of(cx.attrs);
+    let req = Request {
+        key: format!(
+            "Convolution backward data;float32;data={:?};weight={:?};pad={:?}",
+            ins[1].shape, ins[2].shape, params.pad
+        ),
+        per_op: params.cudnn_tune,
+        workspace_limit: (params.workspace as usize).saturating_mul(1 << 20),
+        algos: &list,
+        heuristic: usize::from(list[1].estimate < list[0].estimate),
+    };
+    tune::global().select(crate::config::global(), &req, |i| {
+        if i == 0 {
+            return backward::<f32, f32>(cx, full, dy, x, w, Grads { dx: Some(&mut dx[..]), dw: None, db: None });
+        }
+        let mut ws = cx.workspace(list[1].workspace)?;
+        let (wt, rest) = ws.as_mut::<f32>().split_at_mut(flipped);
+        flip_transpose(tp.c, tp.f, w, wt);
+        winograd::winograd(&tp, &units, dy, wt, None, &Post::none(), dx, rest);
+        Ok(())
+    })?;
+    Ok(())
+}
+
 fn convolution_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let p = plan(a, &ins[1].shape)?;
@@ -308,7 +423,7 @@ fn convolution_backward(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Resu
         return Ok(());
     }
     match ins[1].dtype {
-        DType::F32 => backward_call::<f32, f32>(cx, &p, ins, outs),
+        DType::F32 => backward_f32(cx, &p, ins, outs),
         DType::F64 => backward_call::<f64, f64>(cx, &p, ins, outs),
         DType::F16 => backward_call::<f16, f32>(cx, &p, ins, outs),
         other => Err(Error::type_error(format!("operator _backward_Convolution does not support {}", other.name()))),
@@ -451,6 +566,52 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Winograd's data gradient (the flipped, transposed weights convolved over dY) matches the
+    /// GEMM path's float64 gradient on padding 0-2, batches, partial tiles, several thread
+    /// counts (the unit and phased paths); layers it cannot take get no plan.
+    #[test]
+    fn winograd_data_gradient_matches_gemm() {
+        use super::super::conv::{Plan, Post};
+        use super::super::winograd::{winograd, Units};
+        use super::{backward_chunked, data_grad_plan, flip_transpose, Grads};
+        use crate::op::OpCtx;
+        let attrs =
+            crate::op::lookup("Convolution").unwrap().parse_attrs([("kernel", "(1, 1)"), ("num_filter", "1")], 2);
+        let cx = OpCtx { attrs: &attrs.unwrap(), req: &[], rng: None, is_train: true, temp: None };
+        let build = |n, c, f, h, w, k, s, pad| {
+            Plan::build("t", 2, [n, c, f, 1], [1, h, w], [1, k, k], [1, s, s], [1; 3], [0, pad, pad]).unwrap()
+        };
+        for (n, c, f, h, w, pad) in [(2, 3, 5, 6, 7, 1), (1, 8, 4, 9, 9, 0), (3, 4, 6, 5, 4, 2), (1, 16, 16, 12, 12, 1)]
+        {
+            let p = build(n, c, f, h, w, 3, 1, pad);
+            let tp = data_grad_plan(&p).unwrap();
+            let (xn, wn, yn) = (n * c * h * w, f * c * 9, n * f * p.osz());
+            let (x, wt, dy) = (values(xn, -1.0, 1.0, 3), values(wn, -1.0, 1.0, 4), values(yn, -1.0, 1.0, 5));
+            let mut want = vec![f64::NAN; xn];
+            let g = Grads { dx: Some(&mut want[..]), dw: None, db: None };
+            backward_chunked::<f64, f64>(&cx, &p, &dy, &x, &wt, g).unwrap();
+            let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            let (w32, dy32): (Vec<f32>, Vec<f32>) =
+                (wt.iter().map(|&v| v as f32).collect(), dy.iter().map(|&v| v as f32).collect());
+            let mut flipped = vec![0.0f32; wn];
+            flip_transpose(f, c, &w32, &mut flipped);
+            for threads in [1, 2, 3] {
+                let units = Units::of(&tp, threads);
+                let mut ws = vec![f32::NAN; units.workspace(&tp)];
+                let mut got = vec![f32::NAN; xn];
+                winograd(&tp, &units, &dy32, &flipped, None, &Post::none(), &mut got, &mut ws);
+                for (i, (&g, &e)) in got.iter().zip(&want).enumerate() {
+                    assert!((g as f64 - e).abs() <= 1e-5 * (scale + 1.0), "{p:?} threads {threads} at {i}: {g} vs {e}");
+                }
+            }
+        }
+        // Strided, padded by 3, or with dead taps (a 1×1 plane): no Winograd data gradient.
+        assert!(data_grad_plan(&build(1, 2, 2, 6, 6, 3, 2, 1)).is_none());
+        assert!(data_grad_plan(&build(1, 2, 2, 6, 6, 3, 1, 3)).is_none());
+        assert!(data_grad_plan(&build(1, 2, 2, 1, 1, 3, 1, 1)).is_none());
+        assert!(data_grad_plan(&build(1, 2, 2, 6, 6, 1, 1, 0)).is_none());
     }
 
     /// Time a backward operator on float32 data: `ins` shapes, `outs` shapes (None: Req::Null).
