@@ -106,3 +106,38 @@ def test_winograd_matches_stock(tmp_path):
         scale = float(np.abs(stock[name]).max())
         assert scale > 0.1, name
     assert_close_results(ours, stock, lambda dtype: (1e-4, 2e-5 * max(float(np.abs(v).max()) for v in stock.values())))
+
+
+DEPTH_SCRIPT = r"""
+import pickle, sys
+import numpy as np
+import mxnet as mx
+rs = np.random.RandomState(6)
+x = mx.nd.array(rs.uniform(-1, 1, (1, 2, 1, 6, 6)), dtype="float32")
+w = mx.nd.array(rs.uniform(-1, 1, (3, 2, 1, 3, 3)), dtype="float32")
+y = mx.nd.Convolution(x, w, kernel=(1, 3, 3), pad=(1, 1, 1), num_filter=3, no_bias=True)
+with open(sys.argv[-1], "wb") as out:
+    pickle.dump({"depth_padded": y.asnumpy()}, out)
+"""
+
+
+def test_depth_padded_volume_is_not_winograd(tmp_path):
+    # A depth-1 volume padded in depth has three output planes: not a problem Winograd's
+    # algorithm computes, so a cache file naming it for the layer must not make it run.
+    k = ("Convolution;float32;data=[1, 2, 1, 6, 6];weight=[3, 2, 1, 3, 3];stride=[];dilate=[];"
+         f"pad=[1, 1, 1];group=1;bias=false;mode=limited_workspace;ws={1024 << 20};det=0")
+    cache = tmp_path / "algos.txt"
+    cache.write_text(f"# mxnet-rt convolution algorithm cache v1\n{k}\twinograd\n")
+    env = dict(os.environ, MXNET_RT_CONV_ALGO_CACHE=str(cache), MXNET_RT_CONV_ALGO_LOG="1")
+    env.pop("MXNET_CUDNN_AUTOTUNE_DEFAULT", None)
+    out = tmp_path / "ours.pkl"
+    r = subprocess.run([sys.executable, "-c", DEPTH_SCRIPT, str(out)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "algorithm winograd" not in r.stderr, r.stderr[-2000:]
+    import pickle
+    with open(out, "rb") as f:
+        ours = pickle.load(f)
+    stock = run_script(DEPTH_SCRIPT, "stock", tmp_path)
+    assert ours["depth_padded"].shape == (1, 3, 3, 6, 6)
+    assert_close_results(ours, stock, lambda dtype: (1e-5, 1e-5))

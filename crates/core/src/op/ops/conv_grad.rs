@@ -123,9 +123,9 @@ fn backward<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, dy: &[T], x: &[T], w: &[
 
 /// Whether `p`'s gradients run as whole-batch products ([`backward_whole`]): where each
 /// chunk's partial weight gradient of [`backward_chunked`] would hold more entries than the
-/// chunk's column matrix per reduced row (many filters on small planes: ResNet's last
-/// stages on 32×32 inputs), so that the partial sums and their reduction would cost more
-/// than the products, and the batch's column matrix is small.
+/// column matrix of all the chunk's images per reduced row (many filters on small planes:
+/// ResNet's last stages on 32×32 inputs), so that the partial sums and their reduction would
+/// cost more than the products, and the batch's column matrix is small.
 fn whole_batch(p: &Plan, elem: usize) -> bool {
     let per = Chunks::of(p, elem).per;
     p.n > 1 && p.fg() >= per * p.osz() && p.kdim() * p.n * p.osz() * elem <= WHOLE_BATCH_BYTES
@@ -271,7 +271,7 @@ fn backward_chunked<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, dy: &[T], x: &[T
 /// the threads by channels), `dW = dY·colᵀ` written straight into the gradient (no partial
 /// sums), `col = Wᵀ·dY` folded back per image (split over the threads by images). Each
 /// product spreads itself over the pool; each weight-gradient entry is summed over the whole
-/// batch in the GEMM's order, whatever the thread count.
+/// batch in the GEMM's order (deterministic for a given thread count).
 fn backward_whole<T: GemmElem, R: Real>(cx: &OpCtx, p: &Plan, dy: &[T], x: &[T], w: &[T], g: Grads<T>) -> Result<()> {
     let Grads { mut dx, mut dw, db } = g;
     let (cg, fg, osz, isz, kdim, ksize) = (p.cg(), p.fg(), p.osz(), p.isz(), p.kdim(), p.ksize());
@@ -396,7 +396,9 @@ fn backward_f32(cx: &OpCtx, full: &Plan, ins: &[TBlob], outs: &mut [OutBlob]) ->
         per_op: params.cudnn_tune,
         workspace_limit: (params.workspace as usize).saturating_mul(1 << 20),
         algos: &list,
-        heuristic: usize::from(list[1].estimate < list[0].estimate),
+        // Without timing, the GEMM path (as the forward's heuristic, which never takes
+        // Winograd's rounding untimed).
+        heuristic: 0,
     };
     tune::global().select(crate::config::global(), &req, |i| {
         if i == 0 {

@@ -41,10 +41,12 @@ const MIN_UNIT_TILES: usize = 32;
 /// One image with fewer tiles than this per thread runs [`phased`].
 const PHASED_TILES: usize = 96;
 
-/// Whether `p` is a problem this algorithm computes: 2-D, a 3×3 kernel, unit stride and
-/// dilation, one group. (The caller checks the dtype: float32 only.)
+/// Whether `p` is a problem this algorithm computes: 2-D (a 3-D plan of depth 1 without
+/// depth padding, whose output has depth 1), a 3×3 kernel, unit stride and dilation, one
+/// group. (The caller checks the dtype: float32 only.)
 pub(super) fn applies(p: &Plan) -> bool {
-    p.g == 1 && p.input[0] == 1 && p.kernel == [1, 3, 3] && p.stride == [1; 3] && p.dilate == [1; 3]
+    let planar = p.input[0] == 1 && p.pad[0] == 0 && p.output[0] == 1;
+    planar && p.g == 1 && p.kernel == [1, 3, 3] && p.stride == [1; 3] && p.dilate == [1; 3]
 }
 
 /// How the output tiles of `p` are cut into units and spread over slots: each slot takes an
@@ -671,6 +673,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Only planar 3×3 stride-1 problems: a depth-1 volume padded in depth has several output
+    /// planes, which the algorithm would not write.
+    #[test]
+    fn applies_to_planar_problems_only() {
+        let build = |nsp, input, kernel, stride, pad| {
+            Plan::build("test", nsp, [1, 2, 3, 1], input, kernel, stride, [1; 3], pad).unwrap()
+        };
+        assert!(applies(&build(2, [1, 6, 6], [1, 3, 3], [1; 3], [0, 1, 1])));
+        assert!(applies(&build(3, [1, 6, 6], [1, 3, 3], [1; 3], [0, 1, 1])));
+        assert!(!applies(&build(3, [1, 6, 6], [1, 3, 3], [1; 3], [1, 1, 1])));
+        assert!(!applies(&build(3, [3, 6, 6], [1, 3, 3], [1; 3], [0, 1, 1])));
+        assert!(!applies(&build(2, [1, 6, 6], [1, 3, 3], [1, 2, 2], [0, 1, 1])));
+        assert!(!applies(&build(2, [1, 6, 6], [1, 3, 2], [1; 3], [0, 1, 1])));
     }
 
     /// Units cover the batch's tile rows in order, none longer than `rows`; the slots' shares
