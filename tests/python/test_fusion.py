@@ -27,16 +27,18 @@ case, mode, dtype = sys.argv[1], sys.argv[2], sys.argv[3]
 
 class Edges(gluon.HybridBlock):
     # Chains that must stop early or not start: a BatchNorm output that is also a head, an
-    # addend computed after the convolution, a BatchNorm with use_global_stats, a clip.
+    # addend computed after the convolution, a BatchNorm with use_global_stats, a clip; a
+    # BatchNorm heading a chain of its own (b0, on the input).
     def __init__(self, **kw):
         super().__init__(**kw)
         with self.name_scope():
+            self.b0 = nn.BatchNorm()
             self.c1, self.b1 = nn.Conv2D(8, 3, padding=1), nn.BatchNorm()
             self.c2, self.b2 = nn.Conv2D(8, 3, padding=1, use_bias=False), nn.BatchNorm(use_global_stats=True)
             self.c3, self.c4, self.c5 = nn.Conv2D(8, 1), nn.Conv2D(8, 3, padding=1, strides=1), nn.Conv2D(8, 1)
 
     def hybrid_forward(self, F, x):
-        a = self.b1(self.c1(x))
+        a = self.b1(self.c1(F.Activation(self.b0(x), act_type="relu")))
         r = F.Activation(a, act_type="relu")
         s = F.clip(self.b2(self.c2(r)), 0.0, 0.3)
         u = self.c3(s)
@@ -50,7 +52,8 @@ if case == "edges":
     shape = (2, 3, 12, 10)
 else:
     net = gluon.model_zoo.vision.get_model(case, classes=10)
-    shape = (2, 3, 32, 32)
+    # DenseNet's last pooling needs 224x224 inputs.
+    shape = (1, 3, 224, 224) if case.startswith("densenet") else (2, 3, 32, 32)
 net.initialize()
 net.cast(dtype)
 net.infer_shape(mx.nd.zeros(shape, dtype=dtype))
@@ -95,7 +98,7 @@ def child(case, enabled, mode="infer", dtype="float32", tmp_path=None):
     return [np.array(o) for o in got["outs"]], got["counts"]
 
 
-@pytest.mark.parametrize("case", ["resnet18_v1", "resnet18_v2", "mobilenetv2_0.25"])
+@pytest.mark.parametrize("case", ["resnet18_v1", "resnet18_v2", "mobilenetv2_0.25", "densenet121"])
 def test_fused_networks_equal_the_unfused_graph(case, tmp_path):
     fused, fc = child(case, True, tmp_path=tmp_path)
     plain, pc = child(case, False, tmp_path=tmp_path)
@@ -107,6 +110,11 @@ def test_fused_networks_equal_the_unfused_graph(case, tmp_path):
     if case == "resnet18_v1":
         # Every BatchNorm, addition and ReLU of ResNet-v1 follows a convolution.
         assert fc.get("BatchNorm", 0) == fc.get("elemwise_add", 0) == fc.get("Activation", 0) == 0, fc
+    if case == "densenet121":
+        # Every ReLU follows a convolution's BatchNorm or heads' one: a chain headed by a
+        # BatchNorm shows as one BatchNorm.
+        assert fc.get("Activation", 0) == 0 < pc["Activation"] and 0 < fc["BatchNorm"] < pc["BatchNorm"], (fc, pc)
+        assert np.isfinite(fused[0]).all() and np.abs(fused[0]).max() > 0
     if case.startswith("mobilenet"):
         assert pc["clip"] > 0 and fc.get("clip", 0) == 0, (fc, pc)
 
@@ -121,12 +129,14 @@ def test_chains_stop_where_they_must(mode, dtype, tmp_path):
     if dtype == "float64":
         assert fc == pc, (fc, pc)  # float32 only
     elif mode == "train":
-        # b1 normalizes with batch statistics in training mode: its chain does not apply;
-        # b2 (use_global_stats) and its clip still fuse.
-        assert fc["BatchNorm"] == 1 and fc.get("clip", 0) == 0, fc
+        # b0 and b1 normalize with batch statistics in training mode: their chains do not
+        # apply (their ReLUs run alone); b2 (use_global_stats) and its clip still fuse, and
+        # so does c4's sum and ReLU.
+        assert fc["BatchNorm"] == 2 and fc["Activation"] == 2 and fc.get("clip", 0) == 0, fc
     else:
         # b1's output is a head: its chain ends with it, and the ReLU reading it runs on its
-        # own. b2 and the clip fuse; so do the two sums whose other addend was computed
+        # own; b0 and its ReLU are one operation. b2 and the clip fuse; so do the two sums whose other addend was computed
         # before their convolution (c3's sum is c4's chain).
-        assert fc.get("BatchNorm", 0) == 0 and fc.get("clip", 0) == 0 and fc["Activation"] == 1, fc
+        assert fc["BatchNorm"] == 1 and fc.get("clip", 0) == 0 and fc["Activation"] == 1, fc
+        assert pc["BatchNorm"] == 3 and pc["Activation"] == 3, pc
         assert fc.get("elemwise_add", 0) == 0 and pc["elemwise_add"] == 2, (fc, pc)

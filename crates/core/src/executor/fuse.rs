@@ -4,7 +4,9 @@
 //! Owns [`Chain`]: a convolution followed by operators that each take the previous one's
 //! result as their only reader (BatchNorm with its moving statistics, a ReLU, a clip, an
 //! addition of another array; see [`crate::op::Fusion`]), as stock's MKLDNN subgraph backend
-//! fuses them (`_sg_mkldnn_conv` with BatchNorm folded, a post-op activation and a sum).
+//! fuses them (`_sg_mkldnn_conv` with BatchNorm folded, a post-op activation and a sum); and
+//! a BatchNorm that no convolution's chain takes followed by ReLUs and clips (DenseNet's and
+//! pre-activation ResNet's BatchNorm-ReLU pairs, one pass over the data instead of two).
 //! A run that records nothing pushes the chain as one operation whose kernel applies the steps
 //! to each output plane while it is in cache, with the same arithmetic as the operators it
 //! replaces, so the outputs are bit for bit those of the unfused graph. The graph itself is
@@ -18,8 +20,11 @@ use std::collections::HashSet;
 /// inputs (BatchNorm's four parameters, the addend), all computed before the convolution.
 pub(super) type Step = (usize, FuseStep, Vec<(usize, usize)>);
 
-/// A convolution node and the nodes it computes in one operation.
+/// A convolution or BatchNorm node and the nodes it computes in one operation.
 pub(super) struct Chain {
+    /// A BatchNorm's step when one heads the chain (its steps are ReLUs and clips); `None`
+    /// for a convolution.
+    pub norm: Option<FuseStep>,
     pub steps: Vec<Step>,
     /// The node whose output the chain computes (the last step's).
     pub last: usize,
@@ -29,7 +34,8 @@ impl Chain {
     /// Whether the chain applies in the current mode: a BatchNorm without
     /// `use_global_stats` uses batch statistics in training mode, which no step computes.
     pub fn applies(&self, training: bool) -> bool {
-        !training || !self.steps.iter().any(|(_, s, _)| matches!(s, FuseStep::Scale { global: false, .. }))
+        let batch_stats = |s: &FuseStep| matches!(s, FuseStep::Scale { global: false, .. });
+        !training || !(self.norm.iter().any(batch_stats) || self.steps.iter().any(|(_, s, _)| batch_stats(s)))
     }
 
     /// The nodes the chain computes besides the convolution, in order.
@@ -38,20 +44,35 @@ impl Chain {
     }
 }
 
-/// Every chain of `graph`, at its convolution's index. `readers[n]`: the nodes reading an
-/// output of node `n` (each once, in order); `heads`: the graph's heads.
+/// Every chain of `graph`, at its head's index: the convolutions' first, then those of the
+/// BatchNorms none of them takes. `readers[n]`: the nodes reading an output of node `n`
+/// (each once, in order); `heads`: the graph's heads.
 pub(super) fn chains(graph: &Graph, readers: &[Vec<usize>], heads: &HashSet<(usize, usize)>) -> Vec<Option<Chain>> {
-    (0..graph.nodes.len()).map(|i| chain_at(graph, i, readers, heads)).collect()
+    let mut chains: Vec<Option<Chain>> = (0..graph.nodes.len()).map(|i| chain_at(graph, i, readers, heads)).collect();
+    let taken: HashSet<usize> = chains.iter().flatten().flat_map(Chain::nodes).collect();
+    for (i, chain) in chains.iter_mut().enumerate() {
+        if chain.is_none() && !taken.contains(&i) {
+            *chain = chain_at(graph, i, readers, heads);
+        }
+    }
+    chains
 }
 
+/// The fusion role of node `n`'s operator.
+fn role(graph: &Graph, n: usize) -> Option<Fusion> {
+    let node = &graph.nodes[n];
+    node.op.zip(node.attrs.as_ref()).and_then(|(op, attrs)| op.fusion.and_then(|f| f(attrs)))
+}
+
+/// The chain headed by node `i`: a convolution's, or (when `i` is a BatchNorm step) one of
+/// ReLUs and clips; none when no step follows.
 fn chain_at(graph: &Graph, i: usize, readers: &[Vec<usize>], heads: &HashSet<(usize, usize)>) -> Option<Chain> {
-    let role = |n: usize| {
-        let node = &graph.nodes[n];
-        node.op.zip(node.attrs.as_ref()).and_then(|(op, attrs)| op.fusion.and_then(|f| f(attrs)))
+    let norm = match role(graph, i) {
+        Some(Fusion::Head) => None,
+        Some(Fusion::Step(s @ FuseStep::Scale { .. })) if graph.nodes[i].inputs.len() == 5 => Some(s),
+        _ => return None,
     };
-    if role(i) != Some(Fusion::Head) {
-        return None;
-    }
+    let role = |n: usize| role(graph, n);
     let mut steps = Vec::new();
     let mut cur = i;
     loop {
@@ -67,6 +88,9 @@ fn chain_at(graph: &Graph, i: usize, readers: &[Vec<usize>], heads: &HashSet<(us
         }
         let Some(pos) = inputs.iter().position(|&e| e == (cur, 0)) else { break };
         let Some(Fusion::Step(step)) = role(r) else { break };
+        if norm.is_some() && !matches!(step, FuseStep::Relu | FuseStep::Clip { .. }) {
+            break;
+        }
         let (step, others): (FuseStep, Vec<(usize, usize)>) = match step {
             FuseStep::Add { .. } if inputs.len() == 2 => {
                 (FuseStep::Add { value_first: pos == 0 }, vec![inputs[1 - pos]])
@@ -95,5 +119,5 @@ fn chain_at(graph: &Graph, i: usize, readers: &[Vec<usize>], heads: &HashSet<(us
         steps.push((r, step, others));
         cur = r;
     }
-    (!steps.is_empty()).then_some(Chain { steps, last: cur })
+    (!steps.is_empty()).then_some(Chain { norm, steps, last: cur })
 }

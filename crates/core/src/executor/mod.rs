@@ -68,7 +68,8 @@ pub struct Runner {
     flows: Vec<Option<control_flow::Flow>>,
     /// Per node, which of its outputs are heads.
     head_outputs: Vec<Vec<usize>>,
-    /// Per convolution node, the chain an inference run computes with it ([`fuse`]).
+    /// Per convolution or BatchNorm node, the chain an inference run computes with it
+    /// ([`fuse`]).
     chains: Vec<Option<fuse::Chain>>,
     /// The memory slots of inference runs, kept between runs (stock's `static_alloc`); a
     /// run takes them and gives them back, so two runs at once never share one.
@@ -397,7 +398,7 @@ impl Runner {
         let (Some(op), Some(attrs)) = (n.op, &n.attrs) else { return Ok(()) };
         if !run.skip.is_empty() {
             if run.skip[i] {
-                // Computed with its chain's convolution.
+                // Computed with its chain's head.
                 if let (Some(slots), true) = (run.slots.as_mut(), self.last_use[i] <= i) {
                     for j in std::mem::take(&mut run.val_slots[i]) {
                         slots.release(j);
@@ -524,8 +525,8 @@ impl Runner {
         }
     }
 
-    /// The output of node `i`'s convolution with its `chain` on inputs of `metas` (the
-    /// convolution's, then each step's others), if the chain can compute it: float32
+    /// The output of node `i` (a convolution or BatchNorm) with its `chain` on inputs of
+    /// `metas` (node `i`'s, then each step's others), if the chain can compute it: float32
     /// throughout, and shapes the steps fit (otherwise the unfused run reports what is wrong).
     fn chain_output(&self, i: usize, chain: &fuse::Chain, metas: &[crate::op::Meta]) -> Option<crate::op::Meta> {
         use crate::ndarray::DType;
@@ -550,9 +551,9 @@ impl Runner {
         Some(out)
     }
 
-    /// Push node `i`'s convolution with its `chain` as one operation, its result the chain's
-    /// last node's; false (nothing pushed) when the call does not qualify: a BatchNorm step in
-    /// training mode, data off the CPU or not float32, shapes the steps do not fit (the
+    /// Push node `i` (a convolution or BatchNorm) with its `chain` as one operation, its
+    /// result the chain's last node's; false (nothing pushed) when the call does not qualify:
+    /// a BatchNorm step in training mode, data off the CPU or not float32, shapes the steps do not fit (the
     /// unfused run then reports what is wrong).
     fn run_chain(&self, run: &mut Run, i: usize, chain: &fuse::Chain) -> Result<bool> {
         let n = &self.graph.nodes[i];
@@ -587,8 +588,11 @@ impl Runner {
             _ => NDArray::new(out.shape, ctx, out.dtype, false)?,
         };
         let steps: Vec<crate::op::FuseStep> = chain.steps.iter().map(|(_, s, _)| *s).collect();
-        let kernel: crate::op::invoke::CallKernel =
-            Arc::new(move |cx, ins, outs| crate::op::fused_convolution(cx, ins, outs, &steps));
+        let kernel: crate::op::invoke::CallKernel = if chain.norm.is_some() {
+            Arc::new(move |cx, ins, outs| crate::op::fused_batch_norm(cx, ins, outs, &steps))
+        } else {
+            Arc::new(move |cx, ins, outs| crate::op::fused_convolution(cx, ins, outs, &steps))
+        };
         let req = crate::op::invoke::ReqList::from_elem(crate::op::Req::Write, 1);
         // A variable of the call's own: calls of one chain from concurrent runs need no order.
         let var = crate::engine::Var::new();

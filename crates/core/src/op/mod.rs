@@ -371,7 +371,9 @@ fn one(_: &Attrs) -> usize {
 /// executor's `fuse` module): a convolution followed by steps that each read the chain's value
 /// once and nothing else reads runs as one operation, the steps applied to each output plane
 /// as the convolution writes it, with the same arithmetic as the operators they replace (so
-/// the outputs are identical).
+/// the outputs are identical). A BatchNorm step ([`FuseStep::Scale`]) that no convolution's
+/// chain takes heads a chain of its own of element-wise steps (ReLU, clip:
+/// [`fused_batch_norm`]), as DenseNet's and pre-activation ResNet's BatchNorm-ReLU pairs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Fusion {
     /// Starts a chain: a convolution whose kernel applies [`FuseStep`]s
@@ -402,6 +404,13 @@ pub enum FuseStep {
 /// inputs in order) with `steps` applied to its output (float32 only).
 pub(crate) fn fused_convolution(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], steps: &[FuseStep]) -> Result<()> {
     ops::conv::fused(cx, ins, outs, steps)
+}
+
+/// Run a BatchNorm (`cx.attrs` its parameters; `ins` its five inputs; `outs` its output,
+/// then its lent moving statistics) by its moving statistics, with element-wise `steps`
+/// applied to its output (float32 only).
+pub(crate) fn fused_batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob], steps: &[FuseStep]) -> Result<()> {
+    ops::nn::fused_batch_norm(cx, ins, outs, steps)
 }
 
 impl OpDef {

@@ -604,6 +604,20 @@ impl<'a, T: Elem> Post<'a, T> {
         Ok(Post { steps: out, f: p.f, osz: p.osz() })
     }
 
+    /// Element-wise `steps` (ReLU, clip) applied to `f` planes of `osz` positions per image
+    /// (a fused BatchNorm's chain); other steps are skipped: the chain search gives it none.
+    pub(super) fn elementwise(steps: &[FuseStep], f: usize, osz: usize) -> Self {
+        let steps = steps
+            .iter()
+            .filter_map(|s| match *s {
+                FuseStep::Relu => Some(PostStep::Relu),
+                FuseStep::Clip { lo, hi } => Some(PostStep::Clip(T::from_f64(lo), T::from_f64(hi))),
+                FuseStep::Scale { .. } | FuseStep::Add { .. } => None,
+            })
+            .collect();
+        Post { steps, f, osz }
+    }
+
     fn is_empty(&self) -> bool {
         self.steps.is_empty()
     }

@@ -34,7 +34,7 @@ mod linalg_grad;
 mod loss;
 mod missing;
 mod moments;
-mod nn;
+pub(super) mod nn;
 mod nn_grad;
 mod norms;
 mod optim;

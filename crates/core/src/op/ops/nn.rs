@@ -796,6 +796,51 @@ fn bn_fusion(a: &Attrs) -> Option<crate::op::Fusion> {
     }))
 }
 
+/// BatchNorm with its moving statistics heading a fused chain of element-wise steps (ReLU,
+/// clip; see [`crate::op::Fusion`]): `ins` are its five inputs, `outs` its output, then its
+/// moving statistics (lent to the call, as the unfused call's). Each output plane gets the
+/// unfused kernel's `x · scale + shift` in float32, then the steps with the arithmetic of
+/// the operators they replace, while it is in cache. Float32 only: the executor fuses
+/// nothing else.
+pub(in crate::op) fn fused_batch_norm(
+    cx: &OpCtx,
+    ins: &[TBlob],
+    outs: &mut [OutBlob],
+    steps: &[crate::op::FuseStep],
+) -> Result<()> {
+    use crate::op::FuseStep;
+    let op = cx.attrs.op;
+    let elementwise = steps.iter().all(|s| matches!(s, FuseStep::Relu | FuseStep::Clip { .. }));
+    if ins.len() != 5 || outs.len() != 3 || !elementwise || ins[0].dtype != DType::F32 {
+        return Err(Error::internal("a fused BatchNorm takes float32 data, its five inputs and element-wise steps"));
+    }
+    let params = BnParams::of(cx.attrs);
+    let (outer, c, inner) = split_at_axis(&ins[0].shape, norm_axis(op, params.axis, ins[0].ndim())?);
+    if params.output_mean_var || params.axis != 1 || (cx.is_train && !params.use_global_stats) {
+        return Err(Error::internal("a fused BatchNorm normalizes axis 1 by its moving statistics"));
+    }
+    let gamma = if params.fix_gamma { vec![1.0; c] } else { read_f64(op, &ins[1])? };
+    let beta = read_f64(op, &ins[2])?;
+    let (mean, var) = (read_out_f64(op, &outs[1])?, read_out_f64(op, &outs[2])?);
+    if [gamma.len(), beta.len(), mean.len(), var.len()] != [c; 4] || outs[0].size() != outer * c * inner {
+        return Err(Error::internal("a fused BatchNorm got inputs of other shapes"));
+    }
+    let (scale, shift) = bn_scale_shift(&gamma, &beta, &mean, &var, params.eps);
+    let post = super::conv::Post::elementwise(steps, c, inner);
+    let xs = ins[0].as_slice::<f32>();
+    par_for_mut(outs[0].as_mut::<f32>(), inner, Cost(inner as f64 * 0.5), DType::F32, |r, o| {
+        for (ob, b) in o.chunks_mut(inner.max(1)).zip(r) {
+            let ch = b % c;
+            let (sc, sh) = (scale[ch] as f32, shift[ch] as f32);
+            for (ov, &v) in ob.iter_mut().zip(&xs[b * inner..(b + 1) * inner]) {
+                *ov = v * sc + sh;
+            }
+            post.apply::<f32>(ob, b / c, ch, 0);
+        }
+    });
+    Ok(())
+}
+
 fn batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     let a = cx.attrs;
     let op = a.op;
@@ -1915,6 +1960,58 @@ pub(super) mod tests {
         assert!((out[0] - 1.5).abs() < 1e-6);
         assert_eq!(mean, [0.0, 0.0]);
         assert_eq!((mm, mv), (vec![0.0, 0.0], vec![1.0, 1.0]));
+    }
+
+    /// A BatchNorm heading a fused chain gives the bits of BatchNorm, then ReLU, then clip
+    /// (a NaN kept, as theirs), reads the lent moving statistics and leaves them; it refuses batch
+    /// statistics.
+    #[test]
+    fn fused_batch_norm_equals_the_unfused_operators() {
+        use crate::op::FuseStep;
+        const STEPS: [FuseStep; 2] = [FuseStep::Relu, FuseStep::Clip { lo: 0.0, hi: 0.7 }];
+        fn fused(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
+            fused_batch_norm(cx, ins, outs, &STEPS)
+        }
+        let mut x: Vec<f32> = (0..30).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.173).collect();
+        x[4] = f32::NAN;
+        let (mut g, mut b) = (vec![1.5f32, -0.5, 0.25], vec![0.1f32, 0.2, -0.3]);
+        let (mut mm, mut mv) = (vec![0.3f32, -0.2, 0.05], vec![0.9f32, 1.7, 0.4]);
+        let ins = [
+            blob(&mut x, &[2, 3, 5]),
+            blob(&mut g, &[3]),
+            blob(&mut b, &[3]),
+            blob(&mut mm, &[3]).lend(3),
+            blob(&mut mv, &[3]).lend(4),
+        ];
+        let (mut want, mut mean, mut inv) = (vec![0.0f32; 30], vec![0.0f32; 3], vec![0.0f32; 3]);
+        let mut outs = [
+            oblob(&mut want, &[2, 3, 5]),
+            oblob(&mut mean, &[3]),
+            oblob(&mut inv, &[3]),
+            oblob(&mut mm, &[3]),
+            oblob(&mut mv, &[3]),
+        ];
+        let kv = [("fix_gamma", "False"), ("eps", "0.001")];
+        run(BN_PARAMS, &kv, false, batch_norm, &ins, &mut outs);
+        // Activation's relu and clip, as their kernels compute them: a NaN stays NaN.
+        for v in want.iter_mut() {
+            let r = if *v > 0.0 || v.is_nan() { *v } else { 0.0 };
+            *v = r.clamp(0.0, 0.7);
+        }
+        let mut got = vec![f32::NAN; 30];
+        let ins = [ins[0].clone(), ins[1].clone(), ins[2].clone(), ins[3].clone().lend(1), ins[4].clone().lend(2)];
+        let mut outs = [oblob(&mut got, &[2, 3, 5]), oblob(&mut mm, &[3]), oblob(&mut mv, &[3])];
+        run(BN_PARAMS, &kv, false, fused, &ins, &mut outs);
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert!(got[4].is_nan() && got.contains(&0.7) && got.iter().any(|&v| v > 0.0 && v < 0.7));
+        assert_eq!((&mm, &mv), (&vec![0.3f32, -0.2, 0.05], &vec![0.9f32, 1.7, 0.4]));
+        // Training mode normalizes by batch statistics, which the fused form does not compute.
+        let attrs = Attrs::parse("test", BN_PARAMS, kv.iter().copied()).unwrap();
+        let cx = OpCtx { attrs: &attrs, req: &[], rng: None, is_train: true, temp: None };
+        assert!(fused(&cx, &ins, &mut outs).is_err());
     }
 
     #[test]
