@@ -1983,31 +1983,40 @@ pub(super) mod tests {
             blob(&mut mm, &[3]).lend(3),
             blob(&mut mv, &[3]).lend(4),
         ];
-        let (mut want, mut mean, mut inv) = (vec![0.0f32; 30], vec![0.0f32; 3], vec![0.0f32; 3]);
-        let mut outs = [
-            oblob(&mut want, &[2, 3, 5]),
-            oblob(&mut mean, &[3]),
-            oblob(&mut inv, &[3]),
-            oblob(&mut mm, &[3]),
-            oblob(&mut mv, &[3]),
-        ];
-        let kv = [("fix_gamma", "False"), ("eps", "0.001")];
-        run(BN_PARAMS, &kv, false, batch_norm, &ins, &mut outs);
-        // Activation's relu and clip, as their kernels compute them: a NaN stays NaN.
-        for v in want.iter_mut() {
-            let r = if *v > 0.0 || v.is_nan() { *v } else { 0.0 };
-            *v = r.clamp(0.0, 0.7);
+        let global: &[(&str, &str)] = &[("use_global_stats", "True")];
+        // Gamma read or fixed to 1, eps given or the default; moving statistics in training
+        // mode under use_global_stats.
+        for (kv, train) in [(&[("fix_gamma", "False"), ("eps", "0.001")][..], false), (&[], false), (global, true)] {
+            let (mut want, mut mean, mut inv) = (vec![0.0f32; 30], vec![0.0f32; 3], vec![0.0f32; 3]);
+            let mut outs = [
+                oblob(&mut want, &[2, 3, 5]),
+                oblob(&mut mean, &[3]),
+                oblob(&mut inv, &[3]),
+                oblob(&mut mm, &[3]),
+                oblob(&mut mv, &[3]),
+            ];
+            run(BN_PARAMS, kv, train, batch_norm, &ins, &mut outs);
+            // Activation's relu and clip, as their kernels compute them: a NaN stays NaN.
+            for v in want.iter_mut() {
+                let r = if *v > 0.0 || v.is_nan() { *v } else { 0.0 };
+                *v = r.clamp(0.0, 0.7);
+            }
+            let mut got = vec![f32::NAN; 30];
+            let ins = [ins[0].clone(), ins[1].clone(), ins[2].clone(), ins[3].clone().lend(1), ins[4].clone().lend(2)];
+            let mut outs = [oblob(&mut got, &[2, 3, 5]), oblob(&mut mm, &[3]), oblob(&mut mv, &[3])];
+            run(BN_PARAMS, kv, train, fused, &ins, &mut outs);
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{kv:?}"
+            );
+            assert!(got[4].is_nan() && got.contains(&0.7) && got.iter().any(|&v| v > 0.0 && v < 0.7), "{got:?}");
+            assert_eq!((&mm, &mv), (&vec![0.3f32, -0.2, 0.05], &vec![0.9f32, 1.7, 0.4]));
         }
-        let mut got = vec![f32::NAN; 30];
         let ins = [ins[0].clone(), ins[1].clone(), ins[2].clone(), ins[3].clone().lend(1), ins[4].clone().lend(2)];
+        let mut got = vec![0.0f32; 30];
         let mut outs = [oblob(&mut got, &[2, 3, 5]), oblob(&mut mm, &[3]), oblob(&mut mv, &[3])];
-        run(BN_PARAMS, &kv, false, fused, &ins, &mut outs);
-        assert_eq!(
-            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-        );
-        assert!(got[4].is_nan() && got.contains(&0.7) && got.iter().any(|&v| v > 0.0 && v < 0.7));
-        assert_eq!((&mm, &mv), (&vec![0.3f32, -0.2, 0.05], &vec![0.9f32, 1.7, 0.4]));
+        let kv = [("fix_gamma", "False")];
         // Training mode normalizes by batch statistics, which the fused form does not compute.
         let attrs = Attrs::parse("test", BN_PARAMS, kv.iter().copied()).unwrap();
         let cx = OpCtx { attrs: &attrs, req: &[], rng: None, is_train: true, temp: None };
