@@ -827,18 +827,31 @@ pub(in crate::op) fn fused_batch_norm(
     }
     let (scale, shift) = bn_scale_shift(&gamma, &beta, &mean, &var, params.eps);
     let post = super::conv::Post::elementwise(steps, c, inner);
-    let xs = ins[0].as_slice::<f32>();
-    par_for_mut(outs[0].as_mut::<f32>(), inner, Cost(inner as f64 * 0.5), DType::F32, |r, o| {
+    scale_planes::<f32, f32>(ins[0].as_slice(), outs[0].as_mut(), (c, inner), (&scale, &shift), &post, 0.5);
+    Ok(())
+}
+
+/// BatchNorm's output: each plane of `inner` elements of channel `b % c` gets
+/// `x · scale + shift` in `R`, then `post`'s steps, split over the threads by planes
+/// (`cost` per element).
+fn scale_planes<T: Elem, R: Real>(
+    xs: &[T],
+    out: &mut [T],
+    (c, inner): (usize, usize),
+    (scale, shift): (&[f64], &[f64]),
+    post: &super::conv::Post<T>,
+    cost: f64,
+) {
+    par_for_mut(out, inner, Cost(inner as f64 * cost), T::DTYPE, |r, o| {
         for (ob, b) in o.chunks_mut(inner.max(1)).zip(r) {
             let ch = b % c;
-            let (sc, sh) = (scale[ch] as f32, shift[ch] as f32);
+            let (sc, sh) = (R::of(scale[ch]), R::of(shift[ch]));
             for (ov, &v) in ob.iter_mut().zip(&xs[b * inner..(b + 1) * inner]) {
-                *ov = v * sc + sh;
+                *ov = (R::load(v) * sc + sh).store();
             }
-            post.apply::<f32>(ob, b / c, ch, 0);
+            post.apply::<R>(ob, b / c, ch, 0);
         }
     });
-    Ok(())
 }
 
 fn batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
@@ -887,16 +900,8 @@ fn batch_norm(cx: &OpCtx, ins: &[TBlob], outs: &mut [OutBlob]) -> Result<()> {
     // out = x * scale + shift per channel.
     let (scale, shift) = bn_scale_shift(&gamma, &beta, &mean, &var, eps);
     dispatch_real!(x.dtype, op, T, R => {
-        let xs = x.as_slice::<T>();
-        par_for_mut(outs[0].as_mut::<T>(), inner, Cost(inner as f64 * 0.3), T::DTYPE, |r, o| {
-            for (ob, b) in o.chunks_mut(inner.max(1)).zip(r) {
-                let ch = b % c;
-                let (sc, sh) = (R::of(scale[ch]), R::of(shift[ch]));
-                for (ov, &v) in ob.iter_mut().zip(&xs[b * inner..(b + 1) * inner]) {
-                    *ov = (R::load(v) * sc + sh).store();
-                }
-            }
-        });
+        let post = super::conv::Post::none();
+        scale_planes::<T, R>(x.as_slice(), outs[0].as_mut(), (c, inner), (&scale, &shift), &post, 0.3);
     });
     Ok(())
 }
